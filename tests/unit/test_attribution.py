@@ -1,0 +1,566 @@
+"""Unit tests for correlation-id attribution of device activities (no GPU, no CUPTI)."""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from userbenchmark.maestro.core.profilers.attribution import (
+    HARNESS_BLOCK,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    MAX_NUM_ITERS,
+    MAX_WINDOW_ID,
+    ActivityRecords,
+    AttributionError,
+    ExternalCorrelation,
+    attribute,
+    decode_external_id,
+    encode_external_id,
+    encode_gate_id,
+    encode_harness_id,
+)
+
+WINDOW = 7
+
+
+def _synthetic(
+    num_blocks: int,
+    num_iters: int,
+    per_cell: int = 2,
+    *,
+    num_harness: int = 3,
+    seed: int = 0,
+    corr_stride: int = 1,
+    local_order: bool = False,
+) -> tuple[ActivityRecords, ExternalCorrelation, np.ndarray, np.ndarray]:
+    """Shuffled activities of one window plus a CUPTI-like external correlation table.
+
+    Every activity gets its own API correlation id; the table also maps API calls that made
+    no device activity (as RUNTIME/DRIVER records do), so it is twice as long. With
+    local_order, the table is in call order and activities are shuffled only locally, as
+    CUPTI delivers them; otherwise both are shuffled completely (the worst case).
+    """
+    rng = np.random.default_rng(seed)
+    cells = num_blocks * num_iters
+    n_cell = cells * per_cell
+    n = n_cell + num_harness
+    block = np.concatenate(
+        [
+            np.repeat(np.arange(num_blocks), num_iters * per_cell),
+            np.full(num_harness, HARNESS_BLOCK),
+        ]
+    )
+    iteration = np.concatenate(
+        [
+            np.tile(np.repeat(np.arange(num_iters), per_cell), num_blocks),
+            np.arange(num_harness) % num_iters,
+        ]
+    )
+    ext_ids = ((1 << 62) | (WINDOW << 40) | (block.astype(np.int64) << 24) | iteration).astype(
+        np.uint64
+    )
+    # Activities' API calls take even correlation ids; odd ones are API calls with no activity.
+    corr = (np.arange(n, dtype=np.uint64) * 2 + 2) * np.uint64(corr_stride)
+    start = 1_700_000_000_000_000_000 + rng.integers(0, 10**9, n)
+    end = start + rng.integers(1, 10**5, n)
+    kind = rng.choice([KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET], n).astype(np.uint8)
+    stream = rng.choice([7, 13, 14], n).astype(np.int64)
+    gx = np.where(kind == KIND_KERNEL, rng.integers(1, 200, n), 0).astype(np.int32)
+    ones = np.where(kind == KIND_KERNEL, 1, 0).astype(np.int32)
+    if local_order:
+        perm = np.argsort(np.arange(n) + rng.integers(0, 64, n), kind="stable")
+    else:
+        perm = rng.permutation(n)
+    records = ActivityRecords(
+        correlation_id=corr[perm],
+        start_ns=start[perm],
+        end_ns=end[perm],
+        kind=kind[perm],
+        stream_id=stream[perm],
+        grid_x=gx[perm],
+        grid_y=ones[perm] * 2,
+        grid_z=ones[perm],
+    )
+    ext_corr = np.stack([corr, corr + np.uint64(1)], axis=1).ravel()
+    ext_val = np.stack([ext_ids, ext_ids], axis=1).ravel()
+    eperm = np.arange(2 * n) if local_order else rng.permutation(2 * n)
+    ext = ExternalCorrelation(correlation_id=ext_corr[eperm], external_id=ext_val[eperm])
+    return records, ext, block[perm], iteration[perm]
+
+
+def _reference(records, block, iteration, num_blocks, num_iters):
+    """Per-record Python loop, the obvious way, to check the vectorised join against."""
+    start = np.full((num_blocks, num_iters), np.iinfo(np.int64).max)
+    end = np.zeros((num_blocks, num_iters), np.int64)
+    busy = np.zeros((num_blocks, num_iters), np.int64)
+    count = np.zeros((num_blocks, num_iters), np.int64)
+    grids = [set() for _ in range(num_blocks)]
+    for i in range(len(records)):
+        b, it = int(block[i]), int(iteration[i])
+        if b == HARNESS_BLOCK:
+            continue
+        s, e = int(records.start_ns[i]), int(records.end_ns[i])
+        start[b, it] = min(start[b, it], s)
+        end[b, it] = max(end[b, it], e)
+        busy[b, it] += e - s
+        count[b, it] += 1
+        if records.kind[i] == KIND_KERNEL:
+            grids[b].add(int(records.grid_x[i]) * int(records.grid_y[i]) * int(records.grid_z[i]))
+    return start, end, busy, count, tuple(tuple(sorted(g)) for g in grids)
+
+
+def test_encode_decode_round_trip_and_bounds():
+    cases = [(0, 0, 0), (MAX_WINDOW_ID, HARNESS_BLOCK, MAX_NUM_ITERS - 1), (3, 17, 12345)]
+    ids = np.array([encode_external_id(*c) for c in cases], dtype=np.uint64)
+    assert all(0 < int(i) < 2**63 for i in ids)
+    window, block, iteration = decode_external_id(ids)
+    assert list(zip(window.tolist(), block.tolist(), iteration.tolist(), strict=True)) == cases
+    assert encode_harness_id(5, 2) == encode_external_id(5, HARNESS_BLOCK, 2)
+    for bad in [
+        (-1, 0, 0),
+        (MAX_WINDOW_ID + 1, 0, 0),
+        (0, HARNESS_BLOCK + 1, 0),
+        (0, 0, MAX_NUM_ITERS),
+    ]:
+        with pytest.raises(ValueError):
+            encode_external_id(*bad)
+
+
+def test_decode_marks_foreign_ids():
+    foreign = np.array([0, 12345, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    window, block, iteration = decode_external_id(foreign)
+    assert (window == -1).all() and (block == -1).all() and (iteration == -1).all()
+
+
+@pytest.mark.parametrize("corr_stride", [1, 1_000_003])  # dense table and sort-based join
+def test_attribute_matches_reference(corr_stride):
+    records, ext, block, iteration = _synthetic(4, 6, per_cell=3, corr_stride=corr_stride)
+    before = {f: getattr(records, f).copy() for f in ("correlation_id", "start_ns", "kind")}
+    ext_before = ext.external_id.copy()
+    att = attribute(records, ext, window_id=WINDOW, num_blocks=4, num_iters=6)
+    start, end, busy, count, grids = _reference(records, block, iteration, 4, 6)
+    np.testing.assert_array_equal(att.start_ns, start)
+    np.testing.assert_array_equal(att.end_ns, end)
+    np.testing.assert_array_equal(att.busy_ns, busy)
+    np.testing.assert_array_equal(att.activity_count, count)
+    np.testing.assert_array_equal(att.duration_ns, end - start)
+    assert att.grid_ctas == grids
+    assert att.num_harness == 3
+    kinds = records.kind[block != HARNESS_BLOCK]
+    total = att.kernel_count.sum() + att.memcpy_count.sum() + att.memset_count.sum()
+    assert total == count.sum() == kinds.shape[0]
+    assert att.kernel_count.sum() == np.count_nonzero(kinds == KIND_KERNEL)
+    assert all(set(s) <= {7, 13, 14} for s in att.stream_ids)
+    for f, arr in before.items():  # inputs never mutated
+        np.testing.assert_array_equal(getattr(records, f), arr)
+    np.testing.assert_array_equal(ext.external_id, ext_before)
+
+
+def _with_ext(ext: ExternalCorrelation, corr: int, ext_id: int) -> ExternalCorrelation:
+    return ExternalCorrelation(
+        correlation_id=np.append(ext.correlation_id, np.uint64(corr)),
+        external_id=np.append(ext.external_id, np.uint64(ext_id)),
+    )
+
+
+def _with_activity(
+    records: ActivityRecords,
+    corr: int,
+    kind: int = KIND_KERNEL,
+    start: int = 10**18,
+    end: int = 10**18 + 5,
+) -> ActivityRecords:
+    return ActivityRecords(
+        correlation_id=np.append(records.correlation_id, np.uint64(corr)),
+        start_ns=np.append(records.start_ns, start),
+        end_ns=np.append(records.end_ns, end),
+        kind=np.append(records.kind, np.uint8(kind)),
+        stream_id=np.append(records.stream_id, 99),
+    )
+
+
+def _error(records, ext, **kw) -> AttributionError:
+    args = {"window_id": WINDOW, "num_blocks": 2, "num_iters": 3} | kw
+    with pytest.raises(AttributionError) as info:
+        attribute(records, ext, **args)
+    return info.value
+
+
+def test_activity_without_external_id_is_an_error():
+    records, ext, _, _ = _synthetic(2, 3)
+    err = _error(_with_activity(records, 10**6, KIND_MEMCPY), ext)
+    assert err.counts == {"no_external_id": 1}
+    assert "memcpy: 1" in str(err) and "99" in str(err)
+
+
+def test_warmup_activity_of_older_window_is_an_error():
+    records, ext, _, _ = _synthetic(2, 3)
+    ext = _with_ext(ext, 10**6, encode_external_id(WINDOW - 1, 0, 0))
+    err = _error(_with_activity(records, 10**6), ext)
+    assert err.counts == {"other_window": 1}
+    assert "flush" in str(err)
+
+
+def test_foreign_external_id_is_an_error():
+    records, ext, _, _ = _synthetic(2, 3)
+    ext = _with_ext(ext, 10**6, 42)
+    assert _error(_with_activity(records, 10**6), ext).counts == {"foreign_external_id": 1}
+
+
+def test_block_or_iteration_out_of_range_is_an_error():
+    records, ext, _, _ = _synthetic(2, 3)
+    ext = _with_ext(ext, 10**6, encode_external_id(WINDOW, 2, 0))
+    ext = _with_ext(ext, 10**6 + 2, encode_external_id(WINDOW, 0, 3))
+    records = _with_activity(_with_activity(records, 10**6), 10**6 + 2)
+    err = _error(records, ext)
+    assert err.counts == {"out_of_range": 2}
+
+
+def test_missing_iteration_is_an_error_naming_the_block():
+    records, ext, _, _ = _synthetic(2, 3)
+    err = _error(records, ext, num_blocks=3)
+    assert err.counts == {"empty_cells": 3}
+    assert "block 2: 3 of 3 iterations" in str(err)
+    err = _error(records, ext, num_iters=5)
+    assert err.counts == {"empty_cells": 4}
+
+
+def test_ambiguous_and_incomplete_records_are_errors():
+    records, ext, _, _ = _synthetic(2, 3)
+    corr = int(records.correlation_id[0])
+    err = _error(records, _with_ext(ext, corr, encode_external_id(WINDOW, 1, 2)))
+    assert err.counts["ambiguous"] == 1
+    bad = _with_activity(records, corr, start=0, end=0)
+    assert _error(bad, ext).counts == {"incomplete": 1}
+
+
+def test_harness_only_window_counts_harness_and_reports_every_block_empty():
+    ext = ExternalCorrelation(
+        correlation_id=np.array([5], np.uint64),
+        external_id=np.array([encode_harness_id(WINDOW)], np.uint64),
+    )
+    records = _with_activity(ActivityRecords.empty(), 5)
+    err = _error(records, ext, num_blocks=1, num_iters=1)
+    assert err.counts == {"empty_cells": 1}
+    assert _error(
+        ActivityRecords.empty(), ExternalCorrelation.empty(), num_blocks=1, num_iters=1
+    ).counts == {"empty_cells": 1}
+
+
+def test_gate_end_per_iteration_and_absent_blocks():
+    records, ext, _, _ = _synthetic(2, 3)
+    for it in range(3):
+        corr = 10**6 + 2 * it
+        ext = _with_ext(ext, corr, encode_gate_id(WINDOW, it))
+        records = _with_activity(records, corr, start=10**18 + it, end=10**18 + 100 + it)
+    att = attribute(
+        records,
+        ext,
+        window_id=WINDOW,
+        num_blocks=3,
+        num_iters=3,
+        present=np.array([True, True, False]),
+    )
+    np.testing.assert_array_equal(att.gate_end_ns, 10**18 + 100 + np.arange(3))
+    assert att.num_harness == 3 + 3
+    assert (att.start_ns[2] == 0).all() and (att.end_ns[2] == 0).all()
+    assert (att.activity_count[:2] > 0).all() and att.grid_ctas[2] == ()
+    err = _error(records, ext, present=np.array([True, False]))
+    assert err.counts == {"absent_block": int(att.activity_count[1].sum())}
+
+
+def test_large_grid_values_use_the_sorted_path():
+    records, ext, block, iteration = _synthetic(2, 3)
+    big = ActivityRecords(
+        correlation_id=records.correlation_id,
+        start_ns=records.start_ns,
+        end_ns=records.end_ns,
+        kind=np.full(len(records), KIND_KERNEL, np.uint8),
+        stream_id=records.stream_id,
+        grid_x=np.full(len(records), 2**30, np.int32),
+        grid_y=np.full(len(records), 4, np.int32),
+        grid_z=np.ones(len(records), np.int32),
+    )
+    att = attribute(big, ext, window_id=WINDOW, num_blocks=2, num_iters=3)
+    assert att.grid_ctas == ((2**32,), (2**32,))
+
+
+def test_invalid_arguments():
+    records, ext, _, _ = _synthetic(2, 3)
+    with pytest.raises(ValueError):
+        attribute(records, ext, window_id=WINDOW, num_blocks=0, num_iters=3)
+    with pytest.raises(ValueError):
+        ActivityRecords(
+            correlation_id=np.zeros(2, np.uint64),
+            start_ns=np.zeros(1, np.int64),
+            end_ns=np.zeros(2, np.int64),
+            kind=np.ones(2, np.uint8),
+            stream_id=np.zeros(2, np.int64),
+        )
+
+
+def test_one_million_records_vectorised():
+    # A per-record Python loop would take tens of seconds here; the join takes well under one.
+    records, ext, _, _ = _synthetic(10, 50_000, per_cell=2, num_harness=1000, seed=1)
+    att = attribute(records, ext, window_id=WINDOW, num_blocks=10, num_iters=50_000)
+    assert int(att.activity_count.sum()) == 1_000_000
+    assert att.num_harness == 1000
+
+
+# -- the CUPTI backend's window logic against a fake cupti module (no GPU) -------------------
+
+
+def _record_dtype(fields: list[tuple[str, str]]) -> np.dtype:
+    return np.dtype([("kind", "<u4"), *fields], align=True)
+
+
+class _FakeCupti:
+    """Just enough of cupti-python's activity API: flush lays the records out in one buffer
+    and hands over objects that expose each field and the record's address (``ptr``)."""
+
+    activity_kernel10_dtype = _record_dtype(
+        [
+            ("correlation_id", "<u4"),
+            ("start", "<u8"),
+            ("end", "<u8"),
+            ("stream_id", "<u4"),
+            ("device_id", "<u4"),
+            ("grid_x", "<i4"),
+            ("grid_y", "<i4"),
+            ("grid_z", "<i4"),
+            ("block_x", "<i4"),
+            ("block_y", "<i4"),
+            ("block_z", "<i4"),
+            ("name", "<u8"),
+        ]
+    )
+    activity_memcpy6_dtype = _record_dtype(
+        [
+            ("bytes", "<u8"),
+            ("start", "<u8"),
+            ("end", "<u8"),
+            ("device_id", "<u4"),
+            ("stream_id", "<u4"),
+            ("correlation_id", "<u4"),
+        ]
+    )
+    activity_memset4_dtype = activity_memcpy6_dtype
+    activity_external_correlation_dtype = _record_dtype(
+        [
+            ("external_kind", "<u4"),
+            ("external_id", "<u8"),
+            ("correlation_id", "<u4"),
+        ]
+    )
+    activity_api_dtype = _record_dtype([("correlation_id", "<u4"), ("cbid", "<u4")])
+
+    ActivityKind = enum.IntEnum(
+        "ActivityKind",
+        {
+            "MEMCPY": 1,
+            "MEMSET": 2,
+            "DRIVER": 4,
+            "RUNTIME": 5,
+            "CONCURRENT_KERNEL": 10,
+            "EXTERNAL_CORRELATION": 39,
+        },
+    )
+    ExternalCorrelationKind = enum.IntEnum(
+        "ExternalCorrelationKind",
+        {
+            "CUSTOM0": 3,
+            "CUSTOM1": 4,
+            "CUSTOM2": 5,
+        },
+    )
+    ActivityFlag = enum.IntEnum("ActivityFlag", {"FLUSH_FORCED": 1})
+
+    def __init__(self):
+        self.enabled, self.stack, self.pending, self.calls = set(), [], [], []
+        self.next_corr, self.clock = 1, 10**18
+
+    def activity_register_callbacks(self, requested, completed):
+        assert requested()[0] > 0
+        self.completed = completed
+
+    def activity_enable(self, kind):
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind):
+        self.enabled.discard(kind)
+
+    def activity_flush_all(self, flag):
+        self.calls.append(("flush", flag))
+        batch, self.pending = self.pending, []
+        dtypes = [self._dtype(r.kind) for r in batch]
+        offsets = np.cumsum([0] + [d.itemsize for d in dtypes])
+        buffer = np.zeros(int(offsets[-1]) + 8, dtype=np.uint8)
+        for record, dtype, offset in zip(batch, dtypes, offsets, strict=False):
+            view = buffer[offset : offset + dtype.itemsize].view(dtype)
+            for field in dtype.names:
+                view[field] = getattr(record, field, 0)
+            record.ptr = buffer.ctypes.data + int(offset)
+        self.completed(batch)
+
+    def _dtype(self, kind):
+        kinds = self.ActivityKind
+        return {
+            kinds.CONCURRENT_KERNEL: self.activity_kernel10_dtype,
+            kinds.MEMCPY: self.activity_memcpy6_dtype,
+            kinds.MEMSET: self.activity_memset4_dtype,
+            kinds.EXTERNAL_CORRELATION: self.activity_external_correlation_dtype,
+        }.get(kind, self.activity_api_dtype)
+
+    def finalize(self):
+        self.calls.append(("finalize",))
+
+    def activity_push_external_correlation_id(self, kind, ext_id):
+        self.stack.append((kind, ext_id))
+
+    def activity_pop_external_correlation_id(self, kind):
+        return self.stack.pop()[1]
+
+    def launch(self, kind_name, grid=(1, 1, 1)):
+        """One API call that enqueues one device activity, as CUPTI reports it."""
+        corr, self.next_corr = self.next_corr, self.next_corr + 1
+        kinds = self.ActivityKind
+        for ext_kind, ext_id in self.stack[-1:]:
+            self.pending.append(
+                SimpleNamespace(
+                    kind=kinds.EXTERNAL_CORRELATION,
+                    external_kind=ext_kind,
+                    external_id=ext_id,
+                    correlation_id=corr,
+                )
+            )
+        self.pending.append(SimpleNamespace(kind=kinds.RUNTIME, correlation_id=corr, cbid=1))
+        self.clock += 1000
+        self.pending.append(
+            SimpleNamespace(
+                kind=kinds[kind_name],
+                correlation_id=corr,
+                start=self.clock,
+                end=self.clock + 500,
+                stream_id=7,
+                device_id=0,
+                bytes=64,
+                grid_x=grid[0],
+                grid_y=grid[1],
+                grid_z=grid[2],
+                block_x=128,
+                block_y=1,
+                block_z=1,
+                name=0,
+            )
+        )
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch):
+    import torch
+
+    from userbenchmark.maestro.core.profilers import cupti as backend
+
+    fake = _FakeCupti()
+    package = types.ModuleType("cupti")
+    package.cupti = fake
+    monkeypatch.setitem(sys.modules, "cupti", package)
+    monkeypatch.setattr(backend, "cupti_available", lambda: (True, "fake"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    return fake, backend
+
+
+@pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])
+def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, parse):
+    fake, backend = fake_cupti
+    prof = backend.CuptiProfiler(parse=parse)
+    prof.start()
+    assert len(fake.enabled) == 6
+    prof.begin_window(0)
+    for it in range(4):  # warmup: never reaches the numbers
+        prof.push(0, it)
+        fake.launch("CONCURRENT_KERNEL")
+        prof.pop()
+    fake.launch("MEMSET")  # unpushed, before the window: discarded too
+    prof.begin_window(1, num_blocks=2, num_iters=3)
+    assert prof.discarded_records == 5
+    for it in range(3):
+        if it == 2:
+            prof.drain()  # parsed early, still counted in this window
+        prof.push_gate(it)
+        fake.launch("CONCURRENT_KERNEL")
+        prof.pop()
+        prof.push(0, it)
+        fake.launch("CONCURRENT_KERNEL", grid=(8, 2, 1))
+        prof.pop()
+        prof.push(1, it)
+        fake.launch("MEMCPY")
+        prof.pop()
+    prof.push_harness()
+    fake.launch("CONCURRENT_KERNEL")
+    prof.pop()
+    att = prof.end_window()
+    np.testing.assert_array_equal(att.activity_count, np.ones((2, 3)))
+    assert att.grid_ctas == ((16,), ())
+    assert list(att.kernel_count) == [3, 0] and list(att.memcpy_count) == [0, 3]
+    assert att.num_harness == 4 and (att.gate_end_ns > 0).all()
+    assert (att.start_ns[0] > att.gate_end_ns).all()
+    assert prof.records_seen > 0
+    assert prof.parse_mode == ("objects" if parse == "objects" else "numpy")
+    records, _ = prof.last_records
+    assert sorted(records.size_bytes.tolist()) == [0] * 7 + [64] * 3  # gate, harness kernels
+    assert set(records.block_x.tolist()) == {128, 0}
+    with pytest.raises(RuntimeError, match="begin_window"):
+        prof.push(0, 0)
+    prof.stop()
+    prof.stop()
+    assert ("finalize",) in fake.calls and not fake.enabled
+
+
+def test_cupti_profiler_reports_unpushed_work_and_cleans_up_after_errors(fake_cupti):
+    fake, backend = fake_cupti
+    with backend.CuptiProfiler() as prof:
+        prof.begin_window(3)
+        prof.push(0, 0)
+        fake.launch("CONCURRENT_KERNEL")
+        prof.pop()
+        fake.launch("MEMCPY")  # enqueued outside every block
+        with pytest.raises(AttributionError) as info:
+            prof.end_window(1, 1)
+        assert info.value.counts == {"no_external_id": 1}
+        prof.begin_window(4)
+        prof.push(0, 0)  # an exception here would leave the id pushed: stop() pops it
+    assert fake.stack == [] and not fake.enabled
+
+
+def test_cupti_record_parser_falls_back_when_records_differ(fake_cupti, caplog):
+    fake, backend = fake_cupti
+    parser = backend._RecordParser(fake, "auto", 1 << 20)
+    for _ in range(3):
+        fake.launch("CONCURRENT_KERNEL")
+    batch, fake.pending = fake.pending, []
+    fake.completed = lambda b: None
+    fake.pending = batch
+    fake.activity_flush_all(1)  # lays out the buffer and sets each record's ptr
+    batch[-1].start += 1  # the object says something the buffer does not
+    rows = parser.parse(batch)
+    assert parser.mode == "objects" and "differ" in caplog.text
+    assert rows["kernel"][-1, 1] == batch[-1].start
+
+
+def test_cupti_profiler_surfaces_callback_errors(fake_cupti):
+    fake, backend = fake_cupti
+    prof = backend.CuptiProfiler()
+    prof.start()
+    prof.begin_window(0)
+    fake.pending.append(SimpleNamespace(kind=fake.ActivityKind.CONCURRENT_KERNEL))  # no fields
+    with pytest.raises(RuntimeError, match="parsing CUPTI records failed"):
+        prof.end_window(1, 1)
+    prof.stop()

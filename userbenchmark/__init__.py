@@ -1,0 +1,1 @@
+"""TorchBench-style userbenchmarks; each subpackage has a run.py with run(args)."""

@@ -1,0 +1,206 @@
+"""The block interface, its parameter declarations, and the explicit op registry.
+
+A block declares its parameters (validated by the config loader before anything runs), the
+bytes it allocates per rank, and at run time allocates buffers in ``setup`` and only enqueues
+work in ``launch``. Custom blocks subclass :class:`Block` and are named in YAML as
+``package.module:ClassName``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..core.schema import BlockSpec
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = _Required()
+"""Default of a parameter that the YAML must give."""
+
+PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    """One op parameter: its YAML name, kind, default and meaning."""
+
+    name: str
+    kind: str
+    """``size`` (bytes, accepts 4M/1.5KiB), ``int``, ``float``, ``bool``, ``str``, ``shape``."""
+    doc: str
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    """Smallest allowed value for int/float (inclusive)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"Param {self.name}: kind must be one of {PARAM_KINDS}")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+class Block:
+    """Base class of every block; subclasses set ``op``, ``category`` and ``params``."""
+
+    op: ClassVar[str] = ""
+    category: ClassVar[str] = "other"
+    """``comm`` (a collective), ``compute`` or ``other``: used by the comm/compute overlap."""
+    params: ClassVar[tuple[Param, ...]] = ()
+    min_team_size: ClassVar[int] = 1
+
+    # ---- validation (class level, before any process group or tensor exists) ----
+    @classmethod
+    def normalize_params(
+        cls, params: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """Resolve alternative spellings (e.g. GEMM operand shapes into m/n/k).
+
+        Gets the parameters after type checks and defaults; returns the resolved
+        parameters and a list of (param name, message) problems.
+        """
+        return dict(params), []
+
+    @classmethod
+    def check_params(
+        cls, params: Mapping[str, Any], *, dtype: str, team_size: int
+    ) -> list[tuple[str, str]]:
+        """Cross-parameter rules (divisibility, ...): a list of (param name, message)."""
+        return []
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """Bytes of device/host memory one rank allocates for this block."""
+        return 0
+
+    @classmethod
+    def message_size_bytes(cls, params: Mapping[str, Any]) -> int | None:
+        """S as nccl-tests defines it for this op, or None when not a collective."""
+        return None
+
+    @classmethod
+    def flop_count(cls, params: Mapping[str, Any]) -> int | None:
+        """Floating-point operations of one launch, or None."""
+        return None
+
+    # ---- run time ----
+    def __init__(self, spec: BlockSpec, ctx: BlockContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+
+    def setup(self) -> None:
+        """Allocate buffers and fill inputs (untimed)."""
+
+    def launch(self) -> None:
+        """Enqueue one execution on the current lane (timed: enqueue only, no setup)."""
+        raise NotImplementedError
+
+    def prepare_check(self) -> None:
+        """Fill inputs with deterministic values for check mode."""
+
+    def verify(self) -> int:
+        """Number of wrong output elements after one check-mode launch (0 when not checkable)."""
+        return 0
+
+    def teardown(self) -> None:
+        """Release buffers."""
+
+
+@dataclass(kw_only=True)
+class BlockContext:
+    """What a block may use at run time: its device, dtype, communicator and team."""
+
+    rank: int
+    device: torch.device
+    dtype: torch.dtype
+    team: tuple[int, ...]
+    """Global ranks of this rank's team on the block's axis."""
+    group: Any = None
+    """The team's process group (None for blocks that communicate nothing)."""
+    seed: int = 0
+    allocator: Callable[..., torch.Tensor] | None = None
+    """Tensor allocator (``empty``-like); registered NCCL memory when asked for."""
+    backend: str = "gloo"
+    calibration: dict[str, float] = field(default_factory=dict)
+    """Run-wide measured constants (e.g. ``sleep_cycles_per_us`` on CUDA)."""
+
+    @property
+    def team_size(self) -> int:
+        return len(self.team)
+
+    @property
+    def team_rank(self) -> int:
+        return self.team.index(self.rank)
+
+    def empty(self, numel: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A fresh 1-D buffer on the block's device (never shared with another block)."""
+        import torch
+
+        dtype = dtype or self.dtype
+        if self.allocator is not None:
+            return self.allocator(numel, dtype)
+        return torch.empty(numel, dtype=dtype, device=self.device)
+
+
+_REGISTRY: dict[str, type[Block]] = {}
+
+
+def register_block(name: str) -> Callable[[type[Block]], type[Block]]:
+    """Class decorator adding a block class to the registry under ``name``."""
+
+    def decorate(cls: type[Block]) -> type[Block]:
+        if name in _REGISTRY:
+            raise ValueError(f"block op {name!r} registered twice")
+        cls.op = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def registered_ops() -> dict[str, type[Block]]:
+    """Every built-in op, by name (importing the built-in block modules first)."""
+    from . import comm, compute  # noqa: F401  (registration side effect)
+
+    return dict(_REGISTRY)
+
+
+class BlockImportError(LookupError):
+    """A custom ``module:Class`` op could not be imported or is not a Block."""
+
+
+def resolve_op(op: str) -> type[Block]:
+    """The block class of ``op``: a registry name or ``package.module:ClassName``.
+
+    Raises KeyError for an unknown registry name and BlockImportError for a bad custom op.
+    """
+    if ":" not in op:
+        ops = registered_ops()
+        if op not in ops:
+            raise KeyError(op)
+        return ops[op]
+    module_name, _, class_name = op.partition(":")
+    if not module_name or not class_name:
+        raise BlockImportError(f"custom op {op!r} must be written 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import of user code can raise anything
+        raise BlockImportError(f"cannot import module {module_name!r}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise BlockImportError(f"module {module_name!r} has no attribute {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Block)):
+        raise BlockImportError(f"{op!r} is not a subclass of maestro's Block")
+    return cls

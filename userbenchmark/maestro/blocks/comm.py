@@ -1,0 +1,354 @@
+"""Collective blocks: each states its byte-count rule, buffers, data init, and launch.
+
+``size`` is the message size S exactly as nccl-tests defines it (all_gather: the gathered
+output; reduce_scatter: the input; all_reduce/broadcast/reduce: the buffer; all_to_all and
+send_recv: the bytes each rank sends). Bus bandwidth factors live in core/bandwidth.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Block, Param, register_block
+from .data import (
+    check_values,
+    count_wrong,
+    exact_reduction,
+    fill_random,
+    fill_zero_sum,
+    torch_reduce_op,
+)
+
+SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
+REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
+REDUCE_OP = Param(
+    name="reduce_op",
+    kind="str",
+    default="sum",
+    choices=REDUCE_OPS,
+    doc="reduction operator (avg needs NCCL)",
+)
+ROOT = Param(
+    name="root",
+    kind="int",
+    default=0,
+    minimum=0,
+    doc="root as an index into the team (0 = the team's first rank)",
+)
+IN_PLACE = Param(
+    name="in_place",
+    kind="bool",
+    default=False,
+    doc="use NCCL's in-place layout (the rank's chunk of the larger buffer)",
+)
+
+
+class Collective(Block):
+    """Shared rules of every collective: S, element divisibility, and the team's group."""
+
+    category = "comm"
+    params = (SIZE,)
+    divide_by_team = False
+    """Whether S must split into team_size equal chunks of whole elements."""
+
+    @classmethod
+    def check_params(
+        cls, params: Mapping[str, Any], *, dtype: str, team_size: int
+    ) -> list[tuple[str, str]]:
+        from ..core.schema import DTYPE_SIZES_BYTES
+
+        size = params["size"]
+        elem = DTYPE_SIZES_BYTES[dtype]
+        problems: list[tuple[str, str]] = []
+        if cls.divide_by_team and size % (team_size * elem):
+            problems.append(
+                (
+                    "size",
+                    f"{cls.op} needs a size divisible by team size x element "
+                    f"size ({team_size} x {elem} = {team_size * elem} bytes for "
+                    f"{dtype}), got {size} bytes",
+                )
+            )
+        elif size % elem:
+            problems.append(
+                (
+                    "size",
+                    f"size must be a whole number of {dtype} elements "
+                    f"({elem} bytes each), got {size} bytes",
+                )
+            )
+        if "root" in params and params["root"] >= team_size:
+            problems.append(
+                (
+                    "root",
+                    f"root is an index into the team and must be below the "
+                    f"team size {team_size}, got {params['root']}",
+                )
+            )
+        return problems
+
+    @classmethod
+    def message_size_bytes(cls, params: Mapping[str, Any]) -> int:
+        return int(params["size"])
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        return int(params["size"])
+
+    def numel(self) -> int:
+        return self.spec.params["size"] // self.spec.dtype_size_bytes
+
+    def reduce_op(self) -> Any:
+        return torch_reduce_op(self.spec.params.get("reduce_op", "sum"), self.ctx.backend)
+
+
+@register_block("all_reduce")
+class AllReduce(Collective):
+    """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
+
+    params = (SIZE, REDUCE_OP)
+
+    def setup(self) -> None:
+        self.buf = self.ctx.empty(self.numel())
+        # Repeated in-place sums must stay finite: the team's values cancel exactly.
+        fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce(self.buf, op=self.reduce_op(), group=self.ctx.group)
+
+    def prepare_check(self) -> None:
+        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
+
+    def verify(self) -> int:
+        expected = exact_reduction(
+            self.spec.params["reduce_op"], self.ctx.team_size, self.numel(), self.buf
+        )
+        return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
+
+
+@register_block("all_gather")
+class AllGather(Collective):
+    """all_gather_into_tensor: each rank contributes S / team_size bytes."""
+
+    params = (SIZE, IN_PLACE)
+    divide_by_team = True
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        size = int(params["size"])
+        return size if params.get("in_place") else size + size // team_size
+
+    def setup(self) -> None:
+        chunk = self.numel() // self.ctx.team_size
+        self.out = self.ctx.empty(self.numel())
+        if self.spec.params["in_place"]:
+            start = self.ctx.team_rank * chunk
+            self.inp = self.out[start : start + chunk]
+        else:
+            self.inp = self.ctx.empty(chunk)
+        fill_random(self.out, self.ctx)
+        fill_random(self.inp, self.ctx)
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        # torch >= 2.13 renamed all_gather_into_tensor; use whichever this torch has.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(self.out, self.inp, group=self.ctx.group)
+
+    def prepare_check(self) -> None:
+        self.out.zero_()
+        self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
+
+    def verify(self) -> int:
+        import torch
+
+        chunk = self.inp.numel()
+        expected = torch.cat([check_values(t, chunk, self.out) for t in range(self.ctx.team_size)])
+        return count_wrong(self.out, expected, "copy", self.ctx.team_size)
+
+
+@register_block("reduce_scatter")
+class ReduceScatter(Collective):
+    """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
+
+    params = (SIZE, REDUCE_OP, IN_PLACE)
+    divide_by_team = True
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        size = int(params["size"])
+        return size if params.get("in_place") else size + size // team_size
+
+    def setup(self) -> None:
+        chunk = self.numel() // self.ctx.team_size
+        self.inp = self.ctx.empty(self.numel())
+        if self.spec.params["in_place"]:
+            start = self.ctx.team_rank * chunk
+            self.out = self.inp[start : start + chunk]
+            # In place, the output chunk is summed into again each time: keep it bounded.
+            fill_zero_sum(self.inp, self.ctx, self.spec.params["reduce_op"])
+        else:
+            self.out = self.ctx.empty(chunk)
+            fill_random(self.inp, self.ctx)
+            fill_random(self.out, self.ctx)
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter(self.out, self.inp, op=self.reduce_op(), group=self.ctx.group)
+
+    def prepare_check(self) -> None:
+        self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
+
+    def verify(self) -> int:
+        chunk = self.out.numel()
+        full = exact_reduction(
+            self.spec.params["reduce_op"], self.ctx.team_size, self.inp.numel(), self.out
+        )
+        start = self.ctx.team_rank * chunk
+        return count_wrong(
+            self.out, full[start : start + chunk], self.spec.params["reduce_op"], self.ctx.team_size
+        )
+
+
+@register_block("all_to_all")
+class AllToAll(Collective):
+    """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
+
+    divide_by_team = True
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        return 2 * int(params["size"])
+
+    def setup(self) -> None:
+        self.inp = self.ctx.empty(self.numel())
+        self.out = self.ctx.empty(self.numel())
+        fill_random(self.inp, self.ctx)
+        fill_random(self.out, self.ctx)
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        dist.all_to_all_single(self.out, self.inp, group=self.ctx.group)
+
+    def prepare_check(self) -> None:
+        self.out.zero_()
+        self.inp.copy_(check_values(self.ctx.team_rank, self.numel(), self.inp))
+
+    def verify(self) -> int:
+        import torch
+
+        n = self.ctx.team_size
+        chunk = self.numel() // n
+        me = self.ctx.team_rank
+        # Chunk j of my output is chunk `me` of team rank j's input.
+        expected = torch.cat(
+            [
+                check_values(j, self.numel(), self.out)[me * chunk : (me + 1) * chunk]
+                for j in range(n)
+            ]
+        )
+        return count_wrong(self.out, expected, "copy", n)
+
+
+@register_block("broadcast")
+class Broadcast(Collective):
+    """broadcast of an S-byte buffer from the team's ``root``."""
+
+    params = (SIZE, ROOT)
+
+    def setup(self) -> None:
+        self.buf = self.ctx.empty(self.numel())
+        fill_random(self.buf, self.ctx)
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast(self.buf, src=self.ctx.team[self.spec.params["root"]], group=self.ctx.group)
+
+    def prepare_check(self) -> None:
+        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
+
+    def verify(self) -> int:
+        expected = check_values(self.spec.params["root"], self.numel(), self.buf)
+        return count_wrong(self.buf, expected, "copy", self.ctx.team_size)
+
+
+@register_block("reduce")
+class Reduce(Collective):
+    """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
+
+    params = (SIZE, REDUCE_OP, ROOT)
+
+    def setup(self) -> None:
+        self.buf = self.ctx.empty(self.numel())
+        fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        dist.reduce(
+            self.buf,
+            dst=self.ctx.team[self.spec.params["root"]],
+            op=self.reduce_op(),
+            group=self.ctx.group,
+        )
+
+    def prepare_check(self) -> None:
+        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
+
+    def verify(self) -> int:
+        if self.ctx.team_rank != self.spec.params["root"]:
+            return 0  # only the root's buffer is defined after a reduce
+        expected = exact_reduction(
+            self.spec.params["reduce_op"], self.ctx.team_size, self.numel(), self.buf
+        )
+        return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
+
+
+@register_block("send_recv")
+class SendRecv(Collective):
+    """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
+
+    min_team_size = 2
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        return 2 * int(params["size"])
+
+    def setup(self) -> None:
+        self.send = self.ctx.empty(self.numel())
+        self.recv = self.ctx.empty(self.numel())
+        fill_random(self.send, self.ctx)
+        fill_random(self.recv, self.ctx)
+        n, me = self.ctx.team_size, self.ctx.team_rank
+        self.next_rank = self.ctx.team[(me + 1) % n]
+        self.prev_rank = self.ctx.team[(me - 1) % n]
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        ops = [
+            dist.P2POp(dist.isend, self.send, self.next_rank, self.ctx.group),
+            dist.P2POp(dist.irecv, self.recv, self.prev_rank, self.ctx.group),
+        ]
+        # Waiting makes the lane depend on the transfer (on CUDA: a stream wait, not a host
+        # block), so the lane's next block and the iteration fence cover it.
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def prepare_check(self) -> None:
+        self.recv.zero_()
+        self.send.copy_(check_values(self.ctx.team_rank, self.numel(), self.send))
+
+    def verify(self) -> int:
+        prev = (self.ctx.team_rank - 1) % self.ctx.team_size
+        return count_wrong(
+            self.recv, check_values(prev, self.numel(), self.recv), "copy", self.ctx.team_size
+        )

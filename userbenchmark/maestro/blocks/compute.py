@@ -1,0 +1,125 @@
+"""Compute blocks: a GEMM (torch.matmul) and a calibrated sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Block, Param, register_block
+
+
+@register_block("gemm")
+class Gemm(Block):
+    """C[m, n] = A[m, k] @ B[k, n]; dimensions are element counts, FLOPs = 2mnk."""
+
+    category = "compute"
+    params = (
+        Param(name="m", kind="int", minimum=1, default=None, doc="rows of A and C (elements)"),
+        Param(name="n", kind="int", minimum=1, default=None, doc="columns of B and C (elements)"),
+        Param(name="k", kind="int", minimum=1, default=None, doc="shared dimension (elements)"),
+        Param(name="a_shape", kind="shape", default=None, doc="[m, k]: A's shape, instead of m/k"),
+        Param(name="b_shape", kind="shape", default=None, doc="[k, n]: B's shape, instead of k/n"),
+    )
+
+    @classmethod
+    def normalize_params(
+        cls, params: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """m/n/k from the explicit dims or the operand shapes; never scaled by dtype size."""
+        out = dict(params)
+        a, b = out.pop("a_shape", None), out.pop("b_shape", None)
+        problems: list[tuple[str, str]] = []
+        dims: dict[str, list[tuple[str, int]]] = {"m": [], "n": [], "k": []}
+        for d in dims:
+            if out.get(d) is not None:
+                dims[d].append((d, int(out[d])))
+        for shape, name, (first, second) in ((a, "a_shape", "mk"), (b, "b_shape", "kn")):
+            if shape is None:
+                continue
+            if len(shape) != 2:
+                problems.append(
+                    (name, f"expected two dimensions [{first}, {second}], got {list(shape)}")
+                )
+                continue
+            dims[first].append((name, int(shape[0])))
+            dims[second].append((name, int(shape[1])))
+        for d, sources in dims.items():
+            if not sources:
+                problems.append(
+                    (d, f"gemm needs {d}: give m, n, k or a_shape [m, k] and b_shape [k, n]")
+                )
+                continue
+            values = {v for _, v in sources}
+            if len(values) > 1:
+                text = ", ".join(f"{src} gives {v}" for src, v in sources)
+                problems.append((d, f"inconsistent {d}: {text}"))
+            out[d] = sources[0][1]
+        return out, problems
+
+    @classmethod
+    def check_params(
+        cls, params: Mapping[str, Any], *, dtype: str, team_size: int
+    ) -> list[tuple[str, str]]:
+        if dtype not in ("fp32", "fp16", "bf16", "fp64"):
+            return [("dtype", f"gemm needs a floating dtype (fp32, fp16, bf16, fp64), got {dtype}")]
+        return []
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        from ..core.schema import DTYPE_SIZES_BYTES
+
+        m, n, k = params["m"], params["n"], params["k"]
+        return (m * k + k * n + m * n) * DTYPE_SIZES_BYTES[dtype]
+
+    @classmethod
+    def flop_count(cls, params: Mapping[str, Any]) -> int:
+        return 2 * int(params["m"]) * int(params["n"]) * int(params["k"])
+
+    def setup(self) -> None:
+        from .data import fill_random
+
+        m, n, k = (self.spec.params[d] for d in ("m", "n", "k"))
+        self.a = self.ctx.empty(m * k).view(m, k)
+        self.b = self.ctx.empty(k * n).view(k, n)
+        self.c = self.ctx.empty(m * n).view(m, n)
+        fill_random(self.a, self.ctx)
+        fill_random(self.b, self.ctx)
+
+    def launch(self) -> None:
+        import torch
+
+        torch.matmul(self.a, self.b, out=self.c)
+
+
+@register_block("sleep")
+class Sleep(Block):
+    """Occupy the lane for ``duration_us``: a spin kernel on CUDA, a timed wait on CPU."""
+
+    category = "other"
+    params = (
+        Param(name="duration_us", kind="float", minimum=0.0, doc="how long to occupy the lane"),
+    )
+
+    def setup(self) -> None:
+        self.duration_s = float(self.spec.params["duration_us"]) * 1e-6
+        self.cycles = 0
+        if self.ctx.device.type == "cuda":
+            cycles_per_us = self.ctx.calibration.get("sleep_cycles_per_us")
+            if not cycles_per_us:
+                raise RuntimeError("sleep block on CUDA needs a calibrated cycles-per-µs rate")
+            self.cycles = max(1, round(cycles_per_us * float(self.spec.params["duration_us"])))
+
+    def launch(self) -> None:
+        if self.cycles:
+            import torch
+
+            torch.cuda._sleep(self.cycles)
+            return
+        # CPU: sleep most of it (releases the GIL), spin the last stretch for precision.
+        deadline = time.perf_counter() + self.duration_s
+        coarse = self.duration_s - 0.0005
+        if coarse > 0:
+            time.sleep(coarse)
+        while time.perf_counter() < deadline:
+            pass

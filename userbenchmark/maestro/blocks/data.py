@@ -1,0 +1,152 @@
+"""Buffer contents: random inputs that stay finite, deterministic check values, and checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .base import BlockContext
+
+TORCH_DTYPES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+    "int32": "int32",
+    "int64": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """torch dtype of a pattern dtype name (fp32, fp16, bf16, ...)."""
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def _generator(ctx: BlockContext) -> torch.Generator:
+    import torch
+
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(ctx.seed * 1_000_003 + ctx.rank)
+    return gen
+
+
+def _random_like(buf: torch.Tensor, ctx: BlockContext, low: float, high: float) -> torch.Tensor:
+    import torch
+
+    if not buf.dtype.is_floating_point:
+        return torch.randint(-3, 4, (buf.numel(),), generator=_generator(ctx)).to(buf.dtype)
+    vals = torch.empty(buf.numel(), dtype=torch.float32).uniform_(
+        low, high, generator=_generator(ctx)
+    )
+    return vals.to(buf.dtype)
+
+
+def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
+    """Uniform values in [-1, 1): finite in every dtype, never reduced in place."""
+    if buf.numel():
+        buf.copy_(_random_like(buf, ctx, -1.0, 1.0).reshape(buf.shape))
+
+
+def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
+    """Inputs of an in-place reduction that stay finite however often it repeats.
+
+    For sum/avg, team ranks pair up as (+x, -x) (an odd last rank holds 0), so every team sum
+    is exactly 0 and the in-place result never grows; for prod, values are +-1; for max/min
+    any finite values stay finite. Reduction speed does not depend on the values.
+    """
+    import torch
+
+    if not buf.numel():
+        return
+    if op in ("max", "min"):
+        fill_random(buf, ctx)
+        return
+    # Every rank of the team draws the same x (seeded by team, not rank).
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(ctx.seed * 1_000_003 + ctx.team[0])
+    if op == "prod":
+        signs = torch.randint(0, 2, (buf.numel(),), generator=gen) * 2 - 1
+        buf.copy_(signs.to(buf.dtype))
+        return
+    x = torch.empty(buf.numel(), dtype=torch.float32).uniform_(0.25, 1.0, generator=gen)
+    n, me = ctx.team_size, ctx.team_rank
+    if n % 2 and me == n - 1:
+        x.zero_()
+    elif me % 2:
+        x.neg_()
+    buf.copy_(x.to(buf.dtype))
+
+
+def check_values(team_rank: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    """Deterministic small integers in [-8, 8] for team rank ``team_rank`` (exact in bf16)."""
+    import torch
+
+    idx = torch.arange(numel, device=like.device, dtype=torch.int64)
+    return ((idx * 7 + team_rank * 13) % 17 - 8).to(like.dtype)
+
+
+def exact_reduction(op: str, team_size: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    """Expected result of reducing every team rank's :func:`check_values`, in float64."""
+    import torch
+
+    acc: torch.Tensor | None = None
+    for t in range(team_size):
+        v = check_values(t, numel, like).to(torch.float64)
+        if acc is None:
+            acc = v
+        elif op in ("sum", "avg"):
+            acc = acc + v
+        elif op == "max":
+            acc = torch.maximum(acc, v)
+        elif op == "min":
+            acc = torch.minimum(acc, v)
+        elif op == "prod":
+            acc = acc * v
+        else:
+            raise ValueError(f"unknown reduction {op!r}")
+    assert acc is not None
+    if op == "avg":
+        acc = acc / team_size
+    return acc
+
+
+def count_wrong(out: torch.Tensor, expected: torch.Tensor, op: str, team_size: int) -> int:
+    """Elements of ``out`` that differ from ``expected`` beyond the op's stated tolerance.
+
+    Copies (gather, scatter, broadcast, send/recv) and sum/max/min of the check values are
+    exact in every dtype for teams up to 32 ranks (|sum| <= 256 is exact in bf16). avg and
+    prod, and larger sums, get a relative tolerance of 2 ulp of the dtype times the team size.
+    """
+    import torch
+
+    got = out.to(torch.float64)
+    want = expected.to(device=out.device, dtype=torch.float64)
+    exact = op in ("copy", "max", "min") or (op == "sum" and team_size <= 32)
+    if exact or not out.dtype.is_floating_point:
+        return int((got != want).sum().item())
+    eps = torch.finfo(out.dtype).eps
+    tol = 2 * eps * team_size * want.abs().clamp_min(1.0)
+    return int(((got - want).abs() > tol).sum().item())
+
+
+def torch_reduce_op(name: str, backend: str) -> Any:
+    """torch ReduceOp for ``name``; avg exists only on NCCL."""
+    import torch.distributed as dist
+
+    if name == "avg" and backend != "nccl":
+        from ..core.errors import RunError
+
+        raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
+    return {
+        "sum": dist.ReduceOp.SUM,
+        "avg": dist.ReduceOp.AVG,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "prod": dist.ReduceOp.PRODUCT,
+    }[name]

@@ -1,0 +1,336 @@
+"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks``.
+
+Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
+2 invalid input (pattern file, options, files to compare). User errors print one message,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("maestro")
+
+
+class _RankFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+        return True
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Log lines carry the rank: ``[maestro r1] WARNING ...``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RankFilter())
+    handler.setFormatter(logging.Formatter("[maestro r%(rank)s] %(levelname)s %(message)s"))
+    root = logging.getLogger("maestro")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``run`` (also TorchBench's ``run_benchmark.py maestro`` arguments)."""
+    parser.add_argument(
+        "-c",
+        "--config",
+        default="quickstart",
+        help="pattern file: a path, or a name from userbenchmark/maestro/configs "
+        "(default: quickstart)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="start N local workers (without torchrun/srun); default 1",
+    )
+    parser.add_argument(
+        "--output-dir", default=None, help="write results.{json,csv} and patterns.{json,csv} here"
+    )
+    parser.add_argument(
+        "--metrics-dir",
+        default=None,
+        help="folder of the TorchBench metrics file (default <repo>/.userbenchmark/maestro)",
+    )
+    parser.add_argument(
+        "--no-metrics", action="store_true", help="do not write the TorchBench metrics file"
+    )
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "gloo", "nccl"),
+        help="auto: NCCL when CUDA is available, else gloo",
+    )
+    parser.add_argument(
+        "--profiler",
+        default="auto",
+        choices=("auto", "cupti", "events", "host"),
+        help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
+    )
+    parser.add_argument("--iters", type=int, default=None, help="override every pattern's iters")
+    parser.add_argument(
+        "--warmup-iters", type=int, default=None, help="override every pattern's warmup_iters"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        default=None,
+        help="verify every collective's output after timing",
+    )
+    parser.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        default=None,
+        help="skip the isolated run of each block",
+    )
+    parser.add_argument(
+        "--pattern",
+        dest="patterns",
+        action="append",
+        default=[],
+        help="run only patterns matching this glob (repeatable)",
+    )
+    parser.add_argument(
+        "--precision",
+        type=int,
+        default=2,
+        help="decimals of printed latencies (small values keep a digit)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
+
+
+def _options(ns: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "backend": ns.backend,
+        "profiler": ns.profiler,
+        "output_dir": ns.output_dir,
+        "metrics_dir": ns.metrics_dir,
+        "write_metrics": not ns.no_metrics,
+        "precision": ns.precision,
+        "iters": ns.iters,
+        "warmup_iters": ns.warmup_iters,
+        "check": ns.check,
+        "baseline": ns.baseline,
+        "patterns": tuple(ns.patterns),
+        "seed": ns.seed,
+    }
+
+
+def _load(config: str, world_size: int | None, options: dict[str, Any]) -> Any:
+    from .core.loader import load_suite
+    from .core.session import RunOptions, apply_overrides
+
+    suite = load_suite(config, world_size=world_size)
+    return apply_overrides(suite, RunOptions(**options))
+
+
+def _check_numbers(ns: argparse.Namespace) -> None:
+    from .core.errors import ConfigError
+
+    for name in ("nproc", "iters"):
+        value = getattr(ns, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if ns.warmup_iters is not None and ns.warmup_iters < 0:
+        raise ConfigError(f"--warmup-iters must be 0 or more, got {ns.warmup_iters}")
+    if ns.precision < 0 or ns.precision > 9:
+        raise ConfigError(f"--precision must be between 0 and 9, got {ns.precision}")
+
+
+def run_worker(config: str, world_size: int, options: dict[str, Any]) -> int:
+    """One rank's run (in a worker started by the launcher, torchrun or srun)."""
+    from .core.distributed import detect_launch
+    from .core.errors import ConfigError, RunError
+    from .core.session import RunOptions, run_suite
+
+    launch = detect_launch()
+    try:
+        suite = _load(config, launch.world_size, options)
+        return run_suite(suite, RunOptions(**options), launch)
+    except ConfigError as err:
+        if launch.rank == 0:
+            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except RunError as err:
+        print(f"maestro: rank {launch.rank}: {err}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        if launch.rank == 0:
+            print(
+                "maestro: interrupted; patterns that finished are saved",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 130
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from .core.distributed import detect_launch
+    from .core.errors import ConfigError
+    from .core.launcher import launch_local
+
+    launch = detect_launch()
+    options = _options(ns)
+    try:
+        _check_numbers(ns)
+        if launch.launcher != "none":
+            if ns.nproc is not None and ns.nproc != launch.world_size:
+                raise ConfigError(
+                    f"--nproc {ns.nproc} conflicts with the launcher's world size "
+                    f"{launch.world_size}; drop --nproc under torchrun/srun"
+                )
+            world_size = launch.world_size
+        else:
+            world_size = ns.nproc or 1
+        # Validate before any worker starts: a bad file fails once, with exit status 2.
+        suite = _load(ns.config, world_size, options)
+    except ConfigError as err:
+        if launch.rank == 0:
+            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    if launch.launcher == "none" and world_size > 1:
+        return launch_local(suite.source, world_size, options, ns.log_level)
+    return run_worker(suite.source, world_size, options)
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    from .core.errors import ConfigError
+    from .core.loader import load_suite
+    from .core.summary import suite_summary
+
+    try:
+        suite = load_suite(ns.config, world_size=ns.world_size)
+    except ConfigError as err:
+        print(f"maestro: invalid configuration:\n{err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(suite_summary(suite))
+    return EXIT_OK
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from .compare import CompareError, compare_files, exit_code, format_compare_table
+
+    overrides: dict[str, float] = {}
+    for item in ns.threshold:
+        metric, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            overrides[metric] = float(value)
+        except ValueError:
+            print(
+                f"maestro: --threshold expects METRIC=FRACTION (e.g. busbw_gbps=0.03), "
+                f"got {item!r}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+    try:
+        result = compare_files(ns.a, ns.b, threshold_overrides=overrides or None)
+    except CompareError as err:
+        print(f"maestro: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_compare_table(result))
+    return exit_code(result)
+
+
+def cmd_list_blocks(ns: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .blocks.base import registered_ops
+
+    common = [
+        ("name", "str", "required", "block name, unique in its pattern"),
+        ("op", "str", "required", "a name below, or package.module:ClassName"),
+        ("axis", "str", "world", "axis whose teams run the block"),
+        ("lane", "str", "the axis", "in-order queue the block is issued on"),
+        ("dtype", "str", "defaults.dtype", "fp32 | fp16 | bf16 | fp64 | int32 | ..."),
+        (
+            "register_buffers",
+            "bool",
+            "defaults.register_buffers",
+            "buffers from the communicator's registered memory (NCCL)",
+        ),
+    ]
+    print("Keys of every block:")
+    print(tabulate(common, headers=["key", "type", "default", "meaning"]))
+    for name, cls in registered_ops().items():
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"\n{name} ({cls.category}): {doc}")
+        rows = []
+        for p in cls.params:
+            default = "required" if p.required else ("-" if p.default is None else p.default)
+            meaning = p.doc + (f" (one of {', '.join(map(str, p.choices))})" if p.choices else "")
+            rows.append((p.name, p.kind, default, meaning))
+        if rows:
+            print(tabulate(rows, headers=["param", "type", "default", "meaning"]))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m userbenchmark.maestro",
+        description="Maestro: overlap benchmark for collectives and compute.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a pattern file")
+    add_run_arguments(run)
+    run.set_defaults(func=cmd_run)
+    val = sub.add_parser("validate", help="check a pattern file and summarise it")
+    val.add_argument("config", help="pattern file path or name in configs/")
+    val.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="world size to validate against (when the file does not fix it)",
+    )
+    val.set_defaults(func=cmd_validate)
+    cmp_ = sub.add_parser("compare", help="compare two results or metrics files")
+    cmp_.add_argument("a", help="control: results.json, patterns.json or a metrics JSON")
+    cmp_.add_argument("b", help="treatment, same kinds")
+    cmp_.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        help="METRIC=FRACTION override of a metric's relative threshold",
+    )
+    cmp_.set_defaults(func=cmd_compare)
+    lb = sub.add_parser("list-blocks", help="every op with its parameters")
+    lb.set_defaults(func=cmd_list_blocks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    configure_logging(getattr(ns, "log_level", "INFO"))
+    try:
+        return int(ns.func(ns))
+    except KeyboardInterrupt:
+        print("maestro: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_args_parser() -> argparse.ArgumentParser:
+    """The parser TorchBench's ``run_benchmark.py maestro ARGS`` goes through."""
+    parser = argparse.ArgumentParser(
+        prog="run_benchmark.py maestro", description="Maestro overlap benchmark (TorchBench)."
+    )
+    add_run_arguments(parser)
+    return parser
+
+
+def run_from_torchbench(args: Sequence[str]) -> int:
+    ns = run_args_parser().parse_args(list(args))
+    configure_logging(ns.log_level)
+    return cmd_run(ns)

@@ -1,0 +1,98 @@
+"""Communicators: one process group per team per axis, created once per run and reused.
+
+Every rank calls ``new_group`` for every team of every axis in the same order (torch
+requires it), and keeps the group of the team it belongs to. NCCL per-axis options go
+through a fresh ``ProcessGroupNCCL.Options`` per group (``new_group`` writes into it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from .errors import RunError
+from .schema import AxisSpec
+
+log = logging.getLogger("maestro.comms")
+
+
+def nccl_options(axis: AxisSpec) -> Any:
+    """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
+    import torch.distributed as dist
+
+    options_cls = getattr(dist, "ProcessGroupNCCL", None)
+    if options_cls is None:
+        raise RunError("this torch build has no NCCL backend")
+    opts = options_cls.Options()
+    opts.is_high_priority_stream = axis.priority == "high"
+    config = getattr(opts, "config", None)
+    for key, value in axis.nccl.items():
+        if config is None or not hasattr(config, key):
+            valid = sorted(k for k in dir(config) if not k.startswith("_")) if config else []
+            raise RunError(
+                f"axis {axis.name!r}: nccl option {key!r} is not supported by the "
+                f"installed torch/NCCL (ProcessGroupNCCL.Options.config fields: "
+                f"{', '.join(valid) or 'none'})",
+                phase="setup",
+            )
+        setattr(config, key, value)
+    return opts
+
+
+class Communicators:
+    """The process group of this rank's team on each axis (None where it is in no team)."""
+
+    def __init__(
+        self,
+        axes: Mapping[str, AxisSpec],
+        *,
+        rank: int,
+        backend: str,
+        timeout_s: float,
+        used: Iterable[str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self._axes = dict(axes)
+        self._groups: dict[str, Any] = {}
+        names = list(self._axes) if used is None else [a for a in self._axes if a in set(used)]
+        for name in names:
+            self._create(self._axes[name])
+
+    def _create(self, axis: AxisSpec) -> None:
+        import torch.distributed as dist
+
+        if axis.nccl and self.backend != "nccl":
+            log.warning(
+                "axis %r: nccl options %s have no effect on the %s backend",
+                axis.name,
+                dict(axis.nccl),
+                self.backend,
+            )
+        mine = None
+        for team in axis.teams:
+            kwargs: dict[str, Any] = {
+                "ranks": list(team),
+                "backend": self.backend,
+                "timeout": timedelta(seconds=self.timeout_s),
+            }
+            if self.backend == "nccl":
+                kwargs["pg_options"] = nccl_options(axis)  # a fresh object per group
+            group = dist.new_group(**kwargs)
+            if self.rank in team:
+                mine = group
+        self._groups[axis.name] = mine
+        log.debug("axis %s: %d team(s) of %d", axis.name, axis.num_teams, axis.team_size)
+
+    def group(self, axis: str) -> Any:
+        """This rank's group on ``axis`` (None when the rank is in no team of it)."""
+        return self._groups[axis]
+
+    def axis(self, name: str) -> AxisSpec:
+        return self._axes[name]
+
+    def team(self, axis: str) -> tuple[int, ...] | None:
+        return self._axes[axis].team_of(self.rank)

@@ -1,0 +1,91 @@
+"""Error types: ConfigError for bad pattern files, RunError for failures while measuring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class MaestroError(Exception):
+    """Base class of every error maestro raises on purpose."""
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a pattern file: where it is (file, YAML path, line) and what is wrong."""
+
+    message: str
+    path: str = ""
+    file: str = ""
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file or "<config>"
+        if self.line is not None:
+            where += f":{self.line}"
+        if self.path:
+            return f"{where}: {self.path}: {self.message}"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(MaestroError, ValueError):
+    """A pattern file (or a command-line option) is invalid; carries every issue found."""
+
+    def __init__(
+        self,
+        issues: list[ConfigIssue] | ConfigIssue | str,
+        *,
+        path: str = "",
+        file: str = "",
+        line: int | None = None,
+    ) -> None:
+        if isinstance(issues, str):
+            issues = [ConfigIssue(issues, path=path, file=file, line=line)]
+        elif isinstance(issues, ConfigIssue):
+            issues = [issues]
+        if not issues:
+            raise ValueError("ConfigError needs at least one issue")
+        self.issues: tuple[ConfigIssue, ...] = tuple(issues)
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+    @property
+    def path(self) -> str:
+        """YAML path of the first issue (e.g. ``patterns[1].blocks[0].size``)."""
+        return self.issues[0].path
+
+    @property
+    def file(self) -> str:
+        return self.issues[0].file
+
+    @property
+    def line(self) -> int | None:
+        return self.issues[0].line
+
+
+class RunError(MaestroError, RuntimeError):
+    """A failure while running: names the rank, phase, pattern and block where it happened."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        phase: str = "",
+        pattern: str = "",
+        block: str = "",
+    ) -> None:
+        self.rank = rank
+        self.phase = phase
+        self.pattern = pattern
+        self.block = block
+        self.detail = message
+        where = []
+        if rank is not None:
+            where.append(f"rank {rank}")
+        if phase:
+            where.append(f"phase {phase}")
+        if pattern:
+            where.append(f"pattern {pattern!r}")
+        if block:
+            where.append(f"block {block!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)

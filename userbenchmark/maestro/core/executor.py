@@ -1,0 +1,230 @@
+"""Lanes and the start gate: how one window of iterations is issued.
+
+CPU: one worker thread per lane; a ``threading.Barrier`` releases all lanes at once each
+iteration. CUDA: one stream per lane; a spin kernel on a gate stream, an event recorded after
+it, every lane waits on that event, and only then does the host enqueue the blocks, so every
+lane starts when the spin ends, not when the host got to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import RunError
+from .profilers.base import Profiler
+
+log = logging.getLogger("maestro.executor")
+
+
+@dataclass(kw_only=True)
+class Lane:
+    """An in-order queue of (block index, block) pairs; ``stream`` on CUDA."""
+
+    name: str
+    blocks: list[tuple[int, Any]]
+    priority: str = "normal"
+    stream: Any = None
+
+
+@dataclass(kw_only=True)
+class WindowStats:
+    """Host-side facts about one window (for the gate's calibration and warnings)."""
+
+    enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gate_us: float = 0.0
+
+
+class CpuExecutor:
+    """Runs each lane on its own thread; a barrier is the gate."""
+
+    def __init__(self, *, barrier: Callable[[], None]) -> None:
+        self._barrier = barrier  # cross-rank barrier between iterations (control group)
+
+    def run_window(
+        self,
+        lanes: Sequence[Lane],
+        num_iters: int,
+        profiler: Profiler,
+        *,
+        sync: str,
+        block_names: Sequence[str],
+    ) -> WindowStats:
+        if not lanes:
+            for _ in range(num_iters):
+                if sync == "barrier":
+                    self._barrier()
+            return WindowStats()
+        gate = threading.Barrier(len(lanes) + 1)
+        done = threading.Barrier(len(lanes) + 1)
+        errors: list[tuple[str, BaseException]] = []
+
+        def lane_main(lane: Lane) -> None:
+            current = ""
+            try:
+                for it in range(num_iters):
+                    gate.wait()
+                    for index, block in lane.blocks:
+                        current = block_names[index]
+                        profiler.before(index, it)
+                        block.launch()
+                        profiler.after(index, it)
+                    done.wait()
+            except threading.BrokenBarrierError:
+                return  # another lane failed; it reports
+            except BaseException as exc:  # reported by the main thread with the block name
+                errors.append((current, exc))
+                gate.abort()
+                done.abort()
+
+        threads = [
+            threading.Thread(
+                target=lane_main, args=(lane,), daemon=True, name=f"maestro-lane-{lane.name}"
+            )
+            for lane in lanes
+        ]
+        for t in threads:
+            t.start()
+        main_error: BaseException | None = None
+        try:
+            for _ in range(num_iters):
+                if sync == "barrier":
+                    self._barrier()
+                gate.wait()
+                done.wait()
+        except threading.BrokenBarrierError:
+            pass  # a lane failed: it recorded its error
+        except BaseException as exc:  # the iteration barrier failed (a peer rank is gone)
+            main_error = exc
+        finally:
+            # Release every lane before joining, whatever ended the loop.
+            if errors or main_error is not None:
+                gate.abort()
+                done.abort()
+            for t in threads:
+                t.join()
+        if errors:
+            block, exc = errors[0]
+            raise RunError(f"{type(exc).__name__}: {exc}", block=block) from exc
+        if main_error is not None:
+            if isinstance(main_error, KeyboardInterrupt):
+                raise main_error
+            raise RunError(
+                f"iteration barrier failed ({type(main_error).__name__}: "
+                f"{main_error}); another rank stopped"
+            ) from main_error
+        return WindowStats()
+
+
+class CudaExecutor:
+    """Issues lanes on CUDA streams behind a GPU-side start gate."""
+
+    def __init__(
+        self, *, barrier: Callable[[], None], device: Any, sleep_cycles_per_us: float
+    ) -> None:
+        import torch
+
+        self._barrier = barrier
+        self._device = device
+        self._cycles_per_us = sleep_cycles_per_us
+        self._gate_stream = torch.cuda.Stream(device=device, priority=0)
+        self.gate_us = 200.0
+        """Spin length; recalibrated from measured enqueue times (see :meth:`calibrate`)."""
+
+    def make_stream(self, priority: str) -> Any:
+        import torch
+
+        # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
+        low, high = torch.cuda.Stream.priority_range()
+        return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
+
+    def calibrate(self, enqueue_ns: np.ndarray) -> float:
+        """Gate spin long enough to outlast the host's enqueue (2x the slowest seen + 20 µs)."""
+        if enqueue_ns.size:
+            self.gate_us = max(50.0, 2.0 * float(enqueue_ns.max()) / 1e3 + 20.0)
+        return self.gate_us
+
+    def run_window(
+        self,
+        lanes: Sequence[Lane],
+        num_iters: int,
+        profiler: Profiler,
+        *,
+        sync: str,
+        block_names: Sequence[str],
+    ) -> WindowStats:
+        import torch
+
+        enqueue = np.zeros(num_iters, dtype=np.int64)
+        gate_event = torch.cuda.Event()
+        lane_done = [torch.cuda.Event() for _ in lanes]
+        current = ""
+        try:
+            for it in range(num_iters):
+                if sync == "barrier":
+                    torch.cuda.synchronize(self._device)
+                    profiler.idle()
+                    self._barrier()
+                else:
+                    # Device-side fence: the next gate waits for every lane's last block.
+                    for ev in lane_done:
+                        self._gate_stream.wait_event(ev)
+                t0 = time.perf_counter_ns()
+                with torch.cuda.stream(self._gate_stream):
+                    profiler.gate_begin(it)
+                    torch.cuda._sleep(max(1, round(self.gate_us * self._cycles_per_us)))
+                    profiler.gate_end(it)
+                    gate_event.record(self._gate_stream)
+                for lane in lanes:
+                    lane.stream.wait_event(gate_event)
+                for lane, done in zip(lanes, lane_done, strict=True):
+                    with torch.cuda.stream(lane.stream):
+                        for index, block in lane.blocks:
+                            current = block_names[index]
+                            profiler.before(index, it)
+                            block.launch()
+                            profiler.after(index, it)
+                        done.record(lane.stream)
+                enqueue[it] = time.perf_counter_ns() - t0
+            torch.cuda.synchronize(self._device)
+        except RunError:
+            raise
+        except Exception as exc:
+            raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
+        return WindowStats(enqueue_ns=enqueue, gate_us=self.gate_us)
+
+
+def calibrate_sleep_cycles_per_us(device: Any) -> float:
+    """Cycles of ``torch.cuda._sleep`` per µs, measured with events once the clocks are up.
+
+    The first spin on an idle GPU runs far slower than later ones (clock ramp-up), so spin
+    ~50 ms first, then fit the slope between two lengths (removing launch offsets).
+    """
+    import torch
+
+    with torch.cuda.device(device):
+        torch.cuda._sleep(100_000_000)
+        torch.cuda.synchronize()
+
+        def timed(cycles: int) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e3  # µs
+
+        small, large = 1_000_000, 10_000_000
+        samples = []
+        for _ in range(3):
+            t_small, t_large = timed(small), timed(large)
+            samples.append((large - small) / max(t_large - t_small, 1e-3))
+    rate = float(np.median(samples))
+    log.debug("torch.cuda._sleep: %.1f cycles/µs", rate)
+    return rate

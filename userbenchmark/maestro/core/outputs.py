@@ -1,0 +1,127 @@
+"""Files rank 0 writes: results/patterns JSON+CSV and TorchBench's metrics JSON.
+
+Every file is rewritten after each finished pattern, atomically (a temporary file in the same
+folder, then ``os.replace``), so a run killed at any moment leaves complete files holding every
+pattern that finished and never a partial file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .metric_keys import metric_key
+from .results import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
+
+BLOCK_METRICS = (
+    "latency_avg_us",
+    "latency_min_us",
+    "latency_max_us",
+    "latency_p50_us",
+    "latency_p99_us",
+    "algbw_gbps",
+    "busbw_gbps",
+    "tflops",
+    "isolated_latency_avg_us",
+    "slowdown",
+    "wrong_elements",
+    "rank_skew_us",
+)
+PATTERN_METRICS = (
+    "makespan_avg_us",
+    "makespan_p99_us",
+    "serial_us",
+    "ideal_us",
+    "overlap_efficiency",
+    "shared_busbw_gbps",
+    "comm_compute_overlap",
+    "lane_skew_p50_us",
+    "lane_skew_max_us",
+)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def metrics_of(outcomes: Iterable[PatternOutcome]) -> dict[str, float]:
+    """Flat ``{key: float}`` TorchBench metrics; not-applicable (NaN/None) values are left out."""
+    metrics: dict[str, float] = {}
+    for outcome in outcomes:
+        p = outcome.pattern
+        for b in outcome.blocks:
+            for name in BLOCK_METRICS:
+                value = getattr(b, name)
+                if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                    metrics[metric_key(p.suite, p.pattern, b.block, name)] = float(value)
+        for name in PATTERN_METRICS:
+            value = getattr(p, name)
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                metrics[metric_key(p.suite, p.pattern, None, name)] = float(value)
+    return metrics
+
+
+def _csv(records: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame.from_records(records, columns=list(columns))
+    if "pairwise_overlap" in frame:
+        frame["pairwise_overlap"] = frame["pairwise_overlap"].map(
+            lambda d: json.dumps(d, sort_keys=True) if isinstance(d, dict) else ""
+        )
+    return frame.to_csv(index=False)
+
+
+class OutputWriter:
+    """Collects finished patterns on rank 0 and rewrites every output file after each one."""
+
+    def __init__(
+        self, *, output_dir: Path | None, metrics_path: Path | None, environ: Mapping[str, str]
+    ) -> None:
+        self.output_dir = output_dir
+        self.metrics_path = metrics_path
+        self.environ = dict(environ)
+        self.outcomes: list[PatternOutcome] = []
+        self.failures: list[dict[str, str]] = []
+
+    def add(self, outcome: PatternOutcome) -> None:
+        self.outcomes.append(outcome)
+        self.flush()
+
+    def add_failure(self, pattern: str, message: str) -> None:
+        self.failures.append({"pattern": pattern, "error": message})
+        self.flush()
+
+    def flush(self) -> None:
+        block_records = [b.to_record() for o in self.outcomes for b in o.blocks]
+        pattern_records = [o.pattern.to_record() for o in self.outcomes]
+        if self.output_dir is not None:
+            out = self.output_dir
+            atomic_write_text(out / "results.json", json.dumps(block_records, indent=1) + "\n")
+            atomic_write_text(out / "results.csv", _csv(block_records, BLOCK_COLUMNS))
+            atomic_write_text(out / "patterns.json", json.dumps(pattern_records, indent=1) + "\n")
+            atomic_write_text(out / "patterns.csv", _csv(pattern_records, PATTERN_COLUMNS))
+            if self.failures:
+                atomic_write_text(out / "failures.json", json.dumps(self.failures, indent=1) + "\n")
+        if self.metrics_path is not None:
+            doc = {"name": "maestro", "environ": self.environ, "metrics": metrics_of(self.outcomes)}
+            atomic_write_text(self.metrics_path, json.dumps(doc, indent=2) + "\n")

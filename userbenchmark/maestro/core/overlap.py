@@ -1,0 +1,236 @@
+"""Overlap metrics computed from ONE rank's own block intervals, per measured iteration.
+
+Intervals come as `starts`/`ends` arrays of shape (num_blocks, num_iters) in nanoseconds of one
+rank's clock (timestamps of different hosts are never compared). Blocks a rank does not run are
+excluded with a boolean `present` mask of shape (num_blocks,); their rows may hold any value.
+All functions are vectorised over iterations and never modify their inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+__all__ = [
+    "comm_compute_overlap",
+    "intersection_ns",
+    "makespan_ns",
+    "overlap_efficiency",
+    "pairwise_overlap_fraction",
+    "rank_skew_us",
+    "shared_busbw_gbps",
+    "slowdown",
+    "union_intersection_ns",
+    "union_length_ns",
+]
+
+
+def _intervals(
+    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate (num_blocks, num_iters) interval arrays; return (starts, ends, present mask)."""
+    s = np.asarray(starts)
+    e = np.asarray(ends)
+    if s.ndim != 2 or s.shape != e.shape:
+        raise ValueError(
+            f"starts and ends must be 2-D (num_blocks, num_iters) of equal shape, "
+            f"got {s.shape} and {e.shape}"
+        )
+    if not (np.issubdtype(s.dtype, np.number) and np.issubdtype(e.dtype, np.number)):
+        raise ValueError(f"starts and ends must be numeric, got {s.dtype} and {e.dtype}")
+    mask = _block_mask(present, s.shape[0], "present")
+    s_in, e_in = s[mask], e[mask]
+    if not (np.all(np.isfinite(s_in)) and np.all(np.isfinite(e_in))):
+        raise ValueError("interval bounds of present blocks must be finite")
+    if np.any(e_in < s_in):
+        raise ValueError("an interval ends before it starts")
+    return s, e, mask
+
+
+def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarray:
+    """A (num_blocks,) boolean mask; None means every block."""
+    if mask is None:
+        return np.ones(num_blocks, dtype=bool)
+    m = np.asarray(mask)
+    if m.dtype != bool or m.shape != (num_blocks,):
+        raise ValueError(f"{what} must be a boolean mask of shape ({num_blocks},), got {m.shape}")
+    return m
+
+
+def intersection_ns(
+    a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
+) -> np.ndarray:
+    """Elementwise length of [a_start, a_end] ∩ [b_start, b_end]: max(0, min(ends) - max(starts)).
+
+    Inputs broadcast against each other.
+    """
+    lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
+    hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
+    return np.maximum(hi - lo, 0)
+
+
+def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Union length per column of already-validated (num_blocks, num_iters) intervals."""
+    if s.shape[0] == 0:
+        return np.zeros(s.shape[1], dtype=np.result_type(s.dtype, e.dtype))
+    # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
+    # the part of it that lies beyond the furthest end seen so far.
+    order = np.argsort(s, axis=0, kind="stable")
+    s_sorted = np.take_along_axis(s, order, axis=0)
+    e_sorted = np.take_along_axis(e, order, axis=0)
+    reach = np.maximum.accumulate(e_sorted, axis=0)
+    covered_to = np.concatenate([s_sorted[:1], reach[:-1]], axis=0)
+    added = np.maximum(e_sorted - np.maximum(s_sorted, covered_to), 0)
+    return added.sum(axis=0)
+
+
+def union_length_ns(
+    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
+) -> np.ndarray:
+    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,).
+
+    The union of no blocks has length 0.
+    """
+    s, e, mask = _intervals(starts, ends, present)
+    return _union_length(s[mask], e[mask])
+
+
+def union_intersection_ns(
+    starts_a: ArrayLike, ends_a: ArrayLike, starts_b: ArrayLike, ends_b: ArrayLike
+) -> np.ndarray:
+    """|union(A) ∩ union(B)| per iteration for two block sets of shape (num_blocks_x, num_iters).
+
+    Uses |U(A) ∩ U(B)| = |U(A)| + |U(B)| - |U(A ∪ B)|. Pass only the rows of present blocks.
+    """
+    sa, ea, _ = _intervals(starts_a, ends_a)
+    sb, eb, _ = _intervals(starts_b, ends_b)
+    if sa.shape[1] != sb.shape[1]:
+        raise ValueError(f"num_iters differ: {sa.shape[1]} vs {sb.shape[1]}")
+    both_s = np.concatenate([sa, sb], axis=0)
+    both_e = np.concatenate([ea, eb], axis=0)
+    inter = _union_length(sa, ea) + _union_length(sb, eb) - _union_length(both_s, both_e)
+    return np.maximum(inter, 0)  # exact for ints; guards float rounding
+
+
+def pairwise_overlap_fraction(
+    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
+) -> np.ndarray:
+    """|A∩B| / min(|A|, |B|) for every block pair: (num_blocks, num_blocks, num_iters) floats.
+
+    1 means the shorter block ran entirely inside the longer one. The diagonal is 1. Off the
+    diagonal, a pair where either block has zero length gets 0.0 (nothing to overlap). Pairs
+    involving a block that is not present get NaN.
+    """
+    s, e, mask = _intervals(starts, ends, present)
+    # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
+    s = np.where(mask[:, None], s, 0)
+    e = np.where(mask[:, None], e, 0)
+    inter = intersection_ns(s[:, None, :], e[:, None, :], s[None, :, :], e[None, :, :])
+    length = e - s
+    shorter = np.minimum(length[:, None, :], length[None, :, :])
+    frac = np.zeros(shorter.shape, dtype=np.float64)
+    np.divide(inter, shorter, out=frac, where=shorter > 0)
+    diag = np.arange(s.shape[0])
+    frac[diag, diag, :] = 1.0
+    pair_present = mask[:, None] & mask[None, :]
+    frac[~pair_present] = np.nan
+    return frac
+
+
+def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
+    """Last end minus first start over the (present) blocks, per iteration: (num_iters,).
+
+    Raises ValueError when no block is present (the span of nothing is undefined).
+    """
+    s, e, mask = _intervals(starts, ends, present)
+    if not mask.any():
+        raise ValueError("makespan of an empty block set")
+    return e[mask].max(axis=0) - s[mask].min(axis=0)
+
+
+def comm_compute_overlap(
+    starts: ArrayLike,
+    ends: ArrayLike,
+    is_comm: ArrayLike,
+    is_compute: ArrayLike,
+    present: ArrayLike | None = None,
+) -> np.ndarray:
+    """Fraction of communication time hidden under compute, per iteration (HTA's definition).
+
+    |union(comm) ∩ union(compute)| / |union(comm)|, in [0, 1]. NaN where the rank has no present
+    comm block or no present compute block, or the comm union has zero length.
+    """
+    s, e, mask = _intervals(starts, ends, present)
+    comm = _block_mask(is_comm, s.shape[0], "is_comm")
+    compute = _block_mask(is_compute, s.shape[0], "is_compute")
+    if np.any(comm & compute):
+        raise ValueError("a block cannot be both comm and compute")
+    comm = comm & mask
+    compute = compute & mask
+    result = np.full(s.shape[1], np.nan)
+    if not comm.any() or not compute.any():
+        return result
+    comm_len = _union_length(s[comm], e[comm])
+    hidden = union_intersection_ns(s[comm], e[comm], s[compute], e[compute])
+    np.divide(hidden, comm_len, out=result, where=comm_len > 0)
+    return result
+
+
+def _scalar_or_array(out: np.ndarray) -> float | np.ndarray:
+    return float(out) if out.ndim == 0 else out
+
+
+def overlap_efficiency(
+    serial_us: ArrayLike, makespan_us: ArrayLike, ideal_us: ArrayLike
+) -> float | np.ndarray:
+    """(serial - makespan) / (serial - ideal), where serial = Σ isolated, ideal = max isolated.
+
+    1 = perfect overlap (the pattern takes as long as its longest block), 0 = fully serialized.
+    Values outside [0, 1] are real results: below 0 the overlapped run was slower than running
+    the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up). NaN when
+    serial - ideal <= 0 (a single block, or all but one block have zero isolated latency) or
+    any input is NaN. Elementwise on arrays; a float for scalars.
+    """
+    serial = np.asarray(serial_us, dtype=np.float64)
+    headroom = serial - np.asarray(ideal_us, dtype=np.float64)
+    gained = serial - np.asarray(makespan_us, dtype=np.float64)
+    out = np.full(np.broadcast_shapes(headroom.shape, gained.shape), np.nan)
+    np.divide(gained, headroom, out=out, where=headroom > 0)
+    return _scalar_or_array(out)
+
+
+def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
+    """overlapped / isolated latency (> 1: overlap slowed the block). NaN where isolated <= 0/NaN."""
+    over = np.asarray(overlapped_avg_us, dtype=np.float64)
+    iso = np.asarray(isolated_avg_us, dtype=np.float64)
+    out = np.full(np.broadcast_shapes(over.shape, iso.shape), np.nan)
+    np.divide(over, iso, out=out, where=iso > 0)
+    return _scalar_or_array(out)
+
+
+def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
+    """Bus bytes of all blocks over the pattern's makespan (not the longest block), in GB/s.
+
+    A block's bus bytes are size_bytes * bus_factor (see bandwidth.bus_bytes); GB = 1e9.
+    NaN where makespan_s <= 0 or is NaN.
+    """
+    total = np.asarray(bus_bytes_total, dtype=np.float64)
+    span = np.asarray(makespan_s, dtype=np.float64)
+    out = np.full(np.broadcast_shapes(total.shape, span.shape), np.nan)
+    np.divide(total, span, out=out, where=span > 0)
+    out /= 1e9
+    return _scalar_or_array(out)
+
+
+def rank_skew_us(per_rank_latency_us: ArrayLike) -> tuple[float, int]:
+    """(max - min, index of the slowest rank) over ranks, ignoring NaN (ranks not running it).
+
+    Ties go to the lowest rank. Raises ValueError when no rank has a value.
+    """
+    lat = np.asarray(per_rank_latency_us, dtype=np.float64)
+    if lat.ndim != 1:
+        raise ValueError(f"per_rank_latency_us must be 1-D, got shape {lat.shape}")
+    if lat.size == 0 or np.all(np.isnan(lat)):
+        raise ValueError("no rank has a latency for this block")
+    slowest = int(np.nanargmax(lat))
+    return float(lat[slowest] - np.nanmin(lat)), slowest

@@ -1,0 +1,578 @@
+"""CUPTI activity profiler: device start/end of every kernel, memcpy and memset of a block.
+
+Each block's enqueue is bracketed by an external correlation id (kind CUSTOM2; Kineto uses
+CUSTOM0/1) and `attribution.attribute` joins the records to (block, iteration). cupti-python
+is imported lazily; never run torch.profiler in the same process (one CUPTI per process).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+import time
+
+import numpy as np
+
+from .attribution import (
+    GATE_BLOCK,
+    HARNESS_BLOCK,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    ActivityRecords,
+    Attribution,
+    ExternalCorrelation,
+    attribute,
+    encode_external_id,
+)
+
+logger = logging.getLogger(__name__)
+
+BUFFER_SIZE_BYTES = 32 << 20
+"""Size of each buffer handed to CUPTI (it asks for more as they fill). Seen on an H200:
+every buffer is delivered on CUPTI's own thread, cupti-python spends ~12 us per record making
+record objects and parsing adds ~3 us, with 20-35 records (API and correlation records
+included) per torch.mm. A buffer filling mid-window competes with the host's enqueue for
+the GIL, so buffers are large and `drain` lets the harness take them at a quiet moment."""
+
+
+def _install_hint(cuda_major: int) -> str:
+    return f"pip install 'cupti-python>={cuda_major},<{cuda_major + 1}'"
+
+
+def cupti_available() -> tuple[bool, str]:
+    """Whether cupti-python imports and matches torch's CUDA major version, and why not."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
+        return False, f"torch does not import: {exc}"
+    cuda = torch.version.cuda
+    if not cuda:
+        return False, "torch is built without CUDA; the cupti profiler needs a CUDA build"
+    major = int(cuda.split(".")[0])
+    hint = _install_hint(major)
+    try:
+        version = importlib.metadata.version("cupti-python")
+    except importlib.metadata.PackageNotFoundError:
+        return False, f"cupti-python is not installed (torch uses CUDA {cuda}): {hint}"
+    if int(version.split(".")[0]) != major:
+        return False, f"cupti-python {version} does not match torch's CUDA {cuda}: {hint}"
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as exc:  # a missing libcupti raises more than ImportError
+        return False, f"cupti-python {version} does not import ({exc}): {hint}"
+    return True, f"cupti-python {version} with torch CUDA {cuda}"
+
+
+_FIELDS = {
+    "kernel": (
+        "correlation_id",
+        "start",
+        "end",
+        "stream_id",
+        "device_id",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+    ),
+    "memcpy": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "memset": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "ext": ("correlation_id", "external_id"),
+}
+
+
+class _RecordParser:
+    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays.
+
+    ``objects`` reads each field through cupti-python's record objects; ``numpy`` reads only
+    each record's address and gathers the fields from the buffer with cupti-python's own
+    record dtypes, a fraction of the Python work per record. ``auto`` checks ``numpy``
+    against ``objects`` on the first buffers and falls back for good on any difference.
+    """
+
+    _VERIFY_BUFFERS = 2
+
+    def __init__(self, cupti, mode: str, buffer_size_bytes: int) -> None:
+        if mode not in ("auto", "numpy", "objects"):
+            raise ValueError(f"parse must be 'auto', 'numpy' or 'objects', got {mode!r}")
+        kinds = cupti.ActivityKind
+        self.codes = {
+            "kernel": int(kinds.CONCURRENT_KERNEL),
+            "memcpy": int(kinds.MEMCPY),
+            "memset": int(kinds.MEMSET),
+            "ext": int(kinds.EXTERNAL_CORRELATION),
+        }
+        self.custom2 = int(cupti.ExternalCorrelationKind.CUSTOM2)
+        self.mode = mode
+        self._to_verify = self._VERIFY_BUFFERS if mode == "auto" else 0
+        self._buffer_size_bytes = buffer_size_bytes
+        try:
+            self._dtypes = {
+                "kernel": cupti.activity_kernel10_dtype,
+                "memcpy": cupti.activity_memcpy6_dtype,
+                "memset": cupti.activity_memset4_dtype,
+                "ext": cupti.activity_external_correlation_dtype,
+            }
+            for name, dtype in self._dtypes.items():
+                missing = set(_FIELDS[name]) - set(dtype.names)
+                if missing:
+                    raise KeyError(f"{name} record dtype lacks {sorted(missing)}")
+        except (AttributeError, KeyError) as exc:
+            self._fallback(f"record dtypes unusable: {exc}")
+
+    def _fallback(self, why: str) -> None:
+        if self.mode != "objects":
+            logger.warning("cupti: reading records field by field (%s)", why)
+        self.mode = "objects"
+        self._to_verify = 0
+
+    def parse(self, activities: list) -> dict[str, np.ndarray]:
+        """Rows of the four record kinds in one buffer (empty arrays when none)."""
+        if self.mode == "objects" or not activities:
+            return self.parse_objects(activities)
+        try:
+            fast = self.parse_numpy(activities)
+        except Exception as exc:
+            fast = None
+            why = repr(exc)
+        else:
+            why = "record addresses do not lie in one buffer"
+        if fast is None:
+            self._fallback(why)
+            return self.parse_objects(activities)
+        if self._to_verify > 0:
+            self._to_verify -= 1
+            slow = self.parse_objects(activities)
+            if any(not np.array_equal(fast[k], slow[k]) for k in slow):
+                self._fallback("gathered records differ from the record objects")
+                return slow
+            if self._to_verify == 0:
+                self.mode = "numpy"
+        return fast
+
+    def parse_objects(self, activities: list) -> dict[str, np.ndarray]:
+        """One attribute read per field and record."""
+        rows: dict[str, list[tuple]] = {name: [] for name in _FIELDS}
+        kernels, copies, sets, ext = rows["kernel"], rows["memcpy"], rows["memset"], rows["ext"]
+        k_kernel, k_memcpy = self.codes["kernel"], self.codes["memcpy"]
+        k_memset, k_ext = self.codes["memset"], self.codes["ext"]
+        custom2 = self.custom2
+        for a in activities:
+            k = a.kind
+            if k == k_ext:
+                if a.external_kind == custom2:
+                    ext.append((a.correlation_id, a.external_id))
+            elif k == k_kernel:
+                kernels.append(
+                    (
+                        a.correlation_id,
+                        a.start,
+                        a.end,
+                        a.stream_id,
+                        a.device_id,
+                        a.grid_x,
+                        a.grid_y,
+                        a.grid_z,
+                        a.block_x,
+                        a.block_y,
+                        a.block_z,
+                    )
+                )
+            elif k == k_memcpy:
+                copies.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
+            elif k == k_memset:
+                sets.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
+        return {name: self._rows(name, r) for name, r in rows.items()}
+
+    def parse_numpy(self, activities: list) -> dict[str, np.ndarray] | None:
+        """One address read per record; fields gathered from the buffer in bulk."""
+        import ctypes
+
+        n = len(activities)
+        ptrs = np.fromiter((a.ptr for a in activities), dtype=np.int64, count=n)
+        base = int(ptrs.min())
+        widest = max(d.itemsize for d in self._dtypes.values())
+        span = int(ptrs.max()) - base + widest
+        if span > self._buffer_size_bytes + widest:
+            return None  # not views into one CUPTI buffer: never read across foreign memory
+        # Only the bytes of each record are read; the view's extent itself touches nothing.
+        mem = np.frombuffer((ctypes.c_ubyte * span).from_address(base), dtype=np.uint8)
+        offsets = ptrs - base
+        # Every CUPTI record starts with its CUpti_ActivityKind (uint32).
+        kinds = mem[offsets[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+        out = {}
+        for name, code in self.codes.items():
+            dtype = self._dtypes[name]
+            at = offsets[kinds == code]
+            recs = mem[at[:, None] + np.arange(dtype.itemsize)].copy().view(dtype)[:, 0]
+            if name == "ext":
+                recs = recs[recs["external_kind"] == self.custom2]
+            target = np.uint64 if name == "ext" else np.int64
+            # Per field first: stacking uint64 with int32 columns would promote to float64.
+            out[name] = np.stack([recs[f].astype(target) for f in _FIELDS[name]], axis=1)
+        return out
+
+    @staticmethod
+    def _rows(name: str, rows: list[tuple]) -> np.ndarray:
+        dtype = np.uint64 if name == "ext" else np.int64
+        if not rows:
+            return np.zeros((0, len(_FIELDS[name])), dtype=dtype)
+        return np.array(rows, dtype=dtype)
+
+
+class CuptiProfiler:
+    """Device timestamps per (block, iteration) from CUPTI's activity API, one rank.
+
+    Timestamps are CUPTI's, CLOCK_REALTIME nanoseconds of this host: compare them only
+    within one rank. Usage: start(); per window begin_window(w), push/pop around each
+    block's enqueue (push_gate/push_harness for gate and sync work), end_window(); stop().
+    """
+
+    name = "cupti"
+    description = "CUPTI activity records (device start/end of each kernel, memcpy, memset)"
+
+    def __init__(self, *, buffer_size_bytes: int = BUFFER_SIZE_BYTES, parse: str = "auto") -> None:
+        ok, message = cupti_available()
+        if not ok:
+            raise RuntimeError(message)
+        from cupti import cupti
+
+        self._cupti = cupti
+        kinds = cupti.ActivityKind
+        # RUNTIME or DRIVER must be on for EXTERNAL_CORRELATION records to appear; NCCL
+        # launches through the driver API, so both are on.
+        self._kinds = (
+            kinds.CONCURRENT_KERNEL,
+            kinds.MEMCPY,
+            kinds.MEMSET,
+            kinds.RUNTIME,
+            kinds.DRIVER,
+            kinds.EXTERNAL_CORRELATION,
+        )
+        self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
+        self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
+        self._push_id = cupti.activity_push_external_correlation_id
+        self._pop_id = cupti.activity_pop_external_correlation_id
+        self._buffer_size_bytes = int(buffer_size_bytes)
+        self._parser = _RecordParser(cupti, parse, self._buffer_size_bytes)
+        self._lock = threading.Lock()
+        self._chunks: dict[str, list[np.ndarray]] = {"kernel": [], "memcpy": [], "memset": []}
+        self._ext_chunks: list[np.ndarray] = []
+        self._callback_error: BaseException | None = None
+        self._enabled: list = []
+        self._started = False
+        self._window_id: int | None = None
+        self._depth = 0
+        self._present: np.ndarray | None = None
+        self._shape: tuple[int, int] | None = None
+        self.last_records: tuple[ActivityRecords, ExternalCorrelation] | None = None
+        """Records and correlations of the last ended window (for traces and debugging)."""
+        self.records_seen = 0
+        """Every CUPTI record delivered so far (API records included)."""
+        self.callback_ns = 0
+        """Wall time spent in the buffer-completed callback (includes waiting for the GIL)."""
+        self.callback_cpu_ns = 0
+        """CPU time of the callback's thread spent in it: the parsing cost itself."""
+        self.flush_ns = 0
+        """Wall time in activity_flush_all (CUPTI, cupti-python's record objects, callback)."""
+        self.callbacks = 0
+        self.callbacks_other_thread = 0
+        """Buffers delivered on a thread other than the one that called start()."""
+        self._owner_thread = threading.get_ident()
+        self.discarded_records = 0
+        """Device activities dropped by begin_window (warmup and anything before)."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Register the buffer callbacks and enable the activity kinds."""
+        if self._started:
+            return
+        self._owner_thread = threading.get_ident()
+        cupti = self._cupti
+        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        try:
+            for kind in self._kinds:
+                cupti.activity_enable(kind)
+                self._enabled.append(kind)
+        except Exception as exc:
+            self._disable()
+            raise RuntimeError(
+                f"CUPTI refused activity kind {kind.name}: {exc} (is another profiler, such "
+                "as torch.profiler or nsys, attached to this process?)"
+            ) from exc
+        self._started = True
+
+    def stop(self) -> None:
+        """Flush, disable and finalise CUPTI; safe twice and on an exception path."""
+        if not self._started:
+            return
+        self._started = False
+        while self._depth > 0:  # a block raised between push and pop
+            self._depth -= 1
+            try:
+                self._pop_id(self._ext_kind)
+            except Exception:
+                break
+        try:
+            import torch
+
+            torch.cuda.synchronize()
+        except Exception as exc:  # a failed CUDA context must not hide the original error
+            logger.warning("cupti stop: synchronize failed: %s", exc)
+        for step, call in (
+            ("flush", lambda: self._cupti.activity_flush_all(self._flush_forced)),
+            ("disable", self._disable),
+            ("finalize", self._cupti.finalize),
+        ):
+            try:
+                call()
+            except Exception as exc:
+                logger.warning("cupti stop: %s failed: %s", step, exc)
+        self._take()
+        self._window_id = None
+
+    def __enter__(self) -> CuptiProfiler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _disable(self) -> None:
+        while self._enabled:
+            self._cupti.activity_disable(self._enabled.pop())
+
+    # -- windows --------------------------------------------------------------------------
+
+    def begin_window(
+        self,
+        window_id: int,
+        num_blocks: int | None = None,
+        num_iters: int | None = None,
+        present: np.ndarray | None = None,
+    ) -> None:
+        """Flush and discard everything captured so far (warmup included); open a window.
+
+        num_blocks/num_iters/present, if given here, are end_window's defaults.
+        """
+        self._require_started()
+        if self._depth:
+            raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
+        encode_external_id(window_id, 0, 0)  # validates window_id
+        if (num_blocks is None) != (num_iters is None):
+            raise ValueError("begin_window takes num_blocks and num_iters together")
+        self._flush()
+        discarded = self._take()
+        self.discarded_records += len(discarded[0])
+        self._window_id = window_id
+        self._shape = None if num_blocks is None else (num_blocks, num_iters)
+        self._present = None if present is None else np.asarray(present, dtype=bool).copy()
+
+    def end_window(
+        self,
+        num_blocks: int | None = None,
+        num_iters: int | None = None,
+        present: np.ndarray | None = None,
+    ) -> Attribution:
+        """Synchronize, flush and attribute everything since begin_window."""
+        self._require_started()
+        if self._window_id is None:
+            raise RuntimeError("end_window without begin_window")
+        if self._depth:
+            raise RuntimeError(f"end_window with {self._depth} external id(s) still pushed")
+        if num_blocks is None or num_iters is None:
+            if self._shape is None:
+                raise ValueError("end_window needs num_blocks and num_iters")
+            num_blocks, num_iters = self._shape
+        if present is None:
+            present = self._present
+        window_id = self._window_id
+        self._window_id = None
+        self._flush()
+        records, ext = self._take()
+        self.last_records = (records, ext)
+        return attribute(
+            records,
+            ext,
+            window_id=window_id,
+            num_blocks=num_blocks,
+            num_iters=num_iters,
+            present=present,
+        )
+
+    def drain(self) -> None:
+        """Synchronize and parse what CUPTI buffered so far on this thread, keeping it.
+
+        For long windows: call where the host waits anyway (between iterations), so that
+        full buffers are not parsed on CUPTI's thread while the host enqueues.
+        """
+        self._require_started()
+        if self._window_id is None:
+            raise RuntimeError("drain outside a window")
+        self._flush()
+
+    # -- external ids (on the thread that enqueues) ---------------------------------------
+
+    def push(self, block_index: int, iteration: int) -> None:
+        """Attribute what this thread enqueues until pop() to (block_index, iteration)."""
+        if self._window_id is None:
+            raise RuntimeError("push outside a window: call begin_window first")
+        if block_index >= GATE_BLOCK:
+            raise ValueError(f"block_index must be below {GATE_BLOCK}, got {block_index}")
+        self._push_id(self._ext_kind, encode_external_id(self._window_id, block_index, iteration))
+        self._depth += 1
+
+    def push_gate(self, iteration: int) -> None:
+        """Mark the gate's spin kernel of one iteration (its end is when the gate opened)."""
+        if self._window_id is None:
+            raise RuntimeError("push_gate outside a window: call begin_window first")
+        self._push_id(self._ext_kind, encode_external_id(self._window_id, GATE_BLOCK, iteration))
+        self._depth += 1
+
+    def push_harness(self, iteration: int = 0) -> None:
+        """Mark harness work (barriers, syncs): counted, never part of a block."""
+        if self._window_id is None:
+            raise RuntimeError("push_harness outside a window: call begin_window first")
+        self._push_id(self._ext_kind, encode_external_id(self._window_id, HARNESS_BLOCK, iteration))
+        self._depth += 1
+
+    def pop(self) -> None:
+        """End the innermost push."""
+        if self._depth <= 0:
+            raise RuntimeError("pop without push")
+        self._pop_id(self._ext_kind)
+        self._depth -= 1
+
+    # Aliases matching the harness's Profiler hooks (before/after a block, around the gate).
+    def before(self, block: int, iteration: int) -> None:
+        """Same as push(block, iteration)."""
+        self.push(block, iteration)
+
+    def after(self, block: int, iteration: int) -> None:
+        """Same as pop()."""
+        self.pop()
+
+    def gate_begin(self, iteration: int) -> None:
+        """Same as push_gate(iteration)."""
+        self.push_gate(iteration)
+
+    def gate_end(self, iteration: int) -> None:
+        """Same as pop()."""
+        self.pop()
+
+    def close(self) -> None:
+        """Same as stop()."""
+        self.stop()
+
+    # -- buffers --------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("CuptiProfiler is not started")
+        if self._callback_error is not None:
+            error, self._callback_error = self._callback_error, None
+            raise RuntimeError(f"parsing CUPTI records failed: {error!r}") from error
+
+    def _flush(self) -> None:
+        import torch
+
+        # CUPTI holds records in its buffers until flushed, and a forced flush of work still
+        # running returns incomplete records: synchronize first.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        self._cupti.activity_flush_all(self._flush_forced)
+        self.flush_ns += time.perf_counter_ns() - t0
+        if self._callback_error is not None:
+            self._require_started()
+
+    def _buffer_requested(self) -> tuple[int, int]:
+        return self._buffer_size_bytes, 0  # 0: as many records as fit
+
+    @property
+    def parse_mode(self) -> str:
+        """How records are read: "numpy", "objects", or "auto" while still verifying."""
+        return self._parser.mode
+
+    def _buffer_completed(self, activities: list) -> None:
+        # Called on CUPTI's own thread (on an H200 every time, even inside activity_flush_all,
+        # which returns only once the callbacks are done) with one buffer's records as Python
+        # objects; copy the few fields needed into numpy chunks and keep nothing else.
+        t0 = time.perf_counter_ns()
+        c0 = time.thread_time_ns()
+        self.callbacks += 1
+        if threading.get_ident() != self._owner_thread:
+            self.callbacks_other_thread += 1
+        try:
+            rows = self._parser.parse(activities)
+            with self._lock:
+                for name in ("kernel", "memcpy", "memset"):
+                    if rows[name].shape[0]:
+                        self._chunks[name].append(rows[name])
+                if rows["ext"].shape[0]:
+                    self._ext_chunks.append(rows["ext"])
+                self.records_seen += len(activities)
+        except BaseException as exc:  # raised later on the caller's thread, never lost
+            if self._callback_error is None:
+                self._callback_error = exc
+        finally:
+            self.callback_cpu_ns += time.thread_time_ns() - c0
+            self.callback_ns += time.perf_counter_ns() - t0
+
+    def _take(self) -> tuple[ActivityRecords, ExternalCorrelation]:
+        """Everything collected so far, as arrays; the collection starts empty again."""
+        with self._lock:
+            chunks = self._chunks
+            ext_chunks = self._ext_chunks
+            self._chunks = {"kernel": [], "memcpy": [], "memset": []}
+            self._ext_chunks = []
+        parts = []
+        for name, code in (
+            ("kernel", KIND_KERNEL),
+            ("memcpy", KIND_MEMCPY),
+            ("memset", KIND_MEMSET),
+        ):
+            rows = chunks[name]
+            width = len(_FIELDS[name])
+            parts.append((code, np.concatenate(rows) if rows else np.zeros((0, width), np.int64)))
+        n = sum(p.shape[0] for _, p in parts)
+        kernel = parts[0][1]
+        copy_rows = [p for code, p in parts[1:]]
+
+        def column(i: int) -> np.ndarray:
+            return np.concatenate([p[:, i] for _, p in parts])
+
+        def kernel_only(i: int) -> np.ndarray:
+            out = np.zeros(n, dtype=np.int32)
+            out[: kernel.shape[0]] = kernel[:, i]
+            return out
+
+        size_bytes = np.zeros(n, dtype=np.int64)
+        size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for p in copy_rows])
+        records = ActivityRecords(
+            correlation_id=column(0).astype(np.uint64),
+            start_ns=column(1),
+            end_ns=column(2),
+            kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
+            stream_id=column(3),
+            device_id=column(4).astype(np.int32),
+            size_bytes=size_bytes,
+            grid_x=kernel_only(5),
+            grid_y=kernel_only(6),
+            grid_z=kernel_only(7),
+            block_x=kernel_only(8),
+            block_y=kernel_only(9),
+            block_z=kernel_only(10),
+        )
+        if ext_chunks:
+            table = np.concatenate(ext_chunks)
+            ext = ExternalCorrelation(
+                correlation_id=table[:, 0].copy(), external_id=table[:, 1].copy()
+            )
+        else:
+            ext = ExternalCorrelation.empty()
+        return records, ext

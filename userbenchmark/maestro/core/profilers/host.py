@@ -1,0 +1,34 @@
+"""Host profiler (CPU backend): ``time.perf_counter_ns()`` around each block on its lane thread."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .base import Profiler, WindowTimings
+
+
+class HostProfiler(Profiler):
+    """Each block runs synchronously on its lane thread, so host time is the block's time."""
+
+    name = "host"
+    description = "host perf_counter_ns around each block (CPU lanes)"
+
+    def begin_window(
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
+    ) -> None:
+        self._starts = np.zeros((num_blocks, num_iters), dtype=np.int64)
+        self._ends = np.zeros((num_blocks, num_iters), dtype=np.int64)
+        self._present = np.asarray(present, dtype=bool).copy()
+
+    def before(self, block: int, iteration: int) -> None:
+        self._starts[block, iteration] = time.perf_counter_ns()
+
+    def after(self, block: int, iteration: int) -> None:
+        self._ends[block, iteration] = time.perf_counter_ns()
+
+    def end_window(self) -> WindowTimings:
+        return WindowTimings(
+            starts_ns=self._starts, ends_ns=self._ends, present=self._present, clock="perf_counter"
+        )

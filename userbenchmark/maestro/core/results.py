@@ -1,0 +1,135 @@
+"""Result records: one per (pattern, block) and one per pattern, as written to every output."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BLOCK_COLUMNS = (
+    "suite",
+    "pattern",
+    "block",
+    "op",
+    "axis",
+    "lane",
+    "team_size",
+    "dtype",
+    "size_bytes",
+    "iters",
+    "latency_avg_us",
+    "latency_min_us",
+    "latency_max_us",
+    "latency_p50_us",
+    "latency_p99_us",
+    "latency_stdev_us",
+    "algbw_gbps",
+    "busbw_gbps",
+    "tflops",
+    "isolated_latency_avg_us",
+    "slowdown",
+    "wrong_elements",
+    "rank_skew_us",
+    "slowest_rank",
+    "activities_per_iter",
+    "profiler",
+)
+PATTERN_COLUMNS = (
+    "suite",
+    "pattern",
+    "iters",
+    "num_blocks",
+    "makespan_avg_us",
+    "makespan_p99_us",
+    "serial_us",
+    "ideal_us",
+    "overlap_efficiency",
+    "shared_busbw_gbps",
+    "comm_compute_overlap",
+    "lane_skew_p50_us",
+    "lane_skew_max_us",
+    "gate_delay_max_us",
+    "peak_memory_bytes",
+    "profiler",
+    "pairwise_overlap",
+)
+
+
+def _clean(value: Any) -> Any:
+    """NaN becomes None (empty in CSV, null in JSON): 'not applicable' is never a number."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockResult:
+    """Everything measured for one block of one pattern (aggregated over ranks, iterations)."""
+
+    suite: str
+    pattern: str
+    block: str
+    op: str
+    axis: str
+    lane: str
+    team_size: int
+    dtype: str
+    size_bytes: int | None
+    iters: int
+    latency_avg_us: float
+    latency_min_us: float
+    latency_max_us: float
+    latency_p50_us: float
+    latency_p99_us: float
+    latency_stdev_us: float
+    algbw_gbps: float = math.nan
+    busbw_gbps: float = math.nan
+    tflops: float = math.nan
+    isolated_latency_avg_us: float = math.nan
+    slowdown: float = math.nan
+    wrong_elements: int | None = None
+    rank_skew_us: float = math.nan
+    slowest_rank: int | None = None
+    activities_per_iter: float = math.nan
+    profiler: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        return {k: _clean(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatternResult:
+    """Pattern-level figures: makespan, overlap efficiency, shared bandwidth, skews."""
+
+    suite: str
+    pattern: str
+    iters: int
+    num_blocks: int
+    makespan_avg_us: float
+    makespan_p99_us: float
+    serial_us: float = math.nan
+    ideal_us: float = math.nan
+    overlap_efficiency: float = math.nan
+    shared_busbw_gbps: float = math.nan
+    comm_compute_overlap: float = math.nan
+    lane_skew_p50_us: float = math.nan
+    lane_skew_max_us: float = math.nan
+    gate_delay_max_us: float = math.nan
+    peak_memory_bytes: int | None = None
+    profiler: str = ""
+    pairwise_overlap: dict[str, float] = field(default_factory=dict)
+    """``"a|b"`` -> mean |A∩B| / min(|A|,|B|) over ranks and iterations."""
+
+    def to_record(self) -> dict[str, Any]:
+        rec = {k: _clean(v) for k, v in asdict(self).items()}
+        rec["pairwise_overlap"] = {k: _clean(v) for k, v in self.pairwise_overlap.items()}
+        return rec
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatternOutcome:
+    """One finished pattern: its blocks' results and its own."""
+
+    blocks: tuple[BlockResult, ...]
+    pattern: PatternResult
+    warnings: tuple[str, ...] = ()

@@ -1,0 +1,423 @@
+"""The measurement protocol for one rank: set up, warm up, measure, baseline, check, aggregate.
+
+Every rank runs the same sequence of phases; an agreement step at each boundary makes a
+failure on one rank end the phase on every rank with the same error (core/agreement.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..blocks.base import Block, BlockContext, resolve_op
+from ..blocks.data import torch_dtype
+from . import overlap
+from .aggregate import WindowAggregate, local_summary, reduce_summaries, torch_reducer
+from .agreement import agree
+from .bandwidth import COMM_OPS, bus_factor
+from .comms import Communicators
+from .distributed import DistContext
+from .errors import RunError
+from .executor import Lane
+from .profilers.base import Profiler, WindowTimings
+from .results import BlockResult, PatternOutcome, PatternResult
+from .schema import PatternSpec, SuiteSpec
+from .stats import latency_stats, percentile_nearest_rank
+
+log = logging.getLogger("maestro.runner")
+
+LAUNCH_BOUND_US = 10.0
+"""A lane whose first activity starts this long after the gate opened was launch-bound."""
+
+
+class NullProfiler(Profiler):
+    """Records nothing (check-mode runs, which are not timed)."""
+
+    name = "none"
+
+    def begin_window(
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
+    ) -> None:
+        pass
+
+    def before(self, block: int, iteration: int) -> None:
+        pass
+
+    def after(self, block: int, iteration: int) -> None:
+        pass
+
+    def end_window(self) -> WindowTimings:
+        raise RuntimeError("NullProfiler has no timings")
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """Run-wide state shared by every pattern of a suite on this rank."""
+
+    suite: SuiteSpec
+    dist: DistContext
+    comms: Communicators
+    profiler: Profiler
+    executor: Any
+    barrier: Callable[[], None]
+    sync_group: Any
+    """gloo group for iteration barriers and result reductions; the agreement step has its
+    own (the control group), so a failed rank's agreement call can never be matched with a
+    peer's barrier or reduction."""
+    seed: int = 0
+    calibration: dict[str, float] = field(default_factory=dict)
+    streams: dict[str, Any] = field(default_factory=dict)
+    window_id: int = 0
+
+    def next_window(self) -> int:
+        self.window_id += 1
+        return self.window_id
+
+    def lane_stream(self, name: str, priority: str) -> Any:
+        if not self.dist.is_cuda:
+            return None
+        key = f"{name}:{priority}"
+        if key not in self.streams:
+            self.streams[key] = self.executor.make_stream(priority)
+        return self.streams[key]
+
+
+def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them."""
+    error: BaseException | None = None
+    value = None
+    try:
+        value = fn()
+    except Exception as exc:  # every failure must reach the agreement step
+        error = exc
+        log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
+    agree(
+        rt.dist.control,
+        rank=rt.dist.rank,
+        world_size=rt.dist.world_size,
+        phase=phase,
+        pattern=pattern,
+        error=error,
+        contained=phase not in ("warmup", "measure"),
+    )
+    return value
+
+
+class PatternRun:
+    """One pattern on this rank: its blocks, lanes and the windows it measures."""
+
+    def __init__(self, rt: Runtime, pattern: PatternSpec) -> None:
+        self.rt = rt
+        self.pattern = pattern
+        specs = pattern.blocks
+        self.names = [b.name for b in specs]
+        self.classes: list[type[Block]] = [resolve_op(b.op) for b in specs]
+        self.present = np.array([rt.comms.team(b.axis) is not None for b in specs], dtype=bool)
+        lane_names = list(pattern.lanes)
+        self.lane_of_block = [lane_names.index(b.lane) for b in specs]
+        self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
+        self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
+        self.blocks: list[Block | None] = [None] * len(specs)
+
+    # ---- phases ----
+    def setup(self) -> None:
+        rt, dist = self.rt, self.rt.dist
+        need = 0
+        for i, spec in enumerate(self.pattern.blocks):
+            if not self.present[i]:
+                continue
+            axis = rt.comms.axis(spec.axis)
+            need += self.classes[i].buffer_bytes(
+                spec.params, dtype=spec.dtype, team_size=axis.team_size
+            )
+        if dist.is_cuda:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(dist.device)
+            if need > free:
+                names = ", ".join(n for n, p in zip(self.names, self.present, strict=True) if p)
+                raise RunError(
+                    f"blocks {names} need {need / 2**30:.2f} GiB of device memory "
+                    f"on this rank, only {free / 2**30:.2f} GiB is free"
+                )
+            torch.cuda.reset_peak_memory_stats(dist.device)
+        for i, spec in enumerate(self.pattern.blocks):
+            if not self.present[i]:
+                continue
+            ctx = BlockContext(
+                rank=dist.rank,
+                device=dist.device,
+                dtype=torch_dtype(spec.dtype),
+                team=rt.comms.team(spec.axis),
+                group=rt.comms.group(spec.axis),
+                seed=rt.seed,
+                backend=dist.backend,
+                calibration=rt.calibration,
+            )
+            block = self.classes[i](spec, ctx)
+            self.blocks[i] = block
+            try:
+                block.setup()
+            except RunError:
+                raise
+            except Exception as exc:
+                raise RunError(
+                    f"setup failed: {type(exc).__name__}: {exc}", block=spec.name
+                ) from exc
+
+    def lanes(self, only: int | None = None) -> list[Lane]:
+        lanes: dict[int, Lane] = {}
+        names = self.pattern.lanes
+        for i, block in enumerate(self.blocks):
+            if block is None or (only is not None and i != only):
+                continue
+            li = self.lane_of_block[i]
+            if li not in lanes:
+                axis = self.rt.comms.axis(self.pattern.blocks[i].axis)
+                lanes[li] = Lane(
+                    name=names[li],
+                    blocks=[],
+                    priority=axis.priority,
+                    stream=self.rt.lane_stream(names[li], axis.priority),
+                )
+            lanes[li].blocks.append((i, block))
+        return [lanes[k] for k in sorted(lanes)]
+
+    def window(
+        self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, *, timed: bool
+    ) -> tuple[WindowTimings | None, Any]:
+        rt = self.rt
+        prof = rt.profiler if timed else NullProfiler()
+        prof.begin_window(rt.next_window(), len(self.names), num_iters, present)
+        stats = rt.executor.run_window(
+            lanes, num_iters, prof, sync=self.pattern.sync, block_names=self.names
+        )
+        timings = prof.end_window() if timed else None
+        return timings, stats
+
+    def warmup(self, lanes: Sequence[Lane], present: np.ndarray) -> None:
+        if self.pattern.warmup_iters <= 0:
+            return
+        # Timed (so the gate's enqueue time is known), then discarded: the next window's
+        # begin flushes and drops everything the profiler captured here.
+        _, stats = self.window(lanes, self.pattern.warmup_iters, present, timed=False)
+        if self.rt.dist.is_cuda and stats is not None:
+            self.rt.executor.calibrate(stats.enqueue_ns)
+
+    def aggregate(self, timings: WindowTimings) -> WindowAggregate:
+        local = local_summary(
+            timings,
+            lane_of_block=self.lane_of_block,
+            is_comm=self.is_comm,
+            is_compute=self.is_compute,
+        )
+        return reduce_summaries(
+            local, rank=self.rt.dist.rank, reduce=torch_reducer(self.rt.sync_group)
+        )
+
+    def check(self) -> np.ndarray:
+        wrong = np.zeros(len(self.names))
+        for block in self.blocks:
+            if block is not None:
+                block.prepare_check()
+        self.window(self.lanes(), 1, self.present, timed=False)
+        if self.rt.dist.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.rt.dist.device)
+        for i, block in enumerate(self.blocks):
+            if block is not None:
+                try:
+                    wrong[i] = block.verify()
+                except Exception as exc:
+                    raise RunError(
+                        f"verify failed: {type(exc).__name__}: {exc}", block=self.names[i]
+                    ) from exc
+        return torch_reducer(self.rt.sync_group)(wrong, "sum")
+
+    def teardown(self) -> None:
+        for block in self.blocks:
+            if block is not None:
+                block.teardown()
+        self.blocks = [None] * len(self.names)
+        if self.rt.dist.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.rt.dist.device)
+            torch.cuda.empty_cache()
+
+
+def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
+    """Run every phase of one pattern on this rank and return the aggregated outcome."""
+    name = pattern.name
+    run = PatternRun(rt, pattern)
+    try:
+        _phase(rt, "setup", name, run.setup)
+        lanes = run.lanes()
+
+        def measure() -> WindowTimings:
+            run.warmup(lanes, run.present)
+            timings, _ = run.window(lanes, pattern.num_iters, run.present, timed=True)
+            return timings
+
+        timings = _phase(rt, "measure", name, measure)
+        agg = _phase(rt, "analysis", name, lambda: run.aggregate(timings))
+        isolated = np.full(len(run.names), np.nan)
+        if pattern.baseline and len(run.names) > 1:
+
+            def baseline() -> np.ndarray:
+                out = np.full(len(run.names), np.nan)
+                for b in range(len(run.names)):
+                    only = np.zeros(len(run.names), dtype=bool)
+                    only[b] = run.present[b]
+                    lanes_b = run.lanes(only=b)
+                    run.warmup(lanes_b, only)
+                    t_b, _ = run.window(lanes_b, pattern.num_iters, only, timed=True)
+                    agg_b = run.aggregate(t_b)
+                    out[b] = float(np.nanmean(agg_b.latency_ns[b])) / 1e3
+                return out
+
+            isolated = _phase(rt, "baseline", name, baseline)
+        elif pattern.baseline:
+            # A one-block pattern is its own isolated run.
+            isolated = np.array([float(np.nanmean(agg.latency_ns[0])) / 1e3])
+        wrong = None
+        if pattern.check:
+            wrong = _phase(rt, "check", name, run.check)
+        peak = None
+        if rt.dist.is_cuda:
+            import torch
+
+            peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
+            peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
+    finally:
+        run.teardown()
+    return build_outcome(
+        rt.suite,
+        pattern,
+        run.classes,
+        agg,
+        isolated,
+        wrong,
+        peak,
+        profiler=rt.profiler.name,
+        team_sizes=[rt.comms.axis(b.axis).team_size for b in pattern.blocks],
+    )
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def build_outcome(
+    suite: SuiteSpec,
+    pattern: PatternSpec,
+    classes: Sequence[type[Block]],
+    agg: WindowAggregate,
+    isolated_us: np.ndarray,
+    wrong: np.ndarray | None,
+    peak_memory_bytes: int | None,
+    *,
+    profiler: str,
+    team_sizes: Sequence[int],
+) -> PatternOutcome:
+    """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
+    results = []
+    bus_bytes_total = 0.0
+    for b, spec in enumerate(pattern.blocks):
+        cls = classes[b]
+        stats = latency_stats(agg.latency_ns[b])
+        seconds = stats.avg_us * 1e-6
+        size = cls.message_size_bytes(spec.params)
+        flops = cls.flop_count(spec.params)
+        algbw = busbw = tfl = math.nan
+        if size is not None and seconds > 0:
+            algbw = size / seconds / 1e9
+            if spec.op in COMM_OPS:
+                factor = bus_factor(spec.op, team_sizes[b])
+                busbw = algbw * factor
+                bus_bytes_total += size * factor
+        if flops is not None and seconds > 0:
+            tfl = flops / seconds / 1e12
+        skew = agg.rank_avg_max_ns[b] - agg.rank_avg_min_ns[b]
+        results.append(
+            BlockResult(
+                suite=suite.name,
+                pattern=pattern.name,
+                block=spec.name,
+                op=spec.op,
+                axis=spec.axis,
+                lane=spec.lane,
+                team_size=team_sizes[b],
+                dtype=spec.dtype,
+                size_bytes=size,
+                iters=pattern.num_iters,
+                latency_avg_us=stats.avg_us,
+                latency_min_us=stats.min_us,
+                latency_max_us=stats.max_us,
+                latency_p50_us=stats.p50_us,
+                latency_p99_us=stats.p99_us,
+                latency_stdev_us=stats.stdev_us,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                tflops=tfl,
+                isolated_latency_avg_us=float(isolated_us[b]),
+                slowdown=float(overlap.slowdown(stats.avg_us, float(isolated_us[b]))),
+                wrong_elements=None if wrong is None else int(wrong[b]),
+                rank_skew_us=float(skew) / 1e3,
+                slowest_rank=int(agg.slowest_rank[b]) if agg.slowest_rank[b] >= 0 else None,
+                activities_per_iter=float(agg.activities_per_iter[b]),
+                profiler=profiler,
+            )
+        )
+    makespan = latency_stats(agg.makespan_ns)
+    finite_iso = isolated_us[np.isfinite(isolated_us)]
+    serial = float(finite_iso.sum()) if finite_iso.size == len(isolated_us) else math.nan
+    ideal = float(finite_iso.max()) if finite_iso.size == len(isolated_us) else math.nan
+    skew = agg.lane_skew_ns[np.isfinite(agg.lane_skew_ns)]
+    gate = agg.gate_delay_ns[np.isfinite(agg.gate_delay_ns)]
+    pairs = {}
+    for i in range(len(pattern.blocks)):
+        for j in range(i + 1, len(pattern.blocks)):
+            pairs[f"{pattern.blocks[i].name}|{pattern.blocks[j].name}"] = float(
+                agg.pairwise_overlap[i, j]
+            )
+    warnings = []
+    if gate.size and gate.max() / 1e3 > LAUNCH_BOUND_US:
+        late = int((gate / 1e3 > LAUNCH_BOUND_US).sum())
+        warnings.append(
+            f"pattern {pattern.name}: a lane's first activity started up to "
+            f"{gate.max() / 1e3:.1f} µs after the gate opened ({late} of {gate.size} "
+            f"iterations over {LAUNCH_BOUND_US:.0f} µs): the host could not enqueue in time, "
+            "so those starts are launch-bound"
+        )
+    pattern_result = PatternResult(
+        suite=suite.name,
+        pattern=pattern.name,
+        iters=pattern.num_iters,
+        num_blocks=len(pattern.blocks),
+        makespan_avg_us=makespan.avg_us,
+        makespan_p99_us=makespan.p99_us,
+        serial_us=serial,
+        ideal_us=ideal,
+        overlap_efficiency=float(overlap.overlap_efficiency(serial, makespan.avg_us, ideal)),
+        shared_busbw_gbps=(
+            float(overlap.shared_busbw_gbps(bus_bytes_total, makespan.avg_us * 1e-6))
+            if bus_bytes_total
+            else math.nan
+        ),
+        comm_compute_overlap=agg.comm_compute_overlap,
+        lane_skew_p50_us=percentile_nearest_rank(skew, 50) / 1e3 if skew.size else math.nan,
+        lane_skew_max_us=float(skew.max()) / 1e3 if skew.size else math.nan,
+        gate_delay_max_us=float(gate.max()) / 1e3 if gate.size else math.nan,
+        peak_memory_bytes=peak_memory_bytes,
+        profiler=profiler,
+        pairwise_overlap=pairs,
+    )
+    return PatternOutcome(blocks=tuple(results), pattern=pattern_result, warnings=tuple(warnings))

@@ -1,0 +1,128 @@
+"""Typed, frozen objects that a validated pattern file becomes (the loader builds them).
+
+Everything downstream (runtime, profilers, reports) consumes these and never the raw YAML.
+Mappings are read-only views so a spec cannot be changed after validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+DTYPE_SIZES_BYTES: Mapping[str, int] = MappingProxyType(
+    {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
+)
+"""Element size of every dtype name a pattern may use."""
+
+PRIORITIES = ("normal", "high")
+SYNC_MODES = ("barrier", "none")
+WORLD_AXIS = "world"
+
+
+def frozen_mapping(values: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """A read-only copy of ``values``."""
+    return MappingProxyType(dict(values or {}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AxisSpec:
+    """A set of equal-size teams of ranks; each team gets its own communicator."""
+
+    name: str
+    teams: tuple[tuple[int, ...], ...]
+    """Global ranks of each team; every rank is in at most one team."""
+    like: str | None = None
+    """Axis whose teams this one copies (a second communicator on the same ranks)."""
+    priority: str = "normal"
+    """``high`` gives the axis a high-priority lane stream and NCCL stream."""
+    nccl: Mapping[str, Any] = field(default_factory=frozen_mapping)
+    """``ProcessGroupNCCL.Options.config`` fields (max_ctas, min_ctas, ...)."""
+    yaml_path: str = ""
+
+    @property
+    def team_size(self) -> int:
+        """Ranks per team (all teams of an axis have this size)."""
+        return len(self.teams[0])
+
+    @property
+    def num_teams(self) -> int:
+        return len(self.teams)
+
+    def team_of(self, rank: int) -> tuple[int, ...] | None:
+        """The team holding ``rank``, or None when the rank is in no team of this axis."""
+        for team in self.teams:
+            if rank in team:
+                return team
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSpec:
+    """One validated block of a pattern, its parameters resolved to plain values."""
+
+    name: str
+    op: str
+    """Registry name (``all_reduce``) or custom ``package.module:ClassName``."""
+    axis: str
+    lane: str
+    """In-order queue the block is issued on; defaults to the axis name."""
+    dtype: str
+    params: Mapping[str, Any] = field(default_factory=frozen_mapping)
+    """Op parameters after defaults; sizes are int bytes, GEMM dims int element counts."""
+    register_buffers: bool = False
+    yaml_path: str = ""
+
+    @property
+    def dtype_size_bytes(self) -> int:
+        return DTYPE_SIZES_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatternSpec:
+    """One pattern after sweep expansion: the unit that is measured."""
+
+    name: str
+    """Stable expanded name, e.g. ``ar_sweep[size=4M]``."""
+    base_name: str
+    sweep_point: tuple[tuple[str, str], ...] = ()
+    """(variable, value as written) pairs of this sweep point, in declaration order."""
+    blocks: tuple[BlockSpec, ...]
+    warmup_iters: int
+    num_iters: int
+    baseline: bool
+    check: bool
+    sync: str = "barrier"
+    yaml_path: str = ""
+
+    def block(self, name: str) -> BlockSpec:
+        for spec in self.blocks:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        """Lanes in order of first use."""
+        seen: dict[str, None] = {}
+        for spec in self.blocks:
+            seen.setdefault(spec.lane, None)
+        return tuple(seen)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteSpec:
+    """A whole validated pattern file."""
+
+    name: str
+    source: str
+    """Path of the file it came from."""
+    world_size: int
+    env: Mapping[str, str] = field(default_factory=frozen_mapping)
+    axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)
+    patterns: tuple[PatternSpec, ...] = ()
+    timeout_s: float = 60.0
+    """Timeout of communicator operations and of the ranks' agreement step."""
+    stop_on_error: bool = True
+    """Stop at the first failed pattern; otherwise go on when every rank contained it."""

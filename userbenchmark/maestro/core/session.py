@@ -1,0 +1,303 @@
+"""One rank's whole run: start the runtime, measure every pattern, report and save.
+
+Rank 0 alone prints tables and writes files; the metrics timestamp is taken once on rank 0
+and broadcast. Patterns that finished are saved before the next one starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import fnmatch
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .distributed import (
+    DistContext,
+    LaunchInfo,
+    apply_env,
+    detect_launch,
+    init_distributed,
+    shutdown_distributed,
+)
+from .errors import ConfigError, RunError
+from .schema import SuiteSpec
+
+log = logging.getLogger("maestro")
+
+PROFILERS = ("auto", "cupti", "events", "host")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+"""The folder holding ``userbenchmark/`` (TorchBench's repo root, or this repo's)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Command-line choices of a run (the pattern file holds everything else)."""
+
+    backend: str = "auto"
+    profiler: str = "auto"
+    output_dir: str | None = None
+    metrics_dir: str | None = None
+    """Where the TorchBench metrics file goes; default ``<repo>/.userbenchmark/maestro``."""
+    write_metrics: bool = True
+    precision: int = 2
+    iters: int | None = None
+    warmup_iters: int | None = None
+    check: bool | None = None
+    baseline: bool | None = None
+    patterns: tuple[str, ...] = ()
+    """fnmatch filters on pattern names (expanded or base); empty: every pattern."""
+    seed: int = 0
+    trace: bool = False
+    plot: bool = False
+
+
+def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
+    """The suite with command-line overrides applied and patterns filtered (pure)."""
+    patterns = []
+    for p in suite.patterns:
+        if options.patterns and not any(
+            fnmatch.fnmatchcase(p.name, f) or fnmatch.fnmatchcase(p.base_name, f)
+            for f in options.patterns
+        ):
+            continue
+        changes: dict[str, Any] = {}
+        if options.iters is not None:
+            changes["num_iters"] = options.iters
+        if options.warmup_iters is not None:
+            changes["warmup_iters"] = options.warmup_iters
+        if options.check is not None:
+            changes["check"] = options.check
+        if options.baseline is not None:
+            changes["baseline"] = options.baseline
+        patterns.append(dataclasses.replace(p, **changes))
+    if not patterns:
+        names = ", ".join(p.name for p in suite.patterns)
+        raise ConfigError(
+            f"--pattern {' '.join(options.patterns)} matches no pattern; patterns: {names}",
+            file=suite.source,
+        )
+    return dataclasses.replace(suite, patterns=tuple(patterns))
+
+
+def make_profiler(name: str, dist: DistContext) -> Any:
+    """The profiler asked for, or the best available one for ``auto``."""
+    if name not in PROFILERS:
+        raise ConfigError(f"unknown profiler {name!r}; valid: {', '.join(PROFILERS)}")
+    if not dist.is_cuda:
+        if name not in ("auto", "host"):
+            raise RunError(f"profiler {name!r} needs CUDA; CPU lanes use the host profiler")
+        from .profilers.host import HostProfiler
+
+        return HostProfiler()
+    if name == "host":
+        raise RunError(
+            "the host profiler times CPU lanes; on CUDA it would time the enqueue, "
+            "not the GPU work: use cupti or events"
+        )
+    if name in ("auto", "cupti"):
+        from .profilers.cupti import cupti_available
+
+        ok, why = cupti_available()
+        if ok:
+            from .profilers.cupti_window import CuptiWindowProfiler
+
+            prof = CuptiWindowProfiler()
+            prof.start()
+            return prof
+        if name == "cupti":
+            raise RunError(f"profiler cupti is not available: {why}")
+        if dist.rank == 0:
+            log.warning(
+                "cupti-python is not usable (%s); timing with CUDA events, which are "
+                "coarser (stream-level)",
+                why,
+            )
+    from .profilers.events import EventProfiler
+
+    return EventProfiler()
+
+
+def environ_info(dist: DistContext, suite: SuiteSpec, options: RunOptions) -> dict[str, str]:
+    """The ``environ`` block of the metrics file: what produced these numbers."""
+    import torch
+
+    from .. import __version__
+
+    info = {
+        "maestro_version": __version__,
+        "pytorch_version": torch.__version__,
+        "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
+        "backend": dist.backend,
+        "world_size": str(dist.world_size),
+        "config": suite.source,
+        "suite": suite.name,
+        "hostname": os.uname().nodename if hasattr(os, "uname") else "",
+    }
+    if dist.is_cuda:
+        info["cuda_version"] = str(torch.version.cuda)
+        info["device"] = torch.cuda.get_device_name(dist.device)
+        try:
+            info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL may be absent from a CUDA build
+            pass
+    for key, value in suite.env.items():
+        info[f"env.{key}"] = value
+    return info
+
+
+def _broadcast_object(obj: Any, group: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
+    import torch.distributed as tdist
+
+    from .comms import Communicators
+    from .executor import CpuExecutor, CudaExecutor, calibrate_sleep_cycles_per_us
+    from .runner import Runtime
+
+    used = {b.axis for p in suite.patterns for b in p.blocks}
+    sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
+    comms = Communicators(
+        suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
+    )
+    profiler = make_profiler(options.profiler, dist)
+
+    def barrier() -> None:
+        tdist.barrier(group=sync_group)
+
+    calibration: dict[str, float] = {}
+    if dist.is_cuda:
+        calibration["sleep_cycles_per_us"] = calibrate_sleep_cycles_per_us(dist.device)
+        executor: Any = CudaExecutor(
+            barrier=barrier,
+            device=dist.device,
+            sleep_cycles_per_us=calibration["sleep_cycles_per_us"],
+        )
+    else:
+        executor = CpuExecutor(barrier=barrier)
+    return Runtime(
+        suite=suite,
+        dist=dist,
+        comms=comms,
+        profiler=profiler,
+        executor=executor,
+        barrier=barrier,
+        sync_group=sync_group,
+        seed=options.seed,
+        calibration=calibration,
+    )
+
+
+def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
+    """Run every pattern of ``suite`` on this rank; returns the process exit status."""
+    from .agreement import agree
+    from .outputs import OutputWriter
+    from .report import format_pattern
+    from .runner import measure_pattern
+
+    launch = launch or detect_launch()
+    if launch.world_size != suite.world_size:
+        raise ConfigError(
+            f"the launch has {launch.world_size} rank(s) but the suite is "
+            f"configured for world_size {suite.world_size}",
+            file=suite.source,
+        )
+    apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
+    dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
+    rank = dist.rank
+    rt = None
+    status = 0
+    try:
+        rt = _phase_setup(suite, options, dist, agree)
+        stamp = _broadcast_object(
+            _dt.datetime.now().strftime("%Y%m%d%H%M%S") if rank == 0 else None, dist.control
+        )
+        writer = None
+        if rank == 0:
+            metrics_path = None
+            if options.write_metrics:
+                folder = (
+                    Path(options.metrics_dir)
+                    if options.metrics_dir
+                    else (REPO_ROOT / ".userbenchmark" / "maestro")
+                )
+                metrics_path = folder / f"metrics-{stamp}.json"
+            writer = OutputWriter(
+                output_dir=Path(options.output_dir) if options.output_dir else None,
+                metrics_path=metrics_path,
+                environ=environ_info(dist, suite, options),
+            )
+        for pattern in suite.patterns:
+            try:
+                outcome = measure_pattern(rt, pattern)
+            except RunError as err:
+                contained = getattr(err, "contained", False)
+                if rank == 0:
+                    print(
+                        f"maestro: pattern {pattern.name} failed: {err}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    writer.add_failure(pattern.name, str(err))
+                status = 1
+                if suite.stop_on_error or not contained:
+                    break
+                continue
+            if rank == 0:
+                for warning in outcome.warnings:
+                    log.warning("%s", warning)
+                print(format_pattern(outcome, precision=options.precision), flush=True)
+                print(flush=True)
+                writer.add(outcome)
+        if rank == 0 and writer is not None:
+            if writer.metrics_path is not None:
+                print(f"maestro: metrics written to {writer.metrics_path}", flush=True)
+            if writer.output_dir is not None:
+                print(f"maestro: results written to {writer.output_dir}", flush=True)
+    except RunError as err:
+        if rank == 0 or "could not agree" in str(err):
+            print(f"maestro: {err}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        if rt is not None:
+            rt.profiler.close()
+        shutdown_distributed()
+    return status
+
+
+def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree: Any) -> Any:
+    rt = None
+    error: BaseException | None = None
+    try:
+        rt = _setup_runtime(suite, options, dist)
+    except Exception as exc:  # reported through the agreement step
+        error = exc
+    agree(
+        dist.control,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        phase="setup",
+        pattern="",
+        error=error,
+    )
+    return rt
+
+
+def install_sigint_handler() -> None:
+    """Turn SIGINT/SIGTERM into KeyboardInterrupt so finished patterns stay saved."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)

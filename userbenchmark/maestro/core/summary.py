@@ -1,0 +1,213 @@
+"""The summary ``validate`` prints: axes and their teams, patterns after sweep expansion, each
+block's work, and the bytes each rank allocates per pattern (from Block.buffer_bytes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from ..blocks.base import Block, resolve_op
+from .schema import AxisSpec, PatternSpec, SuiteSpec
+from .sizes import format_size
+
+__all__ = ["human_bytes", "rank_buffer_bytes", "suite_summary"]
+
+_MAX_TEAMS_SHOWN = 8
+_MAX_RANKS_SHOWN = 8
+
+
+def human_bytes(num_bytes: int) -> str:
+    """``num_bytes`` with a binary unit and three significant digits: ``1.50 MiB``."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{num_bytes} B" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _block_class(op: str) -> type[Block] | None:
+    try:
+        return resolve_op(op)
+    except Exception:  # noqa: BLE001 - validated already; a summary must not fail on it
+        return None
+
+
+def rank_buffer_bytes(suite: SuiteSpec, pattern: PatternSpec) -> tuple[int, ...]:
+    """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks.
+
+    A rank outside every team of a block's axis does not run that block and allocates nothing
+    for it.
+    """
+    per_rank = [0] * suite.world_size
+    for block in pattern.blocks:
+        cls = _block_class(block.op)
+        axis = suite.axes[block.axis]
+        if cls is None:
+            continue
+        num_bytes = int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
+        for team in axis.teams:
+            for rank in team:
+                per_rank[rank] += num_bytes
+    return tuple(per_rank)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``0-7`` for a run of consecutive ranks, else a list, shortened past a few ranks."""
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    if len(ranks) > _MAX_RANKS_SHOWN:
+        head = ", ".join(str(r) for r in ranks[: _MAX_RANKS_SHOWN - 1])
+        return f"{head}, ..., {ranks[-1]}"
+    return ", ".join(str(r) for r in ranks)
+
+
+def _teams(axis: AxisSpec) -> str:
+    shown = " ".join(f"[{_ranks(team)}]" for team in axis.teams[:_MAX_TEAMS_SHOWN])
+    more = axis.num_teams - _MAX_TEAMS_SHOWN
+    return shown + (f" ... and {more} more" if more > 0 else "")
+
+
+def _axis_options(axis: AxisSpec) -> str:
+    parts = []
+    if axis.like:
+        parts.append(f"like {axis.like}")
+    if axis.priority != "normal":
+        parts.append(f"priority {axis.priority}")
+    if axis.nccl:
+        parts.append("nccl " + " ".join(f"{k}={_value(v)}" for k, v in axis.nccl.items()))
+    return "; ".join(parts)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _flops(count: int) -> str:
+    value = float(count)
+    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
+        if value < 1000 or unit == "PFLOP":
+            return f"{count} FLOP" if unit == "FLOP" else f"{value:.3g} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
+    """A block's parameters, sizes spelled like the file (``size=4M``), plus GEMM FLOPs."""
+    kinds = {p.name: p.kind for p in getattr(cls, "params", ())}
+    parts = []
+    for name, value in params.items():
+        if value is None:
+            continue
+        if kinds.get(name) == "size" and isinstance(value, int):
+            parts.append(f"{name}={format_size(value)}")
+        else:
+            parts.append(f"{name}={_value(value)}")
+    text = " ".join(parts)
+    if cls is not None:
+        try:
+            flops = cls.flop_count(params)
+        except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
+            flops = None
+        if isinstance(flops, int) and flops > 0:
+            text += f" ({_flops(flops)})"
+    return text
+
+
+def _pattern(suite: SuiteSpec, pattern: PatternSpec) -> list[str]:
+    flags = [
+        f"warmup {pattern.warmup_iters}",
+        f"iters {pattern.num_iters}",
+        "baseline" if pattern.baseline else "no baseline",
+        "check" if pattern.check else "no check",
+        f"sync {pattern.sync}",
+    ]
+    lines = [f"  {pattern.name}  ({', '.join(flags)})"]
+    rows = []
+    for block in pattern.blocks:
+        cls = _block_class(block.op)
+        axis = suite.axes[block.axis]
+        covered = sum(len(t) for t in axis.teams)
+        try:
+            num_bytes = (
+                human_bytes(
+                    int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
+                )
+                if cls
+                else "?"
+            )
+        except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
+            num_bytes = "?"
+        ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
+        rows.append(
+            [
+                block.name,
+                block.op,
+                block.axis,
+                block.lane,
+                block.dtype,
+                _work(cls, block.params),
+                ranks,
+                num_bytes,
+            ]
+        )
+    table = tabulate(
+        rows,
+        headers=["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"],
+        tablefmt="plain",
+        disable_numparse=True,
+    )
+    lines += ["    " + line for line in table.splitlines()]
+    per_rank = rank_buffer_bytes(suite, pattern)
+    top = max(per_rank)
+    low = min(per_rank)
+    at = [r for r, b in enumerate(per_rank) if b == top]
+    text = (
+        f"    buffers per rank: max {human_bytes(top)} "
+        f"({'rank' if len(at) == 1 else 'ranks'} {_ranks(at)})"
+    )
+    if low != top:
+        text += f", min {human_bytes(low)}"
+    lines.append(text)
+    return lines
+
+
+def suite_summary(suite: SuiteSpec) -> str:
+    """A readable summary of a validated suite: what ``validate`` prints on success."""
+    lines = [
+        f"suite {suite.name}: {suite.source}",
+        f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "
+        f"{'stop' if suite.stop_on_error else 'go on'} on error",
+    ]
+    if suite.env:
+        lines.append("env: " + " ".join(f"{k}={v}" for k, v in suite.env.items()))
+    lines.append("")
+    lines.append(f"axes ({len(suite.axes)}):")
+    rows = [
+        [a.name, f"{a.num_teams} x {a.team_size}", _teams(a), _axis_options(a)]
+        for a in suite.axes.values()
+    ]
+    table = tabulate(
+        rows,
+        headers=["axis", "teams x size", "teams", "options"],
+        tablefmt="plain",
+        disable_numparse=True,
+    )
+    lines += ["  " + line for line in table.splitlines()]
+    lines.append("")
+    num_bases = len({p.base_name for p in suite.patterns})
+    lines.append(
+        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file):"
+    )
+    for pattern in suite.patterns:
+        lines += _pattern(suite, pattern)
+    peak = max((max(rank_buffer_bytes(suite, p)) for p in suite.patterns), default=0)
+    lines.append("")
+    lines.append(f"largest per-rank allocation of any pattern: {human_bytes(peak)}")
+    return "\n".join(lines)

@@ -1,0 +1,335 @@
+"""Sweep expansion: a pattern's ``sweep`` variables, their points, and ``${var}`` substitution.
+
+Pure functions on plain YAML data. Problems come back as (relative path, message) pairs, a
+relative path being a tuple of mapping keys and list indices, so the loader can name the place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .sizes import format_size, parse_size
+
+__all__ = [
+    "MAX_SWEEP_POINTS",
+    "Problem",
+    "SweepVariable",
+    "check_references",
+    "geometric_values",
+    "num_points",
+    "parse_sweep",
+    "point_label",
+    "point_name",
+    "substitute",
+    "sweep_points",
+]
+
+MAX_SWEEP_POINTS: Final = 10_000
+"""Most points one pattern may expand to (the product over its variables)."""
+
+RelPath = tuple[Any, ...]
+Problem = tuple[RelPath, str]
+
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Values become part of the pattern name (``base[var=value]``): keep its separators unambiguous.
+_VALUE_TEXT = re.compile(r"[A-Za-z0-9_.+-]+")
+_GEOMETRIC_KEYS: Final = ("from", "to", "factor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepVariable:
+    """One sweep variable: the values substituted for ``${name}`` and how each is written."""
+
+    name: str
+    values: tuple[Any, ...]
+    """What a whole-value ``"${name}"`` becomes (sizes of a geometric size sweep in bytes)."""
+    labels: tuple[str, ...]
+    """Each value as written in the file (format_size for geometric size sweeps)."""
+
+
+def parse_sweep(raw: Any) -> tuple[tuple[SweepVariable, ...], list[Problem]]:
+    """The variables of a ``sweep:`` mapping, in declaration order, and any problems."""
+    if not isinstance(raw, Mapping) or not raw:
+        return (), [
+            (
+                (),
+                "sweep must be a mapping of variable names to a list of values or "
+                "{from, to, factor}, e.g. sweep: {size: [1K, 4M]}",
+            )
+        ]
+    variables: list[SweepVariable] = []
+    problems: list[Problem] = []
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _VAR_NAME.fullmatch(name):
+            problems.append(
+                (
+                    (name,),
+                    f"sweep variable name {name!r} must be a letter or _ "
+                    "followed by letters, digits or _",
+                )
+            )
+            continue
+        if isinstance(spec, Mapping):
+            values, labels, found = _geometric(spec)
+        elif isinstance(spec, list):
+            values, labels, found = _listed(spec)
+        else:
+            values, labels, found = (
+                (),
+                (),
+                [((), f"expected a list of values or {{from, to, factor}}, got {_show(spec)}")],
+            )
+        problems.extend(((name, *path), message) for path, message in found)
+        if not found:
+            variables.append(SweepVariable(name=name, values=values, labels=labels))
+    if not problems:
+        total = num_points(variables)
+        if total > MAX_SWEEP_POINTS:
+            problems.append(
+                (
+                    (),
+                    f"sweep expands to {total} points, more than the limit of "
+                    f"{MAX_SWEEP_POINTS} per pattern",
+                )
+            )
+    return tuple(variables), problems
+
+
+def _listed(spec: list[Any]) -> tuple[tuple[Any, ...], tuple[str, ...], list[Problem]]:
+    if not spec:
+        return (), (), [((), "a sweep list needs at least one value")]
+    if len(spec) > MAX_SWEEP_POINTS:
+        return (
+            (),
+            (),
+            [
+                (
+                    (),
+                    f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} "
+                    "points per pattern",
+                )
+            ],
+        )
+    problems: list[Problem] = []
+    labels: list[str] = []
+    for i, value in enumerate(spec):
+        label = _label(value)
+        if label is None:
+            problems.append(
+                ((i,), f"sweep values must be strings, numbers or booleans, got {_show(value)}")
+            )
+        elif not _VALUE_TEXT.fullmatch(label):
+            problems.append(
+                (
+                    (i,),
+                    f"sweep value {label!r} becomes part of the pattern name and "
+                    "may only contain letters, digits and _ . + -",
+                )
+            )
+        elif label in labels:
+            problems.append(((i,), f"sweep value {label!r} is listed twice"))
+        else:
+            labels.append(label)
+    return tuple(spec), tuple(labels), problems
+
+
+def _label(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | str):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    return None
+
+
+def _geometric(spec: Mapping[Any, Any]) -> tuple[tuple[Any, ...], tuple[str, ...], list[Problem]]:
+    problems: list[Problem] = [
+        ((key,), f"unknown key {key!r} in a geometric sweep; valid keys: from, to, factor")
+        for key in spec
+        if key not in _GEOMETRIC_KEYS
+    ]
+    problems += [
+        ((), f"a geometric sweep needs {key!r} (keys: from, to, factor)")
+        for key in _GEOMETRIC_KEYS
+        if key not in spec
+    ]
+    if problems:
+        return (), (), problems
+    start, stop, factor = spec["from"], spec["to"], spec["factor"]
+    sizes = isinstance(start, str) or isinstance(stop, str)
+    bounds: list[float | int] = []
+    for key, value in (("from", start), ("to", stop)):
+        try:
+            bounds.append(parse_size(value) if sizes else _positive_number(value))
+        except ValueError as exc:
+            problems.append(((key,), str(exc)))
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or factor <= 1
+    ):
+        problems.append(
+            (("factor",), f"factor must be a number greater than 1, got {_show(factor)}")
+        )
+    if problems:
+        return (), (), problems
+    try:
+        values = geometric_values(bounds[0], bounds[1], factor)
+    except ValueError as exc:
+        return (), (), [((), str(exc))]
+    labels = tuple(
+        format_size(v) if sizes and isinstance(v, int) else _label(v) or repr(v) for v in values
+    )
+    return tuple(values), labels, []
+
+
+def _positive_number(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"expected a positive number or a size such as 4M, got {_show(value)}")
+    if value <= 0:
+        raise ValueError(f"a geometric sweep needs a positive start and end, got {value}")
+    return value
+
+
+def geometric_values(
+    start: int | float, stop: int | float, factor: int | float, *, limit: int = MAX_SWEEP_POINTS
+) -> list[int | float]:
+    """start, start*factor, ... up to stop (included when hit exactly); at most ``limit`` values.
+
+    Exact integers when start and factor are integers; otherwise floats rounded to 12
+    significant digits, and whole values given as ints. Raises ValueError past ``limit``.
+    """
+    if not (start > 0 and factor > 1):
+        raise ValueError("a geometric sweep needs start > 0 and factor > 1")
+    if stop < start:
+        raise ValueError(f"a geometric sweep needs to >= from, got from {start} and to {stop}")
+    exact = isinstance(start, int) and isinstance(factor, int)
+    described = f"geometric sweep from {start} to {stop} by {factor}"
+    if not exact:
+        try:
+            start, stop, factor = float(start), float(stop), float(factor)
+        except OverflowError as exc:
+            raise ValueError("geometric sweep bounds are too large for floating point") from exc
+    values: list[int | float] = []
+    for i in itertools.count():
+        if exact:
+            value: int | float = start * factor**i
+            if value > stop:
+                break
+        else:
+            try:
+                raw = start * factor**i
+            except OverflowError:
+                break
+            if raw > stop * (1 + 1e-12) or not math.isfinite(raw):
+                break
+            value = float(f"{raw:.12g}")
+            if value.is_integer():
+                value = int(value)
+        if len(values) >= limit:
+            raise ValueError(f"{described} has more than {limit} points")
+        values.append(value)
+    return values
+
+
+def num_points(variables: Sequence[SweepVariable]) -> int:
+    """Points of the Cartesian product of ``variables`` (1 when there are none)."""
+    return math.prod(len(v.values) for v in variables)
+
+
+def sweep_points(variables: Sequence[SweepVariable]) -> Iterator[tuple[tuple[str, Any, str], ...]]:
+    """Each point as (name, value, label) triples; the first variable varies slowest."""
+    columns = [list(zip(v.values, v.labels, strict=True)) for v in variables]
+    for combo in itertools.product(*columns):
+        yield tuple(
+            (v.name, value, label) for v, (value, label) in zip(variables, combo, strict=True)
+        )
+
+
+def point_label(point: Sequence[tuple[str, Any, str]]) -> str:
+    """``size=4M,dtype=bf16`` for a point."""
+    return ",".join(f"{name}={label}" for name, _, label in point)
+
+
+def point_name(base: str, point: Sequence[tuple[str, Any, str]]) -> str:
+    """Stable pattern name of a point: ``base[size=4M,dtype=bf16]`` (just ``base`` without one)."""
+    return f"{base}[{point_label(point)}]" if point else base
+
+
+def check_references(data: Any, names: Sequence[str]) -> tuple[set[str], list[Problem]]:
+    """Variables that ``data`` references with ``${var}``, and problems with its references."""
+    used: set[str] = set()
+    problems: list[Problem] = []
+    defined = ", ".join(names) if names else "none: this pattern has no sweep"
+    for path, text in _strings(data, ()):
+        for match in _REFERENCE.finditer(text):
+            name = match.group(1)
+            if not _VAR_NAME.fullmatch(name):
+                problems.append(
+                    (
+                        path,
+                        f"bad sweep reference {match.group(0)!r}: write "
+                        "${name} with a variable name",
+                    )
+                )
+            elif name not in names:
+                problems.append((path, f"undefined sweep variable {name!r} (defined: {defined})"))
+            else:
+                used.add(name)
+    return used, problems
+
+
+def substitute(data: Any, point: Sequence[tuple[str, Any, str]]) -> Any:
+    """A copy of ``data`` with ``"${var}"`` replaced by the point's value (typed) and ``${var}``
+    inside a longer string by its label; mapping keys are left alone."""
+    if not point:
+        return data
+    values = {name: value for name, value, _ in point}
+    labels = {name: label for name, _, label in point}
+
+    def replace(node: Any) -> Any:
+        if isinstance(node, str):
+            whole = _REFERENCE.fullmatch(node)
+            if whole and whole.group(1) in values:
+                return values[whole.group(1)]
+            return _REFERENCE.sub(lambda m: labels.get(m.group(1), m.group(0)), node)
+        if isinstance(node, Mapping):
+            return {key: replace(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [replace(item) for item in node]
+        return node
+
+    return replace(data)
+
+
+def _strings(node: Any, path: RelPath) -> Iterator[tuple[RelPath, str]]:
+    if isinstance(node, str):
+        if "${" in node:
+            yield path, node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _strings(value, (*path, key))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _strings(item, (*path, i))
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,150 @@
+"""TorchBench A/B regression detector for maestro: ``run(control, treatment)``.
+
+TorchBench's ``regression_detector.py`` imports this module and calls ``run`` with two parsed
+metrics files; ``details`` lists every metric that got worse past its threshold.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core.metric_keys import judge_key
+
+__all__ = ["TorchBenchABTestMetric", "TorchBenchABTestResult", "run"]
+
+BENCHMARK_NAME = "maestro"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LocalABTestMetric:
+    """Stand-in for TorchBench's TorchBenchABTestMetric (same fields) outside TorchBench."""
+
+    control: float | str
+    treatment: float | str
+    delta: float | str
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LocalABTestResult:
+    """Stand-in for TorchBench's TorchBenchABTestResult (same fields) outside TorchBench."""
+
+    name: str
+    control_env: dict[str, str]
+    treatment_env: dict[str, str]
+    details: dict[str, Any]
+    control_only_metrics: dict[str, float] = field(default_factory=dict)
+    treatment_only_metrics: dict[str, float] = field(default_factory=dict)
+    bisection: str = "pytorch"
+    bisection_mode: str = "bisect"
+    bisection_config_file_path: str | None = None
+
+
+def _result_types() -> tuple[type, type]:
+    """TorchBench's result types inside a TorchBench checkout, else the local stand-ins.
+
+    Decided by whether ``userbenchmark.utils`` exists, not by catching ImportError, so a
+    TorchBench utils module that fails to import still fails loudly.
+    """
+    top_package = (__package__ or "").split(".")[0]
+    utils_name = f"{top_package}.utils"
+    if top_package and importlib.util.find_spec(utils_name) is not None:
+        utils = importlib.import_module(utils_name)
+        return utils.TorchBenchABTestResult, utils.TorchBenchABTestMetric
+    return _LocalABTestResult, _LocalABTestMetric
+
+
+TorchBenchABTestResult, TorchBenchABTestMetric = _result_types()
+
+
+def run(
+    control: Mapping[str, Any],
+    treatment: Mapping[str, Any],
+    *,
+    threshold_overrides: Mapping[str, float] | None = None,
+) -> Any:
+    """Compare two metrics files' contents; returns a TorchBenchABTestResult.
+
+    ``details`` holds metrics that regressed (or, for metrics of unknown direction, changed)
+    past their threshold; improvements are left out. Neither input is modified.
+    """
+    control_metrics = _metrics_of(control, "control")
+    treatment_metrics = _metrics_of(treatment, "treatment")
+    name = _benchmark_name(control, treatment)
+
+    details: dict[str, Any] = {}
+    for key in sorted(control_metrics.keys() & treatment_metrics.keys()):
+        before, after = control_metrics[key], treatment_metrics[key]
+        if not (_is_finite_number(before) and _is_finite_number(after)):
+            # Not comparable as numbers: report any difference rather than drop it.
+            if before != after:
+                details[key] = TorchBenchABTestMetric(
+                    control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
+                )
+            continue
+        judgement = judge_key(key, before, after, threshold_overrides=threshold_overrides)
+        if judgement.verdict in ("regressed", "changed"):
+            details[key] = TorchBenchABTestMetric(
+                control=float(before), treatment=float(after), delta=_delta(before, after)
+            )
+
+    return TorchBenchABTestResult(
+        name=name,
+        control_env=_env_of(control),
+        treatment_env=_env_of(treatment),
+        details=details,
+        control_only_metrics={
+            k: _plain(v) for k, v in sorted(control_metrics.items()) if k not in treatment_metrics
+        },
+        treatment_only_metrics={
+            k: _plain(v) for k, v in sorted(treatment_metrics.items()) if k not in control_metrics
+        },
+        bisection="pytorch",
+    )
+
+
+def _metrics_of(doc: Mapping[str, Any], side: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{side}: expected a metrics JSON object, got {type(doc).__name__}")
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f"{side}: expected a 'metrics' object mapping metric keys to numbers")
+    return metrics
+
+
+def _benchmark_name(control: Mapping[str, Any], treatment: Mapping[str, Any]) -> str:
+    names = {doc.get("name") for doc in (control, treatment)} - {None}
+    if len(names) > 1:
+        raise ValueError(f"control and treatment come from different benchmarks: {sorted(names)}")
+    return str(names.pop()) if names else BENCHMARK_NAME
+
+
+def _env_of(doc: Mapping[str, Any]) -> dict[str, str]:
+    """A copy of the file's environ; TorchBench's bisector reads ``git_commit_hash`` from it."""
+    env = {str(k): str(v) for k, v in (doc.get("environ") or {}).items()}
+    if "pytorch_git_version" in env:
+        env.setdefault("git_commit_hash", env["pytorch_git_version"])
+    return env
+
+
+def _delta(control: float, treatment: float) -> float | str:
+    """Relative change as TorchBench prints it (0.2 = +20%); text when the control is 0."""
+    if control == 0:
+        return f"{float(control):g} -> {float(treatment):g}"
+    return (float(treatment) - float(control)) / abs(float(control))
+
+
+def _is_finite_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python value (TorchBench dumps the result with yaml.safe_dump)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value if isinstance(value, (str, bool, type(None))) else str(value)
