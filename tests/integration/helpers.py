@@ -24,7 +24,8 @@ def run_maestro(
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     }
-    full_env["PYTHONPATH"] = str(REPO_ROOT)
+    extra = os.environ.get("PYTHONPATH")
+    full_env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + extra if extra else "")
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
     return subprocess.run(
