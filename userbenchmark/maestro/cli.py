@@ -219,23 +219,16 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from .compare import CompareError, compare_files, exit_code, format_compare_table
+    from .compare import (
+        CompareError,
+        compare_files,
+        exit_code,
+        format_compare_table,
+        parse_threshold_overrides,
+    )
 
-    overrides: dict[str, float] = {}
-    for item in ns.threshold:
-        metric, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            overrides[metric] = float(value)
-        except ValueError:
-            print(
-                f"maestro: --threshold expects METRIC=FRACTION (e.g. busbw_gbps=0.03), "
-                f"got {item!r}",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
     try:
+        overrides = parse_threshold_overrides(ns.threshold)
         result = compare_files(ns.a, ns.b, threshold_overrides=overrides or None)
     except CompareError as err:
         print(f"maestro: {err}", file=sys.stderr)

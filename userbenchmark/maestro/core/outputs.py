@@ -15,34 +15,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .metric_keys import metric_key
+from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
 from .results import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
-
-BLOCK_METRICS = (
-    "latency_avg_us",
-    "latency_min_us",
-    "latency_max_us",
-    "latency_p50_us",
-    "latency_p99_us",
-    "algbw_gbps",
-    "busbw_gbps",
-    "tflops",
-    "isolated_latency_avg_us",
-    "slowdown",
-    "wrong_elements",
-    "rank_skew_us",
-)
-PATTERN_METRICS = (
-    "makespan_avg_us",
-    "makespan_p99_us",
-    "serial_us",
-    "ideal_us",
-    "overlap_efficiency",
-    "shared_busbw_gbps",
-    "comm_compute_overlap",
-    "lane_skew_p50_us",
-    "lane_skew_max_us",
-)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
