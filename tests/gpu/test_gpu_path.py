@@ -20,7 +20,19 @@ CONFIG = str(Path(__file__).with_name("gpu_checks.yaml"))
 KEEP = os.environ.get("MAESTRO_GPU_OUT")
 
 
-def _run(tmp_path: Path, profiler: str, config: str = CONFIG, nproc: int = 1) -> Path:
+def _here(name: str) -> str:
+    return str(Path(__file__).with_name(name))
+
+
+def _run(
+    tmp_path: Path,
+    profiler: str,
+    config: str = CONFIG,
+    nproc: int = 1,
+    *,
+    extra: tuple[str, ...] = (),
+    expect: int = 0,
+):
     out = Path(KEEP) / f"{Path(config).stem}-{profiler}" if KEEP else tmp_path / profiler
     proc = run_maestro(
         [
@@ -34,12 +46,14 @@ def _run(tmp_path: Path, profiler: str, config: str = CONFIG, nproc: int = 1) ->
             "--no-metrics",
             "--nproc",
             str(nproc),
+            *extra,
         ],
         timeout=400,
     )
     print(proc.stdout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
+    print(proc.stderr[-4000:])
+    assert proc.returncode == expect, proc.stderr[-4000:]
+    return out if expect == 0 else (out, proc)
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +114,54 @@ def test_shipped_configs_run_on_gpu(tmp_path, config):
     out = _run(tmp_path, "auto", config=config)
     assert read_records(out)
     print(json.dumps(read_records(out, "patterns.json"), indent=1)[:2000])
+
+
+def test_one_rank_collectives_without_device_work_are_reported_not_timed(tmp_path):
+    pytest.importorskip("cupti")
+    out = _run(tmp_path, "cupti", config=_here("one_rank_ops.yaml"))
+    blocks = {r["pattern"]: r for r in read_records(out)}
+    for pattern in ("ar", "bc", "red", "ag_ip", "rs_ip"):
+        rec = blocks[pattern]
+        assert rec["latency_avg_us"] is None, rec
+        assert rec["notes"].startswith("not timed: a 1-rank NCCL"), rec
+    for pattern in ("ag_oop", "rs_oop", "a2a"):  # out-of-place: a copy, attributed
+        rec = blocks[pattern]
+        assert rec["latency_avg_us"] > 0 and rec["activities_per_iter"] >= 1, rec
+        assert rec["notes"] == "", rec
+
+
+def test_tf32_explicit_and_free_memory_checked_before_allocating(tmp_path):
+    out, proc = _run(tmp_path, "auto", config=_here("settings_checks.yaml"), expect=1)
+    blocks = {r["pattern"]: r for r in read_records(out)}
+    ieee, tf32 = blocks["ieee"], blocks["tf32"]
+    assert ieee["notes"] == "TF32 off (IEEE fp32)" and tf32["notes"] == "TF32 on"
+    # TF32 tensor cores are several times faster than IEEE fp32 on an H200.
+    assert tf32["tflops"] > 2 * ieee["tflops"], (ieee["tflops"], tf32["tflops"])
+    # The 200 GB all_gather is refused in setup, naming the blocks; the next pattern runs.
+    assert "too_big" not in blocks and blocks["after_refusal"]["latency_avg_us"] > 0
+    assert "huge_ag" in proc.stderr and "GiB of device memory" in proc.stderr
+    assert "phase setup" in proc.stderr and "OutOfMemory" not in proc.stderr
+    failures = json.loads((out / "failures.json").read_text())
+    assert [f["pattern"] for f in failures] == ["too_big"]
+
+
+def test_register_buffers_works_or_is_refused_clearly(tmp_path):
+    config = _here("registered.yaml")
+    out = tmp_path / "registered"
+    proc = run_maestro(["run", "-c", config, "--output-dir", str(out), "--no-metrics"], timeout=400)
+    print(proc.stdout, proc.stderr[-3000:])
+    if proc.returncode == 0:
+        assert read_records(out)[0]["latency_avg_us"] > 0
+    else:
+        assert proc.returncode == 1
+        assert "register_buffers: torch" in proc.stderr and "NCCL" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_trace_and_plot_of_a_gpu_run(tmp_path):
+    out = _run(tmp_path, "auto", extra=("--pattern", "gemm_pair", "--trace", "--plot"))
+    trace = json.loads((out / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "gemm"]
+    assert len(slices) == 2 * 50  # two blocks x 50 iterations, one rank
+    png = list(out.glob("plot-*.png"))
+    assert png and png[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,11 +9,11 @@ from userbenchmark.maestro.blocks.base import Block, Param
 
 
 class FailOnRank(Block):
-    """Raises (or kills its process) on one rank, in setup or in launch."""
+    """Raises (or kills its process) on one rank or every rank, in setup or in launch."""
 
     category = "other"
     params = (
-        Param(name="rank", kind="int", minimum=0, doc="global rank that fails"),
+        Param(name="rank", kind="int", minimum=-1, doc="global rank that fails; -1: every rank"),
         Param(
             name="when",
             kind="str",
@@ -38,7 +38,7 @@ class FailOnRank(Block):
     )
 
     def _fail(self) -> None:
-        if self.ctx.rank != self.spec.params["rank"]:
+        if self.spec.params["rank"] not in (-1, self.ctx.rank):
             return
         if self.spec.params["how"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -139,36 +139,6 @@ def test_mesh_like_axis_and_sweep_on_four_ranks(tmp_path):
     )
 
 
-SLEEPS = """
-name: sleeps
-world_size: 2
-defaults: {warmup_iters: 2, iters: 10, baseline: false}
-axes:
-  x: {like: world}
-  y: {like: world}
-patterns:
-  - name: apart
-    blocks:
-      - {name: s1, op: sleep, axis: x, duration_us: 20000}
-      - {name: s2, op: sleep, axis: y, duration_us: 20000}
-  - name: together
-    blocks:
-      - {name: s1, op: sleep, axis: x, duration_us: 20000}
-      - {name: s2, op: sleep, axis: x, duration_us: 20000}
-"""
-
-
-def test_known_durations_of_sleeps(tmp_path):
-    proc, out = run_pattern(tmp_path, SLEEPS, nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = read_records(out)
-    for rec in records:
-        assert rec["latency_avg_us"] == pytest.approx(20000, rel=0.25), rec
-    patterns = {p["pattern"]: p for p in read_records(out, "patterns.json")}
-    assert patterns["apart"]["makespan_avg_us"] == pytest.approx(20000, rel=0.25)
-    assert patterns["together"]["makespan_avg_us"] == pytest.approx(40000, rel=0.25)
-
-
 def test_quickstart_through_run_benchmark_writes_metrics(tmp_path):
     """The README's main job: ``python run_benchmark.py maestro -c quickstart --nproc 2``."""
     import os

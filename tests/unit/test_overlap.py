@@ -398,6 +398,7 @@ def test_overlap_efficiency(serial, makespan, ideal, expected):
         (10.0, 5.0, 20.0),  # inconsistent inputs: negative headroom
         (float("nan"), 5.0, 1.0),
         (30.0, float("nan"), 10.0),
+        (1010.0, 1005.0, 1000.0),  # headroom 10 of 1010 (< 5 %): noise over almost nothing
     ],
 )
 def test_overlap_efficiency_nan(serial, makespan, ideal):
@@ -411,6 +412,18 @@ def test_overlap_efficiency_from_isolated_latencies_and_arrays():
     got = overlap_efficiency(np.array([30.0, 20.0]), np.array([20.0, 20.0]), np.array([20.0, 20.0]))
     assert got[0] == 1.0
     assert math.isnan(got[1])
+
+
+def test_overlap_efficiency_headroom_threshold_is_inclusive_and_adjustable():
+    # serial 100, ideal 95: headroom 5 = exactly 5 % of serial, so it is reported.
+    assert overlap_efficiency(100.0, 96.0, 95.0) == pytest.approx(0.8)
+    assert math.isnan(overlap_efficiency(100.0, 96.0, 95.1))
+    assert overlap_efficiency(100.0, 99.0, 98.0, min_headroom_fraction=0.01) == pytest.approx(0.5)
+    # Without a threshold, a 1 µs headroom turns 5 µs of noise into an efficiency of -4.
+    assert overlap_efficiency(1001.0, 1005.0, 1000.0, min_headroom_fraction=0.0) == pytest.approx(
+        -4.0
+    )
+    assert math.isnan(overlap_efficiency(1001.0, 1005.0, 1000.0))
 
 
 def test_slowdown():

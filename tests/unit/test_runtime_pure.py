@@ -13,7 +13,12 @@ from userbenchmark.maestro.blocks.base import registered_ops
 from userbenchmark.maestro.core.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.distributed import apply_env, detect_launch, resolve_backend
 from userbenchmark.maestro.core.errors import RunError
-from userbenchmark.maestro.core.outputs import OutputWriter, atomic_write_text, metrics_of
+from userbenchmark.maestro.core.outputs import (
+    OutputWriter,
+    atomic_write_bytes,
+    atomic_write_text,
+    metrics_of,
+)
 from userbenchmark.maestro.core.profilers.base import WindowTimings
 from userbenchmark.maestro.core.report import format_pattern
 from userbenchmark.maestro.core.runner import build_outcome
@@ -178,7 +183,7 @@ def test_build_outcome_formulas():
             for t in r
         ]
     )
-    iso = np.array([50.0, 1000.0])
+    iso = np.array([80.0, 1000.0])
     out = build_outcome(
         suite,
         pattern,
@@ -194,11 +199,11 @@ def test_build_outcome_formulas():
     assert ar.algbw_gbps == pytest.approx(2**20 / 100e-6 / 1e9)
     assert ar.busbw_gbps == pytest.approx(ar.algbw_gbps * 2 * 3 / 4)
     assert mm.tflops == pytest.approx(2 * 4096**3 / 1e-3 / 1e12)
-    assert ar.slowdown == pytest.approx(2.0)
+    assert ar.slowdown == pytest.approx(100.0 / 80.0)
     p = out.pattern
     assert p.makespan_avg_us == pytest.approx(1000.0)
-    assert p.serial_us == pytest.approx(1050.0) and p.ideal_us == pytest.approx(1000.0)
-    assert p.overlap_efficiency == pytest.approx((1050 - 1000) / (1050 - 1000))
+    assert p.serial_us == pytest.approx(1080.0) and p.ideal_us == pytest.approx(1000.0)
+    assert p.overlap_efficiency == pytest.approx((1080 - 1000) / (1080 - 1000))
     # Shared busbw divides the bus bytes by the makespan, not by the longest block.
     assert p.shared_busbw_gbps == pytest.approx(2**20 * 1.5 / 1e-3 / 1e9)
     assert p.comm_compute_overlap == pytest.approx(1.0)
@@ -297,12 +302,94 @@ def test_outputs_are_complete_after_each_pattern(tmp_path):
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     path = tmp_path / "f.json"
     atomic_write_text(path, "old")
-
-    class Boom(str):
-        def __str__(self):
-            raise RuntimeError
-
     with pytest.raises(TypeError):
-        atomic_write_text(path, 123)  # type: ignore[arg-type]
+        atomic_write_bytes(path, 123)  # type: ignore[arg-type]  (fails inside the write)
     assert path.read_text() == "old"
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("op", "params", "idle"),
+    [
+        ("all_reduce", {"size": 4096, "reduce_op": "sum"}, True),
+        ("broadcast", {"size": 4096, "root": 0}, True),
+        ("reduce", {"size": 4096, "reduce_op": "sum", "root": 0}, True),
+        ("all_gather", {"size": 4096, "in_place": True}, True),
+        ("reduce_scatter", {"size": 4096, "reduce_op": "sum", "in_place": True}, True),
+        ("all_gather", {"size": 4096, "in_place": False}, False),  # copies its input
+        ("reduce_scatter", {"size": 4096, "reduce_op": "sum", "in_place": False}, False),
+        ("all_to_all", {"size": 4096}, False),
+        ("gemm", {"m": 8, "n": 8, "k": 8}, False),
+    ],
+)
+def test_idle_reason_only_for_one_rank_nccl_calls_without_a_copy(op, params, idle):
+    cls = registered_ops()[op]
+    reason = cls.idle_reason(params, team_size=1, backend="nccl")
+    assert (reason is not None) == idle
+    if idle:
+        assert op in reason and "2 or more ranks" in reason
+    # Two ranks, or gloo (host-timed), always time the block.
+    assert cls.idle_reason(params, team_size=2, backend="nccl") is None
+    assert cls.idle_reason(params, team_size=1, backend="gloo") is None
+
+
+def test_gemm_notes_report_tf32_only_for_fp32_on_cuda():
+    gemm = registered_ops()["gemm"]
+    assert gemm.notes({"tf32": False}, dtype="fp32", device="cuda") == ("TF32 off (IEEE fp32)",)
+    assert gemm.notes({"tf32": True}, dtype="fp32", device="cuda") == ("TF32 on",)
+    assert gemm.notes({"tf32": True}, dtype="bf16", device="cuda") == ()
+    assert gemm.notes({"tf32": True}, dtype="fp32", device="cpu") == ()
+
+
+def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives():
+    ops = registered_ops()
+    blocks = [
+        _block("ar", "all_reduce", size=2**20, reduce_op="sum"),
+        _block("mm", "gemm", m=1024, n=1024, k=1024),
+    ]
+    pattern = _pattern(blocks)
+    suite = SuiteSpec(
+        name="s",
+        source="x",
+        world_size=1,
+        axes=frozen_mapping({"world": AxisSpec(name="world", teams=((0,),))}),
+        patterns=(pattern,),
+    )
+    lat = np.array([[0.0, 0.0, 0.0, 0.0], [2e3, 2e3, 2e3, 2e3]])
+    t = _timings(np.zeros((2, 4)), lat)
+    t = WindowTimings(
+        starts_ns=t.starts_ns, ends_ns=t.ends_ns, present=np.array([False, True]), clock="host"
+    )
+    agg = simulate_ranks(
+        [
+            local_summary(
+                t,
+                lane_of_block=[0, 1],
+                is_comm=np.array([True, False]),
+                is_compute=np.array([False, True]),
+            )
+        ]
+    )
+    note = "not timed: a 1-rank NCCL all_reduce launches no device work"
+    out = build_outcome(
+        suite,
+        pattern,
+        [ops["all_reduce"], ops["gemm"]],
+        agg,
+        np.array([math.nan, 2.0]),
+        np.array([0.0, 0.0]),
+        None,
+        profiler="cupti",
+        team_sizes=[1, 1],
+        notes=[(note,), ()],
+    )
+    ar, mm = out.blocks
+    assert math.isnan(ar.latency_avg_us) and math.isnan(ar.busbw_gbps)
+    assert ar.notes == note and mm.notes == ""
+    assert mm.latency_avg_us == pytest.approx(2.0)
+    assert math.isnan(out.pattern.overlap_efficiency)  # no isolated time for ar
+    assert out.pattern.makespan_avg_us == pytest.approx(2.0)
+    table = format_pattern(out)
+    assert "not timed" in table
+    metrics = metrics_of([out])
+    assert not any(k.startswith("s/p/ar/") and "latency" in k for k in metrics)

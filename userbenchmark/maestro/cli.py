@@ -106,6 +106,35 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
+        "in --output-dir",
+    )
+    parser.add_argument(
+        "--plot",
+        action="store_true",
+        help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
+        "in --output-dir; needs matplotlib",
+    )
+
+    def max_size(text: str) -> int:
+        from .core.sizes import parse_size
+
+        try:
+            return parse_size(text)
+        except ValueError as exc:  # argparse turns this into a usage error, exit status 2
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument(
+        "--max-size",
+        type=max_size,
+        default=None,
+        metavar="SIZE",
+        help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
+        "sweep points that become identical run once",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
     )
 
@@ -124,6 +153,9 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         "baseline": ns.baseline,
         "patterns": tuple(ns.patterns),
         "seed": ns.seed,
+        "trace": ns.trace,
+        "plot": ns.plot,
+        "max_size_bytes": ns.max_size,
     }
 
 
@@ -146,6 +178,14 @@ def _check_numbers(ns: argparse.Namespace) -> None:
         raise ConfigError(f"--warmup-iters must be 0 or more, got {ns.warmup_iters}")
     if ns.precision < 0 or ns.precision > 9:
         raise ConfigError(f"--precision must be between 0 and 9, got {ns.precision}")
+    for flag in ("trace", "plot"):
+        if getattr(ns, flag, False) and not ns.output_dir:
+            raise ConfigError(f"--{flag} writes into --output-dir: give --output-dir DIR")
+    if getattr(ns, "plot", False):
+        from .core.plot import MISSING_MATPLOTLIB, matplotlib_available
+
+        if not matplotlib_available():
+            raise ConfigError(MISSING_MATPLOTLIB)
 
 
 def run_worker(config: str, world_size: int, options: dict[str, Any]) -> int:

@@ -95,6 +95,20 @@ class Block:
         """Floating-point operations of one launch, or None."""
         return None
 
+    @classmethod
+    def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
+        """Why ``launch`` enqueues no device work here (the block is then not timed), or None.
+
+        On CUDA every timed (block, iteration) must own device activity; a block known to
+        launch none says so here instead of failing attribution.
+        """
+        return None
+
+    @classmethod
+    def notes(cls, params: Mapping[str, Any], *, dtype: str, device: str) -> tuple[str, ...]:
+        """Settings that change this block's numbers and belong next to them (e.g. TF32)."""
+        return ()
+
     # ---- run time ----
     def __init__(self, spec: BlockSpec, ctx: BlockContext) -> None:
         self.spec = spec

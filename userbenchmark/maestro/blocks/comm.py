@@ -51,6 +51,20 @@ class Collective(Block):
     params = (SIZE,)
     divide_by_team = False
     """Whether S must split into team_size equal chunks of whole elements."""
+    one_rank_copies = False
+    """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
+
+    @classmethod
+    def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
+        if backend != "nccl" or team_size != 1:
+            return None
+        if cls.one_rank_copies and not params.get("in_place", False):
+            return None
+        layout = " in place" if params.get("in_place", False) else ""
+        return (
+            f"a 1-rank NCCL {cls.op}{layout} launches no device work, so there is nothing "
+            "to time; it needs a team of 2 or more ranks"
+        )
 
     @classmethod
     def check_params(
@@ -133,6 +147,7 @@ class AllReduce(Collective):
 class AllGather(Collective):
     """all_gather_into_tensor: each rank contributes S / team_size bytes."""
 
+    one_rank_copies = True
     params = (SIZE, IN_PLACE)
     divide_by_team = True
 
@@ -175,6 +190,7 @@ class AllGather(Collective):
 class ReduceScatter(Collective):
     """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
 
+    one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
     divide_by_team = True
 
@@ -221,6 +237,7 @@ class AllToAll(Collective):
     """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
 
     divide_by_team = True
+    one_rank_copies = True
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:

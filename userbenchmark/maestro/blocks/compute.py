@@ -20,6 +20,13 @@ class Gemm(Block):
         Param(name="k", kind="int", minimum=1, default=None, doc="shared dimension (elements)"),
         Param(name="a_shape", kind="shape", default=None, doc="[m, k]: A's shape, instead of m/k"),
         Param(name="b_shape", kind="shape", default=None, doc="[k, n]: B's shape, instead of k/n"),
+        Param(
+            name="tf32",
+            kind="bool",
+            default=False,
+            doc="fp32 on CUDA: let cuBLAS use TF32 tensor cores (faster, 10-bit mantissa); "
+            "set on every launch, reported next to the numbers",
+        ),
     )
 
     @classmethod
@@ -76,6 +83,12 @@ class Gemm(Block):
     def flop_count(cls, params: Mapping[str, Any]) -> int:
         return 2 * int(params["m"]) * int(params["n"]) * int(params["k"])
 
+    @classmethod
+    def notes(cls, params: Mapping[str, Any], *, dtype: str, device: str) -> tuple[str, ...]:
+        if dtype != "fp32" or device != "cuda":
+            return ()
+        return ("TF32 on" if params.get("tf32", False) else "TF32 off (IEEE fp32)",)
+
     def setup(self) -> None:
         from .data import fill_random
 
@@ -85,10 +98,16 @@ class Gemm(Block):
         self.c = self.ctx.empty(m * n).view(m, n)
         fill_random(self.a, self.ctx)
         fill_random(self.b, self.ctx)
+        # torch's TF32 switch is process-wide: set it on every launch so another block (or
+        # user code) cannot change this block's math between iterations.
+        self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype.is_floating_point
+        self.tf32 = bool(self.spec.params.get("tf32", False))
 
     def launch(self) -> None:
         import torch
 
+        if self.set_tf32:
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.matmul(self.a, self.b, out=self.c)
 
 

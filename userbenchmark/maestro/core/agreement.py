@@ -1,14 +1,18 @@
 """The agreement step: at each phase boundary every rank says whether it succeeded.
 
-It runs over the gloo control group (never the timed communicators) with a timeout, so when
-one rank fails every rank learns which rank failed, in which phase, pattern and block, and
-raises the same error; a rank that died or hung makes the others fail instead of waiting.
+Statuses go through the rendezvous store (never the timed communicators), each rank waiting
+with its own deadline, so when one rank fails every rank learns which rank failed, in which
+phase, pattern and block, and raises the same error; a rank that died or hung is named as the
+one that did not arrive. Without a store (a bare group), the gloo control group carries them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 from .errors import RunError
@@ -28,12 +32,18 @@ class RankStatus:
     """False when the failure left collectives half-issued (communicators must not be reused)."""
     secondary: bool = False
     """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
+    interrupted: bool = False
+    """True when this rank was interrupted (SIGINT/SIGTERM): the whole run stops."""
 
 
 def status_of(rank: int, error: BaseException | None, *, contained: bool = True) -> RankStatus:
     """This rank's status from the exception a phase raised (None: success)."""
     if error is None:
         return RankStatus(rank=rank, ok=True)
+    if isinstance(error, KeyboardInterrupt):
+        return RankStatus(
+            rank=rank, ok=False, message="interrupted", contained=False, interrupted=True
+        )
     block = getattr(error, "block", "") or ""
     message = getattr(error, "detail", None) or f"{type(error).__name__}: {error}"
     return RankStatus(
@@ -61,13 +71,79 @@ def _looks_secondary(text: str) -> bool:
     return any(marker in text for marker in _SECONDARY_MARKERS)
 
 
-def exchange(group: Any, status: RankStatus, world_size: int) -> list[RankStatus]:
-    """Every rank's status (all_gather_object over the control group)."""
+def grace_s(timeout_s: float) -> float:
+    """How long a rank that already timed out waits at the agreement for the missing ranks.
+
+    A rank that failed first arrived long before; ranks that timed out on it arrive within a
+    few seconds of each other. Whoever is still missing after this died or hung.
+    """
+    return 5.0 + 0.25 * timeout_s
+
+
+def agreement_timeout_s(timeout_s: float) -> float:
+    """How long a rank that succeeded (or failed first) waits for the others.
+
+    Peers blocked in a collective on the failed rank arrive up to ``timeout_s`` later.
+    """
+    return timeout_s + grace_s(timeout_s)
+
+
+class StoreExchange:
+    """Exchanges statuses through a c10d store, one numbered round per agreement step."""
+
+    def __init__(self, store: Any, *, world_size: int, timeout_s: float) -> None:
+        self.store = store
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.round = 0
+
+    def __call__(self, status: RankStatus) -> tuple[list[RankStatus], list[int]]:
+        """Every rank's status that arrived in time, and the ranks that did not arrive."""
+        self.round += 1
+        prefix = f"agree/{self.round}/"
+        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
+        wait_s = (
+            grace_s(self.timeout_s) if status.secondary else (agreement_timeout_s(self.timeout_s))
+        )
+        start = time.monotonic()
+        deadline = start + wait_s
+        pending = list(range(self.world_size))
+        arrived: list[int] = []
+        while pending:
+            while pending and self.store.check([prefix + str(pending[0])]):
+                arrived.append(pending.pop(0))
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            if now - start < 0.2:
+                time.sleep(0.002)  # ranks usually arrive together: poll briefly first
+                continue
+            try:
+                self.store.wait([prefix + str(pending[0])], timedelta(seconds=deadline - now))
+            except Exception as exc:  # a timeout; the keys are checked again above
+                log.debug("waiting for rank %d: %s", pending[0], exc)
+        # Past the deadline, a later rank may have arrived while an earlier one is missing.
+        arrived += [r for r in pending if self.store.check([prefix + str(r)])]
+        missing = [r for r in pending if r not in arrived]
+        statuses = [RankStatus(**json.loads(self.store.get(prefix + str(r)))) for r in arrived]
+        if self.round > 2:
+            # Every rank finished reading round n-2 before it posted round n-1.
+            try:
+                self.store.delete_key(f"agree/{self.round - 2}/{status.rank}")
+            except Exception as exc:  # only housekeeping
+                log.debug("could not delete an old agreement key: %s", exc)
+        return statuses, missing
+
+
+def exchange(group: Any, status: RankStatus, world_size: int) -> tuple[list[RankStatus], list[int]]:
+    """Every rank's status: through a StoreExchange, or all_gather_object over a gloo group."""
+    if isinstance(group, StoreExchange):
+        return group(status)
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, status, group=group)
-    return gathered
+    return gathered, []
 
 
 def agree(
@@ -80,26 +156,76 @@ def agree(
     error: BaseException | None,
     contained: bool = True,
 ) -> None:
-    """Raise the same RunError on every rank when any rank failed this phase."""
+    """Raise the same RunError on every rank when any rank failed this phase.
+
+    ``contained`` says whether a failure in this phase leaves the communicators usable; the
+    agreed error's ``contained`` is True only when no rank is missing, interrupted or waiting
+    on a peer, and either every failure is contained or every rank failed at the same block
+    (so every rank issued the same collectives). ``missing`` lists ranks that never answered.
+    """
     status = status_of(rank, error, contained=contained)
     try:
-        statuses = exchange(group, status, world_size)
+        statuses, missing = exchange(group, status, world_size)
     except Exception as exc:
-        raise RunError(
+        err = RunError(
             f"could not agree with the other ranks ({type(exc).__name__}: {exc}); "
-            "a rank died or stopped answering",
+            "a rank died or stopped answering (the rendezvous store lives in rank 0 "
+            "or in the launcher)",
             rank=rank,
             phase=phase,
             pattern=pattern,
-        ) from (error or exc)
+        )
+        err.contained = False  # type: ignore[attr-defined]
+        err.missing = [-1]  # type: ignore[attr-defined]
+        err.interrupted = status.interrupted  # type: ignore[attr-defined]
+        raise err from (error or exc)
     failed = [s for s in statuses if not s.ok]
-    if not failed:
+    if not failed and not missing:
         return
-    # Name the rank that caused it, not the peers that timed out waiting for it.
-    failed.sort(key=lambda s: (s.secondary, s.rank))
-    first = failed[0]
-    others = ", ".join(str(s.rank) for s in failed[1:])
-    detail = first.message + (f" (ranks {others} failed too)" if others else "")
-    err = RunError(detail, rank=first.rank, phase=phase, pattern=pattern, block=first.block)
-    err.contained = all(s.contained for s in failed)  # type: ignore[attr-defined]
+    err = _agreed_error(failed, missing, phase=phase, pattern=pattern, world_size=world_size)
     raise err from error
+
+
+def _agreed_error(
+    failed: list[RankStatus],
+    missing: list[int],
+    *,
+    phase: str,
+    pattern: str,
+    world_size: int,
+) -> RunError:
+    """The one error every rank raises (pure: same inputs, same message on every rank)."""
+    primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
+    secondary = sorted((s for s in failed if s.secondary), key=lambda s: s.rank)
+    if primary:
+        first = primary[0]
+        rank, block, detail = first.rank, first.block, first.message
+        if first.interrupted:
+            detail = "interrupted (SIGINT/SIGTERM); the run stops"
+        rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]
+    elif missing:
+        rank, block = missing[0], ""
+        detail = "did not reach the agreement step at the end of the phase: it died or hung"
+        rest = missing[1:] + [s.rank for s in secondary]
+    else:
+        first = secondary[0]
+        rank, block, detail = first.rank, first.block, first.message
+        rest = [s.rank for s in secondary[1:]]
+    if rest:
+        detail += f" (also failed or stopped waiting: rank {', '.join(map(str, rest))})"
+    err = RunError(detail, rank=rank, phase=phase, pattern=pattern, block=block)
+    same_block = (
+        len(failed) == world_size
+        and not secondary
+        and len({s.block for s in failed}) == 1
+        and failed[0].block != ""
+    )
+    err.contained = (  # type: ignore[attr-defined]
+        not missing
+        and not secondary
+        and not any(s.interrupted for s in failed)
+        and (all(s.contained for s in failed) or same_block)
+    )
+    err.missing = list(missing)  # type: ignore[attr-defined]
+    err.interrupted = any(s.interrupted for s in failed)  # type: ignore[attr-defined]
+    return err

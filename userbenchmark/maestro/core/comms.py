@@ -18,7 +18,7 @@ from .schema import AxisSpec
 log = logging.getLogger("maestro.comms")
 
 
-def nccl_options(axis: AxisSpec) -> Any:
+def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
     """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
     import torch.distributed as dist
 
@@ -27,6 +27,9 @@ def nccl_options(axis: AxisSpec) -> Any:
         raise RunError("this torch build has no NCCL backend")
     opts = options_cls.Options()
     opts.is_high_priority_stream = axis.priority == "high"
+    if timeout is not None and hasattr(opts, "_timeout"):
+        # new_group warns when the options' timeout differs from its own timeout argument.
+        opts._timeout = timeout
     config = getattr(opts, "config", None)
     for key, value in axis.nccl.items():
         if config is None or not hasattr(config, key):
@@ -80,7 +83,8 @@ class Communicators:
                 "timeout": timedelta(seconds=self.timeout_s),
             }
             if self.backend == "nccl":
-                kwargs["pg_options"] = nccl_options(axis)  # a fresh object per group
+                # A fresh object per group: new_group writes into it.
+                kwargs["pg_options"] = nccl_options(axis, kwargs["timeout"])
             group = dist.new_group(**kwargs)
             if self.rank in team:
                 mine = group
@@ -96,3 +100,24 @@ class Communicators:
 
     def team(self, axis: str) -> tuple[int, ...] | None:
         return self._axes[axis].team_of(self.rank)
+
+    def abort(self) -> None:
+        """Abort every communicator after a failure left collectives half-issued.
+
+        NCCL: ``ProcessGroup.abort()`` (torch 2.5+; feature-detected) ends work its peers will
+        never join, where destroying the group would wait on it forever. Gloo has no abort
+        (its operations already ended at their timeout), so its groups are left for the
+        final ``destroy_process_group``. The groups are unusable afterwards either way.
+        """
+        for name, group in self._groups.items():
+            if group is None or self.backend != "nccl":
+                continue
+            abort = getattr(group, "abort", None)
+            if abort is None:
+                log.warning("axis %s: this torch cannot abort a process group", name)
+                continue
+            try:
+                abort()
+            except Exception as exc:  # aborting after a failure must not hide the failure
+                log.debug("axis %s: abort failed: %s", name, exc)
+        self._groups = {name: None for name in self._groups}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -105,6 +106,8 @@ class DistContext:
     control: Any
     """gloo group over all ranks used only by the agreement step (never timed)."""
     timeout_s: float
+    agreement: Any = None
+    """The agreement step's exchange (a StoreExchange over the rendezvous store)."""
 
     @property
     def rank(self) -> int:
@@ -120,9 +123,15 @@ class DistContext:
 
 
 def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> DistContext:
-    """Initialise torch.distributed for this rank and create the gloo control group."""
+    """Initialise torch.distributed for this rank and create the gloo control group.
+
+    The rendezvous store is created here (not by ``env://``) so that every rank can first
+    check that all ranks were started with the same world size, and fail promptly if not.
+    """
     import torch
     import torch.distributed as dist
+
+    from .agreement import StoreExchange, agreement_timeout_s
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":
@@ -138,38 +147,108 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     else:
         device = torch.device("cpu")
     timeout = timedelta(seconds=timeout_s)
+    store = None
     if not dist.is_initialized():
-        init_method = None
-        if launch.world_size == 1 and "MASTER_ADDR" not in os.environ:
-            init_method = f"tcp://127.0.0.1:{free_port()}"
-        elif "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-            raise RunError(
-                "MASTER_ADDR and MASTER_PORT must be set for a multi-rank launch "
-                "without torchrun (e.g. under plain srun)",
-                rank=launch.rank,
-                phase="setup",
-            )
-        kwargs: dict[str, Any] = {
-            "backend": backend,
-            "timeout": timeout,
-            "rank": launch.rank,
-            "world_size": launch.world_size,
-        }
-        if init_method:
-            kwargs["init_method"] = init_method
-        dist.init_process_group(**kwargs)
+        store = rendezvous_store(launch, timeout_s)
+        check_launch(dist.PrefixStore("maestro/launch/", store), launch, timeout_s)
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timeout,
+        )
+    else:
+        store = dist.distributed_c10d._get_default_store()
     # The agreement step must outlast a peer's timed-out collective, so it waits longer.
     control = dist.new_group(
         backend="gloo", timeout=timedelta(seconds=agreement_timeout_s(timeout_s))
     )
+    agreement = StoreExchange(
+        dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
+    )
     return DistContext(
-        launch=launch, backend=backend, device=device, control=control, timeout_s=timeout_s
+        launch=launch,
+        backend=backend,
+        device=device,
+        control=control,
+        timeout_s=timeout_s,
+        agreement=agreement,
     )
 
 
-def agreement_timeout_s(timeout_s: float) -> float:
-    """How long the agreement step waits: longer than any communicator operation."""
-    return 2.0 * timeout_s + 30.0
+def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
+    """The TCP store every rank meets at (rank 0 hosts it unless torchrun's agent does)."""
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        host, port = os.environ["MASTER_ADDR"], _env_int(os.environ, "MASTER_PORT")
+    elif launch.world_size == 1:
+        host, port = "127.0.0.1", free_port()
+    else:
+        raise RunError(
+            "MASTER_ADDR and MASTER_PORT must be set for a multi-rank launch "
+            "without torchrun (e.g. under plain srun)",
+            phase="setup",
+        )
+    # Under torchrun the agent hosts the store and every worker is a client.
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        return dist.TCPStore(
+            host,
+            port,
+            None,  # world size unknown on purpose: check_launch compares what ranks were told
+            is_master=launch.rank == 0 and not agent_hosts,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
+    except Exception as exc:
+        raise RunError(
+            f"could not reach the rendezvous store at {host}:{port} within {timeout_s:g} s "
+            f"({type(exc).__name__}: {exc}); is rank 0 running, and are MASTER_ADDR and "
+            "MASTER_PORT the same on every rank?",
+            phase="setup",
+        ) from exc
+
+
+def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
+    """Fail fast when ranks were started with different world sizes or a rank is claimed twice.
+
+    Ranks other than 0 read rank 0's world size before writing theirs, so whichever side sees
+    the mismatch first, the other has already read what it needs (rank 0 may exit at once).
+    """
+    rank, world = launch.rank, launch.world_size
+    if store.add(f"claims/{rank}", 1) > 1:
+        raise RunError(
+            f"two processes were started as rank {rank} (RANK={rank}); each rank of a run "
+            "needs its own RANK",
+            phase="setup",
+        )
+    others = range(1, world) if rank == 0 else [0]
+    if rank == 0:
+        store.set("world/0", str(world))
+    deadline = time.monotonic() + timeout_s
+    for other in others:
+        key = f"world/{other}"
+        try:
+            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
+        except Exception as exc:
+            raise RunError(
+                f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
+                f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
+                phase="setup",
+            ) from exc
+        theirs = int(store.get(key))
+        if rank != 0:
+            store.set(f"world/{rank}", str(world))
+        if theirs != world:
+            raise RunError(
+                f"rank {other} was started with WORLD_SIZE={theirs}, but rank {rank} with "
+                f"WORLD_SIZE={world}: every rank of a run needs the same WORLD_SIZE (are two "
+                "launches sharing one MASTER_ADDR:MASTER_PORT?)",
+                phase="setup",
+            )
 
 
 def shutdown_distributed() -> None:

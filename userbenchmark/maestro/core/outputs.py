@@ -19,13 +19,13 @@ from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
 from .results import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never a part."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -35,6 +35,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def metrics_of(outcomes: Iterable[PatternOutcome]) -> dict[str, float]:
@@ -69,17 +74,38 @@ class OutputWriter:
     """Collects finished patterns on rank 0 and rewrites every output file after each one."""
 
     def __init__(
-        self, *, output_dir: Path | None, metrics_path: Path | None, environ: Mapping[str, str]
+        self,
+        *,
+        output_dir: Path | None,
+        metrics_path: Path | None,
+        environ: Mapping[str, str],
+        trace: bool = False,
+        plot: bool = False,
     ) -> None:
         self.output_dir = output_dir
         self.metrics_path = metrics_path
         self.environ = dict(environ)
+        self.trace = trace and output_dir is not None
+        self.plot = plot and output_dir is not None
         self.outcomes: list[PatternOutcome] = []
         self.failures: list[dict[str, str]] = []
+        self._plot_names: set[str] = set()
 
     def add(self, outcome: PatternOutcome) -> None:
         self.outcomes.append(outcome)
         self.flush()
+        if self.plot and outcome.timeline is not None:
+            self._write_plot(outcome)
+
+    def _write_plot(self, outcome: PatternOutcome) -> None:
+        from .plot import plot_file_name, plot_pattern
+
+        name = plot_file_name(outcome.pattern.pattern)
+        stem, n = name[: -len(".png")], 2
+        while name in self._plot_names:  # a@b and a_b must not overwrite each other
+            name, n = f"{stem}-{n}.png", n + 1
+        self._plot_names.add(name)
+        plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:
         self.failures.append({"pattern": pattern, "error": message})
@@ -96,6 +122,12 @@ class OutputWriter:
             atomic_write_text(out / "patterns.csv", _csv(pattern_records, PATTERN_COLUMNS))
             if self.failures:
                 atomic_write_text(out / "failures.json", json.dumps(self.failures, indent=1) + "\n")
+            if self.trace:
+                from .trace import write_trace
+
+                # Rewritten after every pattern, like the other files: a killed run keeps a
+                # valid trace of what finished.
+                write_trace(out / "trace.json", self.outcomes)
         if self.metrics_path is not None:
             doc = {"name": "maestro", "environ": self.environ, "metrics": metrics_of(self.outcomes)}
             atomic_write_text(self.metrics_path, json.dumps(doc, indent=2) + "\n")

@@ -180,22 +180,34 @@ def _scalar_or_array(out: np.ndarray) -> float | np.ndarray:
     return float(out) if out.ndim == 0 else out
 
 
+MIN_HEADROOM_FRACTION = 0.05
+"""Overlap efficiency is reported only when serial - ideal is at least this part of serial."""
+
+
 def overlap_efficiency(
-    serial_us: ArrayLike, makespan_us: ArrayLike, ideal_us: ArrayLike
+    serial_us: ArrayLike,
+    makespan_us: ArrayLike,
+    ideal_us: ArrayLike,
+    *,
+    min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
     """(serial - makespan) / (serial - ideal), where serial = Σ isolated, ideal = max isolated.
 
     1 = perfect overlap (the pattern takes as long as its longest block), 0 = fully serialized.
     Values outside [0, 1] are real results: below 0 the overlapped run was slower than running
-    the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up). NaN when
-    serial - ideal <= 0 (a single block, or all but one block have zero isolated latency) or
-    any input is NaN. Elementwise on arrays; a float for scalars.
+    the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up).
+    NaN when any input is NaN, or when the headroom serial - ideal (the most overlap could
+    save) is below ``min_headroom_fraction`` of serial: a single block, or blocks so short next
+    to the longest one that the ratio would divide noise by almost nothing (read the blocks'
+    slowdown instead). Elementwise on arrays; a float for scalars.
     """
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
     out = np.full(np.broadcast_shapes(headroom.shape, gained.shape), np.nan)
-    np.divide(gained, headroom, out=out, where=headroom > 0)
+    with np.errstate(invalid="ignore"):
+        meaningful = (headroom > 0) & (headroom >= min_headroom_fraction * serial)
+    np.divide(gained, headroom, out=out, where=meaningful)
     return _scalar_or_array(out)
 
 

@@ -107,5 +107,6 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         )
         summary.append(f"pairwise overlap |A∩B|/min(|A|,|B|): {pairs}")
     lines.extend("  " + s for s in summary)
+    lines.extend(f"  note: {b.block}: {b.notes}" for b in blocks if b.notes)
     lines.extend(f"  WARNING: {w}" for w in outcome.warnings)
     return "\n".join(lines)

@@ -33,6 +33,7 @@ BLOCK_COLUMNS = (
     "slowest_rank",
     "activities_per_iter",
     "profiler",
+    "notes",
 )
 PATTERN_COLUMNS = (
     "suite",
@@ -92,6 +93,8 @@ class BlockResult:
     slowest_rank: int | None = None
     activities_per_iter: float = math.nan
     profiler: str = ""
+    notes: str = ""
+    """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
 
     def to_record(self) -> dict[str, Any]:
         return {k: _clean(v) for k, v in asdict(self).items()}
@@ -133,3 +136,39 @@ class PatternOutcome:
     blocks: tuple[BlockResult, ...]
     pattern: PatternResult
     warnings: tuple[str, ...] = ()
+    timeline: Timeline | None = None
+    """Every rank's intervals; present on rank 0 when a trace or plot was asked for."""
+
+    @property
+    def check_failed(self) -> bool:
+        """Check mode found wrong output elements in some block (the run must fail)."""
+        return any(b.wrong_elements for b in self.blocks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTimeline:
+    """One rank's intervals of a pattern's measured window, on that rank's own clock."""
+
+    rank: int
+    starts_ns: Any
+    """int64 array (blocks, iters); rows of blocks the rank does not run are never read."""
+    ends_ns: Any
+    present: Any
+    """bool array (blocks,): the rank runs this block."""
+    clock: str
+    """``perf_counter``, ``cuda_event`` or ``cupti`` (see ``WindowTimings.clock``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline:
+    """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``).
+
+    Clocks of different hosts are not synchronised: within a rank, times are exact; across
+    ranks, alignment is as good as the hosts' clocks (one host: same clock).
+    """
+
+    pattern: str
+    block_names: tuple[str, ...]
+    block_lanes: tuple[str, ...]
+    """The lane (stream or thread) each block runs on; blocks on one lane run in order."""
+    ranks: tuple[RankTimeline, ...]

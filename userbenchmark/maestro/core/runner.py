@@ -6,6 +6,7 @@ failure on one rank end the phase on every rank with the same error (core/agreem
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -25,9 +26,9 @@ from .distributed import DistContext
 from .errors import RunError
 from .executor import Lane
 from .profilers.base import Profiler, WindowTimings
-from .results import BlockResult, PatternOutcome, PatternResult
+from .results import BlockResult, PatternOutcome, PatternResult, RankTimeline, Timeline
 from .schema import PatternSpec, SuiteSpec
-from .stats import latency_stats, percentile_nearest_rank
+from .stats import LatencyStats, latency_stats, percentile_nearest_rank
 
 log = logging.getLogger("maestro.runner")
 
@@ -73,6 +74,8 @@ class Runtime:
     calibration: dict[str, float] = field(default_factory=dict)
     streams: dict[str, Any] = field(default_factory=dict)
     window_id: int = 0
+    collect_timeline: bool = False
+    """Gather every rank's intervals on rank 0 (for ``--trace`` and ``--plot``)."""
 
     def next_window(self) -> int:
         self.window_id += 1
@@ -88,22 +91,27 @@ class Runtime:
 
 
 def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them."""
+    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them.
+
+    An interrupt (SIGINT) is reported through the agreement too, so that every rank stops
+    with the same message instead of waiting on the interrupted one.
+    """
     error: BaseException | None = None
     value = None
     try:
         value = fn()
-    except Exception as exc:  # every failure must reach the agreement step
+    except (Exception, KeyboardInterrupt) as exc:  # every failure must reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
     agree(
-        rt.dist.control,
+        rt.dist.agreement or rt.dist.control,
         rank=rt.dist.rank,
         world_size=rt.dist.world_size,
         phase=phase,
         pattern=pattern,
         error=error,
-        contained=phase not in ("warmup", "measure"),
+        # Phases that issue collectives leave them half-done when one rank stops early.
+        contained=phase == "setup",
     )
     return value
 
@@ -123,6 +131,22 @@ class PatternRun:
         self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
+        self.pools: dict[str, Any] = {}
+        team_sizes = [rt.comms.axis(b.axis).team_size for b in specs]
+        # Blocks known to launch no device work (a 1-rank NCCL all_reduce) run but are not
+        # timed: CUPTI would find nothing to attribute. Same answer on every rank.
+        self.idle: list[str | None] = [
+            cls.idle_reason(b.params, team_size=n, backend=rt.dist.backend)
+            if rt.dist.is_cuda
+            else None
+            for cls, b, n in zip(self.classes, specs, team_sizes, strict=True)
+        ]
+        self.timed = self.present & np.array([r is None for r in self.idle], dtype=bool)
+        device = "cuda" if rt.dist.is_cuda else "cpu"
+        self.notes: list[tuple[str, ...]] = [
+            ((f"not timed: {r}",) if r else ()) + cls.notes(b.params, dtype=b.dtype, device=device)
+            for cls, b, r in zip(self.classes, specs, self.idle, strict=True)
+        ]
 
     # ---- phases ----
     def setup(self) -> None:
@@ -149,6 +173,9 @@ class PatternRun:
         for i, spec in enumerate(self.pattern.blocks):
             if not self.present[i]:
                 continue
+            allocator = None
+            if spec.register_buffers and dist.is_cuda:
+                allocator = self._pool(spec.axis).allocator()
             ctx = BlockContext(
                 rank=dist.rank,
                 device=dist.device,
@@ -158,6 +185,7 @@ class PatternRun:
                 seed=rt.seed,
                 backend=dist.backend,
                 calibration=rt.calibration,
+                allocator=allocator,
             )
             block = self.classes[i](spec, ctx)
             self.blocks[i] = block
@@ -169,6 +197,16 @@ class PatternRun:
                 raise RunError(
                     f"setup failed: {type(exc).__name__}: {exc}", block=spec.name
                 ) from exc
+        for pool in self.pools.values():
+            pool.register()  # after every buffer exists: registration covers the pool's segments
+
+    def _pool(self, axis: str) -> Any:
+        """The registered-memory pool of this rank's communicator on ``axis`` (one per pattern)."""
+        from .registration import RegisteredPool
+
+        if axis not in self.pools:
+            self.pools[axis] = RegisteredPool(self.rt.comms.group(axis), self.rt.dist.device)
+        return self.pools[axis]
 
     def lanes(self, only: int | None = None) -> list[Lane]:
         lanes: dict[int, Lane] = {}
@@ -220,6 +258,33 @@ class PatternRun:
             local, rank=self.rt.dist.rank, reduce=torch_reducer(self.rt.sync_group)
         )
 
+    def analyse(self, timings: WindowTimings) -> tuple[WindowAggregate, Timeline | None]:
+        """The reduced window, and every rank's intervals on rank 0 when a trace is wanted."""
+        agg = self.aggregate(timings)
+        if not self.rt.collect_timeline:
+            return agg, None
+        import torch.distributed as tdist
+
+        mine = RankTimeline(
+            rank=self.rt.dist.rank,
+            starts_ns=np.asarray(timings.starts_ns, dtype=np.int64),
+            ends_ns=np.asarray(timings.ends_ns, dtype=np.int64),
+            present=np.asarray(timings.present, dtype=bool),
+            clock=timings.clock,
+        )
+        # One object per rank, blocks x iterations each: only asked for with --trace/--plot.
+        gathered: list[Any] = [None] * self.rt.dist.world_size
+        tdist.all_gather_object(gathered, mine, group=self.rt.sync_group)
+        if self.rt.dist.rank != 0:
+            return agg, None
+        lanes = self.pattern.lanes
+        return agg, Timeline(
+            pattern=self.pattern.name,
+            block_names=tuple(self.names),
+            block_lanes=tuple(lanes[i] for i in self.lane_of_block),
+            ranks=tuple(sorted(gathered, key=lambda r: r.rank)),
+        )
+
     def check(self) -> np.ndarray:
         wrong = np.zeros(len(self.names))
         for block in self.blocks:
@@ -249,6 +314,13 @@ class PatternRun:
             import torch
 
             torch.cuda.synchronize(self.rt.dist.device)
+        for pool in self.pools.values():
+            pool.release()
+        self.pools = {}
+        if self.rt.dist.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.rt.dist.device)
             torch.cuda.empty_cache()
 
 
@@ -262,30 +334,32 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
 
         def measure() -> WindowTimings:
             run.warmup(lanes, run.present)
-            timings, _ = run.window(lanes, pattern.num_iters, run.present, timed=True)
+            timings, _ = run.window(lanes, pattern.num_iters, run.timed, timed=True)
             return timings
 
         timings = _phase(rt, "measure", name, measure)
-        agg = _phase(rt, "analysis", name, lambda: run.aggregate(timings))
+        agg, timeline = _phase(rt, "analysis", name, lambda: run.analyse(timings))
         isolated = np.full(len(run.names), np.nan)
         if pattern.baseline and len(run.names) > 1:
 
             def baseline() -> np.ndarray:
                 out = np.full(len(run.names), np.nan)
                 for b in range(len(run.names)):
+                    if run.idle[b] is not None:
+                        continue  # nothing to time (the same on every rank)
                     only = np.zeros(len(run.names), dtype=bool)
-                    only[b] = run.present[b]
+                    only[b] = run.timed[b]
                     lanes_b = run.lanes(only=b)
                     run.warmup(lanes_b, only)
                     t_b, _ = run.window(lanes_b, pattern.num_iters, only, timed=True)
                     agg_b = run.aggregate(t_b)
-                    out[b] = float(np.nanmean(agg_b.latency_ns[b])) / 1e3
+                    out[b] = _mean(agg_b.latency_ns[b]) / 1e3
                 return out
 
             isolated = _phase(rt, "baseline", name, baseline)
         elif pattern.baseline:
             # A one-block pattern is its own isolated run.
-            isolated = np.array([float(np.nanmean(agg.latency_ns[0])) / 1e3])
+            isolated = np.array([_mean(agg.latency_ns[0]) / 1e3])
         wrong = None
         if pattern.check:
             wrong = _phase(rt, "check", name, run.check)
@@ -295,9 +369,15 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
 
             peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
             peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
+    except RunError as err:
+        if not getattr(err, "contained", False):
+            # Some ranks may have collectives in flight that their peers will never join:
+            # abort the communicators before teardown synchronizes on them.
+            rt.comms.abort()
+        raise
     finally:
         run.teardown()
-    return build_outcome(
+    outcome = build_outcome(
         rt.suite,
         pattern,
         run.classes,
@@ -307,12 +387,29 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         peak,
         profiler=rt.profiler.name,
         team_sizes=[rt.comms.axis(b.axis).team_size for b in pattern.blocks],
+        notes=run.notes,
     )
+    if timeline is not None:
+        outcome = dataclasses.replace(outcome, timeline=timeline)
+    return outcome
 
 
 def _mean(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(finite.mean()) if finite.size else math.nan
+
+
+def _latency_stats_or_nan(durations_ns: np.ndarray) -> LatencyStats:
+    """Statistics of the durations; all NaN when none was timed (an idle block).
+
+    A row with some iterations missing is a bug upstream and raises (latency_stats).
+    """
+    if not np.isnan(durations_ns).all():
+        return latency_stats(durations_ns)
+    nan = math.nan
+    return LatencyStats(
+        count=0, avg_us=nan, min_us=nan, max_us=nan, p50_us=nan, p99_us=nan, stdev_us=nan
+    )
 
 
 def build_outcome(
@@ -326,13 +423,14 @@ def build_outcome(
     *,
     profiler: str,
     team_sizes: Sequence[int],
+    notes: Sequence[Sequence[str]] | None = None,
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     results = []
     bus_bytes_total = 0.0
     for b, spec in enumerate(pattern.blocks):
         cls = classes[b]
-        stats = latency_stats(agg.latency_ns[b])
+        stats = _latency_stats_or_nan(agg.latency_ns[b])
         seconds = stats.avg_us * 1e-6
         size = cls.message_size_bytes(spec.params)
         flops = cls.flop_count(spec.params)
@@ -374,9 +472,10 @@ def build_outcome(
                 slowest_rank=int(agg.slowest_rank[b]) if agg.slowest_rank[b] >= 0 else None,
                 activities_per_iter=float(agg.activities_per_iter[b]),
                 profiler=profiler,
+                notes="; ".join(notes[b]) if notes else "",
             )
         )
-    makespan = latency_stats(agg.makespan_ns)
+    makespan = _latency_stats_or_nan(agg.makespan_ns)
     finite_iso = isolated_us[np.isfinite(isolated_us)]
     serial = float(finite_iso.sum()) if finite_iso.size == len(isolated_us) else math.nan
     ideal = float(finite_iso.max()) if finite_iso.size == len(isolated_us) else math.nan
@@ -389,6 +488,13 @@ def build_outcome(
                 agg.pairwise_overlap[i, j]
             )
     warnings = []
+    if wrong is not None and (wrong > 0).any():
+        bad = ", ".join(
+            f"{pattern.blocks[b].name} ({int(wrong[b])})" for b in np.flatnonzero(wrong > 0)
+        )
+        warnings.append(
+            f"pattern {pattern.name}: check failed: wrong elements summed over ranks: {bad}"
+        )
     if gate.size and gate.max() / 1e3 > LAUNCH_BOUND_US:
         late = int((gate / 1e3 > LAUNCH_BOUND_US).sum())
         warnings.append(

@@ -55,6 +55,8 @@ class RunOptions:
     seed: int = 0
     trace: bool = False
     plot: bool = False
+    max_size_bytes: int | None = None
+    """Cap of every message size and GEMM operand (``--max-size``); None: sizes as written."""
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
@@ -82,7 +84,12 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             f"--pattern {' '.join(options.patterns)} matches no pattern; patterns: {names}",
             file=suite.source,
         )
-    return dataclasses.replace(suite, patterns=tuple(patterns))
+    result = dataclasses.replace(suite, patterns=tuple(patterns))
+    if options.max_size_bytes is not None:
+        from .scale import apply_max_size
+
+        result = apply_max_size(result, options.max_size_bytes)
+    return result
 
 
 def make_profiler(name: str, dist: DistContext) -> Any:
@@ -172,6 +179,17 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
     )
     profiler = make_profiler(options.profiler, dist)
+    registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
+    if registered and dist.is_cuda:
+        from .registration import require_support
+
+        require_support(dist.device.index or 0)
+    elif registered and dist.rank == 0:
+        log.warning(
+            "register_buffers has no effect on the %s backend (blocks %s)",
+            dist.backend,
+            ", ".join(registered),
+        )
 
     def barrier() -> None:
         tdist.barrier(group=sync_group)
@@ -196,13 +214,19 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
         sync_group=sync_group,
         seed=options.seed,
         calibration=calibration,
+        collect_timeline=options.trace or options.plot,
     )
 
 
 def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
-    """Run every pattern of ``suite`` on this rank; returns the process exit status."""
+    """Run every pattern of ``suite`` on this rank; returns the process exit status.
+
+    0: every pattern finished; 1: a pattern failed (every rank agrees on the error); 130: a
+    rank was interrupted (SIGINT/SIGTERM). Finished patterns are saved as they finish.
+    """
     from .agreement import agree
     from .outputs import OutputWriter
+    from .progress import Progress
     from .report import format_pattern
     from .runner import measure_pattern
 
@@ -214,10 +238,12 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             file=suite.source,
         )
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
+    install_sigint_handler()
     dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
     rank = dist.rank
     rt = None
     status = 0
+    everyone_answered = True  # False once a rank died or hung: nobody waits for it again
     try:
         rt = _phase_setup(suite, options, dist, agree)
         stamp = _broadcast_object(
@@ -237,12 +263,17 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 output_dir=Path(options.output_dir) if options.output_dir else None,
                 metrics_path=metrics_path,
                 environ=environ_info(dist, suite, options),
+                trace=options.trace,
+                plot=options.plot,
             )
+            progress = Progress(total=len(suite.patterns))
+            progress.start()
         for pattern in suite.patterns:
             try:
                 outcome = measure_pattern(rt, pattern)
             except RunError as err:
-                contained = getattr(err, "contained", False)
+                everyone_answered = not getattr(err, "missing", [-1])
+                status = _failure_status(err)
                 if rank == 0:
                     print(
                         f"maestro: pattern {pattern.name} failed: {err}",
@@ -250,30 +281,63 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                         flush=True,
                     )
                     writer.add_failure(pattern.name, str(err))
-                status = 1
-                if suite.stop_on_error or not contained:
+                    progress.advance(f"pattern {pattern.name} (failed)")
+                elif 0 in getattr(err, "missing", []):
+                    print(f"maestro: {err}", file=sys.stderr, flush=True)  # rank 0 cannot
+                if status != 1 or suite.stop_on_error or not getattr(err, "contained", False):
                     break
                 continue
             if rank == 0:
+                progress.clear()
                 for warning in outcome.warnings:
                     log.warning("%s", warning)
                 print(format_pattern(outcome, precision=options.precision), flush=True)
                 print(flush=True)
                 writer.add(outcome)
+                progress.advance(f"pattern {pattern.name}")
+            if outcome.check_failed:
+                status = max(status, 1)  # wrong results fail the run; numbers are still saved
+        if rank == 0:
+            progress.close()
+        if status == 130 and rank == 0:
+            print("maestro: interrupted; patterns that finished are saved", file=sys.stderr)
         if rank == 0 and writer is not None:
             if writer.metrics_path is not None:
                 print(f"maestro: metrics written to {writer.metrics_path}", flush=True)
             if writer.output_dir is not None:
                 print(f"maestro: results written to {writer.output_dir}", flush=True)
     except RunError as err:
-        if rank == 0 or "could not agree" in str(err):
+        everyone_answered = not getattr(err, "missing", [-1])
+        if rank == 0 or not everyone_answered:
             print(f"maestro: {err}", file=sys.stderr, flush=True)
-        status = 1
+        status = _failure_status(err)
     finally:
+        if status and everyone_answered:
+            _closing_round(dist, agree)
         if rt is not None:
             rt.profiler.close()
         shutdown_distributed()
     return status
+
+
+def _failure_status(err: RunError) -> int:
+    return 130 if getattr(err, "interrupted", False) else 1
+
+
+def _closing_round(dist: DistContext, agree: Any) -> None:
+    """After an agreed failure, leave together: a launcher that sees one worker fail kills
+    the others, which must not happen before rank 0 has saved the failure and printed it."""
+    try:
+        agree(
+            dist.agreement or dist.control,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            phase="exit",
+            pattern="",
+            error=None,
+        )
+    except Exception as exc:  # the run already failed; this is only about timing
+        log.debug("closing round: %s", exc)
 
 
 def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree: Any) -> Any:
@@ -281,10 +345,10 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree
     error: BaseException | None = None
     try:
         rt = _setup_runtime(suite, options, dist)
-    except Exception as exc:  # reported through the agreement step
+    except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
     agree(
-        dist.control,
+        dist.agreement or dist.control,
         rank=dist.rank,
         world_size=dist.world_size,
         phase="setup",
@@ -295,9 +359,19 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree
 
 
 def install_sigint_handler() -> None:
-    """Turn SIGINT/SIGTERM into KeyboardInterrupt so finished patterns stay saved."""
+    """Turn SIGINT/SIGTERM into KeyboardInterrupt, which the agreement step reports.
+
+    Python delivers a signal only between bytecodes, so a rank blocked in a collective
+    notices it when that call returns (at the latest at its timeout). Only the main thread
+    may install handlers; elsewhere (a library caller's thread) this does nothing.
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
+    signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,231 @@
+"""PNG per pattern: one iteration's timeline per rank and lane, and latency alone vs overlapped.
+
+matplotlib is optional (``pip install matplotlib``); it is imported only when a plot is drawn,
+through the object-oriented API with the Agg canvas, so no global backend state is touched.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import RunError
+from .outputs import atomic_write_bytes
+from .results import PatternOutcome, Timeline
+
+MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"
+
+
+def matplotlib_available() -> bool:
+    """Whether ``--plot`` can work (checked before a run starts)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a broken or None entry in sys.modules
+        return False
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """(Figure, FigureCanvasAgg), or RunError naming what to install."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise RunError(MISSING_MATPLOTLIB) from None
+    return Figure, FigureCanvasAgg
+
+
+def median_makespan_iteration(timeline: Timeline) -> int | None:
+    """Iteration whose makespan is the median (lower median; ties: earliest iteration).
+
+    A makespan is taken per rank from that rank's own clock (last end - first start over the
+    blocks it runs) and the iteration's makespan is the max over ranks, as latency is; no
+    timestamps of different ranks are compared. None when no rank has an interval.
+    """
+    per_rank = []
+    for rt in timeline.ranks:
+        present = np.asarray(rt.present, dtype=bool).reshape(-1)
+        starts = np.asarray(rt.starts_ns, dtype=np.int64)
+        ends = np.asarray(rt.ends_ns, dtype=np.int64)
+        if not present.any() or starts.ndim != 2 or starts.shape[1] == 0:
+            continue
+        per_rank.append(ends[present].max(axis=0) - starts[present].min(axis=0))
+    if not per_rank:
+        return None
+    num_iters = min(len(m) for m in per_rank)
+    makespans = np.max(np.stack([m[:num_iters] for m in per_rank]), axis=0)
+    order = np.argsort(makespans, kind="stable")
+    return int(order[(num_iters - 1) // 2])
+
+
+def _block_colors(names: Sequence[str]) -> dict[str, Any]:
+    """A distinct colour per block name (tab10, then tab20 beyond ten blocks)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -> None:
+    """Top panel: one iteration, one row per (rank, lane), times relative to the rank's start."""
+    it = median_makespan_iteration(timeline) if timeline is not None else None
+    if timeline is None or it is None:
+        ax.set_title("Timeline: no intervals recorded")
+        ax.set_axis_off()
+        return
+    lanes = list(dict.fromkeys(timeline.block_lanes))
+    labels: list[str] = []
+    drawn: set[str] = set()
+    for rt in sorted(timeline.ranks, key=lambda r: r.rank):
+        present = np.asarray(rt.present, dtype=bool).reshape(-1)
+        if not present.any():
+            continue
+        starts = np.asarray(rt.starts_ns, dtype=np.int64)
+        ends = np.asarray(rt.ends_ns, dtype=np.int64)
+        origin_ns = int(starts[present, it].min())
+        for lane in lanes:
+            blocks = [
+                b
+                for b, name in enumerate(timeline.block_names)
+                if present[b] and timeline.block_lanes[b] == lane
+            ]
+            if not blocks:
+                continue
+            y = len(labels)
+            labels.append(f"rank {rt.rank} · {lane}")
+            for b in blocks:
+                name = timeline.block_names[b]
+                left_us = (int(starts[b, it]) - origin_ns) / 1000.0
+                width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
+                ax.barh(
+                    y,
+                    width_us,
+                    left=left_us,
+                    height=0.7,
+                    color=colors[name],
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
+                drawn.add(name)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the rank's first start in this iteration (µs)")
+    ax.set_title(f"Iteration {it} (median makespan), each rank on its own clock")
+    ax.grid(axis="x", alpha=0.3)
+    if drawn:
+        from matplotlib.patches import Patch
+
+        # Legend in the pattern's block order, not in drawing (rank, lane) order.
+        order = [n for n in dict.fromkeys(timeline.block_names) if n in drawn]
+        handles = [Patch(facecolor=colors[n], edgecolor="black", label=n) for n in order]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
+def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> None:
+    """Bottom panel: average latency per block, isolated (where measured) beside overlapped."""
+    names = [b.block for b in outcome.blocks]
+    x = np.arange(len(names), dtype=float)
+    width = 0.4
+    overlapped = [b.latency_avg_us for b in outcome.blocks]
+    isolated = [b.isolated_latency_avg_us for b in outcome.blocks]
+    has_iso = [v is not None and math.isfinite(v) for v in isolated]
+    iso_x = [xi - width / 2 for xi, ok in zip(x, has_iso, strict=True) if ok]
+    iso_y = [v for v, ok in zip(isolated, has_iso, strict=True) if ok]
+    if iso_x:
+        ax.bar(iso_x, iso_y, width, color="lightgray", edgecolor="black")
+    bars = ax.bar(
+        x + width / 2,
+        overlapped,
+        width,
+        color=[colors.get(n, "tab:blue") for n in names],
+        edgecolor="black",
+    )
+    # The slowdown the run computed (overlapped / isolated), where a baseline exists.
+    ax.bar_label(
+        bars,
+        [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks],
+        padding=2,
+        fontsize="small",
+    )
+    ax.margins(y=0.15)
+    ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
+    ax.set_ylabel("average latency (µs)")
+    title = "Average latency per block: isolated vs overlapped"
+    missing = [n for n, ok in zip(names, has_iso, strict=True) if not ok]
+    if missing and len(missing) == len(names):
+        title += " (no baseline)"
+    elif missing:
+        title += f" (no baseline: {', '.join(missing)})"
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    if names:
+        from matplotlib.patches import Patch
+
+        handles = [
+            Patch(facecolor="lightgray", edgecolor="black", label="isolated (alone)"),
+            Patch(facecolor="white", edgecolor="black", label="overlapped (block colour)"),
+        ]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
+def _count_rows(timeline: Timeline | None) -> int:
+    """Rows of the timeline panel: (rank, lane) pairs where the rank runs a block."""
+    if timeline is None:
+        return 0
+    rows = 0
+    for rt in timeline.ranks:
+        present = np.asarray(rt.present, dtype=bool).reshape(-1)
+        rows += len({lane for lane, p in zip(timeline.block_lanes, present, strict=False) if p})
+    return rows
+
+
+def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
+    """Draw ``outcome`` as a two-panel PNG at ``path`` (RunError without matplotlib)."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    path = Path(path)
+    timeline = outcome.timeline
+    timeline_names = list(timeline.block_names) if timeline is not None else []
+    names = list(dict.fromkeys([b.block for b in outcome.blocks] + timeline_names))
+    colors = _block_colors(names)
+    num_rows = max(1, _count_rows(timeline))
+    fig = Figure(figsize=(11, 3.5 + 0.35 * min(num_rows, 40)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, height_ratios=[max(1.0, 0.25 * num_rows), 1.0])
+    _draw_timeline(top, timeline, colors)
+    _draw_latency(bottom, outcome, colors)
+    fig.suptitle(f"{outcome.pattern.suite} / {outcome.pattern.pattern}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def plot_file_name(pattern: str) -> str:
+    """``plot-<pattern>.png`` with characters unsafe in file names replaced by ``_``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern"
+    return f"plot-{safe}.png"
+
+
+def plot_outcomes(outcomes: Sequence[PatternOutcome], out_dir: str | Path) -> list[Path]:
+    """One ``plot-<pattern>.png`` in ``out_dir`` per outcome that has a timeline."""
+    out_dir = Path(out_dir)
+    written: list[Path] = []
+    used: set[str] = set()
+    for outcome in outcomes:
+        if outcome.timeline is None:
+            continue
+        name = plot_file_name(outcome.pattern.pattern)
+        # Two names that sanitise alike (a@b, a_b) must not overwrite each other.
+        stem, n = name[: -len(".png")], 2
+        while name in used:
+            name, n = f"{stem}-{n}.png", n + 1
+        used.add(name)
+        written.append(plot_pattern(outcome, out_dir / name))
+    return written

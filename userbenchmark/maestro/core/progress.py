@@ -1,0 +1,126 @@
+"""A one-line progress reporter for rank 0 across patterns and sweep points.
+
+It draws only on an interactive terminal: not when the stream is not a TTY, not under CI
+(``CI`` set and non-empty) and not when ``MAESTRO_NO_PROGRESS`` is set, unless forced.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import TextIO
+
+
+def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
+    """Seconds left if the remaining items take as long as the finished ones did on average.
+
+    None before the first item has finished; 0.0 once ``done >= total``.
+    """
+    if done < 0 or total < 0 or elapsed_s < 0:
+        raise ValueError(
+            f"estimate_left_s: done, total and elapsed_s must be >= 0, got "
+            f"done={done}, total={total}, elapsed_s={elapsed_s}"
+        )
+    if done == 0:
+        return None
+    if done >= total:
+        return 0.0
+    return elapsed_s / done * (total - done)
+
+
+def format_line(done: int, total: int, label: str, elapsed_s: float) -> str:
+    """``[3/10] pattern ag_rs@4M  elapsed 12.3 s  left ~28.7 s`` (no estimate before item 1)."""
+    line = f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s"
+    left_s = estimate_left_s(done, total, elapsed_s)
+    if left_s is not None:
+        line += f"  left ~{left_s:.1f} s"
+    return line
+
+
+def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``stream`` is a terminal and neither ``CI`` nor ``MAESTRO_NO_PROGRESS`` is set."""
+    env = os.environ if environ is None else environ
+    if env.get("CI") or env.get("MAESTRO_NO_PROGRESS"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    if isatty is None:
+        return False
+    try:
+        return bool(isatty())
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
+
+
+class Progress:
+    """Counts finished items and redraws one line (carriage return) after each of them.
+
+    ``enabled=None`` decides from the stream and the environment (``progress_wanted``);
+    True or False forces it. ``advance(label)`` marks one item finished, named ``label``.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if total < 0:
+            raise ValueError(f"Progress: total must be >= 0, got {total}")
+        self.total = total
+        # Resolved at call time, not import time, so redirected stderr (pytest, tools) counts.
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = progress_wanted(self.stream) if enabled is None else enabled
+        self.done = 0
+        self._clock = clock
+        self._started_s: float | None = None
+        self._printed_width = 0
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the clock (the first ``advance`` starts it if this was not called)."""
+        if self._started_s is None:
+            self._started_s = self._clock()
+
+    def elapsed_s(self) -> float:
+        """Seconds since ``start`` (0.0 before it)."""
+        return 0.0 if self._started_s is None else max(0.0, self._clock() - self._started_s)
+
+    def advance(self, label: str) -> None:
+        """Mark one item finished and redraw the line."""
+        self.start()
+        self.done += 1
+        if not self.enabled or self._closed:
+            return
+        line = format_line(self.done, self.total, label, self.elapsed_s())
+        # Pad with spaces so a shorter line fully covers the longer one before it.
+        pad = " " * max(0, self._printed_width - len(line))
+        self.stream.write("\r" + line + pad)
+        self.stream.flush()
+        self._printed_width = len(line)
+
+    def clear(self) -> None:
+        """Erase the drawn line, so a table printed next starts at column 0 on a clean line."""
+        if self._printed_width and not self._closed:
+            self.stream.write("\r" + " " * self._printed_width + "\r")
+            self.stream.flush()
+            self._printed_width = 0
+
+    def close(self) -> None:
+        """End the line with a newline if anything was drawn; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._printed_width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
