@@ -552,7 +552,7 @@ def test_built_in_defaults():
         False,
     )
     assert dict(block.params) == {"size": 4 * 1024**2, "reduce_op": "sum"}
-    assert suite.timeout_s == 60.0 and suite.stop_on_error is True
+    assert suite.timeout_s == 45.0 and suite.stop_on_error is True
     assert suite.world_size == 1 and suite.source == "<string>"
 
 

@@ -623,7 +623,7 @@ class _Validator:
         else:
             name = p.name(data["name"], "name", "name")
         world_size = self._world_size(data.get("world_size"), "world_size" in data, world_size_arg)
-        timeout_s = 60.0
+        timeout_s = 45.0
         if "timeout_s" in data:
             timeout_s = p.number(data["timeout_s"], "timeout_s", positive=True) or timeout_s
         stop_on_error = True

@@ -122,7 +122,7 @@ class SuiteSpec:
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)
     patterns: tuple[PatternSpec, ...] = ()
-    timeout_s: float = 60.0
+    timeout_s: float = 45.0
     """Timeout of communicator operations and of the ranks' agreement step."""
     stop_on_error: bool = True
     """Stop at the first failed pattern; otherwise go on when every rank contained it."""
