@@ -1,0 +1,1 @@
+"""Benchmarks of maestro's own measurement (post-processing, aggregation, overhead, fidelity)."""
