@@ -12,6 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def maestro_env() -> dict[str, str]:
+    """Environment for a ``python -m userbenchmark.maestro`` subprocess: this repo importable,
+    no inherited launcher variables (the subprocess starts its own ranks)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else platform's best guess."""

@@ -35,9 +35,15 @@ import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from ._common import machine_info, machine_lines, markdown_table, write_json  # noqa: E402
+from ._common import (  # noqa: E402
+    REPO_ROOT,
+    machine_info,
+    machine_lines,
+    maestro_env,
+    markdown_table,
+    write_json,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 GEMM_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 SLEEP_US = (10, 100, 1000)
 AG_SIZE_BYTES = 4 << 20
@@ -99,8 +105,7 @@ def gate_yaml(iters: int, warmup: int) -> str:
 
 def run_maestro(config: Path, profiler: str, out: Path) -> dict[str, Any]:
     """``python -m userbenchmark.maestro run`` in a subprocess; its results and patterns."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env = maestro_env()
     cmd = [
         sys.executable,
         "-m",

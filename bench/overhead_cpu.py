@@ -25,9 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import machine_info, machine_lines, markdown_table, median_spread, write_json
+from ._common import (
+    REPO_ROOT,
+    machine_info,
+    machine_lines,
+    maestro_env,
+    markdown_table,
+    median_spread,
+    write_json,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.10
 
 PATTERN_YAML = """\
@@ -226,10 +233,7 @@ def cli_runs(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Wall time of whole CLI runs: 1 measured iteration (the fixed cost) and args.iters."""
     config = tmp / f"cli_{size}.yaml"
     config.write_text(pattern_text(args.world, size, args.iters, args.warmup))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(REPO_ROOT) + (
-        os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else ""
-    )
+    env = maestro_env()
     result: dict[str, Any] = {}
     for label, extra in (
         ("one_iter_s", ["--iters", "1", "--warmup-iters", "0"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import gc
 import io
 import pstats
@@ -107,24 +108,7 @@ def synthetic_window(
 
 def input_bytes(records: ActivityRecords, table: ExternalCorrelation) -> tuple[int, int]:
     """(bytes of the activity arrays, bytes of the correlation table)."""
-    rec = sum(
-        getattr(records, name).nbytes
-        for name in (
-            "correlation_id",
-            "start_ns",
-            "end_ns",
-            "kind",
-            "stream_id",
-            "device_id",
-            "size_bytes",
-            "grid_x",
-            "grid_y",
-            "grid_z",
-            "block_x",
-            "block_y",
-            "block_z",
-        )
-    )
+    rec = sum(getattr(records, f.name).nbytes for f in dataclasses.fields(records))
     return rec, table.correlation_id.nbytes + table.external_id.nbytes
 
 

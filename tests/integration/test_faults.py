@@ -219,8 +219,9 @@ def test_sigint_on_rank_zero_ends_a_long_sweep_cleanly(tmp_path):
     procs, start = start_ranks(tmp_path, SWEEP, [2, 2])
     results = tmp_path / "out" / "results.json"
     while not results.exists() and time.monotonic() - start < 60:
-        time.sleep(0.1)
-    time.sleep(0.5)
+        time.sleep(0.1)  # poll: the first sweep point is saved
+    assert results.exists(), "no sweep point finished within 60 s"
+    time.sleep(0.5)  # land the signal inside a later point, not between two
     procs[0].send_signal(signal.SIGINT)
     sent = time.monotonic()
     ranks = wait_ranks(procs, start)

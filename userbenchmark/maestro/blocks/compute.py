@@ -90,6 +90,8 @@ class Gemm(Block):
         return ("TF32 on" if params.get("tf32", False) else "TF32 off (IEEE fp32)",)
 
     def setup(self) -> None:
+        import torch
+
         from .data import fill_random
 
         m, n, k = (self.spec.params[d] for d in ("m", "n", "k"))
@@ -100,7 +102,7 @@ class Gemm(Block):
         fill_random(self.b, self.ctx)
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
-        self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype.is_floating_point
+        self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
         self.tf32 = bool(self.spec.params.get("tf32", False))
 
     def launch(self) -> None:

@@ -98,13 +98,9 @@ class OutputWriter:
             self._write_plot(outcome)
 
     def _write_plot(self, outcome: PatternOutcome) -> None:
-        from .plot import plot_file_name, plot_pattern
+        from .plot import plot_pattern, unique_plot_name
 
-        name = plot_file_name(outcome.pattern.pattern)
-        stem, n = name[: -len(".png")], 2
-        while name in self._plot_names:  # a@b and a_b must not overwrite each other
-            name, n = f"{stem}-{n}.png", n + 1
-        self._plot_names.add(name)
+        name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
         plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:

@@ -213,19 +213,25 @@ def plot_file_name(pattern: str) -> str:
     return f"plot-{safe}.png"
 
 
+def unique_plot_name(pattern: str, used: set[str]) -> str:
+    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken; records it in ``used``.
+
+    Two names that sanitise alike (a@b, a_b) must not overwrite each other.
+    """
+    name = plot_file_name(pattern)
+    stem, n = name[: -len(".png")], 2
+    while name in used:
+        name, n = f"{stem}-{n}.png", n + 1
+    used.add(name)
+    return name
+
+
 def plot_outcomes(outcomes: Sequence[PatternOutcome], out_dir: str | Path) -> list[Path]:
     """One ``plot-<pattern>.png`` in ``out_dir`` per outcome that has a timeline."""
     out_dir = Path(out_dir)
-    written: list[Path] = []
     used: set[str] = set()
-    for outcome in outcomes:
-        if outcome.timeline is None:
-            continue
-        name = plot_file_name(outcome.pattern.pattern)
-        # Two names that sanitise alike (a@b, a_b) must not overwrite each other.
-        stem, n = name[: -len(".png")], 2
-        while name in used:
-            name, n = f"{stem}-{n}.png", n + 1
-        used.add(name)
-        written.append(plot_pattern(outcome, out_dir / name))
-    return written
+    return [
+        plot_pattern(outcome, out_dir / unique_plot_name(outcome.pattern.pattern, used))
+        for outcome in outcomes
+        if outcome.timeline is not None
+    ]

@@ -313,14 +313,12 @@ class PatternRun:
         if self.rt.dist.is_cuda:
             import torch
 
+            # Nothing may still use the buffers when their pools are deregistered and freed.
             torch.cuda.synchronize(self.rt.dist.device)
         for pool in self.pools.values():
             pool.release()
         self.pools = {}
         if self.rt.dist.is_cuda:
-            import torch
-
-            torch.cuda.synchronize(self.rt.dist.device)
             torch.cuda.empty_cache()
 
 

@@ -328,14 +328,7 @@ def _closing_round(dist: DistContext, agree: Any) -> None:
     """After an agreed failure, leave together: a launcher that sees one worker fail kills
     the others, which must not happen before rank 0 has saved the failure and printed it."""
     try:
-        agree(
-            dist.agreement or dist.control,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            phase="exit",
-            pattern="",
-            error=None,
-        )
+        _agree_run_wide(dist, agree, "exit", None)
     except Exception as exc:  # the run already failed; this is only about timing
         log.debug("closing round: %s", exc)
 
@@ -347,15 +340,20 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree
         rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
+    _agree_run_wide(dist, agree, "setup", error)
+    return rt
+
+
+def _agree_run_wide(dist: DistContext, agree: Any, phase: str, error: BaseException | None) -> None:
+    """The agreement step of a phase that belongs to no pattern (setup, exit)."""
     agree(
         dist.agreement or dist.control,
         rank=dist.rank,
         world_size=dist.world_size,
-        phase="setup",
+        phase=phase,
         pattern="",
         error=error,
     )
-    return rt
 
 
 def install_sigint_handler() -> None:
