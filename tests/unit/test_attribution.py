@@ -474,6 +474,7 @@ def fake_cupti(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupti", package)
     monkeypatch.setattr(backend, "cupti_available", lambda: (True, "fake"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     return fake, backend
 
 
@@ -493,7 +494,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     assert prof.discarded_records == 5
     for it in range(3):
         if it == 2:
-            prof.drain()  # parsed early, still counted in this window
+            fake.activity_flush_all(0)  # a buffer CUPTI delivers mid-window still counts
         prof.push_gate(it)
         fake.launch("CONCURRENT_KERNEL")
         prof.pop()
@@ -563,4 +564,19 @@ def test_cupti_profiler_surfaces_callback_errors(fake_cupti):
     fake.pending.append(SimpleNamespace(kind=fake.ActivityKind.CONCURRENT_KERNEL))  # no fields
     with pytest.raises(RuntimeError, match="parsing CUPTI records failed"):
         prof.end_window(1, 1)
+    prof.stop()
+
+
+def test_window_buffer_holds_the_whole_window(fake_cupti):
+    # Records are delivered once, after the window: its buffer is sized for every launch.
+    fake, backend = fake_cupti
+    assert backend.window_buffer_bytes(10) == backend.BUFFER_SIZE_BYTES
+    assert backend.window_buffer_bytes(20_000) == 20_000 * backend.BYTES_PER_LAUNCH
+    assert backend.window_buffer_bytes(10**7) == backend.MAX_BUFFER_SIZE_BYTES
+    prof = backend.CuptiProfiler()
+    prof.start()
+    prof.begin_window(1, num_blocks=8, num_iters=2_500)
+    assert prof._buffer_requested()[0] == 20_000 * backend.BYTES_PER_LAUNCH
+    prof.begin_window(2, num_blocks=1, num_iters=5)  # the next window: sized again
+    assert prof._buffer_requested()[0] == backend.BUFFER_SIZE_BYTES
     prof.stop()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import overlap
+from .executor import WindowStats, host_late
 from .profilers.base import WindowTimings
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
@@ -42,6 +43,15 @@ class WindowAggregate:
     """(iters,): max over ranks and lanes of first start minus gate opening (NaN: unknown)."""
     activities_per_iter: np.ndarray
     """(blocks,): device activities per rank and iteration (NaN: not counted)."""
+    launch_avg_ns: np.ndarray
+    """(blocks,): host time in the block's ``launch``, mean over iterations, max over ranks
+    (NaN: not measured, as on CPU lanes where launch runs the block)."""
+    enqueue_ns: np.ndarray
+    """(iters,): max over ranks of the host's time to enqueue the whole iteration (NaN: CPU)."""
+    host_late: np.ndarray
+    """(iters,) bool: on some rank the enqueue outlasted the gate spin (launch-bound)."""
+    gate_spin_us: float
+    """The gate kernel's spin in this window, max over ranks (NaN: no gate, CPU lanes)."""
 
 
 def _neg_inf_to_nan(values: np.ndarray) -> np.ndarray:
@@ -56,8 +66,13 @@ def local_summary(
     lane_of_block: Sequence[int],
     is_comm: np.ndarray,
     is_compute: np.ndarray,
+    host: WindowStats | None = None,
 ) -> dict[str, np.ndarray]:
-    """This rank's fixed-size arrays (before any reduction); absent entries are +-inf/0."""
+    """This rank's fixed-size arrays (before any reduction); absent entries are +-inf/0.
+
+    ``host`` is the executor's account of the window (enqueue times, gate spin); without it,
+    or on CPU lanes, the host figures are unknown.
+    """
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
     if present.any():
@@ -110,6 +125,16 @@ def local_summary(
         else np.zeros(num_blocks)
     )
     counted = np.where(present, 1.0 if timings.activity_counts is not None else 0.0, 0.0)
+    launch_avg = np.full(num_blocks, -np.inf)
+    enqueue = np.full(num_iters, -np.inf)
+    late = np.zeros(num_iters)
+    gate_spin = np.full(1, -np.inf)
+    if host is not None and host.enqueue_ns.size == num_iters and num_iters:
+        enqueue = host.enqueue_ns.astype(np.float64)
+        late = host_late(host.enqueue_ns, host.gate_us).astype(np.float64)
+        gate_spin[0] = host.gate_us
+        if host.launch_ns.shape == (num_blocks, num_iters):
+            launch_avg = np.where(present, host.launch_ns.mean(axis=1), -np.inf)
     return {
         "dur_max": dur_max,
         "avg_max": avg_max,
@@ -123,11 +148,28 @@ def local_summary(
         "counts": counts,
         "counted_ranks": counted,
         "avg_local": np.where(present, avg, np.nan),
+        "launch_avg": launch_avg,
+        "enqueue": enqueue,
+        "late": late,
+        "gate_spin": gate_spin,
     }
 
 
 _ROUND_ONE = (
-    (("dur_max", "avg_max", "makespan", "skew", "gate_delay"), "max"),
+    (
+        (
+            "dur_max",
+            "avg_max",
+            "makespan",
+            "skew",
+            "gate_delay",
+            "launch_avg",
+            "enqueue",
+            "late",
+            "gate_spin",
+        ),
+        "max",
+    ),
     (("avg_min",), "min"),
     (("pair_sum", "pair_count", "cc", "counts", "counted_ranks"), "sum"),
 )
@@ -177,6 +219,10 @@ def _finish(out: dict[str, np.ndarray], slowest_neg: np.ndarray) -> WindowAggreg
         lane_skew_ns=_neg_inf_to_nan(out["skew"]),
         gate_delay_ns=_neg_inf_to_nan(out["gate_delay"]),
         activities_per_iter=activities,
+        launch_avg_ns=_neg_inf_to_nan(out["launch_avg"]),
+        enqueue_ns=_neg_inf_to_nan(out["enqueue"]),
+        host_late=out["late"] > 0,
+        gate_spin_us=float(_neg_inf_to_nan(out["gate_spin"])[0]),
     )
 
 

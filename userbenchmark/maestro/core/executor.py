@@ -8,10 +8,13 @@ lane starts when the spin ends, not when the host got to it.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +36,71 @@ class Lane:
     stream: Any = None
 
 
+DEFAULT_GATE_US = 200.0
+"""Gate spin of a pattern's first warmup iterations, before calibration."""
+MIN_GATE_US = 50.0
+MAX_GATE_US = 100_000.0
+"""Longest calibrated gate spin; a host slower than this is reported as launch-bound."""
+
+
 @dataclass(kw_only=True)
 class WindowStats:
-    """Host-side facts about one window (for the gate's calibration and warnings)."""
+    """Host-side facts about one window: what the host spent enqueueing, against the gate.
+
+    Empty arrays on CPU lanes, where a block runs (not enqueues) inside ``launch``.
+    """
 
     enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gate_us: float = 0.0
+    """(iters,): host time from the gate's launch to the last block's enqueue."""
+    launch_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    """(blocks, iters): host time inside each block's ``launch`` (0 where not run)."""
+    gate_us: float = math.nan
+    """Spin of the gate kernel in this window (µs at the calibrated clock rate)."""
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a window, as ``timeit`` does.
+
+    A collection pauses every thread of the process for up to tens of ms (with torch and
+    pandas loaded); inside a window it would land in a host enqueue or a CPU lane's block.
+    Reference counting still frees what a window drops.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
+    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs.
+
+    The first iteration is left out when there are others: it pays one-time costs. On an
+    H200 the first launch of a GEMM new to the process blocked the host until the device was
+    idle, i.e. for the whole gate spin, with CUDA_MODULE_LOADING=LAZY and EAGER alike
+    (``bench/fidelity_gpu.py --first-launch-probe``); counting it made every pattern's gate
+    twice the previous one's. Clamped to [MIN_GATE_US, MAX_GATE_US]; a slower host shows up as
+    launch-bound iterations.
+    """
+    samples = np.asarray(enqueue_ns, dtype=np.float64)
+    if samples.size > 1:
+        samples = samples[1:]
+    if not samples.size:
+        return DEFAULT_GATE_US
+    return float(np.clip(2.0 * samples.max() / 1e3 + 20.0, MIN_GATE_US, MAX_GATE_US))
+
+
+def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
+    """(iters,) bool: the host was still enqueueing when the gate could have opened.
+
+    The gate's spin is launched first, so it ends no earlier than ``gate_us`` after the
+    enqueue started; an iteration whose enqueue took less than that was issued in full before
+    any lane could start. Longer ones may have let lanes start early (launch-bound).
+    """
+    return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
 
 
 class CpuExecutor:
@@ -134,8 +196,8 @@ class CudaExecutor:
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
-        self.gate_us = 200.0
-        """Spin length; recalibrated from measured enqueue times (see :meth:`calibrate`)."""
+        self.gate_us = DEFAULT_GATE_US
+        """Spin length; set per pattern from its warmup (:func:`calibrated_gate_us`)."""
 
     def make_stream(self, priority: str) -> Any:
         import torch
@@ -143,12 +205,6 @@ class CudaExecutor:
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
         low, high = torch.cuda.Stream.priority_range()
         return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
-
-    def calibrate(self, enqueue_ns: np.ndarray) -> float:
-        """Gate spin long enough to outlast the host's enqueue (2x the slowest seen + 20 µs)."""
-        if enqueue_ns.size:
-            self.gate_us = max(50.0, 2.0 * float(enqueue_ns.max()) / 1e3 + 20.0)
-        return self.gate_us
 
     def run_window(
         self,
@@ -162,6 +218,7 @@ class CudaExecutor:
         import torch
 
         enqueue = np.zeros(num_iters, dtype=np.int64)
+        launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
         lane_done = [torch.cuda.Event() for _ in lanes]
         current = ""
@@ -169,7 +226,6 @@ class CudaExecutor:
             for it in range(num_iters):
                 if sync == "barrier":
                     torch.cuda.synchronize(self._device)
-                    profiler.idle()
                     self._barrier()
                 else:
                     # Device-side fence: the next gate waits for every lane's last block.
@@ -188,7 +244,9 @@ class CudaExecutor:
                         for index, block in lane.blocks:
                             current = block_names[index]
                             profiler.before(index, it)
+                            t_launch = time.perf_counter_ns()
                             block.launch()
+                            launch[index, it] = time.perf_counter_ns() - t_launch
                             profiler.after(index, it)
                         done.record(lane.stream)
                 enqueue[it] = time.perf_counter_ns() - t0
@@ -197,7 +255,7 @@ class CudaExecutor:
             raise
         except Exception as exc:
             raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
-        return WindowStats(enqueue_ns=enqueue, gate_us=self.gate_us)
+        return WindowStats(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
 
 
 def calibrate_sleep_cycles_per_us(device: Any) -> float:

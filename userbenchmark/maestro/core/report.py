@@ -101,6 +101,16 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         summary.append(
             f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, max {_num(p.lane_skew_max_us)} µs"
         )
+    if not math.isnan(p.gate_spin_us):
+        gate = (
+            f"gate spin {_num(p.gate_spin_us, 1)} µs, host enqueue up to "
+            f"{_num(p.enqueue_max_us, 1)} µs per iteration"
+        )
+        if p.host_late_iters:
+            gate += f" ({p.host_late_iters} iterations launch-bound)"
+        if not math.isnan(p.gate_delay_max_us):
+            gate += f", first start up to {_num(p.gate_delay_max_us)} µs after the gate opened"
+        summary.append(gate)
     if p.pairwise_overlap:
         pairs = ", ".join(
             f"{k.replace('|', '∩')} {_num(v, 2)}" for k, v in p.pairwise_overlap.items()

@@ -32,6 +32,7 @@ BLOCK_COLUMNS = (
     "rank_skew_us",
     "slowest_rank",
     "activities_per_iter",
+    "enqueue_avg_us",
     "profiler",
     "notes",
 )
@@ -50,6 +51,9 @@ PATTERN_COLUMNS = (
     "lane_skew_p50_us",
     "lane_skew_max_us",
     "gate_delay_max_us",
+    "gate_spin_us",
+    "enqueue_max_us",
+    "host_late_iters",
     "peak_memory_bytes",
     "profiler",
     "pairwise_overlap",
@@ -92,6 +96,8 @@ class BlockResult:
     rank_skew_us: float = math.nan
     slowest_rank: int | None = None
     activities_per_iter: float = math.nan
+    enqueue_avg_us: float = math.nan
+    """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
     profiler: str = ""
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
@@ -118,6 +124,14 @@ class PatternResult:
     lane_skew_p50_us: float = math.nan
     lane_skew_max_us: float = math.nan
     gate_delay_max_us: float = math.nan
+    """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
+    waiting for SMs or copy engines held by another lane shows here)."""
+    gate_spin_us: float = math.nan
+    """The gate kernel's spin per iteration, calibrated from the warmup (CUDA)."""
+    enqueue_max_us: float = math.nan
+    """Longest host enqueue of one iteration, gate included (CUDA; max over ranks)."""
+    host_late_iters: int | None = None
+    """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
     pairwise_overlap: dict[str, float] = field(default_factory=dict)

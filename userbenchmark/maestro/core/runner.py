@@ -24,16 +24,13 @@ from .bandwidth import COMM_OPS, bus_factor
 from .comms import Communicators
 from .distributed import DistContext
 from .errors import RunError
-from .executor import Lane
+from .executor import DEFAULT_GATE_US, Lane, WindowStats, calibrated_gate_us, gc_paused
 from .profilers.base import Profiler, WindowTimings
 from .results import BlockResult, PatternOutcome, PatternResult, RankTimeline, Timeline
 from .schema import PatternSpec, SuiteSpec
 from .stats import LatencyStats, latency_stats, percentile_nearest_rank
 
 log = logging.getLogger("maestro.runner")
-
-LAUNCH_BOUND_US = 10.0
-"""A lane whose first activity starts this long after the gate opened was launch-bound."""
 
 
 class NullProfiler(Profiler):
@@ -226,41 +223,65 @@ class PatternRun:
             lanes[li].blocks.append((i, block))
         return [lanes[k] for k in sorted(lanes)]
 
+    def _issue(
+        self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
+    ) -> WindowStats:
+        profiler.begin_window(self.rt.next_window(), len(self.names), num_iters, present)
+        with gc_paused():
+            return self.rt.executor.run_window(
+                lanes, num_iters, profiler, sync=self.pattern.sync, block_names=self.names
+            )
+
     def window(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, *, timed: bool
-    ) -> tuple[WindowTimings | None, Any]:
-        rt = self.rt
-        prof = rt.profiler if timed else NullProfiler()
-        prof.begin_window(rt.next_window(), len(self.names), num_iters, present)
-        stats = rt.executor.run_window(
-            lanes, num_iters, prof, sync=self.pattern.sync, block_names=self.names
-        )
-        timings = prof.end_window() if timed else None
-        return timings, stats
+    ) -> tuple[WindowTimings | None, WindowStats]:
+        prof = self.rt.profiler if timed else NullProfiler()
+        stats = self._issue(lanes, num_iters, present, prof)
+        return (prof.end_window() if timed else None), stats
 
     def warmup(self, lanes: Sequence[Lane], present: np.ndarray) -> None:
+        """Run the warmup iterations (never timed) and size the gate from their enqueue.
+
+        Every pattern starts from the default gate, so no pattern inherits another's. Ranks
+        agree on the longest gate: ranks whose gates opened at different times would start
+        their collectives apart and time each other's delay.
+        """
+        cuda = self.rt.dist.is_cuda
+        if cuda:
+            self.rt.executor.gate_us = DEFAULT_GATE_US
         if self.pattern.warmup_iters <= 0:
             return
-        # Timed (so the gate's enqueue time is known), then discarded: the next window's
-        # begin flushes and drops everything the profiler captured here.
-        _, stats = self.window(lanes, self.pattern.warmup_iters, present, timed=False)
-        if self.rt.dist.is_cuda and stats is not None:
-            self.rt.executor.calibrate(stats.enqueue_ns)
+        # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the
+        # gate is sized for them; never ended: the next window's begin discards its records.
+        stats = self._issue(lanes, self.pattern.warmup_iters, present, self.rt.profiler)
+        if cuda:
+            proposal = np.array([calibrated_gate_us(stats.enqueue_ns)])
+            gate_us = float(torch_reducer(self.rt.sync_group)(proposal, "max")[0])
+            self.rt.executor.gate_us = gate_us
+            log.debug(
+                "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
+                self.pattern.name,
+                gate_us,
+                np.array2string(stats.enqueue_ns / 1e3, precision=1, max_line_width=200),
+            )
 
-    def aggregate(self, timings: WindowTimings) -> WindowAggregate:
+    def aggregate(self, timings: WindowTimings, host: WindowStats) -> WindowAggregate:
         local = local_summary(
             timings,
             lane_of_block=self.lane_of_block,
             is_comm=self.is_comm,
             is_compute=self.is_compute,
+            host=host,
         )
         return reduce_summaries(
             local, rank=self.rt.dist.rank, reduce=torch_reducer(self.rt.sync_group)
         )
 
-    def analyse(self, timings: WindowTimings) -> tuple[WindowAggregate, Timeline | None]:
+    def analyse(
+        self, timings: WindowTimings, host: WindowStats
+    ) -> tuple[WindowAggregate, Timeline | None]:
         """The reduced window, and every rank's intervals on rank 0 when a trace is wanted."""
-        agg = self.aggregate(timings)
+        agg = self.aggregate(timings, host)
         if not self.rt.collect_timeline:
             return agg, None
         import torch.distributed as tdist
@@ -330,13 +351,12 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         _phase(rt, "setup", name, run.setup)
         lanes = run.lanes()
 
-        def measure() -> WindowTimings:
+        def measure() -> tuple[WindowTimings, WindowStats]:
             run.warmup(lanes, run.present)
-            timings, _ = run.window(lanes, pattern.num_iters, run.timed, timed=True)
-            return timings
+            return run.window(lanes, pattern.num_iters, run.timed, timed=True)
 
-        timings = _phase(rt, "measure", name, measure)
-        agg, timeline = _phase(rt, "analysis", name, lambda: run.analyse(timings))
+        timings, host = _phase(rt, "measure", name, measure)
+        agg, timeline = _phase(rt, "analysis", name, lambda: run.analyse(timings, host))
         isolated = np.full(len(run.names), np.nan)
         if pattern.baseline and len(run.names) > 1:
 
@@ -349,8 +369,8 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
                     only[b] = run.timed[b]
                     lanes_b = run.lanes(only=b)
                     run.warmup(lanes_b, only)
-                    t_b, _ = run.window(lanes_b, pattern.num_iters, only, timed=True)
-                    agg_b = run.aggregate(t_b)
+                    t_b, host_b = run.window(lanes_b, pattern.num_iters, only, timed=True)
+                    agg_b = run.aggregate(t_b, host_b)
                     out[b] = _mean(agg_b.latency_ns[b]) / 1e3
                 return out
 
@@ -469,6 +489,7 @@ def build_outcome(
                 rank_skew_us=float(skew) / 1e3,
                 slowest_rank=int(agg.slowest_rank[b]) if agg.slowest_rank[b] >= 0 else None,
                 activities_per_iter=float(agg.activities_per_iter[b]),
+                enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
                 profiler=profiler,
                 notes="; ".join(notes[b]) if notes else "",
             )
@@ -493,13 +514,18 @@ def build_outcome(
         warnings.append(
             f"pattern {pattern.name}: check failed: wrong elements summed over ranks: {bad}"
         )
-    if gate.size and gate.max() / 1e3 > LAUNCH_BOUND_US:
-        late = int((gate / 1e3 > LAUNCH_BOUND_US).sum())
+    enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
+    late = int(np.count_nonzero(agg.host_late))
+    if late:
+        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + (
+            ", ..." if late > 5 else ""
+        )
         warnings.append(
-            f"pattern {pattern.name}: a lane's first activity started up to "
-            f"{gate.max() / 1e3:.1f} µs after the gate opened ({late} of {gate.size} "
-            f"iterations over {LAUNCH_BOUND_US:.0f} µs): the host could not enqueue in time, "
-            "so those starts are launch-bound"
+            f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+            f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
+            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
+            "of those iterations could start before every block was issued, so their "
+            "starts and overlap are launch-bound; more warmup_iters let the gate calibrate"
         )
     pattern_result = PatternResult(
         suite=suite.name,
@@ -520,6 +546,9 @@ def build_outcome(
         lane_skew_p50_us=percentile_nearest_rank(skew, 50) / 1e3 if skew.size else math.nan,
         lane_skew_max_us=float(skew.max()) / 1e3 if skew.size else math.nan,
         gate_delay_max_us=float(gate.max()) / 1e3 if gate.size else math.nan,
+        gate_spin_us=agg.gate_spin_us,
+        enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
+        host_late_iters=late if enqueue.size else None,
         peak_memory_bytes=peak_memory_bytes,
         profiler=profiler,
         pairwise_overlap=pairs,

@@ -130,8 +130,17 @@ def make_profiler(name: str, dist: DistContext) -> Any:
     return EventProfiler()
 
 
-def environ_info(dist: DistContext, suite: SuiteSpec, options: RunOptions) -> dict[str, str]:
-    """The ``environ`` block of the metrics file: what produced these numbers."""
+def environ_info(
+    dist: DistContext,
+    suite: SuiteSpec,
+    options: RunOptions,
+    calibration: dict[str, float] | None = None,
+) -> dict[str, str]:
+    """The ``environ`` block of the metrics file: what produced these numbers.
+
+    ``calibration`` holds run-wide measured constants, such as rank 0's
+    ``sleep_cycles_per_us`` (what a ``sleep`` block's duration was turned into).
+    """
     import torch
 
     from .. import __version__
@@ -153,6 +162,8 @@ def environ_info(dist: DistContext, suite: SuiteSpec, options: RunOptions) -> di
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # NCCL may be absent from a CUDA build
             pass
+    for key, value in (calibration or {}).items():
+        info[key] = repr(float(value))
     for key, value in suite.env.items():
         info[f"env.{key}"] = value
     return info
@@ -262,7 +273,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             writer = OutputWriter(
                 output_dir=Path(options.output_dir) if options.output_dir else None,
                 metrics_path=metrics_path,
-                environ=environ_info(dist, suite, options),
+                environ=environ_info(dist, suite, options, rt.calibration),
                 trace=options.trace,
                 plot=options.plot,
             )
@@ -314,9 +325,13 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     finally:
         if status and everyone_answered:
             _closing_round(dist, agree)
-        if rt is not None:
-            rt.profiler.close()
-        shutdown_distributed()
+        # Communicators first: CUPTI detached while NCCL still held its communicators was
+        # seen to crash the process in destroy_process_group (SIGSEGV after the results).
+        try:
+            shutdown_distributed()
+        finally:
+            if rt is not None:
+                rt.profiler.close()
     return status
 
 

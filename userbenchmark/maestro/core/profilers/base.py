@@ -55,9 +55,6 @@ class Profiler:
     def gate_end(self, iteration: int) -> None:
         pass
 
-    def idle(self) -> None:
-        """The host is waiting between iterations (untimed): a moment for bookkeeping."""
-
     def end_window(self) -> WindowTimings:
         raise NotImplementedError
 

@@ -40,11 +40,6 @@ class CuptiWindowProfiler(Profiler):
     def gate_end(self, iteration: int) -> None:
         self.cupti.pop()
 
-    def idle(self) -> None:
-        # The host waits here anyway (between iterations): parse buffered records now rather
-        # than on CUPTI's thread while the host enqueues the next iteration.
-        self.cupti.drain()
-
     def end_window(self) -> WindowTimings:
         att = self.cupti.end_window()
         self.last_attribution = att

@@ -1,0 +1,183 @@
+"""The gate's calibration and the host-side launch-bound test (pure; no GPU)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from userbenchmark.maestro.blocks.base import registered_ops
+from userbenchmark.maestro.core.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.executor import (
+    DEFAULT_GATE_US,
+    MAX_GATE_US,
+    MIN_GATE_US,
+    WindowStats,
+    calibrated_gate_us,
+    host_late,
+)
+from userbenchmark.maestro.core.profilers.base import WindowTimings
+from userbenchmark.maestro.core.report import format_pattern
+from userbenchmark.maestro.core.runner import build_outcome
+from userbenchmark.maestro.core.schema import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+
+
+def test_gate_is_twice_the_slowest_warmup_enqueue_after_the_first():
+    # The first iteration waited for a whole earlier gate (a kernel's first launch): ignored.
+    enqueue_ns = np.array([486_000_000, 40_000, 55_000, 45_000])
+    assert calibrated_gate_us(enqueue_ns) == pytest.approx(2 * 55.0 + 20.0)
+
+
+def test_gate_does_not_grow_from_pattern_to_pattern():
+    # Each pattern's warmup starts from the default gate and its first iteration pays it:
+    # calibrating on the result again and again must give the same gate, not 2x each time.
+    gate = DEFAULT_GATE_US
+    for _ in range(10):
+        first = gate * 1e3 + 30_000  # blocked for the whole spin, plus the enqueue itself
+        gate = calibrated_gate_us(np.array([first, 30_000, 31_000]))
+    assert gate == pytest.approx(2 * 31.0 + 20.0)
+
+
+def test_gate_bounds_and_single_sample():
+    assert calibrated_gate_us(np.array([], dtype=np.int64)) == DEFAULT_GATE_US
+    assert calibrated_gate_us(np.array([1_000])) == MIN_GATE_US  # one sample: used as is
+    assert calibrated_gate_us(np.array([5_000_000])) == pytest.approx(2 * 5000.0 + 20.0)
+    assert calibrated_gate_us(np.array([0, 10**12])) == MAX_GATE_US
+
+
+def test_host_late_compares_enqueue_with_the_spin():
+    late = host_late(np.array([99_000, 100_000, 100_001, 250_000]), 100.0)
+    assert late.tolist() == [False, False, True, True]
+
+
+def _pattern(n_blocks: int, iters: int) -> tuple[SuiteSpec, PatternSpec]:
+    blocks = tuple(
+        BlockSpec(
+            name=f"g{i}",
+            op="gemm",
+            axis="world",
+            lane=f"l{i}",
+            dtype="bf16",
+            params=frozen_mapping({"m": 64, "n": 64, "k": 64}),
+        )
+        for i in range(n_blocks)
+    )
+    pattern = PatternSpec(
+        name="p",
+        base_name="p",
+        blocks=blocks,
+        warmup_iters=0,
+        num_iters=iters,
+        baseline=False,
+        check=False,
+    )
+    return SuiteSpec(name="s", source="x", world_size=2, patterns=(pattern,)), pattern
+
+
+def _outcome(timings, hosts):
+    suite, pattern = _pattern(timings[0].starts_ns.shape[0], timings[0].starts_ns.shape[1])
+    n = pattern.blocks
+    agg = simulate_ranks(
+        [
+            local_summary(
+                t,
+                lane_of_block=list(range(len(n))),
+                is_comm=np.zeros(len(n), bool),
+                is_compute=np.ones(len(n), bool),
+                host=h,
+            )
+            for t, h in zip(timings, hosts, strict=True)
+        ]
+    )
+    gemm = registered_ops()["gemm"]
+    return agg, build_outcome(
+        suite,
+        pattern,
+        [gemm] * len(n),
+        agg,
+        np.full(len(n), math.nan),
+        None,
+        None,
+        profiler="cupti",
+        team_sizes=[2] * len(n),
+    )
+
+
+def _window(gate_open, first_start):
+    starts = np.array([[first_start, first_start], [first_start + 20_000, first_start + 20_000]])
+    return WindowTimings(
+        starts_ns=starts,
+        ends_ns=starts + 5_000,
+        present=np.ones(2, bool),
+        clock="cupti",
+        gate_open_ns=np.array([gate_open, gate_open]),
+    )
+
+
+def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
+    # The second lane starts 20 µs after the gate (SMs busy), but the host was done in time.
+    t = _window(gate_open=0, first_start=1_000)
+    h = WindowStats(
+        enqueue_ns=np.array([60_000, 70_000]),
+        launch_ns=np.array([[25_000, 30_000], [20_000, 22_000]]),
+        gate_us=140.0,
+    )
+    agg, out = _outcome([t, t], [h, h])
+    assert out.warnings == ()
+    p = out.pattern
+    assert p.host_late_iters == 0
+    assert p.gate_spin_us == pytest.approx(140.0)
+    assert p.enqueue_max_us == pytest.approx(70.0)
+    assert p.gate_delay_max_us == pytest.approx(21.0)
+    assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([27.5, 21.0])
+    assert "gate spin 140.0 µs, host enqueue up to 70.0 µs" in format_pattern(out)
+
+
+def test_host_late_on_one_rank_is_reported_with_its_numbers():
+    t = _window(gate_open=0, first_start=1_000)
+    fast = WindowStats(
+        enqueue_ns=np.array([60_000, 70_000]),
+        launch_ns=np.full((2, 2), 20_000),
+        gate_us=140.0,
+    )
+    slow = WindowStats(
+        enqueue_ns=np.array([60_000, 150_000]),
+        launch_ns=np.array([[20_000, 100_000], [20_000, 20_000]]),
+        gate_us=140.0,
+    )
+    agg, out = _outcome([t, t], [fast, slow])
+    assert agg.host_late.tolist() == [False, True]
+    assert out.pattern.host_late_iters == 1
+    # The slowest rank's mean launch time per block (max over ranks).
+    assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([60.0, 20.0])
+    (warning,) = out.warnings
+    assert "1 of 2 iterations (1)" in warning and "150.0 µs" in warning and "140.0 µs" in warning
+    assert "(1 iterations launch-bound)" in format_pattern(out)
+
+
+def test_cpu_windows_have_no_host_figures():
+    t = _window(gate_open=0, first_start=1_000)
+    agg, out = _outcome([t], [WindowStats()])
+    assert math.isnan(out.pattern.gate_spin_us) and out.pattern.host_late_iters is None
+    assert all(math.isnan(b.enqueue_avg_us) for b in out.blocks)
+    assert "gate spin" not in format_pattern(out)
+    assert out.pattern.to_record()["gate_spin_us"] is None
+
+
+def test_gc_is_paused_inside_a_window_and_restored():
+    import gc
+
+    from userbenchmark.maestro.core.executor import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
