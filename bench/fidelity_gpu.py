@@ -1,11 +1,13 @@
 """Fidelity on one CUDA GPU: maestro's latency against the kernel's own duration.
 
-Per op (bf16 GEMMs 256^3..8192^3, spin sleeps, a 1-rank NCCL all_gather): (a) maestro's
+Per op (bf16 GEMMs 64^3..8192^3, spin sleeps, a 1-rank NCCL all_gather): (a) maestro's
 latency with the cupti and the events profiler (``python -m userbenchmark.maestro run`` in a
 subprocess, read from results.json); (b) the kernel span per launch from CUPTI in a hand loop
 whose stream is held by a spin kernel while the host enqueues every iteration; (c) a naive
-per-launch CUDA-event loop. Then lane start skew and gate delay of 2-4 gated GEMMs, and a size
-sweep for where maestro stops being launch-bound. Exits 0 with a message without CUDA.
+per-launch CUDA-event loop. Then the gate: lane start skew of 2-4 gated GEMMs, a size sweep of
+GEMM pairs and a chain of small GEMMs on one lane, each with maestro's own host enqueue time
+and launch-bound count; and a probe of the host stall at a kernel's first launch. Exits 0 with
+a message without CUDA.
 
 Run: ``python bench/fidelity_gpu.py --json out.json`` (or ``python -m bench.fidelity_gpu``).
 """
@@ -27,6 +29,7 @@ if __name__ == "__main__" and not __package__:
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -37,6 +40,7 @@ from typing import Any  # noqa: E402
 
 from ._common import (  # noqa: E402
     REPO_ROOT,
+    fmt,
     machine_info,
     machine_lines,
     maestro_env,
@@ -44,16 +48,18 @@ from ._common import (  # noqa: E402
     write_json,
 )
 
-GEMM_SIZES = (256, 512, 1024, 2048, 4096, 8192)
+GEMM_SIZES = (64, 256, 512, 1024, 2048, 4096, 8192)
 SLEEP_US = (10, 100, 1000)
 AG_SIZE_BYTES = 4 << 20
 SKEW_LANES = (2, 3, 4)
 SKEW_GEMM = 1024
 SWEEP_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
-LAUNCH_BOUND_US = 10.0  # maestro's threshold (core/runner.py): gate open -> first start
+CHAIN_BLOCKS = 32
+CHAIN_GEMM = 64
+"""The chain: 32 back-to-back 64^3 GEMMs on one lane (~2 µs each, ~25 µs of host enqueue)."""
 TARGET_RATIO_ERROR = 0.01
-SUBPROCESS_TIMEOUT_S = 100
-"""Per maestro run: three runs and the in-process part fit in ~6 minutes on one H200."""
+SUBPROCESS_TIMEOUT_S = 240
+"""Per maestro run (each takes well under a minute on one H200 when nothing is wrong)."""
 
 
 def op_names() -> list[str]:
@@ -81,7 +87,8 @@ def fidelity_yaml(iters: int, warmup: int) -> str:
 
 
 def gate_yaml(iters: int, warmup: int) -> str:
-    """2-4 GEMMs on separate lanes (skew), and 2-lane GEMM pairs from tiny to large (sweep)."""
+    """A chain of small GEMMs on one lane, 2-4 GEMMs on separate lanes (skew), and 2-lane
+    GEMM pairs from tiny to large (sweep)."""
     lines = [
         "name: gate",
         "world_size: 1",
@@ -90,6 +97,11 @@ def gate_yaml(iters: int, warmup: int) -> str:
         "patterns:",
     ]
     n = SKEW_GEMM
+    lines.append("  - name: chain")
+    lines.append("    blocks:")
+    for i in range(CHAIN_BLOCKS):
+        m = CHAIN_GEMM
+        lines.append(f"      - {{name: c{i}, op: gemm, lane: l0, m: {m}, n: {m}, k: {m}}}")
     for lanes in SKEW_LANES:
         lines.append(f"  - name: skew{lanes}")
         lines.append("    blocks:")
@@ -117,24 +129,33 @@ def run_maestro(config: Path, profiler: str, out: Path) -> dict[str, Any]:
         profiler,
         "--output-dir",
         str(out),
-        "--no-metrics",
+        "--metrics-dir",
+        str(out / "metrics"),
     ]
+    # A run that overstays gets SIGABRT: with faulthandler on, Python prints every thread's
+    # stack first, so a hang says where it hung.
+    env["PYTHONFAULTHANDLER"] = "1"
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=SUBPROCESS_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        # Keep what it printed: the last pattern in stdout tells where it stopped.
-        returncode = "timeout"
-        stdout, stderr = _text(exc.stdout), _text(exc.stderr)
+    with subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+            returncode: int | str = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            returncode = "timeout"
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {"returncode": returncode, "wall_s": wall}
     res["warnings"] = [line for line in stderr.splitlines() if "WARNING" in line]
@@ -145,17 +166,13 @@ def run_maestro(config: Path, profiler: str, out: Path) -> dict[str, Any]:
         res["stderr_tail"] += f"\n(patterns finished: {', '.join(done) or 'none'})"
     for name in ("results.json", "patterns.json"):
         res[name] = _read(out / name)
+    metrics = sorted((out / "metrics").glob("metrics-*.json"))
+    res["environ"] = json.loads(metrics[-1].read_text())["environ"] if metrics else {}
     return res
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else []
-
-
-def _text(data: str | bytes | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
 def by_pattern(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -272,8 +289,68 @@ def held_kernel(
     }
 
 
-def in_process(args: argparse.Namespace, errors: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Naive event loops first (no CUPTI attached), then the held CUPTI loops."""
+def gated_kernel(
+    prof: Any,
+    torch: Any,
+    op: Callable[[], Any],
+    iters: int,
+    warmup: int,
+    cycles_per_us: float,
+    window_id: int,
+    gap_us: float | None = None,
+) -> dict[str, Any]:
+    """CUPTI span per launch, one launch per iteration behind its own spin: maestro's schedule
+    written by hand (synchronize, spin on the stream, enqueue the op while the spin runs)."""
+    for _ in range(warmup):
+        op()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(10):
+        op()
+    enqueue_probe_us = (time.perf_counter_ns() - t0) / 1e3 / 10
+    torch.cuda.synchronize()
+    # The gap maestro left between iterations (its gate spin) when known: the GPU's clocks
+    # and power state under a long kernel depend on how busy it is kept.
+    spin_us = max(200.0, 3.0 * enqueue_probe_us + 50.0, gap_us or 0.0)
+    cycles = max(1, round(spin_us * cycles_per_us))
+    done_ns = []
+    enqueue_ns = 0
+    prof.begin_window(window_id, 1, iters)
+    for it in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        prof.push_gate(it)
+        torch.cuda._sleep(cycles)
+        prof.pop()
+        prof.push(0, it)
+        op()
+        prof.pop()
+        enqueue_ns += time.perf_counter_ns() - t0
+        done_ns.append(time.time_ns())  # CUPTI timestamps are CLOCK_REALTIME
+    att = prof.end_window()
+    spans_us = [float(d) / 1e3 for d in att.duration_ns[0]]
+    gate_end = [int(g) for g in att.gate_end_ns]
+    return {
+        "spans_us": spans_us,
+        "avg_us": statistics.fmean(spans_us),
+        "p50_us": statistics.median(spans_us),
+        "enqueue_us_per_iter": enqueue_ns / 1e3 / iters,
+        "spin_us": spin_us,
+        "held_fraction": statistics.fmean(d < g for d, g in zip(done_ns, gate_end, strict=True)),
+    }
+
+
+def in_process(
+    args: argparse.Namespace,
+    errors: dict[str, str],
+    maestro_rate: float | None,
+    maestro_gate_us: dict[str, float],
+) -> dict[str, dict[str, Any]]:
+    """Naive event loops first (no CUPTI attached), then the held and gated CUPTI loops.
+
+    Sleeps spin as many cycles as maestro's did (``maestro_rate``, its calibrated cycles per
+    µs) so that both time the same kernel; the gate spins use this process's own rate.
+    """
     import torch
 
     from userbenchmark.maestro.core.executor import calibrate_sleep_cycles_per_us
@@ -281,8 +358,8 @@ def in_process(args: argparse.Namespace, errors: dict[str, str]) -> dict[str, di
 
     out: dict[str, dict[str, Any]] = {name: {} for name in op_names()}
     cycles_per_us = calibrate_sleep_cycles_per_us(torch.device("cuda", 0))
-    out["_calibration"] = {"sleep_cycles_per_us": cycles_per_us}
-    ops = Ops(torch, cycles_per_us, errors)
+    out["_calibration"] = {"sleep_cycles_per_us": cycles_per_us, "maestro_rate": maestro_rate}
+    ops = Ops(torch, maestro_rate or cycles_per_us, errors)
     for name, op in ops.ops.items():
         try:
             vals = naive_event_us(torch, op, args.iters, args.warmup)
@@ -298,16 +375,24 @@ def in_process(args: argparse.Namespace, errors: dict[str, str]) -> dict[str, di
     prof = CuptiProfiler()
     prof.start()
     try:
-        for window, (name, op) in enumerate(ops.ops.items(), start=1):
-            try:
-                held = held_kernel(prof, torch, op, args.iters, args.warmup, cycles_per_us, window)
-                out[name]["held"] = held
-            except Exception as exc:
-                errors[f"{name} held"] = f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
+        window = 0
+        for name, op in ops.ops.items():
+            # Gated first: the back-to-back loop heats the GPU (a long kernel then runs slower).
+            for label in ("gated", "held"):
+                window += 1
+                try:
+                    common = (prof, torch, op, args.iters, args.warmup, cycles_per_us, window)
+                    out[name][label] = (
+                        held_kernel(*common)
+                        if label == "held"
+                        else gated_kernel(*common, gap_us=maestro_gate_us.get(name))
+                    )
+                except Exception as exc:
+                    errors[f"{name} {label}"] = f"{type(exc).__name__}: {exc}"
+                    traceback.print_exc()
     finally:
+        _destroy_group()  # before CUPTI is detached (see core/session.py)
         prof.stop()
-        _destroy_group()
     return out
 
 
@@ -321,38 +406,47 @@ def _destroy_group() -> None:
 # ---- report -------------------------------------------------------------------------------
 
 
-def _latency(run: dict[str, Any] | None, pattern: str) -> float | None:
+def _record(run: dict[str, Any] | None, pattern: str) -> dict[str, Any]:
+    """The first block record of ``pattern`` in a maestro run (empty when it has none)."""
     if not run:
-        return None
+        return {}
     recs = by_pattern(run.get("results.json", [])).get(pattern)
-    return recs[0]["latency_avg_us"] if recs else None
+    return recs[0] if recs else {}
 
 
 def fidelity_rows(
     maestro: dict[str, dict[str, Any]], local: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
+    """Per op: maestro against the gated hand loop (same schedule; the target's reference),
+    the back-to-back held loop and the naive event loop."""
     rows = []
     for name in op_names():
         held = local.get(name, {}).get("held", {})
-        held_us = held.get("avg_us")
+        gated = local.get(name, {}).get("gated", {})
+        ref_us = gated.get("avg_us")
         naive = local.get(name, {}).get("naive_event_us")
-        m_cupti = _latency(maestro.get("cupti"), name)
-        m_events = _latency(maestro.get("events"), name)
-        ratio = m_cupti / held_us if m_cupti and held_us else math.nan
+        cupti = _record(maestro.get("cupti"), name)
+        m_cupti = cupti.get("latency_avg_us")
+        m_events = _record(maestro.get("events"), name).get("latency_avg_us")
+        ratio = m_cupti / ref_us if m_cupti and ref_us else math.nan
         launch_bound = None
-        if naive is not None and held_us:
-            launch_bound = naive - held_us > max(2.0, 0.10 * held_us)
+        if naive is not None and ref_us:
+            launch_bound = naive - ref_us > max(2.0, 0.10 * ref_us)
+        held_fraction = gated.get("held_fraction")
         rows.append(
             {
                 "op": name,
                 "maestro_cupti_us": m_cupti,
                 "maestro_events_us": m_events,
-                "held_kernel_us": held_us,
-                "held_p50_us": held.get("p50_us"),
+                "maestro_enqueue_us": cupti.get("enqueue_avg_us"),
+                "gated_kernel_us": ref_us,
+                "gated_p50_us": gated.get("p50_us"),
+                "gated_all_held": None if held_fraction is None else held_fraction == 1.0,
+                "held_kernel_us": held.get("avg_us"),
                 "held_stream_was_held": held.get("held"),
                 "host_enqueue_us_per_launch": held.get("enqueue_us_per_launch"),
                 "naive_event_us": naive,
-                "ratio_maestro_cupti_over_held": ratio,
+                "ratio_maestro_cupti_over_gated": ratio,
                 "within_1pct": (
                     abs(ratio - 1.0) <= TARGET_RATIO_ERROR if not math.isnan(ratio) else None
                 ),
@@ -362,30 +456,40 @@ def fidelity_rows(
     return rows
 
 
+def gate_names() -> list[str]:
+    return ["chain"] + [f"skew{n}" for n in SKEW_LANES] + [f"sweep{n}" for n in SWEEP_SIZES]
+
+
 def gate_rows(run: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per gate pattern: block times, skews, and maestro's own host figures."""
     if not run:
         return []
     pats = {p["pattern"]: p for p in run.get("patterns.json", [])}
     blocks = by_pattern(run.get("results.json", []))
     rows = []
-    names = [f"skew{n}" for n in SKEW_LANES] + [f"sweep{n}" for n in SWEEP_SIZES]
-    for name in names:
+    for name in gate_names():
         p = pats.get(name)
         if p is None:
             rows.append({"pattern": name, "error": "no result (see warnings/stderr)"})
             continue
-        lat = [b["latency_avg_us"] for b in blocks.get(name, [])]
-        gate = p.get("gate_delay_max_us")
+        recs = blocks.get(name, [])
+        lat = [b["latency_avg_us"] for b in recs]
+        enq = [b["enqueue_avg_us"] for b in recs if b.get("enqueue_avg_us") is not None]
         rows.append(
             {
                 "pattern": name,
                 "blocks": p["num_blocks"],
                 "latency_avg_us": statistics.fmean(lat) if lat else None,
+                "latency_min_block_us": min(lat) if lat else None,
+                "latency_max_block_us": max(lat) if lat else None,
                 "makespan_avg_us": p.get("makespan_avg_us"),
                 "lane_skew_p50_us": p.get("lane_skew_p50_us"),
                 "lane_skew_max_us": p.get("lane_skew_max_us"),
-                "gate_delay_max_us": gate,
-                "launch_bound": None if gate is None else gate > LAUNCH_BOUND_US,
+                "gate_delay_max_us": p.get("gate_delay_max_us"),
+                "gate_spin_us": p.get("gate_spin_us"),
+                "enqueue_max_us": p.get("enqueue_max_us"),
+                "enqueue_per_block_us": statistics.fmean(enq) if enq else None,
+                "host_late_iters": p.get("host_late_iters"),
                 "warned": any(name in w and "launch-bound" in w for w in run["warnings"]),
             }
         )
@@ -393,26 +497,146 @@ def gate_rows(run: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def smallest_unbound(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The smallest sweep size from which no larger size is launch-bound."""
+    """The smallest sweep size from which no larger size has a launch-bound iteration."""
     sweep = [r for r in rows if r["pattern"].startswith("sweep") and "error" not in r]
     best = None
     for r in reversed(sweep):
-        if r["launch_bound"] or r["warned"]:
+        if r["host_late_iters"] is None or r["host_late_iters"] > 0 or r["warned"]:
             break
         best = r
     return best
 
 
+# ---- the host stall at a kernel's first launch -------------------------------------------
+
+PROBE_SPIN_US = 500_000.0
+"""Longer than a first launch takes on an idle device (~0.1-0.2 s seen), so a launch that
+returns after the spin ended waited for it."""
+
+
+def first_launch_probe() -> dict[str, Any]:
+    """Does a kernel's first launch in a process wait for the device? Host time of a launch
+    while another stream spins 0.5 s, and whether the spin had ended when it returned.
+
+    cuBLAS, its handle and the stream's workspace are warmed with a bf16 GEMM first. Cases:
+    the first fp16 GEMM with the device idle; the first fp32 GEMM during the spin; a later
+    fp16 GEMM during the spin.
+    """
+    import torch
+
+    from userbenchmark.maestro.core.executor import calibrate_sleep_cycles_per_us
+
+    dev = torch.device("cuda", 0)
+    rate = calibrate_sleep_cycles_per_us(dev)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    spin, work = torch.cuda.Stream(), torch.cuda.Stream()
+    spin_done = torch.cuda.Event()
+    n = 1536
+
+    def mats(dtype: Any) -> list[Any]:
+        return [torch.randn(n, n, device=dev, dtype=dtype) for _ in range(3)]
+
+    warm, half, single = mats(torch.bfloat16), mats(torch.float16), mats(torch.float32)
+    with torch.cuda.stream(work):
+        torch.matmul(warm[0], warm[1], out=warm[2])
+    torch.cuda.synchronize()
+
+    def launch(m: list[Any], *, during_spin: bool) -> tuple[float, bool]:
+        torch.cuda.synchronize()
+        if during_spin:
+            with torch.cuda.stream(spin):
+                torch.cuda._sleep(round(PROBE_SPIN_US * rate))
+                spin_done.record(spin)
+        t0 = time.perf_counter_ns()
+        with torch.cuda.stream(work):
+            torch.matmul(m[0], m[1], out=m[2])
+        host_us = (time.perf_counter_ns() - t0) / 1e3
+        waited = during_spin and spin_done.query()  # the spin had ended before it returned
+        torch.cuda.synchronize()
+        return host_us, bool(waited)
+
+    first_idle_us, _ = launch(half, during_spin=False)
+    first_spin_us, first_waited = launch(single, during_spin=True)
+    later = [launch(half, during_spin=True) for _ in range(3)]
+    return {
+        "first_idle_us": first_idle_us,
+        "first_during_spin_us": first_spin_us,
+        "first_waited_for_spin": first_waited,
+        "later_during_spin_us": statistics.median(h for h, _ in later),
+        "later_waited_for_spin": any(w for _, w in later),
+    }
+
+
+def run_probe(mode: str) -> dict[str, Any]:
+    """:func:`first_launch_probe` in a fresh process with ``CUDA_MODULE_LOADING=mode``."""
+    env = maestro_env() | {"CUDA_MODULE_LOADING": mode}
+    cmd = [sys.executable, "-m", "bench.fidelity_gpu", "--first-launch-probe"]
+    proc = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    if proc.returncode != 0:
+        return {"mode": mode, "error": proc.stderr[-1500:]}
+    return {"mode": mode, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+FIDELITY_COLUMNS = (
+    ("op", "op"),
+    ("maestro cupti us", "maestro_cupti_us"),
+    ("maestro events us", "maestro_events_us"),
+    ("hand gated us", "gated_kernel_us"),
+    ("cupti / gated", "ratio_maestro_cupti_over_gated"),
+    ("within 1%", "within_1pct"),
+    ("hand back-to-back us", "held_kernel_us"),
+    ("naive event us", "naive_event_us"),
+    ("naive launch-bound", "naive_launch_bound"),
+    ("maestro enqueue us/block", "maestro_enqueue_us"),
+    ("hand enqueue us/launch", "host_enqueue_us_per_launch"),
+    ("held (gated, back-to-back)", "held_pair"),
+)
+GATE_COLUMNS = (
+    ("pattern", "pattern"),
+    ("blocks", "blocks"),
+    ("block avg us", "latency_avg_us"),
+    ("makespan us", "makespan_avg_us"),
+    ("lane skew p50 us", "lane_skew_p50_us"),
+    ("lane skew max us", "lane_skew_max_us"),
+    ("gate -> first start max us", "gate_delay_max_us"),
+    ("gate spin us", "gate_spin_us"),
+    ("enqueue max us/iter", "enqueue_max_us"),
+    ("enqueue us/block", "enqueue_per_block_us"),
+    ("launch-bound iters", "host_late_iters"),
+    ("warned", "warned"),
+)
+
+
+def _table(columns: tuple[tuple[str, str], ...], rows: list[dict[str, Any]]) -> str:
+    def cell(row: dict[str, Any], key: str) -> Any:
+        if key == "held_pair":
+            return "/".join(fmt(row.get(k)) for k in ("gated_all_held", "held_stream_was_held"))
+        return row.get(key)
+
+    return markdown_table([h for h, _ in columns], [[cell(r, k) for _, k in columns] for r in rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--gate-iters", type=int, default=200, help="iters of skew/sweep")
+    parser.add_argument("--gate-iters", type=int, default=200, help="iters of the gate patterns")
     parser.add_argument(
         "--write-configs", default=None, help="only write the generated pattern files here"
     )
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--first-launch-probe",
+        action="store_true",
+        help="only the first-launch probe, in this process (set CUDA_MODULE_LOADING yourself); "
+        "prints one JSON line",
+    )
     args = parser.parse_args(argv)
+    if args.first_launch_probe:  # the child of run_probe: one JSON line
+        print(json.dumps(first_launch_probe()))
+        return 0
     if args.write_configs:
         folder = Path(args.write_configs)
         folder.mkdir(parents=True, exist_ok=True)
@@ -465,16 +689,29 @@ def main(argv: list[str] | None = None) -> int:
                     errors[f"maestro {label}"] = (
                         f"exit {maestro[label]['returncode']} after "
                         f"{maestro[label]['wall_s']:.0f} s: "
-                        f"{maestro[label].get('stderr_tail', '')[-600:]}"
+                        f"{maestro[label].get('stderr_tail', '')[-2500:]}"
                     )
             except Exception as exc:
                 errors[f"maestro {label}"] = f"{type(exc).__name__}: {exc}"
     local: dict[str, dict[str, Any]] = {}
     try:
-        local = in_process(args, errors)
+        cupti_run = maestro.get("cupti", {})
+        rate = cupti_run.get("environ", {}).get("sleep_cycles_per_us")
+        gates = {
+            p["pattern"]: p["gate_spin_us"]
+            for p in cupti_run.get("patterns.json", [])
+            if p.get("gate_spin_us")
+        }
+        local = in_process(args, errors, float(rate) if rate else None, gates)
     except Exception as exc:
         errors["in-process"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
+    probes = []
+    for mode in ("LAZY", "EAGER"):
+        try:
+            probes.append(run_probe(mode))
+        except Exception as exc:
+            errors[f"first-launch probe {mode}"] = f"{type(exc).__name__}: {exc}"
     rows = fidelity_rows(maestro, local)
     grows = gate_rows(maestro.get("gate"))
     unbound = smallest_unbound(grows)
@@ -484,82 +721,68 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_lines(info))
     print(
         f"\nbf16, {args.iters} measured iterations after {args.warmup} warmup each. maestro: "
-        "latency avg from results.json; held: CUPTI span per launch, stream held by a spin "
-        "kernel while the host enqueued every launch; naive: per-launch CUDA events with a "
-        f"synchronize. Target: maestro cupti / held within {TARGET_RATIO_ERROR:.0%}.\n"
+        "latency avg from results.json, and its host time per block launch (enqueue_avg_us); "
+        "hand gated: CUPTI span per launch, one launch per iteration enqueued while a spin "
+        "kernel holds its stream, as long as maestro's gate spin for that op (maestro's "
+        "schedule, written by hand); hand back-to-back: "
+        "one spin holds the stream while every launch is enqueued, then they run back to "
+        "back; naive: per-launch CUDA events with a synchronize. Target: maestro cupti / "
+        f"hand gated within {TARGET_RATIO_ERROR:.0%}. Sleeps spin the cycle count maestro's "
+        f"own calibration gave ({local.get('_calibration', {}).get('maestro_rate')} cycles/us)."
+        "\n"
     )
-    headers = [
-        "op",
-        "maestro cupti us",
-        "maestro events us",
-        "held kernel us",
-        "naive event us",
-        "cupti / held",
-        "within 1%",
-        "naive launch-bound",
-        "host enqueue us/launch",
-        "stream held",
-    ]
+    print(_table(FIDELITY_COLUMNS, rows))
     print(
-        markdown_table(
-            headers,
-            [
-                [
-                    r["op"],
-                    r["maestro_cupti_us"],
-                    r["maestro_events_us"],
-                    r["held_kernel_us"],
-                    r["naive_event_us"],
-                    r["ratio_maestro_cupti_over_held"],
-                    r["within_1pct"],
-                    r["naive_launch_bound"],
-                    r["host_enqueue_us_per_launch"],
-                    r["held_stream_was_held"],
-                ]
-                for r in rows
-            ],
-        )
+        f"\n### Gate ({args.gate_iters} iterations, maestro cupti; launch-bound iterations: "
+        "the host's enqueue outlasted the gate spin)\n"
     )
-    print(
-        f"\n### Gate: lane skew and launch-bound sweep ({args.gate_iters} iterations, "
-        f"maestro cupti; launch-bound = gate open -> first start > {LAUNCH_BOUND_US:.0f} us)\n"
-    )
-    gheaders = [
-        "pattern",
-        "blocks",
-        "block avg us",
-        "makespan us",
-        "lane skew p50 us",
-        "lane skew max us",
-        "gate delay max us",
-        "launch-bound",
-        "warned",
-    ]
-    print(
-        markdown_table(
-            gheaders,
-            [
-                [
-                    r["pattern"],
-                    r.get("blocks"),
-                    r.get("latency_avg_us"),
-                    r.get("makespan_avg_us"),
-                    r.get("lane_skew_p50_us"),
-                    r.get("lane_skew_max_us"),
-                    r.get("gate_delay_max_us"),
-                    r.get("launch_bound"),
-                    r.get("warned"),
-                ]
-                for r in grows
-            ],
-        )
-    )
+    print(_table(GATE_COLUMNS, grows))
     if unbound:
         print(
-            f"\nSmallest GEMM pair not launch-bound (and no larger one is): {unbound['pattern']}"
-            f", block avg {unbound['latency_avg_us']:.2f} us."
+            f"\nSmallest GEMM pair with no launch-bound iteration (nor any larger one): "
+            f"{unbound['pattern']}, block avg {unbound['latency_avg_us']:.2f} us."
         )
-    print("\nmaestro does not report its host enqueue time per block; the held loop's is above.")
+    chain = next((r for r in grows if r["pattern"] == "chain" and "error" not in r), None)
+    held64 = local.get(f"gemm{CHAIN_GEMM}", {}).get("held", {}).get("avg_us")
+    if chain and held64:
+        print(
+            f"\nChain of {CHAIN_BLOCKS} {CHAIN_GEMM}^3 GEMMs on one lane: per-block latency "
+            f"{chain['latency_min_block_us']:.3f}-{chain['latency_max_block_us']:.3f} us "
+            f"(avg {chain['latency_avg_us']:.3f}) against {held64:.3f} us back-to-back "
+            "hand-loop kernel time, "
+            f"with {chain['enqueue_per_block_us']:.1f} us of host enqueue per block."
+        )
+    if probes:
+        print(
+            f"\n### Host time of a GEMM launch while another stream spins "
+            f"{PROBE_SPIN_US / 1e3:.0f} ms\n"
+        )
+        print(
+            markdown_table(
+                [
+                    "CUDA_MODULE_LOADING",
+                    "first launch, device idle us",
+                    "first launch, during spin us",
+                    "it returned after the spin ended",
+                    "later launch, during spin us",
+                    "it returned after the spin ended",
+                ],
+                [
+                    [
+                        p["mode"],
+                        p.get("first_idle_us"),
+                        p.get("first_during_spin_us"),
+                        p.get("first_waited_for_spin"),
+                        p.get("later_during_spin_us"),
+                        p.get("later_waited_for_spin"),
+                    ]
+                    for p in probes
+                ],
+            )
+        )
+        for p in probes:
+            if "error" in p:
+                errors[f"first-launch probe {p['mode']}"] = p["error"]
     if errors:
         print("\nErrors (each measurement that failed; the rest ran):")
         for key, text in errors.items():
@@ -573,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
             "fidelity": rows,
             "gate": grows,
             "smallest_unbound": unbound,
+            "first_launch_probe": probes,
             "in_process": local,
             "maestro_runs": {
                 k: {kk: vv for kk, vv in v.items() if kk not in ("results.json", "patterns.json")}

@@ -1,0 +1,73 @@
+"""The fidelity script's tables from synthetic maestro records (its GPU parts need a GPU)."""
+
+from __future__ import annotations
+
+import yaml
+
+from bench import fidelity_gpu as fg
+from userbenchmark.maestro.core.loader import load_suite_text
+
+
+def _pattern(name, *, late=0, **extra):
+    return {
+        "pattern": name,
+        "num_blocks": 2,
+        "makespan_avg_us": 5.0,
+        "lane_skew_p50_us": 0.2,
+        "lane_skew_max_us": 0.3,
+        "gate_delay_max_us": 1.7,
+        "gate_spin_us": 120.0,
+        "enqueue_max_us": 50.0,
+        "host_late_iters": late,
+        **extra,
+    }
+
+
+def _block(pattern, latency, enqueue=25.0):
+    return {"pattern": pattern, "latency_avg_us": latency, "enqueue_avg_us": enqueue}
+
+
+def test_generated_patterns_are_valid_suites():
+    for text in (fg.fidelity_yaml(50, 10), fg.gate_yaml(200, 10)):
+        suite = load_suite_text(text, file="generated.yaml")
+        assert suite.world_size == 1
+        assert yaml.safe_load(text)["name"] in ("fidelity", "gate")
+    names = [p.name for p in load_suite_text(fg.gate_yaml(5, 1), file="g.yaml").patterns]
+    assert names == fg.gate_names()
+
+
+def test_launch_bound_comes_from_the_host_count_not_the_gate_delay():
+    run = {
+        "patterns.json": [
+            _pattern("sweep64"),
+            _pattern("sweep128", gate_delay_max_us=40.0),  # lanes waited for the GPU
+            _pattern("sweep256", late=3),
+            _pattern("sweep512"),
+        ],
+        "results.json": [_block(f"sweep{n}", 2.0 + n / 100) for n in (64, 128, 256, 512)],
+        "warnings": [],
+    }
+    rows = {r["pattern"]: r for r in fg.gate_rows(run)}
+    assert rows["sweep128"]["host_late_iters"] == 0
+    assert rows["sweep256"]["host_late_iters"] == 3
+    assert "error" in rows["chain"]  # missing patterns are rows that say so
+    # Smallest size from which no larger one is launch-bound: 512 (256 had late iterations).
+    assert fg.smallest_unbound(fg.gate_rows(run))["pattern"] == "sweep512"
+
+
+def test_fidelity_rows_ratio_and_naive_launch_bound():
+    maestro = {"cupti": {"results.json": [_block("gemm256", 2.613, enqueue=24.0)]}}
+    local = {
+        "gemm256": {
+            "gated": {"avg_us": 2.612, "held_fraction": 1.0},
+            "held": {"avg_us": 2.700, "held": True},  # back to back: shown, not the reference
+            "naive_event_us": 19.8,
+        }
+    }
+    row = next(r for r in fg.fidelity_rows(maestro, local) if r["op"] == "gemm256")
+    assert abs(row["ratio_maestro_cupti_over_gated"] - 2.613 / 2.612) < 1e-12
+    assert row["within_1pct"] is True and row["naive_launch_bound"] is True
+    assert row["gated_all_held"] is True and row["held_kernel_us"] == 2.700
+    assert row["maestro_enqueue_us"] == 24.0
+    missing = next(r for r in fg.fidelity_rows(maestro, local) if r["op"] == "gemm8192")
+    assert missing["maestro_cupti_us"] is None and missing["within_1pct"] is None
