@@ -130,6 +130,8 @@ def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
     assert p.gate_spin_us == pytest.approx(140.0)
     assert p.enqueue_max_us == pytest.approx(70.0)
     assert p.gate_delay_max_us == pytest.approx(21.0)
+    assert p.lane_skew_p50_us == p.lane_skew_p99_us == p.lane_skew_max_us == pytest.approx(20.0)
+    assert "lane start skew p50 20.00 µs, p99 20.00 µs, max 20.00 µs" in format_pattern(out)
     assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([27.5, 21.0])
     assert "gate spin 140.0 µs, host enqueue up to 70.0 µs" in format_pattern(out)
 

@@ -16,6 +16,7 @@ from userbenchmark.maestro.core.overlap import (
     makespan_ns,
     overlap_efficiency,
     pairwise_overlap_fraction,
+    pairwise_overlap_mean,
     rank_skew_us,
     shared_busbw_gbps,
     slowdown,
@@ -285,6 +286,19 @@ def test_pairwise_random_against_reference():
                     expected = inter / shorter
                 assert frac[i, j, it] == pytest.approx(expected)
     assert ((frac >= 0) & (frac <= 1)).all()
+
+
+def test_pairwise_mean_is_the_mean_of_the_fractions_row_by_row():
+    rng = np.random.default_rng(11)
+    starts, ends = random_intervals(rng, 6, 250)
+    present = np.array([True, True, False, True, True, True])
+    full = pairwise_overlap_fraction(starts, ends, present)
+    mean = pairwise_overlap_mean(starts, ends, present)
+    assert mean.shape == (6, 6)
+    assert np.isnan(mean[2]).all() and np.isnan(mean[:, 2]).all()
+    keep = np.ix_(present, present)
+    np.testing.assert_allclose(mean[keep], full[keep].mean(axis=2), rtol=0, atol=1e-15)
+    assert np.isnan(pairwise_overlap_mean(starts[:, :0], ends[:, :0])).all()  # no iterations
 
 
 # --- makespan_ns --------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ different hosts are never compared), then aggregated.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -91,10 +90,7 @@ def local_summary(
     avg_min = np.where(present, avg, np.inf)
     if present.any():
         makespan = overlap.makespan_ns(starts, ends, present)
-        pair = overlap.pairwise_overlap_fraction(starts, ends, present)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: absent blocks
-            pair_mean = np.nanmean(pair, axis=2) if num_iters else np.full(pair.shape[:2], np.nan)
+        pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
         cc = overlap.comm_compute_overlap(
             starts, ends, is_comm & present, is_compute & present, present
         )

@@ -17,6 +17,7 @@ __all__ = [
     "makespan_ns",
     "overlap_efficiency",
     "pairwise_overlap_fraction",
+    "pairwise_overlap_mean",
     "rank_skew_us",
     "shared_busbw_gbps",
     "slowdown",
@@ -121,19 +122,50 @@ def pairwise_overlap_fraction(
     diagonal, a pair where either block has zero length gets 0.0 (nothing to overlap). Pairs
     involving a block that is not present get NaN.
     """
+    s, e, mask = _masked_intervals(starts, ends, present)
+    return _fraction_rows(s, e, mask, 0, s.shape[0])
+
+
+def pairwise_overlap_mean(
+    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
+) -> np.ndarray:
+    """Mean over iterations of :func:`pairwise_overlap_fraction`: (num_blocks, num_blocks).
+
+    Computed one block's row at a time, so memory stays proportional to blocks x iterations
+    (the full fraction array is blocks^2 x iterations). NaN for pairs with an absent block or
+    without iterations.
+    """
+    s, e, mask = _masked_intervals(starts, ends, present)
+    num_blocks, num_iters = s.shape
+    out = np.full((num_blocks, num_blocks), np.nan)
+    if not num_iters:
+        return out
+    for i in np.flatnonzero(mask):
+        row = _fraction_rows(s, e, mask, i, i + 1)[0]
+        out[i, mask] = row[mask].mean(axis=1)  # the NaN columns are the absent blocks
+    return out
+
+
+def _masked_intervals(
+    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s, e, mask = _intervals(starts, ends, present)
     # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
-    s = np.where(mask[:, None], s, 0)
-    e = np.where(mask[:, None], e, 0)
-    inter = intersection_ns(s[:, None, :], e[:, None, :], s[None, :, :], e[None, :, :])
-    length = e - s
-    shorter = np.minimum(length[:, None, :], length[None, :, :])
+    return np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0), mask
+
+
+def _fraction_rows(
+    s: np.ndarray, e: np.ndarray, mask: np.ndarray, first: int, stop: int
+) -> np.ndarray:
+    """Rows ``first:stop`` of the (blocks, blocks, iters) overlap-fraction array."""
+    rs, re_ = s[first:stop], e[first:stop]
+    inter = intersection_ns(rs[:, None, :], re_[:, None, :], s[None, :, :], e[None, :, :])
+    shorter = np.minimum((re_ - rs)[:, None, :], (e - s)[None, :, :])
     frac = np.zeros(shorter.shape, dtype=np.float64)
     np.divide(inter, shorter, out=frac, where=shorter > 0)
-    diag = np.arange(s.shape[0])
-    frac[diag, diag, :] = 1.0
-    pair_present = mask[:, None] & mask[None, :]
-    frac[~pair_present] = np.nan
+    rows = np.arange(stop - first)
+    frac[rows, rows + first, :] = 1.0
+    frac[~(mask[first:stop, None] & mask[None, :])] = np.nan
     return frac
 
 

@@ -99,7 +99,8 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         summary.append(f"comm/compute overlap {_num(p.comm_compute_overlap, 3)}")
     if not math.isnan(p.lane_skew_p50_us):
         summary.append(
-            f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, max {_num(p.lane_skew_max_us)} µs"
+            f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, p99 {_num(p.lane_skew_p99_us)} µs, "
+            f"max {_num(p.lane_skew_max_us)} µs"
         )
     if not math.isnan(p.gate_spin_us):
         gate = (

@@ -49,6 +49,7 @@ PATTERN_COLUMNS = (
     "shared_busbw_gbps",
     "comm_compute_overlap",
     "lane_skew_p50_us",
+    "lane_skew_p99_us",
     "lane_skew_max_us",
     "gate_delay_max_us",
     "gate_spin_us",
@@ -122,6 +123,7 @@ class PatternResult:
     shared_busbw_gbps: float = math.nan
     comm_compute_overlap: float = math.nan
     lane_skew_p50_us: float = math.nan
+    lane_skew_p99_us: float = math.nan
     lane_skew_max_us: float = math.nan
     gate_delay_max_us: float = math.nan
     """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane

@@ -258,12 +258,13 @@ class PatternRun:
             proposal = np.array([calibrated_gate_us(stats.enqueue_ns)])
             gate_us = float(torch_reducer(self.rt.sync_group)(proposal, "max")[0])
             self.rt.executor.gate_us = gate_us
-            log.debug(
-                "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
-                self.pattern.name,
-                gate_us,
-                np.array2string(stats.enqueue_ns / 1e3, precision=1, max_line_width=200),
-            )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
+                    self.pattern.name,
+                    gate_us,
+                    np.array2string(stats.enqueue_ns / 1e3, precision=1, max_line_width=200),
+                )
 
     def aggregate(self, timings: WindowTimings, host: WindowStats) -> WindowAggregate:
         local = local_summary(
@@ -525,7 +526,9 @@ def build_outcome(
             f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
             f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
             "of those iterations could start before every block was issued, so their "
-            "starts and overlap are launch-bound; more warmup_iters let the gate calibrate"
+            "starts and overlap are launch-bound (one or two in many iterations are host "
+            "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
+            "calibrates on more iterations)"
         )
     pattern_result = PatternResult(
         suite=suite.name,
@@ -544,6 +547,7 @@ def build_outcome(
         ),
         comm_compute_overlap=agg.comm_compute_overlap,
         lane_skew_p50_us=percentile_nearest_rank(skew, 50) / 1e3 if skew.size else math.nan,
+        lane_skew_p99_us=percentile_nearest_rank(skew, 99) / 1e3 if skew.size else math.nan,
         lane_skew_max_us=float(skew.max()) / 1e3 if skew.size else math.nan,
         gate_delay_max_us=float(gate.max()) / 1e3 if gate.size else math.nan,
         gate_spin_us=agg.gate_spin_us,
