@@ -491,7 +491,6 @@ def gate_rows(run: dict[str, Any] | None) -> list[dict[str, Any]]:
                 "enqueue_max_us": p.get("enqueue_max_us"),
                 "enqueue_per_block_us": statistics.fmean(enq) if enq else None,
                 "host_late_iters": p.get("host_late_iters"),
-                "warned": any(name in w and "launch-bound" in w for w in run["warnings"]),
             }
         )
     return rows

@@ -393,8 +393,7 @@ class CuptiProfiler:
         import torch
 
         # CUPTI gets a buffer ready at the first records after a flush: let one harness
-        # kernel (counted, in no block) pay for that here rather than the first iteration's
-        # enqueue, where it was seen to hold the host for ~1 ms.
+        # kernel (counted, in no block) pay for that here, not the first iteration's enqueue.
         self.push_harness(0)
         torch.cuda._sleep(1)
         self.pop()
