@@ -79,16 +79,19 @@ def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def start_ranks(
-    tmp_path: Path, yaml_text: str, world_sizes: list[int]
+    tmp_path: Path, yaml_text: str, world_sizes: list[int], *, entry: tuple[str, ...] = ()
 ) -> tuple[list[subprocess.Popen], float]:
-    """One process per rank; ``world_sizes[r]`` is the WORLD_SIZE rank ``r`` is started with."""
+    """One process per rank; ``world_sizes[r]`` is the WORLD_SIZE rank ``r`` is started with.
+
+    ``entry``: the module and its leading arguments, if not maestro's own command line.
+    """
     config = tmp_path / "pattern.yaml"
     config.write_text(yaml_text)
     port = free_port()
     args = [
         sys.executable,
         "-m",
-        "userbenchmark.maestro",
+        *(entry or ("userbenchmark.maestro",)),
         "run",
         "-c",
         str(config),
@@ -236,6 +239,47 @@ def test_sigint_on_rank_zero_ends_a_long_sweep_cleanly(tmp_path):
     patterns = read_records(tmp_path / "out", "patterns.json")
     assert {p["pattern"] for p in patterns} == finished
     assert not [p.name for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+
+
+THREE = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - {name: a, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+  - {name: b, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+  - {name: c, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+"""
+
+
+@pytest.mark.parametrize("update", [1, 3])
+def test_signals_while_rank_zero_saves_leave_files_that_agree(tmp_path, update):
+    # Update 1: the signals wait until the next pattern, which every rank then stops at, through
+    # the agreement. Update 3 (the last pattern): nothing is left to stop; rank 0 says it was
+    # interrupted, and rank 1, which finished everything, exits 0.
+    entry = ("tests.integration.signal_driver", str(update))
+    ranks = wait_ranks(*start_ranks(tmp_path, THREE, [2, 2], entry=entry))
+    for r in ranks:
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert r.elapsed_s < 30, (r.rank, r.elapsed_s, r.stderr[-2000:])  # no collective timeout
+    assert ranks[0].returncode == 130, ranks[0].stderr[-2000:]
+    assert "interrupted" in ranks[0].stderr
+    out = tmp_path / "out"
+    expected = ["a", "b", "c"][:update]
+    assert sorted({r["pattern"] for r in read_records(out)}) == expected
+    assert [p["pattern"] for p in read_records(out, "patterns.json")] == expected
+    (metrics_file,) = (tmp_path / "metrics").glob("metrics-*.json")
+    metrics = json.loads(metrics_file.read_text())["metrics"]
+    assert sorted({key.split("/")[1] for key in metrics}) == expected
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    if update == 1:
+        assert ranks[1].returncode == 130, ranks[1].stderr[-2000:]
+        assert "interrupted" in ranks[1].stderr or "rank 0" in ranks[0].stderr
+        failed = read_records(out, "failures.json")
+        assert [f["pattern"] for f in failed] == ["b"] and "interrupted" in failed[0]["error"]
+    else:
+        assert ranks[1].returncode == 0, ranks[1].stderr[-2000:]
+        assert not (out / "failures.json").exists()
 
 
 GO_ON = f"""

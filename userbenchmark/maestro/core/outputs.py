@@ -2,7 +2,9 @@
 
 Every file is rewritten after each finished pattern, atomically (a temporary file in the same
 folder, then ``os.replace``), so a run killed at any moment leaves complete files holding every
-pattern that finished and never a partial file.
+pattern that finished and never a partial file. The files of one update are all written to
+temporaries first and renamed together, with SIGINT/SIGTERM held meanwhile, so an interrupted
+run leaves files that agree with each other.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import interrupts
 from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
 from .results import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_temporary(path: Path, data: bytes) -> str:
+    """``data`` in a fsynced temporary file next to ``path``; returns the temporary's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -28,13 +38,30 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
+    return tmp
+
+
+def atomic_write_files(files: Mapping[Path, bytes]) -> None:
+    """Write every file so readers see old or new contents, never a part; all temporaries
+    are complete before the first rename, so the files change together."""
+    written: dict[Path, str] = {}
+    try:
+        for path, data in files.items():
+            written[path] = _write_temporary(path, data)
+        for path in list(written):
+            os.replace(written.pop(path), path)
+    except BaseException:
+        for tmp in written.values():
+            _unlink_quietly(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
+    atomic_write_files({path: data})
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -92,10 +119,11 @@ class OutputWriter:
         self._plot_names: set[str] = set()
 
     def add(self, outcome: PatternOutcome) -> None:
-        self.outcomes.append(outcome)
-        self.flush()
-        if self.plot and outcome.timeline is not None:
-            self._write_plot(outcome)
+        with interrupts.held():
+            self.outcomes.append(outcome)
+            self.flush()
+            if self.plot and outcome.timeline is not None:
+                self._write_plot(outcome)
 
     def _write_plot(self, outcome: PatternOutcome) -> None:
         from .plot import plot_pattern, unique_plot_name
@@ -104,26 +132,34 @@ class OutputWriter:
         plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:
-        self.failures.append({"pattern": pattern, "error": message})
-        self.flush()
+        with interrupts.held():
+            self.failures.append({"pattern": pattern, "error": message})
+            self.flush()
 
     def flush(self) -> None:
+        """Rewrite every output file from what was collected, all together."""
+        with interrupts.held():
+            atomic_write_files({path: text.encode("utf-8") for path, text in self._texts().items()})
+
+    def _texts(self) -> dict[Path, str]:
         block_records = [b.to_record() for o in self.outcomes for b in o.blocks]
         pattern_records = [o.pattern.to_record() for o in self.outcomes]
+        texts: dict[Path, str] = {}
         if self.output_dir is not None:
             out = self.output_dir
-            atomic_write_text(out / "results.json", json.dumps(block_records, indent=1) + "\n")
-            atomic_write_text(out / "results.csv", _csv(block_records, BLOCK_COLUMNS))
-            atomic_write_text(out / "patterns.json", json.dumps(pattern_records, indent=1) + "\n")
-            atomic_write_text(out / "patterns.csv", _csv(pattern_records, PATTERN_COLUMNS))
+            texts[out / "results.json"] = json.dumps(block_records, indent=1) + "\n"
+            texts[out / "results.csv"] = _csv(block_records, BLOCK_COLUMNS)
+            texts[out / "patterns.json"] = json.dumps(pattern_records, indent=1) + "\n"
+            texts[out / "patterns.csv"] = _csv(pattern_records, PATTERN_COLUMNS)
             if self.failures:
-                atomic_write_text(out / "failures.json", json.dumps(self.failures, indent=1) + "\n")
+                texts[out / "failures.json"] = json.dumps(self.failures, indent=1) + "\n"
             if self.trace:
-                from .trace import write_trace
+                from .trace import trace_text
 
                 # Rewritten after every pattern, like the other files: a killed run keeps a
                 # valid trace of what finished.
-                write_trace(out / "trace.json", self.outcomes)
+                texts[out / "trace.json"] = trace_text(self.outcomes)
         if self.metrics_path is not None:
             doc = {"name": "maestro", "environ": self.environ, "metrics": metrics_of(self.outcomes)}
-            atomic_write_text(self.metrics_path, json.dumps(doc, indent=2) + "\n")
+            texts[self.metrics_path] = json.dumps(doc, indent=2) + "\n"
+        return texts

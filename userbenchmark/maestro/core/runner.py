@@ -17,7 +17,7 @@ import numpy as np
 
 from ..blocks.base import Block, BlockContext, resolve_op
 from ..blocks.data import torch_dtype
-from . import overlap
+from . import interrupts, overlap
 from .aggregate import WindowAggregate, local_summary, reduce_summaries, torch_reducer
 from .agreement import agree
 from .bandwidth import COMM_OPS, bus_factor
@@ -96,7 +96,8 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     error: BaseException | None = None
     value = None
     try:
-        value = fn()
+        with interrupts.deliverable():  # the only place a signal stops a pattern
+            value = fn()
     except (Exception, KeyboardInterrupt) as exc:  # every failure must reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)

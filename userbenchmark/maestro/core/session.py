@@ -11,12 +11,12 @@ import datetime as _dt
 import fnmatch
 import logging
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import interrupts
 from .distributed import (
     DistContext,
     LaunchInfo,
@@ -249,12 +249,18 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             file=suite.source,
         )
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
-    install_sigint_handler()
-    dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
+    restore_signals = interrupts.install()
+    try:
+        with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
+            dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
+    except BaseException:
+        restore_signals()
+        raise
     rank = dist.rank
     rt = None
     status = 0
     everyone_answered = True  # False once a rank died or hung: nobody waits for it again
+    late_interrupt = False  # a signal after the last pattern: no closing round to hold
     try:
         rt = _phase_setup(suite, options, dist, agree)
         stamp = _broadcast_object(
@@ -310,6 +316,11 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 status = max(status, 1)  # wrong results fail the run; numbers are still saved
         if rank == 0:
             progress.close()
+        if status == 0 and interrupts.pending():
+            # The signal came after the last agreement: every rank finished every pattern, so
+            # there is nobody to tell and nothing to wait for; only the exit status says it.
+            late_interrupt = True
+            status = 130
         if status == 130 and rank == 0:
             print("maestro: interrupted; patterns that finished are saved", file=sys.stderr)
         if rank == 0 and writer is not None:
@@ -323,15 +334,18 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             print(f"maestro: {err}", file=sys.stderr, flush=True)
         status = _failure_status(err)
     finally:
-        if status and everyone_answered:
+        if status and everyone_answered and not late_interrupt:
             _closing_round(dist, agree)
         # Communicators first: CUPTI detached while NCCL still held its communicators was
         # seen to crash the process in destroy_process_group (SIGSEGV after the results).
         try:
             shutdown_distributed()
         finally:
-            if rt is not None:
-                rt.profiler.close()
+            try:
+                if rt is not None:
+                    rt.profiler.close()
+            finally:
+                restore_signals()
     return status
 
 
@@ -352,7 +366,8 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree
     rt = None
     error: BaseException | None = None
     try:
-        rt = _setup_runtime(suite, options, dist)
+        with interrupts.deliverable():
+            rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
     _agree_run_wide(dist, agree, "setup", error)
@@ -369,22 +384,3 @@ def _agree_run_wide(dist: DistContext, agree: Any, phase: str, error: BaseExcept
         pattern="",
         error=error,
     )
-
-
-def install_sigint_handler() -> None:
-    """Turn SIGINT/SIGTERM into KeyboardInterrupt, which the agreement step reports.
-
-    Python delivers a signal only between bytecodes, so a rank blocked in a collective
-    notices it when that call returns (at the latest at its timeout). Only the main thread
-    may install handlers; elsewhere (a library caller's thread) this does nothing.
-    """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)

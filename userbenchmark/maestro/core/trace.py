@@ -206,10 +206,14 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
     }
 
 
-def write_trace(path: str | Path, outcomes: Sequence[PatternOutcome]) -> Path:
-    """Write ``build_trace(outcomes)`` to ``path`` atomically; return the path."""
-    path = Path(path)
+def trace_text(outcomes: Sequence[PatternOutcome]) -> str:
+    """``build_trace(outcomes)`` as compact, strict JSON text."""
     # allow_nan=False: a NaN would make the file unreadable by strict JSON parsers.
-    text = json.dumps(build_trace(outcomes), allow_nan=False, separators=(",", ":"))
-    atomic_write_text(path, text)
+    return json.dumps(build_trace(outcomes), allow_nan=False, separators=(",", ":"))
+
+
+def write_trace(path: str | Path, outcomes: Sequence[PatternOutcome]) -> Path:
+    """Write :func:`trace_text` of ``outcomes`` to ``path`` atomically; return the path."""
+    path = Path(path)
+    atomic_write_text(path, trace_text(outcomes))
     return path

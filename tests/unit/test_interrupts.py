@@ -1,0 +1,130 @@
+"""Where a SIGINT/SIGTERM stops a rank, and that an interrupted write leaves files that agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+from userbenchmark.maestro.core import interrupts, outputs
+from userbenchmark.maestro.core.outputs import OutputWriter, atomic_write_files
+from userbenchmark.maestro.core.results import BlockResult, PatternOutcome, PatternResult
+
+
+@pytest.fixture
+def installed():
+    restore = interrupts.install()
+    yield
+    restore()
+
+
+def _signal_self(signum: int = signal.SIGINT) -> None:
+    os.kill(os.getpid(), signum)  # delivered to the main thread before the next bytecode
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_inside_a_deliverable_region_raises_at_once(installed, signum):
+    with pytest.raises(KeyboardInterrupt), interrupts.deliverable():
+        _signal_self(signum)
+        raise AssertionError("not interrupted")  # pragma: no cover
+    assert not interrupts.pending()
+
+
+def test_signal_outside_waits_for_the_next_deliverable_region(installed):
+    _signal_self()
+    assert interrupts.pending()  # recorded, not raised here
+    with pytest.raises(KeyboardInterrupt), interrupts.deliverable():
+        raise AssertionError("the pending signal must be raised on entry")  # pragma: no cover
+    assert not interrupts.pending()
+    with interrupts.deliverable():
+        pass  # raised once only
+
+
+def test_second_signal_outside_a_region_raises(installed):
+    _signal_self()
+    with pytest.raises(KeyboardInterrupt):
+        _signal_self()
+    assert not interrupts.pending()
+
+
+def test_held_region_defers_every_signal(installed):
+    with interrupts.held():
+        _signal_self()
+        _signal_self(signal.SIGTERM)
+        with interrupts.deliverable():  # even a region opened inside does not raise
+            _signal_self()
+    assert interrupts.pending()
+    with pytest.raises(KeyboardInterrupt), interrupts.deliverable():
+        pass
+
+
+def test_restore_puts_back_the_previous_handlers():
+    before = signal.getsignal(signal.SIGINT)
+    restore = interrupts.install()
+    assert signal.getsignal(signal.SIGINT) is not before
+    restore()
+    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGTERM) is not interrupts._handler
+    with interrupts.deliverable():  # not installed: a plain context
+        pass
+
+
+def test_install_off_the_main_thread_changes_nothing():
+    before = signal.getsignal(signal.SIGINT)
+    restores = []
+    t = threading.Thread(target=lambda: restores.append(interrupts.install()))
+    t.start()
+    t.join()
+    assert signal.getsignal(signal.SIGINT) is before
+    restores[0]()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_atomic_write_files_changes_nothing_when_one_file_fails(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    atomic_write_files({a: b"old a", b: b"old b"})
+    with pytest.raises(TypeError):
+        atomic_write_files({a: b"new a", b: 123})  # type: ignore[dict-item]
+    assert a.read_bytes() == b"old a" and b.read_bytes() == b"old b"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _outcome(name: str) -> PatternOutcome:
+    block = BlockResult(
+        suite="s", pattern=name, block="b", op="sleep", axis="world", lane="b", team_size=1,
+        dtype="bf16", size_bytes=None, iters=2, latency_avg_us=1.0, latency_min_us=1.0,
+        latency_max_us=1.0, latency_p50_us=1.0, latency_p99_us=1.0, latency_stdev_us=0.0,
+    )  # fmt: skip
+    result = PatternResult(
+        suite="s", pattern=name, iters=2, num_blocks=1, makespan_avg_us=1.0, makespan_p99_us=1.0
+    )
+    return PatternOutcome(blocks=(block,), pattern=result)
+
+
+def test_interrupt_while_files_are_written_leaves_them_in_agreement(
+    tmp_path, installed, monkeypatch
+):
+    writer = OutputWriter(output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={})
+    writer.add(_outcome("one"))
+    real = outputs._write_temporary
+    calls = []
+
+    def write_then_signal(path, data):
+        calls.append(path.name)
+        if len(calls) == 1:  # between the first file and the rest: Ctrl-C, then a launcher's
+            _signal_self()  # SIGTERM, which outside a held region would raise at once
+            _signal_self(signal.SIGTERM)
+        return real(path, data)
+
+    monkeypatch.setattr(outputs, "_write_temporary", write_then_signal)
+    writer.add(_outcome("two"))  # the signal must not split this update
+    assert len(calls) == 5 and interrupts.pending()
+    blocks = {r["pattern"] for r in json.loads((tmp_path / "results.json").read_text())}
+    patterns = {r["pattern"] for r in json.loads((tmp_path / "patterns.json").read_text())}
+    assert blocks == patterns == {"one", "two"}
+    assert "two" in (tmp_path / "results.csv").read_text()
+    assert "two" in (tmp_path / "patterns.csv").read_text()
+    assert not list(tmp_path.glob(".*.tmp"))

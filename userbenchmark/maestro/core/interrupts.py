@@ -1,0 +1,98 @@
+"""Where SIGINT/SIGTERM may stop a rank: inside a phase's work, never while files are written.
+
+An interrupt raised at an arbitrary bytecode can land between two output files (results
+saved, patterns not) or in the agreement step, where it skips the other ranks. So the
+handler raises only inside :func:`deliverable` regions (a phase's work, which reaches the
+agreement); elsewhere it records the signal, and the next deliverable region raises it.
+A second signal outside a region raises at once (the user insists), except inside
+:func:`held`, which defers every signal until output files are consistent again.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.installed = False
+        self.open_depth = 0  # inside deliverable(): raise at once
+        self.held_depth = 0  # inside held(): never raise
+        self.pending: list[int] = []  # signals received and not yet raised
+
+
+_state = _State()
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt(f"signal {signum}")
+
+
+def _handler(signum: int, frame: Any) -> None:
+    _state.pending.append(signum)
+    if _state.held_depth:
+        return
+    if _state.open_depth or len(_state.pending) > 1:
+        _state.pending.clear()
+        raise _interrupt(signum)
+
+
+def install() -> Callable[[], None]:
+    """Install the handler for SIGINT and SIGTERM; returns a function that restores the old ones.
+
+    Only the main thread may install handlers; elsewhere (a library caller's thread) this
+    changes nothing and the returned function does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    _state.__init__()
+    _state.installed = True
+    for s in _SIGNALS:
+        signal.signal(s, _handler)
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _state.__init__()
+
+    return restore
+
+
+def pending() -> bool:
+    """True when a signal arrived that no deliverable region has raised yet."""
+    return bool(_state.pending)
+
+
+@contextmanager
+def deliverable() -> Iterator[None]:
+    """A region an interrupt may stop: a pending one is raised on entry, a new one at once."""
+    if not _state.installed:
+        yield
+        return
+    if _state.pending and not _state.held_depth:
+        signum = _state.pending[-1]
+        _state.pending.clear()
+        raise _interrupt(signum)
+    _state.open_depth += 1
+    try:
+        yield
+    finally:
+        _state.open_depth -= 1
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A region no interrupt may split (writing a set of files); signals wait until the next
+    deliverable region."""
+    _state.held_depth += 1
+    try:
+        yield
+    finally:
+        _state.held_depth -= 1
