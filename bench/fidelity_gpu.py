@@ -243,6 +243,22 @@ def naive_event_us(torch: Any, op: Callable[[], Any], iters: int, warmup: int) -
     return out
 
 
+def enqueue_probe_us_per_launch(
+    torch: Any, op: Callable[[], Any], *, warmup: int, launches: int
+) -> float:
+    """Host µs per launch of ``op`` in an unheld loop of ``launches``, after ``warmup`` runs;
+    the device is idle again on return."""
+    for _ in range(warmup):
+        op()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(launches):
+        op()
+    per_launch_us = (time.perf_counter_ns() - t0) / 1e3 / launches
+    torch.cuda.synchronize()
+    return per_launch_us
+
+
 def held_kernel(
     prof: Any,
     torch: Any,
@@ -253,15 +269,8 @@ def held_kernel(
     window_id: int,
 ) -> dict[str, Any]:
     """CUPTI span per launch while a spin kernel holds the stream during the whole enqueue."""
-    for _ in range(warmup):
-        op()
-    torch.cuda.synchronize()
     # Size the spin from an unheld enqueue of the same loop: 3x that, at least 5 ms.
-    t0 = time.perf_counter_ns()
-    for _ in range(iters):
-        op()
-    enqueue_probe_us = (time.perf_counter_ns() - t0) / 1e3
-    torch.cuda.synchronize()
+    enqueue_probe_us = iters * enqueue_probe_us_per_launch(torch, op, warmup=warmup, launches=iters)
     spin_us = max(5000.0, 3.0 * enqueue_probe_us + 1000.0)
     prof.begin_window(window_id, 1, iters)  # flushes and drops the warmup's records
     prof.push_gate(0)
@@ -301,14 +310,7 @@ def gated_kernel(
 ) -> dict[str, Any]:
     """CUPTI span per launch, one launch per iteration behind its own spin: maestro's schedule
     written by hand (synchronize, spin on the stream, enqueue the op while the spin runs)."""
-    for _ in range(warmup):
-        op()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(10):
-        op()
-    enqueue_probe_us = (time.perf_counter_ns() - t0) / 1e3 / 10
-    torch.cuda.synchronize()
+    enqueue_probe_us = enqueue_probe_us_per_launch(torch, op, warmup=warmup, launches=10)
     # The gap maestro left between iterations (its gate spin) when known: the GPU's clocks
     # and power state under a long kernel depend on how busy it is kept.
     spin_us = max(200.0, 3.0 * enqueue_probe_us + 50.0, gap_us or 0.0)

@@ -72,3 +72,21 @@ def test_fidelity_rows_ratio_and_naive_launch_bound():
     assert row["maestro_enqueue_us"] == 24.0
     missing = next(r for r in fg.fidelity_rows(maestro, local) if r["op"] == "gemm8192")
     assert missing["maestro_cupti_us"] is None and missing["within_1pct"] is None
+
+
+def test_enqueue_probe_warms_then_times_launches_between_two_synchronizes():
+    calls = []
+
+    class Cuda:
+        @staticmethod
+        def synchronize():
+            calls.append("sync")
+
+    class Torch:
+        cuda = Cuda
+
+    per_launch_us = fg.enqueue_probe_us_per_launch(
+        Torch, lambda: calls.append("op"), warmup=2, launches=3
+    )
+    assert calls == ["op", "op", "sync", "op", "op", "op", "sync"]
+    assert per_launch_us > 0

@@ -21,26 +21,24 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class _State:
     def __init__(self) -> None:
-        self.installed = False
         self.open_depth = 0  # inside deliverable(): raise at once
         self.held_depth = 0  # inside held(): never raise
-        self.pending: list[int] = []  # signals received and not yet raised
+        self.pending: int | None = None  # a signal received and not yet raised
 
 
 _state = _State()
 
 
-def _interrupt(signum: int) -> KeyboardInterrupt:
-    return KeyboardInterrupt(f"signal {signum}")
+def _raise(signum: int) -> None:
+    _state.pending = None
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _handler(signum: int, frame: Any) -> None:
-    _state.pending.append(signum)
-    if _state.held_depth:
-        return
-    if _state.open_depth or len(_state.pending) > 1:
-        _state.pending.clear()
-        raise _interrupt(signum)
+    repeated = _state.pending is not None
+    _state.pending = signum
+    if not _state.held_depth and (_state.open_depth or repeated):
+        _raise(signum)
 
 
 def install() -> Callable[[], None]:
@@ -53,7 +51,6 @@ def install() -> Callable[[], None]:
         return lambda: None
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
     _state.__init__()
-    _state.installed = True
     for s in _SIGNALS:
         signal.signal(s, _handler)
 
@@ -67,19 +64,17 @@ def install() -> Callable[[], None]:
 
 def pending() -> bool:
     """True when a signal arrived that no deliverable region has raised yet."""
-    return bool(_state.pending)
+    return _state.pending is not None
 
 
 @contextmanager
 def deliverable() -> Iterator[None]:
-    """A region an interrupt may stop: a pending one is raised on entry, a new one at once."""
-    if not _state.installed:
-        yield
-        return
-    if _state.pending and not _state.held_depth:
-        signum = _state.pending[-1]
-        _state.pending.clear()
-        raise _interrupt(signum)
+    """A region an interrupt may stop: a pending one is raised on entry, a new one at once.
+
+    Without :func:`install` nothing is ever pending and this changes nothing.
+    """
+    if _state.pending is not None and not _state.held_depth:
+        _raise(_state.pending)
     _state.open_depth += 1
     try:
         yield

@@ -119,7 +119,7 @@ class OutputWriter:
         self._plot_names: set[str] = set()
 
     def add(self, outcome: PatternOutcome) -> None:
-        with interrupts.held():
+        with interrupts.held():  # the plot too: a signal waits until this pattern is saved
             self.outcomes.append(outcome)
             self.flush()
             if self.plot and outcome.timeline is not None:
@@ -132,9 +132,8 @@ class OutputWriter:
         plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:
-        with interrupts.held():
-            self.failures.append({"pattern": pattern, "error": message})
-            self.flush()
+        self.failures.append({"pattern": pattern, "error": message})
+        self.flush()
 
     def flush(self) -> None:
         """Rewrite every output file from what was collected, all together."""
