@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from userbenchmark.maestro.core.aggregate import (
+from userbenchmark.maestro.core.analysis.aggregate import (
     WindowAggregate,
     local_summary,
     reduce_summaries,
     simulate_ranks,
 )
-from userbenchmark.maestro.core.profilers.base import WindowTimings
+from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 
 from ._common import machine_info, machine_lines, markdown_table, median_spread, write_json
 

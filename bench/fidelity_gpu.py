@@ -355,8 +355,8 @@ def in_process(
     """
     import torch
 
-    from userbenchmark.maestro.core.executor import calibrate_sleep_cycles_per_us
     from userbenchmark.maestro.core.profilers.cupti import CuptiProfiler, cupti_available
+    from userbenchmark.maestro.core.runtime.lanes import calibrate_sleep_cycles_per_us
 
     out: dict[str, dict[str, Any]] = {name: {} for name in op_names()}
     cycles_per_us = calibrate_sleep_cycles_per_us(torch.device("cuda", 0))
@@ -536,7 +536,7 @@ def first_launch_probe() -> dict[str, Any]:
     """
     import torch
 
-    from userbenchmark.maestro.core.executor import calibrate_sleep_cycles_per_us
+    from userbenchmark.maestro.core.runtime.lanes import calibrate_sleep_cycles_per_us
 
     dev = torch.device("cuda", 0)
     rate = calibrate_sleep_cycles_per_us(dev)

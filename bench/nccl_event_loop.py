@@ -29,8 +29,8 @@ import socket  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-from userbenchmark.maestro.core.bandwidth import algbw_gbps, bus_factor  # noqa: E402
-from userbenchmark.maestro.core.sizes import format_size, parse_size  # noqa: E402
+from userbenchmark.maestro.core.analysis.bandwidth import algbw_gbps, bus_factor
+from userbenchmark.maestro.core.config.sizes import format_size, parse_size
 
 from ._common import machine_info, markdown_table  # noqa: E402
 

@@ -128,10 +128,11 @@ def worker(
     )
     import torch.distributed as dist
 
-    from userbenchmark.maestro.core.distributed import LaunchInfo, init_distributed
-    from userbenchmark.maestro.core.loader import load_suite
-    from userbenchmark.maestro.core.runner import PatternRun
-    from userbenchmark.maestro.core.session import RunOptions, _setup_runtime
+    from userbenchmark.maestro.core.config.loader import load_suite
+    from userbenchmark.maestro.core.config.options import RunOptions
+    from userbenchmark.maestro.core.runtime.distributed import LaunchInfo, init_distributed
+    from userbenchmark.maestro.core.runtime.pattern import PatternRun
+    from userbenchmark.maestro.core.runtime.suite import _setup_runtime
 
     suite = load_suite(config, world_size=world)
     launch = LaunchInfo(rank=rank, world_size=world, local_rank=rank, launcher="torchrun")
@@ -200,7 +201,7 @@ def worker(
 def run_case(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from userbenchmark.maestro.core.distributed import free_port
+    from userbenchmark.maestro.core.runtime.distributed import free_port
 
     config = tmp / f"overhead_{size}.yaml"
     config.write_text(pattern_text(args.world, size, args.iters, args.warmup))

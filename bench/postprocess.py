@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from userbenchmark.maestro.core.analysis.stats import latency_stats
 from userbenchmark.maestro.core.profilers.attribution import (
     GATE_BLOCK,
     KIND_KERNEL,
@@ -33,7 +34,6 @@ from userbenchmark.maestro.core.profilers.attribution import (
     attribute,
     encode_external_id,
 )
-from userbenchmark.maestro.core.stats import latency_stats
 
 from ._common import machine_info, machine_lines, markdown_table, median_spread, write_json
 

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 from tests.integration.helpers import REPO_ROOT, by_block, read_records, run_maestro  # noqa: E402
 from tests.integration.test_shipped_configs import stated_world_sizes  # noqa: E402
-from userbenchmark.maestro.core.bandwidth import COMM_OPS, bus_factor  # noqa: E402
-from userbenchmark.maestro.core.loader import CONFIGS_DIR  # noqa: E402
+from userbenchmark.maestro.core.analysis.bandwidth import COMM_OPS, bus_factor  # noqa: E402
+from userbenchmark.maestro.core.config.loader import CONFIGS_DIR  # noqa: E402
 
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [

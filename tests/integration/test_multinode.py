@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from userbenchmark.maestro.core.distributed import free_port
+from userbenchmark.maestro.core.runtime.distributed import free_port
 
 from .helpers import REPO_ROOT, read_records
 

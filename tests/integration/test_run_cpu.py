@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from userbenchmark.maestro.core.metric_keys import parse_metric_key
+from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 
 from .helpers import REPO_ROOT, by_block, read_records, run_maestro, run_pattern
 

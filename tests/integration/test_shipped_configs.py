@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from userbenchmark.maestro.core.loader import CONFIGS_DIR, load_suite
-from userbenchmark.maestro.core.scale import apply_max_size
+from userbenchmark.maestro.core.config.capping import apply_max_size
+from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite
 
 from .helpers import read_records, run_maestro
 

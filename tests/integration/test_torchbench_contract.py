@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from userbenchmark.maestro.core.metric_keys import parse_metric_key
+from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.install import cupti_requirement
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.bandwidth import (
+from userbenchmark.maestro.core.analysis.bandwidth import (
     COMM_OPS,
     algbw_gbps,
     bus_bytes,

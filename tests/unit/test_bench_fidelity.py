@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from bench import fidelity_gpu as fg
-from userbenchmark.maestro.core.loader import load_suite_text
+from userbenchmark.maestro.core.config.loader import load_suite_text
 
 
 def _pattern(name, *, late=0, **extra):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from userbenchmark.maestro.compare import (
+from userbenchmark.maestro.core.output.compare import (
     CompareError,
     compare_files,
     compare_metrics,

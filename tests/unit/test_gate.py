@@ -7,20 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from userbenchmark.maestro.blocks.base import registered_ops
-from userbenchmark.maestro.core.aggregate import local_summary, simulate_ranks
-from userbenchmark.maestro.core.executor import (
+from userbenchmark.maestro.blocks.registry import registered_ops
+from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings, host_late
+from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from userbenchmark.maestro.core.output.table import format_pattern
+from userbenchmark.maestro.core.runtime.lanes import (
     DEFAULT_GATE_US,
     MAX_GATE_US,
     MIN_GATE_US,
-    WindowStats,
     calibrated_gate_us,
-    host_late,
 )
-from userbenchmark.maestro.core.profilers.base import WindowTimings
-from userbenchmark.maestro.core.report import format_pattern
-from userbenchmark.maestro.core.runner import build_outcome
-from userbenchmark.maestro.core.schema import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 
 
 def test_gate_is_twice_the_slowest_warmup_enqueue_after_the_first():
@@ -118,7 +116,7 @@ def _window(gate_open, first_start):
 def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
     # The second lane starts 20 µs after the gate (SMs busy), but the host was done in time.
     t = _window(gate_open=0, first_start=1_000)
-    h = WindowStats(
+    h = HostTimings(
         enqueue_ns=np.array([60_000, 70_000]),
         launch_ns=np.array([[25_000, 30_000], [20_000, 22_000]]),
         gate_us=140.0,
@@ -138,12 +136,12 @@ def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
 
 def test_host_late_on_one_rank_is_reported_with_its_numbers():
     t = _window(gate_open=0, first_start=1_000)
-    fast = WindowStats(
+    fast = HostTimings(
         enqueue_ns=np.array([60_000, 70_000]),
         launch_ns=np.full((2, 2), 20_000),
         gate_us=140.0,
     )
-    slow = WindowStats(
+    slow = HostTimings(
         enqueue_ns=np.array([60_000, 150_000]),
         launch_ns=np.array([[20_000, 100_000], [20_000, 20_000]]),
         gate_us=140.0,
@@ -160,7 +158,7 @@ def test_host_late_on_one_rank_is_reported_with_its_numbers():
 
 def test_cpu_windows_have_no_host_figures():
     t = _window(gate_open=0, first_start=1_000)
-    agg, out = _outcome([t], [WindowStats()])
+    agg, out = _outcome([t], [HostTimings()])
     assert math.isnan(out.pattern.gate_spin_us) and out.pattern.host_late_iters is None
     assert all(math.isnan(b.enqueue_avg_us) for b in out.blocks)
     assert "gate spin" not in format_pattern(out)
@@ -170,7 +168,7 @@ def test_cpu_windows_have_no_host_figures():
 def test_gc_is_paused_inside_a_window_and_restored():
     import gc
 
-    from userbenchmark.maestro.core.executor import gc_paused
+    from userbenchmark.maestro.core.runtime.lanes import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

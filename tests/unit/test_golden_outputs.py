@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from userbenchmark.maestro.blocks.base import resolve_op
-from userbenchmark.maestro.core.aggregate import local_summary, simulate_ranks
-from userbenchmark.maestro.core.executor import WindowStats
-from userbenchmark.maestro.core.loader import load_suite
-from userbenchmark.maestro.core.outputs import OutputWriter
-from userbenchmark.maestro.core.profilers.base import WindowTimings
-from userbenchmark.maestro.core.report import format_pattern
-from userbenchmark.maestro.core.results import RankTimeline, Timeline
-from userbenchmark.maestro.core.runner import build_outcome
+from userbenchmark.maestro.blocks.registry import resolve_op
+from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings
+from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.analysis.records import RankTimeline, Timeline
+from userbenchmark.maestro.core.config.loader import load_suite
+from userbenchmark.maestro.core.output.table import format_pattern
+from userbenchmark.maestro.core.output.writer import OutputWriter
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"
 FILES = (
@@ -52,7 +51,7 @@ def _fake_window(rank: int, pattern_index: int, num_blocks: int, num_iters: int,
             starts[b, it], ends[b, it] = start, start + dur
             lane_free[(lane, it)] = start + dur
     gate = starts.min(axis=0) - 1_500
-    host = WindowStats(
+    host = HostTimings(
         enqueue_ns=np.full(num_iters, 40_000 + 1_000 * rank, dtype=np.int64),
         launch_ns=np.full((num_blocks, num_iters), 9_000, dtype=np.int64),
         gate_us=60.0,

@@ -9,9 +9,11 @@ import threading
 
 import pytest
 
-from userbenchmark.maestro.core import interrupts, outputs
-from userbenchmark.maestro.core.outputs import OutputWriter, atomic_write_files
-from userbenchmark.maestro.core.results import BlockResult, PatternOutcome, PatternResult
+from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
+from userbenchmark.maestro.core.output import files as outputs
+from userbenchmark.maestro.core.output.files import atomic_write_files
+from userbenchmark.maestro.core.output.writer import OutputWriter
+from userbenchmark.maestro.core.runtime import interrupts
 
 
 @pytest.fixture
@@ -107,7 +109,9 @@ def _outcome(name: str) -> PatternOutcome:
 def test_interrupt_while_files_are_written_leaves_them_in_agreement(
     tmp_path, installed, monkeypatch
 ):
-    writer = OutputWriter(output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={})
+    writer = OutputWriter(
+        output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={}, guard=interrupts.held
+    )
     writer.add(_outcome("one"))
     real = outputs._write_temporary
     calls = []

@@ -12,8 +12,7 @@ import pytest
 
 from userbenchmark.maestro.blocks.base import Block, Param
 from userbenchmark.maestro.blocks.compute import Gemm
-from userbenchmark.maestro.core.errors import ConfigError
-from userbenchmark.maestro.core.loader import (
+from userbenchmark.maestro.core.config.loader import (
     CONFIGS_DIR,
     load_suite,
     load_suite_text,
@@ -21,8 +20,9 @@ from userbenchmark.maestro.core.loader import (
     resolve_config_path,
     shipped_configs,
 )
-from userbenchmark.maestro.core.schema import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
-from userbenchmark.maestro.core.summary import rank_buffer_bytes, suite_summary
+from userbenchmark.maestro.core.config.spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
+from userbenchmark.maestro.core.config.summary import rank_buffer_bytes, suite_summary
+from userbenchmark.maestro.errors import ConfigError
 
 HEAD = "name: t\nworld_size: 4\n"
 OPS = [
@@ -722,8 +722,8 @@ def test_loading_touches_no_distributed_state():
     # In a fresh interpreter: validation must not import torch.distributed (nor need a GPU).
     code = (
         "import sys\n"
-        "from userbenchmark.maestro.core.loader import load_suite\n"
-        "from userbenchmark.maestro.core.summary import suite_summary\n"
+        "from userbenchmark.maestro.core.config.loader import load_suite\n"
+        "from userbenchmark.maestro.core.config.summary import suite_summary\n"
         "suite_summary(load_suite('quickstart', world_size=2))\n"
         "assert 'torch.distributed' not in sys.modules, 'torch.distributed imported'\n"
     )

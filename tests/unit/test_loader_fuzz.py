@@ -16,9 +16,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.errors import ConfigError
-from userbenchmark.maestro.core.loader import CONFIGS_DIR, load_suite_text
-from userbenchmark.maestro.core.schema import SuiteSpec
+from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite_text
+from userbenchmark.maestro.core.config.spec import SuiteSpec
+from userbenchmark.maestro.errors import ConfigError
 
 FUZZ = settings(
     max_examples=int(os.environ.get("MAESTRO_FUZZ_EXAMPLES", "200")),

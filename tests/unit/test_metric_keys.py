@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.metric_keys import (
+from userbenchmark.maestro.core.output.metric_keys import (
     BLOCK_METRICS,
     METRICS,
     PATTERN_METRICS,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.bandwidth import bus_bytes
-from userbenchmark.maestro.core.overlap import (
+from userbenchmark.maestro.core.analysis.bandwidth import bus_bytes
+from userbenchmark.maestro.core.analysis.overlap import (
     comm_compute_overlap,
     intersection_ns,
     makespan_ns,

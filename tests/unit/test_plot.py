@@ -10,21 +10,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from userbenchmark.maestro.core.errors import RunError
-from userbenchmark.maestro.core.plot import (
-    MISSING_MATPLOTLIB,
-    median_makespan_iteration,
-    plot_file_name,
-    plot_outcomes,
-    plot_pattern,
-)
-from userbenchmark.maestro.core.results import (
+from userbenchmark.maestro.core.analysis.records import (
     BlockResult,
     PatternOutcome,
     PatternResult,
     RankTimeline,
     Timeline,
 )
+from userbenchmark.maestro.core.output.plot import (
+    MISSING_MATPLOTLIB,
+    median_makespan_iteration,
+    plot_file_name,
+    plot_outcomes,
+    plot_pattern,
+)
+from userbenchmark.maestro.errors import RunError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -158,7 +158,7 @@ def test_plot_pattern_writes_png(mpl, tmp_path):
 def test_timeline_panel_bars(mpl):
     from matplotlib.figure import Figure
 
-    from userbenchmark.maestro.core.plot import _block_colors, _draw_timeline
+    from userbenchmark.maestro.core.output.plot import _block_colors, _draw_timeline
 
     outcome = make_outcome()
     ax = Figure().subplots()
@@ -185,7 +185,7 @@ def test_timeline_panel_bars(mpl):
 def test_latency_panel_skips_missing_baseline(mpl):
     from matplotlib.figure import Figure
 
-    from userbenchmark.maestro.core.plot import _block_colors, _draw_latency
+    from userbenchmark.maestro.core.output.plot import _block_colors, _draw_latency
 
     colors = _block_colors(["allgather", "gemm", "reduce_scatter"])
     ax = Figure().subplots()

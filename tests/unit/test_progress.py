@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from userbenchmark.maestro.core.progress import (
+from userbenchmark.maestro.core.output.progress import (
     Progress,
     estimate_left_s,
     format_line,

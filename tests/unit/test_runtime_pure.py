@@ -9,26 +9,22 @@ import os
 import numpy as np
 import pytest
 
-from userbenchmark.maestro.blocks.base import registered_ops
-from userbenchmark.maestro.core.aggregate import local_summary, simulate_ranks
-from userbenchmark.maestro.core.distributed import apply_env, detect_launch, resolve_backend
-from userbenchmark.maestro.core.errors import RunError
-from userbenchmark.maestro.core.outputs import (
-    OutputWriter,
-    atomic_write_bytes,
-    atomic_write_text,
-    metrics_of,
-)
-from userbenchmark.maestro.core.profilers.base import WindowTimings
-from userbenchmark.maestro.core.report import format_pattern
-from userbenchmark.maestro.core.runner import build_outcome
-from userbenchmark.maestro.core.schema import (
+from userbenchmark.maestro.blocks.registry import registered_ops
+from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.intervals import WindowTimings
+from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.config.spec import (
     AxisSpec,
     BlockSpec,
     PatternSpec,
     SuiteSpec,
     frozen_mapping,
 )
+from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_write_text
+from userbenchmark.maestro.core.output.table import format_pattern
+from userbenchmark.maestro.core.output.writer import OutputWriter, metrics_of
+from userbenchmark.maestro.core.runtime.distributed import apply_env, detect_launch, resolve_backend
+from userbenchmark.maestro.errors import RunError
 
 
 def test_rank_beats_slurm_procid():

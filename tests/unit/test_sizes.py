@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.sizes import MAX_SIZE_BYTES, format_size, parse_size
+from userbenchmark.maestro.core.config.sizes import MAX_SIZE_BYTES, format_size, parse_size
 
 GOOD = [
     (1, 1),

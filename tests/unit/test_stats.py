@@ -10,13 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.stats import (
+from userbenchmark.maestro.core.analysis.stats import (
     LatencyStats,
+    latency_stats,
+    percentile_nearest_rank,
+)
+from userbenchmark.maestro.core.output.units import (
     choose_latency_unit,
     format_in_unit,
     format_latency,
-    latency_stats,
-    percentile_nearest_rank,
 )
 
 # --- percentile_nearest_rank -------------------------------------------------------------------

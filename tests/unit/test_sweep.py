@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from userbenchmark.maestro.core.sweep import (
+from userbenchmark.maestro.core.config.sweep import (
     MAX_SWEEP_POINTS,
     SweepVariable,
     check_references,

@@ -9,14 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from userbenchmark.maestro.core.results import (
+from userbenchmark.maestro.core.analysis.records import (
     BlockResult,
     PatternOutcome,
     PatternResult,
     RankTimeline,
     Timeline,
 )
-from userbenchmark.maestro.core.trace import (
+from userbenchmark.maestro.core.output.trace import (
     PATTERN_GAP_MIN_US,
     PATTERN_TRACK_TID,
     PROCESS_ID_OFFSET,

@@ -9,31 +9,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from .blocks.dtypes import DTYPES
+from .core.runtime.logs import configure_logging
+from .core.runtime.worker import _load, run_worker
+from .errors import EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger("maestro")
-
-
-class _RankFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-        return True
-
-
-def configure_logging(level: str = "INFO") -> None:
-    """Log lines carry the rank: ``[maestro r1] WARNING ...``."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("[maestro r%(rank)s] %(levelname)s %(message)s"))
-    root = logging.getLogger("maestro")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +104,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     def max_size(text: str) -> int:
-        from .core.sizes import parse_size
+        from .core.config.sizes import parse_size
 
         try:
             return parse_size(text)
@@ -159,16 +144,8 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _load(config: str, world_size: int | None, options: dict[str, Any]) -> Any:
-    from .core.loader import load_suite
-    from .core.session import RunOptions, apply_overrides
-
-    suite = load_suite(config, world_size=world_size)
-    return apply_overrides(suite, RunOptions(**options))
-
-
 def _check_numbers(ns: argparse.Namespace) -> None:
-    from .core.errors import ConfigError
+    from .errors import ConfigError
 
     for name in ("nproc", "iters"):
         value = getattr(ns, name)
@@ -182,43 +159,16 @@ def _check_numbers(ns: argparse.Namespace) -> None:
         if getattr(ns, flag, False) and not ns.output_dir:
             raise ConfigError(f"--{flag} writes into --output-dir: give --output-dir DIR")
     if getattr(ns, "plot", False):
-        from .core.plot import MISSING_MATPLOTLIB, matplotlib_available
+        from .core.output.plot import MISSING_MATPLOTLIB, matplotlib_available
 
         if not matplotlib_available():
             raise ConfigError(MISSING_MATPLOTLIB)
 
 
-def run_worker(config: str, world_size: int, options: dict[str, Any]) -> int:
-    """One rank's run (in a worker started by the launcher, torchrun or srun)."""
-    from .core.distributed import detect_launch
-    from .core.errors import ConfigError, RunError
-    from .core.session import RunOptions, run_suite
-
-    launch = detect_launch()
-    try:
-        suite = _load(config, launch.world_size, options)
-        return run_suite(suite, RunOptions(**options), launch)
-    except ConfigError as err:
-        if launch.rank == 0:
-            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except RunError as err:
-        print(f"maestro: rank {launch.rank}: {err}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        if launch.rank == 0:
-            print(
-                "maestro: interrupted; patterns that finished are saved",
-                file=sys.stderr,
-                flush=True,
-            )
-        return 130
-
-
 def cmd_run(ns: argparse.Namespace) -> int:
-    from .core.distributed import detect_launch
-    from .core.errors import ConfigError
-    from .core.launcher import launch_local
+    from .core.runtime.distributed import detect_launch
+    from .core.runtime.launcher import launch_local
+    from .errors import ConfigError
 
     launch = detect_launch()
     options = _options(ns)
@@ -245,9 +195,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
-    from .core.errors import ConfigError
-    from .core.loader import load_suite
-    from .core.summary import suite_summary
+    from .core.config.loader import load_suite
+    from .core.config.summary import suite_summary
+    from .errors import ConfigError
 
     try:
         suite = load_suite(ns.config, world_size=ns.world_size)
@@ -259,7 +209,7 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from .compare import (
+    from .core.output.compare import (
         CompareError,
         compare_files,
         exit_code,
@@ -280,14 +230,14 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 def cmd_list_blocks(ns: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from .blocks.base import registered_ops
+    from .blocks.registry import registered_ops
 
     common = [
         ("name", "str", "required", "block name, unique in its pattern"),
         ("op", "str", "required", "a name below, or package.module:ClassName"),
         ("axis", "str", "world", "axis whose teams run the block"),
         ("lane", "str", "the axis", "in-order queue the block is issued on"),
-        ("dtype", "str", "defaults.dtype", "fp32 | fp16 | bf16 | fp64 | int32 | ..."),
+        ("dtype", "str", "defaults.dtype", " | ".join(DTYPES)),
         (
             "register_buffers",
             "bool",

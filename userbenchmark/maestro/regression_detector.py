@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.metric_keys import judge_key
+from .core.output.metric_keys import judge_key
 
 __all__ = ["TorchBenchABTestMetric", "TorchBenchABTestResult", "run"]
 

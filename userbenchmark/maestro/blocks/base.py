@@ -8,7 +8,6 @@ work in ``launch``. Custom blocks subclass :class:`Block` and are named in YAML 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from ..core.schema import BlockSpec
+    from ..core.config.spec import BlockSpec
 
 
 class _Required:
@@ -166,55 +165,3 @@ class BlockContext:
         if self.allocator is not None:
             return self.allocator(numel, dtype)
         return torch.empty(numel, dtype=dtype, device=self.device)
-
-
-_REGISTRY: dict[str, type[Block]] = {}
-
-
-def register_block(name: str) -> Callable[[type[Block]], type[Block]]:
-    """Class decorator adding a block class to the registry under ``name``."""
-
-    def decorate(cls: type[Block]) -> type[Block]:
-        if name in _REGISTRY:
-            raise ValueError(f"block op {name!r} registered twice")
-        cls.op = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
-
-
-def registered_ops() -> dict[str, type[Block]]:
-    """Every built-in op, by name (importing the built-in block modules first)."""
-    from . import comm, compute  # noqa: F401  (registration side effect)
-
-    return dict(_REGISTRY)
-
-
-class BlockImportError(LookupError):
-    """A custom ``module:Class`` op could not be imported or is not a Block."""
-
-
-def resolve_op(op: str) -> type[Block]:
-    """The block class of ``op``: a registry name or ``package.module:ClassName``.
-
-    Raises KeyError for an unknown registry name and BlockImportError for a bad custom op.
-    """
-    if ":" not in op:
-        ops = registered_ops()
-        if op not in ops:
-            raise KeyError(op)
-        return ops[op]
-    module_name, _, class_name = op.partition(":")
-    if not module_name or not class_name:
-        raise BlockImportError(f"custom op {op!r} must be written 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import of user code can raise anything
-        raise BlockImportError(f"cannot import module {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise BlockImportError(f"module {module_name!r} has no attribute {class_name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, Block)):
-        raise BlockImportError(f"{op!r} is not a subclass of maestro's Block")
-    return cls

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Block, Param, register_block
+from .base import Block, Param
 from .data import (
     check_values,
     count_wrong,
@@ -70,7 +70,7 @@ class Collective(Block):
     def check_params(
         cls, params: Mapping[str, Any], *, dtype: str, team_size: int
     ) -> list[tuple[str, str]]:
-        from ..core.schema import DTYPE_SIZES_BYTES
+        from .dtypes import DTYPE_SIZES_BYTES
 
         size = params["size"]
         elem = DTYPE_SIZES_BYTES[dtype]
@@ -117,9 +117,10 @@ class Collective(Block):
         return torch_reduce_op(self.spec.params.get("reduce_op", "sum"), self.ctx.backend)
 
 
-@register_block("all_reduce")
 class AllReduce(Collective):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
+
+    op = "all_reduce"
 
     params = (SIZE, REDUCE_OP)
 
@@ -143,9 +144,10 @@ class AllReduce(Collective):
         return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
 
 
-@register_block("all_gather")
 class AllGather(Collective):
     """all_gather_into_tensor: each rank contributes S / team_size bytes."""
+
+    op = "all_gather"
 
     one_rank_copies = True
     params = (SIZE, IN_PLACE)
@@ -186,9 +188,10 @@ class AllGather(Collective):
         return count_wrong(self.out, expected, "copy", self.ctx.team_size)
 
 
-@register_block("reduce_scatter")
 class ReduceScatter(Collective):
     """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
+
+    op = "reduce_scatter"
 
     one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
@@ -232,9 +235,10 @@ class ReduceScatter(Collective):
         )
 
 
-@register_block("all_to_all")
 class AllToAll(Collective):
     """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
+
+    op = "all_to_all"
 
     divide_by_team = True
     one_rank_copies = True
@@ -274,9 +278,10 @@ class AllToAll(Collective):
         return count_wrong(self.out, expected, "copy", n)
 
 
-@register_block("broadcast")
 class Broadcast(Collective):
     """broadcast of an S-byte buffer from the team's ``root``."""
+
+    op = "broadcast"
 
     params = (SIZE, ROOT)
 
@@ -297,9 +302,10 @@ class Broadcast(Collective):
         return count_wrong(self.buf, expected, "copy", self.ctx.team_size)
 
 
-@register_block("reduce")
 class Reduce(Collective):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
+
+    op = "reduce"
 
     params = (SIZE, REDUCE_OP, ROOT)
 
@@ -329,9 +335,10 @@ class Reduce(Collective):
         return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
 
 
-@register_block("send_recv")
 class SendRecv(Collective):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
+
+    op = "send_recv"
 
     min_team_size = 2
 

@@ -6,12 +6,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Block, Param, register_block
+from .base import Block, Param
+from .dtypes import FLOATING_DTYPES
 
 
-@register_block("gemm")
 class Gemm(Block):
     """C[m, n] = A[m, k] @ B[k, n]; dimensions are element counts, FLOPs = 2mnk."""
+
+    op = "gemm"
 
     category = "compute"
     params = (
@@ -68,13 +70,14 @@ class Gemm(Block):
     def check_params(
         cls, params: Mapping[str, Any], *, dtype: str, team_size: int
     ) -> list[tuple[str, str]]:
-        if dtype not in ("fp32", "fp16", "bf16", "fp64"):
-            return [("dtype", f"gemm needs a floating dtype (fp32, fp16, bf16, fp64), got {dtype}")]
+        if dtype not in FLOATING_DTYPES:
+            valid = ", ".join(FLOATING_DTYPES)
+            return [("dtype", f"gemm needs a floating dtype ({valid}), got {dtype}")]
         return []
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        from ..core.schema import DTYPE_SIZES_BYTES
+        from .dtypes import DTYPE_SIZES_BYTES
 
         m, n, k = params["m"], params["n"], params["k"]
         return (m * k + k * n + m * n) * DTYPE_SIZES_BYTES[dtype]
@@ -113,9 +116,10 @@ class Gemm(Block):
         torch.matmul(self.a, self.b, out=self.c)
 
 
-@register_block("sleep")
 class Sleep(Block):
     """Occupy the lane for ``duration_us``: a spin kernel on CUDA, a timed wait on CPU."""
+
+    op = "sleep"
 
     category = "other"
     params = (

@@ -9,24 +9,6 @@ if TYPE_CHECKING:
 
     from .base import BlockContext
 
-TORCH_DTYPES = {
-    "fp32": "float32",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "fp64": "float64",
-    "int32": "int32",
-    "int64": "int64",
-    "int8": "int8",
-    "uint8": "uint8",
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """torch dtype of a pattern dtype name (fp32, fp16, bf16, ...)."""
-    import torch
-
-    return getattr(torch, TORCH_DTYPES[name])
-
 
 def _generator(ctx: BlockContext) -> torch.Generator:
     import torch
@@ -140,7 +122,7 @@ def torch_reduce_op(name: str, backend: str) -> Any:
     import torch.distributed as dist
 
     if name == "avg" and backend != "nccl":
-        from ..core.errors import RunError
+        from ..errors import RunError
 
         raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
     return {

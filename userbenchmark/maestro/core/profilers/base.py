@@ -2,29 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True, kw_only=True)
-class WindowTimings:
-    """Timings of one measured window (the iterations of one pattern or baseline run).
-
-    ``starts_ns``/``ends_ns`` have shape (num_blocks, num_iters) on this rank's own clock;
-    rows of blocks this rank does not run (``present`` False) are zeros and never read.
-    """
-
-    starts_ns: np.ndarray
-    ends_ns: np.ndarray
-    present: np.ndarray
-    clock: str
-    """``perf_counter`` (host), ``cuda_event`` (CUDA events) or ``cupti`` (CLOCK_REALTIME)."""
-    gate_open_ns: np.ndarray | None = None
-    """Per iteration: when the start gate released the lanes, same clock (GPU only)."""
-    activity_counts: np.ndarray | None = None
-    """Per block: device activities attributed to it in the window (CUPTI only)."""
-    extra: dict | None = None
+from ..analysis.intervals import WindowTimings
 
 
 class Profiler:
@@ -60,3 +40,23 @@ class Profiler:
 
     def close(self) -> None:
         pass
+
+
+class NullProfiler(Profiler):
+    """Records nothing (check-mode runs, which are not timed)."""
+
+    name = "none"
+
+    def begin_window(
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
+    ) -> None:
+        pass
+
+    def before(self, block: int, iteration: int) -> None:
+        pass
+
+    def after(self, block: int, iteration: int) -> None:
+        pass
+
+    def end_window(self) -> WindowTimings:
+        raise RuntimeError("NullProfiler has no timings")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Profiler, WindowTimings
+from ..analysis.intervals import WindowTimings
+from .base import Profiler
 from .cupti import CuptiProfiler
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Profiler, WindowTimings
+from ..analysis.intervals import WindowTimings
+from .base import Profiler
 
 
 class EventProfiler(Profiler):

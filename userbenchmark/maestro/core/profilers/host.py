@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from .base import Profiler, WindowTimings
+from ..analysis.intervals import WindowTimings
+from .base import Profiler
 
 
 class HostProfiler(Profiler):

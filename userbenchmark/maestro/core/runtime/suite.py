@@ -6,16 +6,16 @@ and broadcast. Patterns that finished are saved before the next one starts.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
-import fnmatch
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import ConfigError, RunError
+from ..config.options import RunOptions
+from ..config.spec import SuiteSpec
 from . import interrupts
 from .distributed import (
     DistContext,
@@ -25,71 +25,12 @@ from .distributed import (
     init_distributed,
     shutdown_distributed,
 )
-from .errors import ConfigError, RunError
-from .schema import SuiteSpec
 
 log = logging.getLogger("maestro")
 
 PROFILERS = ("auto", "cupti", "events", "host")
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 """The folder holding ``userbenchmark/`` (TorchBench's repo root, or this repo's)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """Command-line choices of a run (the pattern file holds everything else)."""
-
-    backend: str = "auto"
-    profiler: str = "auto"
-    output_dir: str | None = None
-    metrics_dir: str | None = None
-    """Where the TorchBench metrics file goes; default ``<repo>/.userbenchmark/maestro``."""
-    write_metrics: bool = True
-    precision: int = 2
-    iters: int | None = None
-    warmup_iters: int | None = None
-    check: bool | None = None
-    baseline: bool | None = None
-    patterns: tuple[str, ...] = ()
-    """fnmatch filters on pattern names (expanded or base); empty: every pattern."""
-    seed: int = 0
-    trace: bool = False
-    plot: bool = False
-    max_size_bytes: int | None = None
-    """Cap of every message size and GEMM operand (``--max-size``); None: sizes as written."""
-
-
-def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
-    """The suite with command-line overrides applied and patterns filtered (pure)."""
-    patterns = []
-    for p in suite.patterns:
-        if options.patterns and not any(
-            fnmatch.fnmatchcase(p.name, f) or fnmatch.fnmatchcase(p.base_name, f)
-            for f in options.patterns
-        ):
-            continue
-        changes: dict[str, Any] = {}
-        if options.iters is not None:
-            changes["num_iters"] = options.iters
-        if options.warmup_iters is not None:
-            changes["warmup_iters"] = options.warmup_iters
-        if options.check is not None:
-            changes["check"] = options.check
-        if options.baseline is not None:
-            changes["baseline"] = options.baseline
-        patterns.append(dataclasses.replace(p, **changes))
-    if not patterns:
-        names = ", ".join(p.name for p in suite.patterns)
-        raise ConfigError(
-            f"--pattern {' '.join(options.patterns)} matches no pattern; patterns: {names}",
-            file=suite.source,
-        )
-    result = dataclasses.replace(suite, patterns=tuple(patterns))
-    if options.max_size_bytes is not None:
-        from .scale import apply_max_size
-
-        result = apply_max_size(result, options.max_size_bytes)
-    return result
 
 
 def make_profiler(name: str, dist: DistContext) -> Any:
@@ -99,7 +40,7 @@ def make_profiler(name: str, dist: DistContext) -> Any:
     if not dist.is_cuda:
         if name not in ("auto", "host"):
             raise RunError(f"profiler {name!r} needs CUDA; CPU lanes use the host profiler")
-        from .profilers.host import HostProfiler
+        from ..profilers.host import HostProfiler
 
         return HostProfiler()
     if name == "host":
@@ -108,11 +49,11 @@ def make_profiler(name: str, dist: DistContext) -> Any:
             "not the GPU work: use cupti or events"
         )
     if name in ("auto", "cupti"):
-        from .profilers.cupti import cupti_available
+        from ..profilers.cupti import cupti_available
 
         ok, why = cupti_available()
         if ok:
-            from .profilers.cupti_window import CuptiWindowProfiler
+            from ..profilers.cupti_window import CuptiWindowProfiler
 
             prof = CuptiWindowProfiler()
             prof.start()
@@ -125,7 +66,7 @@ def make_profiler(name: str, dist: DistContext) -> Any:
                 "coarser (stream-level)",
                 why,
             )
-    from .profilers.events import EventProfiler
+    from ..profilers.events import EventProfiler
 
     return EventProfiler()
 
@@ -143,7 +84,7 @@ def environ_info(
     """
     import torch
 
-    from .. import __version__
+    from ... import __version__
 
     info = {
         "maestro_version": __version__,
@@ -180,9 +121,9 @@ def _broadcast_object(obj: Any, group: Any) -> Any:
 def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
     import torch.distributed as tdist
 
-    from .comms import Communicators
-    from .executor import CpuExecutor, CudaExecutor, calibrate_sleep_cycles_per_us
-    from .runner import Runtime
+    from .communicators import Communicators
+    from .lanes import CpuExecutor, CudaExecutor, calibrate_sleep_cycles_per_us
+    from .pattern import Runtime
 
     used = {b.axis for p in suite.patterns for b in p.blocks}
     sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
@@ -235,11 +176,11 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     0: every pattern finished; 1: a pattern failed (every rank agrees on the error); 130: a
     rank was interrupted (SIGINT/SIGTERM). Finished patterns are saved as they finish.
     """
+    from ..output.progress import Progress
+    from ..output.table import format_pattern
+    from ..output.writer import OutputWriter
     from .agreement import agree
-    from .outputs import OutputWriter
-    from .progress import Progress
-    from .report import format_pattern
-    from .runner import measure_pattern
+    from .pattern import measure_pattern
 
     launch = launch or detect_launch()
     if launch.world_size != suite.world_size:
@@ -282,6 +223,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 environ=environ_info(dist, suite, options, rt.calibration),
                 trace=options.trace,
                 plot=options.plot,
+                guard=interrupts.held,
             )
             progress = Progress(total=len(suite.patterns))
             progress.start()

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RunError
-from .outputs import atomic_write_bytes
-from .results import PatternOutcome, Timeline
+from ...errors import RunError
+from ..analysis.records import PatternOutcome, Timeline
+from .files import atomic_write_bytes
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"
 

@@ -11,10 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-DTYPE_SIZES_BYTES: Mapping[str, int] = MappingProxyType(
-    {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
-)
-"""Element size of every dtype name a pattern may use."""
+from ...blocks.dtypes import DTYPE_SIZES_BYTES
 
 PRIORITIES = ("normal", "high")
 SYNC_MODES = ("barrier", "none")

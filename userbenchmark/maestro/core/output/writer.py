@@ -11,62 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from . import interrupts
+from ..analysis.records import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
+from .files import atomic_write_files
 from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
-from .results import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _write_temporary(path: Path, data: bytes) -> str:
-    """``data`` in a fsynced temporary file next to ``path``; returns the temporary's path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    return tmp
-
-
-def atomic_write_files(files: Mapping[Path, bytes]) -> None:
-    """Write every file so readers see old or new contents, never a part; all temporaries
-    are complete before the first rename, so the files change together."""
-    written: dict[Path, str] = {}
-    try:
-        for path, data in files.items():
-            written[path] = _write_temporary(path, data)
-        for path in list(written):
-            os.replace(written.pop(path), path)
-    except BaseException:
-        for tmp in written.values():
-            _unlink_quietly(tmp)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
-    atomic_write_files({path: data})
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def metrics_of(outcomes: Iterable[PatternOutcome]) -> dict[str, float]:
@@ -108,7 +60,10 @@ class OutputWriter:
         environ: Mapping[str, str],
         trace: bool = False,
         plot: bool = False,
+        guard: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
+        """``guard()`` wraps every update: the runtime passes one that holds SIGINT/SIGTERM
+        until the files of the update agree again."""
         self.output_dir = output_dir
         self.metrics_path = metrics_path
         self.environ = dict(environ)
@@ -117,9 +72,10 @@ class OutputWriter:
         self.outcomes: list[PatternOutcome] = []
         self.failures: list[dict[str, str]] = []
         self._plot_names: set[str] = set()
+        self._guard = guard
 
     def add(self, outcome: PatternOutcome) -> None:
-        with interrupts.held():  # the plot too: a signal waits until this pattern is saved
+        with self._guard():  # the plot too: a signal waits until this pattern is saved
             self.outcomes.append(outcome)
             self.flush()
             if self.plot and outcome.timeline is not None:
@@ -137,7 +93,7 @@ class OutputWriter:
 
     def flush(self) -> None:
         """Rewrite every output file from what was collected, all together."""
-        with interrupts.held():
+        with self._guard():
             atomic_write_files({path: text.encode("utf-8") for path, text in self._texts().items()})
 
     def _texts(self) -> dict[Path, str]:

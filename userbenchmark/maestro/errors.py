@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""Process exit statuses: success, a failed pattern or comparison, invalid input, interrupted."""
+
 
 class MaestroError(Exception):
     """Base class of every error maestro raises on purpose."""

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import overlap
-from .executor import WindowStats, host_late
-from .profilers.base import WindowTimings
+from .intervals import HostTimings, WindowTimings, host_late
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
 """Element-wise reduction of a float64 array over all ranks: op is ``max``, ``min`` or ``sum``."""
@@ -65,7 +64,7 @@ def local_summary(
     lane_of_block: Sequence[int],
     is_comm: np.ndarray,
     is_compute: np.ndarray,
-    host: WindowStats | None = None,
+    host: HostTimings | None = None,
 ) -> dict[str, np.ndarray]:
     """This rank's fixed-size arrays (before any reduction); absent entries are +-inf/0.
 
@@ -244,18 +243,3 @@ def simulate_ranks(summaries: Sequence[dict[str, np.ndarray]]) -> WindowAggregat
         [_slowest_candidate(s, out["avg_max"], r) for r, s in enumerate(summaries)]
     )
     return _finish(out, candidates.max(axis=0))
-
-
-def torch_reducer(group: object) -> Reducer:
-    """A :data:`Reducer` over a (gloo) process group."""
-
-    def reduce(values: np.ndarray, op: str) -> np.ndarray:
-        import torch
-        import torch.distributed as dist
-
-        ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).clone()
-        dist.all_reduce(tensor, op=ops[op], group=group)
-        return tensor.numpy()
-
-    return reduce

@@ -21,10 +21,12 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ..blocks.base import REQUIRED, Block, BlockImportError, Param, registered_ops, resolve_op
-from .errors import ConfigError, ConfigIssue
-from .schema import (
-    DTYPE_SIZES_BYTES,
+from ...blocks.base import REQUIRED, Block, Param
+from ...blocks.dtypes import DTYPE_SIZES_BYTES
+from ...blocks.registry import BlockImportError, registered_ops, resolve_op
+from ...errors import ConfigError, ConfigIssue
+from .sizes import MAX_SIZE_BYTES, parse_size
+from .spec import (
     PRIORITIES,
     SYNC_MODES,
     WORLD_AXIS,
@@ -34,7 +36,6 @@ from .schema import (
     SuiteSpec,
     frozen_mapping,
 )
-from .sizes import MAX_SIZE_BYTES, parse_size
 from .sweep import (
     MAX_SWEEP_POINTS,
     check_references,
@@ -59,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger("maestro.config")
 
-CONFIGS_DIR: Final = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR: Final = Path(__file__).resolve().parents[2] / "configs"
 """Where the shipped pattern files live (``--config NAME`` looks here)."""
 
 MAX_FILE_BYTES: Final = 4 * 1024 * 1024

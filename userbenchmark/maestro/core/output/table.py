@@ -6,9 +6,9 @@ import math
 
 from tabulate import tabulate
 
-from .results import PatternOutcome
-from .sizes import format_size
-from .stats import choose_latency_unit, format_in_unit
+from ..analysis.records import PatternOutcome
+from ..config.sizes import format_size
+from .units import choose_latency_unit, format_in_unit
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from .errors import RunError
+from ...errors import RunError
 
 log = logging.getLogger("maestro.agreement")
 

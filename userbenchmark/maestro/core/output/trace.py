@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .outputs import atomic_write_text
-from .results import BlockResult, PatternOutcome, Timeline
+from ..analysis.records import BlockResult, PatternOutcome, Timeline
+from .files import atomic_write_text
 
 PATTERN_GAP_FRACTION = 0.1
 """Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""

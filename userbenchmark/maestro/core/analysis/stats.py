@@ -1,4 +1,4 @@
-"""Latency statistics over measured iterations and latency formatting for tables.
+"""Latency statistics over measured iterations.
 
 Pure numpy functions: they copy what they need and never modify their inputs.
 """
@@ -8,23 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 __all__ = [
-    "LATENCY_UNIT_SCALE_US",
     "LatencyStats",
-    "choose_latency_unit",
-    "format_in_unit",
-    "format_latency",
     "latency_stats",
     "percentile_nearest_rank",
 ]
-
-# Microseconds per unit. Units are spelled in ASCII so tables and CSV stay plain text.
-LATENCY_UNIT_SCALE_US: Final[dict[str, float]] = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,63 +95,3 @@ def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
         p99_us=float(part[k99]),
         stdev_us=float(np.std(arr_us, ddof=0)),
     )
-
-
-def choose_latency_unit(values_us: ArrayLike) -> str:
-    """Pick one display unit for a column of latencies given in microseconds.
-
-    Based on the smallest positive finite value: "s" if it is >= 1e6 us, "ms" if >= 1e3 us,
-    else "us" (also when there is no positive finite value), so no entry prints below 1 unit.
-    """
-    arr = np.asarray(values_us, dtype=np.float64).ravel()
-    positive = arr[np.isfinite(arr) & (arr > 0)]
-    if positive.size == 0:
-        return "us"
-    smallest = float(positive.min())
-    if smallest >= LATENCY_UNIT_SCALE_US["s"]:
-        return "s"
-    if smallest >= LATENCY_UNIT_SCALE_US["ms"]:
-        return "ms"
-    return "us"
-
-
-def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
-    """Format a latency given in microseconds in `unit` ("us", "ms" or "s").
-
-    Fixed-point with `precision` decimals, except that a non-zero value never prints as zero:
-    when rounding to `precision` decimals would give 0 (e.g. 0.0004 ms at precision 2), it is
-    printed with the fewest decimals that make it non-zero, i.e. one significant digit
-    ("0.0004"; 0.00096 gives "0.001"). Exact zero prints as zero; NaN prints "n/a"; infinities
-    print "inf"/"-inf". Never scientific notation.
-    """
-    if unit not in LATENCY_UNIT_SCALE_US:
-        raise ValueError(f"unknown latency unit {unit!r}; valid: {sorted(LATENCY_UNIT_SCALE_US)}")
-    if isinstance(precision, bool) or not isinstance(precision, int) or precision < 0:
-        raise ValueError(f"precision must be a non-negative int, got {precision!r}")
-    value_us = float(value_us)
-    if math.isnan(value_us):
-        return "n/a"
-    if math.isinf(value_us):
-        return "inf" if value_us > 0 else "-inf"
-    value = value_us / LATENCY_UNIT_SCALE_US[unit]
-    text = f"{value:.{precision}f}"
-    if value == 0.0 or float(text) != 0.0:
-        return text
-    # Fewest decimals that print non-zero: start one short of the first significant digit's
-    # place (0.00096 rounds to 0.001) and step up (log10 may also be off by one near powers
-    # of ten); this takes at most a few steps.
-    decimals = max(precision + 1, -math.floor(math.log10(abs(value))) - 1)
-    text = f"{value:.{decimals}f}"
-    while float(text) == 0.0:
-        decimals += 1
-        text = f"{value:.{decimals}f}"
-    return text
-
-
-def format_latency(latency_us: float, precision: int = 2) -> tuple[str, str]:
-    """Format one latency in its own best unit; returns (text, unit).
-
-    For a table column, call `choose_latency_unit` once and `format_in_unit` per cell instead.
-    """
-    unit = choose_latency_unit([latency_us])
-    return format_in_unit(latency_us, unit, precision), unit

@@ -16,8 +16,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .core.errors import MaestroError
-from .core.metric_keys import (
+from ...errors import MaestroError
+from .metric_keys import (
     BLOCK_METRICS,
     METRICS,
     PATTERN_METRICS,

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .errors import RunError
+import numpy as np
+
+from ...errors import RunError
+from ..analysis.aggregate import Reducer
 
 log = logging.getLogger("maestro.dist")
 
@@ -260,3 +263,18 @@ def shutdown_distributed() -> None:
             dist.destroy_process_group()
         except Exception as exc:  # teardown after a failure must not mask the real error
             log.debug("destroy_process_group failed: %s", exc)
+
+
+def torch_reducer(group: object) -> Reducer:
+    """A :data:`Reducer` over a (gloo) process group."""
+
+    def reduce(values: np.ndarray, op: str) -> np.ndarray:
+        import torch
+        import torch.distributed as dist
+
+        ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
+        tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).clone()
+        dist.all_reduce(tensor, op=ops[op], group=group)
+        return tensor.numpy()
+
+    return reduce

@@ -8,9 +8,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..blocks.base import Block, resolve_op
-from .schema import AxisSpec, PatternSpec, SuiteSpec
+from ...blocks.base import Block
+from ...blocks.registry import resolve_op
 from .sizes import format_size
+from .spec import AxisSpec, PatternSpec, SuiteSpec
 
 __all__ = ["human_bytes", "rank_buffer_bytes", "suite_summary"]
 

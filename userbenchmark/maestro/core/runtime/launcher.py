@@ -12,7 +12,8 @@ log = logging.getLogger("maestro.launcher")
 
 def _worker(config: str, world_size: int, options: dict[str, Any], log_level: str) -> int:
     """Entry point of one worker process (module level so it can be pickled)."""
-    from ..cli import configure_logging, run_worker
+    from .logs import configure_logging
+    from .worker import run_worker
 
     configure_logging(log_level)
     return run_worker(config, world_size, options)

@@ -11,9 +11,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..blocks.base import Block, resolve_op
-from .errors import ConfigError
-from .schema import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from ...blocks.base import Block
+from ...blocks.registry import resolve_op
+from ...errors import ConfigError
+from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 
 __all__ = ["apply_max_size", "cap_gemm_dims", "cap_message_size"]
 

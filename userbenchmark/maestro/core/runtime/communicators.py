@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from .errors import RunError
-from .schema import AxisSpec
+from ...errors import RunError
+from ..config.spec import AxisSpec
 
 log = logging.getLogger("maestro.comms")
 

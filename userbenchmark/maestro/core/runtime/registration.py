@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .errors import RunError
+from ...errors import RunError
 
 log = logging.getLogger("maestro.registration")
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import RunError
-from .profilers.base import Profiler
+from ...errors import RunError
+from ..analysis.intervals import HostTimings
+from ..profilers.base import Profiler
 
 log = logging.getLogger("maestro.executor")
 
@@ -41,21 +41,6 @@ DEFAULT_GATE_US = 200.0
 MIN_GATE_US = 50.0
 MAX_GATE_US = 100_000.0
 """Longest calibrated gate spin; a host slower than this is reported as launch-bound."""
-
-
-@dataclass(kw_only=True)
-class WindowStats:
-    """Host-side facts about one window: what the host spent enqueueing, against the gate.
-
-    Empty arrays on CPU lanes, where a block runs (not enqueues) inside ``launch``.
-    """
-
-    enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    """(iters,): host time from the gate's launch to the last block's enqueue."""
-    launch_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
-    """(blocks, iters): host time inside each block's ``launch`` (0 where not run)."""
-    gate_us: float = math.nan
-    """Spin of the gate kernel in this window (µs at the calibrated clock rate)."""
 
 
 @contextlib.contextmanager
@@ -93,16 +78,6 @@ def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
     return float(np.clip(2.0 * samples.max() / 1e3 + 20.0, MIN_GATE_US, MAX_GATE_US))
 
 
-def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
-    """(iters,) bool: the host was still enqueueing when the gate could have opened.
-
-    The gate's spin is launched first, so it ends no earlier than ``gate_us`` after the
-    enqueue started; an iteration whose enqueue took less than that was issued in full before
-    any lane could start. Longer ones may have let lanes start early (launch-bound).
-    """
-    return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
-
-
 class CpuExecutor:
     """Runs each lane on its own thread; a barrier is the gate."""
 
@@ -117,12 +92,12 @@ class CpuExecutor:
         *,
         sync: str,
         block_names: Sequence[str],
-    ) -> WindowStats:
+    ) -> HostTimings:
         if not lanes:
             for _ in range(num_iters):
                 if sync == "barrier":
                     self._barrier()
-            return WindowStats()
+            return HostTimings()
         gate = threading.Barrier(len(lanes) + 1)
         done = threading.Barrier(len(lanes) + 1)
         errors: list[tuple[str, BaseException]] = []
@@ -181,7 +156,7 @@ class CpuExecutor:
                 f"iteration barrier failed ({type(main_error).__name__}: "
                 f"{main_error}); another rank stopped"
             ) from main_error
-        return WindowStats()
+        return HostTimings()
 
 
 class CudaExecutor:
@@ -214,7 +189,7 @@ class CudaExecutor:
         *,
         sync: str,
         block_names: Sequence[str],
-    ) -> WindowStats:
+    ) -> HostTimings:
         import torch
 
         enqueue = np.zeros(num_iters, dtype=np.int64)
@@ -255,7 +230,7 @@ class CudaExecutor:
             raise
         except Exception as exc:
             raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
-        return WindowStats(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
+        return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
 
 
 def calibrate_sleep_cycles_per_us(device: Any) -> float:

@@ -1,0 +1,54 @@
+"""What one rank measured in a window: intervals per (block, iteration) and the host's
+enqueue times, on that rank's own clock."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(kw_only=True)
+class HostTimings:
+    """Host-side facts about one window: what the host spent enqueueing, against the gate.
+
+    Empty arrays on CPU lanes, where a block runs (not enqueues) inside ``launch``.
+    """
+
+    enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(iters,): host time from the gate's launch to the last block's enqueue."""
+    launch_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    """(blocks, iters): host time inside each block's ``launch`` (0 where not run)."""
+    gate_us: float = math.nan
+    """Spin of the gate kernel in this window (µs at the calibrated clock rate)."""
+
+
+def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
+    """(iters,) bool: the host was still enqueueing when the gate could have opened.
+
+    The gate's spin is launched first, so it ends no earlier than ``gate_us`` after the
+    enqueue started; an iteration whose enqueue took less than that was issued in full before
+    any lane could start. Longer ones may have let lanes start early (launch-bound).
+    """
+    return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowTimings:
+    """Timings of one measured window (the iterations of one pattern or baseline run).
+
+    ``starts_ns``/``ends_ns`` have shape (num_blocks, num_iters) on this rank's own clock;
+    rows of blocks this rank does not run (``present`` False) are zeros and never read.
+    """
+
+    starts_ns: np.ndarray
+    ends_ns: np.ndarray
+    present: np.ndarray
+    clock: str
+    """``perf_counter`` (host), ``cuda_event`` (CUDA events) or ``cupti`` (CLOCK_REALTIME)."""
+    gate_open_ns: np.ndarray | None = None
+    """Per iteration: when the start gate released the lanes, same clock (GPU only)."""
+    activity_counts: np.ndarray | None = None
+    """Per block: device activities attributed to it in the window (CUPTI only)."""
+    extra: dict | None = None
