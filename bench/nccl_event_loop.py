@@ -29,7 +29,6 @@ import socket  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-from userbenchmark.maestro.core.analysis.bandwidth import algbw_gbps, bus_factor
 from userbenchmark.maestro.core.config.sizes import format_size, parse_size
 
 from ._common import machine_info, markdown_table  # noqa: E402
@@ -37,6 +36,15 @@ from ._common import machine_info, markdown_table  # noqa: E402
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 DEFAULT_SIZES = "1M,4M,16M,64M,256M,1G"
+# nccl-tests doc/PERFORMANCE.md, written out here so that this reference does not share the
+# arithmetic of the code it checks: busbw = algbw x factor(n).
+NCCL_TESTS_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
 
 
 def buffer_numels(op: str, size_bytes: int, team_size: int, element_bytes: int) -> tuple[int, int]:
@@ -70,7 +78,7 @@ def loop_numbers(
     if iters < 1 or not rank_total_ms:
         raise ValueError("need iters >= 1 and at least one rank's time")
     time_us = max(float(t) for t in rank_total_ms) * 1e3 / iters
-    algbw = float(algbw_gbps(size_bytes, time_us * 1e-6))
+    algbw = size_bytes / (time_us * 1e-6) / 1e9  # GB = 1e9 bytes, as nccl-tests
     return {
         "op": op,
         "size_bytes": size_bytes,
@@ -78,7 +86,7 @@ def loop_numbers(
         "iters": iters,
         "time_us": time_us,
         "algbw_gbps": algbw,
-        "busbw_gbps": algbw * bus_factor(op, team_size),
+        "busbw_gbps": algbw * NCCL_TESTS_BUS_FACTOR[op](team_size),
         "rank_time_us": [float(t) * 1e3 / iters for t in rank_total_ms],
     }
 

@@ -7,14 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from userbenchmark.maestro.blocks.base import Block, Param
-from userbenchmark.maestro.blocks.comm import Collective
+from userbenchmark.maestro.blocks.comm import Collective, cap_message_size
+from userbenchmark.maestro.blocks.compute import cap_gemm_dims
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.cli import build_parser
-from userbenchmark.maestro.core.config.capping import (
-    apply_max_size,
-    cap_gemm_dims,
-    cap_message_size,
-)
+from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
 from userbenchmark.maestro.errors import ConfigError

@@ -84,15 +84,36 @@ class Block:
         """Bytes of device/host memory one rank allocates for this block."""
         return 0
 
+    # ---- the op's arithmetic: defined here, once, and read by every figure and by capping ----
     @classmethod
     def message_size_bytes(cls, params: Mapping[str, Any]) -> int | None:
-        """S as nccl-tests defines it for this op, or None when not a collective."""
+        """S as nccl-tests defines it for this op (algbw = S / t), or None when not a collective."""
+        return None
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float | None:
+        """nccl-tests' factor turning algbw into busbw on a team of ``team_size`` ranks.
+
+        None for a block without bus bytes: it gets no busbw and adds nothing to the pattern's
+        shared busbw. A custom collective overrides this (or inherits a built-in's).
+        """
         return None
 
     @classmethod
     def flop_count(cls, params: Mapping[str, Any]) -> int | None:
-        """Floating-point operations of one launch, or None."""
+        """Floating-point operations of one launch (TFLOP/s = FLOPs / t), or None."""
         return None
+
+    @classmethod
+    def capped_params(
+        cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
+    ) -> dict[str, Any]:
+        """``params`` with every byte count at most ``max_size_bytes`` (``--max-size``), still
+        valid for :meth:`check_params`; ValueError saying why when no valid value fits.
+
+        The default has nothing to cap (a sleep); collectives cap S, a GEMM its operands.
+        """
+        return dict(params)
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:

@@ -2,11 +2,13 @@
 
 ``size`` is the message size S exactly as nccl-tests defines it (all_gather: the gathered
 output; reduce_scatter: the input; all_reduce/broadcast/reduce: the buffer; all_to_all and
-send_recv: the bytes each rank sends). Bus bandwidth factors live in core/bandwidth.py.
+send_recv: the bytes each rank sends). Each class also states nccl-tests' bus factor
+(busbw = algbw x factor, doc/PERFORMANCE.md of nccl-tests) and how ``--max-size`` caps S.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +21,7 @@ from .data import (
     fill_zero_sum,
     torch_reduce_op,
 )
+from .dtypes import DTYPE_SIZES_BYTES
 
 SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
@@ -42,6 +45,45 @@ IN_PLACE = Param(
     default=False,
     doc="use NCCL's in-place layout (the rank's chunk of the larger buffer)",
 )
+
+
+def cap_message_size(
+    size_bytes: int, max_size_bytes: int, *, elem_bytes: int, team_size: int, divide_by_team: bool
+) -> int | None:
+    """``size_bytes`` capped at ``max_size_bytes``, rounded down to whole elements (and to
+    team_size chunks when the op splits S across the team); None when no valid size fits."""
+    if size_bytes <= max_size_bytes:
+        return size_bytes
+    unit = elem_bytes * (team_size if divide_by_team else 1)
+    capped = max_size_bytes // unit * unit
+    return capped or None
+
+
+def _team(team_size: int) -> int:
+    if isinstance(team_size, bool):
+        raise TypeError(f"team_size must be an int, got {team_size!r}")
+    n = operator.index(team_size)  # numpy ints pass, floats raise TypeError
+    if n < 1:
+        raise ValueError(f"team_size must be >= 1, got {n}")
+    return n
+
+
+def all_reduce_factor(team_size: int) -> float:
+    """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter + all-gather)."""
+    n = _team(team_size)
+    return 2.0 * (n - 1) / n
+
+
+def gather_factor(team_size: int) -> float:
+    """(n-1)/n: each rank receives the n-1 chunks it does not hold (a team of 1 moves nothing)."""
+    n = _team(team_size)
+    return (n - 1) / n
+
+
+def unit_factor(team_size: int) -> float:
+    """1: the root's (or the ring neighbour's) S bytes cross one link."""
+    _team(team_size)
+    return 1.0
 
 
 class Collective(Block):
@@ -70,8 +112,6 @@ class Collective(Block):
     def check_params(
         cls, params: Mapping[str, Any], *, dtype: str, team_size: int
     ) -> list[tuple[str, str]]:
-        from .dtypes import DTYPE_SIZES_BYTES
-
         size = params["size"]
         elem = DTYPE_SIZES_BYTES[dtype]
         problems: list[tuple[str, str]] = []
@@ -107,6 +147,31 @@ class Collective(Block):
         return int(params["size"])
 
     @classmethod
+    def capped_params(
+        cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
+    ) -> dict[str, Any]:
+        """S capped at ``max_size_bytes``, rounded down to whole elements (whole chunks of
+        team_size elements where S splits across the team)."""
+        out = dict(params)
+        elem = DTYPE_SIZES_BYTES[dtype]
+        capped = cap_message_size(
+            int(params["size"]),
+            max_size_bytes,
+            elem_bytes=elem,
+            team_size=team_size,
+            divide_by_team=cls.divide_by_team,
+        )
+        if capped is None:
+            unit = elem * (team_size if cls.divide_by_team else 1)
+            raise ValueError(
+                f"its smallest valid size is {unit} bytes "
+                f"({'team size x ' if cls.divide_by_team else ''}{dtype} element size); "
+                f"use --max-size {unit} or more"
+            )
+        out["size"] = capped
+        return out
+
+    @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         return int(params["size"])
 
@@ -121,6 +186,10 @@ class AllReduce(Collective):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
 
     op = "all_reduce"
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return all_reduce_factor(team_size)
 
     params = (SIZE, REDUCE_OP)
 
@@ -148,6 +217,10 @@ class AllGather(Collective):
     """all_gather_into_tensor: each rank contributes S / team_size bytes."""
 
     op = "all_gather"
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return gather_factor(team_size)
 
     one_rank_copies = True
     params = (SIZE, IN_PLACE)
@@ -192,6 +265,10 @@ class ReduceScatter(Collective):
     """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
 
     op = "reduce_scatter"
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return gather_factor(team_size)
 
     one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
@@ -240,6 +317,10 @@ class AllToAll(Collective):
 
     op = "all_to_all"
 
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return gather_factor(team_size)
+
     divide_by_team = True
     one_rank_copies = True
 
@@ -283,6 +364,10 @@ class Broadcast(Collective):
 
     op = "broadcast"
 
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return unit_factor(team_size)
+
     params = (SIZE, ROOT)
 
     def setup(self) -> None:
@@ -306,6 +391,10 @@ class Reduce(Collective):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
 
     op = "reduce"
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return unit_factor(team_size)
 
     params = (SIZE, REDUCE_OP, ROOT)
 
@@ -339,6 +428,10 @@ class SendRecv(Collective):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
 
     op = "send_recv"
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return unit_factor(team_size)
 
     min_team_size = 2
 

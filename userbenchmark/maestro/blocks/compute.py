@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from .base import Block, Param
-from .dtypes import FLOATING_DTYPES
+from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
+
+_BISECT_STEPS: Final = 64
+"""Bisection steps of the GEMM scale factor: far below one element at any 2**48-byte size."""
+
+
+def _gemm_operand_elems(m: int, n: int, k: int) -> int:
+    return max(m * k, k * n, m * n)
+
+
+def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int]:
+    """(m, n, k) scaled by one common factor so that A[m,k], B[k,n] and C[m,n] each hold at
+    most ``max_elems`` elements; every dim stays >= 1 and ratios hold up to rounding."""
+    if max_elems < 1:
+        raise ValueError(f"max_elems must be at least 1, got {max_elems}")
+    if _gemm_operand_elems(m, n, k) <= max_elems:
+        return m, n, k
+
+    def scaled(factor: float) -> tuple[int, int, int]:
+        return (
+            max(1, math.floor(m * factor)),
+            max(1, math.floor(n * factor)),
+            max(1, math.floor(k * factor)),
+        )
+
+    # Operand sizes only grow with the factor, so bisect for the largest one that fits. A dim
+    # clamped to 1 breaks the closed form sqrt(max / largest operand), hence no closed form.
+    low, high = 0.0, 1.0
+    for _ in range(_BISECT_STEPS):
+        mid = (low + high) / 2
+        if _gemm_operand_elems(*scaled(mid)) <= max_elems:
+            low = mid
+        else:
+            high = mid
+    return scaled(low)
 
 
 class Gemm(Block):
@@ -77,14 +112,27 @@ class Gemm(Block):
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        from .dtypes import DTYPE_SIZES_BYTES
-
         m, n, k = params["m"], params["n"], params["k"]
         return (m * k + k * n + m * n) * DTYPE_SIZES_BYTES[dtype]
 
     @classmethod
     def flop_count(cls, params: Mapping[str, Any]) -> int:
         return 2 * int(params["m"]) * int(params["n"]) * int(params["k"])
+
+    @classmethod
+    def capped_params(
+        cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
+    ) -> dict[str, Any]:
+        """m, n, k scaled by one factor so that no operand exceeds ``max_size_bytes``."""
+        out = dict(params)
+        elem = DTYPE_SIZES_BYTES[dtype]
+        max_elems = max_size_bytes // elem
+        if max_elems < 1:
+            raise ValueError(f"it is smaller than one {dtype} element ({elem} bytes)")
+        out["m"], out["n"], out["k"] = cap_gemm_dims(
+            int(params["m"]), int(params["n"]), int(params["k"]), max_elems
+        )
+        return out
 
     @classmethod
     def notes(cls, params: Mapping[str, Any], *, dtype: str, device: str) -> tuple[str, ...]:

@@ -11,7 +11,6 @@ from ...blocks.base import Block
 from ..config.spec import PatternSpec, SuiteSpec
 from . import overlap
 from .aggregate import WindowAggregate
-from .bandwidth import COMM_OPS, bus_factor
 from .records import BlockResult, PatternOutcome, PatternResult
 from .stats import LatencyStats, latency_stats, percentile_nearest_rank
 
@@ -49,13 +48,14 @@ def build_outcome(
         cls = classes[b]
         stats = _latency_stats_or_nan(agg.latency_ns[b])
         seconds = stats.avg_us * 1e-6
+        # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/).
         size = cls.message_size_bytes(spec.params)
+        factor = cls.bus_factor(team_sizes[b]) if size is not None else None
         flops = cls.flop_count(spec.params)
         algbw = busbw = tfl = math.nan
         if size is not None and seconds > 0:
             algbw = size / seconds / 1e9
-            if spec.op in COMM_OPS:
-                factor = bus_factor(spec.op, team_sizes[b])
+            if factor is not None:
                 busbw = algbw * factor
                 bus_bytes_total += size * factor
         if flops is not None and seconds > 0:
