@@ -21,8 +21,8 @@ from userbenchmark.maestro.core.output.plot import (
     MISSING_MATPLOTLIB,
     median_makespan_iteration,
     plot_file_name,
-    plot_outcomes,
     plot_pattern,
+    unique_plot_name,
 )
 from userbenchmark.maestro.errors import RunError
 
@@ -132,8 +132,6 @@ def test_missing_matplotlib_is_a_run_error(monkeypatch, tmp_path):
     with pytest.raises(RunError) as err:
         plot_pattern(make_outcome(), tmp_path / "x.png")
     assert str(err.value) == MISSING_MATPLOTLIB
-    with pytest.raises(RunError, match="pip install matplotlib"):
-        plot_outcomes([make_outcome()], tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -212,12 +210,8 @@ def test_plot_without_timeline_still_draws_latency(mpl, tmp_path):
     assert png_size(data)[0] >= 800
 
 
-def test_plot_outcomes_names_and_skips(mpl, tmp_path):
-    a = make_outcome("ag_rs@4M")
-    b = make_outcome("ag_rs_4M")  # sanitises to the same file name: must not overwrite
-    c = replace(make_outcome("no-timeline"), timeline=None)
-    paths = plot_outcomes([a, c, b], tmp_path)
-    assert [p.name for p in paths] == ["plot-ag_rs_4M.png", "plot-ag_rs_4M-2.png"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
-    for p in paths:
-        png_size(p.read_bytes())
+def test_plot_names_that_sanitise_alike_never_overwrite():
+    used: set[str] = set()
+    assert unique_plot_name("ag_rs[size=4M]", used) == "plot-ag_rs_size_4M.png"
+    assert unique_plot_name("ag_rs_size_4M", used) == "plot-ag_rs_size_4M-2.png"
+    assert unique_plot_name("ag_rs[size=4M]", used) == "plot-ag_rs_size_4M-3.png"

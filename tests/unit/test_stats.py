@@ -18,7 +18,6 @@ from userbenchmark.maestro.core.analysis.stats import (
 from userbenchmark.maestro.core.output.units import (
     choose_latency_unit,
     format_in_unit,
-    format_latency,
 )
 
 # --- percentile_nearest_rank -------------------------------------------------------------------
@@ -275,13 +274,6 @@ def test_format_positive_is_positive_property(value, unit, precision):
     text = format_in_unit(value, unit, precision)
     assert float(text) > 0
     assert "e" not in text.lower()  # fixed-point, never scientific
-
-
-def test_format_latency_picks_unit_per_value():
-    assert format_latency(12.346) == ("12.35", "us")
-    assert format_latency(12_345.0, precision=1) == ("12.3", "ms")
-    assert format_latency(2.5e6) == ("2.50", "s")
-    assert format_latency(float("nan")) == ("n/a", "us")
 
 
 def test_column_formatting_uses_one_unit():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from userbenchmark.maestro.core.output.trace import (
     PATTERN_TRACK_TID,
     PROCESS_ID_OFFSET,
     build_trace,
-    write_trace,
 )
 
 BLOCKS = ("allgather", "gemm", "reduce_scatter")
@@ -307,16 +305,3 @@ def test_mismatched_shapes_raise():
     )  # fmt: skip
     with pytest.raises(ValueError, match="do not match"):
         build_trace([PatternOutcome(blocks=outcome.blocks, pattern=outcome.pattern, timeline=bad)])
-
-
-def test_write_trace_round_trip(tmp_path):
-    outcomes = [make_outcome("a"), make_outcome("b")]
-    path = write_trace(tmp_path / "sub" / "trace.json", outcomes)
-    assert path == tmp_path / "sub" / "trace.json"
-    text = path.read_text(encoding="utf-8")
-    assert "NaN" not in text and "Infinity" not in text
-    loaded = json.loads(text)
-    assert loaded == build_trace(outcomes)
-    check_schema(loaded)
-    # Atomic write: only the final file remains in the folder.
-    assert os.listdir(path.parent) == ["trace.json"]

@@ -75,12 +75,23 @@ class RunError(MaestroError, RuntimeError):
         phase: str = "",
         pattern: str = "",
         block: str = "",
+        contained: bool = False,
+        missing: tuple[int, ...] | None = None,
+        interrupted: bool = False,
     ) -> None:
         self.rank = rank
         self.phase = phase
         self.pattern = pattern
         self.block = block
         self.detail = message
+        self.contained = contained
+        """Every communicator is still usable: every rank stopped at the same point, having
+        issued the same collectives (set by the agreement step; False when unknown)."""
+        self.missing = missing
+        """Ranks that never reached the agreement step (died or hung); ``()`` when every
+        rank answered; None when no agreement took place (nobody knows)."""
+        self.interrupted = interrupted
+        """A rank was interrupted (SIGINT/SIGTERM): the whole run stops, exit status 130."""
         where = []
         if rank is not None:
             where.append(f"rank {rank}")
@@ -92,3 +103,8 @@ class RunError(MaestroError, RuntimeError):
             where.append(f"block {block!r}")
         prefix = ", ".join(where)
         super().__init__(f"{prefix}: {message}" if prefix else message)
+
+    @property
+    def everyone_answered(self) -> bool:
+        """Every rank reached the agreement step, so every rank knows this error."""
+        return self.missing == ()

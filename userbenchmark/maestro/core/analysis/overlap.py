@@ -16,9 +16,7 @@ __all__ = [
     "intersection_ns",
     "makespan_ns",
     "overlap_efficiency",
-    "pairwise_overlap_fraction",
     "pairwise_overlap_mean",
-    "rank_skew_us",
     "shared_busbw_gbps",
     "slowdown",
     "union_intersection_ns",
@@ -113,23 +111,13 @@ def union_intersection_ns(
     return np.maximum(inter, 0)  # exact for ints; guards float rounding
 
 
-def pairwise_overlap_fraction(
-    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
-) -> np.ndarray:
-    """|A∩B| / min(|A|, |B|) for every block pair: (num_blocks, num_blocks, num_iters) floats.
-
-    1 means the shorter block ran entirely inside the longer one. The diagonal is 1. Off the
-    diagonal, a pair where either block has zero length gets 0.0 (nothing to overlap). Pairs
-    involving a block that is not present get NaN.
-    """
-    s, e, mask = _masked_intervals(starts, ends, present)
-    return _fraction_rows(s, e, mask, 0, s.shape[0])
-
-
 def pairwise_overlap_mean(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Mean over iterations of :func:`pairwise_overlap_fraction`: (num_blocks, num_blocks).
+    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks).
+
+    1 means the shorter block ran entirely inside the longer one; the diagonal is 1; a pair
+    where either block has zero length gets 0 in that iteration (nothing to overlap).
 
     Computed one block's row at a time, so memory stays proportional to blocks x iterations
     (the full fraction array is blocks^2 x iterations). NaN for pairs with an absent block or
@@ -264,17 +252,3 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     np.divide(total, span, out=out, where=span > 0)
     out /= 1e9
     return _scalar_or_array(out)
-
-
-def rank_skew_us(per_rank_latency_us: ArrayLike) -> tuple[float, int]:
-    """(max - min, index of the slowest rank) over ranks, ignoring NaN (ranks not running it).
-
-    Ties go to the lowest rank. Raises ValueError when no rank has a value.
-    """
-    lat = np.asarray(per_rank_latency_us, dtype=np.float64)
-    if lat.ndim != 1:
-        raise ValueError(f"per_rank_latency_us must be 1-D, got shape {lat.shape}")
-    if lat.size == 0 or np.all(np.isnan(lat)):
-        raise ValueError("no rank has a latency for this block")
-    slowest = int(np.nanargmax(lat))
-    return float(lat[slowest] - np.nanmin(lat)), slowest

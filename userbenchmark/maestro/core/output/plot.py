@@ -224,14 +224,3 @@ def unique_plot_name(pattern: str, used: set[str]) -> str:
         name, n = f"{stem}-{n}.png", n + 1
     used.add(name)
     return name
-
-
-def plot_outcomes(outcomes: Sequence[PatternOutcome], out_dir: str | Path) -> list[Path]:
-    """One ``plot-<pattern>.png`` in ``out_dir`` per outcome that has a timeline."""
-    out_dir = Path(out_dir)
-    used: set[str] = set()
-    return [
-        plot_pattern(outcome, out_dir / unique_plot_name(outcome.pattern.pattern, used))
-        for outcome in outcomes
-        if outcome.timeline is not None
-    ]

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..analysis.records import BlockResult, PatternOutcome, Timeline
-from .files import atomic_write_text
 
 PATTERN_GAP_FRACTION = 0.1
 """Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""
@@ -210,10 +208,3 @@ def trace_text(outcomes: Sequence[PatternOutcome]) -> str:
     """``build_trace(outcomes)`` as compact, strict JSON text."""
     # allow_nan=False: a NaN would make the file unreadable by strict JSON parsers.
     return json.dumps(build_trace(outcomes), allow_nan=False, separators=(",", ":"))
-
-
-def write_trace(path: str | Path, outcomes: Sequence[PatternOutcome]) -> Path:
-    """Write :func:`trace_text` of ``outcomes`` to ``path`` atomically; return the path."""
-    path = Path(path)
-    atomic_write_text(path, trace_text(outcomes))
-    return path

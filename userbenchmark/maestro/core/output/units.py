@@ -61,12 +61,3 @@ def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
         decimals += 1
         text = f"{value:.{decimals}f}"
     return text
-
-
-def format_latency(latency_us: float, precision: int = 2) -> tuple[str, str]:
-    """Format one latency in its own best unit; returns (text, unit).
-
-    For a table column, call `choose_latency_unit` once and `format_in_unit` per cell instead.
-    """
-    unit = choose_latency_unit([latency_us])
-    return format_in_unit(latency_us, unit, precision), unit

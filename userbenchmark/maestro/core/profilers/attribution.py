@@ -61,26 +61,6 @@ def encode_external_id(window_id: int, block_index: int, iteration: int) -> int:
     return _TAG | (window_id << _WINDOW_SHIFT) | (block_index << _BLOCK_SHIFT) | iteration
 
 
-def encode_harness_id(window_id: int, iteration: int = 0) -> int:
-    """External id for harness work (barrier, sync) of one window."""
-    return encode_external_id(window_id, HARNESS_BLOCK, iteration)
-
-
-def encode_gate_id(window_id: int, iteration: int) -> int:
-    """External id for the gate's spin kernel of one iteration."""
-    return encode_external_id(window_id, GATE_BLOCK, iteration)
-
-
-def decode_external_id(ext_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unpack ids into (window, block, iteration) int64 arrays; ids not ours decode to -1."""
-    e = _as_int64(np.asarray(ext_ids))
-    ours = (e >> 62) == 1  # negative (>= 2**63 as unsigned) and untagged ids fail this
-    window = np.where(ours, (e >> _WINDOW_SHIFT) & MAX_WINDOW_ID, -1)
-    block = np.where(ours, (e >> _BLOCK_SHIFT) & HARNESS_BLOCK, -1)
-    iteration = np.where(ours, e & (MAX_NUM_ITERS - 1), -1)
-    return window, block, iteration
-
-
 def _as_int64(a: np.ndarray) -> np.ndarray:
     """int64 view or copy; uint64 values of 2**63 and above become negative (never ours)."""
     if a.dtype == np.int64:

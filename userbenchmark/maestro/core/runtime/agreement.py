@@ -3,7 +3,7 @@
 Statuses go through the rendezvous store (never the timed communicators), each rank waiting
 with its own deadline, so when one rank fails every rank learns which rank failed, in which
 phase, pattern and block, and raises the same error; a rank that died or hung is named as the
-one that did not arrive. Without a store (a bare group), the gloo control group carries them.
+one that did not arrive.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
         message=str(message),
         block=block,
         contained=contained,
-        secondary=bool(getattr(error, "secondary", False)) or _looks_secondary(str(error)),
+        secondary=_looks_secondary(str(error)),
     )
 
 
@@ -135,19 +135,8 @@ class StoreExchange:
         return statuses, missing
 
 
-def exchange(group: Any, status: RankStatus, world_size: int) -> tuple[list[RankStatus], list[int]]:
-    """Every rank's status: through a StoreExchange, or all_gather_object over a gloo group."""
-    if isinstance(group, StoreExchange):
-        return group(status)
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, status, group=group)
-    return gathered, []
-
-
 def agree(
-    group: Any,
+    exchange: StoreExchange,
     *,
     rank: int,
     world_size: int,
@@ -165,7 +154,7 @@ def agree(
     """
     status = status_of(rank, error, contained=contained)
     try:
-        statuses, missing = exchange(group, status, world_size)
+        statuses, missing = exchange(status)
     except Exception as exc:
         err = RunError(
             f"could not agree with the other ranks ({type(exc).__name__}: {exc}); "
@@ -174,10 +163,8 @@ def agree(
             rank=rank,
             phase=phase,
             pattern=pattern,
+            interrupted=status.interrupted,
         )
-        err.contained = False  # type: ignore[attr-defined]
-        err.missing = [-1]  # type: ignore[attr-defined]
-        err.interrupted = status.interrupted  # type: ignore[attr-defined]
         raise err from (error or exc)
     failed = [s for s in statuses if not s.ok]
     if not failed and not missing:
@@ -213,19 +200,24 @@ def _agreed_error(
         rest = [s.rank for s in secondary[1:]]
     if rest:
         detail += f" (also failed or stopped waiting: rank {', '.join(map(str, rest))})"
-    err = RunError(detail, rank=rank, phase=phase, pattern=pattern, block=block)
     same_block = (
         len(failed) == world_size
         and not secondary
         and len({s.block for s in failed}) == 1
         and failed[0].block != ""
     )
-    err.contained = (  # type: ignore[attr-defined]
-        not missing
-        and not secondary
-        and not any(s.interrupted for s in failed)
-        and (all(s.contained for s in failed) or same_block)
+    return RunError(
+        detail,
+        rank=rank,
+        phase=phase,
+        pattern=pattern,
+        block=block,
+        contained=(
+            not missing
+            and not secondary
+            and not any(s.interrupted for s in failed)
+            and (all(s.contained for s in failed) or same_block)
+        ),
+        missing=tuple(missing),
+        interrupted=any(s.interrupted for s in failed),
     )
-    err.missing = list(missing)  # type: ignore[attr-defined]
-    err.interrupted = any(s.interrupted for s in failed)  # type: ignore[attr-defined]
-    return err

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import RunError
 from ..analysis.aggregate import Reducer
+from .agreement import StoreExchange, agreement_timeout_s
 
 log = logging.getLogger("maestro.dist")
 
@@ -109,8 +110,8 @@ class DistContext:
     control: Any
     """gloo group over all ranks used only by the agreement step (never timed)."""
     timeout_s: float
-    agreement: Any = None
-    """The agreement step's exchange (a StoreExchange over the rendezvous store)."""
+    agreement: StoreExchange
+    """The agreement step's exchange over the rendezvous store (never a timed communicator)."""
 
     @property
     def rank(self) -> int:
@@ -133,8 +134,6 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     """
     import torch
     import torch.distributed as dist
-
-    from .agreement import StoreExchange, agreement_timeout_s
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":

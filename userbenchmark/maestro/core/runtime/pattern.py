@@ -83,7 +83,7 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
     agree(
-        rt.dist.agreement or rt.dist.control,
+        rt.dist.agreement,
         rank=rt.dist.rank,
         world_size=rt.dist.world_size,
         phase=phase,
@@ -371,7 +371,7 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
             peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
             peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
     except RunError as err:
-        if not getattr(err, "contained", False):
+        if not err.contained:
             # Some ranks may have collectives in flight that their peers will never join:
             # abort the communicators before teardown synchronizes on them.
             rt.comms.abort()

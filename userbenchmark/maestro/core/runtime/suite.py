@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, RunError
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import interrupts
@@ -231,7 +231,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             try:
                 outcome = measure_pattern(rt, pattern)
             except RunError as err:
-                everyone_answered = not getattr(err, "missing", [-1])
+                everyone_answered = err.everyone_answered
                 status = _failure_status(err)
                 if rank == 0:
                     print(
@@ -241,9 +241,9 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                     )
                     writer.add_failure(pattern.name, str(err))
                     progress.advance(f"pattern {pattern.name} (failed)")
-                elif 0 in getattr(err, "missing", []):
+                elif err.missing and 0 in err.missing:
                     print(f"maestro: {err}", file=sys.stderr, flush=True)  # rank 0 cannot
-                if status != 1 or suite.stop_on_error or not getattr(err, "contained", False):
+                if status != 1 or suite.stop_on_error or not err.contained:
                     break
                 continue
             if rank == 0:
@@ -271,7 +271,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             if writer.output_dir is not None:
                 print(f"maestro: results written to {writer.output_dir}", flush=True)
     except RunError as err:
-        everyone_answered = not getattr(err, "missing", [-1])
+        everyone_answered = err.everyone_answered
         if rank == 0 or not everyone_answered:
             print(f"maestro: {err}", file=sys.stderr, flush=True)
         status = _failure_status(err)
@@ -292,7 +292,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
 
 
 def _failure_status(err: RunError) -> int:
-    return 130 if getattr(err, "interrupted", False) else 1
+    return EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
 
 
 def _closing_round(dist: DistContext, agree: Any) -> None:
@@ -319,7 +319,7 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree
 def _agree_run_wide(dist: DistContext, agree: Any, phase: str, error: BaseException | None) -> None:
     """The agreement step of a phase that belongs to no pattern (setup, exit)."""
     agree(
-        dist.agreement or dist.control,
+        dist.agreement,
         rank=dist.rank,
         world_size=dist.world_size,
         phase=phase,
