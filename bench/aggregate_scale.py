@@ -1,7 +1,8 @@
 """Cost of cross-rank aggregation as the world grows, with blocks x iterations fixed.
 
 What one rank pays is ``local_summary`` on its own (blocks, iters) timings plus
-``reduce_summaries``: four element-wise all_reduces of fixed-size float64 arrays. Here the
+``reduce_summaries``: six element-wise all_reduces of fixed-size float64/int64 arrays (the
+per-rank comm/compute overlap adds 2 x W floats). Here the
 all_reduces are replayed in-process (each returns what the real reduction over W ranks
 returns), so the time is rank 0's own compute and the payload is reported in bytes; network
 time is not in it. ``simulate_ranks`` is the other number: one process holding every rank's
@@ -25,6 +26,7 @@ import numpy as np
 
 from userbenchmark.maestro.core.analysis.aggregate import (
     WindowAggregate,
+    _last_to_start_candidate,
     local_summary,
     reduce_summaries,
     simulate_ranks,
@@ -64,7 +66,8 @@ def peer_side(
     """What ranks 1..W-1 contribute to each all_reduce of ``reduce_summaries``, pre-combined.
 
     Each peer's payloads are recorded by running its own ``reduce_summaries``; the last call
-    is the slowest-rank vote, whose peer side comes from ``expected`` (simulate_ranks).
+    is the last-to-start vote, which depends on every rank's starts: its peer side is
+    computed from the true maximum start over all ranks.
     """
     ops = {"max": np.maximum, "min": np.minimum, "sum": np.add}
     recorded: list[list[tuple[np.ndarray, str]]] = []
@@ -75,16 +78,19 @@ def peer_side(
             calls.append((values.copy(), op))
             return values
 
-        reduce_summaries(local, rank=rank, reduce=record)
+        reduce_summaries(local, rank=rank, world_size=len(summaries), reduce=record)
         recorded.append(calls)
     combined: list[np.ndarray] = []
     if recorded:
         for k in range(len(recorded[0]) - 1):
             op = recorded[0][k][1]
             combined.append(ops[op].reduce(np.stack([calls[k][0] for calls in recorded])))
-    # The vote is -rank of the lowest rank holding the maximum average (see simulate_ranks).
-    slowest = expected.slowest_rank
-    vote = np.where(slowest >= 1, -slowest.astype(np.float64), -np.inf)
+    world = len(summaries)
+    start_hi = np.max(np.stack([s["start_hi"] for s in summaries]), axis=0)
+    votes = [
+        _last_to_start_candidate(s, start_hi, r, world) for r, s in enumerate(summaries) if r >= 1
+    ]
+    vote = np.max(np.stack(votes), axis=0) if votes else np.zeros(0, dtype=np.int64)
     return combined, vote
 
 
@@ -111,13 +117,22 @@ def replay_reducer(
 
 
 def rank_side(
-    timings: WindowTimings, kinds: tuple, reducer: Callable[[np.ndarray, str], np.ndarray]
+    timings: WindowTimings,
+    kinds: tuple,
+    reducer: Callable[[np.ndarray, str], np.ndarray],
+    world: int,
 ) -> WindowAggregate:
     lane_of_block, is_comm, is_compute = kinds
     local = local_summary(
-        timings, lane_of_block=lane_of_block, is_comm=is_comm, is_compute=is_compute
+        timings,
+        lane_of_block=lane_of_block,
+        is_comm=is_comm,
+        is_compute=is_compute,
+        rank=0,
+        world_size=world,
+        shared_clock=True,
     )
-    return reduce_summaries(local, rank=0, reduce=reducer)
+    return reduce_summaries(local, rank=0, world_size=world, reduce=reducer)
 
 
 def same_aggregate(a: WindowAggregate, b: WindowAggregate) -> bool:
@@ -156,8 +171,16 @@ def measure(world: int, num_blocks: int, num_iters: int, reps: int) -> dict[str,
     lane_of_block, is_comm, is_compute = kinds
     timings = [rank_timings(r, num_blocks, num_iters) for r in range(world)]
     summaries = [
-        local_summary(t, lane_of_block=lane_of_block, is_comm=is_comm, is_compute=is_compute)
-        for t in timings
+        local_summary(
+            t,
+            lane_of_block=lane_of_block,
+            is_comm=is_comm,
+            is_compute=is_compute,
+            rank=r,
+            world_size=world,
+            shared_clock=True,
+        )
+        for r, t in enumerate(timings)
     ]
     sim_s, sim_peak, expected = timed(functools.partial(simulate_ranks, summaries), reps)
     payload = sum(v.nbytes for v in summaries[0].values())
@@ -171,7 +194,7 @@ def measure(world: int, num_blocks: int, num_iters: int, reps: int) -> dict[str,
     gc.collect()
 
     def one_rank_timed() -> WindowAggregate:
-        return rank_side(mine, kinds, replays.pop())
+        return rank_side(mine, kinds, replays.pop(), world)
 
     rank_s, rank_peak, got = timed(one_rank_timed, reps)
     if not same_aggregate(got, expected):

@@ -122,6 +122,17 @@ def test_world_size_1_all_gather_memcpy_attributed(cupti_out):
     assert rec["latency_avg_us"] > 0
 
 
+def test_quickstart_under_events_with_a_block_that_is_not_timed(tmp_path):
+    # quickstart's in-place 1-rank NCCL all_reduce launches no device work: it runs but is not
+    # timed, and the events profiler once crashed on it ('NoneType' object is not subscriptable).
+    out = _run(tmp_path, "events", config="quickstart")
+    blocks = {(r["pattern"], r["block"]): r for r in read_records(out)}
+    ar = blocks[("overlap_ar_gemm", "allreduce")]
+    assert ar["latency_avg_us"] is None and "not timed" in ar["notes"]
+    assert blocks[("overlap_ar_gemm", "gemm")]["latency_avg_us"] > 0
+    assert {p["profiler"] for p in read_records(out, "patterns.json")} == {"events"}
+
+
 @pytest.mark.parametrize("config", ["quickstart", "ag_rs"])
 def test_shipped_configs_run_on_gpu(tmp_path, config):
     out = _run(tmp_path, "auto", config=config)

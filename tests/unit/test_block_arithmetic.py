@@ -17,7 +17,7 @@ from userbenchmark.maestro.blocks.base import Block
 from userbenchmark.maestro.blocks.registry import registered_ops, resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import load_suite_text
 
@@ -124,7 +124,7 @@ def _outcome(ops: dict[str, str]):
         pattern,
         classes,
         agg,
-        np.array([300.0, 250.0, 800.0]),
+        Isolated(avg_us=np.array([300.0, 250.0, 800.0]), stdev_us=np.zeros(3), count=3),
         None,
         None,
         profiler="host",

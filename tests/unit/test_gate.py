@@ -10,7 +10,7 @@ import pytest
 from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings, host_late
-from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.runtime.lanes import (
@@ -83,9 +83,11 @@ def _outcome(timings, hosts):
                 lane_of_block=list(range(len(n))),
                 is_comm=np.zeros(len(n), bool),
                 is_compute=np.ones(len(n), bool),
+                rank=r,
+                world_size=len(timings),
                 host=h,
             )
-            for t, h in zip(timings, hosts, strict=True)
+            for r, (t, h) in enumerate(zip(timings, hosts, strict=True))
         ]
     )
     gemm = registered_ops()["gemm"]
@@ -94,7 +96,7 @@ def _outcome(timings, hosts):
         pattern,
         [gemm] * len(n),
         agg,
-        np.full(len(n), math.nan),
+        Isolated.unmeasured(len(n)),
         None,
         None,
         profiler="cupti",
@@ -129,7 +131,9 @@ def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
     assert p.enqueue_max_us == pytest.approx(70.0)
     assert p.gate_delay_max_us == pytest.approx(21.0)
     assert p.lane_skew_p50_us == p.lane_skew_p99_us == p.lane_skew_max_us == pytest.approx(20.0)
-    assert "lane start skew p50 20.00 µs, p99 20.00 µs, max 20.00 µs" in format_pattern(out)
+    # Two iterations: p99 would be the max, so the table leaves it out and says so.
+    assert "lane start skew p50 20.00 µs, max 20.00 µs" in format_pattern(out)
+    assert "p99 not shown: with 2 iterations" in format_pattern(out)
     assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([27.5, 21.0])
     assert "gate spin 140.0 µs, host enqueue up to 70.0 µs" in format_pattern(out)
 

@@ -17,10 +17,10 @@ import pytest
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import RankTimeline, Timeline
 from userbenchmark.maestro.core.config.loader import load_suite
-from userbenchmark.maestro.core.output.table import format_pattern
+from userbenchmark.maestro.core.output.table import Tables
 from userbenchmark.maestro.core.output.writer import OutputWriter
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"
@@ -87,6 +87,9 @@ def _outcomes():
                     lane_of_block=lane_of_block,
                     is_comm=is_comm,
                     is_compute=is_compute,
+                    rank=rank,
+                    world_size=suite.world_size,
+                    shared_clock=False,  # the fake ranks' clocks are 1e12 ns apart
                     host=host,
                 )
             )
@@ -100,7 +103,11 @@ def _outcomes():
                 )
             )
         agg = simulate_ranks(summaries)
-        isolated = np.array([90.0 * (b + 1) for b in range(len(pattern.blocks))])
+        isolated = Isolated(
+            avg_us=np.array([90.0 * (b + 1) for b in range(len(pattern.blocks))]),
+            stdev_us=np.array([1.5 * (b + 1) for b in range(len(pattern.blocks))]),
+            count=pattern.num_iters,
+        )
         outcome = build_outcome(
             suite,
             pattern,
@@ -119,7 +126,7 @@ def _outcomes():
             block_lanes=tuple(b.lane for b in pattern.blocks),
             ranks=tuple(timelines),
         )
-        outcomes.append((outcome, timeline))
+        outcomes.append((pattern, outcome, timeline))
     return outcomes
 
 
@@ -132,11 +139,13 @@ def _write(folder: Path) -> dict[str, str]:
         environ={"golden": "1"},
         trace=True,
     )
+    printer = Tables(precision=2)
     tables = []
-    for outcome, timeline in _outcomes():
+    for spec, outcome, timeline in _outcomes():
         outcome = dataclasses.replace(outcome, timeline=timeline)
         writer.add(outcome)
-        tables.append(format_pattern(outcome, precision=2))
+        tables.append(printer.pattern(spec, outcome))
+    tables += printer.sweep_summaries()
     (folder / "tables.txt").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
     return {name: (folder / name).read_text(encoding="utf-8") for name in FILES}
 

@@ -35,13 +35,16 @@ LOWER = [
     "isolated_latency_avg_us",
     "slowdown",
     "wrong_elements",
-    "rank_skew_us",
+    "start_skew_us",
+    "duration_spread_us",
     "makespan_avg_us",
     "makespan_p99_us",
     "serial_us",
     "ideal_us",
     "lane_skew_p50_us",
     "lane_skew_max_us",
+    "gate_skew_p50_us",
+    "gate_skew_max_us",
 ]
 HIGHER = [
     "algbw_gbps",
@@ -177,7 +180,7 @@ def test_unknown_metric_without_unit_is_an_error_listing_known_names():
 def test_default_thresholds():
     assert default_threshold("latency_avg_us") == Threshold(kind="relative", value=0.05)
     assert default_threshold("busbw_gbps") == Threshold(kind="relative", value=0.05)
-    for noisy in ("latency_p99_us", "latency_max_us", "latency_min_us", "rank_skew_us"):
+    for noisy in ("latency_p99_us", "latency_max_us", "latency_min_us", "start_skew_us"):
         assert default_threshold(noisy) == Threshold(kind="relative", value=0.10)
     assert default_threshold("wrong_elements") == Threshold(kind="absolute", value=0.0)
     assert default_threshold("overlap_efficiency").kind == "absolute"

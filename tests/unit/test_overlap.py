@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from userbenchmark.maestro.core.analysis.overlap import (
-    comm_compute_overlap,
+    comm_hidden_under_compute_ns,
     intersection_ns,
     makespan_ns,
     overlap_efficiency,
@@ -333,63 +333,76 @@ def test_makespan_present_mask_and_empty():
         makespan_ns(starts, ends, np.zeros(3, dtype=bool))
 
 
-# --- comm_compute_overlap -----------------------------------------------------------------------
+# --- comm hidden under compute (time-weighted, HTA's definition) -------------------------------
 
 
-def test_comm_compute_hand_computed():
-    # comm: [0,10] ∪ [20,30] (20 ns); compute: [5,25] -> hidden [5,10] + [20,25] = 10 -> 0.5
+def test_comm_hidden_hand_computed():
+    # comm: [0,10] ∪ [20,30] (20 ns); compute: [5,25] -> hidden [5,10] + [20,25] = 10 ns
     starts = arr([[0], [20], [5]])
     ends = arr([[10], [30], [25]])
     is_comm = np.array([True, True, False])
     is_compute = np.array([False, False, True])
-    np.testing.assert_allclose(comm_compute_overlap(starts, ends, is_comm, is_compute), [0.5])
+    assert comm_hidden_under_compute_ns(starts, ends, is_comm, is_compute) == (10.0, 20.0)
 
 
-def test_comm_compute_full_none_and_nan_cases():
-    starts = arr([[10, 0, 5], [0, 50, 5]])
-    ends = arr([[20, 10, 5], [100, 60, 9]])
+def test_comm_hidden_is_time_weighted_not_a_mean_of_ratios():
+    # Iteration 0: 10 ns of comm, fully hidden; iteration 1: 90 ns of comm, none hidden.
+    # HTA's figure is 10 / 100 = 0.1; the mean of per-iteration ratios would be 0.5.
+    starts = arr([[0, 1000], [0, 2000]])
+    ends = arr([[10, 1090], [10, 2010]])
+    hidden, comm = comm_hidden_under_compute_ns(
+        starts, ends, np.array([True, False]), np.array([False, True])
+    )
+    assert (hidden, comm) == (10.0, 100.0)
+
+
+def test_comm_hidden_counts_across_iteration_boundaries():
+    # The comm of iteration 0 runs under the compute of iteration 1 (sync: none).
+    starts = arr([[0, 100], [200, 50]])
+    ends = arr([[80, 180], [210, 90]])
+    hidden, comm = comm_hidden_under_compute_ns(
+        starts, ends, np.array([True, False]), np.array([False, True])
+    )
+    assert comm == 160.0 and hidden == 30.0  # [50, 80] hides under iteration 1's compute
+
+
+def test_comm_hidden_absent_and_missing_sets():
+    starts = arr([[10], [0]])
+    ends = arr([[20], [100]])
     is_comm = np.array([True, False])
     is_compute = np.array([False, True])
-    got = comm_compute_overlap(starts, ends, is_comm, is_compute)
-    assert got[0] == 1.0  # comm nested in compute
-    assert got[1] == 0.0  # disjoint
-    assert math.isnan(got[2])  # zero-length comm union
-    # no compute block at all
-    assert np.isnan(comm_compute_overlap(starts, ends, is_comm, np.zeros(2, bool))).all()
-    # compute block not run by this rank
-    absent = comm_compute_overlap(starts, ends, is_comm, is_compute, present=is_comm)
-    assert np.isnan(absent).all()
+    assert comm_hidden_under_compute_ns(starts, ends, is_comm, np.zeros(2, bool)) == (0.0, 10.0)
+    assert comm_hidden_under_compute_ns(starts, ends, is_comm, is_compute, present=is_comm) == (
+        0.0,
+        10.0,
+    )
+    assert comm_hidden_under_compute_ns(starts, ends, np.zeros(2, bool), is_compute) == (0.0, 0.0)
 
 
-def test_comm_compute_ignores_other_blocks():
-    # a block that is neither comm nor compute (e.g. a copy) does not count
+def test_comm_hidden_ignores_other_blocks():
     starts = arr([[0], [0], [100]])
     ends = arr([[10], [10], [110]])
-    got = comm_compute_overlap(
+    got = comm_hidden_under_compute_ns(
         starts, ends, np.array([True, False, False]), np.array([False, False, True])
     )
-    assert got[0] == 0.0
+    assert got == (0.0, 10.0)
 
 
-def test_comm_compute_rejects_block_in_both_sets():
+def test_comm_hidden_rejects_block_in_both_sets():
     with pytest.raises(ValueError, match="both"):
-        comm_compute_overlap(arr([[0]]), arr([[1]]), np.array([True]), np.array([True]))
+        comm_hidden_under_compute_ns(arr([[0]]), arr([[1]]), np.array([True]), np.array([True]))
 
 
-def test_comm_compute_random_against_reference():
+def test_comm_hidden_random_against_reference():
     rng = np.random.default_rng(11)
     starts, ends = random_intervals(rng, 5, 400)
     is_comm = np.array([True, True, False, False, False])
     is_compute = np.array([False, False, True, True, False])
-    got = comm_compute_overlap(starts, ends, is_comm, is_compute)
-    for i in range(400):
-        comm = [(starts[b, i], ends[b, i]) for b in (0, 1)]
-        comp = [(starts[b, i], ends[b, i]) for b in (2, 3)]
-        u = ref_union(comm)
-        if u == 0:
-            assert math.isnan(got[i])
-        else:
-            assert got[i] == pytest.approx(ref_union_intersection(comm, comp) / u)
+    hidden, comm = comm_hidden_under_compute_ns(starts, ends, is_comm, is_compute)
+    comm_iv = [(starts[b, i], ends[b, i]) for b in (0, 1) for i in range(400)]
+    comp_iv = [(starts[b, i], ends[b, i]) for b in (2, 3) for i in range(400)]
+    assert comm == pytest.approx(ref_union(comm_iv))
+    assert hidden == pytest.approx(ref_union_intersection(comm_iv, comp_iv))
 
 
 # --- scalar aggregates --------------------------------------------------------------------------
@@ -478,6 +491,6 @@ def test_functions_do_not_mutate_inputs():
     union_intersection_ns(starts[:2], ends[:2], starts[2:], ends[2:])
     pairwise_overlap_fraction(starts, ends, present)
     makespan_ns(starts, ends, present)
-    comm_compute_overlap(starts, ends, is_comm, is_compute, present)
+    comm_hidden_under_compute_ns(starts, ends, is_comm, is_compute, present)
     for original, after in zip(copies, (starts, ends, is_comm, is_compute, present), strict=True):
         np.testing.assert_array_equal(original, after)

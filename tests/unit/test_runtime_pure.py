@@ -12,7 +12,7 @@ import pytest
 from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import build_outcome
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.spec import (
     AxisSpec,
     BlockSpec,
@@ -100,7 +100,12 @@ def test_latency_is_max_over_ranks_and_overlap_uses_each_ranks_own_clock():
     comm = np.array([True, False])
     comp = np.array([False, True])
     agg = simulate_ranks(
-        [local_summary(t, lane_of_block=lanes, is_comm=comm, is_compute=comp) for t in (r0, r1)]
+        [
+            local_summary(
+                t, lane_of_block=lanes, is_comm=comm, is_compute=comp, rank=r, world_size=2
+            )
+            for r, t in enumerate((r0, r1))
+        ]
     )
     np.testing.assert_allclose(agg.latency_ns, [[50, 70], [30, 80]])
     # Makespan per iteration: max over ranks of (last end - first start) on that rank.
@@ -109,9 +114,10 @@ def test_latency_is_max_over_ranks_and_overlap_uses_each_ranks_own_clock():
     # = 10/30; rank 1: it0 [0,30]∩[60,90] = 0; it1 [100,170]∩[150,160] = 10/10 = 1.
     expected = np.mean([np.mean([1.0, 10 / 30]), np.mean([0.0, 1.0])])
     assert agg.pairwise_overlap[0, 1] == pytest.approx(expected)
-    # Rank skew: avg durations per rank: block0 r0 40, r1 50 -> skew 10, slowest rank 1.
-    assert agg.rank_avg_max_ns[0] - agg.rank_avg_min_ns[0] == pytest.approx(10)
-    assert agg.slowest_rank[0] == 1
+    # Duration spread: mean durations per rank: block0 r0 40, r1 50 -> 10.
+    assert agg.duration_spread_ns[0] == pytest.approx(10)
+    # The clocks are 1e18 ns apart (not shared): no start is compared across ranks.
+    assert np.isnan(agg.start_skew_ns).all() and (agg.last_to_start_rank == -1).all()
     # Lane skew: lanes' first starts differ by 10 (r0 it0), 20 (r0 it1), 60, 50 (r1).
     np.testing.assert_allclose(agg.lane_skew_ns, [60, 50])
 
@@ -126,12 +132,65 @@ def test_absent_blocks_do_not_count():
                 lane_of_block=[0, 0],
                 is_comm=np.array([1, 1], bool),
                 is_compute=np.zeros(2, bool),
+                rank=r,
+                world_size=2,
             )
-            for t in (r0, r1)
+            for r, t in enumerate((r0, r1))
         ]
     )
     np.testing.assert_allclose(agg.latency_ns, [[20], [20]])
-    assert agg.slowest_rank[1] == 1
+    # Block 1 runs on one rank only: no spread between ranks.
+    assert agg.duration_spread_ns[0] == pytest.approx(10) and np.isnan(agg.duration_spread_ns[1])
+
+
+def test_cross_rank_figures_where_the_ranks_share_a_clock():
+    # One host clock (perf_counter). Block 0 is a collective: rank 1 arrives 30 ns late in
+    # both iterations, so rank 0 waits for it; the block ends together on both ranks.
+    t0 = 10**15
+    r0 = WindowTimings(
+        starts_ns=np.array([[t0, t0 + 1000], [t0, t0 + 1000]]),
+        ends_ns=np.array([[t0 + 100, t0 + 1100], [t0 + 50, t0 + 1040]]),
+        present=np.ones(2, bool),
+        clock="perf_counter",
+        gate_open_ns=np.array([t0 - 5, t0 + 995]),
+    )
+    r1 = WindowTimings(
+        starts_ns=np.array([[t0 + 30, t0 + 1030], [t0 + 30, t0 + 1030]]),
+        ends_ns=np.array([[t0 + 100, t0 + 1100], [t0 + 130, t0 + 1090]]),
+        present=np.ones(2, bool),
+        clock="perf_counter",
+        gate_open_ns=np.array([t0 - 2, t0 + 999]),
+    )
+    comm, comp = np.array([True, False]), np.array([False, True])
+    summaries = [
+        local_summary(
+            t, lane_of_block=[0, 1], is_comm=comm, is_compute=comp, rank=r, world_size=2,
+            shared_clock=True,
+        )
+        for r, t in enumerate((r0, r1))
+    ]  # fmt: skip
+    agg = simulate_ranks(summaries)
+    np.testing.assert_allclose(agg.start_skew_ns[0], [30, 30])
+    assert agg.last_to_start_rank[0] == 1  # the one the collective waited for
+    np.testing.assert_allclose(agg.gate_skew_ns, [3, 4])
+    # Durations: rank 0 100 and 100 (it waited), rank 1 70 and 70 -> spread 30.
+    assert agg.duration_spread_ns[0] == pytest.approx(30)
+    # Comm hidden under compute, per rank over the window: rank 0 [t0, t0+50] of 100 in it 0
+    # and [1000, 1040] of 100 in it 1 -> 90 / 200; rank 1: [30, 100] ∩ [30, 130] = 70 of 70,
+    # [1030, 1090] of 70 -> 130 / 140. Time-weighted over ranks: 220 / 340.
+    np.testing.assert_allclose(agg.comm_compute_overlap_by_rank, [90 / 200, 130 / 140])
+    assert agg.comm_compute_overlap == pytest.approx(220 / 340)
+    # The same timings without a shared clock compare nothing across ranks.
+    apart = simulate_ranks(
+        [
+            local_summary(
+                t, lane_of_block=[0, 1], is_comm=comm, is_compute=comp, rank=r, world_size=2
+            )
+            for r, t in enumerate((r0, r1))
+        ]
+    )
+    assert np.isnan(apart.start_skew_ns).all() and np.isnan(apart.gate_skew_ns).all()
+    assert apart.comm_compute_overlap == pytest.approx(220 / 340)  # per rank: no clock needed
 
 
 def _pattern(blocks, iters=4):
@@ -179,7 +238,7 @@ def test_build_outcome_formulas():
             for t in r
         ]
     )
-    iso = np.array([80.0, 1000.0])
+    iso = Isolated(avg_us=np.array([80.0, 1000.0]), stdev_us=np.zeros(2), count=4)
     out = build_outcome(
         suite,
         pattern,
@@ -229,7 +288,7 @@ def test_table_never_prints_zero_for_small_latency():
         pattern,
         [ops["all_reduce"]],
         agg,
-        np.array([math.nan]),
+        Isolated.unmeasured(1),
         None,
         None,
         profiler="host",
@@ -257,7 +316,7 @@ def test_outputs_are_complete_after_each_pattern(tmp_path):
         pattern,
         [ops["all_reduce"]],
         agg,
-        np.array([3.5]),
+        Isolated(avg_us=np.array([3.5]), stdev_us=np.zeros(1), count=2),
         None,
         None,
         profiler="host",
@@ -372,7 +431,7 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
         pattern,
         [ops["all_reduce"], ops["gemm"]],
         agg,
-        np.array([math.nan, 2.0]),
+        Isolated(avg_us=np.array([math.nan, 2.0]), stdev_us=np.zeros(2), count=4),
         np.array([0.0, 0.0]),
         None,
         profiler="cupti",

@@ -2,8 +2,10 @@
 
 Each rank reduces its own intervals to fixed-size arrays (per block and iteration), then a few
 element-wise all_reduces (max, min, sum) combine them; no rank ever holds another rank's raw
-records. Overlap is computed per rank from that rank's own starts and ends (timestamps of
-different hosts are never compared), then aggregated.
+records. Durations and overlap are computed per rank from that rank's own starts and ends,
+then aggregated. Instants of different ranks (a block's start, a gate's opening) are compared
+only when the ranks share a clock (one host, and a profiler whose timestamps are that host's
+clock); those reductions run on exact int64 nanoseconds.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from . import overlap
 from .intervals import HostTimings, WindowTimings, host_late
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
-"""Element-wise reduction of a float64 array over all ranks: op is ``max``, ``min`` or ``sum``."""
+"""Element-wise reduction of an array over all ranks: op is ``max``, ``min`` or ``sum``; the
+dtype (float64 or int64) is kept."""
+
+_I64_MIN = np.iinfo(np.int64).min
+_I64_MAX = np.iinfo(np.int64).max
+SHARED_CLOCKS = ("cupti", "perf_counter")
+"""Profiler clocks that are the host's own (CLOCK_REALTIME, CLOCK_MONOTONIC): every process of
+one host reads the same one. CUDA events are offsets from each rank's own reference event."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,15 +35,25 @@ class WindowAggregate:
 
     latency_ns: np.ndarray
     """(blocks, iters): max over ranks of the rank-local duration (nccl-tests -I)."""
-    rank_avg_max_ns: np.ndarray
-    rank_avg_min_ns: np.ndarray
-    slowest_rank: np.ndarray
-    """(blocks,): rank whose average duration was the largest (-1 where unknown)."""
+    duration_spread_ns: np.ndarray
+    """(blocks,): largest minus smallest per-rank mean duration (NaN: fewer than 2 ranks)."""
+    start_skew_ns: np.ndarray
+    """(blocks, iters): latest minus earliest start of the block over the ranks running it
+    (NaN: no shared clock, or fewer than 2 ranks)."""
+    last_to_start_rank: np.ndarray
+    """(blocks,): the rank whose start was the latest in the most iterations (ties: the lowest
+    rank); -1 where unknown (no shared clock, fewer than 2 ranks)."""
+    gate_skew_ns: np.ndarray
+    """(iters,): latest minus earliest gate opening over ranks (NaN: unknown, or one rank)."""
     makespan_ns: np.ndarray
     """(iters,): max over ranks of (last end - first start) on that rank."""
     pairwise_overlap: np.ndarray
     """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|); NaN: never met."""
     comm_compute_overlap: float
+    """Σ over ranks of the communication time hidden under compute / Σ of communication time
+    (time-weighted over the whole window, as HolisticTraceAnalysis defines it per rank)."""
+    comm_compute_overlap_by_rank: np.ndarray
+    """(world,): the same per rank (NaN where a rank has no communication or no compute)."""
     lane_skew_ns: np.ndarray
     """(iters,): max over ranks of the spread of the lanes' first starts (NaN: < 2 lanes)."""
     gate_delay_ns: np.ndarray
@@ -47,14 +66,17 @@ class WindowAggregate:
     enqueue_ns: np.ndarray
     """(iters,): max over ranks of the host's time to enqueue the whole iteration (NaN: CPU)."""
     host_late: np.ndarray
-    """(iters,) bool: on some rank the enqueue outlasted the gate spin (launch-bound)."""
+    """(iters,) bool: on some rank the start was not protected: the CUDA enqueue outlasted the
+    gate spin, or the agreed CPU start instant had passed when the rank learned it."""
+    host_late_known: bool
+    """Whether ``host_late`` was measured (CUDA gates; CPU starts agreed on an instant)."""
     gate_spin_us: float
     """The gate kernel's spin in this window, max over ranks (NaN: no gate, CPU lanes)."""
 
 
-def _neg_inf_to_nan(values: np.ndarray) -> np.ndarray:
+def _inf_to_nan(values: np.ndarray) -> np.ndarray:
     out = values.astype(np.float64, copy=True)
-    out[np.isneginf(out) | np.isposinf(out)] = np.nan
+    out[np.isinf(out)] = np.nan
     return out
 
 
@@ -64,53 +86,53 @@ def local_summary(
     lane_of_block: Sequence[int],
     is_comm: np.ndarray,
     is_compute: np.ndarray,
+    rank: int = 0,
+    world_size: int = 1,
+    shared_clock: bool = False,
     host: HostTimings | None = None,
 ) -> dict[str, np.ndarray]:
     """This rank's fixed-size arrays (before any reduction); absent entries are +-inf/0.
 
-    ``host`` is the executor's account of the window (enqueue times, gate spin); without it,
-    or on CPU lanes, the host figures are unknown.
+    ``host`` is the lanes' account of the window (enqueue times, gate spin, CPU gate
+    openings). ``shared_clock``: every rank's timestamps are one host's clock (the caller
+    knows the hosts), so instants of different ranks may be compared.
     """
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
-    if present.any():
-        origin = int(timings.starts_ns[present].min())
-    else:
-        origin = 0
+    raw_starts = np.asarray(timings.starts_ns, dtype=np.int64)
+    origin = int(raw_starts[present].min()) if present.any() else 0
     # Rebase in int64 first: CLOCK_REALTIME ns (~1.7e18) would lose precision as float64.
-    starts = (timings.starts_ns - origin).astype(np.float64)
-    ends = (timings.ends_ns - origin).astype(np.float64)
+    starts = (raw_starts - origin).astype(np.float64)
+    ends = (np.asarray(timings.ends_ns, dtype=np.int64) - origin).astype(np.float64)
     starts[~present] = 0.0
     ends[~present] = 0.0
     dur = ends - starts
     dur_max = np.where(present[:, None], dur, -np.inf)
     avg = dur.mean(axis=1) if num_iters else np.zeros(num_blocks)
-    avg_max = np.where(present, avg, -np.inf)
-    avg_min = np.where(present, avg, np.inf)
+    hidden = comm = 0.0
     if present.any():
         makespan = overlap.makespan_ns(starts, ends, present)
         pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
-        cc = overlap.comm_compute_overlap(
-            starts, ends, is_comm & present, is_compute & present, present
-        )
-        cc_valid = ~np.isnan(cc)
-        cc_sum = float(cc[cc_valid].sum())
-        cc_count = float(cc_valid.sum())
+        if (is_compute & present).any():  # a rank without compute has no such overlap
+            hidden, comm = overlap.comm_hidden_under_compute_ns(
+                starts, ends, is_comm & present, is_compute & present
+            )
     else:
         makespan = np.full(num_iters, -np.inf)
         pair_mean = np.full((num_blocks, num_blocks), np.nan)
-        cc_sum = cc_count = 0.0
+    cc_by_rank = np.zeros((2, max(world_size, 1)))
+    cc_by_rank[:, rank] = hidden, comm
     lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]})
     first = np.full((len(lanes), num_iters), np.inf)
     for row, lane in enumerate(lanes):
         members = [b for b in range(num_blocks) if present[b] and lane_of_block[b] == lane]
         first[row] = starts[members].min(axis=0)
-    if len(lanes) >= 2:
-        skew = first.max(axis=0) - first.min(axis=0)
-    else:
-        skew = np.full(num_iters, -np.inf)
-    if timings.gate_open_ns is not None and lanes:
-        gate = (timings.gate_open_ns - origin).astype(np.float64)
+    skew = first.max(axis=0) - first.min(axis=0) if len(lanes) >= 2 else np.full(num_iters, -np.inf)
+    gate_open = timings.gate_open_ns
+    if gate_open is None and host is not None and host.gate_open_ns.size == num_iters:
+        gate_open = host.gate_open_ns
+    if gate_open is not None and lanes:
+        gate = (np.asarray(gate_open, dtype=np.int64) - origin).astype(np.float64)
         gate_delay = (first - gate[None, :]).max(axis=0)
     else:
         gate_delay = np.full(num_iters, -np.inf)
@@ -123,34 +145,55 @@ def local_summary(
     launch_avg = np.full(num_blocks, -np.inf)
     enqueue = np.full(num_iters, -np.inf)
     late = np.zeros(num_iters)
+    late_known = np.zeros(1)
     gate_spin = np.full(1, -np.inf)
     if host is not None and host.enqueue_ns.size == num_iters and num_iters:
         enqueue = host.enqueue_ns.astype(np.float64)
         late = host_late(host.enqueue_ns, host.gate_us).astype(np.float64)
+        late_known[0] = 1.0
         gate_spin[0] = host.gate_us
         if host.launch_ns.shape == (num_blocks, num_iters):
             launch_avg = np.where(present, host.launch_ns.mean(axis=1), -np.inf)
+    elif host is not None and host.start_late.size == num_iters and host.agree_ns.any():
+        late = host.start_late.astype(np.float64)  # only where the ranks agreed on a start
+        late_known[0] = 1.0
+    # Instants for cross-rank comparison, exact in int64 (sentinels where unknown).
+    start_hi = np.full((num_blocks, num_iters), _I64_MIN, dtype=np.int64)
+    start_lo = np.full((num_blocks, num_iters), _I64_MAX, dtype=np.int64)
+    gate_hi = np.full(num_iters, _I64_MIN, dtype=np.int64)
+    gate_lo = np.full(num_iters, _I64_MAX, dtype=np.int64)
+    if shared_clock and timings.clock in SHARED_CLOCKS:
+        start_hi[present] = raw_starts[present]
+        start_lo[present] = raw_starts[present]
+        if gate_open is not None:
+            gate_hi = gate_lo = np.asarray(gate_open, dtype=np.int64).copy()
     return {
         "dur_max": dur_max,
-        "avg_max": avg_max,
-        "avg_min": avg_min,
+        "avg_max": np.where(present, avg, -np.inf),
+        "avg_min": np.where(present, avg, np.inf),
         "makespan": makespan,
         "skew": skew,
         "gate_delay": gate_delay,
         "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
         "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
-        "cc": np.array([cc_sum, cc_count]),
+        "cc_by_rank": cc_by_rank,
         "counts": counts,
         "counted_ranks": counted,
-        "avg_local": np.where(present, avg, np.nan),
+        "present_ranks": present.astype(np.float64),
         "launch_avg": launch_avg,
         "enqueue": enqueue,
         "late": late,
+        "late_known": late_known,
         "gate_spin": gate_spin,
+        "start_hi": start_hi,
+        "start_lo": start_lo,
+        "gate_hi": gate_hi,
+        "gate_lo": gate_lo,
+        "raw_starts": np.where(present[:, None], raw_starts, _I64_MIN),
     }
 
 
-_ROUND_ONE = (
+_FLOAT_ROUNDS = (
     (
         (
             "dur_max",
@@ -161,17 +204,19 @@ _ROUND_ONE = (
             "launch_avg",
             "enqueue",
             "late",
+            "late_known",
             "gate_spin",
         ),
         "max",
     ),
     (("avg_min",), "min"),
-    (("pair_sum", "pair_count", "cc", "counts", "counted_ranks"), "sum"),
+    (("pair_sum", "pair_count", "cc_by_rank", "counts", "counted_ranks", "present_ranks"), "sum"),
 )
+_INT_ROUNDS = ((("start_hi", "gate_hi"), "max"), (("start_lo", "gate_lo"), "min"))
 
 
-def _pack(local: dict[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
-    return np.concatenate([local[k].ravel() for k in keys]).astype(np.float64)
+def _pack(local: dict[str, np.ndarray], keys: Sequence[str], dtype: type) -> np.ndarray:
+    return np.concatenate([local[k].ravel() for k in keys]).astype(dtype)
 
 
 def _unpack(
@@ -184,62 +229,96 @@ def _unpack(
         offset += size
 
 
-def _slowest_candidate(local: dict[str, np.ndarray], avg_max: np.ndarray, rank: int) -> np.ndarray:
-    """-rank where this rank holds the maximum average (so a max picks the lowest rank)."""
-    avg_local = local["avg_local"]
-    is_max = np.isfinite(avg_local) & (avg_local == avg_max)
-    return np.where(is_max, -float(rank), -np.inf)
+def _rounds() -> list[tuple[Sequence[str], str, type]]:
+    return [(k, op, np.float64) for k, op in _FLOAT_ROUNDS] + [
+        (k, op, np.int64) for k, op in _INT_ROUNDS
+    ]
 
 
-def _finish(out: dict[str, np.ndarray], slowest_neg: np.ndarray) -> WindowAggregate:
-    slowest = np.where(np.isfinite(slowest_neg), -slowest_neg, -1).astype(np.int64)
+def _last_to_start_candidate(
+    local: dict[str, np.ndarray], start_hi: np.ndarray, rank: int, world_size: int
+) -> np.ndarray:
+    """Per block: (iterations in which this rank started last) x world + (world - 1 - rank),
+    so that a max over ranks picks the most frequent last rank, ties to the lowest."""
+    known = start_hi != _I64_MIN
+    mine = (local["raw_starts"] == start_hi) & known
+    return mine.sum(axis=1).astype(np.int64) * world_size + (world_size - 1 - rank)
+
+
+def _finish(
+    out: dict[str, np.ndarray], last_candidate: np.ndarray, world_size: int
+) -> WindowAggregate:
     with np.errstate(invalid="ignore", divide="ignore"):
         pair = np.where(out["pair_count"] > 0, out["pair_sum"] / out["pair_count"], np.nan)
-        cc_sum, cc_count = out["cc"]
-        cc = float(cc_sum / cc_count) if cc_count > 0 else float("nan")
+        hidden, comm = out["cc_by_rank"]
+        cc = float(hidden.sum() / comm.sum()) if comm.sum() > 0 else float("nan")
+        cc_by_rank = np.where(comm > 0, hidden / comm, np.nan)
         activities = np.where(
             out["counted_ranks"] > 0, out["counts"] / out["counted_ranks"], np.nan
         )
     num_iters = out["dur_max"].shape[1]
     if num_iters:
         activities = activities / num_iters
+    several = out["present_ranks"] >= 2
+    spread = np.where(several, out["avg_max"] - out["avg_min"], np.nan)
+    known = (out["start_hi"] != _I64_MIN) & several[:, None]
+    start_skew = np.full(out["start_hi"].shape, np.nan)
+    start_skew[known] = (out["start_hi"][known] - out["start_lo"][known]).astype(np.float64)
+    last_count = last_candidate // world_size
+    last_rank = np.where(
+        known.any(axis=1) & (last_count > 0), world_size - 1 - last_candidate % world_size, -1
+    )
+    gate_known = out["gate_hi"] != _I64_MIN
+    gate_skew = np.full(out["gate_hi"].shape, np.nan)
+    if world_size >= 2:
+        gate_skew[gate_known] = (out["gate_hi"][gate_known] - out["gate_lo"][gate_known]).astype(
+            np.float64
+        )
     return WindowAggregate(
-        latency_ns=_neg_inf_to_nan(out["dur_max"]),
-        rank_avg_max_ns=_neg_inf_to_nan(out["avg_max"]),
-        rank_avg_min_ns=_neg_inf_to_nan(out["avg_min"]),
-        slowest_rank=slowest,
-        makespan_ns=_neg_inf_to_nan(out["makespan"]),
+        latency_ns=_inf_to_nan(out["dur_max"]),
+        duration_spread_ns=_inf_to_nan(spread),
+        start_skew_ns=start_skew,
+        last_to_start_rank=last_rank.astype(np.int64),
+        gate_skew_ns=gate_skew,
+        makespan_ns=_inf_to_nan(out["makespan"]),
         pairwise_overlap=pair,
         comm_compute_overlap=cc,
-        lane_skew_ns=_neg_inf_to_nan(out["skew"]),
-        gate_delay_ns=_neg_inf_to_nan(out["gate_delay"]),
+        comm_compute_overlap_by_rank=cc_by_rank,
+        lane_skew_ns=_inf_to_nan(out["skew"]),
+        gate_delay_ns=_inf_to_nan(out["gate_delay"]),
         activities_per_iter=activities,
-        launch_avg_ns=_neg_inf_to_nan(out["launch_avg"]),
-        enqueue_ns=_neg_inf_to_nan(out["enqueue"]),
+        launch_avg_ns=_inf_to_nan(out["launch_avg"]),
+        enqueue_ns=_inf_to_nan(out["enqueue"]),
         host_late=out["late"] > 0,
-        gate_spin_us=float(_neg_inf_to_nan(out["gate_spin"])[0]),
+        host_late_known=bool(out["late_known"][0] > 0),
+        gate_spin_us=float(_inf_to_nan(out["gate_spin"])[0]),
     )
 
 
 def reduce_summaries(
-    local: dict[str, np.ndarray], *, rank: int, reduce: Reducer
+    local: dict[str, np.ndarray], *, rank: int, world_size: int, reduce: Reducer
 ) -> WindowAggregate:
-    """Combine every rank's :func:`local_summary` with four element-wise reductions."""
+    """Combine every rank's :func:`local_summary` with six element-wise reductions."""
     out: dict[str, np.ndarray] = {}
-    for keys, op in _ROUND_ONE:
-        _unpack(local, keys, reduce(_pack(local, keys), op), out)
-    slowest_neg = reduce(_slowest_candidate(local, out["avg_max"], rank), "max")
-    return _finish(out, slowest_neg)
+    for keys, op, dtype in _rounds():
+        _unpack(local, keys, reduce(_pack(local, keys, dtype), op), out)
+    candidate = _last_to_start_candidate(local, out["start_hi"], rank, world_size)
+    return _finish(out, reduce(candidate, "max"), world_size)
 
 
 def simulate_ranks(summaries: Sequence[dict[str, np.ndarray]]) -> WindowAggregate:
-    """The aggregate every rank would get, computed in one process (tests, scale benchmark)."""
+    """The aggregate every rank would get, computed in one process (tests, scale benchmark).
+
+    ``summaries[r]`` is rank r's :func:`local_summary` (made with ``rank=r`` and the world
+    size ``len(summaries)``).
+    """
     ops = {"max": np.max, "min": np.min, "sum": np.sum}
+    world = len(summaries)
     out: dict[str, np.ndarray] = {}
-    for keys, op in _ROUND_ONE:
-        flat = ops[op](np.stack([_pack(s, keys) for s in summaries]), axis=0)
+    for keys, op, dtype in _rounds():
+        flat = ops[op](np.stack([_pack(s, keys, dtype) for s in summaries]), axis=0)
         _unpack(summaries[0], keys, flat, out)
     candidates = np.stack(
-        [_slowest_candidate(s, out["avg_max"], r) for r, s in enumerate(summaries)]
+        [_last_to_start_candidate(s, out["start_hi"], r, world) for r, s in enumerate(summaries)]
     )
-    return _finish(out, candidates.max(axis=0))
+    return _finish(out, candidates.max(axis=0), world)

@@ -11,10 +11,9 @@ import numpy as np
 
 @dataclass(kw_only=True)
 class HostTimings:
-    """Host-side facts about one window: what the host spent enqueueing, against the gate.
-
-    Empty arrays on CPU lanes, where a block runs (not enqueues) inside ``launch``.
-    """
+    """Host-side facts about one window: what the host spent enqueueing, against the gate,
+    and (CPU lanes) when the gate opened. Arrays a backend does not fill stay empty: on CPU
+    lanes a block runs (not enqueues) inside ``launch``."""
 
     enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """(iters,): host time from the gate's launch to the last block's enqueue."""
@@ -22,6 +21,13 @@ class HostTimings:
     """(blocks, iters): host time inside each block's ``launch`` (0 where not run)."""
     gate_us: float = math.nan
     """Spin of the gate kernel in this window (µs at the calibrated clock rate)."""
+    gate_open_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(iters,) CPU lanes: when this rank opened its gate (``perf_counter`` ns; CUDA gates
+    open on the device and come from the profiler)."""
+    agree_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """(iters,) CPU lanes: host time the ranks took to agree on the iteration's start."""
+    start_late: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """(iters,) CPU lanes: the agreed start had passed when this rank learned it."""
 
 
 def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
@@ -48,7 +54,7 @@ class WindowTimings:
     clock: str
     """``perf_counter`` (host), ``cuda_event`` (CUDA events) or ``cupti`` (CLOCK_REALTIME)."""
     gate_open_ns: np.ndarray | None = None
-    """Per iteration: when the start gate released the lanes, same clock (GPU only)."""
+    """Per iteration: when the start gate released the lanes, same clock (None: unknown)."""
     activity_counts: np.ndarray | None = None
     """Per block: device activities attributed to it in the window (CUPTI only)."""
     extra: dict | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,6 +14,21 @@ from . import overlap
 from .aggregate import WindowAggregate
 from .records import BlockResult, PatternOutcome, PatternResult
 from .stats import LatencyStats, latency_stats, percentile_nearest_rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class Isolated:
+    """Each block run alone: mean and stdev of its latency over the iterations (µs; NaN:
+    not measured)."""
+
+    avg_us: np.ndarray
+    stdev_us: np.ndarray
+    count: int
+
+    @classmethod
+    def unmeasured(cls, num_blocks: int) -> Isolated:
+        nan = np.full(num_blocks, np.nan)
+        return cls(avg_us=nan, stdev_us=nan.copy(), count=0)
 
 
 def _latency_stats_or_nan(durations_ns: np.ndarray) -> LatencyStats:
@@ -28,12 +44,57 @@ def _latency_stats_or_nan(durations_ns: np.ndarray) -> LatencyStats:
     )
 
 
+def _p(values_ns: np.ndarray, q: float) -> float:
+    finite = values_ns[np.isfinite(values_ns)]
+    return percentile_nearest_rank(finite, q) / 1e3 if finite.size else math.nan
+
+
+def _max_us(values_ns: np.ndarray) -> float:
+    finite = values_ns[np.isfinite(values_ns)]
+    return float(finite.max()) / 1e3 if finite.size else math.nan
+
+
+def _mean_us(values_ns: np.ndarray) -> float:
+    finite = values_ns[np.isfinite(values_ns)]
+    return float(finite.mean()) / 1e3 if finite.size else math.nan
+
+
+def _slowdown_note(slowdown: float, noise: float) -> str:
+    """A note for a block that ran faster overlapped than alone by more than noise."""
+    if not (math.isfinite(slowdown) and math.isfinite(noise)) or slowdown >= 1.0 - noise:
+        return ""
+    return (
+        f"slowdown {slowdown:.3f} < 1 beyond noise (±{noise:.3f}): faster overlapped than "
+        "alone; the isolated run was slower (clocks, caches, a busier machine) or the block "
+        "gained from the overlap"
+    )
+
+
+def _efficiency_note(efficiency: float, noise: float) -> str:
+    """A note for an overlap efficiency outside [0, 1] by more than noise."""
+    if not (math.isfinite(efficiency) and math.isfinite(noise)):
+        return ""
+    if efficiency < -noise:
+        return (
+            f"overlap efficiency {efficiency:.3f} < 0 beyond noise (±{noise:.3f}): the blocks "
+            "took longer together than one after another (they slow each other down more "
+            "than overlap saves)"
+        )
+    if efficiency > 1.0 + noise:
+        return (
+            f"overlap efficiency {efficiency:.3f} > 1 beyond noise (±{noise:.3f}): the pattern "
+            "finished sooner than its longest block alone (blocks ran faster together than "
+            "alone, or the isolated runs were slow)"
+        )
+    return ""
+
+
 def build_outcome(
     suite: SuiteSpec,
     pattern: PatternSpec,
     classes: Sequence[type[Block]],
     agg: WindowAggregate,
-    isolated_us: np.ndarray,
+    isolated: Isolated,
     wrong: np.ndarray | None,
     peak_memory_bytes: int | None,
     *,
@@ -44,6 +105,7 @@ def build_outcome(
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     results = []
     bus_bytes_total = 0.0
+    iso_se = [overlap.standard_error_us(float(sd), isolated.count) for sd in isolated.stdev_us]
     for b, spec in enumerate(pattern.blocks):
         cls = classes[b]
         stats = _latency_stats_or_nan(agg.latency_ns[b])
@@ -60,7 +122,20 @@ def build_outcome(
                 bus_bytes_total += size * factor
         if flops is not None and seconds > 0:
             tfl = flops / seconds / 1e12
-        skew = agg.rank_avg_max_ns[b] - agg.rank_avg_min_ns[b]
+        iso_avg = float(isolated.avg_us[b])
+        slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
+        noise = overlap.slowdown_noise(
+            slowdown,
+            stats.avg_us,
+            overlap.standard_error_us(stats.stdev_us, stats.count),
+            iso_avg,
+            iso_se[b],
+        )
+        block_notes = [*notes[b]] if notes else []
+        flag = _slowdown_note(slowdown, noise)
+        if flag:
+            block_notes.append(flag)
+        last = int(agg.last_to_start_rank[b])
         results.append(
             BlockResult(
                 suite=suite.name,
@@ -82,23 +157,61 @@ def build_outcome(
                 algbw_gbps=algbw,
                 busbw_gbps=busbw,
                 tflops=tfl,
-                isolated_latency_avg_us=float(isolated_us[b]),
-                slowdown=float(overlap.slowdown(stats.avg_us, float(isolated_us[b]))),
+                isolated_latency_avg_us=iso_avg,
+                isolated_latency_stdev_us=float(isolated.stdev_us[b]),
+                slowdown=slowdown,
                 wrong_elements=None if wrong is None else int(wrong[b]),
-                rank_skew_us=float(skew) / 1e3,
-                slowest_rank=int(agg.slowest_rank[b]) if agg.slowest_rank[b] >= 0 else None,
+                start_skew_us=_mean_us(agg.start_skew_ns[b]),
+                last_to_start_rank=last if last >= 0 else None,
+                duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
                 activities_per_iter=float(agg.activities_per_iter[b]),
                 enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
                 profiler=profiler,
-                notes="; ".join(notes[b]) if notes else "",
+                notes="; ".join(block_notes),
             )
         )
+    pattern_result, warnings = _pattern_result(
+        suite, pattern, agg, isolated, iso_se, bus_bytes_total, wrong, peak_memory_bytes, profiler
+    )
+    return PatternOutcome(
+        blocks=tuple(results),
+        pattern=pattern_result,
+        warnings=tuple(warnings),
+        comm_compute_overlap_by_rank=tuple(float(v) for v in agg.comm_compute_overlap_by_rank),
+    )
+
+
+def _pattern_result(
+    suite: SuiteSpec,
+    pattern: PatternSpec,
+    agg: WindowAggregate,
+    isolated: Isolated,
+    iso_se: Sequence[float],
+    bus_bytes_total: float,
+    wrong: np.ndarray | None,
+    peak_memory_bytes: int | None,
+    profiler: str,
+) -> tuple[PatternResult, list[str]]:
     makespan = _latency_stats_or_nan(agg.makespan_ns)
-    finite_iso = isolated_us[np.isfinite(isolated_us)]
-    serial = float(finite_iso.sum()) if finite_iso.size == len(isolated_us) else math.nan
-    ideal = float(finite_iso.max()) if finite_iso.size == len(isolated_us) else math.nan
-    skew = agg.lane_skew_ns[np.isfinite(agg.lane_skew_ns)]
-    gate = agg.gate_delay_ns[np.isfinite(agg.gate_delay_ns)]
+    iso = isolated.avg_us
+    complete = bool(np.isfinite(iso).all()) and iso.size > 0
+    serial = float(iso.sum()) if complete else math.nan
+    ideal = float(iso.max()) if complete else math.nan
+    efficiency = float(overlap.overlap_efficiency(serial, makespan.avg_us, ideal))
+    notes = []
+    if complete and math.isfinite(efficiency):
+        longest = int(np.argmax(iso))
+        noise = overlap.efficiency_noise(
+            serial,
+            ideal,
+            makespan.avg_us,
+            math.sqrt(sum(se**2 for se in iso_se)),
+            iso_se[longest],
+            overlap.standard_error_us(makespan.stdev_us, makespan.count),
+        )
+        flag = _efficiency_note(efficiency, noise)
+        if flag:
+            notes.append(flag)
     pairs = {}
     for i in range(len(pattern.blocks)):
         for j in range(i + 1, len(pattern.blocks)):
@@ -119,16 +232,24 @@ def build_outcome(
         which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + (
             ", ..." if late > 5 else ""
         )
-        warnings.append(
-            f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
-            f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
-            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
-            "of those iterations could start before every block was issued, so their "
-            "starts and overlap are launch-bound (one or two in many iterations are host "
-            "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
-            "calibrates on more iterations)"
-        )
-    pattern_result = PatternResult(
+        if enqueue.size:
+            warnings.append(
+                f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+                f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
+                f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
+                "of those iterations could start before every block was issued, so their "
+                "starts and overlap are launch-bound (one or two in many iterations are host "
+                "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
+                "calibrates on more iterations)"
+            )
+        else:
+            warnings.append(
+                f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+                f"({which}) a rank learned the agreed start instant after it had passed, so "
+                "the ranks did not start together (a busy host; raise warmup_iters so the "
+                "start margin calibrates on more iterations)"
+            )
+    result = PatternResult(
         suite=suite.name,
         pattern=pattern.name,
         iters=pattern.num_iters,
@@ -137,22 +258,25 @@ def build_outcome(
         makespan_p99_us=makespan.p99_us,
         serial_us=serial,
         ideal_us=ideal,
-        overlap_efficiency=float(overlap.overlap_efficiency(serial, makespan.avg_us, ideal)),
+        overlap_efficiency=efficiency,
         shared_busbw_gbps=(
             float(overlap.shared_busbw_gbps(bus_bytes_total, makespan.avg_us * 1e-6))
             if bus_bytes_total
             else math.nan
         ),
         comm_compute_overlap=agg.comm_compute_overlap,
-        lane_skew_p50_us=percentile_nearest_rank(skew, 50) / 1e3 if skew.size else math.nan,
-        lane_skew_p99_us=percentile_nearest_rank(skew, 99) / 1e3 if skew.size else math.nan,
-        lane_skew_max_us=float(skew.max()) / 1e3 if skew.size else math.nan,
-        gate_delay_max_us=float(gate.max()) / 1e3 if gate.size else math.nan,
+        lane_skew_p50_us=_p(agg.lane_skew_ns, 50),
+        lane_skew_p99_us=_p(agg.lane_skew_ns, 99),
+        lane_skew_max_us=_max_us(agg.lane_skew_ns),
+        gate_skew_p50_us=_p(agg.gate_skew_ns, 50),
+        gate_skew_max_us=_max_us(agg.gate_skew_ns),
+        gate_delay_max_us=_max_us(agg.gate_delay_ns),
         gate_spin_us=agg.gate_spin_us,
         enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
-        host_late_iters=late if enqueue.size else None,
+        host_late_iters=late if agg.host_late_known else None,
         peak_memory_bytes=peak_memory_bytes,
         profiler=profiler,
+        notes="; ".join(notes),
         pairwise_overlap=pairs,
     )
-    return PatternOutcome(blocks=tuple(results), pattern=pattern_result, warnings=tuple(warnings))
+    return result, warnings

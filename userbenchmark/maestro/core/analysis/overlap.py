@@ -8,17 +8,22 @@ All functions are vectorised over iterations and never modify their inputs.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike
 
 __all__ = [
-    "comm_compute_overlap",
+    "comm_hidden_under_compute_ns",
     "intersection_ns",
     "makespan_ns",
     "overlap_efficiency",
     "pairwise_overlap_mean",
     "shared_busbw_gbps",
+    "efficiency_noise",
     "slowdown",
+    "slowdown_noise",
+    "standard_error_us",
     "union_intersection_ns",
     "union_length_ns",
 ]
@@ -168,32 +173,34 @@ def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = 
     return e[mask].max(axis=0) - s[mask].min(axis=0)
 
 
-def comm_compute_overlap(
+def comm_hidden_under_compute_ns(
     starts: ArrayLike,
     ends: ArrayLike,
     is_comm: ArrayLike,
     is_compute: ArrayLike,
     present: ArrayLike | None = None,
-) -> np.ndarray:
-    """Fraction of communication time hidden under compute, per iteration (HTA's definition).
+) -> tuple[float, float]:
+    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window.
 
-    |union(comm) ∩ union(compute)| / |union(comm)|, in [0, 1]. NaN where the rank has no present
-    comm block or no present compute block, or the comm union has zero length.
+    Every (block, iteration) interval of the rank counts, across iteration boundaries, as
+    HolisticTraceAnalysis counts kernels over a trace: hidden / comm is its time-weighted
+    comm/compute overlap (not a mean of per-iteration ratios). Both are 0 when the rank has no
+    present comm block; hidden is 0 without a compute block.
     """
     s, e, mask = _intervals(starts, ends, present)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
     compute = _block_mask(is_compute, s.shape[0], "is_compute")
     if np.any(comm & compute):
         raise ValueError("a block cannot be both comm and compute")
-    comm = comm & mask
-    compute = compute & mask
-    result = np.full(s.shape[1], np.nan)
-    if not comm.any() or not compute.any():
-        return result
-    comm_len = _union_length(s[comm], e[comm])
-    hidden = union_intersection_ns(s[comm], e[comm], s[compute], e[compute])
-    np.divide(hidden, comm_len, out=result, where=comm_len > 0)
-    return result
+    comm, compute = comm & mask, compute & mask
+    if not comm.any():
+        return 0.0, 0.0
+    cs, ce = s[comm].reshape(-1, 1), e[comm].reshape(-1, 1)
+    comm_len = float(_union_length(cs, ce)[0])
+    if not compute.any():
+        return 0.0, comm_len
+    hidden = union_intersection_ns(cs, ce, s[compute].reshape(-1, 1), e[compute].reshape(-1, 1))
+    return float(hidden[0]), comm_len
 
 
 def _scalar_or_array(out: np.ndarray) -> float | np.ndarray:
@@ -238,6 +245,50 @@ def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float 
     out = np.full(np.broadcast_shapes(over.shape, iso.shape), np.nan)
     np.divide(over, iso, out=out, where=iso > 0)
     return _scalar_or_array(out)
+
+
+NOISE_STANDARD_ERRORS = 2.0
+"""How many standard errors of the mean a figure must move before it counts as more than noise."""
+
+
+def standard_error_us(stdev_us: float, count: int) -> float:
+    """Standard error of a mean of ``count`` iterations with population stdev ``stdev_us``."""
+    if count < 2 or not math.isfinite(stdev_us):
+        return math.nan
+    return stdev_us / math.sqrt(count - 1)  # ddof=0 stdev -> unbiased SE of the mean
+
+
+def slowdown_noise(
+    slowdown_value: float, over_avg: float, over_se: float, iso_avg: float, iso_se: float
+) -> float:
+    """NOISE_STANDARD_ERRORS x the standard error of overlapped/isolated (first order)."""
+    rel = (
+        math.hypot(over_se / over_avg, iso_se / iso_avg)
+        if over_avg > 0 and iso_avg > 0
+        else math.nan
+    )
+    return NOISE_STANDARD_ERRORS * abs(slowdown_value) * rel
+
+
+def efficiency_noise(
+    serial: float,
+    ideal: float,
+    makespan: float,
+    serial_se: float,
+    ideal_se: float,
+    makespan_se: float,
+) -> float:
+    """NOISE_STANDARD_ERRORS x the standard error of (S - M) / (S - I), first order in S, I, M
+    taken as independent."""
+    headroom = serial - ideal
+    if not headroom > 0:
+        return math.nan
+    d_s = (makespan - ideal) / headroom**2
+    d_i = (serial - makespan) / headroom**2
+    d_m = -1.0 / headroom
+    return NOISE_STANDARD_ERRORS * math.sqrt(
+        (d_s * serial_se) ** 2 + (d_i * ideal_se) ** 2 + (d_m * makespan_se) ** 2
+    )
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:

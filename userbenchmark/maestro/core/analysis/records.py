@@ -27,10 +27,12 @@ BLOCK_COLUMNS = (
     "busbw_gbps",
     "tflops",
     "isolated_latency_avg_us",
+    "isolated_latency_stdev_us",
     "slowdown",
     "wrong_elements",
-    "rank_skew_us",
-    "slowest_rank",
+    "start_skew_us",
+    "last_to_start_rank",
+    "duration_spread_us",
     "activities_per_iter",
     "enqueue_avg_us",
     "profiler",
@@ -51,12 +53,15 @@ PATTERN_COLUMNS = (
     "lane_skew_p50_us",
     "lane_skew_p99_us",
     "lane_skew_max_us",
+    "gate_skew_p50_us",
+    "gate_skew_max_us",
     "gate_delay_max_us",
     "gate_spin_us",
     "enqueue_max_us",
     "host_late_iters",
     "peak_memory_bytes",
     "profiler",
+    "notes",
     "pairwise_overlap",
 )
 
@@ -92,10 +97,17 @@ class BlockResult:
     busbw_gbps: float = math.nan
     tflops: float = math.nan
     isolated_latency_avg_us: float = math.nan
+    isolated_latency_stdev_us: float = math.nan
     slowdown: float = math.nan
     wrong_elements: int | None = None
-    rank_skew_us: float = math.nan
-    slowest_rank: int | None = None
+    start_skew_us: float = math.nan
+    """Mean over iterations of the latest minus the earliest start of this block over the
+    ranks that run it (the ranks must share a clock: one host; NaN otherwise)."""
+    last_to_start_rank: int | None = None
+    """The rank that started this block last in the most iterations: for a collective, the
+    one the others waited for (None where start skew is unknown)."""
+    duration_spread_us: float = math.nan
+    """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
     enqueue_avg_us: float = math.nan
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
@@ -125,6 +137,10 @@ class PatternResult:
     lane_skew_p50_us: float = math.nan
     lane_skew_p99_us: float = math.nan
     lane_skew_max_us: float = math.nan
+    gate_skew_p50_us: float = math.nan
+    """Median over iterations of the spread across ranks of the instant their gates opened
+    (ranks on one host, with a profiler on the host clock; NaN otherwise)."""
+    gate_skew_max_us: float = math.nan
     gate_delay_max_us: float = math.nan
     """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
     waiting for SMs or copy engines held by another lane shows here)."""
@@ -136,6 +152,8 @@ class PatternResult:
     """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
+    notes: str = ""
+    """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
     pairwise_overlap: dict[str, float] = field(default_factory=dict)
     """``"a|b"`` -> mean |A∩B| / min(|A|,|B|) over ranks and iterations."""
 
@@ -154,6 +172,8 @@ class PatternOutcome:
     warnings: tuple[str, ...] = ()
     timeline: Timeline | None = None
     """Every rank's intervals; present on rank 0 when a trace or plot was asked for."""
+    comm_compute_overlap_by_rank: tuple[float, ...] = ()
+    """Per rank, communication time hidden under compute / communication time (NaN: none)."""
 
     @property
     def check_failed(self) -> bool:
@@ -179,8 +199,7 @@ class RankTimeline:
 class Timeline:
     """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``).
 
-    Clocks of different hosts are not synchronised: within a rank, times are exact; across
-    ranks, alignment is as good as the hosts' clocks (one host: same clock).
+    Within a rank, times are exact. Across ranks they compare only when ``shared_clock``.
     """
 
     pattern: str
@@ -188,3 +207,6 @@ class Timeline:
     block_lanes: tuple[str, ...]
     """The lane (stream or thread) each block runs on; blocks on one lane run in order."""
     ranks: tuple[RankTimeline, ...]
+    shared_clock: bool = False
+    """Every rank's timestamps are one clock (ranks on one host, and a profiler clock of that
+    host: CUPTI's CLOCK_REALTIME or perf_counter's CLOCK_MONOTONIC; CUDA events are not)."""

@@ -120,7 +120,8 @@ _TABLE: Final[tuple[tuple[str, str, Direction, Threshold, str], ...]] = (
     ("isolated_latency_avg_us", "block", "lower", _AVG, "mean latency of the block run alone"),
     ("slowdown", "block", "lower", _TAIL, "overlapped avg / isolated avg latency"),
     ("wrong_elements", "block", "lower", _abs(0.0), "elements that failed check mode"),
-    ("rank_skew_us", "block", "lower", _TAIL, "spread of the block's start across ranks"),
+    ("start_skew_us", "block", "lower", _TAIL, "spread of the block's start across ranks"),
+    ("duration_spread_us", "block", "lower", _TAIL, "spread of per-rank mean durations"),
     ("makespan_avg_us", "pattern", "lower", _AVG, "mean of last end - first start"),
     ("makespan_p99_us", "pattern", "lower", _TAIL, "99th-percentile makespan"),
     ("serial_us", "pattern", "lower", _AVG, "sum of the blocks' isolated latencies"),
@@ -130,6 +131,8 @@ _TABLE: Final[tuple[tuple[str, str, Direction, Threshold, str], ...]] = (
     ("comm_compute_overlap", "pattern", "higher", _FRACTION, "|comm & compute| / |comm|"),
     ("lane_skew_p50_us", "pattern", "lower", _TAIL, "median gap between the lanes' first kernels"),
     ("lane_skew_max_us", "pattern", "lower", _TAIL, "largest gap between the lanes' first kernels"),
+    ("gate_skew_p50_us", "pattern", "lower", _TAIL, "median spread of the ranks' gate openings"),
+    ("gate_skew_max_us", "pattern", "lower", _TAIL, "largest spread of the ranks' gate openings"),
 )
 _SPECS: Final[tuple[MetricSpec, ...]] = tuple(
     MetricSpec(name=name, level=level, direction=direction, threshold=threshold, description=text)

@@ -1,13 +1,19 @@
-"""The terminal table rank 0 prints for each finished pattern."""
+"""The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end.
+
+One latency unit per table, and per sweep (every point of a sweep uses its first point's
+unit); p99 is shown only when the iteration count makes it differ from the max.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from tabulate import tabulate
 
 from ..analysis.records import PatternOutcome
 from ..config.sizes import format_size
+from ..config.spec import PatternSpec
 from .units import choose_latency_unit, format_in_unit
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
@@ -23,19 +29,28 @@ def _num(value: float | int | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+LATENCY_COLUMNS = (
+    "latency_avg_us",
+    "latency_min_us",
+    "latency_max_us",
+    "latency_p99_us",
+    "isolated_latency_avg_us",
+)
+MIN_ITERS_FOR_P99 = 100
+"""Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max."""
+
+
+def pattern_unit(outcome: PatternOutcome) -> str:
+    """The one latency unit that suits every latency of the pattern's table."""
+    return choose_latency_unit([getattr(b, c) for b in outcome.blocks for c in LATENCY_COLUMNS])
+
+
 def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | None = None) -> str:
-    """A table of the pattern's blocks, then its pattern-level lines."""
+    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's)."""
     blocks = outcome.blocks
-    lat_cols = (
-        "latency_avg_us",
-        "latency_min_us",
-        "latency_max_us",
-        "latency_p99_us",
-        "isolated_latency_avg_us",
-    )
-    values = [getattr(b, c) for b in blocks for c in lat_cols]
-    unit = unit or choose_latency_unit(values)
+    unit = unit or pattern_unit(outcome)
     u = UNIT_LABEL[unit]
+    show_p99 = outcome.pattern.iters >= MIN_ITERS_FOR_P99
     show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in blocks)
     show_check = any(b.wrong_elements is not None for b in blocks)
     headers = [
@@ -46,7 +61,7 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         f"avg ({u})",
         f"min ({u})",
         f"max ({u})",
-        f"p99 ({u})",
+        *([f"p99 ({u})"] if show_p99 else []),
         "algbw GB/s",
         "busbw GB/s",
         "TFLOP/s",
@@ -66,7 +81,7 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
             fmt(b.latency_avg_us),
             fmt(b.latency_min_us),
             fmt(b.latency_max_us),
-            fmt(b.latency_p99_us),
+            *([fmt(b.latency_p99_us)] if show_p99 else []),
             _num(b.algbw_gbps),
             _num(b.busbw_gbps),
             _num(b.tflops),
@@ -81,16 +96,14 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler})",
         tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True),
     ]
-    ms_unit = choose_latency_unit([p.makespan_avg_us, p.makespan_p99_us])
-    fmt_ms = lambda v: format_in_unit(v, ms_unit, precision)  # noqa: E731
-    summary = [
-        f"makespan avg {fmt_ms(p.makespan_avg_us)} {UNIT_LABEL[ms_unit]}, "
-        f"p99 {fmt_ms(p.makespan_p99_us)} {UNIT_LABEL[ms_unit]}"
-    ]
+    fmt_u = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
+    makespan = f"makespan avg {fmt_u(p.makespan_avg_us)} {u}"
+    if show_p99:
+        makespan += f", p99 {fmt_u(p.makespan_p99_us)} {u}"
+    summary = [makespan]
     if not math.isnan(p.serial_us):
         summary.append(
-            f"serial {fmt_ms(p.serial_us)}, ideal {fmt_ms(p.ideal_us)} "
-            f"{UNIT_LABEL[ms_unit]}, overlap efficiency "
+            f"serial {fmt_u(p.serial_us)}, ideal {fmt_u(p.ideal_us)} {u}, overlap efficiency "
             f"{_num(p.overlap_efficiency, 3)} (1 = perfect, 0 = serialized)"
         )
     if not math.isnan(p.shared_busbw_gbps):
@@ -98,9 +111,15 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     if not math.isnan(p.comm_compute_overlap):
         summary.append(f"comm/compute overlap {_num(p.comm_compute_overlap, 3)}")
     if not math.isnan(p.lane_skew_p50_us):
+        p99 = f"p99 {_num(p.lane_skew_p99_us)} µs, " if show_p99 else ""
         summary.append(
-            f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, p99 {_num(p.lane_skew_p99_us)} µs, "
+            f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, {p99}"
             f"max {_num(p.lane_skew_max_us)} µs"
+        )
+    if not math.isnan(p.gate_skew_p50_us):
+        summary.append(
+            f"ranks' gate opening skew p50 {_num(p.gate_skew_p50_us)} µs, "
+            f"max {_num(p.gate_skew_max_us)} µs"
         )
     if not math.isnan(p.gate_spin_us):
         gate = (
@@ -117,7 +136,66 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
             f"{k.replace('|', '∩')} {_num(v, 2)}" for k, v in p.pairwise_overlap.items()
         )
         summary.append(f"pairwise overlap |A∩B|/min(|A|,|B|): {pairs}")
+    if not show_p99:
+        summary.append(
+            f"p99 not shown: with {p.iters} iterations (< {MIN_ITERS_FOR_P99}) the nearest-rank "
+            "p99 is the max (the files hold it)"
+        )
     lines.extend("  " + s for s in summary)
+    lines.extend(f"  note: {note}" for note in p.notes.split("; ") if p.notes)
     lines.extend(f"  note: {b.block}: {b.notes}" for b in blocks if b.notes)
     lines.extend(f"  WARNING: {w}" for w in outcome.warnings)
     return "\n".join(lines)
+
+
+def format_sweep_summary(
+    points: Sequence[tuple[str, PatternOutcome]], *, precision: int = 2, unit: str
+) -> str:
+    """One table for every point of a sweep: (point label, outcome) pairs in run order."""
+    u = UNIT_LABEL[unit]
+    rows = []
+    for label, outcome in points:
+        for b in outcome.blocks:
+            rows.append(
+                [
+                    label,
+                    b.block,
+                    format_size(b.size_bytes) if b.size_bytes else "-",
+                    format_in_unit(b.latency_avg_us, unit, precision),
+                    _num(b.algbw_gbps),
+                    _num(b.busbw_gbps),
+                    _num(b.tflops),
+                    _num(b.slowdown, 3),
+                ]
+            )
+    headers = ["point", "block", "size", f"avg ({u})", "algbw GB/s", "busbw GB/s"]
+    headers += ["TFLOP/s", "slowdown"]
+    first = points[0][1].pattern
+    base = first.pattern.split("[", 1)[0]
+    title = f"== {first.suite} / {base}: sweep of {len(points)} points"
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+class Tables:
+    """Rank 0's terminal output for a run: each pattern's table in its sweep's unit as it
+    finishes, and one summary table per sweep at the end."""
+
+    def __init__(self, *, precision: int = 2) -> None:
+        self.precision = precision
+        self._units: dict[str, str] = {}
+        self._points: dict[str, list[tuple[str, PatternOutcome]]] = {}
+
+    def pattern(self, spec: PatternSpec, outcome: PatternOutcome) -> str:
+        """The table of one finished pattern (a sweep's points share the first one's unit)."""
+        unit = self._units.setdefault(spec.base_name, pattern_unit(outcome))
+        label = ",".join(f"{name}={value}" for name, value in spec.sweep_point) or spec.name
+        self._points.setdefault(spec.base_name, []).append((label, outcome))
+        return format_pattern(outcome, precision=self.precision, unit=unit)
+
+    def sweep_summaries(self) -> list[str]:
+        """One table per sweep that finished at least two points."""
+        return [
+            format_sweep_summary(points, precision=self.precision, unit=self._units[base])
+            for base, points in self._points.items()
+            if len(points) >= 2
+        ]

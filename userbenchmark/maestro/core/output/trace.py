@@ -26,9 +26,12 @@ PROCESS_ID_OFFSET = 1
 BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")
 """BlockResult fields copied into each event's args where they are finite."""
 TIME_ALIGNMENT_NOTE = (
-    "Each pattern is rebased to the earliest start over all ranks and placed after the "
-    "previous pattern. Ranks on one host share a clock; across hosts, alignment is only as "
-    "good as the hosts' clock synchronisation. Durations are exact on every rank."
+    "Each pattern is placed after the previous one. Where its ranks share a clock (one host, "
+    "and timestamps of that host's clock: cupti or perf_counter), the pattern is rebased to the "
+    "earliest start over all ranks and the ranks' tracks line up in time. Otherwise "
+    "(several hosts, or CUDA events, which count from each rank's own reference) every rank is "
+    "rebased to its own first start: tracks of different ranks do not line up in time. "
+    "Durations are exact on every rank."
 )
 
 
@@ -127,11 +130,18 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
         results = {b.block: b for b in outcome.blocks}
         for lane in timeline.block_lanes:
             lane_tids.setdefault(lane, PATTERN_TRACK_TID + 1 + len(lane_tids))
-        # One origin for all ranks of the pattern: ranks of one host share a clock.
-        origin_ns = min(int(starts[present].min()) for _, starts, _, present in rows)
-        last_end_ns = max(int(ends[present].max()) for _, _, ends, present in rows)
-        span_us = (last_end_ns - origin_ns) / 1000.0
+        # One origin for all ranks where they share a clock; else each rank its own.
+        shared = timeline.shared_clock
+        common_ns = min(int(starts[present].min()) for _, starts, _, present in rows)
+        span_us = (
+            max(
+                (int(ends[present].max()) - (common_ns if shared else int(starts[present].min())))
+                for _, starts, ends, present in rows
+            )
+            / 1000.0
+        )
         for rt, starts, ends, present in rows:
+            origin_ns = common_ns if shared else int(starts[present].min())
             pid = rt.rank + PROCESS_ID_OFFSET
             name_process(pid, rt.rank)
             name_thread(pid, PATTERN_TRACK_TID, "pattern")
@@ -188,13 +198,13 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
                 "start_us": offset_us,
                 "span_us": span_us,
                 "clocks": sorted({rt.clock for rt, *_ in rows}),
+                "ranks_share_a_clock": shared,
             }
         )
         offset_us += span_us + max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us)
 
     return {
         "traceEvents": metadata_events + events,
-        "displayTimeUnit": "ns",
         "metadata": {
             "generator": "maestro",
             "time_unit": "us",

@@ -35,10 +35,14 @@ class EventProfiler(Profiler):
         self._gate_seen = np.zeros(num_iters, dtype=bool)
 
     def before(self, block: int, iteration: int) -> None:
-        self._start_ev[block][iteration].record()
+        events = self._start_ev[block]
+        if events is not None:  # a block that runs but is not timed has no events
+            events[iteration].record()
 
     def after(self, block: int, iteration: int) -> None:
-        self._end_ev[block][iteration].record()
+        events = self._end_ev[block]
+        if events is not None:
+            events[iteration].record()
 
     def gate_end(self, iteration: int) -> None:
         # Called with the gate stream current, right after the spin kernel.

@@ -112,6 +112,26 @@ class DistContext:
     timeout_s: float
     agreement: StoreExchange
     """The agreement step's exchange over the rendezvous store (never a timed communicator)."""
+    hosts: tuple[str, ...] = ()
+    """Host name of every rank, by rank."""
+    devices: tuple[int, ...] = ()
+    """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
+
+    @property
+    def one_host(self) -> bool:
+        """Every rank runs on this host, so they read one CLOCK_MONOTONIC / CLOCK_REALTIME."""
+        return len(set(self.hosts)) <= 1
+
+    @property
+    def ranks_per_gpu(self) -> int | None:
+        """Most ranks that share one GPU (1 normally; more only in the multi-rank test mode
+        of NCCL >= 2.30.7); None on CPU."""
+        if not self.is_cuda:
+            return None
+        counts: dict[tuple[str, int], int] = {}
+        for key in zip(self.hosts, self.devices, strict=True):
+            counts[key] = counts.get(key, 0) + 1
+        return max(counts.values(), default=1)
 
     @property
     def rank(self) -> int:
@@ -126,6 +146,29 @@ class DistContext:
         return self.device.type == "cuda"
 
 
+SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
+
+
+def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
+    """The GPU of a local rank: its own (``local_rank``), or ``local_rank % device_count`` when
+    there are more local ranks than GPUs and NCCL may put several ranks on one GPU
+    (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: a correctness mode, not for timings)."""
+    env = os.environ if env is None else env
+    if device_count < 1:
+        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="setup")
+    if local_rank < device_count:
+        return local_rank
+    if env.get(SHARED_GPU_VARIABLE) == "1":
+        return local_rank % device_count
+    raise RunError(
+        f"local rank {local_rank} has no GPU of its own: torch sees {device_count} device(s); "
+        f"start at most {device_count} rank(s) per host, or set {SHARED_GPU_VARIABLE}=1 "
+        "(NCCL >= 2.30.7) to let ranks share GPUs for correctness tests (their timings then "
+        "describe nothing real)",
+        phase="setup",
+    )
+
+
 def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> DistContext:
     """Initialise torch.distributed for this rank and create the gloo control group.
 
@@ -137,14 +180,7 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":
-        if launch.local_rank >= torch.cuda.device_count():
-            raise RunError(
-                f"local rank {launch.local_rank} has no GPU: torch sees "
-                f"{torch.cuda.device_count()} device(s)",
-                rank=launch.rank,
-                phase="setup",
-            )
-        device = torch.device("cuda", launch.local_rank)
+        device = torch.device("cuda", gpu_index(launch.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -169,7 +205,12 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     agreement = StoreExchange(
         dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
     )
+    places: list[Any] = [None] * launch.world_size
+    me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
+    dist.all_gather_object(places, me, group=control)
     return DistContext(
+        hosts=tuple(h for h, _ in places),
+        devices=tuple(d for _, d in places),
         launch=launch,
         backend=backend,
         device=device,
@@ -272,7 +313,10 @@ def torch_reducer(group: object) -> Reducer:
         import torch.distributed as dist
 
         ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).clone()
+        # float64 or int64 (exact instants): the dtype is kept.
+        array = np.asarray(values)
+        dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
         dist.all_reduce(tensor, op=ops[op], group=group)
         return tensor.numpy()
 

@@ -78,11 +78,74 @@ def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
     return float(np.clip(2.0 * samples.max() / 1e3 + 20.0, MIN_GATE_US, MAX_GATE_US))
 
 
-class CpuExecutor:
-    """Runs each lane on its own thread; a barrier is the gate."""
+DEFAULT_START_MARGIN_US = 2_000.0
+"""Lead of a CPU pattern's agreed start instant over the agreement, before calibration."""
+MIN_START_MARGIN_US = 200.0
+MAX_START_MARGIN_US = 200_000.0
 
-    def __init__(self, *, barrier: Callable[[], None]) -> None:
-        self._barrier = barrier  # cross-rank barrier between iterations (control group)
+
+def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
+    """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
+    agreement + 100 µs, so the instant is still ahead when the last rank learns it.
+
+    The first iteration is left out when there are others (it pays one-time costs).
+    """
+    samples = np.asarray(agree_ns, dtype=np.float64)
+    if samples.size > 1:
+        samples = samples[1:]
+    if not samples.size:
+        return DEFAULT_START_MARGIN_US
+    return float(
+        np.clip(2.0 * samples.max() / 1e3 + 100.0, MIN_START_MARGIN_US, MAX_START_MARGIN_US)
+    )
+
+
+def wait_until_ns(deadline_ns: int) -> None:
+    """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep most of it (releasing the
+    GIL), spin the last 300 µs for precision."""
+    coarse_s = (deadline_ns - time.perf_counter_ns()) / 1e9 - 300e-6
+    if coarse_s > 0:
+        time.sleep(coarse_s)
+    while time.perf_counter_ns() < deadline_ns:
+        pass
+
+
+class CpuLanes:
+    """Runs each lane on its own thread; a ``threading.Barrier`` is the gate.
+
+    Ranks start each iteration together: with ``sync: barrier`` every rank proposes
+    ``now + margin`` on the host clock, an all_reduce MAX makes the latest proposal the agreed
+    instant, and every rank opens its gate at that instant (``perf_counter`` is CLOCK_MONOTONIC,
+    one clock for every process of a host). Without a shared clock (ranks on several hosts)
+    or with ``sync: barrier-only``, a rank opens its gate when it leaves the host barrier.
+    """
+
+    def __init__(
+        self,
+        *,
+        barrier: Callable[[], None],
+        agree_start: Callable[[int], int] | None,
+        timeout_s: float,
+    ) -> None:
+        self._barrier = barrier  # cross-rank barrier between iterations (sync group)
+        self._agree_start = agree_start
+        """The latest of every rank's proposed start (ns of perf_counter); None: no shared clock."""
+        self._timeout_s = timeout_s
+        self.start_margin_us = DEFAULT_START_MARGIN_US
+        """Lead of the agreed start; set per pattern from its warmup."""
+
+    def _open_gate(self, sync: str, it: int, out: HostTimings) -> None:
+        """Wait for this iteration's start: the agreed instant, the barrier, or nothing."""
+        if sync == "barrier" and self._agree_start is not None:
+            t0 = time.perf_counter_ns()
+            target = self._agree_start(t0 + round(self.start_margin_us * 1e3))
+            t1 = time.perf_counter_ns()
+            out.agree_ns[it] = t1 - t0  # how long agreeing took: calibrates the margin
+            out.start_late[it] = t1 > target
+            wait_until_ns(target)
+        elif sync in ("barrier", "barrier-only"):
+            self._barrier()
+        out.gate_open_ns[it] = time.perf_counter_ns()
 
     def run_window(
         self,
@@ -93,62 +156,75 @@ class CpuExecutor:
         sync: str,
         block_names: Sequence[str],
     ) -> HostTimings:
+        out = HostTimings(
+            gate_open_ns=np.zeros(num_iters, dtype=np.int64),
+            agree_ns=np.zeros(num_iters, dtype=np.int64),
+            start_late=np.zeros(num_iters, dtype=bool),
+        )
         if not lanes:
-            for _ in range(num_iters):
-                if sync == "barrier":
-                    self._barrier()
-            return HostTimings()
-        gate = threading.Barrier(len(lanes) + 1)
-        done = threading.Barrier(len(lanes) + 1)
+            for it in range(num_iters):
+                self._open_gate(sync, it, out)
+            return out
+        # A lane stuck in a block (a custom block that never returns) must not hold the rank
+        # forever: past the timeout the barrier breaks and the rank reports the block.
+        gate = threading.Barrier(len(lanes) + 1, timeout=self._timeout_s)
+        done = threading.Barrier(len(lanes) + 1, timeout=self._timeout_s)
         errors: list[tuple[str, BaseException]] = []
+        running = [""] * len(lanes)
 
-        def lane_main(lane: Lane) -> None:
-            current = ""
+        def lane_main(li: int, lane: Lane) -> None:
             try:
                 for it in range(num_iters):
                     gate.wait()
                     for index, block in lane.blocks:
-                        current = block_names[index]
+                        running[li] = block_names[index]
                         profiler.before(index, it)
                         block.launch()
                         profiler.after(index, it)
+                    running[li] = ""
                     done.wait()
             except threading.BrokenBarrierError:
-                return  # another lane failed; it reports
+                return  # another lane failed, or the main thread gave up: it reports
             except BaseException as exc:  # reported by the main thread with the block name
-                errors.append((current, exc))
+                errors.append((running[li], exc))
                 gate.abort()
                 done.abort()
 
         threads = [
             threading.Thread(
-                target=lane_main, args=(lane,), daemon=True, name=f"maestro-lane-{lane.name}"
+                target=lane_main, args=(li, lane), daemon=True, name=f"maestro-lane-{lane.name}"
             )
-            for lane in lanes
+            for li, lane in enumerate(lanes)
         ]
         for t in threads:
             t.start()
         main_error: BaseException | None = None
+        stuck: list[str] = []
         try:
-            for _ in range(num_iters):
-                if sync == "barrier":
-                    self._barrier()
+            for it in range(num_iters):
+                self._open_gate(sync, it, out)
                 gate.wait()
                 done.wait()
         except threading.BrokenBarrierError:
-            pass  # a lane failed: it recorded its error
+            stuck = [name for name in running if name]
         except BaseException as exc:  # the iteration barrier failed (a peer rank is gone)
             main_error = exc
         finally:
-            # Release every lane before joining, whatever ended the loop.
-            if errors or main_error is not None:
+            # Release every lane, whatever ended the loop; a lane still inside a block is a
+            # daemon thread and is left behind (it cannot be stopped from outside).
+            if errors or main_error is not None or stuck:
                 gate.abort()
                 done.abort()
             for t in threads:
-                t.join()
+                t.join(timeout=0 if stuck else None)
         if errors:
             block, exc = errors[0]
             raise RunError(f"{type(exc).__name__}: {exc}", block=block) from exc
+        if stuck:
+            raise RunError(
+                f"block did not return within timeout_s {self._timeout_s:g} s",
+                block=stuck[0],
+            )
         if main_error is not None:
             if isinstance(main_error, KeyboardInterrupt):
                 raise main_error
@@ -156,18 +232,31 @@ class CpuExecutor:
                 f"iteration barrier failed ({type(main_error).__name__}: "
                 f"{main_error}); another rank stopped"
             ) from main_error
-        return HostTimings()
+        return out
 
 
-class CudaExecutor:
-    """Issues lanes on CUDA streams behind a GPU-side start gate."""
+class CudaLanes:
+    """Issues lanes on CUDA streams behind a GPU-side start gate.
+
+    Ranks start each iteration together: with ``sync: barrier``, after the host barrier a
+    one-element all_reduce on a communicator of its own runs on the gate stream before the
+    spin, so every rank's spin starts when the last rank joined it (on the device, not when
+    each host left the barrier). ``sync: barrier-only`` skips it.
+    """
 
     def __init__(
-        self, *, barrier: Callable[[], None], device: Any, sleep_cycles_per_us: float
+        self,
+        *,
+        barrier: Callable[[], None],
+        device: Any,
+        sleep_cycles_per_us: float,
+        align: Callable[[], None] | None = None,
     ) -> None:
         import torch
 
         self._barrier = barrier
+        self._align = align
+        """Enqueues the cross-rank alignment on the current stream; None for a single rank."""
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
@@ -199,7 +288,7 @@ class CudaExecutor:
         current = ""
         try:
             for it in range(num_iters):
-                if sync == "barrier":
+                if sync in ("barrier", "barrier-only"):
                     torch.cuda.synchronize(self._device)
                     self._barrier()
                 else:
@@ -209,6 +298,8 @@ class CudaExecutor:
                 t0 = time.perf_counter_ns()
                 with torch.cuda.stream(self._gate_stream):
                     profiler.gate_begin(it)
+                    if sync == "barrier" and self._align is not None:
+                        self._align()  # harness work of the gate: counted, in no block
                     torch.cuda._sleep(max(1, round(self.gate_us * self._cycles_per_us)))
                     profiler.gate_end(it)
                     gate_event.record(self._gate_stream)

@@ -19,9 +19,9 @@ from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
-from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
+from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings
-from ..analysis.outcome import build_outcome
+from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
@@ -29,7 +29,14 @@ from . import interrupts
 from .agreement import agree
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
-from .lanes import DEFAULT_GATE_US, Lane, calibrated_gate_us, gc_paused
+from .lanes import (
+    DEFAULT_GATE_US,
+    DEFAULT_START_MARGIN_US,
+    Lane,
+    calibrated_gate_us,
+    calibrated_start_margin_us,
+    gc_paused,
+)
 
 log = logging.getLogger("maestro.runner")
 
@@ -231,14 +238,20 @@ class PatternRun:
         cuda = self.rt.dist.is_cuda
         if cuda:
             self.rt.executor.gate_us = DEFAULT_GATE_US
+        else:
+            self.rt.executor.start_margin_us = DEFAULT_START_MARGIN_US
         if self.pattern.warmup_iters <= 0:
             return
         # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the
         # gate is sized for them; never ended: the next window's begin discards its records.
         stats = self._issue(lanes, self.pattern.warmup_iters, present, self.rt.profiler)
-        if cuda:
+        reduce = torch_reducer(self.rt.sync_group)
+        if not cuda:
+            proposal = np.array([calibrated_start_margin_us(stats.agree_ns)])
+            self.rt.executor.start_margin_us = float(reduce(proposal, "max")[0])
+        else:
             proposal = np.array([calibrated_gate_us(stats.enqueue_ns)])
-            gate_us = float(torch_reducer(self.rt.sync_group)(proposal, "max")[0])
+            gate_us = float(reduce(proposal, "max")[0])
             self.rt.executor.gate_us = gate_us
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
@@ -249,15 +262,22 @@ class PatternRun:
                 )
 
     def aggregate(self, timings: WindowTimings, host: HostTimings) -> WindowAggregate:
+        dist = self.rt.dist
         local = local_summary(
             timings,
             lane_of_block=self.lane_of_block,
             is_comm=self.is_comm,
             is_compute=self.is_compute,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            shared_clock=dist.one_host,
             host=host,
         )
         return reduce_summaries(
-            local, rank=self.rt.dist.rank, reduce=torch_reducer(self.rt.sync_group)
+            local,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            reduce=torch_reducer(self.rt.sync_group),
         )
 
     def analyse(
@@ -287,6 +307,7 @@ class PatternRun:
             block_names=tuple(self.names),
             block_lanes=tuple(lanes[i] for i in self.lane_of_block),
             ranks=tuple(sorted(gathered, key=lambda r: r.rank)),
+            shared_clock=self.rt.dist.one_host and timings.clock in SHARED_CLOCKS,
         )
 
     def check(self) -> np.ndarray:
@@ -340,11 +361,11 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
 
         timings, host = _phase(rt, "measure", name, measure)
         agg, timeline = _phase(rt, "analysis", name, lambda: run.analyse(timings, host))
-        isolated = np.full(len(run.names), np.nan)
+        isolated = Isolated.unmeasured(len(run.names))
         if pattern.baseline and len(run.names) > 1:
 
-            def baseline() -> np.ndarray:
-                out = np.full(len(run.names), np.nan)
+            def baseline() -> Isolated:
+                out = Isolated.unmeasured(len(run.names))
                 for b in range(len(run.names)):
                     if run.idle[b] is not None:
                         continue  # nothing to time (the same on every rank)
@@ -354,13 +375,16 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
                     run.warmup(lanes_b, only)
                     t_b, host_b = run.window(lanes_b, pattern.num_iters, only, timed=True)
                     agg_b = run.aggregate(t_b, host_b)
-                    out[b] = _mean(agg_b.latency_ns[b]) / 1e3
-                return out
+                    out.avg_us[b], out.stdev_us[b] = _mean_stdev_us(agg_b.latency_ns[b])
+                return dataclasses.replace(out, count=pattern.num_iters)
 
             isolated = _phase(rt, "baseline", name, baseline)
         elif pattern.baseline:
             # A one-block pattern is its own isolated run.
-            isolated = np.array([_mean(agg.latency_ns[0]) / 1e3])
+            avg, stdev = _mean_stdev_us(agg.latency_ns[0])
+            isolated = Isolated(
+                avg_us=np.array([avg]), stdev_us=np.array([stdev]), count=pattern.num_iters
+            )
         wrong = None
         if pattern.check:
             wrong = _phase(rt, "check", name, run.check)
@@ -395,6 +419,9 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
     return outcome
 
 
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if finite.size else math.nan
+def _mean_stdev_us(latency_ns: np.ndarray) -> tuple[float, float]:
+    """Mean and population stdev (µs) of a block's per-iteration latencies (NaN: untimed)."""
+    finite = latency_ns[np.isfinite(latency_ns)]
+    if not finite.size:
+        return math.nan, math.nan
+    return float(finite.mean()) / 1e3, float(finite.std()) / 1e3

@@ -118,11 +118,44 @@ def _broadcast_object(obj: Any, group: Any) -> Any:
     return box[0]
 
 
+def _device_alignment(dist: DistContext) -> Any:
+    """What the gate stream runs before its spin so that every rank's gate opens together:
+    a one-element all_reduce on a communicator of its own (None for one rank)."""
+    if dist.world_size == 1:
+        return None
+    import torch
+    import torch.distributed as tdist
+
+    group = tdist.new_group(ranks=list(range(dist.world_size)), backend="nccl")
+    one = torch.zeros(1, device=dist.device)
+
+    def align() -> None:
+        tdist.all_reduce(one, group=group)
+
+    return align
+
+
+def _start_agreement(dist: DistContext, group: Any) -> Any:
+    """CPU lanes: the latest of every rank's proposed start instant, or None when the ranks
+    share no clock (several hosts) or there is nobody to agree with."""
+    if dist.world_size == 1 or not dist.one_host:
+        return None
+    import torch
+    import torch.distributed as tdist
+
+    def agree_start(proposal_ns: int) -> int:
+        box = torch.tensor([proposal_ns], dtype=torch.int64)
+        tdist.all_reduce(box, op=tdist.ReduceOp.MAX, group=group)
+        return int(box.item())
+
+    return agree_start
+
+
 def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
     import torch.distributed as tdist
 
     from .communicators import Communicators
-    from .lanes import CpuExecutor, CudaExecutor, calibrate_sleep_cycles_per_us
+    from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
     from .pattern import Runtime
 
     used = {b.axis for p in suite.patterns for b in p.blocks}
@@ -149,13 +182,18 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
     calibration: dict[str, float] = {}
     if dist.is_cuda:
         calibration["sleep_cycles_per_us"] = calibrate_sleep_cycles_per_us(dist.device)
-        executor: Any = CudaExecutor(
+        executor: Any = CudaLanes(
             barrier=barrier,
             device=dist.device,
             sleep_cycles_per_us=calibration["sleep_cycles_per_us"],
+            align=_device_alignment(dist),
         )
     else:
-        executor = CpuExecutor(barrier=barrier)
+        executor = CpuLanes(
+            barrier=barrier,
+            agree_start=_start_agreement(dist, sync_group),
+            timeout_s=suite.timeout_s,
+        )
     return Runtime(
         suite=suite,
         dist=dist,
@@ -177,7 +215,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     rank was interrupted (SIGINT/SIGTERM). Finished patterns are saved as they finish.
     """
     from ..output.progress import Progress
-    from ..output.table import format_pattern
+    from ..output.table import Tables
     from ..output.writer import OutputWriter
     from .agreement import agree
     from .pattern import measure_pattern
@@ -225,6 +263,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 plot=options.plot,
                 guard=interrupts.held,
             )
+            tables = Tables(precision=options.precision)
             progress = Progress(total=len(suite.patterns))
             progress.start()
         for pattern in suite.patterns:
@@ -250,7 +289,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 progress.clear()
                 for warning in outcome.warnings:
                     log.warning("%s", warning)
-                print(format_pattern(outcome, precision=options.precision), flush=True)
+                print(tables.pattern(pattern, outcome), flush=True)
                 print(flush=True)
                 writer.add(outcome)
                 progress.advance(f"pattern {pattern.name}")
@@ -258,6 +297,9 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 status = max(status, 1)  # wrong results fail the run; numbers are still saved
         if rank == 0:
             progress.close()
+            for summary in tables.sweep_summaries():
+                print(summary, flush=True)
+                print(flush=True)
         if status == 0 and interrupts.pending():
             # The signal came after the last agreement: every rank finished every pattern, so
             # there is nobody to tell and nothing to wait for; only the exit status says it.
