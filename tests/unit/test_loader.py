@@ -239,6 +239,29 @@ BAD = [
     ("duplicate key", HEAD + "name: u\n" + pat(AR), None, "name", "duplicate key 'name'", []),
     ("python tag refused", HEAD + "x: !!python/object/apply:os.system ['true']\n" + pat(AR),
      None, "x", "unsupported YAML", []),
+    # Values as written; booleans are true/false only.
+    ("sync yes, as written", HEAD + "defaults: {sync: yes}\n" + pat(AR), None, "defaults.sync",
+     "unknown sync mode 'yes'", ["barrier", "none"]),
+    ("sync hex, as written", HEAD + pat(AR, extra="    sync: 0x10\n"), None, "patterns[0].sync",
+     "unknown sync mode 0x10;", []),
+    ("mesh degree null, as written", HEAD + "mesh: {dp: ~, tp: 4}\n" + pat(AR), None, "mesh.dp",
+     "expected an integer, got ~", []),
+    ("baseline yes unquoted", HEAD + "defaults: {baseline: yes}\n" + pat(AR), None,
+     "defaults.baseline", "got 'yes': write true or false", []),
+    ("check on unquoted", HEAD + pat(AR, extra="    check: on\n"), None, "patterns[0].check",
+     "got 'on': write true or false", []),
+    ("stop_on_error off", HEAD + "stop_on_error: off\n" + pat(AR), None, "stop_on_error",
+     "got 'off': write true or false", []),
+    ("register_buffers y", HEAD + pat("{name: a, op: all_reduce, size: 4K, register_buffers: y}"),
+     None, "patterns[0].blocks[0].register_buffers", "got 'y': write true or false", []),
+    ("in_place no unquoted", HEAD + pat("{name: a, op: all_gather, size: 4K, in_place: no}"),
+     None, "patterns[0].blocks[0].in_place", "got 'no': write true or false", []),
+    ("nccl blocking yes", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], nccl: {blocking: yes}}\n"
+     + pat(AR), None, "axes.ep.nccl.blocking", "got 'yes': write true or false", []),
+    ("env value yes unquoted", HEAD + "env: {NCCL_IB_DISABLE: yes}\n" + pat(AR), None,
+     "env.NCCL_IB_DISABLE", "write true or false (set as 1 or 0), or quote 'yes'", []),
+    ("float YAML reads as text", HEAD + "timeout_s: 1e3\n" + pat(AR), None, "timeout_s",
+     "YAML reads 1e3 as text", []),
 ]
 # fmt: on
 
@@ -261,7 +284,7 @@ def test_bad_snippets(text, world_size, path, fragment, choices):
 
 
 def test_table_is_large_enough():
-    assert len(BAD) >= 45
+    assert len(BAD) >= 90
 
 
 def test_decimal_size_when_whole_is_fine():

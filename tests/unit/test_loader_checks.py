@@ -1,4 +1,4 @@
-"""Pattern-file loader: every problem of a file in one run."""
+"""Pattern-file loader: every problem of a file in one run, and values as written."""
 
 from __future__ import annotations
 
@@ -99,3 +99,49 @@ def test_fatal_problems_still_stop_at_once():
     assert len(issues) == 1 and "YAML syntax error" in issues[0][2]
     issues = problems("- name: t\n- name: t\n")
     assert len(issues) == 1 and "must be a mapping" in issues[0][2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Values as written, booleans strict
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "y", "n", "Yes", "ON", "'yes'"])
+def test_boolean_keys_take_only_true_or_false(word):
+    ((line, path, message),) = problems(HEAD + f"defaults: {{baseline: {word}}}\n" + pat(AR))
+    written = word.strip("'")
+    assert (line, path) == (3, "defaults.baseline")
+    assert message.startswith(f"expected true or false, got '{written}': write true or false")
+
+
+@pytest.mark.parametrize("word", ["true", "True", "TRUE", "false", "False", "FALSE"])
+def test_true_and_false_are_booleans(word):
+    suite = load_suite_text(HEAD + f"defaults: {{baseline: {word}}}\n" + pat(AR))
+    assert suite.patterns[0].baseline is (word.lower() == "true")
+
+
+def test_yes_is_a_word_in_sweeps_and_names():
+    text = HEAD + pat(
+        "{name: 'ar_${c}', op: all_reduce, size: 4K}", extra="    sweep: {c: [yes, on]}\n"
+    )
+    suite = load_suite_text(text)
+    assert [p.name for p in suite.patterns] == ["p[c=yes]", "p[c=on]"]
+    assert [p.blocks[0].name for p in suite.patterns] == ["ar_yes", "ar_on"]
+    text = HEAD + pat(AR, extra="    check: '${c}'\n    sweep: {c: [yes, true]}\n")
+    ((_, path, message),) = problems(text)
+    assert path == "patterns[0].check"
+    assert message == (
+        "expected true or false, got 'yes': write true or false (yes/no/on/off/y/n are not "
+        "booleans in a pattern file) (at sweep point c=yes)"
+    )
+
+
+def test_env_text_and_booleans():
+    text = HEAD + "env: {A: 'yes', B: true, C: off_peak, D: 'on'}\n" + pat(AR)
+    assert dict(load_suite_text(text).env) == {"A": "yes", "B": "1", "C": "off_peak", "D": "on"}
+
+
+def test_values_are_shown_as_written():
+    text = HEAD + "defaults: {sync: yes, dtype: 0x10}\nmesh: {dp: .inf}\n" + pat(AR)
+    messages = {path: message for _, path, message in problems(text)}
+    assert messages["defaults.sync"].startswith("unknown sync mode 'yes';")
+    assert messages["defaults.dtype"].startswith("unknown dtype 0x10;")
+    assert messages["mesh.dp"] == "expected an integer, got .inf"

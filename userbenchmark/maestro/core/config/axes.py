@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .problems import Problems, choices, index, join, suggest
+from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
 from .spec import PRIORITIES, WORLD_AXIS
 
 __all__ = [
@@ -128,6 +128,17 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
 def _env_value(p: Problems, value: Any, path: str) -> str | None:
     if isinstance(value, bool):
         return "1" if value else "0"  # what NCCL and most tools read as true/false
+    if (
+        isinstance(value, str)
+        and path in p.source.yaml11_words
+        and value.lower() in YAML11_BOOLEAN_WORDS
+    ):
+        p.add(
+            path,
+            f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
+            f"'{value}' to set the text",
+        )
+        return None
     if isinstance(value, int | float | str):
         return str(value)
     p.add(path, f"environment values must be strings or numbers, got {p.show(path, value)}")

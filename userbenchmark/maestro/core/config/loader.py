@@ -4,7 +4,7 @@ Every problem found is collected into one ConfigError naming file, YAML path and
 here creates a process group or a tensor; the only code a file can cause to run is the module
 named by a custom ``op: package.module:ClassName``.
 
-The work is split by job: ``yaml_reader`` (bounded safe YAML and the line of every path),
+The work is split by job: ``yaml_reader`` (bounded safe YAML, lines, text as written),
 ``problems`` (the one problem collector), ``axes`` (world size, mesh, axes, env),
 ``patterns`` (run settings, sweeps) and ``blocks`` (ops and their parameters).
 """

@@ -1,5 +1,5 @@
 """The one problem collector of the loader: (YAML path, message) pairs, found anywhere in a file,
-with the line of each path, become one ConfigError.
+with the line of each path and the text each value was written as, become one ConfigError.
 
 Validation never stops at the first problem: every check records into a :class:`Problems` and
 goes on, and the loader calls :meth:`Problems.raise_if_any` once the whole file is checked.
@@ -21,6 +21,7 @@ __all__ = [
     "NAME_RE",
     "Problems",
     "SourceMap",
+    "YAML11_BOOLEAN_WORDS",
     "choices",
     "index",
     "join",
@@ -32,6 +33,13 @@ MAX_ISSUES: Final = 100
 """Most problems one ConfigError lists; the rest are counted in a last line."""
 
 NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+
+YAML11_BOOLEAN_WORDS: Final = frozenset({"yes", "no", "on", "off", "y", "n"})
+"""Words YAML 1.1 (and so plain PyYAML, for all but y/n) reads as booleans; a pattern file reads
+them as text, so a boolean written that way is an error that says to write true or false."""
+
+# A float YAML 1.1 reads as text (no dot, or an unsigned exponent): 1e15, 2E6, 1.5e3.
+_FLOAT_AS_TEXT: Final = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
 def join(path: str, key: Any) -> str:
@@ -45,7 +53,7 @@ def index(path: str, i: int) -> str:
 
 
 def show(value: Any) -> str:
-    """A parsed value for a message."""
+    """A parsed value for a message (see :meth:`Problems.show` for the text as written)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -73,10 +81,15 @@ def suggest(value: Any, valid: Sequence[Any] | Mapping[Any, Any]) -> str:
 
 @dataclass
 class SourceMap:
-    """Where each YAML path of a file is."""
+    """Where each YAML path of a file is, and what its non-text scalars were written as."""
 
     lines: dict[str, int] = field(default_factory=dict)
     """{YAML path: 1-based line}; the first occurrence wins."""
+    written: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    """{YAML path: (text as written, value it became)} for scalars that did not become text
+    (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
+    yaml11_words: set[str] = field(default_factory=set)
+    """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
 
     def line(self, path: str) -> int | None:
         """The line of ``path`` or of its nearest ancestor in the file."""
@@ -141,10 +154,29 @@ class Problems:
         self.add(path, message, line=line)
         return ConfigError(self.issues())
 
-    # ---- values ----
+    # ---- values as written ----
     def show(self, path: str, value: Any) -> str:
-        """``value`` (found at ``path``) for a message."""
+        """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
+        written = self.source.written.get(path)
+        if written is not None and not isinstance(value, str):
+            text, parsed = written
+            same = type(parsed) is type(value) and (
+                parsed == value
+                or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed))
+            )
+            if same and text != show(value):
+                return text if len(text) <= 60 else text[:57] + "..."
         return show(value)
+
+    @staticmethod
+    def _hint(value: Any) -> str:
+        """Why text a user meant as a number is not one."""
+        if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
+            return (
+                f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
+                "as in 1.0e+6, or the number in full)"
+            )
+        return ""
 
     # ---- typed checks: the value, or None after recording a problem ----
     def unknown_keys(
@@ -173,7 +205,7 @@ class Problems:
         if isinstance(value, bool) or not isinstance(value, int):
             self.add(
                 path,
-                f"expected an integer, got {self.show(path, value)}",
+                f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
             )
             return None
         if minimum is not None and value < minimum:
@@ -194,7 +226,7 @@ class Problems:
     ) -> float | None:
         """A finite int or float, at least ``minimum`` (above 0 when ``positive``)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.add(path, f"expected a number, got {self.show(path, value)}")
+            self.add(path, f"expected a number, got {self.show(path, value)}{self._hint(value)}")
             return None
         try:
             number = float(value)
@@ -212,10 +244,15 @@ class Problems:
         return number
 
     def boolean(self, value: Any, path: str) -> bool | None:
-        """true or false."""
+        """true or false; YAML 1.1's yes/no/on/off (and y/n) get a message saying so."""
         if isinstance(value, bool):
             return value
-        self.add(path, f"expected true or false, got {self.show(path, value)}")
+        message = f"expected true or false, got {self.show(path, value)}"
+        if isinstance(value, str) and value.lower() in YAML11_BOOLEAN_WORDS:
+            message += (
+                ": write true or false (yes/no/on/off/y/n are not booleans in a pattern file)"
+            )
+        self.add(path, message)
         return None
 
     def choice(

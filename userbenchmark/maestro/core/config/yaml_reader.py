@@ -1,5 +1,5 @@
 """Read a pattern file into plain data, safely and within bounds, recording where each YAML path
-is.
+is and how each scalar was written.
 
 Only the YAML core types are built (mappings, lists, strings, numbers, booleans, null); any
 language-specific tag is a problem. Hostile input (deep nesting, alias expansion, huge files)
@@ -29,6 +29,7 @@ MAX_DEPTH: Final = 100
 
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TOO_LARGE = (
@@ -55,7 +56,7 @@ def read_file_text(path: Path, file: str) -> str:
 
 
 def read_yaml(text: str, problems: Problems) -> Any:
-    """Plain data of the YAML ``text``; fills ``problems.source`` with the line of each path.
+    """Plain data of the YAML ``text``; fills ``problems.source`` with lines and written text.
 
     Problems that leave the rest of the file readable (a duplicate key, an unsupported tag) are
     recorded and reading goes on; a syntax error, hostile nesting or expansion, or an empty file
@@ -170,7 +171,8 @@ def _measure(root: Node, file: str) -> None:
 
 
 class _Converter:
-    """Turns a composed node tree into plain data, recording the line of every path."""
+    """Turns a composed node tree into plain data, recording the line of every path and the
+    text of every scalar that did not become a string."""
 
     def __init__(self, problems: Problems) -> None:
         self.problems = problems
@@ -180,13 +182,22 @@ class _Converter:
     def _issue(self, path: str, message: str, node: Node) -> None:
         self.problems.add(path, message, line=node.start_mark.line + 1)
 
-    def _scalar(self, node: ScalarNode, path: str) -> Any:
+    def _scalar(self, node: ScalarNode, path: str, *, record: bool = True) -> Any:
+        if node.tag == _BOOL_TAG and node.value.lower() not in ("true", "false"):
+            # YAML 1.1 reads yes/no/on/off as booleans; here they are text (as in YAML 1.2),
+            # so `sync: yes` is reported as written and `baseline: yes` is not silently true.
+            if record:
+                self.source.yaml11_words.add(path)
+            return node.value
         try:
-            return self._scalars.construct_object(node, deep=True)
+            value = self._scalars.construct_object(node, deep=True)
         except Exception as exc:  # noqa: BLE001 - any constructor failure is a config problem
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             self._issue(path, f"unsupported YAML value ({problem})", node)
             return None
+        if record and not isinstance(value, str):
+            self.source.written.setdefault(path, (node.value, value))
+        return value
 
     def convert(self, node: Node, path: str) -> Any:
         self.source.lines.setdefault(path, node.start_mark.line + 1)
@@ -211,7 +222,7 @@ class _Converter:
                     path, "mapping keys must be plain names, not lists or mappings", key_node
                 )
                 continue
-            key = self._scalar(key_node, path)
+            key = self._scalar(key_node, path, record=False)
             try:
                 hash(key)
             except TypeError:
