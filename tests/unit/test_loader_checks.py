@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from userbenchmark.maestro.core.config import yaml_reader
 from userbenchmark.maestro.core.config.loader import (
     MAX_ISSUES,
     load_suite_text,
@@ -145,3 +147,29 @@ def test_values_are_shown_as_written():
     assert messages["defaults.sync"].startswith("unknown sync mode 'yes';")
     assert messages["defaults.dtype"].startswith("unknown dtype 0x10;")
     assert messages["mesh.dp"] == "expected an integer, got .inf"
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep nesting is refused by maestro's own limit, whatever PyYAML's
+# ---------------------------------------------------------------------------------------------
+def test_deep_flow_is_ours_even_where_the_parser_has_its_own_limit(monkeypatch):
+    # libyaml in PyYAML 6.0.4 refuses 1000 flow levels before the first event; emulate it.
+    real_parse = yaml.parse
+
+    def parse_with_a_limit(stream, Loader):
+        if stream.count("[") > 1000:
+            raise yaml.scanner.ScannerError(
+                "while increasing flow level", None, "exceeded maximum nesting depth", None
+            )
+        return real_parse(stream, Loader=Loader)
+
+    monkeypatch.setattr(yaml_reader.yaml, "parse", parse_with_a_limit)
+    with pytest.raises(ConfigError) as info:
+        load_suite_text("x: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert str(info.value) == "<string>:1: nesting deeper than 100 levels"
+
+
+def test_brackets_in_text_are_not_nesting():
+    many = "[" * 150
+    text = f"# {many}\n" + HEAD + f"env: {{X: '{many}', Y: \"{many}\"}}\n" + pat(AR)
+    assert load_suite_text(text).env["X"] == many

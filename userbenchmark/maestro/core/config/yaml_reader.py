@@ -3,11 +3,12 @@ is and how each scalar was written.
 
 Only the YAML core types are built (mappings, lists, strings, numbers, booleans, null); any
 language-specific tag is a problem. Hostile input (deep nesting, alias expansion, huge files)
-is refused with maestro's own limits before a tree is built.
+is refused with maestro's own limits before a tree is built, whatever PyYAML's version.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,6 +33,7 @@ _SEQ_TAG = "tag:yaml.org,2002:seq"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_FLOW_BRACKET = re.compile(r"[\[\]{}]")
 _TOO_LARGE = (
     f"file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB; a pattern file is a few kilobytes"
 )
@@ -65,6 +67,7 @@ def read_yaml(text: str, problems: Problems) -> Any:
     file = problems.file
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError(_TOO_LARGE, file=file)
+    _refuse_deep_flow(text, file)
     try:
         _refuse_deep_or_large(yaml.parse(text, Loader=_LOADER), file)
         root = yaml.compose(text, Loader=_LOADER)
@@ -115,6 +118,35 @@ def _refuse_deep_or_large(events: Any, file: str) -> None:
                 raise ConfigError(
                     f"more than {MAX_NODES} YAML nodes", file=file, line=event.start_mark.line + 1
                 )
+
+
+def _refuse_deep_flow(text: str, file: str) -> None:
+    """Refuse flow nesting past MAX_DEPTH before libyaml's own limit can answer instead.
+
+    libyaml (bundled with PyYAML 6.0.4 and later) stops at 1000 flow levels, and a run of
+    brackets on one line reaches that limit before it hands out the first event, so the
+    streaming pass would never see depth MAX_DEPTH + 1 and the user would get libyaml's message.
+    An upper bound of the flow depth is counted over the raw text (every bracket counts, quoted
+    or not); only where it passes MAX_DEPTH is the prefix up to that bracket parsed, which is far
+    below libyaml's limit and ends before any long run, to find the real depth there.
+    """
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for match in _FLOW_BRACKET.finditer(text):
+        if match.group() in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                end = match.end()
+                break
+        elif depth:
+            depth -= 1
+    else:
+        return
+    try:
+        _refuse_deep_or_large(yaml.parse(text[:end], Loader=_LOADER), file)
+    except yaml.YAMLError:
+        pass  # the cut-off prefix ends mid-document; the full parse reports real syntax errors
 
 
 def _children(node: Node) -> list[Node]:
