@@ -203,7 +203,8 @@ BAD = [
      "not an environment variable name", []),
     ("env bad value", HEAD + "env: {NCCL_ALGO: [Ring]}\n" + pat(AR), None, "env.NCCL_ALGO",
      "strings or numbers", []),
-    ("timeout zero", HEAD + "timeout_s: 0\n" + pat(AR), None, "timeout_s", "greater than 0", []),
+    ("timeout zero", HEAD + "timeout_s: 0\n" + pat(AR), None, "timeout_s",
+     "must be at least 1, got 0 (the seconds ranks wait", []),
     ("stop_on_error string", HEAD + "stop_on_error: 'true'\n" + pat(AR), None, "stop_on_error",
      "expected true or false", []),
     ("sweep undefined var", HEAD + pat("{name: a, op: all_reduce, size: '${sise}'}",
@@ -262,6 +263,28 @@ BAD = [
      "env.NCCL_IB_DISABLE", "write true or false (set as 1 or 0), or quote 'yes'", []),
     ("float YAML reads as text", HEAD + "timeout_s: 1e3\n" + pat(AR), None, "timeout_s",
      "YAML reads 1e3 as text", []),
+    # Bounds of every number that reaches a timer, a sleep or an allocation.
+    ("timeout past a day", HEAD + "timeout_s: 1.0e+15\n" + pat(AR), None, "timeout_s",
+     "must be at most 86400, got 1.0e+15 (", ["over a day", "1e10 s"]),
+    ("timeout 1e10", HEAD + "timeout_s: 10000000000\n" + pat(AR), None, "timeout_s",
+     "must be at most 86400", []),
+    ("timeout below a second", HEAD + "timeout_s: 1.0e-4\n" + pat(AR), None, "timeout_s",
+     "must be at least 1, got 1.0e-4 (", ["under 1 s"]),
+    ("iters past the profiler's ids", HEAD + "defaults: {iters: 100000000000000}\n" + pat(AR),
+     None, "defaults.iters", "must be at most 1000000, got 100000000000000 (",
+     ["24-bit correlation ids", "host memory"]),
+    ("warmup_iters too many", HEAD + pat(AR, extra="    warmup_iters: 1000001\n"), None,
+     "patterns[0].warmup_iters", "must be at most 1000000", []),
+    ("too many launches in one window", HEAD + pat(
+        *[f"{{name: g{i}, op: gemm, m: 8, n: 8, k: 8}}" for i in range(11)],
+        extra="    iters: 1000000\n"), None, "patterns[0].iters",
+     "11 blocks x 1000000 iterations is 11000000 block launches in one window, more than "
+     "10000000", ["host memory"]),
+    ("sleep past 60 s", HEAD + pat("{name: s, op: sleep, duration_us: 1.0e+300}"), None,
+     "patterns[0].blocks[0].duration_us", "must be at most 60000000, got 1.0e+300 (duration_us:",
+     ["60 s", "every iteration waits for it"]),
+    ("sleep 61 s", HEAD + pat("{name: s, op: sleep, duration_us: 61000000}"), None,
+     "patterns[0].blocks[0].duration_us", "must be at most 60000000", []),
 ]
 # fmt: on
 
@@ -284,7 +307,7 @@ def test_bad_snippets(text, world_size, path, fragment, choices):
 
 
 def test_table_is_large_enough():
-    assert len(BAD) >= 90
+    assert len(BAD) >= 100
 
 
 def test_decimal_size_when_whole_is_fine():

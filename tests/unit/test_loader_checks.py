@@ -1,4 +1,5 @@
-"""Pattern-file loader: every problem of a file in one run, and values as written."""
+"""Pattern-file loader: every problem of a file in one run, values as written, and the bounds
+of numbers that reach timers and allocations."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import yaml
 from userbenchmark.maestro.core.config import yaml_reader
 from userbenchmark.maestro.core.config.loader import (
     MAX_ISSUES,
+    MAX_ITERS,
     load_suite_text,
 )
+from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
 from userbenchmark.maestro.errors import ConfigError
 
 HEAD = "name: t\nworld_size: 4\n"
@@ -173,3 +176,22 @@ def test_brackets_in_text_are_not_nesting():
     many = "[" * 150
     text = f"# {many}\n" + HEAD + f"env: {{X: '{many}', Y: \"{many}\"}}\n" + pat(AR)
     assert load_suite_text(text).env["X"] == many
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds on the command line too
+# ---------------------------------------------------------------------------------------------
+def test_command_line_iterations_are_bounded():
+    suite = load_suite_text(HEAD + pat(AR, "{name: g, op: gemm, m: 8, n: 8, k: 8, lane: mm}"))
+    with pytest.raises(
+        ConfigError, match=r"--iters must be at most 1000000, got 100000000000000 \(iteration"
+    ):
+        apply_overrides(suite, RunOptions(iters=10**14))
+    with pytest.raises(ConfigError, match="--warmup-iters must be at most 1000000"):
+        apply_overrides(suite, RunOptions(warmup_iters=MAX_ITERS + 1))
+    wide = load_suite_text(
+        HEAD + pat(*[f"{{name: g{i}, op: gemm, m: 8, n: 8, k: 8}}" for i in range(20)])
+    )
+    with pytest.raises(ConfigError, match="20 blocks x 1000000 iterations"):
+        apply_overrides(wide, RunOptions(iters=MAX_ITERS))
+    assert apply_overrides(suite, RunOptions(iters=MAX_ITERS)).patterns[0].num_iters == MAX_ITERS

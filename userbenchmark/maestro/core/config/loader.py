@@ -30,6 +30,7 @@ from .patterns import (
     DEFAULT_KEYS,
     DEFAULT_VALUES,
     MAX_EXPANDED_BLOCKS,
+    MAX_ITERS,
     check_patterns,
     check_settings,
 )
@@ -43,8 +44,11 @@ __all__ = [
     "MAX_EXPANDED_BLOCKS",
     "MAX_FILE_BYTES",
     "MAX_ISSUES",
+    "MAX_ITERS",
     "MAX_NODES",
+    "MAX_TIMEOUT_S",
     "MAX_WORLD_SIZE",
+    "MIN_TIMEOUT_S",
     "NCCL_OPTIONS",
     "load_suite",
     "load_suite_text",
@@ -72,6 +76,13 @@ TOP_KEYS: Final = (
 OPTIONAL_SECTIONS: Final = ("defaults", "env", "mesh", "axes")
 
 DEFAULT_TIMEOUT_S: Final = 45.0
+MIN_TIMEOUT_S: Final = 1.0
+MAX_TIMEOUT_S: Final = 86400.0
+TIMEOUT_WHY: Final = (
+    "the seconds ranks wait for the rendezvous, a communicator operation and each other: under "
+    "1 s a healthy start-up can time out, over a day a hung rank goes unnoticed, and torch's "
+    "timers overflow near 1e10 s"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +178,13 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
     timeout_s = DEFAULT_TIMEOUT_S
     if "timeout_s" in data:
-        checked = p.number(data["timeout_s"], "timeout_s", positive=True)
+        checked = p.number(
+            data["timeout_s"],
+            "timeout_s",
+            minimum=MIN_TIMEOUT_S,
+            maximum=MAX_TIMEOUT_S,
+            why=TIMEOUT_WHY,
+        )
         timeout_s = checked if checked is not None else timeout_s
     stop_on_error = True
     if "stop_on_error" in data:

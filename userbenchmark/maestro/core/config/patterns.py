@@ -31,10 +31,14 @@ from .sweep import (
 __all__ = [
     "DEFAULT_KEYS",
     "DEFAULT_VALUES",
+    "ITERS_WHY",
     "MAX_EXPANDED_BLOCKS",
+    "MAX_ITERS",
+    "MAX_WINDOW_LAUNCHES",
     "PATTERN_KEYS",
     "check_patterns",
     "check_settings",
+    "window_launches_problem",
 ]
 
 DEFAULT_KEYS: Final = (
@@ -58,7 +62,29 @@ DEFAULT_VALUES: Final = {
 }
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
+MAX_ITERS: Final = 1_000_000
+"""Most iterations (measured, and warmup) of one pattern: well inside the 2**24 iteration
+numbers of the profiler's correlation ids (core/profilers/attribution.py)."""
+ITERS_WHY: Final = (
+    "iteration numbers must fit the profiler's 24-bit correlation ids, and every iteration's "
+    "timings are kept in host memory until the pattern's window ends"
+)
+MAX_WINDOW_LAUNCHES: Final = 10_000_000
+"""Most block launches (blocks x iterations) of one measurement window."""
+
 Point = tuple[tuple[str, Any, str], ...]
+
+
+def window_launches_problem(num_blocks: int, num_iters: int) -> str | None:
+    """Why ``num_blocks`` blocks run ``num_iters`` times in one window is too much, or None."""
+    launches = num_blocks * num_iters
+    if launches <= MAX_WINDOW_LAUNCHES:
+        return None
+    return (
+        f"{num_blocks} blocks x {num_iters} iterations is {launches} block launches in one "
+        f"window, more than {MAX_WINDOW_LAUNCHES}: the profiler keeps every launch's timing "
+        "records in host memory until the window ends; lower the iterations or split the pattern"
+    )
 
 
 def check_settings(
@@ -67,8 +93,8 @@ def check_settings(
     """``base`` updated with the run settings (dtype, iters, ...) present in ``raw``."""
     checks: dict[str, Callable[[Any, str], Any]] = {
         "dtype": lambda v, s: p.choice(v, s, tuple(DTYPE_SIZES_BYTES), "dtype"),
-        "warmup_iters": lambda v, s: p.integer(v, s, minimum=0),
-        "iters": lambda v, s: p.integer(v, s, minimum=1),
+        "warmup_iters": lambda v, s: p.integer(v, s, minimum=0, maximum=MAX_ITERS, why=ITERS_WHY),
+        "iters": lambda v, s: p.integer(v, s, minimum=1, maximum=MAX_ITERS, why=ITERS_WHY),
         "baseline": p.boolean,
         "check": p.boolean,
         "sync": lambda v, s: p.choice(v, s, SYNC_MODES, "sync mode"),
@@ -285,6 +311,12 @@ def _pattern_point(
             continue
         lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
         blocks.append(spec)
+    if blocks and not p:
+        num_iters = max(settings["iters"], settings["warmup_iters"])
+        problem = window_launches_problem(len(blocks), num_iters)
+        if problem is not None:
+            key = "iters" if settings["iters"] >= settings["warmup_iters"] else "warmup_iters"
+            p.add(join(path, key), problem)
     if p:
         return None
     return PatternSpec(

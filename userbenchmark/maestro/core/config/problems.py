@@ -198,8 +198,9 @@ class Problems:
         *,
         minimum: int | None = None,
         maximum: int | None = None,
+        why: str = "",
     ) -> int | None:
-        """An int in [minimum, maximum] (a whole float counts)."""
+        """An int in [minimum, maximum] (a whole float counts); ``why`` explains the maximum."""
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -212,7 +213,11 @@ class Problems:
             self.add(path, f"must be at least {minimum}, got {self.show(path, value)}")
             return None
         if maximum is not None and value > maximum:
-            self.add(path, f"must be at most {maximum}, got {self.show(path, value)}")
+            self.add(
+                path,
+                f"must be at most {maximum}, got {self.show(path, value)}"
+                + (f" ({why})" if why else ""),
+            )
             return None
         return value
 
@@ -222,9 +227,10 @@ class Problems:
         path: str,
         *,
         minimum: float | None = None,
-        positive: bool = False,
+        maximum: float | None = None,
+        why: str = "",
     ) -> float | None:
-        """A finite int or float, at least ``minimum`` (above 0 when ``positive``)."""
+        """A finite int or float within the bounds; ``why`` explains them."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.add(path, f"expected a number, got {self.show(path, value)}{self._hint(value)}")
             return None
@@ -235,11 +241,12 @@ class Problems:
         if not math.isfinite(number):
             self.add(path, f"expected a finite number, got {self.show(path, value)}")
             return None
-        if positive and number <= 0:
-            self.add(path, f"must be greater than 0, got {self.show(path, value)}")
-            return None
+        reason = f" ({why})" if why else ""
         if minimum is not None and number < minimum:
-            self.add(path, f"must be at least {minimum:g}, got {self.show(path, value)}")
+            self.add(path, f"must be at least {minimum:g}, got {self.show(path, value)}{reason}")
+            return None
+        if maximum is not None and number > maximum:
+            self.add(path, f"must be at most {maximum:g}, got {self.show(path, value)}{reason}")
             return None
         return number
 
