@@ -285,6 +285,11 @@ BAD = [
      ["60 s", "every iteration waits for it"]),
     ("sleep 61 s", HEAD + pat("{name: s, op: sleep, duration_us: 61000000}"), None,
      "patterns[0].blocks[0].duration_us", "must be at most 60000000", []),
+    # The launcher owns the rendezvous.
+    ("env MASTER_ADDR", HEAD + "env: {MASTER_ADDR: 10.0.0.1}\n" + pat(AR), None,
+     "env.MASTER_ADDR", "MASTER_ADDR belongs to the launcher", ["rendezvous", "may not set it"]),
+    ("axis env MASTER_PORT", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], env: {MASTER_PORT: 1}}\n"
+     + pat(AR), None, "axes.ep.env.MASTER_PORT", "MASTER_PORT belongs to the launcher", []),
 ]
 # fmt: on
 

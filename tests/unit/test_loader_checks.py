@@ -1,5 +1,5 @@
-"""Pattern-file loader: every problem of a file in one run, values as written, and the bounds
-of numbers that reach timers and allocations."""
+"""Pattern-file loader: every problem of a file in one run, values as written, the bounds of
+numbers that reach timers and allocations, and launcher-owned variables."""
 
 from __future__ import annotations
 
@@ -195,3 +195,40 @@ def test_command_line_iterations_are_bounded():
     with pytest.raises(ConfigError, match="20 blocks x 1000000 iterations"):
         apply_overrides(wide, RunOptions(iters=MAX_ITERS))
     assert apply_overrides(suite, RunOptions(iters=MAX_ITERS)).patterns[0].num_iters == MAX_ITERS
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher's variables
+# ---------------------------------------------------------------------------------------------
+LAUNCHER_VARIABLES = [
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "NCCL_COMM_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+]
+
+
+@pytest.mark.parametrize("name", LAUNCHER_VARIABLES)
+def test_launcher_variables_are_refused_at_the_top_and_per_axis(name):
+    top = problems(HEAD + f"env: {{{name}: '1'}}\n" + pat(AR))
+    axis = problems(HEAD + f"axes:\n  ep: {{like: world, env: {{{name}: '1'}}}}\n" + pat(AR))
+    for (line, path, message), where in ((top[0], "env"), (axis[0], "axes.ep.env")):
+        assert (line, path) == (3 if where == "env" else 4, f"{where}.{name}")
+        assert message == (
+            f"{name} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
+            "owns the rendezvous and each rank's place in it; a pattern file may not set it"
+        )
+
+
+def test_other_variables_are_fine():
+    text = HEAD + "env: {NCCL_ALGO: Ring, MASTER_ADDRESS_NOTE: x, SLURMISH: 1}\n" + pat(AR)
+    assert set(load_suite_text(text).env) == {"NCCL_ALGO", "MASTER_ADDRESS_NOTE", "SLURMISH"}

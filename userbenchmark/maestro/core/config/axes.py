@@ -20,6 +20,8 @@ from .spec import PRIORITIES, WORLD_AXIS
 
 __all__ = [
     "AXIS_KEYS",
+    "LAUNCHER_ENV_NAMES",
+    "LAUNCHER_ENV_PREFIXES",
     "MAX_WORLD_SIZE",
     "NCCL_OPTIONS",
     "AxisDraft",
@@ -46,6 +48,20 @@ NCCL_OPTIONS: Final = {
     "blocking": ("bool", None),
     "split_share": ("bool", None),
 }
+
+LAUNCHER_ENV_NAMES: Final = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "NCCL_COMM_ID",
+)
+"""Variables the launcher sets to place each rank and meet at the rendezvous."""
+LAUNCHER_ENV_PREFIXES: Final = ("TORCHELASTIC_", "SLURM_")
 
 
 def mesh_teams(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], ...]:
@@ -104,8 +120,12 @@ def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> i
     return from_file if from_file is not None else from_arg
 
 
+def _launcher_owned(name: str) -> bool:
+    return name in LAUNCHER_ENV_NAMES or name.startswith(LAUNCHER_ENV_PREFIXES)
+
+
 def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
-    """Environment variables as text."""
+    """Environment variables as text; names the launcher owns are refused."""
     if not isinstance(raw, dict):
         p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
         return {}
@@ -117,6 +137,13 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
                 sub,
                 f"{p.show(sub, key)} is not an environment variable name (letters, digits "
                 "and _, not starting with a digit)",
+            )
+            continue
+        if _launcher_owned(key):
+            p.add(
+                sub,
+                f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
+                "owns the rendezvous and each rank's place in it; a pattern file may not set it",
             )
             continue
         text = _env_value(p, value, sub)
