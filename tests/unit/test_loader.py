@@ -290,6 +290,11 @@ BAD = [
      "env.MASTER_ADDR", "MASTER_ADDR belongs to the launcher", ["rendezvous", "may not set it"]),
     ("axis env MASTER_PORT", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], env: {MASTER_PORT: 1}}\n"
      + pat(AR), None, "axes.ep.env.MASTER_PORT", "MASTER_PORT belongs to the launcher", []),
+    # Custom ops.
+    ("custom op __main__", HEAD + pat("{name: a, op: 'venv.__main__:X'}"), None,
+     "patterns[0].blocks[0].op", "names a __main__ module, which runs a program", []),
+    ("custom op not dotted names", HEAD + pat("{name: a, op: 'my-pkg.mod:X'}"), None,
+     "patterns[0].blocks[0].op", "dotted Python names", []),
 ]
 # fmt: on
 
@@ -312,7 +317,7 @@ def test_bad_snippets(text, world_size, path, fragment, choices):
 
 
 def test_table_is_large_enough():
-    assert len(BAD) >= 100
+    assert len(BAD) >= 110
 
 
 def test_decimal_size_when_whole_is_fine():

@@ -1,18 +1,26 @@
 """Pattern-file loader: every problem of a file in one run, values as written, the bounds of
-numbers that reach timers and allocations, and launcher-owned variables."""
+numbers that reach timers and allocations, launcher-owned variables, and custom ops as trusted
+code (contained, and checkable without importing them)."""
 
 from __future__ import annotations
+
+import logging
+import sys
+import uuid
 
 import pytest
 import yaml
 
+from userbenchmark.maestro.blocks.registry import BlockImportError, resolve_op
 from userbenchmark.maestro.core.config import yaml_reader
 from userbenchmark.maestro.core.config.loader import (
     MAX_ISSUES,
     MAX_ITERS,
+    load_suite,
     load_suite_text,
 )
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
+from userbenchmark.maestro.core.config.summary import rank_buffer_bytes, suite_summary
 from userbenchmark.maestro.errors import ConfigError
 
 HEAD = "name: t\nworld_size: 4\n"
@@ -232,3 +240,104 @@ def test_launcher_variables_are_refused_at_the_top_and_per_axis(name):
 def test_other_variables_are_fine():
     text = HEAD + "env: {NCCL_ALGO: Ring, MASTER_ADDRESS_NOTE: x, SLURMISH: 1}\n" + pat(AR)
     assert set(load_suite_text(text).env) == {"NCCL_ALGO", "MASTER_ADDRESS_NOTE", "SLURMISH"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops: trusted code, contained, and checkable without importing
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """Write a module on sys.path; returns a function (body) -> its unique module name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names: list[str] = []
+
+    def write(body: str) -> str:
+        name = f"maestro_user_{uuid.uuid4().hex}"
+        (tmp_path / f"{name}.py").write_text(body)
+        names.append(name)
+        return name
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_system_exit_at_import_is_an_error_at_the_op(user_module):
+    name = user_module("raise SystemExit(3)\n")
+    ((line, path, message),) = problems(HEAD + pat(f"{{name: a, op: '{name}:X'}}"))
+    assert (line, path) == (6, "patterns[0].blocks[0].op")
+    assert message == f"cannot import module {name!r}: importing it raised SystemExit(3)"
+
+
+def test_keyboard_interrupt_at_import_goes_through(user_module):
+    name = user_module("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        resolve_op(f"{name}:X")
+
+
+def test_a_main_module_is_never_imported(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sys.modules.pop("venv.__main__", None)
+    with pytest.raises(BlockImportError, match="names a __main__ module"):
+        resolve_op("venv.__main__:X")
+    for op in ("__main__:X", "pkg.__main__.sub:X"):
+        with pytest.raises(BlockImportError, match="__main__"):
+            resolve_op(op)
+    assert "venv.__main__" not in sys.modules
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_import_a_custom_op_is_checked_by_name_only(user_module, caplog):
+    name = user_module("raise RuntimeError('must not be imported')\n")
+    text = HEAD + pat(
+        f"{{name: c, op: '{name}:MyBlock', size: 4K, anything: [1, 2], lane: side}}",
+        "{name: ar, op: all_reduce, size: 4K}",
+    )
+    with caplog.at_level(logging.WARNING, logger="maestro.config"):
+        suite = load_suite_text(text, import_ops=False)
+    assert name not in sys.modules
+    custom = suite.patterns[0].blocks[0]
+    assert custom.op == f"{name}:MyBlock" and custom.lane == "side"
+    assert dict(custom.params) == {"size": "4K", "anything": [1, 2]}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "maestro.config"]
+    assert warnings == [
+        f"<string>: patterns[0].blocks[0].op: custom op '{name}:MyBlock' was not imported: "
+        "only its name was checked, not its parameters nor whether it communicates (its lane)"
+    ]
+    summary = suite_summary(suite, import_ops=False)
+    assert "custom ops not imported, not counted" in summary
+    assert rank_buffer_bytes(suite, suite.patterns[0], import_ops=False) == (4096,) * 4
+    assert name not in sys.modules
+
+
+def test_without_import_built_in_ops_and_op_names_are_still_checked(caplog):
+    text = HEAD + pat(
+        "{name: a, op: 'pkg.mod:Good', size: 4K}",
+        "{name: b, op: 'pkg mod:Bad'}",
+        "{name: c, op: 'venv.__main__:X'}",
+        "{name: d, op: all_reduce, size: -1}",
+        "{name: e, op: nope}",
+        "{name: f, op: 'pkg.mod:Good', axis: nowhere, dtype: fp8}",
+    )
+    with caplog.at_level(logging.WARNING, logger="maestro.config"):
+        found = {path: message for _, path, message in problems(text, import_ops=False)}
+    # Said even when the file has problems: the block is only partly checked either way.
+    assert [r.getMessage().split(": ")[1] for r in caplog.records] == ["patterns[0].blocks[0].op"]
+    assert set(found) == {
+        "patterns[0].blocks[1].op",
+        "patterns[0].blocks[2].op",
+        "patterns[0].blocks[3].size",
+        "patterns[0].blocks[4].op",
+        "patterns[0].blocks[5].axis",
+        "patterns[0].blocks[5].dtype",
+    }
+    assert "dotted Python names" in found["patterns[0].blocks[1].op"]
+    assert "__main__" in found["patterns[0].blocks[2].op"]
+
+
+def test_load_suite_passes_the_options_through(tmp_path):
+    path = tmp_path / "f.yaml"
+    path.write_text("name: t\nworld_size: 2\n" + pat("{name: c, op: 'no_such_pkg_q.m:C'}"))
+    assert load_suite(path, import_ops=False).patterns[0].blocks[0].op == "no_such_pkg_q.m:C"
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_pkg_q.m'"):
+        load_suite(path)

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from ...blocks.base import REQUIRED, Block, Param
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
-from ...blocks.registry import BlockImportError, registered_ops, resolve_op
+from ...blocks.registry import BlockImportError, custom_op_problem, registered_ops, resolve_op
 from .axes import AxisDraft
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
@@ -26,20 +26,30 @@ _CUSTOM: Final = "a custom 'package.module:ClassName'"
 
 
 class OpResolver:
-    """The block class of each op a file names, resolved once per op (a custom op imports its
-    module)."""
+    """The block class of each op a file names, resolved once per op.
 
-    def __init__(self) -> None:
-        self._ops: dict[str, type[Block] | str] = {}
+    With ``import_ops`` False a custom op's module is not imported: its name is checked, and
+    the op is listed in :attr:`not_imported` (its parameters cannot be checked without it).
+    """
 
-    def resolve(self, op: str) -> type[Block] | str:
-        """The class of ``op``, or the message saying why there is none."""
+    def __init__(self, *, import_ops: bool = True) -> None:
+        self.import_ops = import_ops
+        self._ops: dict[str, type[Block] | str | None] = {}
+        self.not_imported: dict[str, str] = {}
+        """Custom ops left unimported: op -> YAML path of its first block."""
+
+    def resolve(self, op: str, path: str = "") -> type[Block] | str | None:
+        """The class of ``op``, the message saying why there is none, or None for a custom op
+        that is well-formed but not imported."""
         if op not in self._ops:
             self._ops[op] = self._resolve(op)
+        if self._ops[op] is None:
+            self.not_imported.setdefault(op, path)
         return self._ops[op]
 
-    @staticmethod
-    def _resolve(op: str) -> type[Block] | str:
+    def _resolve(self, op: str) -> type[Block] | str | None:
+        if ":" in op and not self.import_ops:
+            return custom_op_problem(op)
         try:
             return resolve_op(op)
         except KeyError:
@@ -81,6 +91,7 @@ def check_block(
     else:
         name = p.name(raw["name"], join(path, "name"), "a block name")
     cls: type[Block] | None = None
+    unchecked = False
     op = raw.get("op")
     op_path = join(path, "op")
     if "op" not in raw:
@@ -92,9 +103,11 @@ def check_block(
     elif not isinstance(op, str) or not op:
         p.add(op_path, f"op must be an op name, got {p.show(op_path, op)}")
     else:
-        resolved = ops.resolve(op)
+        resolved = ops.resolve(op, op_path)
         if isinstance(resolved, str):
             p.add(op_path, resolved)
+        elif resolved is None:
+            unchecked = True
         else:
             cls = resolved
     axis_name = raw.get("axis", WORLD_AXIS)
@@ -116,12 +129,16 @@ def check_block(
     register = settings["register_buffers"]
     if "register_buffers" in raw:
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
-    if cls is None:
+    if unchecked:
+        # A custom op left unimported: its parameters are kept as written, unchecked.
+        params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif cls is None:
         return None
-    params = _params(p, cls, op, raw, path)
-    if params is None or len(p) > start or axis is None or dtype is None:
-        return None
-    params = _op_checks(p, cls, op, params, path, dtype, axis)
+    else:
+        params = _params(p, cls, op, raw, path)
+        if params is None or len(p) > start or axis is None or dtype is None:
+            return None
+        params = _op_checks(p, cls, op, params, path, dtype, axis)
     if params is None or len(p) > start or axis is None or dtype is None:
         return None
     assert name is not None and lane is not None and register is not None

@@ -2,7 +2,7 @@
 
 Every problem found is collected into one ConfigError naming file, YAML path and line. Nothing
 here creates a process group or a tensor; the only code a file can cause to run is the module
-named by a custom ``op: package.module:ClassName``.
+named by a custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``).
 
 The work is split by job: ``yaml_reader`` (bounded safe YAML, lines, text as written),
 ``problems`` (the one problem collector), ``axes`` (world size, mesh, axes, env),
@@ -131,10 +131,13 @@ def load_suite(
     source: str | Path,
     *,
     world_size: int | None = None,
+    import_ops: bool = True,
 ) -> SuiteSpec:
     """Load, validate and expand the pattern file ``source`` (a path or a shipped config name).
 
     ``world_size`` is the size of the run; it must agree with the file's ``world_size``.
+    ``import_ops=False`` checks a custom op's name without importing its module, and leaves its
+    parameters unchecked (a warning says so): for inspecting a file, never for running it.
     Raises ConfigError carrying every problem found.
     """
     path = resolve_config_path(source)
@@ -144,6 +147,7 @@ def load_suite(
         text,
         file=file,
         world_size=world_size,
+        import_ops=import_ops,
     )
 
 
@@ -152,13 +156,25 @@ def load_suite_text(
     *,
     file: str = "<string>",
     world_size: int | None = None,
+    import_ops: bool = True,
 ) -> SuiteSpec:
     """Like :func:`load_suite` for YAML given as a string (``file`` names it in messages)."""
     if not isinstance(text, str):
         raise ConfigError("pattern text must be a string", file=file)
     problems = Problems(file)
     data = read_yaml(text, problems)
-    return _suite(problems, data, world_size, OpResolver())
+    ops = OpResolver(import_ops=import_ops)
+    try:
+        return _suite(problems, data, world_size, ops)
+    finally:  # said whether the file is valid or not: those blocks are only partly checked
+        for op, op_path in ops.not_imported.items():
+            logger.warning(
+                "%s: %s: custom op %r was not imported: only its name was checked, not its "
+                "parameters nor whether it communicates (its lane)",
+                file,
+                op_path,
+                op,
+            )
 
 
 def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> SuiteSpec:
