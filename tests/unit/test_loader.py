@@ -295,6 +295,9 @@ BAD = [
      "patterns[0].blocks[0].op", "names a __main__ module, which runs a program", []),
     ("custom op not dotted names", HEAD + pat("{name: a, op: 'my-pkg.mod:X'}"), None,
      "patterns[0].blocks[0].op", "dotted Python names", []),
+    # The world size names where the run's size came from.
+    ("world_size from --world-size", HEAD + pat(AR), 3, "world_size",
+     "the run has world size 3 (--world-size); they must agree", []),
 ]
 # fmt: on
 
