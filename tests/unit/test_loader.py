@@ -203,7 +203,8 @@ BAD = [
      "not an environment variable name", []),
     ("env bad value", HEAD + "env: {NCCL_ALGO: [Ring]}\n" + pat(AR), None, "env.NCCL_ALGO",
      "strings or numbers", []),
-    ("timeout zero", HEAD + "timeout_s: 0\n" + pat(AR), None, "timeout_s", "greater than 0", []),
+    ("timeout zero", HEAD + "timeout_s: 0\n" + pat(AR), None, "timeout_s",
+     "must be at least 1, got 0 (the seconds ranks wait", []),
     ("stop_on_error string", HEAD + "stop_on_error: 'true'\n" + pat(AR), None, "stop_on_error",
      "expected true or false", []),
     ("sweep undefined var", HEAD + pat("{name: a, op: all_reduce, size: '${sise}'}",
@@ -239,6 +240,64 @@ BAD = [
     ("duplicate key", HEAD + "name: u\n" + pat(AR), None, "name", "duplicate key 'name'", []),
     ("python tag refused", HEAD + "x: !!python/object/apply:os.system ['true']\n" + pat(AR),
      None, "x", "unsupported YAML", []),
+    # Values as written; booleans are true/false only.
+    ("sync yes, as written", HEAD + "defaults: {sync: yes}\n" + pat(AR), None, "defaults.sync",
+     "unknown sync mode 'yes'", ["barrier", "none"]),
+    ("sync hex, as written", HEAD + pat(AR, extra="    sync: 0x10\n"), None, "patterns[0].sync",
+     "unknown sync mode 0x10;", []),
+    ("mesh degree null, as written", HEAD + "mesh: {dp: ~, tp: 4}\n" + pat(AR), None, "mesh.dp",
+     "expected an integer, got ~", []),
+    ("baseline yes unquoted", HEAD + "defaults: {baseline: yes}\n" + pat(AR), None,
+     "defaults.baseline", "got 'yes': write true or false", []),
+    ("check on unquoted", HEAD + pat(AR, extra="    check: on\n"), None, "patterns[0].check",
+     "got 'on': write true or false", []),
+    ("stop_on_error off", HEAD + "stop_on_error: off\n" + pat(AR), None, "stop_on_error",
+     "got 'off': write true or false", []),
+    ("register_buffers y", HEAD + pat("{name: a, op: all_reduce, size: 4K, register_buffers: y}"),
+     None, "patterns[0].blocks[0].register_buffers", "got 'y': write true or false", []),
+    ("in_place no unquoted", HEAD + pat("{name: a, op: all_gather, size: 4K, in_place: no}"),
+     None, "patterns[0].blocks[0].in_place", "got 'no': write true or false", []),
+    ("nccl blocking yes", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], nccl: {blocking: yes}}\n"
+     + pat(AR), None, "axes.ep.nccl.blocking", "got 'yes': write true or false", []),
+    ("env value yes unquoted", HEAD + "env: {NCCL_IB_DISABLE: yes}\n" + pat(AR), None,
+     "env.NCCL_IB_DISABLE", "write true or false (set as 1 or 0), or quote 'yes'", []),
+    ("float YAML reads as text", HEAD + "timeout_s: 1e3\n" + pat(AR), None, "timeout_s",
+     "YAML reads 1e3 as text", []),
+    # Bounds of every number that reaches a timer, a sleep or an allocation.
+    ("timeout past a day", HEAD + "timeout_s: 1.0e+15\n" + pat(AR), None, "timeout_s",
+     "must be at most 86400, got 1.0e+15 (", ["over a day", "1e10 s"]),
+    ("timeout 1e10", HEAD + "timeout_s: 10000000000\n" + pat(AR), None, "timeout_s",
+     "must be at most 86400", []),
+    ("timeout below a second", HEAD + "timeout_s: 1.0e-4\n" + pat(AR), None, "timeout_s",
+     "must be at least 1, got 1.0e-4 (", ["under 1 s"]),
+    ("iters past the profiler's ids", HEAD + "defaults: {iters: 100000000000000}\n" + pat(AR),
+     None, "defaults.iters", "must be at most 1000000, got 100000000000000 (",
+     ["24-bit correlation ids", "host memory"]),
+    ("warmup_iters too many", HEAD + pat(AR, extra="    warmup_iters: 1000001\n"), None,
+     "patterns[0].warmup_iters", "must be at most 1000000", []),
+    ("too many launches in one window", HEAD + pat(
+        *[f"{{name: g{i}, op: gemm, m: 8, n: 8, k: 8}}" for i in range(11)],
+        extra="    iters: 1000000\n"), None, "patterns[0].iters",
+     "11 blocks x 1000000 iterations is 11000000 block launches in one window, more than "
+     "10000000", ["host memory"]),
+    ("sleep past 60 s", HEAD + pat("{name: s, op: sleep, duration_us: 1.0e+300}"), None,
+     "patterns[0].blocks[0].duration_us", "must be at most 60000000, got 1.0e+300 (duration_us:",
+     ["60 s", "every iteration waits for it"]),
+    ("sleep 61 s", HEAD + pat("{name: s, op: sleep, duration_us: 61000000}"), None,
+     "patterns[0].blocks[0].duration_us", "must be at most 60000000", []),
+    # The launcher owns the rendezvous.
+    ("env MASTER_ADDR", HEAD + "env: {MASTER_ADDR: 10.0.0.1}\n" + pat(AR), None,
+     "env.MASTER_ADDR", "MASTER_ADDR belongs to the launcher", ["rendezvous", "may not set it"]),
+    ("axis env MASTER_PORT", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], env: {MASTER_PORT: 1}}\n"
+     + pat(AR), None, "axes.ep.env.MASTER_PORT", "MASTER_PORT belongs to the launcher", []),
+    # Custom ops.
+    ("custom op __main__", HEAD + pat("{name: a, op: 'venv.__main__:X'}"), None,
+     "patterns[0].blocks[0].op", "names a __main__ module, which runs a program", []),
+    ("custom op not dotted names", HEAD + pat("{name: a, op: 'my-pkg.mod:X'}"), None,
+     "patterns[0].blocks[0].op", "dotted Python names", []),
+    # The world size names where the run's size came from.
+    ("world_size from --world-size", HEAD + pat(AR), 3, "world_size",
+     "the run has world size 3 (--world-size); they must agree", []),
 ]
 # fmt: on
 
@@ -261,7 +320,7 @@ def test_bad_snippets(text, world_size, path, fragment, choices):
 
 
 def test_table_is_large_enough():
-    assert len(BAD) >= 45
+    assert len(BAD) >= 110
 
 
 def test_decimal_size_when_whole_is_fine():

@@ -41,6 +41,8 @@ class Param:
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
     """Smallest allowed value for int/float (inclusive)."""
+    maximum: float | None = None
+    """Largest allowed value for int/float (inclusive); ``doc`` should say why."""
 
     def __post_init__(self) -> None:
         if self.kind not in PARAM_KINDS:

@@ -44,6 +44,9 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
             high = mid
     return scaled(low)
 
+MAX_SLEEP_US = 60e6
+"""Longest ``sleep`` block (60 s), so a typo cannot hold every rank for hours each iteration."""
+
 
 class Gemm(Block):
     """C[m, n] = A[m, k] @ B[k, n]; dimensions are element counts, FLOPs = 2mnk."""
@@ -171,7 +174,14 @@ class Sleep(Block):
 
     category = "other"
     params = (
-        Param(name="duration_us", kind="float", minimum=0.0, doc="how long to occupy the lane"),
+        Param(
+            name="duration_us",
+            kind="float",
+            minimum=0.0,
+            maximum=MAX_SLEEP_US,
+            doc="how long to occupy the lane, at most 60 s (60000000): every iteration "
+            "waits for it, so a longer one is a typo rather than a measurement",
+        ),
     )
 
     def setup(self) -> None:

@@ -31,24 +31,64 @@ class BlockImportError(LookupError):
     """A custom ``module:Class`` op could not be imported or is not a Block."""
 
 
+def custom_op_problem(op: str) -> str | None:
+    """Why ``op`` is not a well-formed ``package.module:ClassName``, or None (nothing imported).
+
+    A module path whose parts include ``__main__`` is refused: importing it runs a program (a
+    package's command line), never a module that defines blocks.
+    """
+    module_name, _, class_name = op.partition(":")
+    if not module_name or not class_name:
+        return f"custom op {op!r} must be written 'package.module:ClassName'"
+    parts = module_name.split(".")
+    if not all(part.isidentifier() for part in parts) or not class_name.isidentifier():
+        return (
+            f"custom op {op!r} must be written 'package.module:ClassName': dotted Python "
+            "names, then a class name"
+        )
+    if "__main__" in parts:
+        return (
+            f"custom op {op!r} names a __main__ module, which runs a program when imported; "
+            "name the module that defines the class"
+        )
+    return None
+
+
 def resolve_op(op: str) -> type[Block]:
     """The block class of ``op``: a registry name or ``package.module:ClassName``.
 
-    Raises KeyError for an unknown registry name and BlockImportError for a bad custom op.
+    A custom op imports its module: that runs the module's code (trusted input). Whatever the
+    import raises, SystemExit included, becomes BlockImportError; only KeyboardInterrupt goes
+    through. Raises KeyError for an unknown registry name and BlockImportError for a bad custom
+    op.
     """
     if ":" not in op:
         ops = registered_ops()
         if op not in ops:
             raise KeyError(op)
         return ops[op]
+    problem = custom_op_problem(op)
+    if problem is not None:
+        raise BlockImportError(problem)
     module_name, _, class_name = op.partition(":")
-    if not module_name or not class_name:
-        raise BlockImportError(f"custom op {op!r} must be written 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        raise
     except Exception as exc:  # an import of user code can raise anything
         raise BlockImportError(f"cannot import module {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
+    except BaseException as exc:  # SystemExit, GeneratorExit: user code must not end maestro
+        raise BlockImportError(
+            f"cannot import module {module_name!r}: importing it raised {type(exc).__name__}({exc})"
+        ) from exc
+    try:
+        cls = getattr(module, class_name, None)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a module-level __getattr__ is user code too
+        raise BlockImportError(
+            f"cannot get {class_name!r} from module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if cls is None:
         raise BlockImportError(f"module {module_name!r} has no attribute {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Block)):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
+from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
 from .spec import SuiteSpec
 
 
@@ -36,7 +37,14 @@ class RunOptions:
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
-    """The suite with command-line overrides applied and patterns filtered (pure)."""
+    """The suite with command-line overrides applied and patterns filtered (pure).
+
+    The overrides obey the pattern file's bounds: ``--iters``/``--warmup-iters`` at most
+    MAX_ITERS, and no window of more block launches than a pattern file may ask for.
+    """
+    for flag, value in (("--iters", options.iters), ("--warmup-iters", options.warmup_iters)):
+        if value is not None and value > MAX_ITERS:
+            raise ConfigError(f"{flag} must be at most {MAX_ITERS}, got {value} ({ITERS_WHY})")
     patterns = []
     for p in suite.patterns:
         if options.patterns and not any(
@@ -53,7 +61,16 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             changes["check"] = options.check
         if options.baseline is not None:
             changes["baseline"] = options.baseline
-        patterns.append(dataclasses.replace(p, **changes))
+        pattern = dataclasses.replace(p, **changes)
+        if changes:
+            num_iters = max(pattern.num_iters, pattern.warmup_iters)
+            problem = window_launches_problem(len(pattern.blocks), num_iters)
+            if problem is not None:
+                raise ConfigError(
+                    f"pattern {pattern.name!r} with the command line's iterations: {problem}",
+                    file=suite.source,
+                )
+        patterns.append(pattern)
     if not patterns:
         names = ", ".join(p.name for p in suite.patterns)
         raise ConfigError(

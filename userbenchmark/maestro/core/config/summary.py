@@ -29,22 +29,26 @@ def human_bytes(num_bytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _block_class(op: str) -> type[Block] | None:
+def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
+    if ":" in op and not import_ops:
+        return None  # a custom op left unimported: its bytes are unknown
     try:
         return resolve_op(op)
     except Exception:  # noqa: BLE001 - validated already; a summary must not fail on it
         return None
 
 
-def rank_buffer_bytes(suite: SuiteSpec, pattern: PatternSpec) -> tuple[int, ...]:
+def rank_buffer_bytes(
+    suite: SuiteSpec, pattern: PatternSpec, *, import_ops: bool = True
+) -> tuple[int, ...]:
     """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks.
 
     A rank outside every team of a block's axis does not run that block and allocates nothing
-    for it.
+    for it. With ``import_ops`` False, custom ops are not imported and count 0 bytes.
     """
     per_rank = [0] * suite.world_size
     for block in pattern.blocks:
-        cls = _block_class(block.op)
+        cls = _block_class(block.op, import_ops)
         axis = suite.axes[block.axis]
         if cls is None:
             continue
@@ -121,7 +125,7 @@ def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     return text
 
 
-def _pattern(suite: SuiteSpec, pattern: PatternSpec) -> list[str]:
+def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[str]:
     flags = [
         f"warmup {pattern.warmup_iters}",
         f"iters {pattern.num_iters}",
@@ -132,7 +136,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec) -> list[str]:
     lines = [f"  {pattern.name}  ({', '.join(flags)})"]
     rows = []
     for block in pattern.blocks:
-        cls = _block_class(block.op)
+        cls = _block_class(block.op, import_ops)
         axis = suite.axes[block.axis]
         covered = sum(len(t) for t in axis.teams)
         try:
@@ -165,7 +169,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec) -> list[str]:
         disable_numparse=True,
     )
     lines += ["    " + line for line in table.splitlines()]
-    per_rank = rank_buffer_bytes(suite, pattern)
+    per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
     top = max(per_rank)
     low = min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
@@ -175,12 +179,18 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec) -> list[str]:
     )
     if low != top:
         text += f", min {human_bytes(low)}"
+    if not import_ops and any(":" in block.op for block in pattern.blocks):
+        text += "; custom ops not imported, not counted"
     lines.append(text)
     return lines
 
 
-def suite_summary(suite: SuiteSpec) -> str:
-    """A readable summary of a validated suite: what ``validate`` prints on success."""
+def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
+    """A readable summary of a validated suite: what ``validate`` prints on success.
+
+    ``import_ops=False`` (for a suite loaded that way) imports no custom op: their work and
+    bytes show as ``?``.
+    """
     lines = [
         f"suite {suite.name}: {suite.source}",
         f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "
@@ -207,8 +217,15 @@ def suite_summary(suite: SuiteSpec) -> str:
         f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file):"
     )
     for pattern in suite.patterns:
-        lines += _pattern(suite, pattern)
-    peak = max((max(rank_buffer_bytes(suite, p)) for p in suite.patterns), default=0)
+        lines += _pattern(suite, pattern, import_ops)
+    peak = max(
+        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns),
+        default=0,
+    )
     lines.append("")
-    lines.append(f"largest per-rank allocation of any pattern: {human_bytes(peak)}")
+    uncounted = not import_ops and any(":" in b.op for p in suite.patterns for b in p.blocks)
+    lines.append(
+        f"largest per-rank allocation of any pattern: {human_bytes(peak)}"
+        + (" (custom ops not imported, not counted)" if uncounted else "")
+    )
     return "\n".join(lines)

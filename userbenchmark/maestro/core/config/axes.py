@@ -1,0 +1,442 @@
+"""The ranks' layout of a pattern file: world size, ``mesh``, ``axes`` (teams, like, priority,
+nccl options) and the process environment (``env``, top level and per axis).
+
+Each check records its problems in the file's :class:`Problems` and returns what it could
+still build, so one run reports every problem.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
+from .spec import PRIORITIES, WORLD_AXIS
+
+__all__ = [
+    "AXIS_KEYS",
+    "LAUNCHER_ENV_NAMES",
+    "LAUNCHER_ENV_PREFIXES",
+    "MAX_WORLD_SIZE",
+    "NCCL_OPTIONS",
+    "AxisDraft",
+    "check_axes",
+    "check_env",
+    "check_world_size",
+    "mesh_teams",
+]
+
+logger = logging.getLogger("maestro.config")
+
+MAX_WORLD_SIZE: Final = 1 << 17
+AXIS_KEYS: Final = ("teams", "like", "priority", "nccl", "env")
+ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+NCCL_OPTIONS: Final = {
+    # name: (kind, minimum) -- ProcessGroupNCCL.Options.config fields
+    "max_ctas": ("int", 1),
+    "min_ctas": ("int", 1),
+    "cga_cluster_size": ("int", 0),
+    "net_name": ("str", None),
+    "traffic_class": ("int", 0),
+    "cta_policy": ("int", 0),
+    "blocking": ("bool", None),
+    "split_share": ("bool", None),
+}
+
+LAUNCHER_ENV_NAMES: Final = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "NCCL_COMM_ID",
+)
+"""Variables the launcher sets to place each rank and meet at the rendezvous."""
+LAUNCHER_ENV_PREFIXES: Final = ("TORCHELASTIC_", "SLURM_")
+
+
+def mesh_teams(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], ...]:
+    """DeviceMesh teams of dimension ``dim``: ranks laid out row-major over ``shape``, each team
+    the ranks that differ only in their index along ``dim``.
+
+    ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))`` and ``mesh_teams([2, 2], 0) == ((0, 2), (1, 3))``.
+    """
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    others = [i for i in range(len(shape)) if i != dim]
+    teams = []
+    for idx in itertools.product(*(range(shape[i]) for i in others)):
+        base = sum(j * strides[i] for i, j in zip(others, idx, strict=True))
+        teams.append(tuple(base + j * strides[dim] for j in range(shape[dim])))
+    return tuple(teams)
+
+
+@dataclass
+class AxisDraft:
+    """An axis while the file is checked; becomes an AxisSpec when its teams are known."""
+
+    name: str
+    path: str
+    teams: tuple[tuple[int, ...], ...] | None = None
+    """None while unknown (no world size, invalid teams, or an unresolved like)."""
+    like: str | None = None
+    priority: str = "normal"
+    nccl: dict[str, Any] = field(default_factory=dict)
+    valid: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# World size and environment
+# ---------------------------------------------------------------------------------------------
+def check_world_size(
+    p: Problems, file_value: Any, in_file: bool, arg: Any, source: str
+) -> int | None:
+    """The run's world size: the file's ``world_size`` and ``arg`` (given as ``source``, e.g.
+    ``--world-size``, ``--nproc`` or the launcher's WORLD_SIZE) must agree when both are set."""
+    from_file = from_arg = None
+    if in_file:
+        from_file = p.integer(file_value, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
+    if arg is not None:
+        from_arg = p.integer(arg, source, minimum=1, maximum=MAX_WORLD_SIZE)
+    if from_file is not None and from_arg is not None and from_file != from_arg:
+        p.add(
+            "world_size",
+            f"the file sets world_size {from_file} but the run has world "
+            f"size {from_arg} ({source}); they must agree",
+        )
+        return None
+    if from_file is None and from_arg is None and not in_file and arg is None:
+        p.add(
+            "world_size",
+            "the world size is unknown: the file sets no world_size, so "
+            "pass --world-size N (or launch with N ranks)",
+        )
+    return from_file if from_file is not None else from_arg
+
+
+def _launcher_owned(name: str) -> bool:
+    return name in LAUNCHER_ENV_NAMES or name.startswith(LAUNCHER_ENV_PREFIXES)
+
+
+def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
+    """Environment variables as text; names the launcher owns are refused."""
+    if not isinstance(raw, dict):
+        p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
+        return {}
+    env: dict[str, str] = {}
+    for key, value in raw.items():
+        sub = join(path, key)
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
+            p.add(
+                sub,
+                f"{p.show(sub, key)} is not an environment variable name (letters, digits "
+                "and _, not starting with a digit)",
+            )
+            continue
+        if _launcher_owned(key):
+            p.add(
+                sub,
+                f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
+                "owns the rendezvous and each rank's place in it; a pattern file may not set it",
+            )
+            continue
+        text = _env_value(p, value, sub)
+        if text is not None:
+            env[key] = text
+    return env
+
+
+def _env_value(p: Problems, value: Any, path: str) -> str | None:
+    if isinstance(value, bool):
+        return "1" if value else "0"  # what NCCL and most tools read as true/false
+    if (
+        isinstance(value, str)
+        and path in p.source.yaml11_words
+        and value.lower() in YAML11_BOOLEAN_WORDS
+    ):
+        p.add(
+            path,
+            f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
+            f"'{value}' to set the text",
+        )
+        return None
+    if isinstance(value, int | float | str):
+        return str(value)
+    p.add(path, f"environment values must be strings or numbers, got {p.show(path, value)}")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Axes
+# ---------------------------------------------------------------------------------------------
+def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
+    """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
+    world = AxisDraft(
+        name=WORLD_AXIS, path="", teams=(tuple(range(world_size)),) if world_size else None
+    )
+    axes: dict[str, AxisDraft] = {WORLD_AXIS: world}
+    if "mesh" in data:
+        _mesh(p, data["mesh"], world_size, axes)
+    raw_axes = data.get("axes", {})
+    if not isinstance(raw_axes, dict):
+        p.add(
+            "axes",
+            f"axes must be a mapping of axis names to {{teams: ...}} or "
+            f"{{like: <axis>}}, got {p.show('axes', raw_axes)}",
+        )
+        raw_axes = {}
+    mesh_dims = [n for n in axes if n != WORLD_AXIS]
+    for name, spec in raw_axes.items():
+        path = join("axes", name)
+        if p.name(name, path, "an axis name") is None:
+            continue
+        if name == WORLD_AXIS:
+            p.add(
+                path,
+                "'world' is the built-in axis of all ranks and cannot be redefined; "
+                "pick another name",
+            )
+            continue
+        if not isinstance(spec, dict):
+            p.add(
+                path,
+                f"an axis is a mapping with keys {choices(AXIS_KEYS)}, got {p.show(path, spec)}",
+            )
+            continue
+        p.unknown_keys(spec, path, AXIS_KEYS, f"axis {name!r}")
+        if name in mesh_dims:
+            draft = axes[name]
+            for key in ("teams", "like"):
+                if key in spec:
+                    p.add(
+                        join(path, key),
+                        f"axis {name!r} is a mesh dimension and takes "
+                        f"its teams from mesh; remove {key!r} or use another axis name",
+                    )
+        else:
+            draft = AxisDraft(name=name, path=path)
+            axes[name] = draft
+            if "teams" in spec and "like" in spec:
+                p.add(path, "give either teams or like, not both")
+                draft.valid = False
+            elif "teams" in spec:
+                draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
+                draft.valid = draft.teams is not None or world_size is None
+            elif "like" in spec:
+                draft.like = spec["like"]
+            else:
+                p.add(
+                    path,
+                    "an axis needs teams (a list of lists of ranks) or like: <axis> "
+                    "(a second communicator on another axis's teams)",
+                )
+                draft.valid = False
+        if "priority" in spec:
+            priority = p.choice(
+                spec["priority"], join(path, "priority"), PRIORITIES, "priority", "priorities"
+            )
+            draft.priority = priority or draft.priority
+        if "nccl" in spec:
+            draft.nccl = _nccl(p, spec["nccl"], join(path, "nccl"))
+        if "env" in spec:
+            _axis_env(p, spec["env"], join(path, "env"), name)
+    _resolve_likes(p, axes)
+    return axes
+
+
+def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDraft]) -> None:
+    if not isinstance(raw, dict) or not raw:
+        p.add(
+            "mesh",
+            "mesh must be a mapping of dimension names to degrees, outer to inner, "
+            f"e.g. {{dp: 2, tp: 4}}, got {p.show('mesh', raw)}",
+        )
+        return
+    dims: dict[str, int] = {}
+    for name, degree in raw.items():
+        path = join("mesh", name)
+        if p.name(name, path, "a mesh dimension name") is None:
+            continue
+        if name == WORLD_AXIS:
+            p.add(
+                path,
+                "'world' is the built-in axis of all ranks; name the mesh dimension differently",
+            )
+            continue
+        value = p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)
+        if value is not None:
+            dims[name] = value
+    if len(dims) != len(raw):
+        return
+    product = math.prod(dims.values())
+    if world_size is not None and product != world_size:
+        shape = " x ".join(f"{n}={d}" for n, d in dims.items())
+        p.add(
+            "mesh",
+            f"mesh degrees multiply to {product} ({shape}) but the world size is {world_size}",
+        )
+        return
+    shape = list(dims.values())
+    for i, name in enumerate(dims):
+        axes[name] = AxisDraft(
+            name=name,
+            path=join("mesh", name),
+            teams=mesh_teams(shape, i) if world_size is not None else None,
+        )
+
+
+def _teams(
+    p: Problems, raw: Any, path: str, world_size: int | None
+) -> tuple[tuple[int, ...], ...] | None:
+    if not isinstance(raw, list) or not raw:
+        p.add(
+            path,
+            f"teams must be a non-empty list of lists of ranks, e.g. [[0, 1], "
+            f"[2, 3]], got {p.show(path, raw)}",
+        )
+        return None
+    before = len(p)
+    teams: list[tuple[int, ...]] = []
+    seen: dict[int, str] = {}
+    for i, team in enumerate(raw):
+        team_path = index(path, i)
+        if not isinstance(team, list) or not team:
+            p.add(
+                team_path,
+                f"a team must be a non-empty list of ranks, got {p.show(team_path, team)}",
+            )
+            continue
+        ranks = []
+        for j, rank in enumerate(team):
+            rank_path = index(team_path, j)
+            if isinstance(rank, bool) or not isinstance(rank, int):
+                p.add(rank_path, f"a rank must be an integer, got {p.show(rank_path, rank)}")
+                continue
+            if rank < 0:
+                p.add(rank_path, f"ranks are 0 or more, got {rank}")
+                continue
+            if world_size is not None and rank >= world_size:
+                p.add(
+                    rank_path,
+                    f"rank {rank} is out of range: ranks are 0 to "
+                    f"{world_size - 1} for world size {world_size}",
+                )
+                continue
+            if rank in seen:
+                p.add(
+                    rank_path,
+                    f"rank {rank} appears twice in this axis (also at "
+                    f"{seen[rank]}); a rank may be in at most one team of an axis",
+                )
+                continue
+            seen[rank] = rank_path
+            ranks.append(rank)
+        teams.append(tuple(ranks))
+    sizes = sorted({len(t) for t in raw if isinstance(t, list) and t})
+    if len(sizes) > 1:
+        shown = ", ".join(str(len(t)) if isinstance(t, list) else "?" for t in raw)
+        p.add(path, f"teams must all have the same size, got sizes {shown}")
+    if len(p) > before:
+        return None
+    return tuple(teams)
+
+
+def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        p.add(path, f"nccl must be a mapping of ProcessGroupNCCL options, got {p.show(path, raw)}")
+        return {}
+    options: dict[str, Any] = {}
+    for key, value in raw.items():
+        sub = join(path, key)
+        if key not in NCCL_OPTIONS:
+            p.add(
+                sub,
+                f"unknown nccl option {p.show(sub, key)}{suggest(key, NCCL_OPTIONS)}; "
+                f"valid options: {choices(NCCL_OPTIONS)}",
+            )
+            continue
+        kind, minimum = NCCL_OPTIONS[key]
+        if kind == "int":
+            checked = p.integer(value, sub, minimum=minimum, maximum=2**31 - 1)
+        elif kind == "bool":
+            checked = p.boolean(value, sub)
+        elif isinstance(value, str) and value:
+            checked = value
+        else:
+            p.add(sub, f"expected a non-empty string, got {p.show(sub, value)}")
+            checked = None
+        if checked is not None:
+            options[key] = checked
+    if options.get("min_ctas", 0) > options.get("max_ctas", math.inf):
+        p.add(
+            join(path, "min_ctas"),
+            f"min_ctas {options['min_ctas']} is larger than max_ctas {options['max_ctas']}",
+        )
+    return options
+
+
+def _axis_env(p: Problems, raw: Any, path: str, axis: str) -> None:
+    """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
+    env = check_env(p, raw, path)
+    nccl_keys = sorted(k for k in env if k.startswith("NCCL_"))
+    if nccl_keys:
+        logger.warning(
+            "%s: %s: %s not applied: NCCL reads NCCL_* variables once per process, so "
+            "per-axis values cannot take effect on axis %r; move them to the top-level env, "
+            "or use the axis's nccl: options (max_ctas, min_ctas, traffic_class, ...)",
+            p.file,
+            path,
+            ", ".join(nccl_keys),
+            axis,
+        )
+    others = sorted(k for k in env if not k.startswith("NCCL_"))
+    if others:
+        logger.warning(
+            "%s: %s: %s not applied: environment variables are process-wide; "
+            "set them in the top-level env",
+            p.file,
+            path,
+            ", ".join(others),
+        )
+
+
+def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
+    valid = list(axes)
+    for draft in axes.values():
+        if draft.like is None:
+            continue
+        chain = [draft.name]
+        current = draft
+        while current.like is not None:
+            target_name = current.like
+            like_path = join(current.path, "like")
+            if not isinstance(target_name, str) or target_name not in axes:
+                if current is draft:
+                    p.add(
+                        like_path,
+                        f"unknown axis {p.show(like_path, target_name)}"
+                        f"{suggest(target_name, valid)}; valid axes: {choices(valid)}",
+                    )
+                draft.valid = False
+                break
+            if target_name in chain:
+                if current is draft or draft.name == target_name:
+                    cycle = " -> ".join([*chain, target_name])
+                    p.add(join(draft.path, "like"), f"like cycle: {cycle}")
+                draft.valid = False
+                break
+            chain.append(target_name)
+            current = axes[target_name]
+        if draft.valid and current.valid:
+            draft.teams = current.teams
+        else:
+            draft.valid = False
+            draft.teams = None

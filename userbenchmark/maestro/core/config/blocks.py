@@ -1,0 +1,321 @@
+"""One block of a pattern: its op (built-in, or a custom ``package.module:ClassName``), axis,
+lane, dtype and the op's own parameters, checked by their declarations and by the op's class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+from ...blocks.base import REQUIRED, Block, Param
+from ...blocks.dtypes import DTYPE_SIZES_BYTES
+from ...blocks.registry import BlockImportError, custom_op_problem, registered_ops, resolve_op
+from .axes import AxisDraft
+from .problems import Problems, choices, join, suggest
+from .sizes import MAX_SIZE_BYTES, parse_size
+from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
+
+__all__ = ["BLOCK_KEYS", "PARAM_YAML_ALIASES", "OpResolver", "check_block"]
+
+BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers")
+
+# A Param named like a block key cannot be written under its own name; it gets this YAML key.
+PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
+
+_CUSTOM: Final = "a custom 'package.module:ClassName'"
+
+
+class OpResolver:
+    """The block class of each op a file names, resolved once per op.
+
+    With ``import_ops`` False a custom op's module is not imported: its name is checked, and
+    the op is listed in :attr:`not_imported` (its parameters cannot be checked without it).
+    """
+
+    def __init__(self, *, import_ops: bool = True) -> None:
+        self.import_ops = import_ops
+        self._ops: dict[str, type[Block] | str | None] = {}
+        self.not_imported: dict[str, str] = {}
+        """Custom ops left unimported: op -> YAML path of its first block."""
+
+    def resolve(self, op: str, path: str = "") -> type[Block] | str | None:
+        """The class of ``op``, the message saying why there is none, or None for a custom op
+        that is well-formed but not imported."""
+        if op not in self._ops:
+            self._ops[op] = self._resolve(op)
+        if self._ops[op] is None:
+            self.not_imported.setdefault(op, path)
+        return self._ops[op]
+
+    def _resolve(self, op: str) -> type[Block] | str | None:
+        if ":" in op and not self.import_ops:
+            return custom_op_problem(op)
+        try:
+            return resolve_op(op)
+        except KeyError:
+            valid = sorted(registered_ops())
+            return (
+                f"unknown op {op!r}{suggest(op, valid)}; valid ops: {choices(valid)}, or {_CUSTOM}"
+            )
+        except BlockImportError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - resolving imports user code
+            return f"cannot resolve op {op!r}: {type(exc).__name__}: {exc}"
+
+    def category(self, op: str) -> str:
+        """The op's category (``comm`` binds it to its axis's lane); "" when unknown."""
+        cls = self._ops.get(op)
+        return getattr(cls, "category", "") if isinstance(cls, type) else ""
+
+
+def check_block(
+    p: Problems,
+    raw: Any,
+    path: str,
+    settings: dict[str, Any],
+    axes: dict[str, AxisDraft],
+    ops: OpResolver,
+) -> BlockSpec | None:
+    """The BlockSpec of the block ``raw`` at ``path``, or None after recording its problems."""
+    if not isinstance(raw, dict):
+        p.add(
+            path,
+            f"a block is a mapping with name, op, axis and the op's parameters, got "
+            f"{p.show(path, raw)}",
+        )
+        return None
+    start = len(p)
+    name = None
+    if "name" not in raw:
+        p.add(join(path, "name"), "missing required key 'name'")
+    else:
+        name = p.name(raw["name"], join(path, "name"), "a block name")
+    cls: type[Block] | None = None
+    unchecked = False
+    op = raw.get("op")
+    op_path = join(path, "op")
+    if "op" not in raw:
+        p.add(
+            op_path,
+            f"missing required key 'op'; valid ops: "
+            f"{choices(sorted(registered_ops()))}, or {_CUSTOM}",
+        )
+    elif not isinstance(op, str) or not op:
+        p.add(op_path, f"op must be an op name, got {p.show(op_path, op)}")
+    else:
+        resolved = ops.resolve(op, op_path)
+        if isinstance(resolved, str):
+            p.add(op_path, resolved)
+        elif resolved is None:
+            unchecked = True
+        else:
+            cls = resolved
+    axis_name = raw.get("axis", WORLD_AXIS)
+    axis: AxisDraft | None = None
+    if not isinstance(axis_name, str) or axis_name not in axes:
+        p.add(
+            join(path, "axis"),
+            f"unknown axis {p.show(join(path, 'axis'), axis_name)}"
+            f"{suggest(axis_name, list(axes))}; valid axes: {choices(axes)}",
+        )
+    else:
+        axis = axes[axis_name]
+    lane = raw.get("lane", axis_name)
+    if "lane" in raw:
+        lane = p.name(raw["lane"], join(path, "lane"), "a lane name")
+    dtype = settings["dtype"]
+    if "dtype" in raw:
+        dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
+    register = settings["register_buffers"]
+    if "register_buffers" in raw:
+        register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
+    if unchecked:
+        # A custom op left unimported: its parameters are kept as written, unchecked.
+        params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif cls is None:
+        return None
+    else:
+        params = _params(p, cls, op, raw, path)
+        if params is None or len(p) > start or axis is None or dtype is None:
+            return None
+        params = _op_checks(p, cls, op, params, path, dtype, axis)
+    if params is None or len(p) > start or axis is None or dtype is None:
+        return None
+    assert name is not None and lane is not None and register is not None
+    return BlockSpec(
+        name=name,
+        op=op,
+        axis=axis.name,
+        lane=lane,
+        dtype=dtype,
+        params=frozen_mapping(params),
+        register_buffers=register,
+        yaml_path=path,
+    )
+
+
+def _declared(cls: type[Block]) -> list[Param]:
+    declared = cls.params if isinstance(cls.params, tuple | list) else ()
+    return [param for param in declared if isinstance(param, Param)]
+
+
+def yaml_key(param: Param) -> str:
+    """The key a parameter is written under in YAML (``reduce_op`` for a Param named ``op``)."""
+    if param.name in BLOCK_KEYS:
+        return PARAM_YAML_ALIASES.get(param.name, f"{param.name}_param")
+    return param.name
+
+
+def _params(
+    p: Problems, cls: type[Block], op: str, raw: dict[Any, Any], path: str
+) -> dict[str, Any] | None:
+    by_key = {yaml_key(param): param for param in _declared(cls)}
+    valid = [*BLOCK_KEYS, *by_key]
+    ok = True
+    for key in raw:
+        if key not in BLOCK_KEYS and key not in by_key:
+            p.add(
+                join(path, key),
+                f"unknown key {p.show(join(path, key), key)} for op {op!r}"
+                f"{suggest(key, valid)}; valid keys: {choices(valid)}",
+            )
+            ok = False
+    params: dict[str, Any] = {}
+    for key, param in by_key.items():
+        sub = join(path, key)
+        if key not in raw:
+            if param.default is REQUIRED:
+                p.add(sub, f"missing required key {key!r} for op {op!r}: {param.doc}")
+                ok = False
+            else:
+                params[param.name] = param.default
+            continue
+        value = _param_value(p, param, raw[key], sub)
+        if value is None:
+            ok = False
+        else:
+            params[param.name] = value
+    return params if ok else None
+
+
+def _op_checks(
+    p: Problems,
+    cls: type[Block],
+    op: str,
+    params: dict[str, Any],
+    path: str,
+    dtype: str,
+    axis: AxisDraft,
+) -> dict[str, Any] | None:
+    keys = {param.name: yaml_key(param) for param in _declared(cls)}
+
+    def where(name: Any) -> str:
+        if name in keys:
+            return join(path, keys[name])
+        if name in BLOCK_KEYS:
+            return join(path, name)
+        return path
+
+    def report(found: Iterable[Any]) -> bool:
+        try:
+            items = [(str(name), str(message)) for name, message in found]
+        except Exception:  # noqa: BLE001 - a custom block returned something else
+            p.add(path, f"op {op!r} returned malformed problems from its parameter check")
+            return True
+        for name, message in items:
+            p.add(where(name), message)
+        return bool(items)
+
+    try:
+        normalized, found = cls.normalize_params(dict(params))
+        if report(found):
+            return None
+        team_size = len(axis.teams[0]) if axis.teams else None
+        if team_size is None:
+            return dict(normalized)  # the world size or the axis is invalid: reported
+        min_team = getattr(cls, "min_team_size", 1)
+        if isinstance(min_team, int) and team_size < min_team:
+            p.add(
+                join(path, "axis"),
+                f"op {op!r} needs teams of at least {min_team} ranks; "
+                f"axis {axis.name!r} has teams of {team_size}",
+            )
+            return None
+        if report(cls.check_params(normalized, dtype=dtype, team_size=team_size)):
+            return None
+        allocated = cls.buffer_bytes(normalized, dtype=dtype, team_size=team_size)
+    except Exception as exc:  # noqa: BLE001 - custom blocks are user code
+        p.add(path, f"op {op!r} failed while checking its parameters: {type(exc).__name__}: {exc}")
+        return None
+    if isinstance(allocated, int) and allocated > MAX_SIZE_BYTES:
+        p.add(
+            path,
+            f"this block would allocate {allocated} bytes per rank, larger than any "
+            "machine's address space (at most 2**48 bytes)",
+        )
+        return None
+    return dict(normalized)
+
+
+def _bound(value: float) -> str:
+    """A bound for a message: 60000000 rather than 6e+07."""
+    if float(value).is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
+    """``value`` checked and converted by the parameter's kind; None after a problem."""
+    kind = param.kind
+    if kind == "size":
+        try:
+            result: Any = parse_size(value)
+        except ValueError as exc:
+            p.add(path, str(exc))
+            return None
+    elif kind == "int":
+        result = p.integer(value, path)
+    elif kind == "float":
+        result = p.number(value, path)
+    elif kind == "bool":
+        result = p.boolean(value, path)
+    elif kind == "str":
+        if not isinstance(value, str):
+            p.add(path, f"expected a string, got {p.show(path, value)}")
+            return None
+        result = value
+    else:  # shape
+        if (
+            not isinstance(value, list)
+            or not value
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in value)
+        ):
+            p.add(
+                path,
+                f"expected a shape: a list of positive integers such as [4096, 1024], "
+                f"got {p.show(path, value) if not isinstance(value, list) else value}",
+            )
+            return None
+        result = tuple(value)
+    if result is None:
+        return None
+    if param.choices is not None and result not in param.choices:
+        p.add(
+            path,
+            f"unknown value {p.show(path, value)}{suggest(value, param.choices)}; valid "
+            f"values: {choices(param.choices)}",
+        )
+        return None
+    if kind in ("int", "float"):
+        if param.minimum is not None and result < param.minimum:
+            p.add(path, f"must be at least {param.minimum:g}, got {p.show(path, value)}")
+            return None
+        maximum = param.maximum
+        if maximum is not None and result > maximum:
+            p.add(
+                path,
+                f"must be at most {_bound(maximum)}, got {p.show(path, value)} "
+                f"({yaml_key(param)}: {param.doc})",
+            )
+            return None
+    return result

@@ -1,0 +1,333 @@
+"""Patterns: run settings (``defaults`` and per-pattern overrides), sweeps expanded into one
+PatternSpec per point, and the blocks of each point.
+
+A pattern's blocks are checked even when its name or sweep has problems (an unused or bad
+variable, a name using ``${var}``); only values that cannot be known without a valid sweep
+are left alone, so one run reports everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from ...blocks.dtypes import DTYPE_SIZES_BYTES
+from .axes import AxisDraft
+from .blocks import OpResolver, check_block
+from .problems import Problems, index, join
+from .spec import SYNC_MODES, BlockSpec, PatternSpec
+from .sweep import (
+    MAX_SWEEP_POINTS,
+    SweepVariable,
+    check_references,
+    num_points,
+    parse_sweep,
+    point_label,
+    point_name,
+    substitute,
+    sweep_points,
+)
+
+__all__ = [
+    "DEFAULT_KEYS",
+    "DEFAULT_VALUES",
+    "ITERS_WHY",
+    "MAX_EXPANDED_BLOCKS",
+    "MAX_ITERS",
+    "MAX_WINDOW_LAUNCHES",
+    "PATTERN_KEYS",
+    "check_patterns",
+    "check_settings",
+    "window_launches_problem",
+]
+
+DEFAULT_KEYS: Final = (
+    "dtype",
+    "warmup_iters",
+    "iters",
+    "baseline",
+    "check",
+    "sync",
+    "register_buffers",
+)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", *DEFAULT_KEYS)
+DEFAULT_VALUES: Final = {
+    "dtype": "fp32",
+    "warmup_iters": 5,
+    "iters": 50,
+    "baseline": True,
+    "check": False,
+    "sync": "barrier",
+    "register_buffers": False,
+}
+MAX_EXPANDED_BLOCKS: Final = 100_000
+"""Most blocks a file may expand to, over all patterns and sweep points."""
+MAX_ITERS: Final = 1_000_000
+"""Most iterations (measured, and warmup) of one pattern: well inside the 2**24 iteration
+numbers of the profiler's correlation ids (core/profilers/attribution.py)."""
+ITERS_WHY: Final = (
+    "iteration numbers must fit the profiler's 24-bit correlation ids, and every iteration's "
+    "timings are kept in host memory until the pattern's window ends"
+)
+MAX_WINDOW_LAUNCHES: Final = 10_000_000
+"""Most block launches (blocks x iterations) of one measurement window."""
+
+Point = tuple[tuple[str, Any, str], ...]
+
+
+def window_launches_problem(num_blocks: int, num_iters: int) -> str | None:
+    """Why ``num_blocks`` blocks run ``num_iters`` times in one window is too much, or None."""
+    launches = num_blocks * num_iters
+    if launches <= MAX_WINDOW_LAUNCHES:
+        return None
+    return (
+        f"{num_blocks} blocks x {num_iters} iterations is {launches} block launches in one "
+        f"window, more than {MAX_WINDOW_LAUNCHES}: the profiler keeps every launch's timing "
+        "records in host memory until the window ends; lower the iterations or split the pattern"
+    )
+
+
+def check_settings(
+    p: Problems, raw: dict[Any, Any], path: str, base: dict[str, Any]
+) -> dict[str, Any]:
+    """``base`` updated with the run settings (dtype, iters, ...) present in ``raw``."""
+    checks: dict[str, Callable[[Any, str], Any]] = {
+        "dtype": lambda v, s: p.choice(v, s, tuple(DTYPE_SIZES_BYTES), "dtype"),
+        "warmup_iters": lambda v, s: p.integer(v, s, minimum=0, maximum=MAX_ITERS, why=ITERS_WHY),
+        "iters": lambda v, s: p.integer(v, s, minimum=1, maximum=MAX_ITERS, why=ITERS_WHY),
+        "baseline": p.boolean,
+        "check": p.boolean,
+        "sync": lambda v, s: p.choice(v, s, SYNC_MODES, "sync mode"),
+        "register_buffers": p.boolean,
+    }
+    settings = dict(base)
+    for key in DEFAULT_KEYS:
+        if key in raw:
+            value = checks[key](raw[key], join(path, key))
+            if value is not None:
+                settings[key] = value
+    return settings
+
+
+def check_patterns(
+    p: Problems,
+    data: dict[Any, Any],
+    defaults: dict[str, Any],
+    axes: dict[str, AxisDraft],
+    ops: OpResolver,
+) -> list[PatternSpec]:
+    """Every pattern of the file after sweep expansion (complete only when ``p`` is empty)."""
+    if "patterns" not in data:
+        p.add(
+            "patterns",
+            "missing required key 'patterns' (a list of patterns, each with a name and blocks)",
+        )
+        return []
+    raw = data["patterns"]
+    if not isinstance(raw, list) or not raw:
+        p.add("patterns", f"patterns must be a non-empty list, got {p.show('patterns', raw)}")
+        return []
+    patterns: list[PatternSpec] = []
+    names: dict[str, str] = {}
+    total_blocks = 0
+    for i, entry in enumerate(raw):
+        path = index("patterns", i)
+        if not isinstance(entry, dict):
+            p.add(path, f"a pattern is a mapping with name and blocks, got {p.show(path, entry)}")
+            continue
+        p.unknown_keys(entry, path, PATTERN_KEYS, "a pattern")
+        if "name" not in entry:
+            p.add(join(path, "name"), "missing required key 'name'")
+            base = None
+        elif check_references(entry["name"], [])[1]:
+            base = None  # reported with the sweep references
+        else:
+            base = p.name(entry["name"], join(path, "name"), "a pattern name")
+        if base is not None:
+            if base in names:
+                p.add(join(path, "name"), f"duplicate pattern name {base!r} (also {names[base]})")
+            names[base] = path
+        points, unresolved = _sweep_points(p, entry, path)
+        blocks = entry.get("blocks")
+        total_blocks += len(points) * (len(blocks) if isinstance(blocks, list) else 0)
+        if total_blocks > MAX_EXPANDED_BLOCKS:
+            p.add(
+                path,
+                f"the patterns expand to more than {MAX_EXPANDED_BLOCKS} blocks in "
+                "total; split the file or shrink the sweeps",
+            )
+            break
+        specs = _expand(p, entry, path, base or "", points, unresolved, defaults, axes, ops)
+        if base is not None:
+            patterns.extend(specs)
+    return patterns
+
+
+def _at(path: str, rel: tuple[Any, ...]) -> str:
+    """The YAML path of ``rel`` (keys and list indices) below ``path``."""
+    for part in rel:
+        path = index(path, part) if isinstance(part, int) else join(path, part)
+    return path
+
+
+def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) -> None:
+    for rel, message in found:
+        p.add(_at(path, rel), message)
+
+
+def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[Point], set[str]]:
+    """The points to check the pattern at, and the paths of values they cannot resolve.
+
+    Points come from the variables that are valid and used ([()] without a sweep); a value
+    referring to a variable without values (bad, undefined) is in the second set: its
+    problems are reported once as sweep problems, not again at every point.
+    """
+    variables: tuple[SweepVariable, ...] = ()
+    ok = True
+    raw_sweep = entry.get("sweep")
+    if "sweep" in entry:
+        variables, found = parse_sweep(raw_sweep)
+        _report(p, join(path, "sweep"), found)
+        ok = not found
+    # Names declared even when their values are bad, so references are not reported twice.
+    names = [k for k in raw_sweep if isinstance(k, str)] if isinstance(raw_sweep, dict) else []
+    if "name" in entry and check_references(entry["name"], [])[1]:
+        p.add(
+            join(path, "name"),
+            "a pattern name cannot use sweep variables; each "
+            "point is named automatically, e.g. base[size=4M]",
+        )
+        ok = False
+    body = {k: v for k, v in entry.items() if k not in ("name", "sweep")}
+    used, found = check_references(body, names)
+    if "sweep" in entry and not isinstance(raw_sweep, dict):
+        found = []  # the sweep itself is reported; its references cannot be judged
+    _report(p, path, found)
+    if ok and not found:
+        for name in names:
+            if name not in used:
+                p.add(
+                    join(join(path, "sweep"), name),
+                    f"sweep variable {name!r} is not "
+                    'used by any block (reference it as "${' + name + '}")',
+                )
+    # An unused variable only repeats the same points: check the pattern without it.
+    kept = tuple(v for v in variables if v.name in used)
+    if num_points(kept) > MAX_SWEEP_POINTS:
+        kept = ()  # reported by parse_sweep; expanding it would only cost time
+    _, unresolvable = check_references(body, [v.name for v in kept])
+    return list(sweep_points(kept)), {_at(path, rel) for rel, _ in unresolvable}
+
+
+def _is_within(path: str, roots: set[str]) -> bool:
+    return any(path == r or path.startswith((r + ".", r + "[")) for r in roots)
+
+
+def _expand(
+    p: Problems,
+    entry: dict[Any, Any],
+    path: str,
+    base: str,
+    points: list[Point],
+    unresolved: set[str],
+    defaults: dict[str, Any],
+    axes: dict[str, AxisDraft],
+    ops: OpResolver,
+) -> list[PatternSpec]:
+    """One PatternSpec per point; a problem found at only some points names the first."""
+    body = {k: v for k, v in entry.items() if k not in ("name", "sweep")}
+    found: dict[tuple[str, str], list[str]] = {}
+    specs: list[PatternSpec] = []
+    for point in points:
+        problems = p.scoped()
+        spec = _pattern_point(
+            problems, substitute(body, point), path, base, point, defaults, axes, ops
+        )
+        for sub, message, _line in problems.items:
+            if not _is_within(sub, unresolved):
+                found.setdefault((sub, message), []).append(point_label(point))
+        if spec is not None:
+            specs.append(spec)
+    for (sub, message), labels in found.items():
+        if len(points) > 1 and len(labels) < len(points):
+            more = f" and {len(labels) - 1} other points" if len(labels) > 1 else ""
+            message = f"{message} (at sweep point {labels[0]}{more})"
+        p.add(sub, message)
+    return specs
+
+
+def _pattern_point(
+    p: Problems,
+    body: dict[Any, Any],
+    path: str,
+    base: str,
+    point: Point,
+    defaults: dict[str, Any],
+    axes: dict[str, AxisDraft],
+    ops: OpResolver,
+) -> PatternSpec | None:
+    settings = check_settings(p, body, path, defaults)
+    raw_blocks = body.get("blocks")
+    if "blocks" not in body:
+        p.add(join(path, "blocks"), "missing required key 'blocks' (a list of blocks)")
+        return None
+    if not isinstance(raw_blocks, list) or not raw_blocks:
+        p.add(
+            join(path, "blocks"),
+            f"blocks must be a non-empty list, got {p.show(join(path, 'blocks'), raw_blocks)}",
+        )
+        return None
+    blocks: list[BlockSpec] = []
+    names: dict[str, str] = {}
+    lanes: dict[str, tuple[str, str, str]] = {}
+    for i, raw in enumerate(raw_blocks):
+        block_path = index(join(path, "blocks"), i)
+        spec = check_block(p, raw, block_path, settings, axes, ops)
+        if spec is None:
+            continue
+        if spec.name in names:
+            p.add(
+                join(block_path, "name"),
+                f"duplicate block name {spec.name!r} in this pattern (also {names[spec.name]})",
+            )
+            continue
+        names[spec.name] = block_path
+        # Only blocks that talk through the axis's communicator are bound to one order.
+        if ops.category(spec.op) != "comm":
+            blocks.append(spec)
+            continue
+        if spec.axis in lanes and lanes[spec.axis][0] != spec.lane:
+            lane, other, other_path = lanes[spec.axis]
+            where = "lane" if isinstance(raw, dict) and "lane" in raw else "axis"
+            p.add(
+                join(block_path, where),
+                f"block {spec.name!r} is on lane {spec.lane!r} "
+                f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
+                f"lane {lane!r}: one axis is one communicator, whose operations must be "
+                "issued in one order on every rank, so its blocks must share a lane; to "
+                "overlap them, put one on a second communicator, an axis defined with "
+                f"like: {spec.axis}",
+            )
+            continue
+        lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+        blocks.append(spec)
+    if blocks and not p:
+        num_iters = max(settings["iters"], settings["warmup_iters"])
+        problem = window_launches_problem(len(blocks), num_iters)
+        if problem is not None:
+            key = "iters" if settings["iters"] >= settings["warmup_iters"] else "warmup_iters"
+            p.add(join(path, key), problem)
+    if p:
+        return None
+    return PatternSpec(
+        name=point_name(base, point),
+        base_name=base,
+        sweep_point=tuple((name, label) for name, _, label in point),
+        blocks=tuple(blocks),
+        warmup_iters=settings["warmup_iters"],
+        num_iters=settings["iters"],
+        baseline=settings["baseline"],
+        check=settings["check"],
+        sync=settings["sync"],
+        yaml_path=path,
+    )

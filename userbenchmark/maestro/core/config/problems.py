@@ -1,0 +1,293 @@
+"""The one problem collector of the loader: (YAML path, message) pairs, found anywhere in a file,
+with the line of each path and the text each value was written as, become one ConfigError.
+
+Validation never stops at the first problem: every check records into a :class:`Problems` and
+goes on, and the loader calls :meth:`Problems.raise_if_any` once the whole file is checked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ...errors import ConfigError, ConfigIssue
+
+__all__ = [
+    "MAX_ISSUES",
+    "NAME_RE",
+    "Problems",
+    "SourceMap",
+    "YAML11_BOOLEAN_WORDS",
+    "choices",
+    "index",
+    "join",
+    "show",
+    "suggest",
+]
+
+MAX_ISSUES: Final = 100
+"""Most problems one ConfigError lists; the rest are counted in a last line."""
+
+NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+
+YAML11_BOOLEAN_WORDS: Final = frozenset({"yes", "no", "on", "off", "y", "n"})
+"""Words YAML 1.1 (and so plain PyYAML, for all but y/n) reads as booleans; a pattern file reads
+them as text, so a boolean written that way is an error that says to write true or false."""
+
+# A float YAML 1.1 reads as text (no dot, or an unsigned exponent): 1e15, 2E6, 1.5e3.
+_FLOAT_AS_TEXT: Final = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
+
+
+def join(path: str, key: Any) -> str:
+    """The YAML path of ``key`` in the mapping at ``path``: ``patterns[0].blocks``."""
+    return f"{path}.{key}" if path else str(key)
+
+
+def index(path: str, i: int) -> str:
+    """The YAML path of item ``i`` of the list at ``path``: ``patterns[0]``."""
+    return f"{path}[{i}]"
+
+
+def show(value: Any) -> str:
+    """A parsed value for a message (see :meth:`Problems.show` for the text as written)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    if isinstance(value, dict | list):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
+    return text[:57] + "..."
+
+
+def choices(values: Sequence[Any] | Mapping[Any, Any]) -> str:
+    """``a, b, c`` for a message listing valid choices."""
+    return ", ".join(str(v) for v in values)
+
+
+def suggest(value: Any, valid: Sequence[Any] | Mapping[Any, Any]) -> str:
+    """`` (did you mean 'x'?)`` when ``value`` is close to one of ``valid``, else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [v for v in valid if isinstance(v, str)], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass
+class SourceMap:
+    """Where each YAML path of a file is, and what its non-text scalars were written as."""
+
+    lines: dict[str, int] = field(default_factory=dict)
+    """{YAML path: 1-based line}; the first occurrence wins."""
+    written: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    """{YAML path: (text as written, value it became)} for scalars that did not become text
+    (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
+    yaml11_words: set[str] = field(default_factory=set)
+    """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
+
+    def line(self, path: str) -> int | None:
+        """The line of ``path`` or of its nearest ancestor in the file."""
+        while True:
+            if path in self.lines:
+                return self.lines[path]
+            if not path:
+                return None
+            cut = max(path.rfind("."), path.rfind("["))
+            path = path[:cut] if cut > 0 else ""
+
+
+class Problems:
+    """Every problem found in one file; builds the single ConfigError that reports them."""
+
+    def __init__(self, file: str, source: SourceMap | None = None) -> None:
+        self.file = file
+        self.source = source if source is not None else SourceMap()
+        self.items: list[tuple[str, str, int | None]] = []
+        """(YAML path, message, explicit line or None: the line of the path)."""
+
+    # ---- recording ----
+    def add(self, path: str, message: str, *, line: int | None = None) -> None:
+        """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
+        self.items.append((path, message, line))
+
+    def scoped(self) -> Problems:
+        """An empty collector over the same file, for problems merged in later (sweep points)."""
+        return Problems(self.file, self.source)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    # ---- the error ----
+    def issues(self) -> list[ConfigIssue]:
+        """One ConfigIssue per problem (at most MAX_ISSUES, then a count of the rest)."""
+        issues = [
+            ConfigIssue(
+                message,
+                path=path,
+                file=self.file,
+                line=line if line is not None else self.source.line(path),
+            )
+            for path, message, line in self.items[:MAX_ISSUES]
+        ]
+        if len(self.items) > MAX_ISSUES:
+            issues.append(
+                ConfigIssue(f"... and {len(self.items) - MAX_ISSUES} more problems", file=self.file)
+            )
+        return issues
+
+    def raise_if_any(self) -> None:
+        """Raise the ConfigError of every problem recorded so far, if there is one."""
+        if self.items:
+            raise ConfigError(self.issues())
+
+    def fatal(self, message: str, *, path: str = "", line: int | None = None) -> ConfigError:
+        """The ConfigError for a problem that stops reading the file (with those found so far)."""
+        self.add(path, message, line=line)
+        return ConfigError(self.issues())
+
+    # ---- values as written ----
+    def show(self, path: str, value: Any) -> str:
+        """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
+        written = self.source.written.get(path)
+        if written is not None and not isinstance(value, str):
+            text, parsed = written
+            same = type(parsed) is type(value) and (
+                parsed == value
+                or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed))
+            )
+            if same and text != show(value):
+                return text if len(text) <= 60 else text[:57] + "..."
+        return show(value)
+
+    @staticmethod
+    def _hint(value: Any) -> str:
+        """Why text a user meant as a number is not one."""
+        if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
+            return (
+                f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
+                "as in 1.0e+6, or the number in full)"
+            )
+        return ""
+
+    # ---- typed checks: the value, or None after recording a problem ----
+    def unknown_keys(
+        self, raw: Mapping[Any, Any], path: str, valid: Sequence[str], what: str
+    ) -> None:
+        """Record each key of ``raw`` that is not in ``valid``."""
+        for key in raw:
+            if key not in valid:
+                self.add(
+                    join(path, key),
+                    f"unknown key {show(key)} in {what}"
+                    f"{suggest(key, valid)}; valid keys: {choices(valid)}",
+                )
+
+    def integer(
+        self,
+        value: Any,
+        path: str,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        why: str = "",
+    ) -> int | None:
+        """An int in [minimum, maximum] (a whole float counts); ``why`` explains the maximum."""
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.add(
+                path,
+                f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
+            )
+            return None
+        if minimum is not None and value < minimum:
+            self.add(path, f"must be at least {minimum}, got {self.show(path, value)}")
+            return None
+        if maximum is not None and value > maximum:
+            self.add(
+                path,
+                f"must be at most {maximum}, got {self.show(path, value)}"
+                + (f" ({why})" if why else ""),
+            )
+            return None
+        return value
+
+    def number(
+        self,
+        value: Any,
+        path: str,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        why: str = "",
+    ) -> float | None:
+        """A finite int or float within the bounds; ``why`` explains them."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.add(path, f"expected a number, got {self.show(path, value)}{self._hint(value)}")
+            return None
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            self.add(path, f"expected a finite number, got {self.show(path, value)}")
+            return None
+        reason = f" ({why})" if why else ""
+        if minimum is not None and number < minimum:
+            self.add(path, f"must be at least {minimum:g}, got {self.show(path, value)}{reason}")
+            return None
+        if maximum is not None and number > maximum:
+            self.add(path, f"must be at most {maximum:g}, got {self.show(path, value)}{reason}")
+            return None
+        return number
+
+    def boolean(self, value: Any, path: str) -> bool | None:
+        """true or false; YAML 1.1's yes/no/on/off (and y/n) get a message saying so."""
+        if isinstance(value, bool):
+            return value
+        message = f"expected true or false, got {self.show(path, value)}"
+        if isinstance(value, str) and value.lower() in YAML11_BOOLEAN_WORDS:
+            message += (
+                ": write true or false (yes/no/on/off/y/n are not booleans in a pattern file)"
+            )
+        self.add(path, message)
+        return None
+
+    def choice(
+        self, value: Any, path: str, valid: Sequence[str], what: str, plural: str = ""
+    ) -> str | None:
+        """One of ``valid``; the message lists them and suggests a close one."""
+        if not isinstance(value, str) or value not in valid:
+            self.add(
+                path,
+                f"unknown {what} {self.show(path, value)}{suggest(value, valid)}; valid "
+                f"{plural or what + 's'}: {choices(valid)}",
+            )
+            return None
+        return value
+
+    def name(
+        self, value: Any, path: str, what: str, pattern: re.Pattern[str] = NAME_RE
+    ) -> str | None:
+        """A non-empty string matching ``pattern`` (NAME_RE: letters, digits and _ . -)."""
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            allowed = (
+                "letters, digits and _ . -"
+                if pattern is NAME_RE
+                else "a letter or _, then letters, digits and _"
+            )
+            self.add(
+                path,
+                f"{what} must be a non-empty string of {allowed}, got {self.show(path, value)}",
+            )
+            return None
+        return value
