@@ -44,6 +44,7 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
             high = mid
     return scaled(low)
 
+
 MAX_SLEEP_US = 60e6
 """Longest ``sleep`` block (60 s), so a typo cannot hold every rank for hours each iteration."""
 
