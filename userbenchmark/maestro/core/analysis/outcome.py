@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ import numpy as np
 
 from ...blocks.base import Block
 from ..config.spec import PatternSpec, SuiteSpec
+from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
 from .records import BlockResult, PatternOutcome, PatternResult
@@ -101,6 +103,7 @@ def build_outcome(
     profiler: str,
     team_sizes: Sequence[int],
     notes: Sequence[Sequence[str]] | None = None,
+    ranks_per_gpu: int | None = None,
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     results = []
@@ -148,6 +151,7 @@ def build_outcome(
                 dtype=spec.dtype,
                 size_bytes=size,
                 iters=pattern.num_iters,
+                work=describe_params(cls, spec.params),
                 latency_avg_us=stats.avg_us,
                 latency_min_us=stats.min_us,
                 latency_max_us=stats.max_us,
@@ -167,12 +171,23 @@ def build_outcome(
                 activities_per_iter=float(agg.activities_per_iter[b]),
                 enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
                 profiler=profiler,
+                ranks_per_gpu=ranks_per_gpu,
                 notes="; ".join(block_notes),
             )
         )
     pattern_result, warnings = _pattern_result(
         suite, pattern, agg, isolated, iso_se, bus_bytes_total, wrong, peak_memory_bytes, profiler
     )
+    if ranks_per_gpu is not None and ranks_per_gpu > 1:
+        pattern_result = dataclasses.replace(pattern_result, ranks_per_gpu=ranks_per_gpu)
+        warnings.insert(
+            0,
+            f"pattern {pattern.name}: {ranks_per_gpu} ranks share each GPU "
+            "(NCCL_MULTI_RANK_GPU_ENABLE=1): they time-share it, so these timings describe "
+            "nothing real; use this mode for correctness only",
+        )
+    elif ranks_per_gpu is not None:
+        pattern_result = dataclasses.replace(pattern_result, ranks_per_gpu=ranks_per_gpu)
     return PatternOutcome(
         blocks=tuple(results),
         pattern=pattern_result,
@@ -254,6 +269,9 @@ def _pattern_result(
         pattern=pattern.name,
         iters=pattern.num_iters,
         num_blocks=len(pattern.blocks),
+        warmup_iters=pattern.warmup_iters,
+        sync=pattern.sync,
+        graph=pattern.graph,
         makespan_avg_us=makespan.avg_us,
         makespan_p99_us=makespan.p99_us,
         serial_us=serial,

@@ -16,6 +16,7 @@ BLOCK_COLUMNS = (
     "team_size",
     "dtype",
     "size_bytes",
+    "work",
     "iters",
     "latency_avg_us",
     "latency_min_us",
@@ -36,12 +37,16 @@ BLOCK_COLUMNS = (
     "activities_per_iter",
     "enqueue_avg_us",
     "profiler",
+    "ranks_per_gpu",
     "notes",
 )
 PATTERN_COLUMNS = (
     "suite",
     "pattern",
     "iters",
+    "warmup_iters",
+    "sync",
+    "graph",
     "num_blocks",
     "makespan_avg_us",
     "makespan_p99_us",
@@ -61,6 +66,7 @@ PATTERN_COLUMNS = (
     "host_late_iters",
     "peak_memory_bytes",
     "profiler",
+    "ranks_per_gpu",
     "notes",
     "pairwise_overlap",
 )
@@ -87,6 +93,8 @@ class BlockResult:
     dtype: str
     size_bytes: int | None
     iters: int
+    work: str = ""
+    """The block's parameters as measured (after any --max-size cap): ``m=4096 n=4096 k=4096``."""
     latency_avg_us: float
     latency_min_us: float
     latency_max_us: float
@@ -112,6 +120,9 @@ class BlockResult:
     enqueue_avg_us: float = math.nan
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
     profiler: str = ""
+    ranks_per_gpu: int | None = None
+    """Ranks sharing one GPU (1 normally; more only in NCCL's multi-rank test mode, whose
+    timings describe nothing real); None on CPU."""
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
 
@@ -127,6 +138,11 @@ class PatternResult:
     pattern: str
     iters: int
     num_blocks: int
+    warmup_iters: int = 0
+    sync: str = "barrier"
+    """How iterations were separated and started (``barrier``, ``barrier-only``, ``none``)."""
+    graph: bool = False
+    """CUDA-graph mode: each block's launch captured once and replayed."""
     makespan_avg_us: float
     makespan_p99_us: float
     serial_us: float = math.nan
@@ -152,6 +168,8 @@ class PatternResult:
     """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
+    ranks_per_gpu: int | None = None
+    """Ranks sharing one GPU (see BlockResult.ranks_per_gpu)."""
     notes: str = ""
     """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
     pairwise_overlap: dict[str, float] = field(default_factory=dict)

@@ -34,6 +34,8 @@ class RunOptions:
     plot: bool = False
     max_size_bytes: int | None = None
     """Cap of every message size and GEMM operand (``--max-size``); None: sizes as written."""
+    graph: bool | None = None
+    """``--graph``: every pattern in CUDA-graph mode; None: as each pattern says."""
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
@@ -61,6 +63,8 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             changes["check"] = options.check
         if options.baseline is not None:
             changes["baseline"] = options.baseline
+        if options.graph is not None:
+            changes["graph"] = options.graph
         pattern = dataclasses.replace(p, **changes)
         if changes:
             num_iters = max(pattern.num_iters, pattern.warmup_iters)

@@ -48,6 +48,7 @@ DEFAULT_KEYS: Final = (
     "baseline",
     "check",
     "sync",
+    "graph",
     "register_buffers",
 )
 PATTERN_KEYS: Final = ("name", "sweep", "blocks", *DEFAULT_KEYS)
@@ -58,6 +59,7 @@ DEFAULT_VALUES: Final = {
     "baseline": True,
     "check": False,
     "sync": "barrier",
+    "graph": False,
     "register_buffers": False,
 }
 MAX_EXPANDED_BLOCKS: Final = 100_000
@@ -98,6 +100,7 @@ def check_settings(
         "baseline": p.boolean,
         "check": p.boolean,
         "sync": lambda v, s: p.choice(v, s, SYNC_MODES, "sync mode"),
+        "graph": p.boolean,
         "register_buffers": p.boolean,
     }
     settings = dict(base)
@@ -329,5 +332,6 @@ def _pattern_point(
         baseline=settings["baseline"],
         check=settings["check"],
         sync=settings["sync"],
+        graph=settings["graph"],
         yaml_path=path,
     )

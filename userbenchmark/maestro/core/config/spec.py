@@ -94,6 +94,8 @@ class PatternSpec:
     baseline: bool
     check: bool
     sync: str = "barrier"
+    graph: bool = False
+    """Each block's launch is captured once into a CUDA graph and replayed per iteration."""
     yaml_path: str = ""
 
     def block(self, name: str) -> BlockSpec:

@@ -103,8 +103,9 @@ def _flops(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
-    """A block's parameters, sizes spelled like the file (``size=4M``), plus GEMM FLOPs."""
+def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
+    """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
+    ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
     kinds = {p.name: p.kind for p in getattr(cls, "params", ())}
     parts = []
     for name, value in params.items():
@@ -114,7 +115,12 @@ def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
             parts.append(f"{name}={format_size(value)}")
         else:
             parts.append(f"{name}={_value(value)}")
-    text = " ".join(parts)
+    return " ".join(parts)
+
+
+def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
+    """:func:`describe_params`, plus GEMM FLOPs."""
+    text = describe_params(cls, params)
     if cls is not None:
         try:
             flops = cls.flop_count(params)

@@ -93,7 +93,9 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         rows.append(row)
     p = outcome.pattern
     lines = [
-        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler})",
+        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}"
+        + (f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else "")
+        + ")",
         tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True),
     ]
     fmt_u = lambda v: format_in_unit(v, unit, precision)  # noqa: E731

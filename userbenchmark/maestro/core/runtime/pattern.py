@@ -29,6 +29,7 @@ from . import interrupts
 from .agreement import agree
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
+from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks, graph_refusal
 from .lanes import (
     DEFAULT_GATE_US,
     DEFAULT_START_MARGIN_US,
@@ -118,6 +119,8 @@ class PatternRun:
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
         self.pools: dict[str, Any] = {}
+        self.captured: dict[int, CapturedBlock] = {}
+        """CUDA-graph mode: each block's captured launch, by block index (after capture)."""
         team_sizes = [rt.comms.axis(b.axis).team_size for b in specs]
         # Blocks known to launch no device work (a 1-rank NCCL all_reduce) run but are not
         # timed: CUPTI would find nothing to attribute. Same answer on every rank.
@@ -137,6 +140,8 @@ class PatternRun:
     # ---- phases ----
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
+        if self.pattern.graph and graph_refusal(dist.backend):
+            raise RunError(graph_refusal(dist.backend) or "")
         need = 0
         for i, spec in enumerate(self.pattern.blocks):
             if not self.present[i]:
@@ -145,6 +150,8 @@ class PatternRun:
             need += self.classes[i].buffer_bytes(
                 spec.params, dtype=spec.dtype, team_size=axis.team_size
             )
+            if self.pattern.graph:
+                need += GRAPH_MEMORY_MARGIN_BYTES
         if dist.is_cuda:
             import torch
 
@@ -200,6 +207,7 @@ class PatternRun:
         for i, block in enumerate(self.blocks):
             if block is None or (only is not None and i != only):
                 continue
+            block = self.captured.get(i, block)  # CUDA-graph mode: replay the capture
             li = self.lane_of_block[i]
             if li not in lanes:
                 axis = self.rt.comms.axis(self.pattern.blocks[i].axis)
@@ -330,7 +338,14 @@ class PatternRun:
                     ) from exc
         return torch_reducer(self.rt.sync_group)(wrong, "sum")
 
+    def capture(self) -> None:
+        """CUDA-graph mode: capture every block's launch (after the eager warmup)."""
+        self.captured = capture_blocks(
+            self.lanes(), self.names, [b.op for b in self.pattern.blocks], self.rt.dist.device
+        )
+
     def teardown(self) -> None:
+        self.captured = {}  # graphs first: they hold the blocks' buffers
         for block in self.blocks:
             if block is not None:
                 block.teardown()
@@ -356,7 +371,17 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         lanes = run.lanes()
 
         def measure() -> tuple[WindowTimings, HostTimings]:
+            nonlocal lanes
             run.warmup(lanes, run.present)
+            if pattern.graph and pattern.warmup_iters == 0:
+                run.window(lanes, 1, run.present, timed=False)  # communicators exist before capture
+            if pattern.graph:
+                # Eager warmup first (communicators, library handles), then capture, then a
+                # warmup of the replays, which sizes the gate for them. The measured window
+                # starts after all of it: capture and warmups never reach the numbers.
+                run.capture()
+                lanes = run.lanes()
+                run.warmup(lanes, run.present)
             return run.window(lanes, pattern.num_iters, run.timed, timed=True)
 
         timings, host = _phase(rt, "measure", name, measure)
@@ -413,6 +438,7 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         profiler=rt.profiler.name,
         team_sizes=[rt.comms.axis(b.axis).team_size for b in pattern.blocks],
         notes=run.notes,
+        ranks_per_gpu=rt.dist.ranks_per_gpu,
     )
     if timeline is not None:
         outcome = dataclasses.replace(outcome, timeline=timeline)

@@ -76,9 +76,12 @@ def environ_info(
     suite: SuiteSpec,
     options: RunOptions,
     calibration: dict[str, float] | None = None,
+    profiler: str = "",
 ) -> dict[str, str]:
     """The ``environ`` block of the metrics file: what produced these numbers.
 
+    The run's measurement settings (backend, profiler, world size, ranks per GPU, the
+    command-line overrides of sizes and iterations) and its stack (versions, device).
     ``calibration`` holds run-wide measured constants, such as rank 0's
     ``sleep_cycles_per_us`` (what a ``sleep`` block's duration was turned into).
     """
@@ -91,7 +94,14 @@ def environ_info(
         "pytorch_version": torch.__version__,
         "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
         "backend": dist.backend,
+        "profiler": profiler,
         "world_size": str(dist.world_size),
+        "num_hosts": str(len(set(dist.hosts)) or 1),
+        "ranks_per_gpu": "" if dist.ranks_per_gpu is None else str(dist.ranks_per_gpu),
+        "max_size_bytes": "" if options.max_size_bytes is None else str(options.max_size_bytes),
+        "iters_override": "" if options.iters is None else str(options.iters),
+        "warmup_iters_override": "" if options.warmup_iters is None else str(options.warmup_iters),
+        "graph_override": "" if options.graph is None else str(options.graph).lower(),
         "config": suite.source,
         "suite": suite.name,
         "hostname": os.uname().nodename if hasattr(os, "uname") else "",
@@ -103,6 +113,10 @@ def environ_info(
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # NCCL may be absent from a CUDA build
             pass
+        if profiler == "cupti":
+            from importlib.metadata import version
+
+            info["cupti_python_version"] = version("cupti-python")
     for key, value in (calibration or {}).items():
         info[key] = repr(float(value))
     for key, value in suite.env.items():
@@ -258,7 +272,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             writer = OutputWriter(
                 output_dir=Path(options.output_dir) if options.output_dir else None,
                 metrics_path=metrics_path,
-                environ=environ_info(dist, suite, options, rt.calibration),
+                environ=environ_info(dist, suite, options, rt.calibration, rt.profiler.name),
                 trace=options.trace,
                 plot=options.plot,
                 guard=interrupts.held,
