@@ -138,6 +138,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
         "baseline" if pattern.baseline else "no baseline",
         "check" if pattern.check else "no check",
         f"sync {pattern.sync}",
+        "CUDA graphs" if pattern.graph else "eager",
     ]
     lines = [f"  {pattern.name}  ({', '.join(flags)})"]
     rows = []
