@@ -63,6 +63,8 @@ class WindowAggregate:
     launch_avg_ns: np.ndarray
     """(blocks,): host time in the block's ``launch``, mean over iterations, max over ranks
     (NaN: not measured, as on CPU lanes where launch runs the block)."""
+    kernel_ctas_max: np.ndarray
+    """(blocks,): largest kernel grid (CTAs) of the block over ranks (NaN: not known)."""
     enqueue_ns: np.ndarray
     """(iters,): max over ranks of the host's time to enqueue the whole iteration (NaN: CPU)."""
     host_late: np.ndarray
@@ -142,6 +144,9 @@ def local_summary(
         else np.zeros(num_blocks)
     )
     counted = np.where(present, 1.0 if timings.activity_counts is not None else 0.0, 0.0)
+    ctas = np.full(num_blocks, -np.inf)
+    if timings.kernel_ctas_max is not None:
+        ctas = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
     launch_avg = np.full(num_blocks, -np.inf)
     enqueue = np.full(num_iters, -np.inf)
     late = np.zeros(num_iters)
@@ -181,6 +186,7 @@ def local_summary(
         "counted_ranks": counted,
         "present_ranks": present.astype(np.float64),
         "launch_avg": launch_avg,
+        "ctas": ctas,
         "enqueue": enqueue,
         "late": late,
         "late_known": late_known,
@@ -202,6 +208,7 @@ _FLOAT_ROUNDS = (
             "skew",
             "gate_delay",
             "launch_avg",
+            "ctas",
             "enqueue",
             "late",
             "late_known",
@@ -288,6 +295,7 @@ def _finish(
         gate_delay_ns=_inf_to_nan(out["gate_delay"]),
         activities_per_iter=activities,
         launch_avg_ns=_inf_to_nan(out["launch_avg"]),
+        kernel_ctas_max=_inf_to_nan(out["ctas"]),
         enqueue_ns=_inf_to_nan(out["enqueue"]),
         host_late=out["late"] > 0,
         host_late_known=bool(out["late_known"][0] > 0),

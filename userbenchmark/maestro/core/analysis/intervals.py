@@ -57,4 +57,7 @@ class WindowTimings:
     """Per iteration: when the start gate released the lanes, same clock (None: unknown)."""
     activity_counts: np.ndarray | None = None
     """Per block: device activities attributed to it in the window (CUPTI only)."""
+    kernel_ctas_max: np.ndarray | None = None
+    """Per block: the largest grid (CTAs, x*y*z) of its kernels in the window, 0 without a
+    kernel (CUPTI only): shows what per-axis limits such as nccl max_ctas did."""
     extra: dict | None = None

@@ -169,6 +169,9 @@ def build_outcome(
                 last_to_start_rank=last if last >= 0 else None,
                 duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
                 activities_per_iter=float(agg.activities_per_iter[b]),
+                kernel_ctas_max=(
+                    int(agg.kernel_ctas_max[b]) if np.isfinite(agg.kernel_ctas_max[b]) else None
+                ),
                 enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
                 profiler=profiler,
                 ranks_per_gpu=ranks_per_gpu,

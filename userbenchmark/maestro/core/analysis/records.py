@@ -35,6 +35,7 @@ BLOCK_COLUMNS = (
     "last_to_start_rank",
     "duration_spread_us",
     "activities_per_iter",
+    "kernel_ctas_max",
     "enqueue_avg_us",
     "profiler",
     "ranks_per_gpu",
@@ -117,6 +118,9 @@ class BlockResult:
     duration_spread_us: float = math.nan
     """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
+    kernel_ctas_max: int | None = None
+    """Largest grid (CTAs) of the block's kernels, max over ranks (CUPTI only): a per-axis
+    ``nccl: {max_ctas: N}`` shows here as at most N for the axis's NCCL kernels."""
     enqueue_avg_us: float = math.nan
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
     profiler: str = ""

@@ -55,6 +55,7 @@ class CuptiWindowProfiler(Profiler):
             clock="cupti",
             gate_open_ns=gate,
             activity_counts=att.activity_count.sum(axis=1),
+            kernel_ctas_max=np.array([max(g, default=0) for g in att.grid_ctas], dtype=np.int64),
             extra={
                 "kernel_count": att.kernel_count,
                 "memcpy_count": att.memcpy_count,
