@@ -14,11 +14,13 @@ import pytest
 from tests.unit.test_golden_outputs import _outcomes as golden_outcomes
 from userbenchmark.maestro import Results, load_results
 from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
+from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.core.output.results import (
     BLOCK_COLUMNS,
     PAIR_COLUMNS,
     PATTERN_COLUMNS,
     ResultsError,
+    metrics_from_results,
     read_table,
     records_of,
     results_of,
@@ -283,3 +285,31 @@ def test_the_documented_analysis_runs(written, tmp_path, monkeypatch, capsys):
         ["overlap", "rs", "1.356099"],
     ]
     assert len(lines) == 5 + 8
+
+
+def test_metrics_hold_lane_skew_p99_and_every_pair_and_parse_back(tmp_path):
+    writer = OutputWriter(output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={})
+    for outcome in _all_outcomes():
+        writer.add(outcome)
+    metrics = json.loads((tmp_path / "m.json").read_text())["metrics"]
+    assert metrics == metrics_from_results(load_results(tmp_path))
+    parsed = {key: parse_metric_key(key) for key in metrics}
+    pairs = {
+        (k.pattern, *k.pair): value
+        for key, value in metrics.items()
+        if (k := parsed[key]).pair is not None and k.metric == "pairwise_overlap"
+    }
+    expected = {
+        (o.pattern.pattern, *name.split("|")): value
+        for o in _all_outcomes()
+        for name, value in o.pattern.pairwise_overlap.items()
+        if not math.isnan(value)  # not applicable: left out
+    }
+    assert pairs == expected and ("p[size=4M]", "x", "y") in pairs
+    assert ("p[size=4M]", "y", "x") not in pairs
+    skews = {
+        k.pattern: v
+        for key, v in metrics.items()
+        if (k := parsed[key]).metric == "lane_skew_p99_us"
+    }
+    assert skews == {o.pattern.pattern: o.pattern.lane_skew_p99_us for o, _ in golden_outcomes()}

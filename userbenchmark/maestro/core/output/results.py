@@ -22,7 +22,7 @@ import pandas as pd
 
 from ...errors import MaestroError
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
-from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
+from .metric_keys import BLOCK_METRICS, PAIR_METRICS, PATTERN_METRICS, metric_key
 
 __all__ = [
     "BLOCK_COLUMNS",
@@ -542,27 +542,26 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
 
 def metrics_from_results(results: Results) -> dict[str, float]:
     """Flat ``{metric key: float}`` of the known metrics (see metric_keys), grouped by pattern
-    in order of first appearance: its blocks' metrics, then its own; NA cells are left out.
-
-    ValueError for a name that cannot be part of a key, or a key met twice.
+    in order of first appearance: its blocks' metrics, its own, then its pairs'; NA cells are
+    left out. ValueError for a name that cannot be part of a key, or a key met twice.
     """
     groups: dict[tuple[str, str], dict[str, float]] = {}
 
-    def add(suite: str, pattern: str, block: str | None, metric: str, value: Any) -> None:
-        if value is None:
-            return
-        key = metric_key(suite, pattern, block, metric)
-        group = groups.setdefault((suite, pattern), {})
-        if key in group:
-            raise ValueError(f"duplicate row for {key}")
-        group[key] = float(value)
+    def add(row: Mapping[str, Any], metrics: Iterable[str], **where: Any) -> None:
+        for name in metrics:
+            value = row.get(name)
+            if value is None:
+                continue
+            key = metric_key(row["suite"], row["pattern"], metric=name, **where)
+            group = groups.setdefault((row["suite"], row["pattern"]), {})
+            if key in group:
+                raise ValueError(f"duplicate row for {key}")
+            group[key] = float(value)
 
     for row in records_of(results.blocks):
-        for name in BLOCK_METRICS:
-            if name in row:
-                add(row["suite"], row["pattern"], row["block"], name, row[name])
+        add(row, BLOCK_METRICS, block=row["block"])
     for row in records_of(results.patterns):
-        for name in PATTERN_METRICS:
-            if name in row:
-                add(row["suite"], row["pattern"], None, name, row[name])
+        add(row, PATTERN_METRICS, block=None)
+    for row in records_of(results.pairs):
+        add(row, PAIR_METRICS, block=None, pair=(row["block_a"], row["block_b"]))
     return {key: value for group in groups.values() for key, value in group.items()}
