@@ -23,6 +23,7 @@ from userbenchmark.maestro.core.output.metric_keys import (
     judge_key,
     metric_direction,
     metric_key,
+    metric_value_problem,
     pair_name,
     parse_metric_key,
     relative_delta,
@@ -344,3 +345,35 @@ def test_judge_rejects_non_finite_values():
         judge("latency_avg_us", math.inf, 1.0)
     with pytest.raises(ValueError):
         judge("latency_avg_us", 1.0, math.nan)
+
+
+@pytest.mark.parametrize(
+    ("metric", "good", "bad"),
+    [
+        ("latency_avg_us", [5e-324, 1.0, 1e300], [0.0, -0.0, -1.0, math.nan, math.inf]),
+        ("busbw_gbps", [0.5], [0.0, -math.inf]),
+        ("slowdown", [0.9, 3.0], [0.0]),
+        ("wrong_elements", [0.0, 7.0], [-1.0, math.nan]),
+        ("lane_skew_p99_us", [0.0, 2.5], [-0.5]),
+        ("pairwise_overlap", [0.0, 0.5, 1.0], [-0.01, 1.01, math.nan]),
+        ("overlap_efficiency", [-3.0, 0.0, 1.2], [math.inf, math.nan]),
+        ("mystery", [-1.0, 0.0], [math.nan, -math.inf]),  # unknown: finite is enough
+    ],
+)
+def test_metric_value_problem(metric, good, bad):
+    for value in good:
+        assert metric_value_problem(metric, value) is None, value
+    for value in bad:
+        assert metric_value_problem(metric, value) is not None, value
+    assert metric_value_problem(metric, True) is not None  # type: ignore[arg-type]
+
+
+def test_every_known_metric_states_its_domain():
+    domains = {spec.name: spec.domain for spec in METRICS.values()}
+    assert {m for m, d in domains.items() if d == "positive"} >= {
+        "latency_avg_us", "latency_min_us", "latency_max_us", "latency_p50_us",
+        "latency_p99_us", "algbw_gbps", "busbw_gbps", "tflops", "isolated_latency_avg_us",
+        "makespan_avg_us", "makespan_p99_us", "shared_busbw_gbps",
+    }  # fmt: skip
+    assert domains["overlap_efficiency"] == "finite"
+    assert metric_value_problem("latency_avg_us", 0.0) == "must be a finite number > 0"

@@ -23,6 +23,7 @@ __all__ = [
     "PATTERN_METRICS",
     "UNKNOWN_DIRECTION_THRESHOLD",
     "Direction",
+    "Domain",
     "Judgement",
     "MetricKey",
     "MetricSpec",
@@ -34,6 +35,7 @@ __all__ = [
     "judge_key",
     "metric_direction",
     "metric_key",
+    "metric_value_problem",
     "pair_name",
     "parse_metric_key",
     "relative_delta",
@@ -43,6 +45,7 @@ Direction = Literal["lower", "higher"]
 Verdict = Literal["regressed", "improved", "unchanged", "changed"]
 NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
 Level = Literal["block", "pattern", "pair"]
+Domain = Literal["positive", "non_negative", "fraction", "finite"]
 
 PAIR_SEPARATOR: Final = "+"
 """Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
@@ -102,6 +105,9 @@ class MetricSpec:
     """None: descriptive, neither way is better; a change past the threshold is ``changed``."""
     threshold: Threshold
     description: str
+    domain: Domain = "finite"
+    """Values the metric can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in
+    [0, 1]) or any ``finite`` number; anything else is invalid, never judged."""
 
 
 def _rel(value: float) -> Threshold:
@@ -146,8 +152,56 @@ _TABLE: Final[tuple[tuple[str, Level, Direction | None, Threshold, str], ...]] =
     # are meant not to), so no direction; a move of 5 points either way is reported.
     ("pairwise_overlap", "pair", None, _FRACTION, "|A & B| / min(|A|, |B|) of two blocks"),
 )
+# What a measured value can be. Latencies, bandwidths, rates and their ratios are > 0 whenever
+# they were measured at all (an untimed block has no value, not a 0); counts and skews are
+# >= 0; overlap fractions lie in [0, 1]; overlap efficiency is any number (below 0: slower than
+# serial; above 1: beat the ideal).
+_DOMAINS: Final[Mapping[str, Domain]] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            (
+                "latency_avg_us",
+                "latency_min_us",
+                "latency_max_us",
+                "latency_p50_us",
+                "latency_p99_us",
+                "algbw_gbps",
+                "busbw_gbps",
+                "tflops",
+                "isolated_latency_avg_us",
+                "slowdown",
+                "makespan_avg_us",
+                "makespan_p99_us",
+                "serial_us",
+                "ideal_us",
+                "shared_busbw_gbps",
+            ),
+            "positive",
+        ),
+        **dict.fromkeys(
+            (
+                "wrong_elements",
+                "rank_skew_us",
+                "lane_skew_p50_us",
+                "lane_skew_p99_us",
+                "lane_skew_max_us",
+            ),
+            "non_negative",
+        ),
+        **dict.fromkeys(("comm_compute_overlap", "pairwise_overlap"), "fraction"),
+        "overlap_efficiency": "finite",
+    }
+)
+assert set(_DOMAINS) == {row[0] for row in _TABLE}, "every known metric states its domain"
 _SPECS: Final[tuple[MetricSpec, ...]] = tuple(
-    MetricSpec(name=name, level=level, direction=direction, threshold=threshold, description=text)
+    MetricSpec(
+        name=name,
+        level=level,
+        direction=direction,
+        threshold=threshold,
+        description=text,
+        domain=_DOMAINS[name],
+    )
     for name, level, direction, threshold, text in _TABLE
 )
 
@@ -293,6 +347,32 @@ def default_threshold(metric: str) -> Threshold:
     if _NOISY_TOKENS.intersection(metric.split("_")):
         return _TAIL
     return _AVG
+
+
+_DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(
+    {
+        "positive": "must be a finite number > 0",
+        "non_negative": "must be a finite number >= 0",
+        "fraction": "must be a number in [0, 1]",
+        "finite": "must be a finite number",
+    }
+)
+
+
+def metric_value_problem(metric: str, value: float) -> str | None:
+    """Why ``value`` cannot be a value of ``metric`` (NaN, infinite, or outside the metric's
+    domain: a latency <= 0), or None when it can. Unknown metrics need only be finite."""
+    spec = METRICS.get(metric)
+    domain: Domain = "finite" if spec is None else spec.domain
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return _DOMAIN_TEXT[domain]
+    ok = math.isfinite(value) and (
+        domain == "finite"
+        or (domain == "positive" and value > 0)
+        or (domain == "non_negative" and value >= 0)
+        or (domain == "fraction" and 0 <= value <= 1)
+    )
+    return None if ok else _DOMAIN_TEXT[domain]
 
 
 def relative_delta(control: float, treatment: float) -> float:

@@ -406,7 +406,11 @@ def _typed_frame(
             raw = row.get(name)
             try:
                 value = convert(raw, text)
-            except (TypeError, ValueError, OverflowError):
+            except OverflowError:
+                raise ResultsError(
+                    f"{where}: column {name!r}: {describe(raw)} is out of range"
+                ) from None
+            except (TypeError, ValueError):
                 raise ResultsError(
                     f"{where}: column {name!r}: expected {_EXPECTED[dtype]}, got {describe(raw)}"
                 ) from None
@@ -420,8 +424,16 @@ def _typed_frame(
     frame = pd.DataFrame(data, columns=list(columns))
     extra = [n for row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
-        frame[name] = pd.array([row.get(name) for row in rows], dtype=object)
+        frame[name] = _object_column([row.get(name) for row in rows])
     return frame
+
+
+def _object_column(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array holding ``values`` as they are (lists stay cells, never a 2-D array)."""
+    column = np.empty(len(values), dtype=object)
+    for index, value in enumerate(values):
+        column[index] = value
+    return column
 
 
 def _legacy_pair_rows(
