@@ -33,6 +33,7 @@ __all__ = [
     "ResultsError",
     "block_frame",
     "csv_text",
+    "describe",
     "json_text",
     "load_results",
     "metrics_from_results",
