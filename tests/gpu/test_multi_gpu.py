@@ -18,7 +18,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.integration.helpers import REPO_ROOT, by_block, read_records, run_maestro  # noqa: E402
+from tests.integration.helpers import (  # noqa: E402
+    REPO_ROOT,
+    by_block,
+    pair_overlaps,
+    read_records,
+    run_maestro,
+)
 from tests.integration.test_shipped_configs import stated_world_sizes  # noqa: E402
 from userbenchmark.maestro.core.config.loader import CONFIGS_DIR  # noqa: E402
 
@@ -123,8 +129,8 @@ def _check_ag_rs_pattern(out: Path, pattern: str) -> list[list]:
         assert _finite(rec["slowdown"]) and rec["slowdown"] > 0, rec
         rows.append([pattern, name, rec["latency_avg_us"], rec["isolated_latency_avg_us"]])
         rows[-1] += [rec["slowdown"], rec["activities_per_iter"]]
-    pat = _patterns(out)[pattern]
-    assert 0.0 <= pat["pairwise_overlap"]["allgather|reduce_scatter"] <= 1.0, pat
+    pairs = pair_overlaps(out)
+    assert 0.0 <= pairs[(pattern, "allgather", "reduce_scatter")] <= 1.0, pairs
     return rows
 
 

@@ -73,5 +73,13 @@ def read_records(out: Path, name: str = "results.json") -> list[dict]:
     return json.loads((out / name).read_text())
 
 
+def pair_overlaps(out: Path) -> dict[tuple[str, str, str], float | None]:
+    """pairs.json as {(pattern, block_a, block_b): pairwise_overlap}."""
+    return {
+        (r["pattern"], r["block_a"], r["block_b"]): r["pairwise_overlap"]
+        for r in read_records(out, "pairs.json")
+    }
+
+
 def by_block(records: list[dict], pattern: str) -> dict[str, dict]:
     return {r["block"]: r for r in records if r["pattern"] == pattern}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.helpers import read_records, run_pattern
+from tests.integration.helpers import pair_overlaps, read_records, run_pattern
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +48,9 @@ def test_sleeps_on_independent_axes_overlap_fully_and_on_one_axis_not_at_all(tmp
         assert blocks[("apart", name)]["slowdown"] == pytest.approx(1.0, abs=0.15)
         # One lane runs them in order: each keeps its own duration, the pattern doubles.
         assert blocks[("together", name)]["slowdown"] == pytest.approx(1.0, abs=0.15)
-    assert apart["pairwise_overlap"]["s1|s2"] > 0.8
-    assert together["pairwise_overlap"]["s1|s2"] < 0.05
+    pairs = pair_overlaps(out)
+    assert pairs[("apart", "s1", "s2")] > 0.8
+    assert pairs[("together", "s1", "s2")] < 0.05
 
 
 TWO_ALL_REDUCES = """

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -257,7 +258,7 @@ def test_install_runs_as_torchbench_runs_it():
     # TorchBench runs `python install.py [its own options]` with cwd = the userbenchmark folder.
     proc = _run(["install.py", "--dry-run", "--continue_on_fail"], MAESTRO_DIR)
     assert proc.returncode == 0, proc.stderr
-    commands = [line.split("  #")[0].split() for line in proc.stdout.splitlines() if line]
+    commands = [shlex.split(line) for line in proc.stdout.splitlines() if line]
     assert commands, proc.stdout
     assert commands[0][-2:] == ["-r", str(MAESTRO_DIR / "requirements.txt")]
     for command in commands:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from userbenchmark.maestro.core.output.compare import (
     CompareError,
@@ -230,3 +236,233 @@ def test_small_values_never_print_as_zero(tmp_path):
     a = _metrics_file(tmp_path / "a.json", {LAT: 0.0123})
     b = _metrics_file(tmp_path / "b.json", {LAT: 0.0124})
     assert "0.0123" in format_compare_table(compare_files(a, b))
+
+
+# --- any JSON at all: a result or a CompareError naming the file, never another exception ------
+
+
+def _write_text(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _compare_error(path, match):
+    with pytest.raises(CompareError, match=match) as info:
+        load_metrics(path)
+    assert str(path) in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"metrics": {"' + LAT + '": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+        '{"a": ' * 100_000 + "1" + "}" * 100_000,
+    ],
+)
+def test_deeply_nested_json_is_a_compare_error(tmp_path, text):
+    _compare_error(_write_text(tmp_path / "deep.json", text), "nested too deeply")
+
+
+def test_nested_values_that_parse_are_described_not_printed(tmp_path):
+    deep = "[" * 900 + "]" * 900  # parses; its repr would recurse
+    path = _write_text(tmp_path / "a.json", '{"metrics": {"' + LAT + '": ' + deep + "}}")
+    _compare_error(path, "expected a number, got a list")
+    path = _write_text(
+        tmp_path / "b.json", "[" + json.dumps(_block_record())[:-1] + ', "notes": ' + deep + "}]"
+    )
+    _compare_error(path, "'notes': expected a string, got a list")
+
+
+@pytest.mark.parametrize("digits", [400, 5000, 100_000])
+def test_huge_integers_are_out_of_range(tmp_path, digits):
+    number = "9" * digits
+    path = _write_text(tmp_path / "m.json", '{"metrics": {"' + LAT + '": ' + number + "}}")
+    _compare_error(path, f"integer of {digits} digits is out of range")
+    record = json.dumps(_block_record())[:-1] + ', "latency_max_us": -' + number + "}"
+    _compare_error(_write_text(tmp_path / "r.json", f"[{record}]"), "out of range")
+
+
+def test_an_integer_beyond_float64_is_out_of_range(tmp_path):
+    number = str(2 * 10**308)  # 309 digits: a Python int, but no float
+    path = _write_text(tmp_path / "m.json", '{"metrics": {"' + LAT + '": ' + number + "}}")
+    _compare_error(path, r"metrics\[.*latency_avg_us'\]: invalid value .* out of range")
+    path = _write_text(tmp_path / "r.json", json.dumps([_block_record(latency_avg_us=2 * 10**308)]))
+    _compare_error(path, r"record 0: column 'latency_avg_us': .* is out of range")
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        (LAT, "NaN"),
+        (LAT, "Infinity"),
+        (LAT, "-Infinity"),
+        (LAT, "0"),
+        (LAT, "-0.0"),
+        (LAT, "-3.5"),
+        (BUSBW, "0.0"),
+        (BUSBW, "NaN"),
+        (MAKESPAN, "-1"),
+        ("quickstart/ag_rs/allgather/slowdown", "0"),
+        ("quickstart/ag_rs/allgather/wrong_elements", "-1"),
+        ("quickstart/ag_rs/comm_compute_overlap", "1.5"),
+        ("quickstart/ag_rs/allgather+reduce_scatter/pairwise_overlap", "-0.1"),
+        ("quickstart/ag_rs/allgather/mystery_metric", "NaN"),  # unknown: finite at least
+    ],
+)
+def test_impossible_values_in_a_metrics_file_are_invalid_not_judged(tmp_path, key, text):
+    path = _write_text(tmp_path / "m.json", '{"metrics": {"' + key + '": ' + text + "}}")
+    message = _compare_error(path, "invalid value")
+    assert key in message
+    good = _metrics_file(tmp_path / "good.json", {key: 1.0})
+    with pytest.raises(CompareError, match="invalid value"):
+        compare_files(good, path)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("latency_avg_us", math.inf),
+        ("latency_p99_us", 0.0),
+        ("latency_min_us", -2.0),
+        ("busbw_gbps", 0),
+        ("isolated_latency_avg_us", -math.inf),
+    ],
+)
+def test_impossible_values_in_records_are_invalid(tmp_path, column, value):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps([_block_record(**{column: value})]))
+    message = _compare_error(path, f"invalid value .* for {column}")
+    assert f"quickstart/ag_rs/allgather/{column}" in message
+
+
+def test_possible_edge_values_are_judged(tmp_path):
+    a = _metrics_file(
+        tmp_path / "a.json",
+        {
+            "quickstart/ag_rs/overlap_efficiency": -0.5,  # slower than serial: a real result
+            "quickstart/ag_rs/allgather/wrong_elements": 0.0,
+            "quickstart/ag_rs/allgather/rank_skew_us": 0.0,
+            "quickstart/ag_rs/allgather+rs/pairwise_overlap": 1.0,
+            LAT: 5e-324,
+        },
+    )
+    assert {row.verdict for row in compare_files(a, a).rows} == {"unchanged"}
+
+
+@pytest.fixture
+def maestro_logging():
+    """cli.main configures the "maestro" logger (handlers, no propagation): undone afterwards,
+    so later tests' caplog still sees maestro's records."""
+    logger = logging.getLogger("maestro")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def test_invalid_input_exits_2_naming_the_file(tmp_path, capsys, maestro_logging):
+    from userbenchmark.maestro.cli import main
+
+    good = _metrics_file(tmp_path / "good.json", {LAT: 1.0})
+    bad = _write_text(tmp_path / "bad.json", '{"metrics": {"' + LAT + '": -1}}')
+    deep = _write_text(tmp_path / "deep.json", "[" * 100_000)
+    for path in (bad, deep):
+        assert main(["compare", str(good), str(path)]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and "Traceback" not in err
+
+
+def test_output_dirs_compare_with_the_same_keys_as_their_metrics_files(tmp_path):
+    from tests.unit.test_golden_outputs import _outcomes
+    from userbenchmark.maestro.core.output.writer import OutputWriter
+
+    writer = OutputWriter(output_dir=tmp_path / "out", metrics_path=tmp_path / "m.json", environ={})
+    for _, outcome, _ in _outcomes():
+        writer.add(outcome)
+    from_dir = load_metrics(tmp_path / "out")
+    assert from_dir == load_metrics(tmp_path / "m.json")
+    assert "golden/overlap/ag+rs/pairwise_overlap" in from_dir
+    assert "golden/overlap/lane_skew_p99_us" in from_dir
+    pairs = load_metrics(tmp_path / "out" / "pairs.json")
+    assert set(pairs) == {k for k in from_dir if k.endswith("/pairwise_overlap")}
+    result = compare_files(tmp_path / "out", tmp_path / "m.json")
+    assert {row.verdict for row in result.rows} == {"unchanged"}
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**330), max_value=10**330),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", "nan", "1e999", "bad name", "a+b", "x/y"]),
+)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+_NAME = st.one_of(st.from_regex(r"[A-Za-z0-9_.-]{1,6}", fullmatch=True), st.text(max_size=6))
+_METRIC = st.sampled_from(
+    ["latency_avg_us", "busbw_gbps", "slowdown", "wrong_elements", "makespan_avg_us",
+     "overlap_efficiency", "pairwise_overlap", "lane_skew_p99_us", "mystery", "x_us"]
+)  # fmt: skip
+_KEY = st.one_of(
+    st.text(max_size=20),
+    st.builds(lambda s, p, m: f"{s}/{p}/{m}", _NAME, _NAME, _METRIC),
+    st.builds(lambda s, p, b, m: f"{s}/{p}/{b}/{m}", _NAME, _NAME, _NAME, _METRIC),
+    st.builds(lambda s, p, a, b, m: f"{s}/{p}/{a}+{b}/{m}", _NAME, _NAME, _NAME, _NAME, _METRIC),
+)
+_COLUMN = st.sampled_from(
+    ["suite", "pattern", "block", "block_a", "block_b", "size_bytes", "iters", "notes",
+     "latency_avg_us", "busbw_gbps", "slowdown", "wrong_elements", "makespan_avg_us",
+     "overlap_efficiency", "pairwise_overlap", "lane_skew_p99_us", "future_column"]
+)  # fmt: skip
+_VALUE = st.one_of(_JSON, _NAME, st.floats(min_value=-10, max_value=1e6))
+_DOC = st.one_of(
+    _JSON,
+    st.fixed_dictionaries(
+        {"name": _JSON, "metrics": st.one_of(_JSON, st.dictionaries(_KEY, _VALUE))}
+    ),
+    st.lists(st.dictionaries(_COLUMN, _VALUE, max_size=8), max_size=4),
+    st.lists(
+        st.fixed_dictionaries(
+            {"suite": _NAME, "pattern": _NAME, "block": _NAME},
+            optional={"latency_avg_us": _VALUE, "pairwise_overlap": _VALUE, "iters": _VALUE},
+        ),
+        max_size=4,
+    ),
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("MAESTRO_FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(a=_DOC, b=st.one_of(_DOC, st.binary(max_size=40)))
+def test_any_json_gives_metrics_or_a_compare_error(a, b):
+    with tempfile.TemporaryDirectory() as tmp:
+        path_a = Path(tmp) / "a.json"
+        path_a.write_text(json.dumps(a), encoding="utf-8")
+        path_b = Path(tmp) / "b.json"
+        if isinstance(b, bytes):
+            path_b.write_bytes(b)
+        else:
+            path_b.write_text(json.dumps(b), encoding="utf-8")
+        for path in (path_a, path_b):
+            try:
+                metrics = load_metrics(path)
+            except CompareError as exc:
+                assert str(path) in str(exc)
+            else:
+                assert metrics and all(math.isfinite(v) for v in metrics.values())
+        try:
+            result = compare_files(path_a, path_b)
+        except CompareError:
+            return
+        format_compare_table(result)
+        assert exit_code(result) in (0, 1)

@@ -29,6 +29,8 @@ FILES = (
     "results.csv",
     "patterns.json",
     "patterns.csv",
+    "pairs.json",
+    "pairs.csv",
     "metrics.json",
     "trace.json",
     "tables.txt",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from userbenchmark.maestro.core.output.metric_keys import (
     BLOCK_METRICS,
     METRICS,
+    PAIR_METRICS,
     PATTERN_METRICS,
     UNKNOWN_DIRECTION_THRESHOLD,
     MetricKey,
@@ -22,6 +23,8 @@ from userbenchmark.maestro.core.output.metric_keys import (
     judge_key,
     metric_direction,
     metric_key,
+    metric_value_problem,
+    pair_name,
     parse_metric_key,
     relative_delta,
 )
@@ -42,6 +45,7 @@ LOWER = [
     "serial_us",
     "ideal_us",
     "lane_skew_p50_us",
+    "lane_skew_p99_us",
     "lane_skew_max_us",
     "gate_skew_p50_us",
     "gate_skew_max_us",
@@ -54,6 +58,7 @@ HIGHER = [
     "shared_busbw_gbps",
     "comm_compute_overlap",
 ]
+TWO_SIDED = ["pairwise_overlap"]  # descriptive: neither direction is better
 
 
 def test_block_key_round_trips():
@@ -144,12 +149,52 @@ def test_every_valid_key_round_trips(suite, base, suffix, block, metric):
     )
 
 
+@given(suite=_names, base=_names, suffix=st.one_of(st.just(""), _sweep), a=_names, b=_names)
+def test_every_valid_pair_key_round_trips(suite, base, suffix, a, b):
+    key = metric_key(suite, base + suffix, None, "pairwise_overlap", pair=(a, b))
+    assert key == f"{suite}/{base}{suffix}/{a}+{b}/pairwise_overlap"
+    parsed = parse_metric_key(key)
+    assert parsed == MetricKey(
+        suite=suite, pattern=base + suffix, block=None, metric="pairwise_overlap", pair=(a, b)
+    )
+    assert parsed.level == "pair" and str(parsed) == key
+
+
+def test_pair_keys():
+    key = metric_key("fsdp", "ag_rs[size=4M,x=a+b]", None, "pairwise_overlap", pair=("ag", "rs"))
+    assert key == "fsdp/ag_rs[size=4M,x=a+b]/ag+rs/pairwise_overlap"
+    assert parse_metric_key(key).pair == ("ag", "rs")
+    assert parse_metric_key(key).block is None
+    assert parse_metric_key("s/p/b/m").level == "block"
+    assert parse_metric_key("s/p/m").level == "pattern"
+    assert pair_name("ag", "rs") == check_name("pair", "ag+rs") == "ag+rs"
+    with pytest.raises(ValueError, match="invalid block name"):
+        check_name("block", "ag+rs")  # the separator is in no block name
+    with pytest.raises(ValueError, match="invalid pair name"):
+        check_name("pair", "ag")
+    with pytest.raises(ValueError, match="invalid block name"):
+        pair_name("ag", "r/s")
+    with pytest.raises(ValueError, match="block or a pair, not both"):
+        metric_key("s", "p", "b", "m", pair=("a", "b"))
+    with pytest.raises(ValueError, match="invalid pair"):
+        metric_key("s", "p", None, "m", pair=("a", "b", "c"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["s/p/a+b+c/m", "s/p/+b/m", "s/p/a+/m", "s/p/a b+c/m", "s/a+b/m"])
+def test_parse_rejects_malformed_pair_keys(key):
+    with pytest.raises(ValueError, match="malformed metric key"):
+        parse_metric_key(key)
+
+
 def test_known_metric_sets_are_disjoint_and_complete():
     assert set(BLOCK_METRICS).isdisjoint(PATTERN_METRICS)
-    assert set(METRICS) == set(BLOCK_METRICS) | set(PATTERN_METRICS)
-    assert set(METRICS) == set(LOWER) | set(HIGHER)
+    assert set(PAIR_METRICS).isdisjoint(set(BLOCK_METRICS) | set(PATTERN_METRICS))
+    assert set(METRICS) == set(BLOCK_METRICS) | set(PATTERN_METRICS) | set(PAIR_METRICS)
+    assert set(METRICS) == set(LOWER) | set(HIGHER) | set(TWO_SIDED)
     assert all(spec.level == "block" for spec in BLOCK_METRICS.values())
     assert all(spec.level == "pattern" for spec in PATTERN_METRICS.values())
+    assert all(spec.level == "pair" for spec in PAIR_METRICS.values())
+    assert [METRICS[m].direction for m in TWO_SIDED] == [None] * len(TWO_SIDED)
 
 
 @pytest.mark.parametrize("metric", LOWER)
@@ -271,8 +316,67 @@ def test_judge_key_reports_large_changes_of_unknown_direction():
     assert judge_key("not a key", 10.0, 5.0).verdict == "changed"
 
 
+def test_lane_skew_p99_is_a_lower_is_better_tail():
+    spec = PATTERN_METRICS["lane_skew_p99_us"]
+    assert spec.direction == "lower"
+    assert spec.threshold == Threshold(kind="relative", value=0.10)
+
+
+def test_pairwise_overlap_is_descriptive_and_judged_two_sided_by_5_points():
+    with pytest.raises(ValueError, match="descriptive"):
+        metric_direction("pairwise_overlap")
+    with pytest.raises(ValueError, match="descriptive"):
+        judge("pairwise_overlap", 0.5, 0.9)
+    assert default_threshold("pairwise_overlap") == Threshold(kind="absolute", value=0.05)
+    key = "s/p/ag+rs/pairwise_overlap"
+    for control, treatment, verdict in [
+        (0.90, 0.96, "changed"),
+        (0.90, 0.84, "changed"),
+        (0.90, 0.94, "unchanged"),
+        (0.02, 0.01, "unchanged"),  # -50 % relative, 1 point absolute
+        (0.0, 0.06, "changed"),
+    ]:
+        j = judge_key(key, control, treatment)
+        assert (j.verdict, j.direction) == (verdict, None), (control, treatment)
+        assert j.threshold == Threshold(kind="absolute", value=0.05)
+    j = judge_key(key, 0.9, 0.8, threshold_overrides={"pairwise_overlap": 0.2})
+    assert j.verdict == "unchanged" and j.threshold == Threshold(kind="absolute", value=0.2)
+
+
 def test_judge_rejects_non_finite_values():
     with pytest.raises(ValueError):
         judge("latency_avg_us", math.inf, 1.0)
     with pytest.raises(ValueError):
         judge("latency_avg_us", 1.0, math.nan)
+
+
+@pytest.mark.parametrize(
+    ("metric", "good", "bad"),
+    [
+        ("latency_avg_us", [5e-324, 1.0, 1e300], [0.0, -0.0, -1.0, math.nan, math.inf]),
+        ("busbw_gbps", [0.5], [0.0, -math.inf]),
+        ("slowdown", [0.9, 3.0], [0.0]),
+        ("wrong_elements", [0.0, 7.0], [-1.0, math.nan]),
+        ("lane_skew_p99_us", [0.0, 2.5], [-0.5]),
+        ("pairwise_overlap", [0.0, 0.5, 1.0], [-0.01, 1.01, math.nan]),
+        ("overlap_efficiency", [-3.0, 0.0, 1.2], [math.inf, math.nan]),
+        ("mystery", [-1.0, 0.0], [math.nan, -math.inf]),  # unknown: finite is enough
+    ],
+)
+def test_metric_value_problem(metric, good, bad):
+    for value in good:
+        assert metric_value_problem(metric, value) is None, value
+    for value in bad:
+        assert metric_value_problem(metric, value) is not None, value
+    assert metric_value_problem(metric, True) is not None  # type: ignore[arg-type]
+
+
+def test_every_known_metric_states_its_domain():
+    domains = {spec.name: spec.domain for spec in METRICS.values()}
+    assert {m for m, d in domains.items() if d == "positive"} >= {
+        "latency_avg_us", "latency_min_us", "latency_max_us", "latency_p50_us",
+        "latency_p99_us", "algbw_gbps", "busbw_gbps", "tflops", "isolated_latency_avg_us",
+        "makespan_avg_us", "makespan_p99_us", "shared_busbw_gbps",
+    }  # fmt: skip
+    assert domains["overlap_efficiency"] == "finite"
+    assert metric_value_problem("latency_avg_us", 0.0) == "must be a finite number > 0"

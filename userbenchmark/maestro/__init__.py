@@ -15,3 +15,15 @@ def _version() -> str:
 
 
 __version__ = _version()
+
+__all__ = ["Results", "__version__", "load_results"]
+
+
+def __getattr__(name: str):
+    # Lazy: ``import userbenchmark.maestro`` (every rank, TorchBench's dispatcher) stays free of
+    # pandas; ``from userbenchmark.maestro import load_results`` imports it on first use.
+    if name in ("load_results", "Results"):
+        from .core.output import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 # Run as a script from this folder (no package context), so only absolute stdlib imports here.
@@ -55,11 +55,16 @@ def numpy_constraint() -> str | None:
         return None
 
 
-def pip_commands(cuda_version: str | None, constraints_file: Path | None) -> list[list[str]]:
-    """The pip invocations to run, in order."""
+def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[str]]:
+    """The pip invocations to run, in order.
+
+    The numpy pin is a requirement on the command line rather than a ``-c`` constraints file:
+    it names the numpy already installed, so pip keeps it and resolves the rest around it (what
+    a constraint would do), and the printed command needs no file to run again.
+    """
     base = [sys.executable, "-m", "pip", "install"]
-    if constraints_file is not None:
-        base += ["-c", str(constraints_file)]
+    if numpy_pin is not None:
+        base.append(numpy_pin)
     commands = [[*base, "-r", str(REQUIREMENTS)]]
     cupti = cupti_requirement(cuda_version)
     if cupti is not None:
@@ -67,11 +72,18 @@ def pip_commands(cuda_version: str | None, constraints_file: Path | None) -> lis
     return commands
 
 
+def shell_line(command: list[str]) -> str:
+    """``command`` quoted for a POSIX shell (``cupti-python>=13,<14`` must not redirect)."""
+    return shlex.join(command)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Install; 0 on success, non-zero when anything failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the pip commands instead of running them"
+        "--dry-run",
+        action="store_true",
+        help="print the pip commands (ready to paste into a shell) instead of running them",
     )
     parser.add_argument(
         "--no-cupti", action="store_true", help="skip cupti-python (maestro then uses CUDA events)"
@@ -92,21 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     elif cuda_version is None:
         log.info("torch has no CUDA: skipping cupti-python")
 
-    pin = numpy_constraint()
-    with tempfile.TemporaryDirectory(prefix="maestro-install-") as tmp:
-        constraints_file = None
-        if pin is not None:
-            constraints_file = Path(tmp) / "constraints.txt"
-            constraints_file.write_text(pin + "\n", encoding="utf-8")
-        for command in pip_commands(cuda_version, constraints_file):
-            if args.dry_run:
-                print(" ".join(command) + (f"  # constraints: {pin}" if pin else ""))
-                continue
-            log.info("running: %s", " ".join(command))
-            status = subprocess.run(command, check=False).returncode
-            if status != 0:
-                log.error("pip failed with exit status %d: %s", status, " ".join(command))
-                return status
+    for command in pip_commands(cuda_version, numpy_constraint()):
+        if args.dry_run:
+            print(shell_line(command))
+            continue
+        log.info("running: %s", shell_line(command))
+        status = subprocess.run(command, check=False).returncode
+        if status != 0:
+            log.error("pip failed with exit status %d: %s", status, shell_line(command))
+            return status
     return 0
 
 

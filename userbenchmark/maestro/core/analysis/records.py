@@ -1,76 +1,11 @@
-"""Result records: one per (pattern, block) and one per pattern, as written to every output."""
+"""Result records: one per (pattern, block) and one per pattern (core/output/results.py holds
+the columns and dtypes of the files made from them)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-BLOCK_COLUMNS = (
-    "suite",
-    "pattern",
-    "block",
-    "op",
-    "axis",
-    "lane",
-    "team_size",
-    "dtype",
-    "size_bytes",
-    "work",
-    "iters",
-    "latency_avg_us",
-    "latency_min_us",
-    "latency_max_us",
-    "latency_p50_us",
-    "latency_p99_us",
-    "latency_stdev_us",
-    "algbw_gbps",
-    "busbw_gbps",
-    "tflops",
-    "isolated_latency_avg_us",
-    "isolated_latency_stdev_us",
-    "slowdown",
-    "wrong_elements",
-    "start_skew_us",
-    "last_to_start_rank",
-    "duration_spread_us",
-    "activities_per_iter",
-    "kernel_ctas_max",
-    "enqueue_avg_us",
-    "profiler",
-    "ranks_per_gpu",
-    "notes",
-)
-PATTERN_COLUMNS = (
-    "suite",
-    "pattern",
-    "iters",
-    "warmup_iters",
-    "sync",
-    "graph",
-    "num_blocks",
-    "makespan_avg_us",
-    "makespan_p99_us",
-    "serial_us",
-    "ideal_us",
-    "overlap_efficiency",
-    "shared_busbw_gbps",
-    "comm_compute_overlap",
-    "lane_skew_p50_us",
-    "lane_skew_p99_us",
-    "lane_skew_max_us",
-    "gate_skew_p50_us",
-    "gate_skew_max_us",
-    "gate_delay_max_us",
-    "gate_spin_us",
-    "enqueue_max_us",
-    "host_late_iters",
-    "peak_memory_bytes",
-    "profiler",
-    "ranks_per_gpu",
-    "notes",
-    "pairwise_overlap",
-)
 
 
 def _clean(value: Any) -> Any:

@@ -1,12 +1,13 @@
 """Compare two maestro result files metric by metric (the ``compare`` subcommand's library side).
 
-Reads TorchBench metrics JSON or maestro's results.json / patterns.json records, normalises both
-to ``{metric key: float}`` and judges every common key with core.metric_keys.
+Reads TorchBench metrics JSON, maestro's results.json / patterns.json / pairs.json records or a
+whole ``--output-dir`` (through the results frames of core/output/results.py), normalises each
+to ``{metric key: float}`` and judges every common key with core/output/metric_keys.py. Any
+file, however malformed, ends in CompareError naming it, never in another exception.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -18,15 +19,22 @@ from tabulate import tabulate
 
 from ...errors import MaestroError
 from .metric_keys import (
-    BLOCK_METRICS,
     METRICS,
-    PATTERN_METRICS,
     Direction,
     Threshold,
     judge_key,
     metric_direction,
-    metric_key,
+    metric_value_problem,
     parse_metric_key,
+)
+from .results import (
+    Results,
+    ResultsError,
+    describe,
+    load_results,
+    metrics_from_results,
+    read_json_file,
+    results_from_records,
 )
 
 __all__ = [
@@ -43,7 +51,8 @@ __all__ = [
 
 
 class CompareError(MaestroError, ValueError):
-    """A file cannot be compared (missing, not JSON, wrong shape, nothing in common)."""
+    """A file cannot be compared (missing, not JSON, wrong shape, an invalid value, nothing in
+    common); the message names the file."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,31 +108,26 @@ def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
 
 
 def load_metrics(path: str | Path) -> dict[str, float]:
-    """Read one file into ``{metric key: float}``; CompareError when it cannot be used."""
+    """Read one file (or an ``--output-dir``) into ``{metric key: float}``; CompareError,
+    naming the file, when it cannot be used or holds a value no metric can take."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CompareError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise CompareError(f"{path}: is a directory, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CompareError(f"{path}: cannot read: {exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CompareError(f"{path}: not JSON ({exc})") from None
-
-    if isinstance(doc, dict) and "metrics" in doc:
-        metrics = _from_metrics_json(doc, path)
-    elif isinstance(doc, list):
-        metrics = _from_records(doc, path)
-    else:
-        raise CompareError(
-            f"{path}: expected a TorchBench metrics JSON object "
-            '({"name", "environ", "metrics"}) or a list of maestro result records '
-            "(results.json, patterns.json)"
-        )
+        if path.is_dir():
+            metrics = _from_output_dir(path)
+        else:
+            doc = read_json_file(path)
+            if isinstance(doc, dict) and "metrics" in doc:
+                metrics = _from_metrics_json(doc, path)
+            elif isinstance(doc, list):
+                metrics = _from_results(results_from_records(doc, str(path)), path)
+            else:
+                raise CompareError(
+                    f"{path}: expected a TorchBench metrics JSON object "
+                    '({"name", "environ", "metrics"}) or a list of maestro result records '
+                    "(results.json, patterns.json, pairs.json)"
+                )
+    except ResultsError as exc:
+        raise CompareError(_clip(str(exc))) from None
     if not metrics:
         raise CompareError(f"{path}: holds no metrics")
     return metrics
@@ -205,69 +209,62 @@ def exit_code(result: CompareResult) -> int:
     return 1 if result.regressions else 0
 
 
+def _from_output_dir(path: Path) -> dict[str, float]:
+    if not (path / "results.json").exists():
+        raise CompareError(
+            f"{path}: is a directory without maestro results (results.json); expected a "
+            "metrics JSON, a results.json / patterns.json / pairs.json, or an --output-dir"
+        )
+    return _from_results(load_results(path), path)
+
+
 def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
+    """A metrics file's ``metrics``: every value must be a finite number its metric can take
+    (the file never holds 'not applicable': such metrics are left out of it)."""
     metrics = doc["metrics"]
     if not isinstance(metrics, dict):
         raise CompareError(f"{path}: 'metrics' must be an object mapping metric keys to numbers")
     out: dict[str, float] = {}
     for key, value in metrics.items():
         try:
-            parse_metric_key(key)
+            metric = parse_metric_key(key).metric
         except ValueError as exc:
-            raise CompareError(f"{path}: {exc}") from None
-        number = _number(value, f"{path}: metrics[{key!r}]")
-        if number is not None:
-            out[key] = number
+            raise CompareError(_clip(f"{path}: {exc}")) from None
+        where = f"{path}: metrics[{key!r}]"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise CompareError(f"{where}: expected a number, got {describe(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            raise CompareError(f"{where}: invalid value {describe(value)}: out of range") from None
+        out[key] = _checked(metric, number, where)
     return out
 
 
-def _from_records(records: list[Any], path: Path) -> dict[str, float]:
-    """Flatten result records: block rows (with a ``block``) and pattern rows (without).
-
-    Only the known metrics of each level are taken, so a run's results.json/patterns.json
-    give the same keys as its metrics JSON; descriptors and diagnostics are skipped.
-    """
-    out: dict[str, float] = {}
-    for index, record in enumerate(records):
-        where = f"{path}: record {index}"
-        if not isinstance(record, dict):
-            raise CompareError(f"{where}: expected an object, got {type(record).__name__}")
-        suite, pattern = record.get("suite"), record.get("pattern")
-        if not isinstance(suite, str) or not isinstance(pattern, str):
-            raise CompareError(f"{where}: needs string 'suite' and 'pattern' columns")
-        block = record.get("block")
-        if block in (None, ""):
-            block, known = None, PATTERN_METRICS
-        else:
-            known = BLOCK_METRICS
-        for column, value in record.items():
-            if column not in known:
-                continue
-            number = _number(value, f"{where}: {column}")
-            if number is None:
-                continue
-            try:
-                key = metric_key(suite, pattern, block, column)
-            except ValueError as exc:
-                raise CompareError(f"{where}: {exc}") from None
-            if key in out:
-                raise CompareError(f"{where}: duplicate row for {key}")
-            out[key] = number
-    return out
+def _from_results(results: Results, path: Path) -> dict[str, float]:
+    """Metrics of result tables: the same keys as the run's metrics file (known metrics only;
+    empty, null or NaN cells are 'not applicable' and left out)."""
+    try:
+        metrics = metrics_from_results(results)
+    except ValueError as exc:
+        raise CompareError(_clip(f"{path}: {exc}")) from None
+    for key, value in metrics.items():
+        _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
+    return metrics
 
 
-def _number(value: Any, where: str) -> float | None:
-    """The value as float; None when empty or NaN (not applicable); CompareError otherwise."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CompareError(f"{where}: expected a number, got {value!r}")
-    number = float(value)
-    if math.isnan(number):
-        return None
-    if math.isinf(number):
-        raise CompareError(f"{where}: infinite value")
-    return number
+def _checked(metric: str, value: float, where: str) -> float:
+    """``value`` when ``metric`` can take it; else CompareError: an impossible value (a NaN,
+    infinite or non-positive latency) is reported as invalid, never judged."""
+    problem = metric_value_problem(metric, value)
+    if problem is not None:
+        raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")
+    return value
+
+
+def _clip(message: str, limit: int = 500) -> str:
+    """A message cut to ``limit`` characters (a malformed key can be megabytes long)."""
+    return message if len(message) <= limit else message[:limit] + "... (cut)"
 
 
 def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> None:

@@ -1,11 +1,24 @@
-"""Atomic file writes: readers see a file's old contents or its new ones, never a part."""
+"""Atomic file writes: readers see a file's old contents or its new ones, never a part.
+
+A new file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask, and a
+directory's default ACL where there is one); a file that already exists keeps its permission
+bits, as with ``open``. ``tempfile.mkstemp`` is not used because it creates files 0600, which
+would hide every output from dashboards and other users.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_NEW_FILE_MODE = 0o666
+"""What ``open(path, "w")`` asks for; the kernel takes the umask (or default ACL) off."""
+_NAME_ATTEMPTS = 100
 
 
 def _unlink_quietly(path: str) -> None:
@@ -15,12 +28,35 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """An exclusive new ``.NAME.<random>.tmp`` next to ``path``: (descriptor, its path)."""
+    for _ in range(_NAME_ATTEMPTS):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, _CREATE_FLAGS, _NEW_FILE_MODE), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
+
+
+def _existing_permissions(path: Path) -> int | None:
+    """Permission bits of ``path`` when it is a regular file (kept on rewrite), else None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
+
+
 def _write_temporary(path: Path, data: bytes) -> str:
     """``data`` in a fsynced temporary file next to ``path``; returns the temporary's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as fh:
+            keep = _existing_permissions(path)
+            if keep is not None:
+                os.fchmod(fh.fileno(), keep)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -32,13 +68,15 @@ def _write_temporary(path: Path, data: bytes) -> str:
 
 def atomic_write_files(files: Mapping[Path, bytes]) -> None:
     """Write every file so readers see old or new contents, never a part; all temporaries
-    are complete before the first rename, so the files change together."""
+    are complete before the first rename, so the files change together. On failure no
+    temporary is left behind."""
     written: dict[Path, str] = {}
     try:
         for path, data in files.items():
             written[path] = _write_temporary(path, data)
         for path in list(written):
-            os.replace(written.pop(path), path)
+            os.replace(written[path], path)
+            del written[path]  # only once renamed: a failed rename still cleans its temporary
     except BaseException:
         for tmp in written.values():
             _unlink_quietly(tmp)

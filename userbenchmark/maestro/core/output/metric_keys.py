@@ -1,6 +1,7 @@
 """Metric keys of maestro's TorchBench metrics file, with each metric's direction and threshold.
 
-The single source of truth for key syntax (``suite/pattern/block/metric``), which way is
+The single source of truth for key syntax (``suite/pattern/block/metric``,
+``suite/pattern/metric`` and ``suite/pattern/a+b/metric`` for a pair of blocks), which way is
 better for every metric, and how large a change must be before it counts. Pure functions.
 """
 
@@ -17,9 +18,12 @@ from typing import Final, Literal
 __all__ = [
     "BLOCK_METRICS",
     "METRICS",
+    "PAIR_METRICS",
+    "PAIR_SEPARATOR",
     "PATTERN_METRICS",
     "UNKNOWN_DIRECTION_THRESHOLD",
     "Direction",
+    "Domain",
     "Judgement",
     "MetricKey",
     "MetricSpec",
@@ -31,13 +35,20 @@ __all__ = [
     "judge_key",
     "metric_direction",
     "metric_key",
+    "metric_value_problem",
+    "pair_name",
     "parse_metric_key",
     "relative_delta",
 ]
 
 Direction = Literal["lower", "higher"]
 Verdict = Literal["regressed", "improved", "unchanged", "changed"]
-NamePart = Literal["suite", "pattern", "block", "metric"]
+NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
+Level = Literal["block", "pattern", "pair"]
+Domain = Literal["positive", "non_negative", "fraction", "finite"]
+
+PAIR_SEPARATOR: Final = "+"
+"""Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
 
 _NAME_CHARS = r"[A-Za-z0-9_.-]+"
 # A sweep point's suffix, as the loader writes it: "ar_sweep[size=4M]" or "[size=4M,dtype=bf16]".
@@ -46,12 +57,14 @@ _PART_RES: Final[dict[str, re.Pattern[str]]] = {
     "suite": re.compile(_NAME_CHARS),
     "pattern": re.compile(rf"{_NAME_CHARS}(?:{_SWEEP_SUFFIX})?"),
     "block": re.compile(_NAME_CHARS),
+    "pair": re.compile(rf"{_NAME_CHARS}\+{_NAME_CHARS}"),
     "metric": re.compile(_NAME_CHARS),
 }
 _PART_HINTS: Final[dict[str, str]] = {
     "suite": "letters, digits and _ . -",
     "pattern": "letters, digits and _ . -, optionally followed by a sweep suffix like [size=4M]",
     "block": "letters, digits and _ . -",
+    "pair": "two block names joined by +, like ag+rs",
     "metric": "letters, digits and _ . -",
 }
 
@@ -87,10 +100,14 @@ class MetricSpec:
     """One known metric: the level it belongs to, which way is better, and its default threshold."""
 
     name: str
-    level: Literal["block", "pattern"]
-    direction: Direction
+    level: Level
+    direction: Direction | None
+    """None: descriptive, neither way is better; a change past the threshold is ``changed``."""
     threshold: Threshold
     description: str
+    domain: Domain = "finite"
+    """Values the metric can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in
+    [0, 1]) or any ``finite`` number; anything else is invalid, never judged."""
 
 
 def _rel(value: float) -> Threshold:
@@ -107,7 +124,7 @@ def _abs(value: float) -> Threshold:
 _AVG = _rel(0.05)
 _TAIL = _rel(0.10)
 _FRACTION = _abs(0.05)
-_TABLE: Final[tuple[tuple[str, str, Direction, Threshold, str], ...]] = (
+_TABLE: Final[tuple[tuple[str, Level, Direction | None, Threshold, str], ...]] = (
     # (name, level, better direction, default threshold, meaning)
     ("latency_avg_us", "block", "lower", _AVG, "mean of the per-iteration max-over-ranks latency"),
     ("latency_min_us", "block", "lower", _TAIL, "smallest iteration latency"),
@@ -130,12 +147,67 @@ _TABLE: Final[tuple[tuple[str, str, Direction, Threshold, str], ...]] = (
     ("shared_busbw_gbps", "pattern", "higher", _AVG, "all collectives' bus bytes / makespan"),
     ("comm_compute_overlap", "pattern", "higher", _FRACTION, "|comm & compute| / |comm|"),
     ("lane_skew_p50_us", "pattern", "lower", _TAIL, "median gap between the lanes' first kernels"),
+    ("lane_skew_p99_us", "pattern", "lower", _TAIL, "p99 gap between the lanes' first kernels"),
     ("lane_skew_max_us", "pattern", "lower", _TAIL, "largest gap between the lanes' first kernels"),
     ("gate_skew_p50_us", "pattern", "lower", _TAIL, "median spread of the ranks' gate openings"),
     ("gate_skew_max_us", "pattern", "lower", _TAIL, "largest spread of the ranks' gate openings"),
+    # Descriptive: blocks that overlap more are not better or worse (two blocks on one lane
+    # are meant not to), so no direction; a move of 5 points either way is reported.
+    ("pairwise_overlap", "pair", None, _FRACTION, "|A & B| / min(|A|, |B|) of two blocks"),
 )
+# What a measured value can be. Latencies, bandwidths, rates and their ratios are > 0 whenever
+# they were measured at all (an untimed block has no value, not a 0); counts and skews are
+# >= 0; overlap fractions lie in [0, 1]; overlap efficiency is any number (below 0: slower than
+# serial; above 1: beat the ideal).
+_DOMAINS: Final[Mapping[str, Domain]] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            (
+                "latency_avg_us",
+                "latency_min_us",
+                "latency_max_us",
+                "latency_p50_us",
+                "latency_p99_us",
+                "algbw_gbps",
+                "busbw_gbps",
+                "tflops",
+                "isolated_latency_avg_us",
+                "slowdown",
+                "makespan_avg_us",
+                "makespan_p99_us",
+                "serial_us",
+                "ideal_us",
+                "shared_busbw_gbps",
+            ),
+            "positive",
+        ),
+        **dict.fromkeys(
+            (
+                "wrong_elements",
+                "start_skew_us",
+                "duration_spread_us",
+                "lane_skew_p50_us",
+                "lane_skew_p99_us",
+                "lane_skew_max_us",
+                "gate_skew_p50_us",
+                "gate_skew_max_us",
+            ),
+            "non_negative",
+        ),
+        **dict.fromkeys(("comm_compute_overlap", "pairwise_overlap"), "fraction"),
+        "overlap_efficiency": "finite",
+    }
+)
+assert set(_DOMAINS) == {row[0] for row in _TABLE}, "every known metric states its domain"
 _SPECS: Final[tuple[MetricSpec, ...]] = tuple(
-    MetricSpec(name=name, level=level, direction=direction, threshold=threshold, description=text)
+    MetricSpec(
+        name=name,
+        level=level,
+        direction=direction,
+        threshold=threshold,
+        description=text,
+        domain=_DOMAINS[name],
+    )
     for name, level, direction, threshold, text in _TABLE
 )
 
@@ -147,6 +219,10 @@ PATTERN_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     {s.name: s for s in _SPECS if s.level == "pattern"}
 )
 """Known per-pattern metrics, by name."""
+PAIR_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
+    {s.name: s for s in _SPECS if s.level == "pair"}
+)
+"""Known metrics of a pair of blocks of a pattern, by name."""
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType({s.name: s for s in _SPECS})
 """Every known metric, by name."""
 
@@ -159,15 +235,24 @@ _NOISY_TOKENS: Final[frozenset[str]] = frozenset({"p99", "max", "min", "skew", "
 
 @dataclass(frozen=True, kw_only=True)
 class MetricKey:
-    """A parsed metric key; ``block`` is None for a pattern-level metric."""
+    """A parsed metric key; ``block`` and ``pair`` are None for a pattern-level metric, and
+    ``pair`` is (block_a, block_b) for a metric of two blocks (then ``block`` is None)."""
 
     suite: str
     pattern: str
     block: str | None
     metric: str
+    pair: tuple[str, str] | None = None
 
     def __str__(self) -> str:
-        return metric_key(self.suite, self.pattern, self.block, self.metric)
+        return metric_key(self.suite, self.pattern, self.block, self.metric, pair=self.pair)
+
+    @property
+    def level(self) -> Level:
+        """``block``, ``pair`` or ``pattern``."""
+        if self.pair is not None:
+            return "pair"
+        return "pattern" if self.block is None else "block"
 
 
 def check_name(part: NamePart, value: object) -> str:
@@ -182,10 +267,29 @@ def check_name(part: NamePart, value: object) -> str:
     return value
 
 
-def metric_key(suite: str, pattern: str, block: str | None, metric: str) -> str:
-    """Build ``suite/pattern/block/metric`` (or ``suite/pattern/metric`` when block is None)."""
+def pair_name(block_a: str, block_b: str) -> str:
+    """``block_a+block_b``: the third part of a pair key; ValueError for an invalid name."""
+    return PAIR_SEPARATOR.join((check_name("block", block_a), check_name("block", block_b)))
+
+
+def metric_key(
+    suite: str,
+    pattern: str,
+    block: str | None,
+    metric: str,
+    *,
+    pair: tuple[str, str] | None = None,
+) -> str:
+    """Build ``suite/pattern/block/metric``, ``suite/pattern/a+b/metric`` for ``pair=(a, b)``,
+    or ``suite/pattern/metric`` when both are None."""
     parts = [check_name("suite", suite), check_name("pattern", pattern)]
-    if block is not None:
+    if pair is not None:
+        if block is not None:
+            raise ValueError(f"a metric key has a block or a pair, not both: {block!r}, {pair!r}")
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ValueError(f"invalid pair {pair!r} in a metric key: expected (block_a, block_b)")
+        parts.append(pair_name(*pair))
+    elif block is not None:
         parts.append(check_name("block", block))
     parts.append(check_name("metric", metric))
     return "/".join(parts)
@@ -196,26 +300,38 @@ def parse_metric_key(key: str) -> MetricKey:
     if not isinstance(key, str):
         raise ValueError(f"metric key must be a string, got {type(key).__name__}")
     parts = key.split("/")
+    block: str | None = None
+    pair: tuple[str, str] | None = None
     if len(parts) == 4:
-        suite, pattern, block, metric = parts
+        suite, pattern, middle, metric = parts
+        if PAIR_SEPARATOR in middle:
+            a, _, b = middle.partition(PAIR_SEPARATOR)
+            pair = (a, b)  # a second "+" leaves b invalid: refused below
+        else:
+            block = middle
     elif len(parts) == 3:
         suite, pattern, metric = parts
-        block = None
     else:
         raise ValueError(
-            f"malformed metric key {key!r}: expected suite/pattern/block/metric "
-            "or suite/pattern/metric"
+            f"malformed metric key {key!r}: expected suite/pattern/block/metric, "
+            "suite/pattern/block_a+block_b/metric or suite/pattern/metric"
         )
     try:
-        metric_key(suite, pattern, block, metric)
+        metric_key(suite, pattern, block, metric, pair=pair)
     except ValueError as exc:
         raise ValueError(f"malformed metric key {key!r}: {exc}") from None
-    return MetricKey(suite=suite, pattern=pattern, block=block, metric=metric)
+    return MetricKey(suite=suite, pattern=pattern, block=block, metric=metric, pair=pair)
 
 
 def metric_direction(metric: str) -> Direction:
-    """``lower`` or ``higher`` is better; unknown names go by unit suffix, else ValueError."""
+    """``lower`` or ``higher`` is better; unknown names go by unit suffix, else ValueError
+    (also for a known descriptive metric, which has no better direction)."""
     spec = METRICS.get(metric)
+    if spec is not None and spec.direction is None:
+        raise ValueError(
+            f"{metric} is descriptive: neither lower nor higher is better "
+            "(judge_key reports a change past its threshold either way as 'changed')"
+        )
     if spec is not None:
         return spec.direction
     if metric.endswith("_us"):
@@ -237,6 +353,32 @@ def default_threshold(metric: str) -> Threshold:
     if _NOISY_TOKENS.intersection(metric.split("_")):
         return _TAIL
     return _AVG
+
+
+_DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(
+    {
+        "positive": "must be a finite number > 0",
+        "non_negative": "must be a finite number >= 0",
+        "fraction": "must be a number in [0, 1]",
+        "finite": "must be a finite number",
+    }
+)
+
+
+def metric_value_problem(metric: str, value: float) -> str | None:
+    """Why ``value`` cannot be a value of ``metric`` (NaN, infinite, or outside the metric's
+    domain: a latency <= 0), or None when it can. Unknown metrics need only be finite."""
+    spec = METRICS.get(metric)
+    domain: Domain = "finite" if spec is None else spec.domain
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return _DOMAIN_TEXT[domain]
+    ok = math.isfinite(value) and (
+        domain == "finite"
+        or (domain == "positive" and value > 0)
+        or (domain == "non_negative" and value >= 0)
+        or (domain == "fraction" and 0 <= value <= 1)
+    )
+    return None if ok else _DOMAIN_TEXT[domain]
 
 
 def relative_delta(control: float, treatment: float) -> float:
@@ -299,8 +441,9 @@ def judge_key(
 ) -> Judgement:
     """Judge one metric key; ``threshold_overrides`` maps metric names to new threshold values.
 
-    A key whose metric direction is unknown is judged two-sided: a change past
-    UNKNOWN_DIRECTION_THRESHOLD (or its override) is ``changed``, never silently ignored.
+    A key whose metric has no known direction is judged two-sided: a change past its
+    threshold (a descriptive metric's own, else UNKNOWN_DIRECTION_THRESHOLD; or the override)
+    is ``changed``, never silently ignored.
     """
     metric = _metric_name_of(key)
     override = None if threshold_overrides is None else threshold_overrides.get(metric)
@@ -310,10 +453,12 @@ def judge_key(
     except ValueError:
         direction = None
     if direction is None:
-        threshold = UNKNOWN_DIRECTION_THRESHOLD
+        spec = METRICS.get(metric)  # a descriptive metric keeps its own threshold
+        threshold = UNKNOWN_DIRECTION_THRESHOLD if spec is None else spec.threshold
         if override is not None:
             threshold = threshold.with_value(override)
-        verdict: Verdict = "changed" if abs(delta) > threshold.value else "unchanged"
+        change = abs(treatment - control) if threshold.kind == "absolute" else abs(delta)
+        verdict: Verdict = "changed" if change > threshold.value else "unchanged"
     else:
         threshold = default_threshold(metric)
         if override is not None:

@@ -1,4 +1,4 @@
-"""Files rank 0 writes: results/patterns JSON+CSV and TorchBench's metrics JSON.
+"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON.
 
 Every file is rewritten after each finished pattern, atomically (a temporary file in the same
 folder, then ``os.replace``), so a run killed at any moment leaves complete files holding every
@@ -10,43 +10,21 @@ run leaves files that agree with each other.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ..analysis.records import BLOCK_COLUMNS, PATTERN_COLUMNS, PatternOutcome
+from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
-from .metric_keys import BLOCK_METRICS, PATTERN_METRICS, metric_key
 
 
 def metrics_of(outcomes: Iterable[PatternOutcome]) -> dict[str, float]:
     """Flat ``{key: float}`` TorchBench metrics; not-applicable (NaN/None) values are left out."""
-    metrics: dict[str, float] = {}
-    for outcome in outcomes:
-        p = outcome.pattern
-        for b in outcome.blocks:
-            for name in BLOCK_METRICS:
-                value = getattr(b, name)
-                if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                    metrics[metric_key(p.suite, p.pattern, b.block, name)] = float(value)
-        for name in PATTERN_METRICS:
-            value = getattr(p, name)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                metrics[metric_key(p.suite, p.pattern, None, name)] = float(value)
-    return metrics
+    # pandas is imported here, on rank 0 only, not by every rank that imports this module.
+    from .results import metrics_from_results, results_of
 
-
-def _csv(records: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    import pandas as pd
-
-    frame = pd.DataFrame.from_records(records, columns=list(columns))
-    if "pairwise_overlap" in frame:
-        frame["pairwise_overlap"] = frame["pairwise_overlap"].map(
-            lambda d: json.dumps(d, sort_keys=True) if isinstance(d, dict) else ""
-        )
-    return frame.to_csv(index=False)
+    return metrics_from_results(results_of(outcomes))
 
 
 class OutputWriter:
@@ -97,15 +75,16 @@ class OutputWriter:
             atomic_write_files({path: text.encode("utf-8") for path, text in self._texts().items()})
 
     def _texts(self) -> dict[Path, str]:
-        block_records = [b.to_record() for o in self.outcomes for b in o.blocks]
-        pattern_records = [o.pattern.to_record() for o in self.outcomes]
+        from .results import TABLE_FILES, csv_text, json_text, metrics_from_results, results_of
+
+        results = results_of(self.outcomes)
         texts: dict[Path, str] = {}
         if self.output_dir is not None:
             out = self.output_dir
-            texts[out / "results.json"] = json.dumps(block_records, indent=1) + "\n"
-            texts[out / "results.csv"] = _csv(block_records, BLOCK_COLUMNS)
-            texts[out / "patterns.json"] = json.dumps(pattern_records, indent=1) + "\n"
-            texts[out / "patterns.csv"] = _csv(pattern_records, PATTERN_COLUMNS)
+            for table, stem in TABLE_FILES.items():
+                frame = results.table(table)
+                texts[out / f"{stem}.json"] = json_text(frame)
+                texts[out / f"{stem}.csv"] = csv_text(frame)
             if self.failures:
                 texts[out / "failures.json"] = json.dumps(self.failures, indent=1) + "\n"
             if self.trace:
@@ -115,6 +94,7 @@ class OutputWriter:
                 # valid trace of what finished.
                 texts[out / "trace.json"] = trace_text(self.outcomes)
         if self.metrics_path is not None:
-            doc = {"name": "maestro", "environ": self.environ, "metrics": metrics_of(self.outcomes)}
+            metrics = metrics_from_results(results)
+            doc = {"name": "maestro", "environ": self.environ, "metrics": metrics}
             texts[self.metrics_path] = json.dumps(doc, indent=2) + "\n"
         return texts

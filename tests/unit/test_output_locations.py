@@ -1,0 +1,275 @@
+"""Output locations checked and claimed before a run: usable folders, one run per output
+directory, an earlier run's files moved aside, unique metrics file names."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from userbenchmark.maestro.core.output import locations
+from userbenchmark.maestro.core.output.locations import (
+    LOCK_NAME,
+    PreparedOutputs,
+    prepare_output_locations,
+)
+from userbenchmark.maestro.errors import ConfigError
+
+NOW = dt.datetime(2025, 3, 4, 5, 6, 7)
+STAMP = "20250304050607"
+
+
+def _prepare(out, metrics=None, now=NOW) -> PreparedOutputs:
+    return prepare_output_locations(out, metrics, now=now)
+
+
+# --- (a) folders that cannot be used ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--metrics-dir"])
+def test_a_file_is_refused(tmp_path, option):
+    path = tmp_path / "taken"
+    path.write_text("user data")
+    args = (path, None) if option == "--output-dir" else (None, path)
+    with pytest.raises(ConfigError, match=f"{option} {path}: is a file, expected a directory"):
+        prepare_output_locations(*args, now=NOW)
+    assert path.read_text() == "user data"
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--metrics-dir"])
+def test_a_folder_that_cannot_be_created_is_refused(tmp_path, option):
+    (tmp_path / "file").write_text("x")
+    path = tmp_path / "file" / "sub"
+    args = (path, None) if option == "--output-dir" else (None, path)
+    with pytest.raises(ConfigError, match=f"{option} {path}: cannot be created: Not a directory"):
+        prepare_output_locations(*args, now=NOW)
+
+
+@pytest.mark.parametrize("path", ["/proc/self", "/sys/kernel", "/proc", "/sys/x/new"])
+def test_proc_and_sys_are_refused(path):
+    with pytest.raises(ConfigError, match=r"is under /proc or /sys"):
+        _prepare(path)
+    with pytest.raises(ConfigError, match=r"--metrics-dir .*is under /proc or /sys"):
+        _prepare(None, path)
+
+
+def test_a_link_into_proc_is_refused(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to("/proc/self")
+    with pytest.raises(ConfigError, match=f"--output-dir {link}: is under /proc or /sys"):
+        _prepare(link)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_folder_is_refused(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=f"--output-dir {folder}: is not writable"):
+            _prepare(folder)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_refused_probe_file_is_reported_and_not_left(tmp_path, monkeypatch):
+    # The probe really is created and removed; here the file system refuses it (as a read-only
+    # mount or missing permission would, which root cannot be shown in a test).
+    real_open = os.open
+
+    def refuse_probe(path, flags, mode=0o777, *, dir_fd=None):
+        if ".maestro-probe-" in os.fspath(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(locations.os, "open", refuse_probe)
+    with pytest.raises(ConfigError, match=f"--metrics-dir {tmp_path}: is not writable: Perm"):
+        _prepare(None, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_file_is_removed(tmp_path):
+    with _prepare(tmp_path / "out", tmp_path / "m") as prepared:
+        assert prepared.output_dir == tmp_path / "out"
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [LOCK_NAME]
+        assert [p.name for p in (tmp_path / "m").iterdir()] == [f".metrics-{STAMP}.json.reserved"]
+
+
+# --- (b) one run per output directory -----------------------------------------------------------
+
+
+def test_a_second_run_into_the_same_directory_is_refused_until_the_first_ends(tmp_path):
+    first = _prepare(tmp_path)
+    assert first.locked
+    with pytest.raises(ConfigError) as info:
+        _prepare(tmp_path)
+    assert f"another maestro run is writing to {tmp_path} (pid {os.getpid()})" in str(info.value)
+    first.close()
+    first.close()  # idempotent
+    with _prepare(tmp_path) as again:
+        assert again.locked
+    assert (tmp_path / LOCK_NAME).exists()  # kept: removing a lock file would race
+
+
+def test_the_lock_names_the_other_process_and_dies_with_it(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys
+                from userbenchmark.maestro.core.output.locations import prepare_output_locations
+                prepared = prepare_output_locations({str(tmp_path)!r}, None)
+                print("locked", flush=True)
+                sys.stdin.readline()
+                """
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(
+            ConfigError, match=rf"another maestro run is writing to .* \(pid {holder.pid}\)"
+        ):
+            _prepare(tmp_path)
+    finally:
+        holder.communicate("\n", timeout=60)
+    with _prepare(tmp_path) as prepared:  # the process ended: its lock went with it
+        assert prepared.locked
+
+
+def test_a_file_system_without_locks_warns_and_goes_on(tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(locations.fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="maestro.output"):
+        prepared = _prepare(tmp_path)
+    assert not prepared.locked
+    assert "cannot lock" in caplog.text and "Function not implemented" in caplog.text
+
+
+# --- (c) an earlier run's files are moved aside -------------------------------------------------
+
+MAESTRO_FILES = [
+    "results.json",
+    "results.csv",
+    "patterns.json",
+    "patterns.csv",
+    "pairs.json",
+    "pairs.csv",
+    "failures.json",
+    "trace.json",
+    "plot-ag_rs.png",
+    "plot-ag_rs-2.png",
+]
+USER_FILES = ["notes.txt", "results.txt", "my-results.json", "plot-ag_rs.jpg", "metrics-1.json"]
+
+
+def test_earlier_files_are_moved_aside_and_user_files_are_untouched(tmp_path, caplog):
+    for name in MAESTRO_FILES + USER_FILES:
+        (tmp_path / name).write_text(f"old {name}")
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank0.json").write_text("old trace")
+    with caplog.at_level(logging.INFO, logger="maestro.output"), _prepare(tmp_path) as prepared:
+        previous = tmp_path / f"previous-{STAMP}"
+        assert prepared.moved_to == previous
+        assert sorted(prepared.moved) == sorted([*MAESTRO_FILES, "traces"])
+    for name in MAESTRO_FILES:
+        assert not (tmp_path / name).exists()
+        assert (previous / name).read_text() == f"old {name}"
+    assert (previous / "traces" / "rank0.json").read_text() == "old trace"
+    for name in USER_FILES:
+        assert (tmp_path / name).read_text() == f"old {name}"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and f"to {previous}" in lines[0] and "\n" not in lines[0]
+
+
+def test_a_second_move_in_the_same_second_gets_its_own_folder(tmp_path):
+    (tmp_path / "results.json").write_text("first")
+    with _prepare(tmp_path):
+        pass
+    (tmp_path / "results.json").write_text("second")
+    with _prepare(tmp_path) as prepared:
+        assert prepared.moved_to == tmp_path / f"previous-{STAMP}-2"
+    assert (tmp_path / f"previous-{STAMP}" / "results.json").read_text() == "first"
+    assert (tmp_path / f"previous-{STAMP}-2" / "results.json").read_text() == "second"
+
+
+def test_nothing_to_move_makes_no_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with _prepare(tmp_path) as prepared:
+        assert prepared.moved_to is None and prepared.moved == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "notes.txt"]
+
+
+def test_files_of_a_running_run_are_not_moved(tmp_path):
+    with _prepare(tmp_path):
+        (tmp_path / "results.json").write_text("live")  # the running run writes
+        with pytest.raises(ConfigError, match="another maestro run"):
+            _prepare(tmp_path)
+    assert (tmp_path / "results.json").read_text() == "live"
+    assert not list(tmp_path.glob("previous-*"))
+
+
+# --- (d) metrics file names -------------------------------------------------------------------
+
+
+def test_runs_started_in_the_same_second_get_different_metrics_names(tmp_path):
+    metrics = tmp_path / "metrics"
+    first = _prepare(tmp_path / "a", metrics)
+    second = _prepare(tmp_path / "b", metrics)
+    assert first.metrics_path == metrics / f"metrics-{STAMP}.json"
+    assert second.metrics_path == metrics / f"metrics-{STAMP}-2.json"
+    first.metrics_path.write_text("{}")  # the runs write their files
+    first.close()
+    second.close()
+    third = _prepare(None, metrics)  # the finished file keeps its name taken
+    assert third.metrics_path == metrics / f"metrics-{STAMP}-2.json"
+    third.close()
+    assert sorted(p.name for p in metrics.iterdir()) == [f"metrics-{STAMP}.json"]
+
+
+def test_concurrent_runs_never_share_a_metrics_name(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    barrier = threading.Barrier(12)
+    prepared: list[PreparedOutputs] = []
+    lock = threading.Lock()
+
+    def start():
+        barrier.wait()
+        result = _prepare(None, metrics)
+        with lock:
+            prepared.append(result)
+
+    threads = [threading.Thread(target=start) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    names = sorted(p.metrics_path.name for p in prepared)
+    assert len(set(names)) == 12
+    assert all(n.startswith(f"metrics-{STAMP}") and n.endswith(".json") for n in names)
+    # The reservations are hidden: TorchBench's metrics-*.json glob never sees them.
+    assert list(metrics.glob("metrics-*.json")) == []
+    for p in prepared:
+        p.close()
+    assert list(metrics.iterdir()) == []
+
+
+def test_no_metrics_dir_means_no_metrics_file(tmp_path):
+    with _prepare(tmp_path / "out", None) as prepared:
+        assert prepared.metrics_path is None
+    with prepare_output_locations(None, None) as nothing:
+        assert nothing.output_dir is None and nothing.metrics_path is None and not nothing.locked

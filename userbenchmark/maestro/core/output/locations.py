@@ -1,0 +1,294 @@
+"""Where a run writes, checked and claimed before any worker starts.
+
+The command line calls :func:`prepare_output_locations` once, in the process that outlives the
+workers (the one that starts them; under torchrun/srun, rank 0), and keeps the returned
+:class:`PreparedOutputs` open for the whole run: it holds the output directory's lock and the
+name reserved for the metrics file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import fcntl
+import logging
+import os
+import secrets
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from ...errors import ConfigError
+
+__all__ = [
+    "LOCK_NAME",
+    "MAESTRO_OUTPUT_NAMES",
+    "PreparedOutputs",
+    "prepare_output_locations",
+]
+
+log = logging.getLogger("maestro.output")
+
+MAESTRO_OUTPUT_NAMES: Final = (
+    "results.json",
+    "results.csv",
+    "patterns.json",
+    "patterns.csv",
+    "pairs.json",
+    "pairs.csv",
+    "failures.json",
+    "trace.json",
+    "traces",
+)
+"""What maestro writes into ``--output-dir`` (besides ``plot-*.png``): moved aside at start."""
+MAESTRO_OUTPUT_GLOBS: Final = ("plot-*.png",)
+LOCK_NAME: Final = ".maestro.lock"
+"""Lock file of the output directory; it stays after the run (removing it would race)."""
+PREVIOUS_PREFIX: Final = "previous-"
+METRICS_PREFIX: Final = "metrics-"
+"""TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
+_SPECIAL_ROOTS: Final = ("/proc", "/sys")
+_ATTEMPTS: Final = 1000
+
+
+class PreparedOutputs:
+    """Checked output locations of one run. Keep it open while the run writes; ``close()``
+    (or leaving the ``with`` block) releases the directory lock and the metrics name."""
+
+    def __init__(
+        self,
+        *,
+        output_dir: Path | None,
+        metrics_path: Path | None,
+        moved_to: Path | None,
+        moved: tuple[str, ...],
+        lock_fd: int | None,
+        reservation: Path | None,
+    ) -> None:
+        self.output_dir = output_dir
+        """The output directory (created), or None without ``--output-dir``."""
+        self.metrics_path = metrics_path
+        """Where the metrics file goes (a name no other run has), or None for no metrics."""
+        self.moved_to = moved_to
+        """``DIR/previous-<timestamp>`` holding an earlier run's files, or None."""
+        self.moved = moved
+        """Names of the files and folders moved there."""
+        self._lock_fd = lock_fd
+        self._reservation = reservation
+
+    @property
+    def locked(self) -> bool:
+        """Whether the output directory's lock is held (False once closed, or where the file
+        system has no locks)."""
+        return self._lock_fd is not None
+
+    def close(self) -> None:
+        """Release the lock and the metrics name's reservation (idempotent)."""
+        if self._reservation is not None:
+            _unlink_quietly(self._reservation)
+            self._reservation = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> PreparedOutputs:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def prepare_output_locations(
+    output_dir: str | os.PathLike[str] | None,
+    metrics_dir: str | os.PathLike[str] | None,
+    *,
+    now: _dt.datetime | None = None,
+) -> PreparedOutputs:
+    """Check, create and claim the run's output locations; ConfigError (exit status 2) naming
+    the option, the path and why when one cannot be used.
+
+    ``output_dir`` (``--output-dir``) is created, probed for writing, and locked for the run: a
+    second run into it fails with "another maestro run is writing to DIR (pid N)". Files of an
+    earlier run (:data:`MAESTRO_OUTPUT_NAMES`, ``plot-*.png``) are moved, never deleted, into
+    ``DIR/previous-<timestamp>/``; nothing else in the directory is touched. ``metrics_dir``
+    (``--metrics-dir`` resolved by the caller; None: no metrics file) is created and probed,
+    and a metrics file name no other run has is reserved.
+    """
+    now = now or _dt.datetime.now()
+    stamp = now.strftime("%Y%m%d%H%M%S")
+    out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
+    metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
+    lock_fd = None if out is None else _lock(out)
+    reservation = None
+    try:
+        moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
+        metrics_path = None
+        if metrics is not None:
+            metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
+    except BaseException:
+        if lock_fd is not None:
+            os.close(lock_fd)
+        raise
+    return PreparedOutputs(
+        output_dir=out,
+        metrics_path=metrics_path,
+        moved_to=moved_to,
+        moved=moved,
+        lock_fd=lock_fd,
+        reservation=reservation,
+    )
+
+
+def _under_special_root(path: Path) -> bool:
+    for candidate in {os.path.abspath(path), os.path.realpath(path)}:
+        for root in _SPECIAL_ROOTS:
+            if candidate == root or candidate.startswith(root + os.sep):
+                return True
+    return False
+
+
+def _usable_dir(option: str, path: Path) -> Path:
+    """``path`` as a directory that exists and takes new files; ConfigError otherwise."""
+    if _under_special_root(path):
+        raise ConfigError(
+            f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
+        )
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path}: is a file, expected a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
+    probe = path / f".maestro-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        _unlink_quietly(probe)
+        raise ConfigError(f"{option} {path}: is not writable: {_reason(exc)}") from None
+    return path
+
+
+def _lock(folder: Path) -> int | None:
+    """Hold an exclusive lock on ``folder`` for this process's lifetime (or until closed)."""
+    path = folder / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise ConfigError(
+            f"--output-dir {folder}: cannot create {LOCK_NAME}: {_reason(exc)}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_pid(fd)
+        os.close(fd)
+        raise ConfigError(
+            f"--output-dir: another maestro run is writing to {folder} (pid {holder})"
+        ) from None
+    except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
+        os.close(fd)
+        log.warning(
+            "cannot lock %s (%s): nothing stops another run from writing there at the same time",
+            folder,
+            _reason(exc),
+        )
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return text if text.isdigit() else "unknown"
+
+
+def _stale_outputs(folder: Path) -> list[Path]:
+    found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
+    for pattern in MAESTRO_OUTPUT_GLOBS:
+        found += sorted(p for p in folder.glob(pattern) if p.is_file() or p.is_symlink())
+    return found
+
+
+def _exclusive_dir(parent: Path, base: str) -> Path:
+    for n in range(1, _ATTEMPTS + 1):
+        candidate = parent / (base if n == 1 else f"{base}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise ConfigError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
+
+
+def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
+    """Move an earlier run's files into ``folder/previous-<stamp>``; never deletes anything."""
+    stale = _stale_outputs(folder)
+    if not stale:
+        return None, ()
+    try:
+        dest = _exclusive_dir(folder, PREVIOUS_PREFIX + stamp)
+        for path in stale:
+            os.rename(path, dest / path.name)
+    except OSError as exc:
+        raise ConfigError(
+            f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
+        ) from None
+    names = tuple(p.name for p in stale)
+    log.info(
+        "moved %d file(s) of an earlier run from %s to %s: %s",
+        len(names),
+        folder,
+        dest,
+        ", ".join(names),
+    )
+    return dest, names
+
+
+def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
+    """``folder/metrics-<stamp>[-N].json`` that no file and no other run's reservation holds.
+
+    The reservation is a hidden file created with O_EXCL, so two runs started in the same
+    second never get the same name, and TorchBench's ``metrics-*.json`` glob never sees it.
+    """
+    for n in range(1, _ATTEMPTS + 1):
+        name = f"{METRICS_PREFIX}{stamp}{'' if n == 1 else f'-{n}'}.json"
+        reservation = folder / f".{name}.reserved"
+        try:
+            fd = os.open(reservation, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-dir {folder}: cannot reserve a metrics file name: {_reason(exc)}"
+            ) from None
+        os.close(fd)
+        if os.path.lexists(folder / name):  # an earlier run's finished file
+            _unlink_quietly(reservation)
+            continue
+        return folder / name, reservation
+    raise ConfigError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or errno.errorcode.get(exc.errno or 0, "") or str(exc)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,610 @@
+"""Result tables as pandas DataFrames: the API behind results.*, patterns.* and pairs.*.
+
+Three tables: one row per (pattern, block), one per pattern, one per pair of blocks of a
+pattern (their overlap). The files of ``--output-dir`` are written from these frames and
+:func:`load_results` reads them back into the same frames, bit for bit, from the JSON files
+(the default) or the CSV files. ``compare`` and the metrics file are built on them too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+import numpy as np
+import pandas as pd
+
+from ...errors import MaestroError
+from ..analysis.records import BlockResult, PatternOutcome, PatternResult
+from .metric_keys import BLOCK_METRICS, PAIR_METRICS, PATTERN_METRICS, metric_key
+
+__all__ = [
+    "BLOCK_COLUMNS",
+    "PAIR_COLUMNS",
+    "PATTERN_COLUMNS",
+    "TABLE_FILES",
+    "Results",
+    "ResultsError",
+    "block_frame",
+    "csv_text",
+    "describe",
+    "json_text",
+    "load_results",
+    "metrics_from_results",
+    "pair_frame",
+    "pattern_frame",
+    "read_json_file",
+    "read_table",
+    "records_of",
+    "results_from_records",
+    "results_of",
+]
+
+Table = Literal["blocks", "patterns", "pairs"]
+
+_INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
+
+BLOCK_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "suite": _STR,
+        "pattern": _STR,
+        "block": _STR,
+        "op": _STR,
+        "axis": _STR,
+        "lane": _STR,
+        "team_size": _INT,
+        "dtype": _STR,
+        "size_bytes": _INT,
+        "iters": _INT,
+        "work": _STR,
+        "latency_avg_us": _FLOAT,
+        "latency_min_us": _FLOAT,
+        "latency_max_us": _FLOAT,
+        "latency_p50_us": _FLOAT,
+        "latency_p99_us": _FLOAT,
+        "latency_stdev_us": _FLOAT,
+        "algbw_gbps": _FLOAT,
+        "busbw_gbps": _FLOAT,
+        "tflops": _FLOAT,
+        "isolated_latency_avg_us": _FLOAT,
+        "isolated_latency_stdev_us": _FLOAT,
+        "slowdown": _FLOAT,
+        "wrong_elements": _INT,
+        "start_skew_us": _FLOAT,
+        "last_to_start_rank": _INT,
+        "duration_spread_us": _FLOAT,
+        "activities_per_iter": _FLOAT,
+        "kernel_ctas_max": _INT,
+        "enqueue_avg_us": _FLOAT,
+        "profiler": _STR,
+        "ranks_per_gpu": _INT,
+        "notes": _STR,
+    }
+)
+"""Columns of the block table (results.*) and their pandas dtypes, in file order."""
+
+PATTERN_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "suite": _STR,
+        "pattern": _STR,
+        "iters": _INT,
+        "num_blocks": _INT,
+        "warmup_iters": _INT,
+        "sync": _STR,
+        "graph": _BOOL,
+        "makespan_avg_us": _FLOAT,
+        "makespan_p99_us": _FLOAT,
+        "serial_us": _FLOAT,
+        "ideal_us": _FLOAT,
+        "overlap_efficiency": _FLOAT,
+        "shared_busbw_gbps": _FLOAT,
+        "comm_compute_overlap": _FLOAT,
+        "lane_skew_p50_us": _FLOAT,
+        "lane_skew_p99_us": _FLOAT,
+        "lane_skew_max_us": _FLOAT,
+        "gate_skew_p50_us": _FLOAT,
+        "gate_skew_max_us": _FLOAT,
+        "gate_delay_max_us": _FLOAT,
+        "gate_spin_us": _FLOAT,
+        "enqueue_max_us": _FLOAT,
+        "host_late_iters": _INT,
+        "peak_memory_bytes": _INT,
+        "profiler": _STR,
+        "ranks_per_gpu": _INT,
+        "notes": _STR,
+    }
+)
+"""Columns of the pattern table (patterns.*) and their dtypes, in file order."""
+
+PAIR_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "suite": _STR,
+        "pattern": _STR,
+        "block_a": _STR,
+        "block_b": _STR,
+        "pairwise_overlap": _FLOAT,
+    }
+)
+"""Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
+pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
+
+_COLUMNS: Final[Mapping[Table, Mapping[str, str]]] = MappingProxyType(
+    {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
+)
+_KEY_COLUMNS: Final[Mapping[Table, tuple[str, ...]]] = MappingProxyType(
+    {
+        "blocks": ("suite", "pattern", "block"),
+        "patterns": ("suite", "pattern"),
+        "pairs": ("suite", "pattern", "block_a", "block_b"),
+    }
+)
+TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
+    {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
+)
+"""File stem of each table in ``--output-dir``: ``results.json``, ``patterns.csv``, ..."""
+
+_LEGACY_PAIRS_COLUMN = "pairwise_overlap"
+"""Column of patterns.* before pairs.* existed: ``{"a|b": fraction}`` (a JSON text in CSV)."""
+_MAX_INT_DIGITS = 309
+"""No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
+
+
+class ResultsError(MaestroError, ValueError):
+    """A results file cannot be read (missing, not JSON/CSV, wrong shape); names the file."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Results:
+    """The three result tables of a run (or of several: rows carry suite and pattern)."""
+
+    blocks: pd.DataFrame
+    """One row per (pattern, block): :data:`BLOCK_COLUMNS`."""
+    patterns: pd.DataFrame
+    """One row per pattern: :data:`PATTERN_COLUMNS`."""
+    pairs: pd.DataFrame
+    """One row per pair of blocks of a pattern: :data:`PAIR_COLUMNS`."""
+
+    def table(self, name: Table) -> pd.DataFrame:
+        """The table called ``name`` (``blocks``, ``patterns`` or ``pairs``)."""
+        return {"blocks": self.blocks, "patterns": self.patterns, "pairs": self.pairs}[name]
+
+
+# --- frames from result records ----------------------------------------------------------------
+
+
+def _column(values: Sequence[Any], dtype: str) -> Any:
+    """A typed column from plain values where None (and NaN) mean 'not applicable'."""
+    if dtype == _FLOAT:
+        return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+    if dtype == _INT:
+        return pd.array([None if v is None else int(v) for v in values], dtype=_INT)
+    if dtype == _BOOL:
+        return pd.array([None if v is None else bool(v) for v in values], dtype=_BOOL)
+    return pd.array(list(values), dtype=_STR)
+
+
+def _frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {name: _column([row[name] for row in rows], dtype) for name, dtype in columns.items()},
+        columns=list(columns),
+    )
+
+
+def block_frame(blocks: Iterable[BlockResult]) -> pd.DataFrame:
+    """The block table of ``blocks``, in their order."""
+    return _frame([{c: getattr(b, c) for c in BLOCK_COLUMNS} for b in blocks], BLOCK_COLUMNS)
+
+
+def pattern_frame(patterns: Iterable[PatternResult]) -> pd.DataFrame:
+    """The pattern table of ``patterns``, in their order."""
+    return _frame([{c: getattr(p, c) for c in PATTERN_COLUMNS} for p in patterns], PATTERN_COLUMNS)
+
+
+def _split_pair(name: str) -> tuple[str, str]:
+    # PatternResult.pairwise_overlap keys are "a|b"; block names never contain "|".
+    a, sep, b = name.partition("|")
+    if not sep or not a or not b or "|" in b:
+        raise ValueError(f"pair name {name!r} is not 'block_a|block_b'")
+    return a, b
+
+
+def pair_frame(patterns: Iterable[PatternResult]) -> pd.DataFrame:
+    """The pair table of ``patterns``: one row per entry of their ``pairwise_overlap``."""
+    rows = []
+    for p in patterns:
+        for name, fraction in p.pairwise_overlap.items():
+            a, b = _split_pair(name)
+            rows.append(
+                {
+                    "suite": p.suite,
+                    "pattern": p.pattern,
+                    "block_a": a,
+                    "block_b": b,
+                    "pairwise_overlap": fraction,
+                }
+            )
+    return _frame(rows, PAIR_COLUMNS)
+
+
+def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
+    """The three tables of finished patterns, in their order."""
+    outcomes = list(outcomes)
+    patterns = [o.pattern for o in outcomes]
+    return Results(
+        blocks=block_frame(b for o in outcomes for b in o.blocks),
+        patterns=pattern_frame(patterns),
+        pairs=pair_frame(patterns),
+    )
+
+
+# --- frames to files ---------------------------------------------------------------------------
+
+
+def _plain(value: Any, dtype: str) -> Any:
+    """A cell as a plain Python value: None for NA/NaN, int, float or str."""
+    if value is pd.NA or value is None:
+        return None
+    if dtype == _FLOAT:
+        return None if math.isnan(value) else float(value)
+    if dtype == _INT:
+        return int(value)
+    if dtype == _STR:
+        return str(value)
+    if dtype == _BOOL:
+        return bool(value)
+    return value
+
+
+def _dtype_of(frame: pd.DataFrame, name: str) -> str:
+    dtype = frame[name].dtype
+    if isinstance(dtype, pd.StringDtype):
+        return _STR
+    return str(dtype) if str(dtype) in (_INT, _FLOAT, _BOOL) else "object"
+
+
+def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows of a result table as dicts of plain values (None = not applicable), in order."""
+    columns = [(name, _dtype_of(frame, name)) for name in frame.columns]
+    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in columns]
+    names = [name for name, _ in columns]
+    return [dict(zip(names, row, strict=True)) for row in zip(*cells, strict=True)]
+
+
+def json_text(frame: pd.DataFrame) -> str:
+    """The JSON file of a table: a list of records, null for 'not applicable'."""
+    return json.dumps(records_of(frame), indent=1) + "\n"
+
+
+def _csv_cell(value: Any, dtype: str) -> str:
+    if value is None:
+        return ""
+    if dtype == _FLOAT:
+        return repr(value)  # shortest text that reads back to the same float
+    if dtype == _BOOL:
+        return "true" if value else "false"  # as JSON writes it
+    return str(value)
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """The CSV file of a table: empty cells for 'not applicable', floats as ``repr`` (exact)."""
+    columns = {name: _dtype_of(frame, name) for name in frame.columns}
+    text = pd.DataFrame(
+        {
+            name: [_csv_cell(_plain(v, dtype), dtype) for v in frame[name].tolist()]
+            for name, dtype in columns.items()
+        },
+        columns=list(columns),
+        dtype=object,
+    )
+    return text.to_csv(index=False, lineterminator="\n")
+
+
+# --- files to frames ---------------------------------------------------------------------------
+
+
+class _NumberTooLong(ValueError):
+    def __init__(self, digits: int) -> None:
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        raise _NumberTooLong(digits)
+    return int(text)
+
+
+def describe(value: Any, limit: int = 60) -> str:
+    """A short, safe description of a JSON value for an error message (never a deep repr)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_json_file(path: str | Path) -> Any:
+    """Parse a JSON file; ResultsError naming the file for anything that stops it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a directory, expected a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from None
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not JSON ({exc})") from None
+    except _NumberTooLong as exc:
+        raise ResultsError(f"{path}: an integer of {exc.digits} digits is out of range") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # anything else the decoder refuses
+        raise ResultsError(f"{path}: not usable JSON ({exc})") from None
+
+
+def _int_cell(value: Any, text: bool) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        if not text:
+            raise TypeError  # JSON: a number in quotes is not a number
+        try:
+            return _in_int64(int(value))
+        except ValueError:
+            value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError
+    if isinstance(value, numbers.Integral):
+        return _in_int64(int(value))
+    if not (math.isfinite(value) and float(value).is_integer()):
+        raise TypeError
+    return _in_int64(int(value))
+
+
+def _in_int64(number: int) -> int:
+    if not -(2**63) <= number < 2**63:
+        raise OverflowError
+    return number
+
+
+def _float_cell(value: Any, text: bool) -> float:
+    if value is None or value == "":
+        return math.nan
+    if isinstance(value, str):
+        if not text:
+            raise TypeError
+        return float(value)  # CSV: repr text reads back to the same float
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError
+    return float(value)  # OverflowError for an integer beyond float64
+
+
+def _bool_cell(value: Any, text: bool) -> bool | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        if not text or value not in ("true", "false"):
+            raise TypeError
+        return value == "true"
+    if not isinstance(value, bool):
+        raise TypeError
+    return value
+
+
+def _str_cell(value: Any, text: bool) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+_CELL: Final[Mapping[str, Callable[[Any, bool], Any]]] = MappingProxyType(
+    {_INT: _int_cell, _FLOAT: _float_cell, _STR: _str_cell, _BOOL: _bool_cell}
+)
+_EXPECTED: Final[Mapping[str, str]] = MappingProxyType(
+    {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false"}
+)
+
+
+def _typed_frame(
+    rows: Sequence[Mapping[str, Any]], table: Table, wheres: Sequence[str], *, text: bool
+) -> pd.DataFrame:
+    """Checked, typed frame of raw rows (JSON values, or CSV strings when ``text``); a column
+    absent from a row is NA there (files of older or newer versions still load)."""
+    columns = _COLUMNS[table]
+    data: dict[str, Any] = {}
+    for name, dtype in columns.items():
+        convert = _CELL[dtype]
+        values = []
+        for row, where in zip(rows, wheres, strict=True):
+            raw = row.get(name)
+            try:
+                value = convert(raw, text)
+            except OverflowError:
+                raise ResultsError(
+                    f"{where}: column {name!r}: {describe(raw)} is out of range"
+                ) from None
+            except (TypeError, ValueError):
+                raise ResultsError(
+                    f"{where}: column {name!r}: expected {_EXPECTED[dtype]}, got {describe(raw)}"
+                ) from None
+            if name in _KEY_COLUMNS[table] and not value:
+                raise ResultsError(
+                    f"{where}: needs a non-empty string {name!r} "
+                    f"(key columns: {', '.join(_KEY_COLUMNS[table])})"
+                )
+            values.append(None if dtype == _FLOAT and math.isnan(value) else value)
+        data[name] = _column(values, dtype)
+    frame = pd.DataFrame(data, columns=list(columns))
+    extra = [n for row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
+    for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
+        frame[name] = _object_column([row.get(name) for row in rows])
+    return frame
+
+
+def _object_column(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array holding ``values`` as they are (lists stay cells, never a 2-D array)."""
+    column = np.empty(len(values), dtype=object)
+    for index, value in enumerate(values):
+        column[index] = value
+    return column
+
+
+def _legacy_pair_rows(
+    rows: Sequence[Mapping[str, Any]], wheres: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Pair rows from an older patterns file's ``pairwise_overlap`` column."""
+    pairs = []
+    for row, where in zip(rows, wheres, strict=True):
+        cell = row.get(_LEGACY_PAIRS_COLUMN)
+        if cell in (None, ""):
+            continue
+        if isinstance(cell, str):
+            try:
+                cell = json.loads(cell, parse_int=_parse_int)
+            except (ValueError, RecursionError):
+                cell = None
+        if not isinstance(cell, dict):
+            raise ResultsError(
+                f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: expected an object "
+                f'{{"a|b": fraction}}, got {describe(cell)}'
+            )
+        for name, fraction in cell.items():
+            try:
+                a, b = _split_pair(name)
+            except ValueError as exc:
+                raise ResultsError(f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: {exc}") from None
+            pairs.append(
+                {
+                    "suite": row.get("suite"),
+                    "pattern": row.get("pattern"),
+                    "block_a": a,
+                    "block_b": b,
+                    "pairwise_overlap": fraction,
+                }
+            )
+    return pairs
+
+
+def _table_of_row(row: Mapping[str, Any]) -> Table:
+    if "block_a" in row or "block_b" in row:
+        return "pairs"
+    return "blocks" if row.get("block") not in (None, "") else "patterns"
+
+
+def results_from_records(
+    records: Any, where: str, *, table: Table | None = None, text: bool = False
+) -> Results:
+    """Tables from a list of JSON records: rows go to the table given, or, without ``table``,
+    to the one their columns say (``block_a``: pairs; a non-empty ``block``: blocks; else
+    patterns). An older patterns file's ``pairwise_overlap`` column becomes pair rows.
+    ``text``: the cells are CSV strings (numbers are parsed from text)."""
+    if not isinstance(records, list):
+        raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
+    rows: dict[Table, list[Mapping[str, Any]]] = {"blocks": [], "patterns": [], "pairs": []}
+    wheres: dict[Table, list[str]] = {"blocks": [], "patterns": [], "pairs": []}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ResultsError(
+                f"{where}: record {index}: expected an object, got {describe(record)}"
+            )
+        kind = table or _table_of_row(record)
+        rows[kind].append(record)
+        wheres[kind].append(f"{where}: record {index}")
+    legacy = _legacy_pair_rows(rows["patterns"], wheres["patterns"])
+    rows["pairs"] += legacy
+    wheres["pairs"] += [f"{where}: column {_LEGACY_PAIRS_COLUMN!r}"] * len(legacy)
+    frames = {kind: _typed_frame(rows[kind], kind, wheres[kind], text=text) for kind in rows}
+    return Results(**frames)
+
+
+def _read_csv_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        text = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except pd.errors.EmptyDataError:
+        raise ResultsError(f"{path}: empty, expected a CSV header") from None
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ResultsError(f"{path}: not a CSV table ({exc})") from None
+    return text.to_dict(orient="records")
+
+
+def _results_of_file(path: Path, table: Table) -> Results:
+    if path.suffix == ".csv":
+        return results_from_records(_read_csv_rows(path), str(path), table=table, text=True)
+    return results_from_records(read_json_file(path), str(path), table=table)
+
+
+def read_table(path: str | Path, table: Table) -> pd.DataFrame:
+    """One table from its JSON or CSV file (by suffix); ResultsError naming the file."""
+    return _results_of_file(Path(path), table).table(table)
+
+
+def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
+    """The block, pattern and pair tables of an ``--output-dir``, from its JSON files (or
+    its CSV files with ``format="csv"``), exactly as they were written.
+
+    A folder written before pairs.* existed gets its pair table from the patterns file.
+    ResultsError (naming the file) when a file is missing or malformed.
+    """
+    if format not in ("json", "csv"):
+        raise ValueError(f"format must be 'json' or 'csv', got {format!r}")
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise ResultsError(f"{folder}: not a directory of maestro results")
+    path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
+    blocks = _results_of_file(path["blocks"], "blocks").blocks
+    found = _results_of_file(path["patterns"], "patterns")
+    if path["pairs"].exists():
+        pairs = _results_of_file(path["pairs"], "pairs").pairs
+    else:
+        pairs = found.pairs  # an older run: from the patterns file's pairwise_overlap column
+    return Results(blocks=blocks, patterns=found.patterns, pairs=pairs)
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def metrics_from_results(results: Results) -> dict[str, float]:
+    """Flat ``{metric key: float}`` of the known metrics (see metric_keys), grouped by pattern
+    in order of first appearance: its blocks' metrics, its own, then its pairs'; NA cells are
+    left out. ValueError for a name that cannot be part of a key, or a key met twice.
+    """
+    groups: dict[tuple[str, str], dict[str, float]] = {}
+
+    def add(row: Mapping[str, Any], metrics: Iterable[str], **where: Any) -> None:
+        for name in metrics:
+            value = row.get(name)
+            if value is None:
+                continue
+            key = metric_key(row["suite"], row["pattern"], metric=name, **where)
+            group = groups.setdefault((row["suite"], row["pattern"]), {})
+            if key in group:
+                raise ValueError(f"duplicate row for {key}")
+            group[key] = float(value)
+
+    for row in records_of(results.blocks):
+        add(row, BLOCK_METRICS, block=row["block"])
+    for row in records_of(results.patterns):
+        add(row, PATTERN_METRICS, block=None)
+    for row in records_of(results.pairs):
+        add(row, PAIR_METRICS, block=None, pair=(row["block_a"], row["block_b"]))
+    return {key: value for group in groups.values() for key, value in group.items()}
