@@ -53,3 +53,7 @@ class FailOnRank(Block):
         self.calls += 1
         if self.spec.params["when"] == "launch" and self.calls > self.spec.params["after"]:
             self._fail()
+        if self.ctx.device.type == "cuda":  # on CUDA every timed block owns device work
+            import torch
+
+            torch.cuda._sleep(1000)

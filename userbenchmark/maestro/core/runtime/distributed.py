@@ -180,6 +180,11 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":
+        # When a collective times out, torch's watchdog aborts the communicator (ending the
+        # kernels that wait for a dead peer) but leaves the process alive, so the rank reports
+        # through the agreement step; its default (3) kills the process with a C++ stack.
+        # A user's own setting wins.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         device = torch.device("cuda", gpu_index(launch.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     else:

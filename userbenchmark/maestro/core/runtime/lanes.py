@@ -235,6 +235,30 @@ class CpuLanes:
         return out
 
 
+def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
+    """Return once every CUDA event has completed; RunError past ``timeout_s``.
+
+    Unlike ``torch.cuda.synchronize``, which waits forever for a collective whose peer died,
+    this lets the rank reach the agreement step (and abort its communicators) in time. An
+    event never recorded counts as completed.
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(events)
+    polls = 0
+    while pending:
+        pending = [event for event in pending if not event.query()]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise RunError(
+                f"device work did not finish within timeout_s {timeout_s:g} s: a collective "
+                "waits for a rank that stopped, or a block never ends"
+            )
+        polls += 1
+        if polls > 2000:  # the first polls catch the common short wait without a sleep
+            time.sleep(50e-6)
+
+
 class CudaLanes:
     """Issues lanes on CUDA streams behind a GPU-side start gate.
 
@@ -250,11 +274,13 @@ class CudaLanes:
         barrier: Callable[[], None],
         device: Any,
         sleep_cycles_per_us: float,
+        timeout_s: float,
         align: Callable[[], None] | None = None,
     ) -> None:
         import torch
 
         self._barrier = barrier
+        self._timeout_s = timeout_s
         self._align = align
         """Enqueues the cross-rank alignment on the current stream; None for a single rank."""
         self._device = device
@@ -289,7 +315,7 @@ class CudaLanes:
         try:
             for it in range(num_iters):
                 if sync in ("barrier", "barrier-only"):
-                    torch.cuda.synchronize(self._device)
+                    wait_for_events([gate_event, *lane_done], self._timeout_s)
                     self._barrier()
                 else:
                     # Device-side fence: the next gate waits for every lane's last block.
@@ -316,6 +342,7 @@ class CudaLanes:
                             profiler.after(index, it)
                         done.record(lane.stream)
                 enqueue[it] = time.perf_counter_ns() - t0
+            wait_for_events([gate_event, *lane_done], self._timeout_s)
             torch.cuda.synchronize(self._device)
         except RunError:
             raise

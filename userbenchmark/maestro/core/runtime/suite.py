@@ -200,6 +200,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             barrier=barrier,
             device=dist.device,
             sleep_cycles_per_us=calibration["sleep_cycles_per_us"],
+            timeout_s=suite.timeout_s,
             align=_device_alignment(dist),
         )
     else:
