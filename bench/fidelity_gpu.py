@@ -398,6 +398,89 @@ def in_process(
     return out
 
 
+KINETO_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def kineto_spans_us(trace: dict[str, Any], iters: int) -> dict[str, Any]:
+    """Per iteration of a gated loop read by torch.profiler: the op's span (first start to
+    last end of its device events), leaving out each iteration's leading gate spin.
+
+    The loop synchronizes between iterations and runs everything on one stream, so the device
+    events sorted by start come in ``iters`` equal chunks: [gate spin, op's events...].
+    """
+    events = sorted(
+        (e for e in trace.get("traceEvents", []) if e.get("cat") in KINETO_DEVICE_CATS),
+        key=lambda e: float(e["ts"]),
+    )
+    if not events or len(events) % iters:
+        raise ValueError(f"{len(events)} device events do not split into {iters} iterations")
+    per_iter = len(events) // iters
+    if per_iter < 2:
+        raise ValueError(f"{per_iter} device event per iteration: no op behind the gate")
+    spans = []
+    for it in range(iters):
+        chunk = events[it * per_iter + 1 : (it + 1) * per_iter]
+        start = min(float(e["ts"]) for e in chunk)
+        end = max(float(e["ts"]) + float(e["dur"]) for e in chunk)
+        spans.append(end - start)
+    return {
+        "avg_us": statistics.fmean(spans),
+        "p50_us": statistics.median(spans),
+        "events_per_launch": per_iter - 1,
+    }
+
+
+def kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> dict[str, Any]:
+    """The gated loop of every op under torch.profiler (CUPTI through Kineto, not maestro's
+    reader); runs in a process of its own (one CUPTI client per process)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from userbenchmark.maestro.core.runtime.lanes import calibrate_sleep_cycles_per_us
+
+    errors: dict[str, str] = {}
+    cycles_per_us = calibrate_sleep_cycles_per_us(torch.device("cuda", 0))
+    ops = Ops(torch, maestro_rate or cycles_per_us, errors)
+    spin = max(1, round(200.0 * cycles_per_us))
+    out: dict[str, Any] = {"_errors": errors}
+    for name, op in ops.ops.items():
+        try:
+            for _ in range(args.warmup):
+                op()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.iters):
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(spin)  # the gate: the op is enqueued while it spins
+                    op()
+                torch.cuda.synchronize()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "trace.json"
+                prof.export_chrome_trace(str(path))
+                out[name] = kineto_spans_us(json.loads(path.read_text()), args.iters)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    _destroy_group()
+    return out
+
+
+def run_kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> dict[str, Any]:
+    """:func:`kineto_reference` in a child process; its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "kineto.json"
+        cmd = [sys.executable, "-m", "bench.fidelity_gpu", "--kineto-reference", str(result)]
+        cmd += ["--iters", str(args.iters), "--warmup", str(args.warmup)]
+        if maestro_rate:
+            cmd += ["--maestro-rate", repr(maestro_rate)]
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, env=maestro_env(), capture_output=True, text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )  # fmt: skip
+        if proc.returncode != 0 or not result.exists():
+            raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
+        return json.loads(result.read_text())
+
+
 def _destroy_group() -> None:
     import torch.distributed as dist
 
@@ -425,12 +508,15 @@ def fidelity_rows(
     for name in op_names():
         held = local.get(name, {}).get("held", {})
         gated = local.get(name, {}).get("gated", {})
+        kineto = local.get(name, {}).get("kineto", {})
         ref_us = gated.get("avg_us")
         naive = local.get(name, {}).get("naive_event_us")
         cupti = _record(maestro.get("cupti"), name)
         m_cupti = cupti.get("latency_avg_us")
         m_events = _record(maestro.get("events"), name).get("latency_avg_us")
         ratio = m_cupti / ref_us if m_cupti and ref_us else math.nan
+        k_us = kineto.get("avg_us")
+        k_ratio = m_cupti / k_us if m_cupti and k_us else math.nan
         launch_bound = None
         if naive is not None and ref_us:
             launch_bound = naive - ref_us > max(2.0, 0.10 * ref_us)
@@ -442,6 +528,11 @@ def fidelity_rows(
                 "maestro_events_us": m_events,
                 "maestro_enqueue_us": cupti.get("enqueue_avg_us"),
                 "gated_kernel_us": ref_us,
+                "kineto_gated_us": k_us,
+                "ratio_maestro_cupti_over_kineto": k_ratio,
+                "within_1pct_of_kineto": (
+                    abs(k_ratio - 1.0) <= TARGET_RATIO_ERROR if not math.isnan(k_ratio) else None
+                ),
                 "gated_p50_us": gated.get("p50_us"),
                 "gated_all_held": None if held_fraction is None else held_fraction == 1.0,
                 "held_kernel_us": held.get("avg_us"),
@@ -598,6 +689,9 @@ FIDELITY_COLUMNS = (
     ("hand gated us", "gated_kernel_us"),
     ("cupti / gated", "ratio_maestro_cupti_over_gated"),
     ("within 1%", "within_1pct"),
+    ("torch.profiler gated us", "kineto_gated_us"),
+    ("maestro / torch.profiler", "ratio_maestro_cupti_over_kineto"),
+    ("within 1% of torch.profiler", "within_1pct_of_kineto"),
     ("hand back-to-back us", "held_kernel_us"),
     ("naive event us", "naive_event_us"),
     ("naive launch-bound", "naive_launch_bound"),
@@ -641,12 +735,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument(
+        "--kineto-reference",
+        default=None,
+        metavar="FILE",
+        help="only the torch.profiler reference loops, in this process; JSON to FILE",
+    )
+    parser.add_argument("--maestro-rate", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--first-launch-probe",
         action="store_true",
         help="only the first-launch probe, in this process (set CUDA_MODULE_LOADING yourself); "
         "prints one JSON line",
     )
     args = parser.parse_args(argv)
+    if args.kineto_reference:  # the child of run_kineto_reference
+        result = kineto_reference(args, args.maestro_rate)
+        Path(args.kineto_reference).write_text(json.dumps(result))
+        return 0
     if args.first_launch_probe:  # the child of run_probe: one JSON line
         print(json.dumps(first_launch_probe()))
         return 0
@@ -719,6 +824,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         errors["in-process"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
+    try:
+        kineto = run_kineto_reference(args, float(rate) if rate else None)
+        for key, message in kineto.pop("_errors", {}).items():
+            errors[f"torch.profiler {key}"] = message
+        for name, value in kineto.items():
+            local.setdefault(name, {})["kineto"] = value
+    except Exception as exc:
+        errors["torch.profiler reference"] = f"{type(exc).__name__}: {exc}"
     probes = []
     for mode in ("LAZY", "EAGER"):
         try:
@@ -742,7 +855,9 @@ def main(argv: list[str] | None = None) -> int:
         "schedule, written by hand); hand back-to-back: "
         "one spin holds the stream while every launch is enqueued, then they run back to "
         "back; naive: per-launch CUDA events with a synchronize. Target: maestro cupti / "
-        f"hand gated within {TARGET_RATIO_ERROR:.0%}. Sleeps spin the cycle count maestro's "
+        f"hand gated within {TARGET_RATIO_ERROR:.0%}; the independent reference is the same "
+        "gated loop read by torch.profiler (Kineto's CUPTI client, in a process of its own), "
+        "not by maestro's CUPTI reader. Sleeps spin the cycle count maestro's "
         f"own calibration gave ({local.get('_calibration', {}).get('maestro_rate')} cycles/us)."
         "\n"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from bench import fidelity_gpu as fg
@@ -90,3 +91,20 @@ def test_enqueue_probe_warms_then_times_launches_between_two_synchronizes():
     )
     assert calls == ["op", "op", "sync", "op", "op", "op", "sync"]
     assert per_launch_us > 0
+
+
+def test_kineto_spans_leave_out_each_iterations_gate_spin():
+    from bench.fidelity_gpu import kineto_spans_us
+
+    events = []
+    for it in range(3):
+        t = 1000.0 * it
+        events.append({"cat": "kernel", "name": "spin_kernel", "ts": t, "dur": 200.0})
+        events.append({"cat": "kernel", "name": "gemm", "ts": t + 201.0, "dur": 10.0 + it})
+        events.append({"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": t + 212.0, "dur": 2.0})
+    events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5.0, "dur": 3.0})
+    got = kineto_spans_us({"traceEvents": events}, 3)
+    # Per iteration: gemm start to memcpy end = 11 + 2 = 13 (it 0), 13 (it 1), 13 (it 2).
+    assert got == {"avg_us": 13.0, "p50_us": 13.0, "events_per_launch": 2}
+    with pytest.raises(ValueError, match="do not split"):
+        kineto_spans_us({"traceEvents": events[:-2]}, 3)
