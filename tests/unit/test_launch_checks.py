@@ -1,11 +1,14 @@
-"""What is checked before any worker starts: launcher variables, --nproc, devices."""
+"""What is checked before any worker starts: launcher variables, --nproc, devices, log lines."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from userbenchmark.maestro.core.runtime import preflight
 from userbenchmark.maestro.core.runtime.distributed import check_rendezvous_env, detect_launch
+from userbenchmark.maestro.core.runtime.logs import configure_logging
 from userbenchmark.maestro.errors import LaunchError, OptionError
 
 
@@ -154,3 +157,26 @@ def test_what_runs_here_passes(machine):
     machine(gpus=1)
     for profiler in ("auto", "cupti", "events"):
         preflight.check_devices(backend="auto", profiler=profiler)
+
+
+# ---- log lines: a rank inside a run, none outside ----
+@pytest.fixture
+def maestro_logger():
+    logger = logging.getLogger("maestro")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+def test_log_lines_outside_a_run_have_no_rank(maestro_logger, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "3")
+    configure_logging("INFO", ranked=False)  # binds the stderr pytest captures
+    logging.getLogger("maestro.config").warning("per-axis env %s", "ignored")
+    assert capsys.readouterr().err == "maestro: warning: per-axis env ignored\n"
+
+
+def test_log_lines_inside_a_run_carry_the_rank(maestro_logger, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "3")
+    configure_logging("INFO")
+    logging.getLogger("maestro.runner").warning("slow")
+    assert capsys.readouterr().err == "[maestro r3] WARNING slow\n"
