@@ -1,7 +1,8 @@
 """Run a userbenchmark by name, as TorchBench does: ``python run_benchmark.py NAME [ARGS...]``.
 
 Imports ``userbenchmark.NAME.run`` and calls ``run(ARGS)``. Failures are never turned into
-exit status 0: an import error or exception shows its traceback, SystemExit codes pass through.
+exit status 0: an import error or exception shows its traceback, SystemExit codes pass through,
+and an interrupt (KeyboardInterrupt) exits 130 with one line.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     if name not in available:
         print(f"{USAGE}\nunknown userbenchmark {name!r}; {listing}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"userbenchmark.{name}.run")
-    module.run(args)
+    try:
+        module = importlib.import_module(f"userbenchmark.{name}.run")
+        module.run(args)
+    except KeyboardInterrupt:  # Ctrl-C is not a failure to trace back: the usual status 130
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

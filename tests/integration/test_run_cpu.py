@@ -209,3 +209,34 @@ def test_runtime_error_on_one_rank_ends_every_rank(tmp_path):
     assert "Traceback" not in proc.stderr
     # The pattern that finished before the failure is saved.
     assert {r["pattern"] for r in read_records(out)} == {"ok_first"}
+
+
+GRAPH = """
+name: graphs
+world_size: 2
+defaults: {warmup_iters: 1, iters: 3}
+patterns:
+  - name: eager
+    blocks:
+      - {name: ar, op: all_reduce, size: 4K}
+  - name: captured
+    graph: true
+    blocks:
+      - {name: ar, op: all_reduce, size: 4K}
+"""
+
+
+def test_cuda_graphs_on_the_cpu_are_refused_before_any_worker(tmp_path):
+    # No CUDA graphs on gloo: the file is refused at once (exit 2, no worker, no traceback),
+    # and --graph on the command line likewise.
+    config = tmp_path / "graphs.yaml"
+    config.write_text(GRAPH)
+    proc = run_maestro(["run", "-c", str(config), "--nproc", "2", "--backend", "gloo"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "captured" in proc.stderr and "CUDA graphs" in proc.stderr and "gloo" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    quick = tmp_path / "quick.yaml"
+    quick.write_text(GRAPH.split("  - name: captured")[0])
+    proc = run_maestro(["run", "-c", str(quick), "--nproc", "2", "--graph", "--backend", "gloo"])
+    assert proc.returncode == 2 and "CUDA graphs" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

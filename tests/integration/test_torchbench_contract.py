@@ -280,7 +280,7 @@ def test_requirements_are_lower_bounds_without_torch():
     for line in lines:
         assert re.fullmatch(r"[A-Za-z0-9_.-]+>=[0-9][0-9.]*", line), line
         names.add(line.split(">=")[0].lower())
-    assert names == {"pyyaml", "tabulate", "pandas", "numpy"}
+    assert names == {"pyyaml", "tabulate", "pandas", "numpy", "click"}
 
 
 def test_ci_yaml_has_torchbench_shape():

@@ -24,7 +24,7 @@ from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_w
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.output.writer import OutputWriter, metrics_of
 from userbenchmark.maestro.core.runtime.distributed import apply_env, detect_launch, resolve_backend
-from userbenchmark.maestro.errors import RunError
+from userbenchmark.maestro.errors import LaunchError, RunError
 
 
 def test_rank_beats_slurm_procid():
@@ -50,7 +50,7 @@ def test_no_launcher_is_one_rank():
 
 
 def test_bad_rank_variable_is_a_clear_error():
-    with pytest.raises(RunError, match="RANK"):
+    with pytest.raises(LaunchError, match="RANK='x' is not an integer"):
         detect_launch({"RANK": "x", "WORLD_SIZE": "2"})
 
 

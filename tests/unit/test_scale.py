@@ -10,7 +10,7 @@ from userbenchmark.maestro.blocks.base import Block, Param
 from userbenchmark.maestro.blocks.comm import Collective, cap_message_size
 from userbenchmark.maestro.blocks.compute import cap_gemm_dims
 from userbenchmark.maestro.blocks.registry import resolve_op
-from userbenchmark.maestro.cli import build_parser
+from userbenchmark.maestro.cli import main, run_command
 from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
@@ -239,14 +239,12 @@ def test_apply_overrides_caps_after_filtering():
 
 
 def test_cli_parses_max_size_with_the_size_parser():
-    ns = build_parser().parse_args(["run", "--max-size", "64K"])
-    assert ns.max_size == 64 * 1024
-    assert build_parser().parse_args(["run"]).max_size is None
+    ctx = run_command.make_context("run", ["--max-size", "64K"])
+    assert ctx.params["max_size"] == 64 * 1024
+    assert run_command.make_context("run", []).params["max_size"] is None
 
 
 @pytest.mark.parametrize("bad", ["-4M", "0", "64X", "1.5"])
 def test_cli_rejects_a_bad_max_size_with_exit_2(bad, capsys):
-    with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(["run", "--max-size", bad])
-    assert info.value.code == 2
+    assert main(["run", "--max-size", bad]) == 2
     assert "--max-size" in capsys.readouterr().err

@@ -1,5 +1,11 @@
 """``python -m userbenchmark.maestro``: the command-line interface."""
 
-from .cli import main
+import sys
+
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command line loads: no traceback
+    print("maestro: interrupted", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

@@ -1,206 +1,391 @@
-"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks``.
+"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks`` (click).
 
 Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
-2 invalid input (pattern file, options, files to compare). User errors print one message,
-never a traceback.
+2 invalid input (options, launcher variables, pattern file, files to compare), 130
+interrupted. User errors print one message, never a traceback. :func:`main` is the
+programmatic entry (``python -m userbenchmark.maestro``); :func:`run_from_torchbench` runs the
+``run`` command for TorchBench's ``run_benchmark.py maestro ARGS``.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
+import functools
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+import click
 
 from .blocks.dtypes import DTYPES
 from .core.runtime.logs import configure_logging
-from .core.runtime.worker import _load, run_worker
-from .errors import EXIT_OK, EXIT_USAGE
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-log = logging.getLogger("maestro")
+PROG = "python -m userbenchmark.maestro"
+TORCHBENCH_PROG = "run_benchmark.py maestro"
+EXIT_STATUS_HELP = (
+    "Exit status: 0 success; 1 a pattern failed (run) or a metric regressed (compare); "
+    "2 invalid input (options, launcher variables, files), reported before any worker "
+    "starts; 130 interrupted."
+)
+RUN_EXIT_STATUS_HELP = (
+    "Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid "
+    "input (options, launcher variables, pattern file), reported before any worker starts; "
+    "130 interrupted (patterns that finished are saved)."
+)
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``run`` (also TorchBench's ``run_benchmark.py maestro`` arguments)."""
-    parser.add_argument(
+def _say(kind: str, message: object) -> None:
+    """One error message on stderr: ``maestro: invalid option: ...``."""
+    print(f"maestro: {kind}: {message}", file=sys.stderr, flush=True)
+
+
+def _is_rank_zero() -> bool:
+    """Whether this process speaks for the run (rank 0, or no launcher): one line per run."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops a command as Ctrl-C does (status 130, one line) instead of killing it.
+
+    A run installs its own handlers later (core.runtime.interrupts); this covers start-up.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:  # someone (a test harness, a caller) chose already
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
+    """A command that SIGINT/SIGTERM end with status 130 and one line, no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            with _sigterm_interrupts():
+                return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            if _is_rank_zero():
+                print("maestro: interrupted", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+class _SizeType(click.ParamType):
+    """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from .core.config.sizes import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option(
         "-c",
         "--config",
         default="quickstart",
         help="pattern file: a path, or a name from userbenchmark/maestro/configs "
         "(default: quickstart)",
-    )
-    parser.add_argument(
+    ),
+    click.option(
         "--nproc",
         type=int,
         default=None,
         help="start N local workers (without torchrun/srun); default 1",
-    )
-    parser.add_argument(
-        "--output-dir", default=None, help="write results.{json,csv} and patterns.{json,csv} here"
-    )
-    parser.add_argument(
+    ),
+    click.option(
+        "--output-dir",
+        default=None,
+        help="write results.{json,csv} and patterns.{json,csv} here",
+    ),
+    click.option(
         "--metrics-dir",
         default=None,
         help="folder of the TorchBench metrics file (default <repo>/.userbenchmark/maestro)",
-    )
-    parser.add_argument(
-        "--no-metrics", action="store_true", help="do not write the TorchBench metrics file"
-    )
-    parser.add_argument(
+    ),
+    click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file"),
+    click.option(
         "--backend",
+        type=click.Choice(("auto", "gloo", "nccl")),
         default="auto",
-        choices=("auto", "gloo", "nccl"),
         help="auto: NCCL when CUDA is available, else gloo",
-    )
-    parser.add_argument(
+    ),
+    click.option(
         "--profiler",
+        type=click.Choice(("auto", "cupti", "events", "host")),
         default="auto",
-        choices=("auto", "cupti", "events", "host"),
         help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
-    )
-    parser.add_argument("--iters", type=int, default=None, help="override every pattern's iters")
-    parser.add_argument(
+    ),
+    click.option("--iters", type=int, default=None, help="override every pattern's iters"),
+    click.option(
         "--warmup-iters", type=int, default=None, help="override every pattern's warmup_iters"
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        default=None,
-        help="verify every collective's output after timing",
-    )
-    parser.add_argument(
-        "--no-baseline",
-        dest="baseline",
-        action="store_false",
-        default=None,
-        help="skip the isolated run of each block",
-    )
-    parser.add_argument(
+    ),
+    click.option("--check", is_flag=True, help="verify every collective's output after timing"),
+    click.option("--no-baseline", is_flag=True, help="skip the isolated run of each block"),
+    click.option(
         "--pattern",
-        dest="patterns",
-        action="append",
-        default=[],
+        "patterns",
+        multiple=True,
         help="run only patterns matching this glob (repeatable)",
-    )
-    parser.add_argument(
+    ),
+    click.option(
         "--precision",
         type=int,
         default=2,
         help="decimals of printed latencies (small values keep a digit)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument(
+    ),
+    click.option("--seed", type=int, default=0, help="seed of the random inputs"),
+    click.option(
         "--trace",
-        action="store_true",
+        is_flag=True,
         help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
         "in --output-dir",
-    )
-    parser.add_argument(
+    ),
+    click.option(
         "--plot",
-        action="store_true",
+        is_flag=True,
         help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
         "in --output-dir; needs matplotlib",
-    )
-
-    def max_size(text: str) -> int:
-        from .core.config.sizes import parse_size
-
-        try:
-            return parse_size(text)
-        except ValueError as exc:  # argparse turns this into a usage error, exit status 2
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parser.add_argument(
+    ),
+    click.option(
         "--max-size",
-        type=max_size,
+        type=_SizeType(),
         default=None,
         metavar="SIZE",
         help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
         "sweep points that become identical run once",
-    )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")
-    )
+    ),
+    click.option(
+        "--graph",
+        is_flag=True,
+        help="CUDA-graph mode for every pattern: each block's launch captured once and "
+        "replayed per iteration (same as graph: true in the file; needs CUDA)",
+    ),
+    click.option(
+        "--log-level",
+        type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
+        default="INFO",
+        help="lowest level of log lines shown (default INFO)",
+    ),
+]
 
 
-def _options(ns: argparse.Namespace) -> dict[str, Any]:
+def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(RUN_OPTIONS):
+        function = option(function)
+    return function
+
+
+def _options(params: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of RunOptions from the parsed ``run`` options."""
     return {
-        "backend": ns.backend,
-        "profiler": ns.profiler,
-        "output_dir": ns.output_dir,
-        "metrics_dir": ns.metrics_dir,
-        "write_metrics": not ns.no_metrics,
-        "precision": ns.precision,
-        "iters": ns.iters,
-        "warmup_iters": ns.warmup_iters,
-        "check": ns.check,
-        "baseline": ns.baseline,
-        "patterns": tuple(ns.patterns),
-        "seed": ns.seed,
-        "trace": ns.trace,
-        "plot": ns.plot,
-        "max_size_bytes": ns.max_size,
+        "backend": params["backend"],
+        "profiler": params["profiler"],
+        "output_dir": params["output_dir"],
+        "metrics_dir": params["metrics_dir"],
+        "write_metrics": not params["no_metrics"],
+        "precision": params["precision"],
+        "iters": params["iters"],
+        "warmup_iters": params["warmup_iters"],
+        # Flags override the pattern file only when given.
+        "check": True if params["check"] else None,
+        "baseline": False if params["no_baseline"] else None,
+        "patterns": tuple(params["patterns"]),
+        "seed": params["seed"],
+        "trace": params["trace"],
+        "plot": params["plot"],
+        "max_size_bytes": params["max_size"],
+        "graph": True if params["graph"] else None,
     }
 
 
-def _check_numbers(ns: argparse.Namespace) -> None:
-    from .errors import ConfigError
+def _check_numbers(params: dict[str, Any]) -> None:
+    """Option values that no machine or file can make valid (OptionError)."""
+    from .errors import OptionError
 
     for name in ("nproc", "iters"):
-        value = getattr(ns, name)
+        value = params[name]
         if value is not None and value < 1:
-            raise ConfigError(f"--{name} must be at least 1, got {value}")
-    if ns.warmup_iters is not None and ns.warmup_iters < 0:
-        raise ConfigError(f"--warmup-iters must be 0 or more, got {ns.warmup_iters}")
-    if ns.precision < 0 or ns.precision > 9:
-        raise ConfigError(f"--precision must be between 0 and 9, got {ns.precision}")
+            raise OptionError(f"--{name} must be at least 1, got {value}")
+    if params["warmup_iters"] is not None and params["warmup_iters"] < 0:
+        raise OptionError(f"--warmup-iters must be 0 or more, got {params['warmup_iters']}")
+    if not 0 <= params["precision"] <= 9:
+        raise OptionError(f"--precision must be between 0 and 9, got {params['precision']}")
     for flag in ("trace", "plot"):
-        if getattr(ns, flag, False) and not ns.output_dir:
-            raise ConfigError(f"--{flag} writes into --output-dir: give --output-dir DIR")
-    if getattr(ns, "plot", False):
+        if params[flag] and not params["output_dir"]:
+            raise OptionError(f"--{flag} writes into --output-dir: give --output-dir DIR")
+    if params["plot"]:
         from .core.output.plot import MISSING_MATPLOTLIB, matplotlib_available
 
         if not matplotlib_available():
-            raise ConfigError(MISSING_MATPLOTLIB)
+            raise OptionError(MISSING_MATPLOTLIB)
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from .core.runtime.distributed import detect_launch
-    from .core.runtime.launcher import launch_local
-    from .errors import ConfigError
+def cmd_run(params: dict[str, Any]) -> int:
+    """Check everything that can be checked before a worker starts, then run.
 
-    launch = detect_launch()
-    options = _options(ns)
+    Order: the launcher's variables, the option values, what this machine can run, then the
+    pattern file; each failure is one message and exit status 2.
+    """
+    from .core.runtime.distributed import check_rendezvous_env, detect_launch
+    from .errors import ConfigError, LaunchError, OptionError
+
     try:
-        _check_numbers(ns)
+        launch = detect_launch()
+        check_rendezvous_env(launch)
+    except LaunchError as err:  # every process says it: its rank cannot be trusted
+        _say("invalid launch environment", err)
+        return EXIT_USAGE
+    local_launch = launch.launcher == "none" and (params["nproc"] or 1) > 1
+    # The local launcher is no rank; every process below it is one.
+    configure_logging(params["log_level"], ranked=not local_launch)
+    options = _options(params)
+    nproc = params["nproc"]
+    try:
+        _check_numbers(params)
         if launch.launcher != "none":
-            if ns.nproc is not None and ns.nproc != launch.world_size:
-                raise ConfigError(
-                    f"--nproc {ns.nproc} conflicts with the launcher's world size "
+            if nproc is not None and nproc != launch.world_size:
+                raise OptionError(
+                    f"--nproc {nproc} conflicts with the launcher's world size "
                     f"{launch.world_size}; drop --nproc under torchrun/srun"
                 )
             world_size = launch.world_size
+            source = (
+                "the launcher's WORLD_SIZE"
+                if launch.launcher == "torchrun"
+                else "the launcher's SLURM_NTASKS"
+            )
         else:
-            world_size = ns.nproc or 1
-        # Validate before any worker starts: a bad file fails once, with exit status 2.
-        suite = _load(ns.config, world_size, options)
+            world_size = nproc or 1
+            source = "--nproc"
+        from .core.runtime.preflight import check_devices, check_nproc, check_suite
+
+        if local_launch:
+            check_nproc(world_size)
+        check_devices(
+            backend=options["backend"],
+            profiler=options["profiler"],
+            local_workers=world_size if local_launch else 1,
+        )
+        from .core.runtime.worker import _load
+
+        suite = _load(
+            params["config"],
+            world_size,
+            options,
+            world_size_source=source,
+            quiet=launch.rank != 0,  # one copy of the loader's warnings per run
+        )
+        check_suite(suite, backend=options["backend"])
+    except OptionError as err:
+        if launch.rank == 0:
+            _say("invalid option", err)
+        return EXIT_USAGE
     except ConfigError as err:
         if launch.rank == 0:
             print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    if launch.launcher == "none" and world_size > 1:
-        return launch_local(suite.source, world_size, options, ns.log_level)
-    return run_worker(suite.source, world_size, options)
+    if local_launch:
+        from .core.runtime.launcher import launch_local
+
+        return launch_local(
+            suite.source, world_size, options, params["log_level"], timeout_s=suite.timeout_s
+        )
+    from .core.runtime.worker import run_worker
+
+    return run_worker(suite.source, world_size, options, world_size_source=source)
 
 
-def cmd_validate(ns: argparse.Namespace) -> int:
-    from .core.config.loader import load_suite
+RUN_HELP = f"""Run a pattern file and report every block's numbers.
+
+Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
+WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
+
+{RUN_EXIT_STATUS_HELP}"""
+
+
+@click.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
+@_run_options
+@_interruptible
+def run_command(**params: Any) -> int:
+    return cmd_run(params)
+
+
+# ---------------------------------------------------------------------------------------------
+# validate, compare, list-blocks
+# ---------------------------------------------------------------------------------------------
+@click.command(
+    "validate",
+    context_settings=CONTEXT,
+    short_help="check a pattern file and summarise it",
+)
+@click.argument("config")
+@click.option(
+    "--world-size",
+    type=int,
+    default=None,
+    help="world size to validate against (when the file does not fix it)",
+)
+@click.option(
+    "--no-import",
+    is_flag=True,
+    help="check the file without importing custom ops (their module is trusted code that "
+    "runs on import)",
+)
+@_interruptible
+def validate_command(config: str, world_size: int | None, no_import: bool) -> int:
+    """Check the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) and
+    summarise it: exit status 0 when it is valid, 2 with every problem found when not."""
     from .core.config.summary import suite_summary
+    from .core.runtime.worker import load_suite_supports, load_suite_with
     from .errors import ConfigError
 
+    configure_logging("INFO", ranked=False)
+    if world_size is not None and world_size < 1:
+        _say("invalid option", f"--world-size must be at least 1, got {world_size}")
+        return EXIT_USAGE
+    keywords: dict[str, Any] = {"world_size": world_size, "world_size_source": "--world-size"}
+    if no_import:
+        # Importing is what --no-import promises to avoid: refuse rather than import anyway.
+        if not load_suite_supports("import_ops"):
+            _say(
+                "invalid option",
+                "--no-import needs a pattern loader that can skip importing custom ops, and "
+                "this version's cannot",
+            )
+            return EXIT_USAGE
+        keywords["import_ops"] = False
     try:
-        suite = load_suite(ns.config, world_size=ns.world_size)
+        suite = load_suite_with(config, **keywords)
     except ConfigError as err:
         print(f"maestro: invalid configuration:\n{err}", file=sys.stderr)
         return EXIT_USAGE
@@ -208,7 +393,24 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_compare(ns: argparse.Namespace) -> int:
+@click.command(
+    "compare",
+    context_settings=CONTEXT,
+    short_help="compare two results or metrics files",
+)
+@click.argument("a")
+@click.argument("b")
+@click.option(
+    "--threshold",
+    multiple=True,
+    metavar="METRIC=FRACTION",
+    help="override of a metric's relative threshold (repeatable; 10% also works)",
+)
+@_interruptible
+def compare_command(a: str, b: str, threshold: tuple[str, ...]) -> int:
+    """Compare B (treatment) against A (control): each a results.json, a patterns.json or a
+    TorchBench metrics JSON. Exit status 0 nothing regressed, 1 a metric regressed, 2 a file
+    cannot be used."""
     from .core.output.compare import (
         CompareError,
         compare_files,
@@ -217,9 +419,10 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         parse_threshold_overrides,
     )
 
+    configure_logging("INFO", ranked=False)
     try:
-        overrides = parse_threshold_overrides(ns.threshold)
-        result = compare_files(ns.a, ns.b, threshold_overrides=overrides or None)
+        overrides = parse_threshold_overrides(threshold)
+        result = compare_files(a, b, threshold_overrides=overrides or None)
     except CompareError as err:
         print(f"maestro: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -227,11 +430,19 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     return exit_code(result)
 
 
-def cmd_list_blocks(ns: argparse.Namespace) -> int:
+@click.command(
+    "list-blocks",
+    context_settings=CONTEXT,
+    short_help="every op with its parameters",
+)
+@_interruptible
+def list_blocks_command() -> int:
+    """List every op a block may name, with its parameters, types and defaults."""
     from tabulate import tabulate
 
     from .blocks.registry import registered_ops
 
+    configure_logging("INFO", ranked=False)
     common = [
         ("name", "str", "required", "block name, unique in its pattern"),
         ("op", "str", "required", "a name below, or package.module:ClassName"),
@@ -260,60 +471,44 @@ def cmd_list_blocks(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m userbenchmark.maestro",
-        description="Maestro: overlap benchmark for collectives and compute.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a pattern file")
-    add_run_arguments(run)
-    run.set_defaults(func=cmd_run)
-    val = sub.add_parser("validate", help="check a pattern file and summarise it")
-    val.add_argument("config", help="pattern file path or name in configs/")
-    val.add_argument(
-        "--world-size",
-        type=int,
-        default=None,
-        help="world size to validate against (when the file does not fix it)",
-    )
-    val.set_defaults(func=cmd_validate)
-    cmp_ = sub.add_parser("compare", help="compare two results or metrics files")
-    cmp_.add_argument("a", help="control: results.json, patterns.json or a metrics JSON")
-    cmp_.add_argument("b", help="treatment, same kinds")
-    cmp_.add_argument(
-        "--threshold",
-        action="append",
-        default=[],
-        help="METRIC=FRACTION override of a metric's relative threshold",
-    )
-    cmp_.set_defaults(func=cmd_compare)
-    lb = sub.add_parser("list-blocks", help="every op with its parameters")
-    lb.set_defaults(func=cmd_list_blocks)
-    return parser
+@click.group(
+    context_settings=CONTEXT,
+    no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
+    epilog=EXIT_STATUS_HELP,
+)
+def cli() -> None:
+    """Maestro: overlap benchmark for collectives and compute."""
+
+
+for _command in (run_command, validate_command, compare_command, list_blocks_command):
+    cli.add_command(_command)
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+# ---------------------------------------------------------------------------------------------
+def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
+    """Run a click command without click's own ``sys.exit``; returns the exit status."""
+    try:
+        status = command.main(
+            args=None if argv is None else list(argv),
+            prog_name=prog_name,
+            standalone_mode=False,
+        )
+    except click.ClickException as err:  # usage errors (status 2): click's message, no trace
+        err.show()
+        return err.exit_code
+    except click.exceptions.Abort:  # click's form of an interrupt outside a command
+        print("maestro: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return int(status or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    configure_logging(getattr(ns, "log_level", "INFO"))
-    try:
-        return int(ns.func(ns))
-    except KeyboardInterrupt:
-        print("maestro: interrupted", file=sys.stderr)
-        return 130
-
-
-def run_args_parser() -> argparse.ArgumentParser:
-    """The parser TorchBench's ``run_benchmark.py maestro ARGS`` goes through."""
-    parser = argparse.ArgumentParser(
-        prog="run_benchmark.py maestro", description="Maestro overlap benchmark (TorchBench)."
-    )
-    add_run_arguments(parser)
-    return parser
+    """``python -m userbenchmark.maestro ARGS``; ``argv`` defaults to ``sys.argv[1:]``."""
+    return _invoke(cli, argv, PROG)
 
 
 def run_from_torchbench(args: Sequence[str]) -> int:
-    ns = run_args_parser().parse_args(list(args))
-    configure_logging(ns.log_level)
-    return cmd_run(ns)
+    """TorchBench's ``run_benchmark.py maestro ARGS``: the options of ``run``."""
+    return _invoke(run_command, list(args), TORCHBENCH_PROG)

@@ -1,4 +1,5 @@
-"""Error types: ConfigError for bad pattern files, RunError for failures while measuring."""
+"""Error types: ConfigError for bad pattern files, OptionError for bad command-line options,
+LaunchError for bad launcher variables, RunError for failures while measuring."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class ConfigIssue:
 
 
 class ConfigError(MaestroError, ValueError):
-    """A pattern file (or a command-line option) is invalid; carries every issue found."""
+    """A pattern file is invalid; carries every issue found."""
 
     def __init__(
         self,
@@ -108,3 +109,16 @@ class RunError(MaestroError, RuntimeError):
     def everyone_answered(self) -> bool:
         """Every rank reached the agreement step, so every rank knows this error."""
         return self.missing == ()
+
+
+class OptionError(MaestroError, ValueError):
+    """A command-line option is invalid, or cannot work on this machine (exit status 2).
+
+    The message names the option, what was given and what is valid:
+    ``--nproc must be at least 1, got 0``.
+    """
+
+
+class LaunchError(MaestroError, ValueError):
+    """The launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, SLURM_*, MASTER_*) cannot describe
+    a run: not integers, or a rank outside the world (exit status 2, before any worker starts)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import RunError
+from ...errors import LaunchError, RunError
 from ..analysis.aggregate import Reducer
 from .agreement import StoreExchange, agreement_timeout_s
 
@@ -44,24 +44,84 @@ def _env_int(env: Mapping[str, str], key: str) -> int:
         raise RunError(f"environment variable {key}={env[key]!r} is not an integer") from exc
 
 
+# The variables each launcher sets: (rank, world size, local rank), and who sets them.
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+_SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+_WHO = {"torchrun": "torchrun (or a launcher like it)", "slurm": "srun"}
+
+
+def _launch_int(env: Mapping[str, str], key: str, launcher: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise LaunchError(
+            f"{key}={env[key]!r} is not an integer; {_WHO[launcher]} sets it to a whole number "
+            "(unset it to run without a launcher)"
+        ) from None
+
+
+def _launch_info(env: Mapping[str, str], launcher: str) -> LaunchInfo:
+    """The launch that ``env`` describes, checked: a rank inside the world, a local rank >= 0."""
+    rank_key, world_key, local_key = _TORCHRUN_VARS if launcher == "torchrun" else _SLURM_VARS
+    rank = _launch_int(env, rank_key, launcher)
+    world = _launch_int(env, world_key, launcher)
+    local = _launch_int(env, local_key, launcher) if local_key in env else 0
+    if world < 1:
+        raise LaunchError(f"{world_key}={world} must be at least 1 (the number of ranks)")
+    if not 0 <= rank < world:
+        raise LaunchError(
+            f"{rank_key}={rank} is outside the world: {world_key}={world} numbers the ranks "
+            f"0 to {world - 1}"
+        )
+    if not 0 <= local < world:
+        raise LaunchError(
+            f"{local_key}={local} must be between 0 and {world - 1}: it numbers this rank on "
+            f"its node, and the world has {world} rank(s)"
+        )
+    if "LOCAL_WORLD_SIZE" in env and launcher == "torchrun":
+        local_world = _launch_int(env, "LOCAL_WORLD_SIZE", launcher)
+        if not 0 <= local < local_world:
+            raise LaunchError(
+                f"{local_key}={local} is outside this node: LOCAL_WORLD_SIZE={local_world} "
+                f"numbers the local ranks 0 to {local_world - 1}"
+            )
+    return LaunchInfo(rank=rank, world_size=world, local_rank=local, launcher=launcher)
+
+
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
-    """Rank, world size and local rank; RANK beats SLURM_PROCID (srun starting torchrun)."""
+    """Rank, world size and local rank; RANK beats SLURM_PROCID (srun starting torchrun).
+
+    Raises LaunchError when the variables cannot describe a run (not integers, a rank outside
+    the world, a multi-rank launch without MASTER_ADDR/MASTER_PORT).
+    """
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchInfo(
-            rank=_env_int(env, "RANK"),
-            world_size=_env_int(env, "WORLD_SIZE"),
-            local_rank=_env_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-            launcher="torchrun",
-        )
+        return _launch_info(env, "torchrun")
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        return LaunchInfo(
-            rank=_env_int(env, "SLURM_PROCID"),
-            world_size=_env_int(env, "SLURM_NTASKS"),
-            local_rank=_env_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-            launcher="slurm",
-        )
+        return _launch_info(env, "slurm")
     return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher="none")
+
+
+def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = None) -> None:
+    """Raise LaunchError unless a multi-rank launch names where its ranks meet.
+
+    Ranks started by a launcher other than maestro's own meet at ``MASTER_ADDR:MASTER_PORT``
+    (see :func:`rendezvous_store`); without them every rank would fail at its first step.
+    """
+    env = os.environ if env is None else env
+    if launch.launcher == "none" or launch.world_size == 1:
+        return
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    world_key = "WORLD_SIZE" if launch.launcher == "torchrun" else "SLURM_NTASKS"
+    if missing:
+        raise LaunchError(
+            f"{world_key}={launch.world_size} ranks meet at MASTER_ADDR:MASTER_PORT, and "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; torchrun "
+            "sets both, under plain srun export them (docs/multinode.md)"
+        )
+    port = _launch_int(env, "MASTER_PORT", launch.launcher)
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
 
 
 def resolve_backend(requested: str, cuda_available: bool) -> str:

@@ -53,6 +53,13 @@ def install() -> Callable[[], None]:
     _state.__init__()
     for s in _SIGNALS:
         signal.signal(s, _handler)
+    # maestro's local launcher starts workers with these signals blocked, so that one arriving
+    # while a worker imports torch waits for this handler instead of raising mid-import. Those
+    # that waited (Ctrl-C and the launcher's forwarded signal: one interrupt) run their
+    # handler inside the unblocking call; held, they become pending, not a second signal.
+    if hasattr(signal, "pthread_sigmask"):
+        with held():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
 
     def restore() -> None:
         for s, h in previous.items():
@@ -60,6 +67,14 @@ def install() -> Callable[[], None]:
         _state.__init__()
 
     return restore
+
+
+def message(*, saved: bool) -> str:
+    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
+    finished and was written to a file."""
+    if saved:
+        return "maestro: interrupted; patterns that finished are saved"
+    return "maestro: interrupted"
 
 
 def pending() -> bool:

@@ -1,31 +1,184 @@
-"""Start N local workers through torch's own launcher API when no launcher started us."""
+"""Start N local workers through torch's own launcher API when no launcher started us.
+
+Exit status: the worst of the workers' (each leaves with its own); 130 when the launcher was
+interrupted. Interrupts: torch's agent turns SIGINT/SIGTERM into a SignalException and
+forwards the signal to the workers, which stop through their agreement step (rank 0 prints
+the verdict). Workers start with SIGINT/SIGTERM blocked, so a signal that arrives while one
+still imports torch waits for its handler instead of raising mid-import; the launcher's own
+signals are received by a helper thread and handed to its main thread.
+"""
 
 from __future__ import annotations
 
+import _thread
 import logging
+import math
+import multiprocessing
 import os
+import signal
+import sys
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from typing import Any
+
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from . import interrupts
 
 log = logging.getLogger("maestro.launcher")
 
+_ROUTED = (signal.SIGINT, signal.SIGTERM)
+_OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
+"""Statuses a worker leaves with after printing why; any other is reported by the launcher."""
 
-def _worker(config: str, world_size: int, options: dict[str, Any], log_level: str) -> int:
-    """Entry point of one worker process (module level so it can be pickled)."""
+
+@dataclass(frozen=True)
+class _Job:
+    """What every worker runs (one object: torch's launcher rewrites string arguments)."""
+
+    config: str
+    world_size: int
+    options: dict[str, Any]
+    log_level: str
+
+
+def _worker(job: _Job, verdict: Any) -> int:
+    """Entry point of one worker process (module level so it can be pickled).
+
+    A non-zero status leaves as SystemExit, so torch's launcher sees it as the process's exit
+    status: a success returned as a value would make that worker wait for every other, and an
+    interrupted launcher, which no longer collects values, would wait for it in turn.
+    ``verdict`` is set on rank 0 when it printed why the run ended.
+    """
     from .logs import configure_logging
     from .worker import run_worker
 
-    configure_logging(log_level)
-    return run_worker(config, world_size, options)
+    try:
+        configure_logging(job.log_level)
+        status = run_worker(job.config, job.world_size, job.options, world_size_source="--nproc")
+    except KeyboardInterrupt:  # only if this process was not started with signals blocked
+        status = EXIT_INTERRUPTED
+    if status != EXIT_OK:
+        if os.environ.get("RANK") == "0":
+            verdict.value = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(status)
+    return EXIT_OK
 
 
-def launch_local(config: str, nproc: int, options: dict[str, Any], log_level: str) -> int:
-    """Run ``nproc`` workers on this machine; the worst worker exit status is returned."""
+@contextmanager
+def _signals_to_main_thread() -> Iterator[None]:
+    """Block SIGINT/SIGTERM in this thread (workers inherit it: see :func:`_worker`), receive
+    them in a helper thread and run this thread's handler for the first one.
+
+    The handler is looked up when a signal comes, because torch's agent installs its own while
+    it starts the workers. Later signals are dropped so that they cannot break torch's
+    shutdown of the workers half-way; Ctrl-C reaches the workers directly anyway, and the
+    shutdown has a deadline.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "sigtimedwait"
+    ):
+        yield
+        return
+    handlers = {
+        s: signal.getsignal(s)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    }
+    # Python's resource tracker (started with the first spawned process) unblocks both signals
+    # after starting itself, the way this function blocks them (bpo-33613): start it first.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ROUTED)
+    stop = threading.Event()
+
+    def route() -> None:
+        forwarded = False
+        while not stop.is_set():
+            info = signal.sigtimedwait(_ROUTED, 0.1)
+            if info is None or forwarded:
+                continue
+            forwarded = True
+            handler = signal.getsignal(info.si_signo)
+            if callable(handler):
+                _thread.interrupt_main(info.si_signo)
+            elif handler == signal.SIG_DFL:  # what the signal would have done: end the process
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [info.si_signo])
+                signal.raise_signal(info.si_signo)
+            # SIG_IGN: ignored, as it would have been
+
+    helper = threading.Thread(target=route, name="maestro-signals", daemon=True)
+    helper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        helper.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        # torch's agent leaves its handlers installed; after the launch they would turn a
+        # signal into a SignalException traceback.
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+@contextmanager
+def _quiet_torch_launcher() -> Iterator[None]:
+    """Silence torch's launcher logs (start-up details, the workers' exit codes, the signal it
+    forwards): the workers and this launcher report what happened in maestro's own words."""
+    names = [
+        name
+        for name in logging.root.manager.loggerDict
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher"))
+    ]
+    loggers = [logging.getLogger(name) for name in names]
+    previous = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, previous, strict=True):
+            logger.setLevel(level)
+
+
+def _describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+def launch_local(
+    config: str,
+    nproc: int,
+    options: dict[str, Any],
+    log_level: str,
+    *,
+    timeout_s: float = 45.0,
+) -> int:
+    """Run ``nproc`` workers on this machine; the worst worker exit status is returned.
+
+    ``timeout_s`` is the pattern file's: an interrupted worker may need its collective timeout
+    plus the agreement's grace to stop, so the launcher waits that long before killing it.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from .agreement import agreement_timeout_s
+
     # As torchrun does: one intra-op thread per worker unless the user chose otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    settings: dict[str, Any] = {}
+    if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:  # newer torch only
+        settings["shutdown_timeout"] = math.ceil(agreement_timeout_s(timeout_s) + 10)
     cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -36,14 +189,23 @@ def launch_local(config: str, nproc: int, options: dict[str, Any], log_level: st
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        **settings,
     )
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    verdict = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    job = _Job(config=config, world_size=nproc, options=options, log_level=log_level)
     try:
-        results = elastic_launch(cfg, _worker)(config, nproc, options, log_level)
+        with _quiet_torch_launcher(), _signals_to_main_thread():
+            results = elastic_launch(cfg, _worker)(job, verdict)
     except ChildFailedError as exc:
-        failures = exc.failures
-        for rank, failure in sorted(failures.items()):
-            log.error("worker %d failed with exit code %s", rank, failure.exitcode)
-        codes = [f.exitcode if f.exitcode > 0 else 1 for f in failures.values() if f.exitcode]
-        return max(codes) if codes else 1
+        statuses = []
+        for rank, failure in sorted(exc.failures.items()):
+            if failure.exitcode not in _OWN_STATUSES:
+                log.error("worker %d %s", rank, _describe_exit(failure.exitcode))
+            statuses.append(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
+        return max(statuses, default=EXIT_FAILED)
+    except (SignalException, KeyboardInterrupt):
+        # The workers were sent the signal and have exited (or were killed at the deadline).
+        if not verdict.value:
+            print(interrupts.message(saved=False), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return max(int(code or 0) for code in results.values())

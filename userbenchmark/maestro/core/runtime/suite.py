@@ -255,6 +255,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     status = 0
     everyone_answered = True  # False once a rank died or hung: nobody waits for it again
     late_interrupt = False  # a signal after the last pattern: no closing round to hold
+    saved = False  # rank 0 saved a finished pattern somewhere (for the interrupt message)
     try:
         rt = _phase_setup(suite, options, dist, agree)
         stamp = _broadcast_object(
@@ -307,6 +308,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 print(tables.pattern(pattern, outcome), flush=True)
                 print(flush=True)
                 writer.add(outcome)
+                saved = saved or writer.metrics_path is not None or writer.output_dir is not None
                 progress.advance(f"pattern {pattern.name}")
             if outcome.check_failed:
                 status = max(status, 1)  # wrong results fail the run; numbers are still saved
@@ -321,7 +323,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             late_interrupt = True
             status = 130
         if status == 130 and rank == 0:
-            print("maestro: interrupted; patterns that finished are saved", file=sys.stderr)
+            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
         if rank == 0 and writer is not None:
             if writer.metrics_path is not None:
                 print(f"maestro: metrics written to {writer.metrics_path}", flush=True)
@@ -329,9 +331,17 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 print(f"maestro: results written to {writer.output_dir}", flush=True)
     except RunError as err:
         everyone_answered = err.everyone_answered
-        if rank == 0 or not everyone_answered:
-            print(f"maestro: {err}", file=sys.stderr, flush=True)
         status = _failure_status(err)
+        if status == 130 and rank == 0:  # interrupted in a run-wide phase (setup)
+            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
+        elif rank == 0 or not everyone_answered:
+            print(f"maestro: {err}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        # A second signal outside a phase: this rank leaves at once, without the agreement.
+        everyone_answered = False
+        status = 130
+        if rank == 0:
+            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
     finally:
         if status and everyone_answered and not late_interrupt:
             _closing_round(dist, agree)

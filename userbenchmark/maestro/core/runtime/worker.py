@@ -2,43 +2,114 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from ...errors import EXIT_FAILED, EXIT_USAGE
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, OptionError
+from . import interrupts
 
 
-def _load(config: str, world_size: int | None, options: dict[str, Any]) -> Any:
+def load_suite_supports(keyword: str) -> bool:
+    """Whether this version's ``load_suite`` takes ``keyword`` (newer loaders add keywords)."""
     from ..config.loader import load_suite
+
+    return keyword in inspect.signature(load_suite).parameters
+
+
+def load_suite_with(source: str, **keywords: Any) -> Any:
+    """``load_suite(source, **keywords)``, leaving out keywords this loader does not take
+    (those that only improve messages; callers check the ones that change behaviour)."""
+    from ..config.loader import load_suite
+
+    known = inspect.signature(load_suite).parameters
+    return load_suite(source, **{k: v for k, v in keywords.items() if k in known})
+
+
+@contextmanager
+def _quiet_loader() -> Iterator[None]:
+    """Hide the loader's warnings while a file is loaded again (they were shown once)."""
+    logger = logging.getLogger("maestro.config")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def _with_place(message: str, file: str, path: str) -> str:
+    where = ": ".join(part for part in (file, path) if part)
+    return f"{message} ({where})" if where else message
+
+
+def _load(
+    config: str,
+    world_size: int | None,
+    options: dict[str, Any],
+    *,
+    world_size_source: str = "--nproc",
+    quiet: bool = False,
+) -> Any:
+    """The validated suite with the command-line options applied.
+
+    Raises ConfigError for the pattern file and OptionError when an option does not fit it
+    (``--pattern`` matching nothing, ``--max-size`` a block cannot take).
+    """
     from ..config.options import RunOptions, apply_overrides
 
-    suite = load_suite(config, world_size=world_size)
-    return apply_overrides(suite, RunOptions(**options))
+    with _quiet_loader() if quiet else nullcontext():
+        suite = load_suite_with(config, world_size=world_size, world_size_source=world_size_source)
+    try:
+        return apply_overrides(suite, RunOptions(**options))
+    except ConfigError as err:  # the file is fine: the option does not fit it
+        message = "; ".join(_with_place(i.message, i.file, i.path) for i in err.issues)
+        raise OptionError(message) from None
 
 
-def run_worker(config: str, world_size: int, options: dict[str, Any]) -> int:
-    """One rank's run (in a worker started by the launcher, torchrun or srun)."""
-    from ...errors import ConfigError, RunError
+def run_worker(
+    config: str,
+    world_size: int,
+    options: dict[str, Any],
+    *,
+    world_size_source: str = "--nproc",
+) -> int:
+    """One rank's run (in a worker started by the launcher, torchrun or srun).
+
+    The file was validated before this process started (or, under torchrun/srun, by this
+    process), so loading it again shows no warnings.
+    """
+    from ...errors import RunError
     from ..config.options import RunOptions
     from .distributed import detect_launch
     from .suite import run_suite
 
     launch = detect_launch()
     try:
-        suite = _load(config, launch.world_size, options)
+        suite = _load(
+            config,
+            launch.world_size,
+            options,
+            world_size_source=world_size_source,
+            quiet=True,
+        )
         return run_suite(suite, RunOptions(**options), launch)
     except ConfigError as err:
         if launch.rank == 0:
             print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except OptionError as err:
+        if launch.rank == 0:
+            print(f"maestro: invalid option: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except RunError as err:
         print(f"maestro: rank {launch.rank}: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except KeyboardInterrupt:
+        # Only before the run's own handling starts (loading, the rendezvous): nothing ran.
         if launch.rank == 0:
-            print(
-                "maestro: interrupted; patterns that finished are saved",
-                file=sys.stderr,
-                flush=True,
-            )
-        return 130
+            print(interrupts.message(saved=False), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED

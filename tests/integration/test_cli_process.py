@@ -1,0 +1,304 @@
+"""The command line as a user meets it, in real processes: input errors exit 2 before any worker
+starts (one message, no traceback, no hang), and Ctrl-C/SIGTERM end a run with status 130 and
+one line, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import REPO_ROOT, read_records, run_maestro
+
+pytestmark = pytest.mark.integration
+
+GONE_DEADLINE_S = 90.0
+"""Every process of an interrupted run must be gone this long after the signal."""
+INTERRUPTED = "maestro: interrupted"
+INTERRUPTED_SAVED = "maestro: interrupted; patterns that finished are saved"
+
+SLOW = """
+name: slow
+timeout_s: 3
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - name: nap
+    sweep: {us: [POINTS]}
+    blocks:
+      - {name: ar, op: all_reduce, axis: world, size: 4K}
+      - {name: nap, op: sleep, axis: world, duration_us: "${us}"}
+""".replace("POINTS", ", ".join(str(200000 + i) for i in range(60)))
+
+
+def _assert_one_message(proc: subprocess.CompletedProcess[str], prefix: str) -> str:
+    """Exit status 2 and exactly one line on stderr, which starts with ``prefix``."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
+    return lines[0]
+
+
+# ---- usage errors ----
+def test_unknown_option_exits_2_without_traceback():
+    proc = run_maestro(["run", "--no-such-option"], timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "No such option" in proc.stderr and "--no-such-option" in proc.stderr
+    proc = run_maestro(["run", "--nproc", "0"], timeout=60)
+    _assert_one_message(proc, "maestro: invalid option: --nproc must be at least 1, got 0")
+
+
+def test_unknown_option_through_run_benchmark_exits_2_without_traceback():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, "run_benchmark.py", "maestro", "--no-such-option"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "Usage: run_benchmark.py maestro" in proc.stderr and "No such option" in proc.stderr
+
+
+# ---- launcher variables ----
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK=5 is outside the world"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 must be between"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "one"}, "LOCAL_RANK='one' is not an"),
+        ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not an integer"),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "2"}, "SLURM_PROCID=3 is outside the world"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM_NTASKS=0 must be at least 1"),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "-2"},
+            "SLURM_LOCALID=-2 must be between",
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "WORLD_SIZE=2 ranks meet at MASTER_ADDR:MASTER_PORT"),
+    ],
+)
+def test_invalid_launch_variables_exit_2_before_any_worker(env, message):
+    proc = run_maestro(["run", "-c", "quickstart", "--no-metrics"], env=env, timeout=60)
+    line = _assert_one_message(proc, "maestro: invalid launch environment: ")
+    assert message in line, line
+
+
+# ---- --nproc and devices ----
+def test_nproc_beyond_the_machine_exits_2_with_the_reason():
+    proc = run_maestro(["run", "--nproc", "10000"], timeout=60)
+    line = _assert_one_message(proc, "maestro: invalid option: --nproc must be at most 256")
+    assert "got 10000" in line and "torchrun or srun" in line
+
+
+def test_nproc_bounded_by_the_open_file_limit():
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 200 if hard == resource.RLIM_INFINITY else min(200, hard)
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "userbenchmark.maestro", "run", "--nproc", "100"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lower_limit,
+    )
+    line = _assert_one_message(proc, "maestro: invalid option: --nproc must be at most ")
+    assert f"may open {limit} (ulimit -n)" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "nccl"], "--backend nccl needs CUDA"),
+        (["--profiler", "cupti"], "--profiler cupti times CUDA work"),
+        (["--profiler", "events"], "--profiler events times CUDA work"),
+    ],
+)
+def test_cuda_options_without_cuda_exit_2_before_any_worker(tmp_path, args, message):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = run_maestro(
+        ["run", "--nproc", "2", "--metrics-dir", str(tmp_path / "metrics"), *args], timeout=60
+    )
+    line = _assert_one_message(proc, "maestro: invalid option: ")
+    assert message in line, line
+    assert not (tmp_path / "metrics").exists()
+
+
+# ---- interrupts ----
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+class Run:
+    """A maestro run in the background whose processes are tracked until they are gone."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.seen: set[int] = set()
+
+    def watch(self) -> None:
+        """Remember every descendant alive now."""
+        todo = [self.proc.pid]
+        while todo:
+            for child in _children(todo.pop()):
+                if child not in self.seen:
+                    self.seen.add(child)
+                    todo.append(child)
+
+    def wait_for(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            self.watch()
+            assert self.proc.poll() is None, f"maestro exited before {what}: {self.stderr()}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+            time.sleep(0.05)
+        self.watch()
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.poll() is not None else ""
+
+    def interrupt(self, signum: int) -> tuple[int, str]:
+        """Send ``signum``; the exit status and stderr once every process is gone."""
+        self.watch()
+        self.proc.send_signal(signum)
+        sent = time.monotonic()
+        try:
+            _, err = self.proc.communicate(timeout=GONE_DEADLINE_S)
+            while any(_alive(pid) for pid in self.seen):
+                assert time.monotonic() - sent < GONE_DEADLINE_S, (
+                    f"still running {GONE_DEADLINE_S:.0f} s after the signal: "
+                    f"{sorted(p for p in self.seen if _alive(p))}"
+                )
+                time.sleep(0.2)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"maestro still running {GONE_DEADLINE_S:.0f} s after the signal")
+        finally:
+            for pid in [self.proc.pid, *self.seen]:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        return self.proc.returncode, err
+
+
+def _run_slow(tmp_path: Path, *, nproc: int | None = 2, entry: tuple[str, ...] = ()) -> Run:
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW)
+    argv = [
+        *(entry or ("-m", "userbenchmark.maestro", "run")),
+        "-c",
+        str(config),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-dir",
+        str(tmp_path / "metrics"),
+        "--backend",
+        "gloo",  # CPU workers, also on a machine with fewer GPUs than workers
+    ]
+    if nproc is not None:
+        argv += ["--nproc", str(nproc)]
+    return Run(argv)
+
+
+def _assert_interrupted(status: int, err: str, last_line: str) -> None:
+    assert status == 130, (status, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines and lines[-1] == last_line, err[-3000:]
+    assert lines.count(last_line) == 1, err[-3000:]
+    # Before it, at most the interrupted pattern, as rank 0 reports any failed pattern.
+    assert all(line.startswith("maestro: pattern ") for line in lines[:-1]), err[-3000:]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_under_nproc(tmp_path, signum):
+    run = _run_slow(tmp_path)
+    results = tmp_path / "out" / "results.json"
+    run.wait_for(results.exists, 180, "finished pattern")
+    status, err = run.interrupt(signum)
+    _assert_interrupted(status, err, INTERRUPTED_SAVED)
+    finished = {r["pattern"] for r in read_records(tmp_path / "out")}
+    assert 1 <= len(finished) < 60
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
+def test_sigint_while_workers_start(tmp_path):
+    """Workers still importing torch: no KeyboardInterrupt traceback from any of them."""
+    run = _run_slow(tmp_path)
+    # Python's resource tracker, then the workers, are the launcher's children.
+    run.wait_for(lambda: len(_children(run.proc.pid)) >= 2, 120, "worker processes")
+    status, err = run.interrupt(signal.SIGINT)
+    _assert_interrupted(status, err, INTERRUPTED)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
+def test_sigint_mid_run_through_run_benchmark(tmp_path):
+    run = _run_slow(tmp_path, entry=("run_benchmark.py", "maestro"))
+    run.wait_for((tmp_path / "out" / "results.json").exists, 180, "finished pattern")
+    status, err = run.interrupt(signal.SIGINT)
+    _assert_interrupted(status, err, INTERRUPTED_SAVED)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
+def test_sigint_mid_run_of_one_process(tmp_path):
+    run = _run_slow(tmp_path, nproc=None)
+    run.wait_for((tmp_path / "out" / "results.json").exists, 180, "finished pattern")
+    status, err = run.interrupt(signal.SIGINT)
+    _assert_interrupted(status, err, INTERRUPTED_SAVED)

@@ -1,0 +1,288 @@
+"""The command line in-process: commands, help, usage errors, option errors, TorchBench's run()."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import click
+import pytest
+
+from userbenchmark.maestro import cli
+from userbenchmark.maestro.core.config import loader
+from userbenchmark.maestro.errors import ConfigError
+from userbenchmark.maestro.run import run
+
+LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+)
+COMMANDS = {
+    "run": cli.run_command,
+    "validate": cli.validate_command,
+    "compare": cli.compare_command,
+    "list-blocks": cli.list_blocks_command,
+}
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_and_logging_restored(monkeypatch):
+    """No launcher variables; the 'maestro' logger and SIGTERM as they were (other tests read
+    log records through pytest's handlers)."""
+    for key in LAUNCH_VARS:
+        monkeypatch.delenv(key, raising=False)
+    logger = logging.getLogger("maestro")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+    assert signal.getsignal(signal.SIGTERM) == sigterm
+
+
+def _opts(command: click.Command) -> list[str]:
+    return [opt for p in command.params if isinstance(p, click.Option) for opt in p.opts]
+
+
+# ---- surface ----
+def test_group_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Usage: python -m userbenchmark.maestro" in out
+    for name in COMMANDS:
+        assert name in out
+    assert "130" in out  # the exit statuses are documented
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_of_each_command_lists_its_options(name, capsys):
+    assert cli.main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    for opt in _opts(COMMANDS[name]):
+        assert opt in out, opt
+    assert "-h, --help" in out
+
+
+def test_run_keeps_todays_options_and_defaults():
+    expected = {
+        "-c": "quickstart",
+        "--config": "quickstart",
+        "--nproc": None,
+        "--output-dir": None,
+        "--metrics-dir": None,
+        "--no-metrics": False,
+        "--backend": "auto",
+        "--profiler": "auto",
+        "--iters": None,
+        "--warmup-iters": None,
+        "--check": False,
+        "--no-baseline": False,
+        "--pattern": (),
+        "--precision": 2,
+        "--seed": 0,
+        "--trace": False,
+        "--plot": False,
+        "--max-size": None,
+        "--log-level": "INFO",
+    }
+    params = {opt: p for p in cli.run_command.params for opt in p.opts}
+    assert set(expected) <= set(params)
+    ctx = cli.run_command.make_context("run", [])
+    for opt, default in expected.items():
+        assert ctx.params[params[opt].name] == default, opt
+    options = cli._options(ctx.params)
+    # Flags not given leave the pattern file's settings alone.
+    assert options["check"] is None and options["baseline"] is None
+    given = cli._options(
+        cli.run_command.make_context(
+            "run", ["--check", "--no-baseline", "--pattern", "a*", "--pattern", "b"]
+        ).params
+    )
+    assert given["check"] is True and given["baseline"] is False
+    assert given["patterns"] == ("a*", "b")
+
+
+def test_validate_and_compare_options():
+    assert {"--world-size", "--no-import"} <= set(_opts(cli.validate_command))
+    assert "--threshold" in _opts(cli.compare_command)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["run", "--bogus"], ["No such option", "--bogus"]),
+        (["run", "--nproc", "two"], ["--nproc", "'two' is not a valid integer"]),
+        (["run", "--backend", "mpi"], ["--backend", "'mpi' is not one of"]),
+        (["run", "--max-size", "64X"], ["--max-size", "64X"]),
+        (["validate"], ["Missing argument", "CONFIG"]),
+        (["compare", "a.json"], ["Missing argument", "B"]),
+        (["no-such-command"], ["No such command", "no-such-command"]),
+        ([], ["Missing command"]),
+    ],
+)
+def test_usage_errors_exit_2_with_clicks_message(argv, fragments, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    for fragment in fragments:  # click's wording, which varies a little between 8.x releases
+        assert fragment in err, (fragment, err)
+    assert "Usage:" in err and "Traceback" not in err
+
+
+# ---- option errors: labelled as options, one line, exit status 2 ----
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["--iters", "0"], "--iters must be at least 1, got 0"),
+        (["--warmup-iters", "-1"], "--warmup-iters must be 0 or more, got -1"),
+        (["--precision", "10"], "--precision must be between 0 and 9, got 10"),
+        (["--precision", "-1"], "--precision must be between 0 and 9, got -1"),
+        (["--trace"], "--trace writes into --output-dir: give --output-dir DIR"),
+        (["--plot"], "--plot writes into --output-dir: give --output-dir DIR"),
+        (["--nproc", "100000"], "--nproc must be at most"),
+        (["--pattern", "no_such_*"], "--pattern no_such_* matches no pattern; patterns: "),
+    ],
+)
+def test_option_errors_are_labelled_as_options(argv, message, capsys):
+    assert cli.main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"maestro: invalid option: {message}"), err
+    assert err.count("\n") == 1 and "invalid configuration" not in err
+
+
+def test_plot_without_matplotlib_is_an_option_error(monkeypatch, tmp_path, capsys):
+    from userbenchmark.maestro.core.output import plot
+
+    monkeypatch.setattr(plot, "matplotlib_available", lambda: False)
+    assert cli.main(["run", "--plot", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"maestro: invalid option: {plot.MISSING_MATPLOTLIB}\n"
+
+
+def test_nproc_conflicting_with_the_launcher_is_an_option_error(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli.main(["run", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maestro: invalid option: --nproc 2 conflicts with the launcher's")
+
+
+def test_pattern_file_errors_stay_configuration_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\npatterns: 3\n")
+    assert cli.main(["run", "-c", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maestro: invalid configuration:\n") and str(bad) in err
+    assert cli.main(["validate", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith("maestro: invalid configuration:\n")
+
+
+def test_validate_world_size_must_be_positive(capsys):
+    assert cli.main(["validate", "quickstart", "--world-size", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "maestro: invalid option: --world-size must be at least 1, got 0\n"
+    )
+
+
+# ---- the loader's newer keywords, passed only when it has them ----
+def _recording_loader(calls: list[dict], *, with_keywords: bool):
+    real = loader.load_suite
+    if with_keywords:
+
+        def load_suite(source, *, world_size=None, import_ops=True, world_size_source=""):
+            calls.append(
+                {
+                    "world_size": world_size,
+                    "import_ops": import_ops,
+                    "world_size_source": world_size_source,
+                }
+            )
+            return real(source, world_size=world_size)
+
+    else:
+
+        def load_suite(source, *, world_size=None):
+            calls.append({"world_size": world_size})
+            return real(source, world_size=world_size)
+
+    return load_suite
+
+
+def test_validate_no_import_is_passed_to_a_loader_that_takes_it(monkeypatch, capsys):
+    calls: list[dict] = []
+    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls, with_keywords=True))
+    assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 0
+    assert calls == [{"world_size": 2, "import_ops": False, "world_size_source": "--world-size"}]
+    calls.clear()
+    assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
+    assert calls[0]["import_ops"] is True
+    assert "suite quickstart" in capsys.readouterr().out
+
+
+def test_validate_no_import_refuses_a_loader_that_would_import(monkeypatch, capsys):
+    calls: list[dict] = []
+    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls, with_keywords=False))
+    assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 2
+    assert calls == []  # nothing was loaded, so nothing was imported
+    assert "--no-import" in capsys.readouterr().err
+    assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
+    assert calls == [{"world_size": 2}]
+
+
+def _failing_loader(calls: list[dict]):
+    def load_suite(source, *, world_size=None, world_size_source=""):
+        calls.append({"world_size": world_size, "world_size_source": world_size_source})
+        raise ConfigError("stop here", file=str(source))
+
+    return load_suite
+
+
+def test_run_names_where_the_world_size_came_from(monkeypatch, capsys):
+    calls: list[dict] = []
+    monkeypatch.setattr(loader, "load_suite", _failing_loader(calls))
+    assert cli.main(["run", "--nproc", "3", "--backend", "gloo"]) == 2
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli.main(["run"]) == 2
+    assert calls == [
+        {"world_size": 3, "world_size_source": "--nproc"},
+        {"world_size": 1, "world_size_source": "the launcher's WORLD_SIZE"},
+    ]
+    assert capsys.readouterr().err.count("maestro: invalid configuration:") == 2
+
+
+# ---- TorchBench's run(args) ----
+def test_torchbench_run_uses_the_run_options_without_clicks_exit(capsys):
+    assert run(["--help"]) is None  # status 0: no SystemExit, not even SystemExit(0)
+    out = capsys.readouterr().out
+    assert out.startswith("Usage: run_benchmark.py maestro [OPTIONS]")
+    for opt in _opts(cli.run_command):
+        assert opt in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "No such option"),
+        (["--nproc", "0"], "maestro: invalid option: --nproc must be at least 1, got 0"),
+    ],
+)
+def test_torchbench_run_raises_systemexit_with_the_status(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        run(args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_interrupt_in_a_command_is_status_130_and_one_line(monkeypatch, capsys):
+    def interrupted(params):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_run", interrupted)
+    assert cli.main(["run"]) == 130
+    assert capsys.readouterr().err == "maestro: interrupted\n"
