@@ -430,9 +430,13 @@ def kineto_spans_us(trace: dict[str, Any], iters: int) -> dict[str, Any]:
     }
 
 
-def kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> dict[str, Any]:
+def kineto_reference(
+    args: argparse.Namespace, maestro_rate: float | None, gates: dict[str, float]
+) -> dict[str, Any]:
     """The gated loop of every op under torch.profiler (CUPTI through Kineto, not maestro's
-    reader); runs in a process of its own (one CUPTI client per process)."""
+    reader); runs in a process of its own (one CUPTI client per process). Each op's spin is
+    the hand gated loop's (maestro's gate spin for that op): a long kernel's speed depends on
+    how busy the GPU is kept between launches."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -441,9 +445,10 @@ def kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> di
     errors: dict[str, str] = {}
     cycles_per_us = calibrate_sleep_cycles_per_us(torch.device("cuda", 0))
     ops = Ops(torch, maestro_rate or cycles_per_us, errors)
-    spin = max(1, round(200.0 * cycles_per_us))
     out: dict[str, Any] = {"_errors": errors}
     for name, op in ops.ops.items():
+        spin_us = max(200.0, gates.get(name) or 0.0)
+        spin = max(1, round(spin_us * cycles_per_us))
         try:
             for _ in range(args.warmup):
                 op()
@@ -464,7 +469,9 @@ def kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> di
     return out
 
 
-def run_kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -> dict[str, Any]:
+def run_kineto_reference(
+    args: argparse.Namespace, maestro_rate: float | None, gates: dict[str, float]
+) -> dict[str, Any]:
     """:func:`kineto_reference` in a child process; its JSON result."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "kineto.json"
@@ -472,6 +479,7 @@ def run_kineto_reference(args: argparse.Namespace, maestro_rate: float | None) -
         cmd += ["--iters", str(args.iters), "--warmup", str(args.warmup)]
         if maestro_rate:
             cmd += ["--maestro-rate", repr(maestro_rate)]
+        cmd += ["--maestro-gates", json.dumps(gates)]
         proc = subprocess.run(
             cmd, cwd=REPO_ROOT, env=maestro_env(), capture_output=True, text=True,
             timeout=SUBPROCESS_TIMEOUT_S,
@@ -741,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only the torch.profiler reference loops, in this process; JSON to FILE",
     )
     parser.add_argument("--maestro-rate", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--maestro-gates", default="{}", help=argparse.SUPPRESS)
     parser.add_argument(
         "--first-launch-probe",
         action="store_true",
@@ -749,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.kineto_reference:  # the child of run_kineto_reference
-        result = kineto_reference(args, args.maestro_rate)
+        result = kineto_reference(args, args.maestro_rate, json.loads(args.maestro_gates))
         Path(args.kineto_reference).write_text(json.dumps(result))
         return 0
     if args.first_launch_probe:  # the child of run_probe: one JSON line
@@ -812,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 errors[f"maestro {label}"] = f"{type(exc).__name__}: {exc}"
     local: dict[str, dict[str, Any]] = {}
+    rate = None
+    gates: dict[str, float] = {}
     try:
         cupti_run = maestro.get("cupti", {})
         rate = cupti_run.get("environ", {}).get("sleep_cycles_per_us")
@@ -825,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         errors["in-process"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     try:
-        kineto = run_kineto_reference(args, float(rate) if rate else None)
+        kineto = run_kineto_reference(args, float(rate) if rate else None, gates)
         for key, message in kineto.pop("_errors", {}).items():
             errors[f"torch.profiler {key}"] = message
         for name, value in kineto.items():
