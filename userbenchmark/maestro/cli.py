@@ -406,11 +406,18 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     metavar="METRIC=FRACTION",
     help="override of a metric's relative threshold (repeatable; 10% also works)",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="compare even when the runs' measurement settings differ (the table says so)",
+)
 @_interruptible
-def compare_command(a: str, b: str, threshold: tuple[str, ...]) -> int:
-    """Compare B (treatment) against A (control): each a results.json, a patterns.json or a
-    TorchBench metrics JSON. Exit status 0 nothing regressed, 1 a metric regressed, 2 a file
-    cannot be used."""
+def compare_command(a: str, b: str, threshold: tuple[str, ...], force: bool) -> int:
+    """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
+    --output-dir or a TorchBench metrics JSON. Runs measured with different settings (sizes,
+    iterations, backend, profiler, world size, ranks per GPU...) are refused unless --force;
+    versions and devices may differ (that is what A/B compares). Exit status 0 nothing
+    regressed, 1 a metric regressed, 2 a file cannot be used or the settings differ."""
     from .core.output.compare import (
         CompareError,
         compare_files,
@@ -422,7 +429,7 @@ def compare_command(a: str, b: str, threshold: tuple[str, ...]) -> int:
     configure_logging("INFO", ranked=False)
     try:
         overrides = parse_threshold_overrides(threshold)
-        result = compare_files(a, b, threshold_overrides=overrides or None)
+        result = compare_files(a, b, threshold_overrides=overrides or None, force=force)
     except CompareError as err:
         print(f"maestro: {err}", file=sys.stderr)
         return EXIT_USAGE

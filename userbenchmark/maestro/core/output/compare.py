@@ -36,6 +36,7 @@ from .results import (
     read_json_file,
     results_from_records,
 )
+from .settings import setting_differences, stack_line
 
 __all__ = [
     "CompareError",
@@ -77,6 +78,13 @@ class CompareResult:
     path_a: str
     path_b: str
     rows: tuple[CompareRow, ...]
+    stack_a: str = "unknown"
+    stack_b: str = "unknown"
+    """What each run ran on (versions, device), from its settings."""
+    setting_differences: tuple[str, ...] = ()
+    """Measurement settings both runs record with different values (compared anyway)."""
+    unrecorded: tuple[str, ...] = ()
+    """Sides (A, B) whose settings are not known, so they could not be checked."""
 
     @property
     def regressions(self) -> tuple[CompareRow, ...]:
@@ -162,13 +170,62 @@ def compare_metrics(
     return tuple(rows)
 
 
+class SettingsDiffer(CompareError):
+    """The two runs measured different things (their measurement settings differ)."""
+
+    def __init__(self, path_a: str, path_b: str, differences: list[str]) -> None:
+        shown = differences[:20]
+        more = f"\n  ... and {len(differences) - 20} more" if len(differences) > 20 else ""
+        super().__init__(
+            f"{path_a} and {path_b} were measured with different settings, so their numbers "
+            "do not compare:\n  " + "\n  ".join(shown) + more + "\nCompare them anyway with "
+            "--force (the table then says so)."
+        )
+        self.differences = tuple(differences)
+
+
+def load_settings(path: str | Path) -> dict[str, Any] | None:
+    """A run's settings: a metrics file's ``environ``, or ``run.json`` beside results files
+    (in an ``--output-dir``); None when the run records none (older files)."""
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / "run.json"
+    elif path.name in ("results.json", "patterns.json", "pairs.json"):
+        candidate = path.with_name("run.json")
+    else:
+        try:
+            doc = read_json_file(path)
+        except ResultsError as exc:
+            raise CompareError(_clip(str(exc))) from None
+        environ = doc.get("environ") if isinstance(doc, dict) else None
+        return dict(environ) if isinstance(environ, dict) else None
+    if not candidate.is_file():
+        return None
+    try:
+        doc = read_json_file(candidate)
+    except ResultsError as exc:
+        raise CompareError(_clip(str(exc))) from None
+    return dict(doc) if isinstance(doc, dict) else None
+
+
 def compare_files(
     path_a: str | Path,
     path_b: str | Path,
     *,
     threshold_overrides: Mapping[str, float] | None = None,
+    force: bool = False,
 ) -> CompareResult:
-    """Load both files and compare B against A; CompareError when they share no metric key."""
+    """Load both files and compare B against A.
+
+    CompareError when they share no metric key; SettingsDiffer when their measurement
+    settings differ, unless ``force`` (then the result lists the differences).
+    """
+    settings_a, settings_b = load_settings(path_a), load_settings(path_b)
+    differences: list[str] = []
+    if settings_a is not None and settings_b is not None:
+        differences = setting_differences(settings_a, settings_b)
+        if differences and not force:
+            raise SettingsDiffer(str(path_a), str(path_b), differences)
     a = load_metrics(path_a)
     b = load_metrics(path_b)
     if not a.keys() & b.keys():
@@ -179,7 +236,15 @@ def compare_files(
     if threshold_overrides:
         _check_overrides(threshold_overrides, a.keys() | b.keys())
     rows = compare_metrics(a, b, threshold_overrides=threshold_overrides)
-    return CompareResult(path_a=str(path_a), path_b=str(path_b), rows=rows)
+    return CompareResult(
+        path_a=str(path_a),
+        path_b=str(path_b),
+        rows=rows,
+        stack_a=stack_line(settings_a or {}),
+        stack_b=stack_line(settings_b or {}),
+        setting_differences=tuple(differences),
+        unrecorded=tuple(side for side, s in (("A", settings_a), ("B", settings_b)) if s is None),
+    )
 
 
 def format_compare_table(result: CompareResult) -> str:
@@ -201,7 +266,18 @@ def format_compare_table(result: CompareResult) -> str:
     text = tabulate(table, headers=headers, disable_numparse=True, colalign=align)
     verdicts = ("regressed", "improved", "unchanged", "changed", "only in A", "only in B")
     summary = ", ".join(f"{result.count(v)} {v}" for v in verdicts if result.count(v))
-    return f"A: {result.path_a}\nB: {result.path_b}\n{text}\n{summary}"
+    head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
+    if result.setting_differences:
+        head.append(
+            "WARNING: compared with --force although the runs' settings differ: "
+            + "; ".join(result.setting_differences)
+        )
+    if result.unrecorded:
+        head.append(
+            f"note: {' and '.join(result.unrecorded)} record no settings (older files): "
+            "that they measured the same thing was not checked"
+        )
+    return "\n".join(head) + f"\n{text}\n{summary}"
 
 
 def exit_code(result: CompareResult) -> int:

@@ -37,6 +37,7 @@ MAESTRO_OUTPUT_NAMES: Final = (
     "pairs.json",
     "pairs.csv",
     "failures.json",
+    "run.json",
     "trace.json",
     "traces",
 )

@@ -87,6 +87,8 @@ class OutputWriter:
                 texts[out / f"{stem}.csv"] = csv_text(frame)
             if self.failures:
                 texts[out / "failures.json"] = json.dumps(self.failures, indent=1) + "\n"
+            # What produced these numbers (the metrics file's environ): compare reads it.
+            texts[out / "run.json"] = json.dumps(self.environ, indent=1, sort_keys=True) + "\n"
             if self.trace:
                 from .trace import trace_text
 

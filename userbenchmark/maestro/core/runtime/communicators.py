@@ -75,6 +75,13 @@ class Communicators:
                 dict(axis.nccl),
                 self.backend,
             )
+        if axis.priority == "high" and self.backend != "nccl":
+            log.warning(
+                "axis %r: priority: high has no effect on the %s backend (CPU lanes are "
+                "threads without priorities; it sets CUDA stream and NCCL priorities)",
+                axis.name,
+                self.backend,
+            )
         mine = None
         for team in axis.teams:
             kwargs: dict[str, Any] = {

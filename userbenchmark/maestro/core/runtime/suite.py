@@ -71,6 +71,26 @@ def make_profiler(name: str, dist: DistContext) -> Any:
     return EventProfiler()
 
 
+def suite_settings(suite: SuiteSpec) -> dict[str, str]:
+    """What each pattern and block measures, after command-line overrides and --max-size:
+    ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
+    -> op, dtype, team size and parameters. compare refuses runs where these differ."""
+    from ...blocks.registry import resolve_op
+    from ..config.summary import describe_params
+
+    out = {}
+    for p in suite.patterns:
+        out[f"pattern.{p.name}"] = (
+            f"iters={p.num_iters} warmup_iters={p.warmup_iters} sync={p.sync} "
+            f"graph={str(p.graph).lower()}"
+        )
+        for b in p.blocks:
+            team = suite.axes[b.axis].team_size
+            work = describe_params(resolve_op(b.op), b.params)
+            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {work}"
+    return out
+
+
 def environ_info(
     dist: DistContext,
     suite: SuiteSpec,
@@ -119,6 +139,7 @@ def environ_info(
             info["cupti_python_version"] = version("cupti-python")
     for key, value in (calibration or {}).items():
         info[key] = repr(float(value))
+    info.update(suite_settings(suite))
     for key, value in suite.env.items():
         info[f"env.{key}"] = value
     return info
