@@ -200,10 +200,12 @@ class Sleep(Block):
 
             torch.cuda._sleep(self.cycles)
             return
-        # CPU: sleep most of it (releases the GIL), spin the last stretch for precision.
+        # CPU: sleep most of it, then short sleeps up to the deadline. Every step releases the
+        # GIL: a busy spin would hold it, and a lane thread spinning beside another one (two
+        # sleeps on two lanes) could wait out Python's 5 ms switch interval past its deadline.
         deadline = time.perf_counter() + self.duration_s
-        coarse = self.duration_s - 0.0005
+        coarse = self.duration_s - 0.001
         if coarse > 0:
             time.sleep(coarse)
-        while time.perf_counter() < deadline:
-            pass
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(min(left, 100e-6))
