@@ -115,10 +115,15 @@ def _run(
     profiler: str = "auto",
     timeout: float = 600,
 ) -> Path:
-    """Run maestro on `nproc` GPUs (one rank each); return its output folder."""
+    """Run maestro on `nproc` ranks (one GPU each, or sharing GPUs); return its output folder.
+
+    Where ranks share a GPU only correctness is checked, so iterations are few.
+    """
     out = Path(KEEP) / f"multi-{tag}" if KEEP else tmp_path / tag
     args = ["run", "-c", config, "--nproc", str(nproc), "--profiler", profiler]
     args += ["--output-dir", str(out), "--no-metrics", *extra]
+    if shares_gpus(nproc) and "--iters" not in extra:
+        args += ["--iters", "4", "--warmup-iters", "2"]
     proc = run_maestro(args, timeout=timeout, env=ENV)
     print(proc.stdout)
     print(proc.stderr[-4000:])
