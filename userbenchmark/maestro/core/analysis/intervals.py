@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .activities import DeviceActivities
 
 
 @dataclass(kw_only=True)
@@ -58,3 +62,5 @@ class WindowTimings:
     activity_counts: np.ndarray | None = None
     """Per block: device activities attributed to it in the window (CUPTI only)."""
     extra: dict | None = None
+    activities: DeviceActivities | None = None
+    """The window's attributed device activities, names included (CUPTI with --trace)."""
