@@ -9,15 +9,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 # Words of a warning about what HTA could not find (ranks, steps, iterations); file paths are
 # taken out first, since rank<r>.json names a rank in every parsing message.
 _MISSING_WORDS = re.compile(r"\brank\b|step|iteration", re.IGNORECASE)
 
 
 def trace_analysis_class() -> Any:
-    """``hta.trace_analysis.TraceAnalysis``; skips the test when HTA is not installed.
+    """``hta.trace_analysis.TraceAnalysis`` (a test requirement: requirements-test.txt).
 
     Importing HTA runs ``logging.config.fileConfig``, which disables every logger that exists
     and adds a handler to the root logger: both are put back as they were.
@@ -30,7 +28,7 @@ def trace_analysis_class() -> Any:
         if isinstance(lg, logging.Logger)
     }
     try:
-        hta = pytest.importorskip("hta.trace_analysis")
+        import hta.trace_analysis as hta
     finally:
         root.setLevel(level)
         root.handlers[:] = handlers
