@@ -267,7 +267,7 @@ def test_device_events_carry_cupti_fields_and_maestros_attribution(tmp_path):
             args = e["args"]
             assert isinstance(args["stream"], int) and args["stream"] >= 1
             assert isinstance(args["correlation"], int) and args["correlation"] in cpu_corr
-            assert args["block"] in BLOCKS and 0 <= args["iteration"] < NUM_ITERS
+            assert args["block"] in BLOCKS and 0 <= args["pattern_iteration"] < NUM_ITERS
             assert (
                 args["pattern"] == "ag_gemm_rs" and args["op"] == OPS[BLOCKS.index(args["block"])]
             )
@@ -289,7 +289,9 @@ def test_device_events_carry_cupti_fields_and_maestros_attribution(tmp_path):
         assert all("stream" not in e["args"] for e in steps)
         for k, step in enumerate(steps[:-1]):  # each step holds its iteration's launches
             mine = [
-                e for e in events if e["cat"].startswith("cuda_") and e["args"]["iteration"] == k
+                e
+                for e in events
+                if e["cat"].startswith("cuda_") and e["args"]["pattern_iteration"] == k
             ]
             assert all(step["ts"] <= e["ts"] < step["ts"] + step["dur"] for e in mine)
         annotations = [e for e in events if e["cat"] == "gpu_user_annotation"]
@@ -419,3 +421,22 @@ def test_writer_rewrites_rank_files_after_each_pattern(tmp_path):
     doc = json.loads((out / TRACES_DIR / "rank0.json").read_text())
     assert [p["pattern"] for p in doc["maestroPatterns"]] == ["one", "two"]
     assert (out / "trace.json").exists()
+
+
+def test_hta_parsing_every_arg_gives_columns_to_filter_kernels_by_block(tmp_path):
+    from hta.configs.parser_config import ParserConfig
+
+    traces = write_traces(tmp_path, [cupti_outcome("ag_gemm_rs", seed=4)])
+    saved = ParserConfig.get_default_cfg()
+    ParserConfig.set_default_cfg(ParserConfig(parse_all_args=True))
+    try:
+        analysis, warnings = load_traces(traces)
+    finally:
+        ParserConfig.set_default_cfg(saved)
+    assert warnings == []
+    df = analysis.t.get_trace(1)
+    sym = analysis.t.symbol_table.get_sym_id_map()
+    gemm = df[df["name"] == sym[GEMM]]
+    assert set(gemm["block"]) == {"gemm"} and set(gemm["op"]) == {"gemm"}
+    assert sorted(gemm["pattern_iteration"]) == list(range(NUM_ITERS))
+    assert sorted(gemm["iteration"]) == list(range(NUM_ITERS))  # HTA's: the ProfilerStep

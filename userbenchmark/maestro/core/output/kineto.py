@@ -187,6 +187,10 @@ class _RankFile:
 def _block_args(
     timeline: Timeline, b: int, rank: int, results: dict[str, BlockResult]
 ) -> dict[str, Any]:
+    """maestro's attribution of an event. Its iteration goes in ``pattern_iteration`` (added
+    by the callers), not ``iteration``: HolisticTraceAnalysis fills an ``iteration`` column of
+    its own (the ProfilerStep number) and fails to load an arg of that name when it parses
+    every arg. The kernel's thread-block dims are ``block dims``: ``block`` is maestro's."""
     name = timeline.block_names[b]
     result = results.get(name)
     args: dict[str, Any] = {
@@ -225,7 +229,7 @@ def _write_cpu_blocks(
                 tid,
                 at(s),
                 _us(e - s),
-                {**base, "iteration": it},
+                {**base, "pattern_iteration": it},
             )
 
 
@@ -260,7 +264,7 @@ def _write_device_activities(
             "stream": stream,
             "correlation": int(acts.correlation_id[i]),
             **block_args[b],
-            "iteration": it,
+            "pattern_iteration": it,
         }
         if kind == KIND_KERNEL:
             args["grid"] = acts.grid[i].tolist()
@@ -302,7 +306,7 @@ def _write_device_activities(
                 "cbid": int(launches.cbid[j]),
                 "correlation": corr,
                 **block_args[int(acts.block[i])],
-                "iteration": int(acts.iteration[i]),
+                "pattern_iteration": int(acts.iteration[i]),
             },
         )
     missing = ~np.isin(acts.correlation_id, launches.correlation_id)
@@ -326,7 +330,7 @@ def _write_device_activities(
                     "correlation": corr,
                     "synthesised": True,
                     **block_args[int(acts.block[i])],
-                    "iteration": int(acts.iteration[i]),
+                    "pattern_iteration": int(acts.iteration[i]),
                 },
             )
     # Block spans per stream: HTA's get_gpu_kernels_with_user_annotations names each
@@ -348,7 +352,7 @@ def _write_device_activities(
             stream,
             at(int(first[g])),
             _us(int(last[g]) - int(first[g])),
-            {**block_args[b], "iteration": it},
+            {**block_args[b], "pattern_iteration": it},
         )
 
 
@@ -411,7 +415,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
                     STEP_TID,
                     at(int(s[it])),
                     _us(end - int(s[it])),
-                    {"pattern": timeline.pattern, "iteration": it},
+                    {"pattern": timeline.pattern, "pattern_iteration": it},
                 )
             if part.rt.activities is not None:
                 _write_device_activities(f, timeline, part, at, results)
