@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.integration.helpers import read_records, run_pattern
+from tests.integration.helpers import REPO_ROOT, read_records, run_pattern
 
 pytestmark = pytest.mark.integration
 
@@ -208,3 +212,14 @@ def test_rank_traces_of_a_cpu_run_load_in_hta(tmp_path):
         assert int((df["stream"] != -1).sum()) == 0
     table = analysis.get_comm_comp_overlap(visualize=False)
     assert list(table["rank"]) == [0, 1]  # computed; NaN, as HTA sees no GPU kernel
+    # The HTA example of docs/outputs-trace-plot.md runs as written on this output.
+    page = (REPO_ROOT / "docs" / "outputs-trace-plot.md").read_text()
+    section = page[page.index("## `--trace`: `out/traces/rank<r>.json`") :]
+    example = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert 'trace_dir="out/traces"' in example
+    done = subprocess.run(
+        [sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
