@@ -325,7 +325,9 @@ def test_several_patterns_one_after_another_match_hta_over_the_whole_file(tmp_pa
         assert min(per_pattern) - 1e-9 <= whole <= max(per_pattern) + 1e-9
 
 
-def cpu_outcome(pattern: str = "cpu", clock: str = "perf_counter") -> PatternOutcome:
+def cpu_outcome(
+    pattern: str = "cpu", clock: str = "perf_counter", shared: bool = True
+) -> PatternOutcome:
     starts = np.zeros((len(BLOCKS), NUM_ITERS), dtype=np.int64)
     ends = np.zeros_like(starts)
     for it in range(NUM_ITERS):
@@ -344,8 +346,8 @@ def cpu_outcome(pattern: str = "cpu", clock: str = "perf_counter") -> PatternOut
         for r in range(2)
     )
     timeline = Timeline(
-        pattern=pattern, block_names=BLOCKS, block_lanes=LANES, ranks=ranks, shared_clock=True,
-        block_categories=CATEGORIES, backend="gloo",
+        pattern=pattern, block_names=BLOCKS, block_lanes=LANES, ranks=ranks,
+        shared_clock=shared, block_categories=CATEGORIES, backend="gloo",
     )  # fmt: skip
     result = PatternResult(
         suite="s", pattern=pattern, iters=NUM_ITERS, num_blocks=len(BLOCKS),
@@ -440,3 +442,18 @@ def test_hta_parsing_every_arg_gives_columns_to_filter_kernels_by_block(tmp_path
     assert set(gemm["block"]) == {"gemm"} and set(gemm["op"]) == {"gemm"}
     assert sorted(gemm["pattern_iteration"]) == list(range(NUM_ITERS))
     assert sorted(gemm["iteration"]) == list(range(NUM_ITERS))  # HTA's: the ProfilerStep
+
+
+def test_ranks_without_a_shared_clock_each_start_at_their_own_first_event():
+    # CUDA events (the events profiler) count from each rank's own reference.
+    docs = build_rank_traces([cpu_outcome("ev", clock="cuda_event", shared=False)])
+    for doc in docs.values():
+        (span,) = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "ev"]
+        assert span["ts"] == 0.0
+        assert doc["maestroPatterns"][0]["ranks_share_a_clock"] is False
+        assert doc["maestro"]["ranks_share_a_clock"] is False
+    shared = build_rank_traces([cpu_outcome("ev")])
+    first = [
+        next(e["ts"] for e in d["traceEvents"] if e.get("name") == "ev") for d in shared.values()
+    ]
+    assert first == [0.0, 0.999]  # rank 1 started 999 ns later on the same clock

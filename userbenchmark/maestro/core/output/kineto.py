@@ -109,7 +109,7 @@ def _iteration_bounds(part: _RankPart) -> tuple[np.ndarray, np.ndarray]:
     return s, e
 
 
-def _args_null(value: float) -> float | None:
+def _finite_or_none(value: float) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
@@ -439,7 +439,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
                     "num_steps": num_iters,
                     "clock": part.rt.clock,
                     "ranks_share_a_clock": shared,
-                    "comm_compute_overlap": _args_null(cc[rank]) if rank < len(cc) else None,
+                    "comm_compute_overlap": _finite_or_none(cc[rank]) if rank < len(cc) else None,
                     "device_activities": part.rt.activities is not None,
                 }
             )
