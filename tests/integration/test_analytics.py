@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.integration.helpers import pair_overlaps, read_records, run_pattern
+from tests.integration.helpers import REPO_ROOT, pair_overlaps, read_records, run_pattern
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +177,50 @@ def test_trace_without_output_dir_is_a_usage_error(tmp_path):
     proc = run_maestro(["run", "-c", "quickstart", "--trace"], timeout=60)
     assert proc.returncode == 2
     assert "--output-dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rank_traces_of_a_cpu_run_load_in_hta(tmp_path):
+    from tests.hta_support import load_traces
+    from tests.integration.helpers import run_maestro
+
+    out = tmp_path / "out"
+    proc = run_maestro(
+        ["run", "-c", "quickstart", "--nproc", "2", "--output-dir", str(out), "--trace",
+         "--no-metrics"],
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traces = out / "traces"
+    assert sorted(p.name for p in traces.iterdir()) == ["rank0.json", "rank1.json"]
+    docs = {r: json.loads((traces / f"rank{r}.json").read_text()) for r in (0, 1)}
+    # overlap_ar_gemm and ag_rs (2 blocks each), the ar_sweep's 3 patterns (1 block each).
+    num_steps = 5 * 20
+    for rank, doc in docs.items():
+        assert doc["distributedInfo"] == {"backend": "gloo", "rank": rank, "world_size": 2}
+        assert [p["first_step"] for p in doc["maestroPatterns"]] == [0, 20, 40, 60, 80]
+        events = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+        assert not any("stream" in e["args"] for e in events)  # nothing is GPU work
+        assert not any(e["name"].startswith("nccl") for e in events)
+        blocks = [e for e in events if "block" in e["args"]]
+        assert len(blocks) == (2 + 2 + 3) * 20
+        assert {e["cat"] for e in blocks} == {"user_annotation"}
+    analysis, warnings = load_traces(traces)
+    assert warnings == []
+    assert analysis.t.get_ranks() == [0, 1]
+    for rank in (0, 1):
+        assert analysis.t.get_iterations(rank) == list(range(num_steps))
+        df = analysis.t.get_trace(rank)
+        assert int((df["stream"] != -1).sum()) == 0
+    table = analysis.get_comm_comp_overlap(visualize=False)
+    assert list(table["rank"]) == [0, 1]  # computed; NaN, as HTA sees no GPU kernel
+    # The HTA example of docs/outputs-trace-plot.md runs as written on this output.
+    page = (REPO_ROOT / "docs" / "outputs-trace-plot.md").read_text()
+    section = page[page.index("## `--trace`: `out/traces/rank<r>.json`") :]
+    example = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert 'trace_dir="out/traces"' in example
+    done = subprocess.run(
+        [sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

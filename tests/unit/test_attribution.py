@@ -337,6 +337,9 @@ class _FakeCupti:
     )
     activity_memcpy6_dtype = _record_dtype(
         [
+            ("copy_kind", "<u1"),
+            ("src_kind", "<u1"),
+            ("dst_kind", "<u1"),
             ("bytes", "<u8"),
             ("start", "<u8"),
             ("end", "<u8"),
@@ -345,7 +348,18 @@ class _FakeCupti:
             ("correlation_id", "<u4"),
         ]
     )
-    activity_memset4_dtype = activity_memcpy6_dtype
+    activity_memset4_dtype = _record_dtype(
+        [
+            ("value", "<u4"),
+            ("bytes", "<u8"),
+            ("start", "<u8"),
+            ("end", "<u8"),
+            ("device_id", "<u4"),
+            ("stream_id", "<u4"),
+            ("correlation_id", "<u4"),
+            ("memory_kind", "<u2"),
+        ]
+    )
     activity_external_correlation_dtype = _record_dtype(
         [
             ("external_kind", "<u4"),
@@ -353,7 +367,17 @@ class _FakeCupti:
             ("correlation_id", "<u4"),
         ]
     )
-    activity_api_dtype = _record_dtype([("correlation_id", "<u4"), ("cbid", "<u4")])
+    activity_api_dtype = _record_dtype(
+        [
+            ("cbid", "<u4"),
+            ("start", "<u8"),
+            ("end", "<u8"),
+            ("process_id", "<u4"),
+            ("thread_id", "<u4"),
+            ("correlation_id", "<u4"),
+        ]
+    )
+    CallbackDomain = enum.IntEnum("CallbackDomain", {"DRIVER_API": 1, "RUNTIME_API": 2})
 
     ActivityKind = enum.IntEnum(
         "ActivityKind",
@@ -399,7 +423,8 @@ class _FakeCupti:
         for record, dtype, offset in zip(batch, dtypes, offsets, strict=False):
             view = buffer[offset : offset + dtype.itemsize].view(dtype)
             for field in dtype.names:
-                view[field] = getattr(record, field, 0)
+                # A kernel's name is a pointer in CUPTI's buffer, read through the object.
+                view[field] = 0 if field == "name" else getattr(record, field, 0)
             record.ptr = buffer.ctypes.data + int(offset)
         self.completed(batch)
 
@@ -415,14 +440,24 @@ class _FakeCupti:
     def finalize(self):
         self.calls.append(("finalize",))
 
+    def get_callback_name(self, domain, cbid):
+        names = {
+            (self.CallbackDomain.RUNTIME_API, 1): "cudaLaunchKernel_v7000",
+            (self.CallbackDomain.DRIVER_API, 2): "cuLaunchKernelEx",
+        }
+        if (domain, cbid) not in names:
+            raise ValueError(f"unknown callback {cbid}")
+        return names[(domain, cbid)]
+
     def activity_push_external_correlation_id(self, kind, ext_id):
         self.stack.append((kind, ext_id))
 
     def activity_pop_external_correlation_id(self, kind):
         return self.stack.pop()[1]
 
-    def launch(self, kind_name, grid=(1, 1, 1)):
-        """One API call that enqueues one device activity, as CUPTI reports it."""
+    def launch(self, kind_name, grid=(1, 1, 1), name="fake_kernel(float*)", api="RUNTIME"):
+        """One API call that enqueues one device activity, as CUPTI reports it (a runtime
+        call has cbid 1, a driver call cbid 2)."""
         corr, self.next_corr = self.next_corr, self.next_corr + 1
         kinds = self.ActivityKind
         for ext_kind, ext_id in self.stack[-1:]:
@@ -434,7 +469,17 @@ class _FakeCupti:
                     correlation_id=corr,
                 )
             )
-        self.pending.append(SimpleNamespace(kind=kinds.RUNTIME, correlation_id=corr, cbid=1))
+        self.pending.append(
+            SimpleNamespace(
+                kind=kinds[api],
+                correlation_id=corr,
+                cbid=1 if api == "RUNTIME" else 2,
+                start=self.clock + 10,
+                end=self.clock + 20,
+                process_id=77,
+                thread_id=88,
+            )
+        )
         self.clock += 1000
         self.pending.append(
             SimpleNamespace(
@@ -451,7 +496,11 @@ class _FakeCupti:
                 block_x=128,
                 block_y=1,
                 block_z=1,
-                name=0,
+                name=name,
+                copy_kind=8,
+                src_kind=3,
+                dst_kind=3,
+                memory_kind=3,
             )
         )
 
@@ -574,3 +623,82 @@ def test_window_buffer_holds_the_whole_window(fake_cupti):
     prof.begin_window(2, num_blocks=1, num_iters=5)  # the next window: sized again
     assert prof._buffer_requested()[0] == backend.BUFFER_SIZE_BYTES
     prof.stop()
+
+
+class _NameNotRead(SimpleNamespace):
+    """A kernel record whose name must not be read (the fast path without a trace)."""
+
+    @property
+    def name(self):
+        raise AssertionError("kernel name read without keep_activities")
+
+
+@pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])
+def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, parse):
+    fake, backend = fake_cupti
+    prof = backend.CuptiProfiler(parse=parse, keep_activities=True)
+    prof.start()
+    prof.begin_window(2, num_blocks=3, num_iters=2)
+    for it in range(2):
+        if it == 1:
+            fake.activity_flush_all(0)  # two buffers: "auto" checks numpy against objects
+        prof.push_gate(it)
+        fake.launch("CONCURRENT_KERNEL", name="spin_kernel(long)")
+        prof.pop()
+        prof.push(0, it)
+        fake.launch("CONCURRENT_KERNEL", name="ncclDevKernel_AllGather_RING_LL(x)", api="DRIVER")
+        prof.pop()
+        prof.push(1, it)
+        fake.launch("MEMCPY")
+        prof.pop()
+        prof.push(2, it)
+        fake.launch("CONCURRENT_KERNEL", grid=(4, 2, 1), name="gemm_kernel")
+        fake.launch("MEMSET")
+        prof.pop()
+    att = prof.end_window()
+    acts = prof.last_activities
+    assert prof.parse_mode == ("objects" if parse == "objects" else "numpy")
+    assert len(acts) == int(att.activity_count.sum()) == 8  # the gate's kernels are left out
+    named = sorted({acts.names[i] for i in acts.name_index.tolist()})
+    assert named == [
+        "Memcpy DtoD (Device -> Device)",
+        "Memset (Device)",
+        "gemm_kernel",
+        "ncclDevKernel_AllGather_RING_LL(x)",
+    ]
+    for b, it, i in zip(
+        acts.block.tolist(), acts.iteration.tolist(), range(len(acts)), strict=True
+    ):
+        assert att.start_ns[b, it] <= acts.start_ns[i] and acts.end_ns[i] <= att.end_ns[b, it]
+    assert acts.grid[acts.block == 2].tolist().count([4, 2, 1]) == 2
+    calls = acts.launches
+    assert sorted(calls.correlation_id.tolist()) == sorted(set(acts.correlation_id.tolist()))
+    call_names = {acts.names[i] for i in calls.name_index.tolist()}
+    assert call_names == {"cudaLaunchKernel", "cuLaunchKernelEx"}  # version suffix dropped
+    assert set(calls.thread_id.tolist()) == {88}
+    prof.stop()
+
+
+def test_cupti_profiler_without_a_trace_reads_no_names(fake_cupti):
+    fake, backend = fake_cupti
+    prof = backend.CuptiProfiler(parse="objects")
+    prof.start()
+    prof.begin_window(1, num_blocks=1, num_iters=1)
+    prof.push(0, 0)
+    fake.launch("CONCURRENT_KERNEL")
+    prof.pop()
+    record = fake.pending[-1]
+    fake.pending[-1] = _NameNotRead(**{k: v for k, v in vars(record).items() if k != "name"})
+    att = prof.end_window()
+    assert int(att.activity_count.sum()) == 1 and prof.last_activities is None
+    assert att.activity_block is None  # per-activity arrays only when asked for
+    prof.stop()
+
+
+def test_per_activity_attribution_marks_harness_work():
+    records, ext, block, iteration = _synthetic(3, 4, per_cell=2, num_harness=5, seed=3)
+    att = attribute(records, ext, window_id=WINDOW, num_blocks=3, num_iters=4, per_activity=True)
+    harness = block == HARNESS_BLOCK
+    np.testing.assert_array_equal(att.activity_block, np.where(harness, -1, block))
+    np.testing.assert_array_equal(att.activity_iteration, np.where(harness, -1, iteration))
+    assert att.activity_block.dtype == np.int32

@@ -125,7 +125,8 @@ def test_interrupt_while_files_are_written_leaves_them_in_agreement(
 
     monkeypatch.setattr(outputs, "_write_temporary", write_then_signal)
     writer.add(_outcome("two"))  # the signal must not split this update
-    assert len(calls) == 7 and interrupts.pending()  # results, patterns, pairs x2, metrics
+    # results, patterns, pairs (json and csv each), run.json, metrics
+    assert len(calls) == 8 and interrupts.pending()
     blocks = {r["pattern"] for r in json.loads((tmp_path / "results.json").read_text())}
     patterns = {r["pattern"] for r in json.loads((tmp_path / "patterns.json").read_text())}
     assert blocks == patterns == {"one", "two"}

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .activities import DeviceActivities
 
 
 @dataclass(kw_only=True)
@@ -61,3 +65,5 @@ class WindowTimings:
     """Per block: the largest grid (CTAs, x*y*z) of its kernels in the window, 0 without a
     kernel (CUPTI only): shows what per-axis limits such as nccl max_ctas did."""
     extra: dict | None = None
+    activities: DeviceActivities | None = None
+    """The window's attributed device activities, names included (CUPTI with --trace)."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .activities import DeviceActivities
 
 
 def _clean(value: Any) -> Any:
@@ -150,6 +153,9 @@ class RankTimeline:
     """bool array (blocks,): the rank runs this block."""
     clock: str
     """``perf_counter``, ``cuda_event`` or ``cupti`` (see ``WindowTimings.clock``)."""
+    activities: DeviceActivities | None = None
+    """The window's device activities with their names and launching API calls (CUPTI with
+    ``--trace`` only; None otherwise)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,3 +173,8 @@ class Timeline:
     shared_clock: bool = False
     """Every rank's timestamps are one clock (ranks on one host, and a profiler clock of that
     host: CUPTI's CLOCK_REALTIME or perf_counter's CLOCK_MONOTONIC; CUDA events are not)."""
+    block_categories: tuple[str, ...] = ()
+    """Each block's category (``comm``, ``compute``, ...; empty: unknown): what maestro's
+    comm/compute overlap counts as communication and as computation."""
+    backend: str = ""
+    """The process-group backend of the run (``nccl``, ``gloo``)."""

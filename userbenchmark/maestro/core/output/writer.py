@@ -72,7 +72,13 @@ class OutputWriter:
     def flush(self) -> None:
         """Rewrite every output file from what was collected, all together."""
         with self._guard():
-            atomic_write_files({path: text.encode("utf-8") for path, text in self._texts().items()})
+            texts = self._texts()
+            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
+            if self.trace:
+                from .kineto import TRACES_DIR, stale_rank_files
+
+                for path in stale_rank_files(self.output_dir / TRACES_DIR, (p.name for p in texts)):
+                    path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
 
     def _texts(self) -> dict[Path, str]:
         from .results import TABLE_FILES, csv_text, json_text, metrics_from_results, results_of
@@ -95,6 +101,10 @@ class OutputWriter:
                 # Rewritten after every pattern, like the other files: a killed run keeps a
                 # valid trace of what finished.
                 texts[out / "trace.json"] = trace_text(self.outcomes)
+                from .kineto import TRACES_DIR, rank_trace_texts
+
+                for name, text in rank_trace_texts(self.outcomes).items():
+                    texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
         if self.metrics_path is not None:
             metrics = metrics_from_results(results)
             doc = {"name": "maestro", "environ": self.environ, "metrics": metrics}

@@ -6,9 +6,41 @@ and `attribute` joins them. Nothing is dropped silently: every problem is an Att
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..analysis.activities import (
+    API_DRIVER,
+    API_RUNTIME,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_NAMES,
+    DeviceActivities,
+    LaunchCalls,
+)
+
+__all__ = [
+    "GATE_BLOCK",
+    "HARNESS_BLOCK",
+    "KIND_KERNEL",
+    "KIND_MEMCPY",
+    "KIND_MEMSET",
+    "KIND_NAMES",
+    "MAX_NUM_BLOCKS",
+    "MAX_NUM_ITERS",
+    "MAX_WINDOW_ID",
+    "ActivityRecords",
+    "ApiRecords",
+    "Attribution",
+    "AttributionError",
+    "ExternalCorrelation",
+    "attribute",
+    "encode_external_id",
+    "window_activities",
+]
 
 # External id layout (63 bits, so every id is also a non-negative int64):
 #   bit 62: tag (marks an id as ours), bits 40..61: window, 24..39: block, 0..23: iteration.
@@ -26,11 +58,6 @@ GATE_BLOCK = HARNESS_BLOCK - 1
 is kept as the moment the gate opened."""
 MAX_NUM_BLOCKS = GATE_BLOCK
 MAX_NUM_ITERS = 1 << _ITER_BITS
-
-KIND_KERNEL = 1
-KIND_MEMCPY = 2
-KIND_MEMSET = 3
-KIND_NAMES = {KIND_KERNEL: "kernel", KIND_MEMCPY: "memcpy", KIND_MEMSET: "memset"}
 
 # Dense join table allowed while its span stays within this many entries beyond the inputs;
 # past that (correlation ids far apart) the sort-based join keeps memory bounded.
@@ -178,6 +205,10 @@ class Attribution:
     stream_ids: tuple[tuple[int, ...], ...]  # per block: distinct streams its activities ran on
     gate_end_ns: np.ndarray  # (num_iters,) end of the gate's spin kernel (gate open); 0 if none
     num_harness: int  # harness and gate activities of this window, not in any block
+    activity_block: np.ndarray | None = None
+    """int32 per input record: its block, -1 for harness and gate work (``per_activity``)."""
+    activity_iteration: np.ndarray | None = None
+    """int32 per input record: its iteration, -1 for harness and gate work."""
 
     @property
     def duration_ns(self) -> np.ndarray:
@@ -273,8 +304,11 @@ def attribute(
     num_blocks: int,
     num_iters: int,
     present: np.ndarray | None = None,
+    per_activity: bool = False,
 ) -> Attribution:
     """Map every activity to its (block, iteration) by correlation id; vectorised.
+
+    ``per_activity``: also return each record's (block, iteration) (for traces).
 
     Raises AttributionError with counts for activities without an id of this window, ids out
     of range or of absent blocks, ambiguous or incomplete records, or a (block, iteration) of
@@ -424,6 +458,10 @@ def attribute(
     grid_ctas = _distinct_per_block(kernel_row, grid, rows)[:num_blocks]
     stream_ids = _distinct_per_block(row, _as_int64(records.stream_id), rows)[:num_blocks]
     shape = (num_blocks, num_iters)
+    activity_block = activity_iteration = None
+    if per_activity:  # every record is good here: problems raised above
+        activity_block = np.where(mine, block, -1).astype(np.int32)
+        activity_iteration = np.where(mine, iteration, -1).astype(np.int32)
     return Attribution(
         window_id=window_id,
         num_blocks=num_blocks,
@@ -439,4 +477,140 @@ def attribute(
         stream_ids=stream_ids,
         gate_end_ns=gate_end,
         num_harness=int(np.count_nonzero(harness)),
+        activity_block=activity_block,
+        activity_iteration=activity_iteration,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiRecords:
+    """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
+
+    correlation_id: np.ndarray  # int64
+    start_ns: np.ndarray  # int64
+    end_ns: np.ndarray  # int64
+    cbid: np.ndarray  # int32
+    thread_id: np.ndarray  # int64
+    api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
+
+    def __post_init__(self) -> None:
+        _check_lengths(self, ("correlation_id", "start_ns", "end_ns", "cbid", "thread_id", "api"))
+
+    def __len__(self) -> int:
+        return int(self.correlation_id.shape[0])
+
+    @classmethod
+    def empty(cls) -> ApiRecords:
+        """No calls."""
+        return cls(
+            correlation_id=np.zeros(0, np.int64),
+            start_ns=np.zeros(0, np.int64),
+            end_ns=np.zeros(0, np.int64),
+            cbid=np.zeros(0, np.int32),
+            thread_id=np.zeros(0, np.int64),
+            api=np.zeros(0, np.uint8),
+        )
+
+
+# What a launch is called when CUPTI cannot name its callback id: generic names of the call
+# that launches each kind of activity, in the style of the real ones (HolisticTraceAnalysis
+# knows cudaLaunchKernel and cuLaunchKernel by name).
+_GENERIC_API_NAMES = {
+    (API_RUNTIME, KIND_KERNEL): "cudaLaunchKernel",
+    (API_RUNTIME, KIND_MEMCPY): "cudaMemcpyAsync",
+    (API_RUNTIME, KIND_MEMSET): "cudaMemsetAsync",
+    (API_DRIVER, KIND_KERNEL): "cuLaunchKernel",
+    (API_DRIVER, KIND_MEMCPY): "cuMemcpyAsync",
+    (API_DRIVER, KIND_MEMSET): "cuMemsetAsync",
+}
+
+
+def window_activities(
+    records: ActivityRecords,
+    attribution: Attribution,
+    *,
+    name_index: np.ndarray,
+    names: Sequence[str],
+    api: ApiRecords,
+    api_name: Callable[[int, int], str | None],
+) -> DeviceActivities:
+    """The block activities of an attributed window, with names and launching API calls.
+
+    ``attribution`` must come from ``attribute(..., per_activity=True)`` on ``records``;
+    ``name_index[i]`` is record i's index into ``names``. Of the API calls, one per
+    correlation id of a kept activity is kept: the earliest (a runtime call that calls the
+    driver starts first), the runtime one on a tie. ``api_name(api, cbid)`` names a call
+    (None: unknown; a generic name of the launch kind is used then).
+    """
+    if attribution.activity_block is None or attribution.activity_iteration is None:
+        raise ValueError("window_activities needs attribute(..., per_activity=True)")
+    if name_index.shape != (len(records),):
+        raise ValueError(f"name_index must have shape ({len(records)},), got {name_index.shape}")
+    keep = np.flatnonzero(attribution.activity_block >= 0)
+    corr = _as_int64(records.correlation_id)[keep]
+    # The API calls behind the kept activities, one per correlation id.
+    api_corr = _as_int64(api.correlation_id)
+    chosen = np.flatnonzero(np.isin(api_corr, corr))
+    if chosen.size:
+        order = np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))
+        chosen = chosen[order]
+        sorted_corr = api_corr[chosen]
+        first = np.ones(chosen.size, dtype=bool)
+        first[1:] = sorted_corr[1:] != sorted_corr[:-1]
+        chosen = chosen[first]
+    # Names: the activities' own, then the calls'; compacted to those used.
+    table = list(names)
+    act_names = name_index[keep].astype(np.int64)
+    call_names = np.zeros(chosen.size, dtype=np.int64)
+    if chosen.size:
+        corr_order = np.argsort(corr, kind="stable")
+        at = np.searchsorted(corr[corr_order], api_corr[chosen])
+        launched_kind = records.kind[keep][corr_order][np.minimum(at, corr.size - 1)]
+        known: dict[tuple[int, int, int], int] = {}
+        for j, (code, cbid, kind) in enumerate(
+            zip(
+                api.api[chosen].tolist(),
+                api.cbid[chosen].tolist(),
+                launched_kind.tolist(),
+                strict=True,
+            )
+        ):
+            key = (code, cbid, kind)
+            if key not in known:
+                name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind), "cudaLaunch")
+                known[key] = len(table)
+                table.append(name)
+            call_names[j] = known[key]
+    used, inverse = np.unique(np.concatenate([act_names, call_names]), return_inverse=True)
+    inverse = inverse.astype(np.int32)
+    table = [table[i] for i in used.tolist()]
+
+    def dims(prefix: str) -> np.ndarray:
+        cols = [getattr(records, f"{prefix}_{axis}")[keep] for axis in "xyz"]
+        return np.stack(cols, axis=1).astype(np.int32).reshape(-1, 3)
+
+    launches = LaunchCalls(
+        correlation_id=api_corr[chosen],
+        start_ns=_as_int64(api.start_ns)[chosen],
+        end_ns=_as_int64(api.end_ns)[chosen],
+        api=api.api[chosen].astype(np.uint8),
+        cbid=api.cbid[chosen].astype(np.int32),
+        thread_id=_as_int64(api.thread_id)[chosen],
+        name_index=inverse[keep.size :],
+    )
+    return DeviceActivities(
+        block=attribution.activity_block[keep],
+        iteration=attribution.activity_iteration[keep],
+        kind=records.kind[keep].astype(np.uint8),
+        start_ns=_as_int64(records.start_ns)[keep],
+        end_ns=_as_int64(records.end_ns)[keep],
+        stream_id=_as_int64(records.stream_id)[keep],
+        device_id=records.device_id[keep].astype(np.int32),
+        correlation_id=corr,
+        grid=dims("grid"),
+        block_dims=dims("block"),
+        size_bytes=records.size_bytes[keep].astype(np.int64),
+        name_index=inverse[: keep.size],
+        names=tuple(table),
+        launches=launches,
     )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 import threading
 import time
 
 import numpy as np
 
+from ..analysis.activities import API_DRIVER, API_RUNTIME, DeviceActivities
 from .attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
@@ -21,10 +23,12 @@ from .attribution import (
     KIND_MEMCPY,
     KIND_MEMSET,
     ActivityRecords,
+    ApiRecords,
     Attribution,
     ExternalCorrelation,
     attribute,
     encode_external_id,
+    window_activities,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,6 +98,59 @@ _FIELDS = {
     "memset": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
     "ext": ("correlation_id", "external_id"),
 }
+_NAMED_FIELDS = {
+    "memcpy": ("copy_kind", "src_kind", "dst_kind"),
+    "memset": ("memory_kind",),
+    "api": ("correlation_id", "start", "end", "cbid", "thread_id"),
+}
+"""Fields read only when names are kept (a trace is wanted): what names a copy or a set, and
+the API calls that launched the activities."""
+
+# CUpti_ActivityMemcpyKind and CUpti_ActivityMemoryKind, spelled as PyTorch's Kineto writes
+# them into its traces ("Memcpy DtoD (Device -> Device)", "Memset (Device)"), names that
+# HolisticTraceAnalysis classifies as memory work by their first word.
+_COPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH")
+_COPY_KINDS += ("PtoP",)
+_MEMORY_KINDS = (
+    "Unknown",
+    "Pageable",
+    "Pinned",
+    "Device",
+    "Array",
+    "Managed",
+    "Device Static",
+    "Managed Static",
+)
+
+
+def _kind_name(table: tuple[str, ...], code: int) -> str:
+    return table[code] if 0 <= code < len(table) else "Unknown"
+
+
+def memcpy_name(copy_kind: int, src_kind: int, dst_kind: int) -> str:
+    """``Memcpy DtoD (Device -> Device)``: a copy's name as Kineto writes it."""
+    return (
+        f"Memcpy {_kind_name(_COPY_KINDS, copy_kind)} "
+        f"({_kind_name(_MEMORY_KINDS, src_kind)} -> {_kind_name(_MEMORY_KINDS, dst_kind)})"
+    )
+
+
+def memset_name(memory_kind: int) -> str:
+    """``Memset (Device)``: a set's name as Kineto writes it."""
+    return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
+
+
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+
+
+def api_function_name(name: object) -> str | None:
+    """A callback name without CUPTI's version suffix (``cudaLaunchKernel_v7000`` ->
+    ``cudaLaunchKernel``, the name PyTorch's traces use); None when there is none."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    if not isinstance(name, str) or not name:
+        return None
+    return _VERSION_SUFFIX.sub("", name)
 
 
 class _RecordParser:
@@ -103,11 +160,17 @@ class _RecordParser:
     each record's address and gathers the fields from the buffer with cupti-python's own
     record dtypes, a fraction of the Python work per record. ``auto`` checks ``numpy``
     against ``objects`` on the first buffers and falls back for good on any difference.
+
+    With ``names`` (a trace is wanted) it also returns, per kernel/memcpy/memset row, an index
+    into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
+    correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
+    from its record object either way (the buffer holds only a pointer to it); without
+    ``names`` none of this is read and API records are skipped as before.
     """
 
     _VERIFY_BUFFERS = 2
 
-    def __init__(self, cupti, mode: str, buffer_size_bytes: int) -> None:
+    def __init__(self, cupti, mode: str, buffer_size_bytes: int, *, names: bool = False) -> None:
         if mode not in ("auto", "numpy", "objects"):
             raise ValueError(f"parse must be 'auto', 'numpy' or 'objects', got {mode!r}")
         kinds = cupti.ActivityKind
@@ -117,6 +180,11 @@ class _RecordParser:
             "memset": int(kinds.MEMSET),
             "ext": int(kinds.EXTERNAL_CORRELATION),
         }
+        self.keep_names = names
+        self.api_codes = {int(kinds.RUNTIME): API_RUNTIME, int(kinds.DRIVER): API_DRIVER}
+        self.names: list[str] = []
+        """Every name seen so far; rows hold indices into it (it only grows)."""
+        self._name_ids: dict[str, int] = {}
         self.custom2 = int(cupti.ExternalCorrelationKind.CUSTOM2)
         self.mode = mode
         self._to_verify = self._VERIFY_BUFFERS if mode == "auto" else 0
@@ -128,8 +196,13 @@ class _RecordParser:
                 "memset": cupti.activity_memset4_dtype,
                 "ext": cupti.activity_external_correlation_dtype,
             }
+            if names:
+                self._dtypes["api"] = cupti.activity_api_dtype
             for name, dtype in self._dtypes.items():
-                missing = set(_FIELDS[name]) - set(dtype.names)
+                wanted = set(_FIELDS.get(name, ()))
+                if names:
+                    wanted |= set(_NAMED_FIELDS.get(name, ()))
+                missing = wanted - set(dtype.names)
                 if missing:
                     raise KeyError(f"{name} record dtype lacks {sorted(missing)}")
         except (AttributeError, KeyError) as exc:
@@ -141,8 +214,18 @@ class _RecordParser:
         self.mode = "objects"
         self._to_verify = 0
 
+    def _intern(self, name: str) -> int:
+        index = self._name_ids.get(name)
+        if index is None:
+            index = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        return index
+
+    def _interned(self, names: list[str]) -> np.ndarray:
+        return np.array([self._intern(n) for n in names], dtype=np.int32).reshape(-1)
+
     def parse(self, activities: list) -> dict[str, np.ndarray]:
-        """Rows of the four record kinds in one buffer (empty arrays when none)."""
+        """Rows of the record kinds in one buffer (empty arrays when none)."""
         if self.mode == "objects" or not activities:
             return self.parse_objects(activities)
         try:
@@ -172,6 +255,12 @@ class _RecordParser:
         k_kernel, k_memcpy = self.codes["kernel"], self.codes["memcpy"]
         k_memset, k_ext = self.codes["memset"], self.codes["ext"]
         custom2 = self.custom2
+        named = self.keep_names
+        api_codes = self.api_codes if named else {}
+        kernel_names: list[str] = []
+        copy_names: list[str] = []
+        set_names: list[str] = []
+        api: list[tuple] = []
         for a in activities:
             k = a.kind
             if k == k_ext:
@@ -193,11 +282,25 @@ class _RecordParser:
                         a.block_z,
                     )
                 )
+                if named:
+                    kernel_names.append(_kernel_name(a))
             elif k == k_memcpy:
                 copies.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
+                if named:
+                    copy_names.append(memcpy_name(a.copy_kind, a.src_kind, a.dst_kind))
             elif k == k_memset:
                 sets.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
-        return {name: self._rows(name, r) for name, r in rows.items()}
+                if named:
+                    set_names.append(memset_name(a.memory_kind))
+            elif k in api_codes:
+                api.append((a.correlation_id, a.start, a.end, a.cbid, a.thread_id, api_codes[k]))
+        out = {name: self._rows(name, r) for name, r in rows.items()}
+        if named:
+            out["kernel_name"] = self._interned(kernel_names)
+            out["memcpy_name"] = self._interned(copy_names)
+            out["memset_name"] = self._interned(set_names)
+            out["api"] = self._rows("api", api)
+        return out
 
     def parse_numpy(self, activities: list) -> dict[str, np.ndarray] | None:
         """One address read per record; fields gathered from the buffer in bulk."""
@@ -215,24 +318,71 @@ class _RecordParser:
         offsets = ptrs - base
         # Every CUPTI record starts with its CUpti_ActivityKind (uint32).
         kinds = mem[offsets[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+
+        def gather(dtype: np.dtype, at: np.ndarray) -> np.ndarray:
+            return mem[at[:, None] + np.arange(dtype.itemsize)].copy().view(dtype)[:, 0]
+
         out = {}
+        named = self.keep_names
         for name, code in self.codes.items():
             dtype = self._dtypes[name]
-            at = offsets[kinds == code]
-            recs = mem[at[:, None] + np.arange(dtype.itemsize)].copy().view(dtype)[:, 0]
+            recs = gather(dtype, offsets[kinds == code])
             if name == "ext":
                 recs = recs[recs["external_kind"] == self.custom2]
             target = np.uint64 if name == "ext" else np.int64
             # Per field first: stacking uint64 with int32 columns would promote to float64.
             out[name] = np.stack([recs[f].astype(target) for f in _FIELDS[name]], axis=1)
+            if not named:
+                continue
+            if name == "kernel":
+                # The name is a pointer into CUPTI's memory: read through the record object.
+                which = np.flatnonzero(kinds == code).tolist()
+                out["kernel_name"] = self._interned([_kernel_name(activities[i]) for i in which])
+            elif name == "memcpy":
+                out["memcpy_name"] = self._names_of_codes(
+                    np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1),
+                    lambda c: memcpy_name(*c),
+                )
+            elif name == "memset":
+                out["memset_name"] = self._names_of_codes(
+                    recs["memory_kind"].astype(np.int64).reshape(-1, 1),
+                    lambda c: memset_name(c[0]),
+                )
+        if named:
+            api_rows = []
+            for code, api in self.api_codes.items():
+                recs = gather(self._dtypes["api"], offsets[kinds == code])
+                cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
+                cols.append(np.full(recs.shape[0], api, dtype=np.int64))
+                api_rows.append((np.flatnonzero(kinds == code), np.stack(cols, axis=1)))
+            # In record order, as parse_objects lists them.
+            order = np.argsort(np.concatenate([at for at, _ in api_rows]), kind="stable")
+            out["api"] = np.concatenate([rows for _, rows in api_rows])[order]
         return out
+
+    def _names_of_codes(self, codes: np.ndarray, name_of) -> np.ndarray:
+        """Name indices of rows of kind codes, naming each distinct combination once."""
+        if not codes.shape[0]:
+            return np.zeros(0, dtype=np.int32)
+        distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
+        ids = np.array([self._intern(name_of(row)) for row in distinct.tolist()], np.int32)
+        return ids[inverse.reshape(-1)]
 
     @staticmethod
     def _rows(name: str, rows: list[tuple]) -> np.ndarray:
         dtype = np.uint64 if name == "ext" else np.int64
+        width = 6 if name == "api" else len(_FIELDS[name])
         if not rows:
-            return np.zeros((0, len(_FIELDS[name])), dtype=dtype)
+            return np.zeros((0, width), dtype=dtype)
         return np.array(rows, dtype=dtype)
+
+
+def _kernel_name(record) -> str:
+    """A kernel record's (mangled or demangled) name as CUPTI gives it."""
+    name = record.name
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    return str(name) if name else "kernel (no name from CUPTI)"
 
 
 class CuptiProfiler:
@@ -241,12 +391,22 @@ class CuptiProfiler:
     Timestamps are CUPTI's, CLOCK_REALTIME nanoseconds of this host: compare them only
     within one rank. Usage: start(); per window begin_window(w), push/pop around each
     block's enqueue (push_gate/push_harness for gate and sync work), end_window(); stop().
+
+    ``keep_activities`` (for ``--trace``): also read kernel names, copy kinds and the API
+    calls, and keep each window's block activities in ``last_activities``. It costs parsing
+    time per record, so it is off unless a trace is wanted.
     """
 
     name = "cupti"
     description = "CUPTI activity records (device start/end of each kernel, memcpy, memset)"
 
-    def __init__(self, *, buffer_size_bytes: int = BUFFER_SIZE_BYTES, parse: str = "auto") -> None:
+    def __init__(
+        self,
+        *,
+        buffer_size_bytes: int = BUFFER_SIZE_BYTES,
+        parse: str = "auto",
+        keep_activities: bool = False,
+    ) -> None:
         ok, message = cupti_available()
         if not ok:
             raise RuntimeError(message)
@@ -271,11 +431,16 @@ class CuptiProfiler:
         self._min_buffer_bytes = int(buffer_size_bytes)
         self._buffer_size_bytes = self._min_buffer_bytes
         """What the next buffer request gets (sized per window by begin_window)."""
+        self.keep_activities = keep_activities
         self._parser = _RecordParser(
-            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES)
+            cupti,
+            parse,
+            max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES),
+            names=keep_activities,
         )
+        self._api_names: dict[tuple[int, int], str | None] = {}
         self._lock = threading.Lock()
-        self._chunks: dict[str, list[np.ndarray]] = {"kernel": [], "memcpy": [], "memset": []}
+        self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
         self._ext_chunks: list[np.ndarray] = []
         self._callback_error: BaseException | None = None
         self._enabled: list = []
@@ -286,6 +451,8 @@ class CuptiProfiler:
         self._shape: tuple[int, int] | None = None
         self.last_records: tuple[ActivityRecords, ExternalCorrelation] | None = None
         """Records and correlations of the last ended window (for traces and debugging)."""
+        self.last_activities: DeviceActivities | None = None
+        """With ``keep_activities``: the last ended window's block activities, named."""
         self.records_seen = 0
         """Every CUPTI record delivered so far (API records included)."""
         self.callback_ns = 0
@@ -358,6 +525,12 @@ class CuptiProfiler:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
+        names = ["kernel", "memcpy", "memset"]
+        if self.keep_activities:
+            names += ["kernel_name", "memcpy_name", "memset_name", "api"]
+        return {name: [] for name in names}
+
     def _disable(self) -> None:
         while self._enabled:
             self._cupti.activity_disable(self._enabled.pop())
@@ -422,16 +595,40 @@ class CuptiProfiler:
         window_id = self._window_id
         self._window_id = None
         self._flush()
-        records, ext = self._take()
+        records, ext, named = self._take()
         self.last_records = (records, ext)
-        return attribute(
+        self.last_activities = None
+        att = attribute(
             records,
             ext,
             window_id=window_id,
             num_blocks=num_blocks,
             num_iters=num_iters,
             present=present,
+            per_activity=named is not None,
         )
+        if named is not None:
+            name_index, names, api = named
+            self.last_activities = window_activities(
+                records, att, name_index=name_index, names=names, api=api, api_name=self._api_name
+            )
+        return att
+
+    def _api_name(self, api: int, cbid: int) -> str | None:
+        """The API function's name from CUPTI (cached); None when CUPTI cannot name it."""
+        key = (api, cbid)
+        if key not in self._api_names:
+            name = None
+            getter = getattr(self._cupti, "get_callback_name", None)
+            domains = getattr(self._cupti, "CallbackDomain", None)
+            if getter is not None and domains is not None:
+                domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
+                try:
+                    name = api_function_name(getter(domain, cbid))
+                except Exception as exc:  # an id this CUPTI does not know: a generic name
+                    logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
+            self._api_names[key] = name
+        return self._api_names[key]
 
     # -- external ids (on the thread that enqueues) ---------------------------------------
 
@@ -527,9 +724,9 @@ class CuptiProfiler:
         try:
             rows = self._parser.parse(activities)
             with self._lock:
-                for name in ("kernel", "memcpy", "memset"):
+                for name, chunks in self._chunks.items():
                     if rows[name].shape[0]:
-                        self._chunks[name].append(rows[name])
+                        chunks.append(rows[name])
                 if rows["ext"].shape[0]:
                     self._ext_chunks.append(rows["ext"])
                 self.records_seen += len(activities)
@@ -540,13 +737,23 @@ class CuptiProfiler:
             self.callback_cpu_ns += time.thread_time_ns() - c0
             self.callback_ns += time.perf_counter_ns() - t0
 
-    def _take(self) -> tuple[ActivityRecords, ExternalCorrelation]:
-        """Everything collected so far, as arrays; the collection starts empty again."""
+    def _take(
+        self,
+    ) -> tuple[
+        ActivityRecords, ExternalCorrelation, tuple[np.ndarray, tuple[str, ...], ApiRecords] | None
+    ]:
+        """Everything collected so far, as arrays; the collection starts empty again.
+
+        The third item (with ``keep_activities``): each record's name index, the names, and
+        the API calls.
+        """
         with self._lock:
             chunks = self._chunks
             ext_chunks = self._ext_chunks
-            self._chunks = {"kernel": [], "memcpy": [], "memset": []}
+            self._chunks = self._empty_chunks()
             self._ext_chunks = []
+            # Every name a taken chunk refers to was added before the chunk was.
+            names = tuple(self._parser.names) if self.keep_activities else ()
         parts = []
         for name, code in (
             ("kernel", KIND_KERNEL),
@@ -592,4 +799,25 @@ class CuptiProfiler:
             )
         else:
             ext = ExternalCorrelation.empty()
-        return records, ext
+        if not self.keep_activities:
+            return records, ext, None
+
+        def joined(name: str, width: int | None = None) -> np.ndarray:
+            parts = chunks[name]
+            if parts:
+                return np.concatenate(parts)
+            return np.zeros((0, width) if width else 0, dtype=np.int64)
+
+        name_index = np.concatenate(
+            [joined(f"{k}_name") for k in ("kernel", "memcpy", "memset")]
+        ).astype(np.int32)
+        rows = joined("api", 6)
+        api = ApiRecords(
+            correlation_id=rows[:, 0].copy(),
+            start_ns=rows[:, 1].copy(),
+            end_ns=rows[:, 2].copy(),
+            cbid=rows[:, 3].astype(np.int32),
+            thread_id=rows[:, 4].copy(),
+            api=rows[:, 5].astype(np.uint8),
+        )
+        return records, ext, (name_index, names, api)

@@ -15,8 +15,9 @@ class CuptiWindowProfiler(Profiler):
     name = "cupti"
     description = "CUPTI activity records attributed by external correlation id"
 
-    def __init__(self) -> None:
-        self.cupti = CuptiProfiler()
+    def __init__(self, *, trace: bool = False) -> None:
+        """``trace``: keep each window's named activities and API calls (``--trace``)."""
+        self.cupti = CuptiProfiler(keep_activities=trace)
         self.last_attribution = None
 
     def start(self) -> None:
@@ -63,6 +64,7 @@ class CuptiWindowProfiler(Profiler):
                 "grid_ctas": att.grid_ctas,
                 "stream_ids": att.stream_ids,
             },
+            activities=self.cupti.last_activities,
         )
 
     def close(self) -> None:

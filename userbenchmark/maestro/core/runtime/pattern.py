@@ -303,6 +303,7 @@ class PatternRun:
             ends_ns=np.asarray(timings.ends_ns, dtype=np.int64),
             present=np.asarray(timings.present, dtype=bool),
             clock=timings.clock,
+            activities=timings.activities,  # CUPTI with --trace only
         )
         # One object per rank, blocks x iterations each: only asked for with --trace/--plot.
         gathered: list[Any] = [None] * self.rt.dist.world_size
@@ -316,6 +317,8 @@ class PatternRun:
             block_lanes=tuple(lanes[i] for i in self.lane_of_block),
             ranks=tuple(sorted(gathered, key=lambda r: r.rank)),
             shared_clock=self.rt.dist.one_host and timings.clock in SHARED_CLOCKS,
+            block_categories=tuple(c.category for c in self.classes),
+            backend=self.rt.dist.backend,
         )
 
     def check(self) -> np.ndarray:

@@ -33,8 +33,11 @@ REPO_ROOT = Path(__file__).resolve().parents[4]
 """The folder holding ``userbenchmark/`` (TorchBench's repo root, or this repo's)."""
 
 
-def make_profiler(name: str, dist: DistContext) -> Any:
-    """The profiler asked for, or the best available one for ``auto``."""
+def make_profiler(name: str, dist: DistContext, *, trace: bool = False) -> Any:
+    """The profiler asked for, or the best available one for ``auto``.
+
+    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``).
+    """
     if name not in PROFILERS:
         raise ConfigError(f"unknown profiler {name!r}; valid: {', '.join(PROFILERS)}")
     if not dist.is_cuda:
@@ -55,7 +58,7 @@ def make_profiler(name: str, dist: DistContext) -> Any:
         if ok:
             from ..profilers.cupti_window import CuptiWindowProfiler
 
-            prof = CuptiWindowProfiler()
+            prof = CuptiWindowProfiler(trace=trace)
             prof.start()
             return prof
         if name == "cupti":
@@ -198,7 +201,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
     comms = Communicators(
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
     )
-    profiler = make_profiler(options.profiler, dist)
+    profiler = make_profiler(options.profiler, dist, trace=options.trace)
     registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
     if registered and dist.is_cuda:
         from .registration import require_support

@@ -1,0 +1,133 @@
+"""One rank's device activities of a measured window, each attributed to its (block, iteration).
+
+Filled by the CUPTI profiler only when a trace is asked for (``--trace``), gathered on rank 0
+with the rank's timeline and written as Kineto-style trace files. Arrays are numpy, one entry
+per activity (or per launching API call), so memory stays proportional to the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KIND_KERNEL = 1
+KIND_MEMCPY = 2
+KIND_MEMSET = 3
+KIND_NAMES = {KIND_KERNEL: "kernel", KIND_MEMCPY: "memcpy", KIND_MEMSET: "memset"}
+
+API_RUNTIME = 1
+"""``LaunchCalls.api``: a CUDA runtime API call (``cudaLaunchKernel``, ``cudaMemcpyAsync``)."""
+API_DRIVER = 2
+"""``LaunchCalls.api``: a CUDA driver API call (``cuLaunchKernelEx``: NCCL launches so)."""
+
+
+def _check(obj: object, names: tuple[str, ...], rows: int | None = None) -> int:
+    lengths = {getattr(obj, n).shape[0] for n in names}
+    if rows is not None:
+        lengths.add(rows)
+    if len(lengths) > 1:
+        raise ValueError(f"{type(obj).__name__} arrays differ in length: {sorted(lengths)}")
+    return lengths.pop() if lengths else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchCalls:
+    """The host API calls that launched the activities (CUPTI RUNTIME/DRIVER records)."""
+
+    correlation_id: np.ndarray
+    """int64: CUPTI's correlation id, shared with the activities the call launched."""
+    start_ns: np.ndarray
+    """int64, the rank's clock (CUPTI: CLOCK_REALTIME), as the activities."""
+    end_ns: np.ndarray
+    api: np.ndarray
+    """uint8: API_RUNTIME or API_DRIVER."""
+    cbid: np.ndarray
+    """int32: CUPTI's callback id of the function."""
+    thread_id: np.ndarray
+    """int64: the calling thread (CUPTI's threadId)."""
+    name_index: np.ndarray
+    """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
+
+    def __post_init__(self) -> None:
+        _check(
+            self,
+            ("correlation_id", "start_ns", "end_ns", "api", "cbid", "thread_id", "name_index"),
+        )
+
+    def __len__(self) -> int:
+        return int(self.correlation_id.shape[0])
+
+    @classmethod
+    def empty(cls) -> LaunchCalls:
+        return cls(
+            correlation_id=np.zeros(0, np.int64),
+            start_ns=np.zeros(0, np.int64),
+            end_ns=np.zeros(0, np.int64),
+            api=np.zeros(0, np.uint8),
+            cbid=np.zeros(0, np.int32),
+            thread_id=np.zeros(0, np.int64),
+            name_index=np.zeros(0, np.int32),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceActivities:
+    """Every kernel, memcpy and memset of one rank's window that belongs to a block.
+
+    Harness work (the gate's spin kernel, its alignment all_reduce, barriers) is left out: it
+    belongs to no block. ``launches`` holds at most one API call per correlation id.
+    """
+
+    block: np.ndarray
+    """int32: the block's index in the pattern."""
+    iteration: np.ndarray
+    """int32: the measured iteration (0-based)."""
+    kind: np.ndarray
+    """uint8: KIND_KERNEL, KIND_MEMCPY or KIND_MEMSET."""
+    start_ns: np.ndarray
+    """int64, the rank's own clock (CUPTI: CLOCK_REALTIME)."""
+    end_ns: np.ndarray
+    stream_id: np.ndarray
+    """int64: CUPTI's stream id."""
+    device_id: np.ndarray
+    """int32."""
+    correlation_id: np.ndarray
+    """int64: CUPTI's correlation id of the launching API call."""
+    grid: np.ndarray
+    """int32 (n, 3): kernel grid dims (zeros for memcpy/memset)."""
+    block_dims: np.ndarray
+    """int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)."""
+    size_bytes: np.ndarray
+    """int64: bytes of a memcpy/memset (0 for kernels)."""
+    name_index: np.ndarray
+    """int32 into ``names``: the kernel's name, or ``Memcpy DtoD (Device -> Device)``-style
+    names for copies and sets."""
+    names: tuple[str, ...]
+    launches: LaunchCalls
+
+    def __post_init__(self) -> None:
+        n = _check(
+            self,
+            (
+                "block",
+                "iteration",
+                "kind",
+                "start_ns",
+                "end_ns",
+                "stream_id",
+                "device_id",
+                "correlation_id",
+                "size_bytes",
+                "name_index",
+            ),
+            self.grid.shape[0],
+        )
+        if self.grid.shape != (n, 3) or self.block_dims.shape != (n, 3):
+            raise ValueError(f"grid and block_dims must have shape ({n}, 3)")
+        for index in (self.name_index, self.launches.name_index):
+            if index.size and (int(index.min()) < 0 or int(index.max()) >= len(self.names)):
+                raise ValueError("a name index lies outside the names table")
+
+    def __len__(self) -> int:
+        return int(self.block.shape[0])
