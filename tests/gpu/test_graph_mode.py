@@ -84,3 +84,46 @@ def test_a_long_kernel_takes_as_long_under_graphs(graph_out):
     blocks = _by_mode(graph_out, "big")
     eager, graph = blocks[False]["mm"], blocks[True]["mm"]
     assert graph["latency_avg_us"] == pytest.approx(eager["latency_avg_us"], rel=0.05)
+
+
+TWO_RANKS = """
+name: graph_two_ranks
+world_size: 2
+defaults: {dtype: bf16, warmup_iters: 3, iters: 10, baseline: false, check: true, graph: true}
+axes:
+  rs: {like: world}
+patterns:
+  - name: fsdp_like
+    blocks:
+      - {name: ag, op: all_gather, axis: world, size: 4M}
+      - {name: rs, op: reduce_scatter, axis: rs, size: 4M}
+      - {name: mm, op: gemm, axis: world, lane: compute, m: 1024, n: 1024, k: 1024}
+"""
+
+
+def test_graph_mode_at_two_ranks_attributes_and_checks(tmp_path):
+    # Ranks may share the GPU here (correctness only): captured NCCL collectives replay with
+    # their block's id and give the right results.
+    from tests.gpu.test_multi_gpu import runnable
+
+    if not runnable(2):
+        pytest.skip("needs 2 GPUs, or 2 ranks sharing one GPU")
+    pytest.importorskip("cupti")
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_RANKS)
+    out = tmp_path / "out"
+    proc = run_maestro(
+        ["run", "-c", str(config), "--nproc", "2", "--profiler", "cupti", "--output-dir",
+         str(out), "--no-metrics"],
+        timeout=400,
+    )  # fmt: skip
+    print(proc.stdout, proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_records(out)
+    assert {r["block"] for r in records} == {"ag", "rs", "mm"}
+    for rec in records:
+        assert float(rec["activities_per_iter"]).is_integer() and rec["activities_per_iter"] >= 1
+        assert rec["latency_avg_us"] > 0
+        if rec["op"] != "gemm":
+            assert rec["wrong_elements"] == 0, rec
+    assert read_records(out, "patterns.json")[0]["graph"] is True

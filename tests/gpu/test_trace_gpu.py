@@ -15,6 +15,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
+from tests.gpu.test_multi_gpu import runnable  # noqa: E402
 from tests.integration.helpers import read_records, run_maestro  # noqa: E402
 
 KEEP = os.environ.get("MAESTRO_GPU_OUT")
@@ -75,7 +76,7 @@ def test_one_gpu_trace_has_cupti_names_and_loads_in_hta(tmp_path):
     assert {"COMPUTATION", "MEMORY"} <= set(kernels["kernel_type"])
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.skipif(not runnable(2), reason="needs 2 GPUs, or 2 ranks sharing one GPU")
 def test_two_gpu_trace_overlap_matches_hta(tmp_path, monkeypatch):
     from tests.hta_support import load_traces
 
