@@ -46,19 +46,10 @@ COMM_OPS = frozenset(NCCL_TESTS_BUS_FACTOR)
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _nccl_version() -> tuple[int, ...]:
-    try:
-        return tuple(torch.cuda.nccl.version())
-    except Exception:  # noqa: BLE001 - a build without NCCL
-        return (0,)
-
-
-SHARED_GPU = (
-    NUM_GPUS >= 1
-    and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
-    and _nccl_version() >= (2, 30, 7)
-)
-"""Several ranks may share a GPU (NCCL's multi-rank mode)."""
+SHARED_GPU = NUM_GPUS >= 1 and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+"""Several ranks may share a GPU (NCCL's multi-rank mode, NCCL 2.30 or newer). Whoever sets
+the variable loads such an NCCL: torch.cuda.nccl.version() reports the NCCL torch was built
+against, not the one a preload put in its place, so it cannot tell."""
 
 
 def runnable(world: int) -> bool:

@@ -30,6 +30,7 @@ from .attribution import (
     encode_external_id,
     window_activities,
 )
+from .demangle import demangle
 
 logger = logging.getLogger(__name__)
 
@@ -378,11 +379,12 @@ class _RecordParser:
 
 
 def _kernel_name(record) -> str:
-    """A kernel record's (mangled or demangled) name as CUPTI gives it."""
+    """A kernel record's name, demangled as PyTorch's profiler shows it (CUPTI gives the
+    mangled symbol: ``_Z28ncclDevKernel_...`` reads ``ncclDevKernel_AllGather_RING(...)``)."""
     name = record.name
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
-    return str(name) if name else "kernel (no name from CUPTI)"
+    return demangle(str(name)) if name else "kernel (no name from CUPTI)"
 
 
 class CuptiProfiler:
