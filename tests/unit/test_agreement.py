@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from userbenchmark.maestro.core.runtime.agreement import RankStatus, _agreed_error, status_of
+import pytest
+
+from userbenchmark.maestro.core.runtime.agreement import (
+    RankStatus,
+    _agreed_error,
+    agreement_timeout_s,
+    status_of,
+    watchdog_timeout_s,
+)
+from userbenchmark.maestro.core.runtime.communicators import Communicators
 from userbenchmark.maestro.errors import RunError
 
 
@@ -37,3 +46,65 @@ def test_an_interrupt_stops_the_run():
 def test_a_run_error_made_outside_the_agreement_knows_nobody_answered():
     err = RunError("x")
     assert err.missing is None and not err.everyone_answered and not err.contained
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 45.0, 300.0, 3600.0])
+def test_torch_watchdog_acts_only_after_maestro_reported(timeout_s):
+    # maestro: device deadline, then the agreement (which may wait for a missing rank), then
+    # its own abort. torch's watchdog ends the process when it fires, so it must come last.
+    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s)
+    assert watchdog_timeout_s(timeout_s) > maestro_done_s + 1.0
+    assert agreement_timeout_s(timeout_s) > timeout_s
+
+
+def test_nccl_abort_takes_every_process_group_at_once(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda: calls.append("all"), raising=False
+    )
+    one = _FakeGroup()
+    comms = _communicators("nccl", {"tp": one, "dp": None})
+    comms.abort()
+    assert calls == ["all"] and one.aborted == 0  # not one by one
+    assert comms.group("tp") is None and comms.group("dp") is None
+
+
+def test_nccl_abort_falls_back_to_each_group(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.delattr(dist.distributed_c10d, "_abort_process_group", raising=False)
+    tp, dp = _FakeGroup(), _FakeGroup()
+    comms = _communicators("nccl", {"tp": tp, "dp": dp})
+    comms.abort()
+    assert (tp.aborted, dp.aborted) == (1, 1)
+    assert comms.group("tp") is None
+
+
+def test_gloo_groups_are_left_for_destroy(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda: calls.append("all"), raising=False
+    )
+    tp = _FakeGroup()
+    _communicators("gloo", {"tp": tp}).abort()
+    assert calls == [] and tp.aborted == 0
+
+
+class _FakeGroup:
+    def __init__(self):
+        self.aborted = 0
+
+    def abort(self):
+        self.aborted += 1
+
+
+def _communicators(backend, groups):
+    comms = Communicators({}, rank=0, backend=backend, timeout_s=10.0)
+    comms._groups = dict(groups)
+    return comms

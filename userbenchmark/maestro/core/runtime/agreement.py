@@ -88,6 +88,17 @@ def agreement_timeout_s(timeout_s: float) -> float:
     return timeout_s + grace_s(timeout_s)
 
 
+def watchdog_timeout_s(timeout_s: float) -> float:
+    """The timeout of NCCL process groups: torch's watchdog must not act before maestro does.
+
+    maestro stops waiting for device work after ``timeout_s``, agrees with the other ranks
+    (up to :func:`agreement_timeout_s`), then aborts every communicator. A watchdog that fired
+    first would end the process (torch's watchdog raises on a timed-out collective) before the
+    failure is agreed, reported and saved, so it waits for all of that and a grace on top.
+    """
+    return timeout_s + agreement_timeout_s(timeout_s) + grace_s(timeout_s)
+
+
 class StoreExchange:
     """Exchanges statuses through a c10d store, one numbered round per agreement step."""
 

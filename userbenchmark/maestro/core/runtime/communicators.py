@@ -14,6 +14,7 @@ from typing import Any
 
 from ...errors import RunError
 from ..config.spec import AxisSpec
+from .agreement import watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
@@ -83,11 +84,14 @@ class Communicators:
                 self.backend,
             )
         mine = None
+        # gloo: its operations end at the timeout. NCCL: the watchdog's timeout, after
+        # maestro's own deadline on device work (which aborts the communicators itself).
+        timeout_s = watchdog_timeout_s(self.timeout_s) if self.backend == "nccl" else self.timeout_s
         for team in axis.teams:
             kwargs: dict[str, Any] = {
                 "ranks": list(team),
                 "backend": self.backend,
-                "timeout": timedelta(seconds=self.timeout_s),
+                "timeout": timedelta(seconds=timeout_s),
             }
             if self.backend == "nccl":
                 # A fresh object per group: new_group writes into it.
@@ -111,11 +115,18 @@ class Communicators:
     def abort(self) -> None:
         """Abort every communicator after a failure left collectives half-issued.
 
-        NCCL: ``ProcessGroup.abort()`` (torch 2.5+; feature-detected) ends work its peers will
-        never join, where destroying the group would wait on it forever. Gloo has no abort
-        (its operations already ended at their timeout), so its groups are left for the
-        final ``destroy_process_group``. The groups are unusable afterwards either way.
+        NCCL: aborting ends work its peers will never join, where destroying the group would
+        wait on it forever. Every process group of the process (the axes', the gate's
+        alignment group, the default group) is aborted at once inside one NCCL group call, as
+        torch's ``_abort_process_group()`` does: communicators aborted one by one while
+        kernels of another still spin can block each other (pytorch/pytorch#119797). Where
+        that function is missing, each axis group is aborted in turn (``ProcessGroup.abort``).
+        Gloo has no abort (its operations already ended at their timeout), so its groups are
+        left for the final ``destroy_process_group``. The groups are unusable afterwards.
         """
+        if self.backend == "nccl" and self._abort_all():
+            self._groups = {name: None for name in self._groups}
+            return
         for name, group in self._groups.items():
             if group is None or self.backend != "nccl":
                 continue
@@ -128,3 +139,18 @@ class Communicators:
             except Exception as exc:  # aborting after a failure must not hide the failure
                 log.debug("axis %s: abort failed: %s", name, exc)
         self._groups = {name: None for name in self._groups}
+
+    @staticmethod
+    def _abort_all() -> bool:
+        """Abort every process group of this process; False where torch cannot."""
+        import torch.distributed as dist
+
+        abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort_all is None or not dist.is_initialized():
+            return False
+        try:
+            abort_all()
+        except Exception as exc:  # aborting after a failure must not hide the failure
+            log.debug("aborting every process group failed: %s", exc)
+            return False
+        return True

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import LaunchError, RunError
 from ..analysis.aggregate import Reducer
-from .agreement import StoreExchange, agreement_timeout_s
+from .agreement import StoreExchange, agreement_timeout_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.dist")
 
@@ -249,7 +249,8 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    timeout = timedelta(seconds=timeout_s)
+    # NCCL: torch's watchdog acts only after maestro's own deadline and agreement.
+    timeout = timedelta(seconds=watchdog_timeout_s(timeout_s) if backend == "nccl" else timeout_s)
     store = None
     if not dist.is_initialized():
         store = rendezvous_store(launch, timeout_s)

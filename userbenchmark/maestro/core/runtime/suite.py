@@ -17,6 +17,7 @@ from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import interrupts
+from .agreement import watchdog_timeout_s
 from .distributed import (
     DistContext,
     LaunchInfo,
@@ -156,7 +157,7 @@ def _broadcast_object(obj: Any, group: Any) -> Any:
     return box[0]
 
 
-def _device_alignment(dist: DistContext) -> Any:
+def _device_alignment(dist: DistContext, timeout_s: float) -> Any:
     """What the gate stream runs before its spin so that every rank's gate opens together:
     a one-element all_reduce on a communicator of its own (None for one rank)."""
     if dist.world_size == 1:
@@ -164,7 +165,11 @@ def _device_alignment(dist: DistContext) -> Any:
     import torch
     import torch.distributed as tdist
 
-    group = tdist.new_group(ranks=list(range(dist.world_size)), backend="nccl")
+    group = tdist.new_group(
+        ranks=list(range(dist.world_size)),
+        backend="nccl",
+        timeout=_dt.timedelta(seconds=watchdog_timeout_s(timeout_s)),
+    )
     one = torch.zeros(1, device=dist.device)
 
     def align() -> None:
@@ -225,7 +230,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             device=dist.device,
             sleep_cycles_per_us=calibration["sleep_cycles_per_us"],
             timeout_s=suite.timeout_s,
-            align=_device_alignment(dist),
+            align=_device_alignment(dist, suite.timeout_s),
         )
     else:
         executor = CpuLanes(
