@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.install import cupti_requirement
 
@@ -371,6 +372,8 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in doc["environ"].items())
         # TorchBench's regression detector, abtest and uploader read these two.
         assert {"pytorch_git_version", "pytorch_version"} <= set(doc["environ"])
+        # A TorchBench checkout is never installed: the version still comes from the package.
+        assert doc["environ"]["maestro_version"] == maestro_version
         metrics = doc["metrics"]
         assert metrics, f"{path.name} has no metrics"
         for key, value in metrics.items():
