@@ -49,7 +49,9 @@ def _assert_one_message(proc: subprocess.CompletedProcess[str], prefix: str) -> 
 def test_unknown_option_exits_2_without_traceback():
     proc = run_maestro(["run", "--no-such-option"], timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "No such option" in proc.stderr and "--no-such-option" in proc.stderr
+    assert (
+        "--no-such-option" in proc.stderr.strip().splitlines()[-1]
+    )  # click's words around it vary
     proc = run_maestro(["run", "--nproc", "0"], timeout=60)
     _assert_one_message(proc, "maestro: invalid option: --nproc must be at least 1, got 0")
 
@@ -66,7 +68,8 @@ def test_unknown_option_through_run_benchmark_exits_2_without_traceback():
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "Usage: run_benchmark.py maestro" in proc.stderr and "No such option" in proc.stderr
+    assert "run_benchmark.py maestro" in proc.stderr  # the usage names TorchBench's command
+    assert "--no-such-option" in proc.stderr.strip().splitlines()[-1]
 
 
 # ---- launcher variables ----
