@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from tests.integration.helpers import pair_overlaps, read_records, run_pattern
+from tests.integration.helpers import (
+    QUICK_HANG_S,
+    RUN_HANG_S,
+    pair_overlaps,
+    read_records,
+    run_pattern,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +75,7 @@ patterns:
 
 
 def test_two_large_all_reduces_slow_each_other_down(tmp_path):
-    proc, out = run_pattern(tmp_path, TWO_ALL_REDUCES, nproc=2, timeout=240)
+    proc, out = run_pattern(tmp_path, TWO_ALL_REDUCES, nproc=2, timeout=RUN_HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = {r["block"]: r for r in read_records(out)}
     for name in ("ar1", "ar2"):
@@ -107,7 +113,7 @@ patterns:
 
 
 def test_check_passes_for_every_collective_under_overlap(tmp_path):
-    proc, out = run_pattern(tmp_path, EVERY_OP_CHECKED, nproc=4, timeout=240)
+    proc, out = run_pattern(tmp_path, EVERY_OP_CHECKED, nproc=4, timeout=RUN_HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_records(out)
     comm = [r for r in records if r["op"] != "gemm"]
@@ -170,6 +176,6 @@ def test_trace_and_plot_files_of_a_run(tmp_path):
 def test_trace_without_output_dir_is_a_usage_error(tmp_path):
     from tests.integration.helpers import run_maestro
 
-    proc = run_maestro(["run", "-c", "quickstart", "--trace"], timeout=60)
+    proc = run_maestro(["run", "-c", "quickstart", "--trace"], timeout=QUICK_HANG_S)
     assert proc.returncode == 2
     assert "--output-dir" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,12 +15,11 @@ import pytest
 
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
-from .helpers import REPO_ROOT, read_records
+from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records
 
 pytestmark = pytest.mark.integration
 
 SBATCH = REPO_ROOT / "examples" / "slurm.sbatch"
-TIMEOUT_S = 120
 QUICK = ["--iters", "2", "--warmup-iters", "1"]
 
 # Stand-ins for SLURM's commands: `scontrol show hostnames` prints the job's node list one per
@@ -62,13 +61,13 @@ def _wait_all(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     results = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
+            out, _ = proc.communicate(timeout=RUN_HANG_S)
             results.append((proc.returncode, out))
     except subprocess.TimeoutExpired:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the whole session: torchrun and workers
-        pytest.fail(f"multi-node run did not finish within {TIMEOUT_S} s")
+        pytest.fail(f"multi-node run did not finish within {RUN_HANG_S} s (a hang)")
     return results
 
 
@@ -86,7 +85,9 @@ def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def test_sbatch_script_parses():
-    proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=QUICK_HANG_S
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -190,7 +191,7 @@ def test_sbatch_script_stops_on_a_config_that_does_not_fit(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_HANG_S,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr

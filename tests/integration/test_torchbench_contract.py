@@ -24,6 +24,8 @@ from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.install import cupti_requirement
 
+from .helpers import QUICK_HANG_S, RUN_HANG_S
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAESTRO_DIR = REPO_ROOT / "userbenchmark" / "maestro"
 METRICS_NAME_RE = re.compile(r"metrics-\d{14}\.json")
@@ -125,7 +127,9 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], cwd: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], cwd: Path, timeout_s: float = QUICK_HANG_S
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
@@ -349,7 +353,7 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
         proc = _run(
             ["run_benchmark.py", "maestro", "-c", "quickstart", "--nproc", "2"],
             cwd=standin,
-            timeout_s=240,
+            timeout_s=RUN_HANG_S,
         )
         assert proc.returncode == 0, (
             f"run {attempt}: `python run_benchmark.py maestro -c quickstart --nproc 2` "
