@@ -18,7 +18,7 @@ import pytest
 from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.install import nvidia_driver_present
 
-from ..docblocks import ROOT, bash_blocks, documented_status
+from ..docblocks import ROOT, bash_blocks, documented_statuses
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
         timeout=SETUP_HANG_S,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == documented_status(setup), (
+    assert done.returncode in documented_statuses(setup), (
         f"{setup}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
 
@@ -107,7 +107,7 @@ def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
         timeout=RUN_HANG_S,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == documented_status(main_job), (
+    assert done.returncode in documented_statuses(main_job), (
         f"{main_job}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
     assert "== quickstart / ag_rs" in done.stdout
