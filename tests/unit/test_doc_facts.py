@@ -152,3 +152,15 @@ def test_pattern_names_the_docs_show_are_names_maestro_gives():
     assert len(shown) >= 3, shown
     for name in shown:
         metric_key("quickstart", name, None, "makespan_avg_us")  # ValueError for a bad name
+
+
+def test_the_readme_names_every_run_option():
+    import click
+
+    from userbenchmark.maestro import cli
+
+    readme = _text(ROOT / "README.md")
+    for param in cli.run_command.params:
+        if isinstance(param, click.Option) and "--help" not in param.opts:
+            named = any(f"`{o}" in readme for o in param.opts)
+            assert named, f"README.md never names {param.opts}"
