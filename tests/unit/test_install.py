@@ -106,7 +106,7 @@ def test_without_torch_or_a_driver_the_cpu_build_comes_from_pytorchs_cpu_index(
     assert [c[1:] for c in printed] == [
         ["-m", "pip", "install", "--no-deps", "--index-url", install.CPU_INDEX_URL, torch],
         ["-m", "pip", "install", torch],  # its dependencies, from pip's configured indexes
-        [str(Path(install.__file__).resolve())],  # again, now with torch: requirements
+        [str(Path(install.__file__).resolve()), install.AFTER_TORCH],  # again, with torch
     ]
     assert printed == _executed(monkeypatch)
 
@@ -118,7 +118,8 @@ def test_without_torch_on_a_machine_with_a_driver_the_cuda_build_comes_from_pypi
     printed = _dry_run(["--no-cupti"], capsys)
     assert [c[1:] for c in printed] == [
         ["-m", "pip", "install", f"torch=={install.TESTED_TORCH_VERSION}"],
-        [str(Path(install.__file__).resolve()), "--no-cupti"],  # the option reaches the rerun
+        # again, now with torch; the option reaches the second run
+        [str(Path(install.__file__).resolve()), install.AFTER_TORCH, "--no-cupti"],
     ]
     assert printed == _executed(monkeypatch, ["--no-cupti"])
 
@@ -147,3 +148,7 @@ def test_a_fresh_environment_gets_the_torch_ci_tests():
     # .ci/run pins the torch CI tests with; a fresh environment must get that same release.
     pins = re.findall(r"torch==([0-9][0-9.]*)", (ROOT / ".ci" / "run").read_text())
     assert pins == [install.TESTED_TORCH_VERSION]
+
+
+def test_torch_still_missing_after_its_install_is_an_error_not_a_loop(no_torch, monkeypatch):
+    assert _executed(monkeypatch, [install.AFTER_TORCH], status=1) == []

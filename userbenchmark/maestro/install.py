@@ -31,6 +31,8 @@ TESTED_TORCH_VERSION = "2.13.0"
 # published on PyTorch's own index.
 CPU_INDEX_URL = "https://download.pytorch.org/whl/cpu"
 TORCH_BUILDS = ("cpu", "cuda")
+# Marks the second run, after torch was installed: torch missing then is an error, not a loop.
+AFTER_TORCH = "--after-torch-install"
 
 log = logging.getLogger("maestro.install")
 
@@ -92,7 +94,7 @@ def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
         raise ValueError(f"unknown torch build {build!r}; valid builds: {', '.join(TORCH_BUILDS)}")
     pip = [sys.executable, "-m", "pip", "install"]
     torch = f"torch=={TESTED_TORCH_VERSION}"
-    rerun = [sys.executable, str(Path(__file__).resolve()), *rerun_args]
+    rerun = [sys.executable, str(Path(__file__).resolve()), AFTER_TORCH, *rerun_args]
     if build == "cpu":
         return [[*pip, "--no-deps", "--index-url", CPU_INDEX_URL, torch], [*pip, torch], rerun]
     return [[*pip, torch], rerun]
@@ -122,6 +124,13 @@ def shell_line(command: list[str]) -> str:
 
 def _plan(args: argparse.Namespace) -> list[list[str]] | None:
     """The commands to run; None (after logging why) when none can be planned."""
+    if not torch_installed() and args.after_torch_install:
+        log.error(
+            "torch was installed, but %s cannot find it: install torch into this Python's "
+            "environment, then run this again",
+            sys.executable,
+        )
+        return None
     if not torch_installed():
         build = args.torch_build or ("cuda" if nvidia_driver_present() else "cpu")
         if args.torch_build:
@@ -168,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only where torch is missing: the build to install (default: cuda when an NVIDIA "
         "driver is found, else cpu)",
     )
+    parser.add_argument(AFTER_TORCH, action="store_true", help=argparse.SUPPRESS)
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if ignored:
