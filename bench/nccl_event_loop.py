@@ -2,7 +2,7 @@
 
 Per op and size: warmup, then N back-to-back ops on the current stream between two CUDA events;
 time per op = elapsed / N, the max over ranks; S as nccl-tests defines it; algbw = S / t
-(GB = 1e9) and busbw = algbw x the nccl-tests factor from maestro's own bandwidth module.
+(GB = 1e9) and busbw = algbw x the nccl-tests factor, written out here (not maestro's own).
 
 Run: ``python bench/nccl_event_loop.py --nproc 2 --ops all_reduce --sizes 1M,64M --json o.json``
 (one process per GPU through torch.multiprocessing), or under ``torchrun`` without ``--nproc``.

@@ -10,11 +10,18 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# Limits on subprocesses catch hangs, never slowness: each is many times what the command takes
+# on a loaded 2-core machine (load 5-15), so a slow machine never fails a test on time alone.
+QUICK_HANG_S = 300
+"""A command that starts no worker (validate, compare, a refused option): 2-15 s loaded."""
+RUN_HANG_S = 900
+"""A run through the launcher (a few gloo ranks, small sizes): 10-90 s loaded."""
+
 
 def run_maestro(
     args: list[str],
     *,
-    timeout: float = 180,
+    timeout: float = RUN_HANG_S,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
@@ -45,7 +52,7 @@ def run_pattern(
     *,
     nproc: int,
     extra: list[str] | None = None,
-    timeout: float = 180,
+    timeout: float = RUN_HANG_S,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Write ``yaml_text`` to a file, run it on ``nproc`` gloo ranks, return (process, out dir)."""
     config = tmp_path / "pattern.yaml"

@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from tests.integration.helpers import REPO_ROOT, pair_overlaps, read_records, run_pattern
+from tests.integration.helpers import (
+    QUICK_HANG_S,
+    REPO_ROOT,
+    RUN_HANG_S,
+    pair_overlaps,
+    read_records,
+    run_pattern,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +80,7 @@ patterns:
 
 
 def test_two_large_all_reduces_slow_each_other_down(tmp_path):
-    proc, out = run_pattern(tmp_path, TWO_ALL_REDUCES, nproc=2, timeout=240)
+    proc, out = run_pattern(tmp_path, TWO_ALL_REDUCES, nproc=2, timeout=RUN_HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = {r["block"]: r for r in read_records(out)}
     for name in ("ar1", "ar2"):
@@ -111,7 +118,7 @@ patterns:
 
 
 def test_check_passes_for_every_collective_under_overlap(tmp_path):
-    proc, out = run_pattern(tmp_path, EVERY_OP_CHECKED, nproc=4, timeout=240)
+    proc, out = run_pattern(tmp_path, EVERY_OP_CHECKED, nproc=4, timeout=RUN_HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_records(out)
     comm = [r for r in records if r["op"] != "gemm"]
@@ -174,7 +181,7 @@ def test_trace_and_plot_files_of_a_run(tmp_path):
 def test_trace_without_output_dir_is_a_usage_error(tmp_path):
     from tests.integration.helpers import run_maestro
 
-    proc = run_maestro(["run", "-c", "quickstart", "--trace"], timeout=60)
+    proc = run_maestro(["run", "-c", "quickstart", "--trace"], timeout=QUICK_HANG_S)
     assert proc.returncode == 2
     assert "--output-dir" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -187,7 +194,7 @@ def test_rank_traces_of_a_cpu_run_load_in_hta(tmp_path):
     proc = run_maestro(
         ["run", "-c", "quickstart", "--nproc", "2", "--output-dir", str(out), "--trace",
          "--no-metrics"],
-        timeout=300,
+        timeout=RUN_HANG_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     traces = out / "traces"
@@ -220,7 +227,7 @@ def test_rank_traces_of_a_cpu_run_load_in_hta(tmp_path):
     assert 'trace_dir="out/traces"' in example
     done = subprocess.run(
         [sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"},
+        timeout=QUICK_HANG_S, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr

@@ -5,6 +5,7 @@ one line, leaving no process behind."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -14,18 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO_ROOT, read_records, run_maestro
+from userbenchmark.maestro.core.runtime.agreement import grace_s
+
+from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records, run_maestro
 
 pytestmark = pytest.mark.integration
 
-GONE_DEADLINE_S = 90.0
-"""Every process of an interrupted run must be gone this long after the signal."""
+SLOW_TIMEOUT_S = 3
+LOAD_MARGIN_S = 120.0
+GONE_DEADLINE_S = SLOW_TIMEOUT_S + grace_s(SLOW_TIMEOUT_S) + 10 + LOAD_MARGIN_S
+"""Every process of an interrupted run must be gone this long after the signal: the documented
+bound (docs/reliability.md: a worker still running ``timeout_s`` + grace + 10 s after the signal
+is killed) plus a margin for a loaded machine, where a worker may still be importing torch when
+the signal lands (it waits for its handler) and exiting processes are slow to be reaped. A
+process left behind outlives any margin; a slow machine does not fail this."""
 INTERRUPTED = "maestro: interrupted"
 INTERRUPTED_SAVED = "maestro: interrupted; patterns that finished are saved"
 
 SLOW = """
 name: slow
-timeout_s: 3
+timeout_s: SLOW_TIMEOUT_S
 defaults: {warmup_iters: 0, iters: 2, baseline: false}
 patterns:
   - name: nap
@@ -33,7 +42,9 @@ patterns:
     blocks:
       - {name: ar, op: all_reduce, axis: world, size: 4K}
       - {name: nap, op: sleep, axis: world, duration_us: "${us}"}
-""".replace("POINTS", ", ".join(str(200000 + i) for i in range(60)))
+""".replace("POINTS", ", ".join(str(200000 + i) for i in range(60))).replace(
+    "SLOW_TIMEOUT_S", str(SLOW_TIMEOUT_S)
+)
 
 
 def _assert_one_message(proc: subprocess.CompletedProcess[str], prefix: str) -> str:
@@ -47,10 +58,12 @@ def _assert_one_message(proc: subprocess.CompletedProcess[str], prefix: str) -> 
 
 # ---- usage errors ----
 def test_unknown_option_exits_2_without_traceback():
-    proc = run_maestro(["run", "--no-such-option"], timeout=60)
+    proc = run_maestro(["run", "--no-such-option"], timeout=QUICK_HANG_S)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "No such option" in proc.stderr and "--no-such-option" in proc.stderr
-    proc = run_maestro(["run", "--nproc", "0"], timeout=60)
+    assert (
+        "--no-such-option" in proc.stderr.strip().splitlines()[-1]
+    )  # click's words around it vary
+    proc = run_maestro(["run", "--nproc", "0"], timeout=QUICK_HANG_S)
     _assert_one_message(proc, "maestro: invalid option: --nproc must be at least 1, got 0")
 
 
@@ -62,11 +75,12 @@ def test_unknown_option_through_run_benchmark_exits_2_without_traceback():
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_HANG_S,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "Usage: run_benchmark.py maestro" in proc.stderr and "No such option" in proc.stderr
+    assert "run_benchmark.py maestro" in proc.stderr  # the usage names TorchBench's command
+    assert "--no-such-option" in proc.stderr.strip().splitlines()[-1]
 
 
 # ---- launcher variables ----
@@ -90,14 +104,14 @@ def test_unknown_option_through_run_benchmark_exits_2_without_traceback():
     ],
 )
 def test_invalid_launch_variables_exit_2_before_any_worker(env, message):
-    proc = run_maestro(["run", "-c", "quickstart", "--no-metrics"], env=env, timeout=60)
+    proc = run_maestro(["run", "-c", "quickstart", "--no-metrics"], env=env, timeout=QUICK_HANG_S)
     line = _assert_one_message(proc, "maestro: invalid launch environment: ")
     assert message in line, line
 
 
 # ---- --nproc and devices ----
 def test_nproc_beyond_the_machine_exits_2_with_the_reason():
-    proc = run_maestro(["run", "--nproc", "10000"], timeout=60)
+    proc = run_maestro(["run", "--nproc", "10000"], timeout=QUICK_HANG_S)
     line = _assert_one_message(proc, "maestro: invalid option: --nproc must be at most 256")
     assert "got 10000" in line and "torchrun or srun" in line
 
@@ -117,7 +131,7 @@ def test_nproc_bounded_by_the_open_file_limit():
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_HANG_S,
         stdin=subprocess.DEVNULL,
         preexec_fn=lower_limit,
     )
@@ -139,7 +153,8 @@ def test_cuda_options_without_cuda_exit_2_before_any_worker(tmp_path, args, mess
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     proc = run_maestro(
-        ["run", "--nproc", "2", "--metrics-dir", str(tmp_path / "metrics"), *args], timeout=60
+        ["run", "--nproc", "2", "--metrics-dir", str(tmp_path / "metrics"), *args],
+        timeout=QUICK_HANG_S,
     )
     line = _assert_one_message(proc, "maestro: invalid option: ")
     assert message in line, line
@@ -260,12 +275,12 @@ def _assert_interrupted(status: int, err: str, last_line: str) -> None:
     lines = err.strip().splitlines()
     assert lines and lines[-1] == last_line, err[-3000:]
     assert lines.count(last_line) == 1, err[-3000:]
-    # Before it, only maestro's own lines: the interrupted pattern, as rank 0 reports any failed
-    # pattern, and warnings about patterns that finished (a busy host may earn one).
-    assert all(
-        line.startswith("maestro: pattern ") or line.startswith("[maestro r0] WARNING pattern ")
-        for line in lines[:-1]
-    ), err[-3000:]
+    # Before it, at most the interrupted pattern, as rank 0 reports any failed pattern, and the
+    # ranks' own warnings: a loaded machine makes a rank warn that it started late, which is
+    # the run's log, not the interrupt's output.
+    for line in lines[:-1]:
+        warning = re.match(r"\[maestro r\d+\] WARNING ", line)
+        assert line.startswith("maestro: pattern ") or warning, err[-3000:]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
@@ -273,7 +288,7 @@ def _assert_interrupted(status: int, err: str, last_line: str) -> None:
 def test_signal_mid_run_under_nproc(tmp_path, signum):
     run = _run_slow(tmp_path)
     results = tmp_path / "out" / "results.json"
-    run.wait_for(results.exists, 180, "finished pattern")
+    run.wait_for(results.exists, RUN_HANG_S, "finished pattern")
     status, err = run.interrupt(signum)
     _assert_interrupted(status, err, INTERRUPTED_SAVED)
     finished = {r["pattern"] for r in read_records(tmp_path / "out")}
@@ -286,7 +301,7 @@ def test_sigint_while_workers_start(tmp_path):
     """Workers still importing torch: no KeyboardInterrupt traceback from any of them."""
     run = _run_slow(tmp_path)
     # Python's resource tracker, then the workers, are the launcher's children.
-    run.wait_for(lambda: len(_children(run.proc.pid)) >= 2, 120, "worker processes")
+    run.wait_for(lambda: len(_children(run.proc.pid)) >= 2, RUN_HANG_S, "worker processes")
     status, err = run.interrupt(signal.SIGINT)
     _assert_interrupted(status, err, INTERRUPTED)
     assert not (tmp_path / "out" / "results.json").exists()
@@ -295,7 +310,7 @@ def test_sigint_while_workers_start(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
 def test_sigint_mid_run_through_run_benchmark(tmp_path):
     run = _run_slow(tmp_path, entry=("run_benchmark.py", "maestro"))
-    run.wait_for((tmp_path / "out" / "results.json").exists, 180, "finished pattern")
+    run.wait_for((tmp_path / "out" / "results.json").exists, RUN_HANG_S, "finished pattern")
     status, err = run.interrupt(signal.SIGINT)
     _assert_interrupted(status, err, INTERRUPTED_SAVED)
 
@@ -303,6 +318,6 @@ def test_sigint_mid_run_through_run_benchmark(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
 def test_sigint_mid_run_of_one_process(tmp_path):
     run = _run_slow(tmp_path, nproc=None)
-    run.wait_for((tmp_path / "out" / "results.json").exists, 180, "finished pattern")
+    run.wait_for((tmp_path / "out" / "results.json").exists, RUN_HANG_S, "finished pattern")
     status, err = run.interrupt(signal.SIGINT)
     _assert_interrupted(status, err, INTERRUPTED_SAVED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,12 +16,13 @@ import pytest
 
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
-from .helpers import REPO_ROOT, read_records
+from ..docblocks import ROOT, bash_blocks, with_options
+from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records
 
 pytestmark = pytest.mark.integration
 
 SBATCH = REPO_ROOT / "examples" / "slurm.sbatch"
-TIMEOUT_S = 120
+MULTINODE_PAGE = ROOT / "docs" / "multinode.md"
 QUICK = ["--iters", "2", "--warmup-iters", "1"]
 
 # Stand-ins for SLURM's commands: `scontrol show hostnames` prints the job's node list one per
@@ -62,13 +64,13 @@ def _wait_all(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     results = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
+            out, _ = proc.communicate(timeout=RUN_HANG_S)
             results.append((proc.returncode, out))
     except subprocess.TimeoutExpired:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the whole session: torchrun and workers
-        pytest.fail(f"multi-node run did not finish within {TIMEOUT_S} s")
+        pytest.fail(f"multi-node run did not finish within {RUN_HANG_S} s (a hang)")
     return results
 
 
@@ -86,45 +88,43 @@ def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
 
 
 def test_sbatch_script_parses():
-    proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=QUICK_HANG_S
+    )
     assert proc.returncode == 0, proc.stderr
 
 
+def loopback_commands() -> list[str]:
+    """The torchrun commands of docs/multinode.md's "Trying it on one machine" block."""
+    (block,) = [b for b in bash_blocks(MULTINODE_PAGE) if b.kind == "run by"]
+    commands = [c.removesuffix("&").strip() for c in block.commands if c != "wait"]
+    assert len(commands) == 2 and all(c.startswith("torchrun ") for c in commands), commands
+    return commands
+
+
 def test_two_torchrun_nodes_on_loopback(tmp_path):
+    # The page's commands as written, on a free port, with a run id of their own (tests may
+    # run beside each other), fewer iterations and this test's folders.
     port = free_port()
     run_id = f"maestro-test-{uuid.uuid4().hex[:8]}"
     out, metrics = tmp_path / "out", tmp_path / "metrics"
-    procs = [
-        _start(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "--rdzv-id",
-                run_id,
-                "-m",
-                "userbenchmark.maestro",
-                "run",
-                "-c",
-                "quickstart",
-                *QUICK,
-                "--output-dir",
-                str(out),
-                "--metrics-dir",
-                str(metrics),
-            ],
-            _env(),
-        )
-        for _ in range(2)
-    ]
+    options = shlex.join(
+        [
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            run_id,
+            "--output-dir",
+            str(out),
+            "--metrics-dir",
+            str(metrics),
+            *QUICK,
+        ]
+    )
+    procs = []
+    for command in loopback_commands():
+        argv = shlex.split(with_options(command, options))
+        procs.append(_start([sys.executable, "-m", "torch.distributed.run", *argv[1:]], _env()))
     results = _wait_all(procs)
     for status, output in results:
         assert status == 0, output[-3000:]
@@ -190,7 +190,7 @@ def test_sbatch_script_stops_on_a_config_that_does_not_fit(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=QUICK_HANG_S,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -9,7 +9,15 @@ import pytest
 
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 
-from .helpers import REPO_ROOT, by_block, read_records, run_maestro, run_pattern
+from .helpers import (
+    QUICK_HANG_S,
+    REPO_ROOT,
+    RUN_HANG_S,
+    by_block,
+    read_records,
+    run_maestro,
+    run_pattern,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +170,7 @@ def test_quickstart_through_run_benchmark_writes_metrics(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=RUN_HANG_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "== quickstart" in proc.stdout
@@ -178,7 +186,7 @@ def test_config_error_exits_2_before_any_worker(tmp_path):
         "name: bad\npatterns:\n  - name: p\n    blocks:\n"
         "      - {name: a, op: all_reduce, size: -4M}\n"
     )
-    proc = run_maestro(["run", "-c", str(config), "--nproc", "2"], timeout=60)
+    proc = run_maestro(["run", "-c", str(config), "--nproc", "2"], timeout=QUICK_HANG_S)
     assert proc.returncode == 2
     assert "patterns[0].blocks[0].size" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -203,7 +211,7 @@ patterns:
 
 
 def test_runtime_error_on_one_rank_ends_every_rank(tmp_path):
-    proc, out = run_pattern(tmp_path, FAILING, nproc=2, timeout=150)
+    proc, out = run_pattern(tmp_path, FAILING, nproc=2, timeout=RUN_HANG_S)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rank 1" in proc.stderr and "'bad'" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -231,7 +239,9 @@ def test_cuda_graphs_on_the_cpu_are_refused_before_any_worker(tmp_path):
     # and --graph on the command line likewise.
     config = tmp_path / "graphs.yaml"
     config.write_text(GRAPH)
-    proc = run_maestro(["run", "-c", str(config), "--nproc", "2", "--backend", "gloo"], timeout=120)
+    proc = run_maestro(
+        ["run", "-c", str(config), "--nproc", "2", "--backend", "gloo"], timeout=RUN_HANG_S
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "captured" in proc.stderr and "CUDA graphs" in proc.stderr and "gloo" in proc.stderr
     assert "Traceback" not in proc.stderr

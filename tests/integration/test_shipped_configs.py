@@ -17,7 +17,7 @@ import pytest
 from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite
 
-from .helpers import read_records, run_maestro
+from .helpers import QUICK_HANG_S, RUN_HANG_S, read_records, run_maestro
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,9 @@ def test_shipped_config_validates_at_each_stated_world_size(path, world_size):
     assert suite.world_size == world_size
     assert suite.name == path.stem  # `-c NAME` and the metric keys' suite name agree
     # The CLI's validate command agrees (exit 0, a summary).
-    proc = run_maestro(["validate", path.stem, "--world-size", str(world_size)], timeout=60)
+    proc = run_maestro(
+        ["validate", path.stem, "--world-size", str(world_size)], timeout=QUICK_HANG_S
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"suite {suite.name}" in proc.stdout
 
@@ -122,7 +124,7 @@ def _run_cpu(path: Path, out: Path, *, nproc: int, env: dict[str, str] | None = 
             "--no-metrics",
         ],
         env=env,
-        timeout=120,
+        timeout=RUN_HANG_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -166,7 +168,7 @@ def test_nccl_algo_recipe_runs_and_compares(cpu_runs, tmp_path):
     ring = cpu_runs(path) / "results.json"
     tree = tmp_path / "tree"
     _run_cpu(path, tree, nproc=run_world_size(path), env={"NCCL_ALGO": "Tree"})
-    proc = run_maestro(["compare", str(ring), str(tree / "results.json")], timeout=60)
+    proc = run_maestro(["compare", str(ring), str(tree / "results.json")], timeout=QUICK_HANG_S)
     # 0 or 1 (a regression between two noisy CPU runs); 2 would mean the files do not compare.
     assert proc.returncode in (0, 1), proc.stderr
     for key in ("ar_sweep[size=64K]/allreduce/busbw_gbps", "ar_gemm/gemm/tflops"):

@@ -20,8 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.install import cupti_requirement
+
+from .helpers import QUICK_HANG_S, RUN_HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAESTRO_DIR = REPO_ROOT / "userbenchmark" / "maestro"
@@ -124,7 +127,9 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], cwd: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], cwd: Path, timeout_s: float = QUICK_HANG_S
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
@@ -348,7 +353,7 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
         proc = _run(
             ["run_benchmark.py", "maestro", "-c", "quickstart", "--nproc", "2"],
             cwd=standin,
-            timeout_s=240,
+            timeout_s=RUN_HANG_S,
         )
         assert proc.returncode == 0, (
             f"run {attempt}: `python run_benchmark.py maestro -c quickstart --nproc 2` "
@@ -371,6 +376,8 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in doc["environ"].items())
         # TorchBench's regression detector, abtest and uploader read these two.
         assert {"pytorch_git_version", "pytorch_version"} <= set(doc["environ"])
+        # A TorchBench checkout is never installed: the version still comes from the package.
+        assert doc["environ"]["maestro_version"] == maestro_version
         metrics = doc["metrics"]
         assert metrics, f"{path.name} has no metrics"
         for key, value in metrics.items():

@@ -78,7 +78,7 @@ def _script(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a hang, not speed: --help and argument errors take seconds
         stdin=subprocess.DEVNULL,
     )
 

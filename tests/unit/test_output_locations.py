@@ -143,7 +143,7 @@ def test_the_lock_names_the_other_process_and_dies_with_it(tmp_path):
         ):
             _prepare(tmp_path)
     finally:
-        holder.communicate("\n", timeout=60)
+        holder.communicate("\n", timeout=300)  # a hang: it exits on this newline
     with _prepare(tmp_path) as prepared:  # the process ended: its lock went with it
         assert prepared.locked
 

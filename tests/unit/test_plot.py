@@ -55,7 +55,9 @@ def rank_timeline(rank: int, makespans_ns: list[int], base_ns: int, present) -> 
     )
 
 
-def make_outcome(pattern: str = "ag_rs@4M", isolated=(30.0, 50.0, math.nan)) -> PatternOutcome:
+def make_outcome(
+    pattern: str = "ag_rs[size=4M]", isolated=(30.0, 50.0, math.nan)
+) -> PatternOutcome:
     blocks = (
         block("allgather", "all_gather", "dp", 45.0, isolated[0]),
         block("gemm", "gemm", "tp", 80.0, isolated[1]),
@@ -118,7 +120,8 @@ def test_median_makespan_iteration_ties_and_empty():
 
 
 def test_plot_file_name():
-    assert plot_file_name("ag_rs@4M") == "plot-ag_rs_4M.png"
+    assert plot_file_name("ar_sweep[size=4M]") == "plot-ar_sweep_size_4M.png"  # docs' example
+    assert plot_file_name("ag_rs@4M") == "plot-ag_rs_4M.png"  # any text, legal name or not
     assert plot_file_name("a/b c") == "plot-a_b_c.png"
     assert plot_file_name("../..") == "plot-pattern.png"
     assert plot_file_name("sweep-1.5K") == "plot-sweep-1.5K.png"

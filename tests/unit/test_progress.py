@@ -59,8 +59,8 @@ def test_estimate_left_s():
 
 def test_format_line():
     assert (
-        format_line(3, 10, "pattern ag_rs@4M", 12.3)
-        == "[3/10] pattern ag_rs@4M  elapsed 12.3 s  left ~28.7 s"
+        format_line(3, 10, "pattern ar_sweep[size=4M]", 12.3)
+        == "[3/10] pattern ar_sweep[size=4M]  elapsed 12.3 s  left ~28.7 s"  # docs' example
     )
     assert format_line(0, 2, "x", 0.04) == "[0/2] x  elapsed 0.0 s"
     assert format_line(2, 2, "x", 7.0) == "[2/2] x  elapsed 7.0 s  left ~0.0 s"

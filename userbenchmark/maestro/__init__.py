@@ -4,17 +4,9 @@ userbenchmark). See README.md; ``python -m userbenchmark.maestro --help`` lists 
 
 from __future__ import annotations
 
-from importlib import metadata
-
-
-def _version() -> str:
-    try:
-        return metadata.version("maestro-bench")
-    except metadata.PackageNotFoundError:  # run from a source tree or a TorchBench checkout
-        return "0+unknown"
-
-
-__version__ = _version()
+# The one version of maestro. pyproject.toml reads it (setuptools' dynamic version), so an
+# installed package's metadata and a checkout (TorchBench runs one, never installed) agree.
+__version__ = "0.2.0"
 
 __all__ = ["Results", "__version__", "load_results"]
 

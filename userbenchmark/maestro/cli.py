@@ -125,7 +125,7 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--output-dir",
         default=None,
-        help="write results.{json,csv} and patterns.{json,csv} here",
+        help="write results, patterns and pairs (.json and .csv) here",
     ),
     click.option(
         "--metrics-dir",

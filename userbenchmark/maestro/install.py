@@ -1,15 +1,21 @@
 """Install maestro's dependencies into the running Python environment.
 
-Run as ``python install.py`` in this folder; TorchBench's ``python install.py --userbenchmark
-maestro`` runs this file the same way. Never installs torch; adds cupti-python for CUDA builds.
+Run as ``python install.py`` in this folder, or ``python userbenchmark/maestro/install.py`` from
+the repository; TorchBench's ``python install.py --userbenchmark maestro`` runs this file the same
+way. An installed torch is never touched: maestro's requirements are installed around it, plus
+the cupti-python of its CUDA major version for a CUDA build. Only where torch is missing (a fresh
+environment) is it installed: the CPU build from PyTorch's CPU index when this machine has no
+NVIDIA driver, else PyPI's (CUDA) build; then this file runs again with torch in place.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +23,16 @@ from pathlib import Path
 # Run as a script from this folder (no package context), so only absolute stdlib imports here.
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
+
+# The torch a fresh environment gets: the release maestro's CI tests (.ci/run pins the same, and
+# a test checks that the two agree). An environment that has torch keeps its own.
+TESTED_TORCH_VERSION = "2.13.0"
+# PyPI's Linux torch wheels are CUDA builds that pull in GBs of CUDA libraries; the CPU build is
+# published on PyTorch's own index.
+CPU_INDEX_URL = "https://download.pytorch.org/whl/cpu"
+TORCH_BUILDS = ("cpu", "cuda")
+# Marks the second run, after torch was installed: torch missing then is an error, not a loop.
+AFTER_TORCH = "--after-torch-install"
 
 log = logging.getLogger("maestro.install")
 
@@ -35,16 +51,27 @@ def cupti_requirement(cuda_version: str | None) -> str | None:
     return f"cupti-python>={major},<{major + 1}"
 
 
+def torch_installed() -> bool:
+    """Whether this environment has torch (found without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
 def torch_cuda_version() -> str | None:
     """``torch.version.cuda`` of the installed torch; RuntimeError when torch is missing."""
     try:
         import torch
     except ImportError as exc:
         raise RuntimeError(
-            "torch is not importable: install the PyTorch build to benchmark first "
-            "(maestro never installs torch)"
+            f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); repair "
+            f"it (python -m pip install --force-reinstall torch=={TESTED_TORCH_VERSION}) and "
+            "run this again"
         ) from exc
     return torch.version.cuda
+
+
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver: the kernel module's version file or nvidia-smi."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
 def numpy_constraint() -> str | None:
@@ -55,8 +82,26 @@ def numpy_constraint() -> str | None:
         return None
 
 
+def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
+    """The commands that install torch's ``build`` into a fresh environment, then run this file
+    again (now with torch in place: requirements and cupti-python for its CUDA).
+
+    The CPU build comes from PyTorch's CPU index, the torch wheel alone (``--no-deps``); its
+    dependencies come in the second command from the indexes pip is configured with, so that
+    index serves one file. Any index or wheel folder in pip's own configuration still applies.
+    """
+    if build not in TORCH_BUILDS:
+        raise ValueError(f"unknown torch build {build!r}; valid builds: {', '.join(TORCH_BUILDS)}")
+    pip = [sys.executable, "-m", "pip", "install"]
+    torch = f"torch=={TESTED_TORCH_VERSION}"
+    rerun = [sys.executable, str(Path(__file__).resolve()), AFTER_TORCH, *rerun_args]
+    if build == "cpu":
+        return [[*pip, "--no-deps", "--index-url", CPU_INDEX_URL, torch], [*pip, torch], rerun]
+    return [[*pip, torch], rerun]
+
+
 def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[str]]:
-    """The pip invocations to run, in order.
+    """The pip invocations to run, in order, in an environment that has torch.
 
     The numpy pin is a requirement on the command line rather than a ``-c`` constraints file:
     it names the numpy already installed, so pip keeps it and resolves the rest around it (what
@@ -77,41 +122,86 @@ def shell_line(command: list[str]) -> str:
     return shlex.join(command)
 
 
+def _plan(args: argparse.Namespace) -> list[list[str]] | None:
+    """The commands to run; None (after logging why) when none can be planned."""
+    if not torch_installed() and args.after_torch_install:
+        log.error(
+            "torch was installed, but %s cannot find it: install torch into this Python's "
+            "environment, then run this again",
+            sys.executable,
+        )
+        return None
+    if not torch_installed():
+        build = args.torch_build or ("cuda" if nvidia_driver_present() else "cpu")
+        if args.torch_build:
+            why = "--torch-build"
+        elif build == "cuda":
+            why = "an NVIDIA driver was found"
+        else:
+            why = "no NVIDIA driver was found"
+        where = f"from {CPU_INDEX_URL}" if build == "cpu" else "from PyPI"
+        log.info(
+            "torch is not installed: installing torch %s, the %s build (%s), %s",
+            TESTED_TORCH_VERSION,
+            build.upper(),
+            why,
+            where,
+        )
+        return torch_commands(build, ["--no-cupti"] if args.no_cupti else [])
+    try:
+        cuda_version = torch_cuda_version()
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return None
+    if args.no_cupti:
+        cuda_version = None
+    elif cuda_version is None:
+        log.info("torch has no CUDA: skipping cupti-python")
+    return pip_commands(cuda_version, numpy_constraint())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Install; 0 on success, non-zero when anything failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the pip commands (ready to paste into a shell) instead of running them",
+        help="print the commands (ready to paste into a shell) instead of running them",
     )
     parser.add_argument(
         "--no-cupti", action="store_true", help="skip cupti-python (maestro then uses CUDA events)"
     )
+    parser.add_argument(
+        "--torch-build",
+        choices=TORCH_BUILDS,
+        help="only where torch is missing: the build to install (default: cuda when an NVIDIA "
+        "driver is found, else cpu)",
+    )
+    parser.add_argument(AFTER_TORCH, action="store_true", help=argparse.SUPPRESS)
     args, ignored = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if ignored:
         # TorchBench's installer forwards its own options (models, --continue_on_fail, ...).
         log.info("ignoring options meant for other installers: %s", " ".join(ignored))
 
-    try:
-        cuda_version = torch_cuda_version()
-    except RuntimeError as exc:
-        log.error("%s", exc)
+    commands = _plan(args)
+    if commands is None:
         return 1
-    if args.no_cupti:
-        cuda_version = None
-    elif cuda_version is None:
-        log.info("torch has no CUDA: skipping cupti-python")
-
-    for command in pip_commands(cuda_version, numpy_constraint()):
+    for command in commands:
         if args.dry_run:
             print(shell_line(command))
             continue
         log.info("running: %s", shell_line(command))
         status = subprocess.run(command, check=False).returncode
         if status != 0:
-            log.error("pip failed with exit status %d: %s", status, shell_line(command))
+            log.error("failed with exit status %d: %s", status, shell_line(command))
+            if CPU_INDEX_URL in command:
+                log.error(
+                    "the CPU build of torch comes from %s: where that index cannot be reached, "
+                    "install a CPU build of torch from a mirror or wheel you have, then run "
+                    "this again",
+                    CPU_INDEX_URL,
+                )
             return status
     return 0
 

@@ -1,0 +1,159 @@
+"""Every command that README.md and docs/*.md show in a ``bash`` block runs, as written, with the
+exit status the page gives it (tests/docblocks.py says how a block is marked otherwise).
+
+Blocks run in a copy of the files a user runs from (``run_benchmark.py`` writes its metrics
+beside itself), with ``python`` and ``torchrun`` of this interpreter's environment. Blocks that
+need a GPU, a cluster or a TorchBench checkout are skipped with that reason; usage lines with
+placeholders (synopses) have each option they name checked against the command's ``--help``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from functools import cache
+
+import pytest
+
+from userbenchmark.maestro.core.runtime.distributed import free_port
+
+from ..docblocks import PAGES, ROOT, BashBlock, bash_blocks, documented_statuses, with_options
+from .helpers import QUICK_HANG_S, RUN_HANG_S
+
+pytestmark = pytest.mark.integration
+
+BLOCKS = [block for page in PAGES for block in bash_blocks(page)]
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def _ids(blocks: list[BashBlock]) -> list[str]:
+    return [block.where for block in blocks]
+
+
+def _starts_a_run(command: str) -> bool:
+    return "userbenchmark.maestro run" in command or "run_benchmark.py maestro" in command
+
+
+def test_the_pages_have_commands_and_every_marker_says_why():
+    assert len(BLOCKS) >= 15, _ids(BLOCKS)
+    for block in BLOCKS:
+        assert block.commands, f"{block.where}: an empty bash block"
+        if block.kind in ("skip", "run with", "run by"):
+            assert block.text, f"{block.where}: '{block.kind}' needs its reason or options"
+        if block.kind == "run by":
+            runner = ROOT / block.text
+            assert runner.is_file(), f"{block.where}: no test file {block.text}"
+            page = block.page.name
+            assert f'"{page}"' in runner.read_text(), f"{block.text} does not read {page}"
+
+
+RUNNABLE = [b for b in BLOCKS if b.kind in ("run", "run with")]
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=_ids(RUNNABLE))
+def test_documented_commands_run_as_written(block, tmp_path):
+    checkout = tmp_path / "maestro"
+    checkout.mkdir()
+    shutil.copy2(ROOT / "run_benchmark.py", checkout)
+    shutil.copytree(
+        ROOT / "userbenchmark",
+        checkout / "userbenchmark",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".userbenchmark"),
+    )
+    # `python` is this interpreter; `torchrun` comes from its environment's scripts.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+        and k != "MASTER_PORT"
+        and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+    }
+    scripts = sysconfig.get_path("scripts")
+    env["PATH"] = os.pathsep.join([str(bin_dir), scripts, env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # torchrun's own rendezvous port (default 29500) might be taken on a shared machine.
+    env["PET_MASTER_PORT"] = str(free_port())
+
+    for command in block.commands:
+        if block.kind == "run with" and _starts_a_run(command):
+            command = with_options(command, block.text)
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_HANG_S,  # a hang, not speed: the slowest command takes 1-3 minutes
+            stdin=subprocess.DEVNULL,
+        )
+        status = documented_statuses(command)
+        assert done.returncode in status, (
+            f"{block.where}: `{command}` exited {done.returncode}, documented {status}\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+        assert "Traceback" not in done.stderr, f"{block.where}: `{command}`\n{done.stderr}"
+
+
+@cache
+def _help(*argv: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, *argv, "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=QUICK_HANG_S,
+    )
+    assert done.returncode == 0, f"{' '.join(argv)} --help: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def synopsis_options(command: str) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(the command whose --help must list them, options) of one usage line."""
+    words = shlex.split(command.partition(" #")[0])
+    if "userbenchmark.maestro" in words:
+        at = words.index("userbenchmark.maestro")
+        target = ("-m", "userbenchmark.maestro", words[at + 1])
+        after = words[at + 2 :]
+    else:
+        at = words.index("run_benchmark.py")
+        assert words[at + 1] == "maestro", command
+        target = ("run_benchmark.py", "maestro")
+        after = words[at + 2 :]
+    checks = [(target, [o for w in after for o in _OPTION.findall(w)])]
+    if words[0] == "torchrun":
+        launcher = [o for w in words[1:at] for o in _OPTION.findall(w)]
+        checks.append((("-m", "torch.distributed.run"), launcher))
+    return checks
+
+
+SYNOPSES = [b for b in BLOCKS if b.kind == "synopsis"]
+
+
+@pytest.mark.parametrize("block", SYNOPSES, ids=_ids(SYNOPSES))
+def test_synopsis_options_exist(block):
+    for command in block.commands:
+        for target, options in synopsis_options(command):
+            text = _help(*target)
+            for option in options:
+                assert option in text, f"{block.where}: {' '.join(target)} has no {option}"
+
+
+SKIPPED = [b for b in BLOCKS if b.kind in ("skip", "run by")]
+
+
+@pytest.mark.parametrize("block", SKIPPED, ids=_ids(SKIPPED))
+def test_blocks_run_elsewhere_or_needing_more_than_a_cpu(block):
+    if block.kind == "run by":
+        pytest.skip(f"{block.where}: run by {block.text}")
+    pytest.skip(f"{block.where}: {block.text}")
