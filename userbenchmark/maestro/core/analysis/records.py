@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .activities import DeviceActivities
 
@@ -178,3 +180,26 @@ class Timeline:
     comm/compute overlap counts as communication and as computation."""
     backend: str = ""
     """The process-group backend of the run (``nccl``, ``gloo``)."""
+
+    def rank_arrays(self) -> list[tuple[RankTimeline, np.ndarray, np.ndarray, np.ndarray]]:
+        """(rank timeline, starts, ends, present) as numpy arrays, for each rank that ran a
+        block for at least one iteration; ValueError when a rank's arrays disagree in shape."""
+        rows = []
+        for rt in self.ranks:
+            starts = np.asarray(rt.starts_ns, dtype=np.int64)
+            ends = np.asarray(rt.ends_ns, dtype=np.int64)
+            present = np.asarray(rt.present, dtype=bool).reshape(-1)
+            if (
+                starts.ndim != 2
+                or starts.shape != ends.shape
+                or present.shape[0] != starts.shape[0]
+            ):
+                raise ValueError(
+                    f"timeline of pattern {self.pattern!r}, rank {rt.rank}: starts_ns "
+                    f"{starts.shape}, ends_ns {ends.shape} and present {present.shape} do not "
+                    "match (expected (blocks, iters), (blocks, iters), (blocks,))"
+                )
+            if starts.shape[1] == 0 or not present.any():
+                continue
+            rows.append((rt, starts, ends, present))
+        return rows

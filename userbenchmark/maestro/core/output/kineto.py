@@ -74,17 +74,7 @@ class _RankPart:
 
 def _rank_parts(timeline: Timeline) -> dict[int, _RankPart]:
     parts = {}
-    for rt in timeline.ranks:
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        if starts.ndim != 2 or starts.shape != ends.shape or present.shape[0] != starts.shape[0]:
-            raise ValueError(
-                f"timeline of pattern {timeline.pattern!r}, rank {rt.rank}: starts_ns "
-                f"{starts.shape}, ends_ns {ends.shape} and present {present.shape} do not match"
-            )
-        if starts.shape[1] == 0 or not present.any():
-            continue
+    for rt, starts, ends, present in timeline.rank_arrays():
         lo, hi = int(starts[present].min()), int(ends[present].max())
         acts = rt.activities
         if acts is not None and len(acts.launches):

@@ -11,9 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from ..analysis.records import BlockResult, PatternOutcome, Timeline
+from ..analysis.records import BlockResult, PatternOutcome
 
 PATTERN_GAP_FRACTION = 0.1
 """Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""
@@ -45,25 +43,6 @@ def _finite_args(block: BlockResult | None) -> dict[str, Any]:
         if value is not None and math.isfinite(value):
             args[name] = float(value)
     return args
-
-
-def _present_rows(timeline: Timeline) -> list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]:
-    """(rank timeline, starts, ends, present) with arrays as numpy, for ranks with data."""
-    rows = []
-    for rt in timeline.ranks:
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        if starts.ndim != 2 or starts.shape != ends.shape or present.shape[0] != starts.shape[0]:
-            raise ValueError(
-                f"timeline of pattern {timeline.pattern!r}, rank {rt.rank}: starts_ns "
-                f"{starts.shape}, ends_ns {ends.shape} and present {present.shape} do not "
-                "match (expected (blocks, iters), (blocks, iters), (blocks,))"
-            )
-        if starts.shape[1] == 0 or not present.any():
-            continue
-        rows.append((rt, starts, ends, present))
-    return rows
 
 
 def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
@@ -124,7 +103,7 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
         timeline = outcome.timeline
         if timeline is None:
             continue
-        rows = _present_rows(timeline)
+        rows = timeline.rank_arrays()
         if not rows:
             continue
         results = {b.block: b for b in outcome.blocks}
