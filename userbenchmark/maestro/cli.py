@@ -265,6 +265,10 @@ def cmd_run(params: dict[str, Any]) -> int:
     except LaunchError as err:  # every process says it: its rank cannot be trusted
         _say("invalid launch environment", err)
         return EXIT_USAGE
+    if launch.launcher == "torchrun":
+        from .core.runtime.supervision import die_with_torchrun_agent
+
+        die_with_torchrun_agent()  # a killed agent leaves no worker behind
     local_launch = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
     configure_logging(params["log_level"], ranked=not local_launch)

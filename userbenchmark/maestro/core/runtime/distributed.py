@@ -9,17 +9,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from ...errors import LaunchError, RunError
+from ...errors import EXIT_FAILED, LaunchError, RunError
 from ..analysis.aggregate import Reducer
-from .agreement import StoreExchange, agreement_timeout_s
+from . import interrupts
+from .agreement import EndedWatch, StoreExchange, agreement_timeout_s, wait_for_keys
 
 log = logging.getLogger("maestro.dist")
 
@@ -176,6 +178,11 @@ class DistContext:
     """Host name of every rank, by rank."""
     devices: tuple[int, ...] = ()
     """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
+    ended_watch: EndedWatch | None = None
+    """Ends this rank when a verdict names it as gone (see :class:`EndedWatch`)."""
+    hosts_store: bool = False
+    """The rendezvous store lives in this process (rank 0 without torchrun's agent): it
+    goes away when this process ends."""
 
     @property
     def one_host(self) -> bool:
@@ -270,6 +277,14 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     agreement = StoreExchange(
         dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
     )
+    ended_watch = None
+    if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
+        ended_watch = EndedWatch(
+            _store_client(store.host, store.port, timeout_s),
+            rank=launch.rank,
+            leave=_leave_ended(launch.rank),
+            holding=interrupts.holding,
+        ).start()
     places: list[Any] = [None] * launch.world_size
     me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
     dist.all_gather_object(places, me, group=control)
@@ -282,7 +297,48 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
         control=control,
         timeout_s=timeout_s,
         agreement=agreement,
+        ended_watch=ended_watch,
+        hosts_store=store_hosted_here(launch),
     )
+
+
+def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
+    """Opens another client of the rendezvous store (under the ``maestro/`` prefix)."""
+
+    def connect() -> Any:
+        import torch.distributed as dist
+
+        client = dist.TCPStore(
+            host,
+            port,
+            None,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        return dist.PrefixStore("maestro/", client)
+
+    return connect
+
+
+def _leave_ended(rank: int) -> Callable[[str], None]:
+    def leave(verdict: str) -> None:
+        print(
+            f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
+            f"never reached their agreement step ({verdict}); exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(EXIT_FAILED)  # the main thread is stuck: nothing else can end this process
+
+    return leave
+
+
+def store_hosted_here(launch: LaunchInfo) -> bool:
+    """Whether this rank hosts the rendezvous store: rank 0, unless torchrun's agent (or
+    maestro's local launcher, which runs torch's agent) hosts it."""
+    return launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
@@ -299,14 +355,12 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
             "without torchrun (e.g. under plain srun)",
             phase="setup",
         )
-    # Under torchrun the agent hosts the store and every worker is a client.
-    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
         return dist.TCPStore(
             host,
             port,
             None,  # world size unknown on purpose: check_launch compares what ranks were told
-            is_master=launch.rank == 0 and not agent_hosts,
+            is_master=store_hosted_here(launch),
             timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
             multi_tenant=True,
@@ -339,14 +393,12 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for other in others:
         key = f"world/{other}"
-        try:
-            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
-        except Exception as exc:
+        if not wait_for_keys(store, [key], max(0.001, deadline - time.monotonic())):
             raise RunError(
                 f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
                 f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
                 phase="setup",
-            ) from exc
+            )
         theirs = int(store.get(key))
         if rank != 0:
             store.set(f"world/{rank}", str(world))
@@ -359,9 +411,12 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
             )
 
 
-def shutdown_distributed() -> None:
-    """Destroy every process group (safe to call when none exists)."""
+def shutdown_distributed(ctx: DistContext | None = None) -> None:
+    """Destroy every process group (safe to call when none exists); stop ``ctx``'s watch."""
     import torch.distributed as dist
+
+    if ctx is not None and ctx.ended_watch is not None:
+        ctx.ended_watch.stop()
 
     if dist.is_initialized():
         try:

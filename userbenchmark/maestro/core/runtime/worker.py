@@ -108,6 +108,8 @@ def run_worker(
     except RunError as err:
         print(f"maestro: rank {launch.rank}: {err}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+    except interrupts.PeerExited:
+        return EXIT_FAILED  # another worker exited before the run began: the launcher says why
     except KeyboardInterrupt:
         # Only before the run's own handling starts (loading, the rendezvous): nothing ran.
         if launch.rank == 0:
