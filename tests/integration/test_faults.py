@@ -117,20 +117,30 @@ def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def start_ranks(
-    tmp_path: Path, yaml_text: str, world_sizes: list[int], *, entry: tuple[str, ...] = ()
+    tmp_path: Path,
+    yaml_text: str | list[str],
+    world_sizes: list[int],
+    *,
+    entry: tuple[str, ...] = (),
+    extra: list[list[str]] | None = None,
 ) -> tuple[list[subprocess.Popen], float]:
     """One process per rank; ``world_sizes[r]`` is the WORLD_SIZE rank ``r`` is started with.
 
-    ``entry``: the module and its leading arguments, if not maestro's own command line.
+    ``yaml_text``: the pattern, or one per rank (each in a folder of its own, as on separate
+    nodes, under the same name). ``entry``: the module and its leading arguments, if not
+    maestro's own command line. ``extra``: more arguments, one list per rank.
     """
-    config = tmp_path / "pattern.yaml"
-    config.write_text(yaml_text)
+    texts = yaml_text if isinstance(yaml_text, list) else [yaml_text] * len(world_sizes)
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
     port = free_port()
     start = time.monotonic()
     procs = []
     for rank, ws in enumerate(world_sizes):
+        folder = tmp_path if not isinstance(yaml_text, list) else tmp_path / f"node{rank}"
+        folder.mkdir(exist_ok=True)
+        config = folder / "pattern.yaml"
+        config.write_text(texts[rank])
         args = [
             sys.executable,
             "-m",
@@ -142,6 +152,7 @@ def start_ranks(
             str(tmp_path / "out"),
             "--metrics-dir",
             str(tmp_path / "metrics"),
+            *(extra[rank] if extra else []),
         ]
         env = _env(rank, ws, port)
         env[MARK_VARIABLE] = str(marks)
@@ -179,7 +190,7 @@ def wait_ranks(procs: list[subprocess.Popen], start: float) -> list[Rank]:
     return ranks
 
 
-def run_ranks(tmp_path: Path, yaml_text: str, world_sizes: list[int]) -> list[Rank]:
+def run_ranks(tmp_path: Path, yaml_text: str | list[str], world_sizes: list[int]) -> list[Rank]:
     return wait_ranks(*start_ranks(tmp_path, yaml_text, world_sizes))
 
 
@@ -686,3 +697,68 @@ def test_sigkill_of_the_torchrun_agent_leaves_no_worker(tmp_path):
             agent.kill()
             agent.wait()
     _assert_gone_in_time("SIGKILL of the agent", "torchrun", gone, [agent.returncode])
+
+
+# ---------------------------------------------------------------------------------------------
+# one pattern for every rank
+# ---------------------------------------------------------------------------------------------
+ONE = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - {name: NAME, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+"""
+
+
+def test_ranks_that_read_different_pattern_texts_stop_before_anything_runs(tmp_path):
+    texts = [ONE.replace("NAME", "mine"), ONE.replace("NAME", "other")]  # same name and path
+    ranks = run_ranks(tmp_path, texts, [2, 2])
+    for r in ranks:
+        assert r.returncode == 2, (r.rank, r.returncode, r.stderr[-2000:])
+        assert r.elapsed_s < 60 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    from userbenchmark.maestro.core.config.loader import text_sha256
+
+    mine, other = (text_sha256(t)[:16] for t in texts)
+    err = ranks[0].stderr
+    assert "maestro: invalid configuration:" in err, err[-2000:]
+    assert f"rank 1 runs a different pattern text than rank 0: sha256 {other} on rank 1, " in err
+    assert f"{mine} on rank 0" in err, err[-2000:]
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_ranks_started_with_different_options_stop_before_anything_runs(tmp_path):
+    procs, start = start_ranks(
+        tmp_path, ONE.replace("NAME", "p"), [2, 2], extra=[["--iters", "3"], ["--iters", "4"]]
+    )
+    ranks = wait_ranks(procs, start)
+    assert [r.returncode for r in ranks] == [2, 2], [r.stderr[-2000:] for r in ranks]
+    assert (
+        "maestro: invalid option: rank 1 was started with other options than rank 0: "
+        "iters=4 on rank 1, iters=3 on rank 0" in ranks[0].stderr
+    ), ranks[0].stderr[-2000:]
+
+
+def test_nproc_workers_never_read_the_pattern_file(tmp_path):
+    """The file is swapped for another valid one while the workers start: they run the text
+    the launcher read, never the file."""
+    other = tmp_path / "other.yaml"
+    other.write_text(ONE.replace("NAME", "swapped_in"))
+    config = tmp_path / "pattern.yaml"
+    config.write_text(ONE.replace("NAME", "original"))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.swap_driver", str(other), "run", "-c"]
+        + [str(config), "--nproc", "2", "--output-dir", str(out), "--no-metrics"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXIT_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert config.read_text() == other.read_text()  # the swap happened
+    assert {r["pattern"] for r in read_records(out)} == {"original"}

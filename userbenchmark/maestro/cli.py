@@ -254,7 +254,8 @@ def cmd_run(params: dict[str, Any]) -> int:
     """Check everything that can be checked before a worker starts, then run.
 
     Order: the launcher's variables, the option values, what this machine can run, then the
-    pattern file; each failure is one message and exit status 2.
+    pattern file (read once: every rank runs this text); each failure is one message and
+    exit status 2.
     """
     from .core.runtime.distributed import check_rendezvous_env, detect_launch
     from .errors import ConfigError, LaunchError, OptionError
@@ -300,14 +301,16 @@ def cmd_run(params: dict[str, Any]) -> int:
             profiler=options["profiler"],
             local_workers=world_size if local_launch else 1,
         )
-        from .core.runtime.worker import _load
+        from .core.runtime.worker import _load, read_pattern
 
+        path, text = read_pattern(params["config"])
         suite = _load(
-            params["config"],
+            path,
             world_size,
             options,
             world_size_source=source,
             quiet=launch.rank != 0,  # one copy of the loader's warnings per run
+            text=text,
         )
         check_suite(suite, backend=options["backend"])
     except OptionError as err:
@@ -322,11 +325,11 @@ def cmd_run(params: dict[str, Any]) -> int:
         from .core.runtime.launcher import launch_local
 
         return launch_local(
-            suite.source, world_size, options, params["log_level"], timeout_s=suite.timeout_s
+            path, text, world_size, options, params["log_level"], timeout_s=suite.timeout_s
         )
     from .core.runtime.worker import run_worker
 
-    return run_worker(suite.source, world_size, options, world_size_source=source)
+    return run_worker(path, world_size, options, world_size_source=source, suite=suite)
 
 
 RUN_HELP = f"""Run a pattern file and report every block's numbers.

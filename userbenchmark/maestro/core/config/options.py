@@ -38,6 +38,20 @@ class RunOptions:
     """``--graph``: every pattern in CUDA-graph mode; None: as each pattern says."""
 
 
+RANK_LOCAL_OPTIONS = frozenset({"output_dir", "metrics_dir", "write_metrics", "precision"})
+"""Options that only rank 0 uses (where it writes, how it prints); every other option changes
+what every rank runs, so the ranks of a run must agree on it."""
+
+
+def shared_options(options: RunOptions) -> dict[str, Any]:
+    """The options every rank of a run must share, as plain JSON-able values."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
+        for f in dataclasses.fields(options)
+        if f.name not in RANK_LOCAL_OPTIONS
+    }
+
+
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
     """The suite with command-line overrides applied and patterns filtered (pure).
 

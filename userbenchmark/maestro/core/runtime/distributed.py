@@ -6,6 +6,7 @@ SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (plain srun); without either the world i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EXIT_FAILED, LaunchError, RunError
+from ...errors import EXIT_FAILED, ConfigError, LaunchError, OptionError, RunError
 from ..analysis.aggregate import Reducer
 from . import interrupts
 from .agreement import EndedWatch, StoreExchange, agreement_timeout_s, wait_for_keys
@@ -236,11 +237,20 @@ def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None 
     )
 
 
-def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> DistContext:
+def init_distributed(
+    launch: LaunchInfo,
+    *,
+    backend: str,
+    timeout_s: float,
+    shared: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> DistContext:
     """Initialise torch.distributed for this rank and create the gloo control group.
 
     The rendezvous store is created here (not by ``env://``) so that every rank can first
-    check that all ranks were started with the same world size, and fail promptly if not.
+    check that all ranks were started with the same world size, the same pattern text and the
+    same options (``shared``: see :func:`check_launch`; ``source`` names the pattern file),
+    and fail promptly if not.
     """
     import torch
     import torch.distributed as dist
@@ -260,7 +270,13 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     store = None
     if not dist.is_initialized():
         store = rendezvous_store(launch, timeout_s)
-        check_launch(dist.PrefixStore("maestro/launch/", store), launch, timeout_s)
+        check_launch(
+            dist.PrefixStore("maestro/launch/", store),
+            launch,
+            timeout_s,
+            shared=shared,
+            source=source,
+        )
         dist.init_process_group(
             backend=backend,
             store=store,
@@ -374,11 +390,22 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
         ) from exc
 
 
-def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
-    """Fail fast when ranks were started with different world sizes or a rank is claimed twice.
+def check_launch(
+    store: Any,
+    launch: LaunchInfo,
+    timeout_s: float,
+    *,
+    shared: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> None:
+    """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
+    or ranks run different pattern texts or options than rank 0.
 
-    Ranks other than 0 read rank 0's world size before writing theirs, so whichever side sees
-    the mismatch first, the other has already read what it needs (rank 0 may exit at once).
+    ``shared``: what every rank must agree on, JSON-able: ``pattern_sha256`` (the text's
+    digest; a difference is a ConfigError naming ``source``) and ``options`` (the options
+    every rank uses; a difference is an OptionError). Ranks other than 0 read rank 0's values
+    before writing their world size, so whichever side sees a mismatch first, the other has
+    already read what it needs (rank 0 may exit at once).
     """
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
@@ -387,6 +414,8 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
             "needs its own RANK",
             phase="setup",
         )
+    mine = dict(shared or {})
+    store.set(f"shared/{rank}", json.dumps(mine, sort_keys=True))  # before world/{rank}
     others = range(1, world) if rank == 0 else [0]
     if rank == 0:
         store.set("world/0", str(world))
@@ -409,6 +438,42 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
                 "launches sharing one MASTER_ADDR:MASTER_PORT?)",
                 phase="setup",
             )
+        peer = json.loads(store.get(f"shared/{other}"))
+        first, second = sorted((rank, other))  # name rank 0's side last: it is the reference
+        values = {rank: mine, other: peer}
+        _compare_shared(values[second], values[first], second, first, source)
+
+
+def _compare_shared(
+    theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
+) -> None:
+    """Raise when rank ``their_rank`` runs another pattern text or other options than rank
+    ``our_rank`` (rank 0 where it is one of them)."""
+    digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
+    if digest and reference and digest != reference:
+        raise ConfigError(
+            f"rank {their_rank} runs a different pattern text than rank {our_rank}: sha256 "
+            f"{digest[:16]} on rank {their_rank}, {reference[:16]} on rank {our_rank}; every "
+            "rank must run the same pattern (the same file on every node, unchanged until the "
+            "run starts)",
+            file=source,
+        )
+    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
+    differ = sorted(
+        k
+        for k in set(options) | set(reference_options)
+        if options.get(k) != reference_options.get(k)
+    )
+    if differ:
+        shown = "; ".join(
+            f"{k}={options.get(k)!r} on rank {their_rank}, "
+            f"{k}={reference_options.get(k)!r} on rank {our_rank}"
+            for k in differ
+        )
+        raise OptionError(
+            f"rank {their_rank} was started with other options than rank {our_rank}: {shown}; "
+            "start every rank with the same command line"
+        )
 
 
 def shutdown_distributed(ctx: DistContext | None = None) -> None:

@@ -8,7 +8,8 @@ still imports torch waits for its handler instead of raising mid-import; the lau
 signals are received by a helper thread and handed to its main thread.
 
 No process outlives the run: workers die with the launcher, and the launcher's watchdog
-(core/runtime/supervision.py) ends the workers that cannot end by themselves.
+(core/runtime/supervision.py) ends the workers that cannot end by themselves. The pattern
+file is read once, here; workers get its text.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
 class _Job:
     """What every worker runs (one object: torch's launcher rewrites string arguments)."""
 
-    config: str
+    source: str
+    """The pattern file's path (it names the file in messages)."""
+    text: str
+    """The pattern file's text, read once by the launcher: workers never read the file."""
     world_size: int
     options: dict[str, Any]
     log_level: str
@@ -66,7 +70,9 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
 
     try:
         configure_logging(job.log_level)
-        status = run_worker(job.config, job.world_size, job.options, world_size_source="--nproc")
+        status = run_worker(
+            job.source, job.world_size, job.options, world_size_source="--nproc", text=job.text
+        )
     except KeyboardInterrupt:  # only if this process was not started with signals blocked
         status = EXIT_INTERRUPTED
     supervision.leaving(status)
@@ -179,14 +185,16 @@ def exit_deadline_s(timeout_s: float) -> float:
 
 
 def launch_local(
-    config: str,
+    source: str,
+    text: str,
     nproc: int,
     options: dict[str, Any],
     log_level: str,
     *,
     timeout_s: float = 45.0,
 ) -> int:
-    """Run ``nproc`` workers on this machine; the worst worker exit status is returned.
+    """Run ``nproc`` workers on this machine on the pattern ``text`` (read from ``source``);
+    the worst worker exit status is returned.
 
     ``timeout_s`` is the pattern file's: an interrupted worker may need its collective timeout
     plus the agreement's grace to stop, so the launcher waits that long before killing it.
@@ -214,7 +222,8 @@ def launch_local(
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
     job = _Job(
-        config=config,
+        source=source,
+        text=text,
         world_size=nproc,
         options=options,
         log_level=log_level,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
-from ..config.options import RunOptions
+from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from . import interrupts, supervision
 from .distributed import (
@@ -246,7 +246,16 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     restore_signals = interrupts.install()
     try:
         with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
-            dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
+            dist = init_distributed(
+                launch,
+                backend=options.backend,
+                timeout_s=suite.timeout_s,
+                shared={
+                    "pattern_sha256": suite.text_sha256,
+                    "options": shared_options(options),
+                },
+                source=suite.source,
+            )
     except BaseException:
         restore_signals()
         raise
