@@ -275,7 +275,9 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
         writer = None
         if rank == 0:
             metrics_path = None
-            if options.write_metrics:
+            if options.write_metrics and options.metrics_path:
+                metrics_path = Path(options.metrics_path)  # reserved before the run started
+            elif options.write_metrics:
                 folder = (
                     Path(options.metrics_dir)
                     if options.metrics_dir
