@@ -762,3 +762,32 @@ def test_nproc_workers_never_read_the_pattern_file(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert config.read_text() == other.read_text()  # the swap happened
     assert {r["pattern"] for r in read_records(out)} == {"original"}
+
+
+# ---------------------------------------------------------------------------------------------
+# host memory
+# ---------------------------------------------------------------------------------------------
+HUGE = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 1, iters: 4, baseline: false}
+patterns:
+  - name: first
+    blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]
+  - name: second
+    blocks:
+      - {name: ar, op: all_reduce, axis: world, size: 4K}
+      - {name: huge, op: all_reduce, axis: world, size: 16T}
+"""
+
+
+def test_buffers_larger_than_host_memory_are_refused_before_allocating(tmp_path):
+    """The kernel's OOM killer would end a rank without a word; the check says why instead."""
+    proc, out = run_pattern(tmp_path, HUGE, nproc=2, timeout=EXIT_DEADLINE_S)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if "phase setup, pattern 'second'" in x)
+    assert "blocks ar, huge need 16384.00 GiB of host memory per rank, 32768.00 GiB " in line
+    assert "for the 2 ranks on this host, and only " in line, line
+    assert "GiB is available (" in line, line
+    assert [p["pattern"] for p in read_records(out, "patterns.json")] == ["first"]
