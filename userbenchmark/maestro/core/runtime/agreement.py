@@ -107,20 +107,27 @@ ENDING_WAIT_S = 20.0
 kills its workers 30 s after it terminated them, and rank 0 must save and print before."""
 
 
+SLOW_POLL_AFTER_S = 5.0
+"""A wait polls every 10 ms at most for this long, then every 100 ms (a rank that late is
+rarely on time, and the store serves every waiting rank)."""
+
+
 def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
     """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False).
 
     Polling ``check`` rather than a timed ``wait``: a ``wait`` that times out prints two
-    lines of C++ warnings on stderr, and a missing rank is an expected outcome here.
+    lines of C++ warnings on stderr, and a missing rank is an expected outcome here. Ranks
+    arriving apart (rank 0 writes files between patterns) are seen within 10 ms.
     """
-    deadline = time.monotonic() + timeout_s
-    pause = 0.002
+    start = time.monotonic()
+    deadline = start + timeout_s
+    pause = 0.001
     while not store.check(keys):
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        time.sleep(min(pause, left))
-        pause = min(pause * 1.5, 0.05)
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 1.2, 0.01 if now - start < SLOW_POLL_AFTER_S else 0.1)
     return True
 
 
