@@ -1,15 +1,33 @@
-"""Test-only custom blocks that fail on purpose (named in YAML as module:Class)."""
+"""Test-only custom blocks that fail on purpose (named in YAML as module:Class).
+
+When ``MAESTRO_TEST_FAULT_MARK`` names a folder, the failing rank writes the moment of its
+fault there (``fault-<rank>``: ``time.monotonic()``, one clock for every process of a host),
+so a test can time every process's end from the fault itself.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 from userbenchmark.maestro.blocks.base import Block, Param
 
+MARK_VARIABLE = "MAESTRO_TEST_FAULT_MARK"
+
+
+def fault_moment(folder: Path, rank: int) -> float | None:
+    """When rank ``rank`` failed (``time.monotonic()``), or None if it has not yet."""
+    try:
+        return float((folder / f"fault-{rank}").read_text())
+    except (OSError, ValueError):
+        return None
+
 
 class FailOnRank(Block):
-    """Raises (or kills its process) on one rank or every rank, in setup or in launch."""
+    """Raises, kills or stops its process, or hangs, on one rank or every rank, in setup or in
+    launch."""
 
     category = "other"
     params = (
@@ -25,8 +43,8 @@ class FailOnRank(Block):
             name="how",
             kind="str",
             default="raise",
-            choices=("raise", "kill"),
-            doc="raise an exception, or SIGKILL the process",
+            choices=("raise", "kill", "stop", "hang"),
+            doc="raise an exception, SIGKILL or SIGSTOP the process, or never return",
         ),
         Param(
             name="after",
@@ -37,11 +55,27 @@ class FailOnRank(Block):
         ),
     )
 
+    def _mark(self) -> None:
+        folder = os.environ.get(MARK_VARIABLE)
+        if folder:
+            path = Path(folder) / f"fault-{self.ctx.rank}"
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(repr(time.monotonic()))
+            os.replace(temporary, path)
+
     def _fail(self) -> None:
         if self.spec.params["rank"] not in (-1, self.ctx.rank):
             return
-        if self.spec.params["how"] == "kill":
+        self._mark()
+        how = self.spec.params["how"]
+        if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # every thread stops until a SIGCONT
+            return
+        if how == "hang":
+            while True:  # a block that never returns; only the end of its process stops it
+                time.sleep(3600)
         raise RuntimeError(f"injected failure on rank {self.ctx.rank}")
 
     def setup(self) -> None:

@@ -1,8 +1,13 @@
-"""Fault injection on gloo: every rank stops, promptly, with one message; finished work stays saved.
+"""Fault injection on gloo: every process stops, promptly, with one message; finished work stays
+saved.
 
 Most cases start the ranks the way srun or a hand-written launcher would (one process per rank,
 RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment), so the exit status and the time of
-every rank can be checked, not only the launcher's.
+every rank can be checked, not only the launcher's; the ``--nproc`` cases follow every process
+of the launch until all are gone. Each case's time from the fault to the last process gone is
+checked against the documented deadline (docs/reliability.md) and, when
+``MAESTRO_FAULT_TABLE=path`` is set, appended to that JSON file (``python -m bench.fault_table
+path`` turns it into the fault table).
 """
 
 from __future__ import annotations
@@ -18,14 +23,45 @@ from pathlib import Path
 
 import pytest
 
+from userbenchmark.maestro.core.runtime.agreement import grace_s
 from userbenchmark.maestro.core.runtime.distributed import free_port
+from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
 
+from .fault_blocks import MARK_VARIABLE, fault_moment
 from .helpers import REPO_ROOT, read_records, run_pattern
 
 pytestmark = pytest.mark.integration
 
 EXIT_DEADLINE_S = 90.0
-"""Every rank must have exited this long after the start, whatever failed."""
+"""Every rank must have exited this long after the start, whatever failed (catches hangs)."""
+TIMEOUT_S = 3.0
+"""``timeout_s`` of the pattern files below."""
+GONE_LIMIT_S = TIMEOUT_S + grace_s(TIMEOUT_S) + EXIT_GRACE_S
+"""The documented deadline: every process of a run is gone this long after a fault."""
+TABLE_VARIABLE = "MAESTRO_FAULT_TABLE"
+
+
+def record(fault: str, launcher: str, all_gone_s: float, statuses: list[int]) -> None:
+    """Append one measured case to the fault table file named by ``MAESTRO_FAULT_TABLE``."""
+    path = os.environ.get(TABLE_VARIABLE)
+    if not path:
+        return
+    table = Path(path)
+    rows = json.loads(table.read_text()) if table.exists() else []
+    rows.append(
+        {
+            "fault": fault,
+            "launcher": launcher,
+            "backend": "gloo",
+            "timeout_s": TIMEOUT_S,
+            "all_gone_s": round(all_gone_s, 1),
+            "limit_s": round(GONE_LIMIT_S, 2),
+            "exit": statuses,
+        }
+    )
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(json.dumps(rows, indent=1))
+
 
 FAULT = "tests.integration.fault_blocks:FailOnRank"
 
@@ -56,6 +92,8 @@ class Rank:
     returncode: int
     stderr: str
     elapsed_s: float
+    ended_at: float = 0.0
+    """``time.monotonic()`` when its end was seen (at most the moment it ended)."""
 
 
 def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -79,40 +117,56 @@ def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def start_ranks(
-    tmp_path: Path, yaml_text: str, world_sizes: list[int], *, entry: tuple[str, ...] = ()
+    tmp_path: Path,
+    yaml_text: str | list[str],
+    world_sizes: list[int],
+    *,
+    entry: tuple[str, ...] = (),
+    extra: list[list[str]] | None = None,
 ) -> tuple[list[subprocess.Popen], float]:
     """One process per rank; ``world_sizes[r]`` is the WORLD_SIZE rank ``r`` is started with.
 
-    ``entry``: the module and its leading arguments, if not maestro's own command line.
+    ``yaml_text``: the pattern, or one per rank (each in a folder of its own, as on separate
+    nodes, under the same name). ``entry``: the module and its leading arguments, if not
+    maestro's own command line. ``extra``: more arguments, one list per rank.
     """
-    config = tmp_path / "pattern.yaml"
-    config.write_text(yaml_text)
+    texts = yaml_text if isinstance(yaml_text, list) else [yaml_text] * len(world_sizes)
+    marks = tmp_path / "marks"
+    marks.mkdir(exist_ok=True)
     port = free_port()
-    args = [
-        sys.executable,
-        "-m",
-        *(entry or ("userbenchmark.maestro",)),
-        "run",
-        "-c",
-        str(config),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--metrics-dir",
-        str(tmp_path / "metrics"),
-    ]
     start = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            args,
-            cwd=REPO_ROOT,
-            env=_env(rank, ws, port),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+    procs = []
+    for rank, ws in enumerate(world_sizes):
+        folder = tmp_path if not isinstance(yaml_text, list) else tmp_path / f"node{rank}"
+        folder.mkdir(exist_ok=True)
+        config = folder / "pattern.yaml"
+        config.write_text(texts[rank])
+        args = [
+            sys.executable,
+            "-m",
+            *(entry or ("userbenchmark.maestro",)),
+            "run",
+            "-c",
+            str(config),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--metrics-dir",
+            str(tmp_path / "metrics"),
+            *(extra[rank] if extra else []),
+        ]
+        env = _env(rank, ws, port)
+        env[MARK_VARIABLE] = str(marks)
+        procs.append(
+            subprocess.Popen(
+                args,
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-        for rank, ws in enumerate(world_sizes)
-    ]
     return procs, start
 
 
@@ -126,7 +180,8 @@ def wait_ranks(procs: list[subprocess.Popen], start: float) -> list[Rank]:
                 _, err = proc.communicate(timeout=left)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"rank {rank} still running {EXIT_DEADLINE_S:.0f} s after the start")
-            ranks.append(Rank(rank, proc.returncode, err, time.monotonic() - start))
+            now = time.monotonic()
+            ranks.append(Rank(rank, proc.returncode, err, now - start, now))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -135,7 +190,7 @@ def wait_ranks(procs: list[subprocess.Popen], start: float) -> list[Rank]:
     return ranks
 
 
-def run_ranks(tmp_path: Path, yaml_text: str, world_sizes: list[int]) -> list[Rank]:
+def run_ranks(tmp_path: Path, yaml_text: str | list[str], world_sizes: list[int]) -> list[Rank]:
     return wait_ranks(*start_ranks(tmp_path, yaml_text, world_sizes))
 
 
@@ -163,6 +218,14 @@ def assert_all_failed(ranks: list[Rank], *, phase: str, failing: int = 1) -> Non
     assert "pattern 'second'" in msg, msg[-3000:]
 
 
+def _per_rank_case(tmp_path: Path, fault: str, ranks: list[Rank], *, rank: int = 1) -> None:
+    """Check and record the time from ``rank``'s fault to the last rank gone."""
+    moment = fault_moment(tmp_path / "marks", rank)
+    assert moment is not None, "the fault block never failed"
+    gone = max(r.ended_at for r in ranks) - moment
+    _assert_gone_in_time(fault, "per-rank processes", gone, [r.returncode for r in ranks])
+
+
 def test_raise_in_setup_on_one_rank(tmp_path):
     ranks = run_ranks(tmp_path, suite("rank: 1, when: setup"), [2, 2])
     assert_all_failed(ranks, phase="setup")
@@ -171,6 +234,7 @@ def test_raise_in_setup_on_one_rank(tmp_path):
     assert_first_saved(tmp_path)
     # Setup failures need no collective timeout: every rank learns it at the agreement.
     assert max(r.elapsed_s for r in ranks) < 45, [r.elapsed_s for r in ranks]
+    _per_rank_case(tmp_path, "exception in setup on rank 1", ranks)
 
 
 def test_raise_in_launch_mid_measurement(tmp_path):
@@ -178,6 +242,7 @@ def test_raise_in_launch_mid_measurement(tmp_path):
     assert_all_failed(ranks, phase="measure")
     assert "block 'bad'" in ranks[0].stderr and "injected failure" in ranks[0].stderr
     assert_first_saved(tmp_path)
+    _per_rank_case(tmp_path, "exception in a block on rank 1", ranks)
 
 
 def test_sigkill_mid_pattern_on_three_ranks(tmp_path):
@@ -187,6 +252,7 @@ def test_sigkill_mid_pattern_on_three_ranks(tmp_path):
     assert "did not reach" in ranks[0].stderr, ranks[0].stderr[-3000:]
     assert "rank 1 " in ranks[2].stderr or ranks[2].returncode != 0
     assert_first_saved(tmp_path)
+    _per_rank_case(tmp_path, "SIGKILL of rank 1 of 3", ranks)
 
 
 def test_ranks_started_with_different_world_sizes(tmp_path):
@@ -324,3 +390,404 @@ def test_stop_on_error_false_goes_on_only_after_contained_failures(tmp_path):
     assert "phase measure" in failures[2]["error"]
     # Half-issued collectives cannot be contained: the run stops there.
     assert "never" not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# --nproc: every process of the launch is followed until all are gone
+# ---------------------------------------------------------------------------------------------
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended: only its parent's wait is missing
+
+
+class LocalRun:
+    """``maestro run --nproc N`` in the background, in a session of its own; remembers every
+    process it started so that their end can be timed, also after the launcher is gone."""
+
+    def __init__(self, tmp_path: Path, yaml_text: str, *, nproc: int = 2) -> None:
+        self.tmp_path = tmp_path
+        self.out = tmp_path / "out"
+        self.marks = tmp_path / "marks"
+        self.marks.mkdir(exist_ok=True)
+        config = tmp_path / "pattern.yaml"
+        config.write_text(yaml_text)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+            and not k.startswith("TORCHELASTIC")
+        }
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env[MARK_VARIABLE] = str(self.marks)
+        self.stderr_path = tmp_path / "stderr.txt"
+        with self.stderr_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", str(config)]
+                + ["--nproc", str(nproc), "--backend", "gloo", "--output-dir", str(self.out)]
+                + ["--metrics-dir", str(tmp_path / "metrics")],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,  # a group of its own: Ctrl-C reaches all of it
+            )
+        self.start = time.monotonic()
+        self.seen: set[int] = set()
+
+    def watch(self) -> None:
+        """Remember every descendant alive now."""
+        todo = [self.proc.pid]
+        while todo:
+            for child in _children(todo.pop()):
+                if child not in self.seen:
+                    self.seen.add(child)
+                    todo.append(child)
+
+    def wait_for(self, condition, what: str) -> None:
+        while not condition():
+            self.watch()
+            assert self.proc.poll() is None, f"maestro exited before {what}: {self.stderr()}"
+            assert time.monotonic() - self.start < EXIT_DEADLINE_S, f"no {what}"
+            time.sleep(0.05)
+        self.watch()
+
+    def fault_at(self, rank: int = 1) -> float:
+        """When the fault block of ``rank`` failed (waits for it)."""
+        self.wait_for(lambda: fault_moment(self.marks, rank) is not None, f"fault on rank {rank}")
+        return fault_moment(self.marks, rank)
+
+    def all_gone(self) -> float:
+        """``time.monotonic()`` when the launcher and every process it started were gone."""
+        try:
+            while self.proc.poll() is None or any(_alive(pid) for pid in self.seen):
+                if self.proc.poll() is None:
+                    self.watch()
+                if time.monotonic() - self.start > 2 * EXIT_DEADLINE_S:
+                    left = sorted(p for p in self.seen | {self.proc.pid} if _alive(p))
+                    pytest.fail(
+                        f"still running {2 * EXIT_DEADLINE_S:.0f} s after the start: {left}"
+                    )
+                time.sleep(0.05)
+            return time.monotonic()
+        finally:
+            for pid in [self.proc.pid, *self.seen]:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+def _assert_verdict(err: str, *, rank: int, phase: str, pattern: str = "second") -> None:
+    """One line names the failed rank, the phase and the pattern; no traceback."""
+    assert "Traceback" not in err, err[-3000:]
+    named = [line for line in err.splitlines() if f"rank {rank}, phase {phase}" in line]
+    assert named and f"pattern '{pattern}'" in named[0], err[-3000:]
+
+
+def _assert_gone_in_time(fault: str, launcher: str, gone_s: float, statuses: list[int]) -> None:
+    record(fault, launcher, gone_s, statuses)
+    assert gone_s <= GONE_LIMIT_S, f"{fault}: last process gone {gone_s:.1f} s after the fault"
+
+
+def test_nproc_sigstop_of_a_worker(tmp_path):
+    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: stop, after: 3"))
+    fault = run.fault_at(1)
+    gone = run.all_gone() - fault
+    err = run.stderr()
+    assert run.proc.returncode == 1, err[-3000:]
+    _assert_verdict(err, rank=1, phase="measure")
+    assert "rank 1 did not reach the run's agreement step (stopped or hung)" in err, err[-3000:]
+    assert_first_saved(tmp_path)
+    assert [f["pattern"] for f in read_records(run.out, "failures.json")] == ["second"]
+    _assert_gone_in_time("SIGSTOP of rank 1", "--nproc 2", gone, [run.proc.returncode])
+
+
+@pytest.mark.parametrize("when", ["setup", "launch"])
+def test_nproc_block_that_never_returns(tmp_path, when):
+    run = LocalRun(tmp_path, suite(f"rank: 1, when: {when}, how: hang, after: 3"))
+    fault = run.fault_at(1)
+    gone = run.all_gone() - fault
+    err = run.stderr()
+    assert run.proc.returncode == 1, err[-3000:]
+    if when == "launch":  # the lane's thread is stuck: the rank itself reports its block
+        _assert_verdict(err, rank=1, phase="measure")
+        assert "block 'bad': block did not return within timeout_s 3 s" in err, err[-3000:]
+    else:  # the main thread is stuck: the others report it, and it is ended
+        _assert_verdict(err, rank=1, phase="setup")
+    assert_first_saved(tmp_path)
+    _assert_gone_in_time(
+        f"block that never returns on rank 1 ({when})", "--nproc 2", gone, [run.proc.returncode]
+    )
+
+
+def test_nproc_sigkill_of_a_worker_is_named(tmp_path):
+    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: kill, after: 3"))
+    fault = run.fault_at(1)
+    gone = run.all_gone() - fault
+    err = run.stderr()
+    assert run.proc.returncode == 1, err[-3000:]
+    _assert_verdict(err, rank=1, phase="measure")
+    assert "interrupted" not in err, err[-3000:]  # torch's SIGTERM to rank 0 is no interrupt
+    # What the kernel's OOM killer does looks the same: the launcher says which rank and how.
+    assert "maestro: error: rank 1 was killed (SIGKILL: out of memory?)" in err, err[-3000:]
+    assert_first_saved(tmp_path)
+    _assert_gone_in_time("SIGKILL of rank 1", "--nproc 2", gone, [run.proc.returncode])
+
+
+SLOW = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - name: nap
+    sweep: {us: [POINTS]}
+    blocks:
+      - {name: ar, op: all_reduce, axis: world, size: 4K}
+      - {name: nap, op: sleep, axis: world, duration_us: "${us}"}
+""".replace("POINTS", ", ".join(str(200000 + i) for i in range(100)))
+
+
+def test_nproc_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
+    run = LocalRun(tmp_path, SLOW)
+    run.wait_for((run.out / "results.json").exists, "finished pattern")
+    time.sleep(0.3)
+    run.watch()
+    workers = sorted(p for p in run.seen if _alive(p))
+    assert len(workers) >= 2, workers  # the workers (and Python's resource tracker)
+    killed = time.monotonic()
+    run.proc.send_signal(signal.SIGKILL)
+    gone = run.all_gone() - killed
+    assert run.proc.returncode == -signal.SIGKILL
+    assert read_records(run.out)  # what finished stays saved
+    _assert_gone_in_time("SIGKILL of the launcher", "--nproc 2", gone, [run.proc.returncode])
+
+
+def test_nproc_ctrl_c(tmp_path):
+    run = LocalRun(tmp_path, SLOW)
+    run.wait_for((run.out / "results.json").exists, "finished pattern")
+    time.sleep(0.3)
+    run.watch()
+    sent = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+    gone = run.all_gone() - sent
+    err = run.stderr()
+    assert run.proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "maestro: interrupted; patterns that finished are saved"
+    assert "Traceback" not in err
+    _assert_gone_in_time("Ctrl-C (SIGINT to the process group)", "--nproc 2", gone, [130])
+
+
+# ---------------------------------------------------------------------------------------------
+# per-rank processes, as torchrun or srun start them
+# ---------------------------------------------------------------------------------------------
+def test_block_that_never_returns_per_rank(tmp_path):
+    """No launcher can end the hung rank: the verdict of the others does."""
+    procs, start = start_ranks(tmp_path, suite("rank: 1, when: setup, how: hang"), [2, 2])
+    ranks = wait_ranks(procs, start)
+    assert [r.returncode for r in ranks] == [1, 1], [r.stderr[-2000:] for r in ranks]
+    _assert_verdict(ranks[0].stderr, rank=1, phase="setup")
+    assert "the other ranks ended the run without this rank" in ranks[1].stderr
+    assert "Traceback" not in ranks[1].stderr, ranks[1].stderr[-3000:]
+    assert_first_saved(tmp_path)
+    _per_rank_case(tmp_path, "block that never returns on rank 1 (setup)", ranks)
+
+
+def test_sigstop_per_rank_then_sigcont(tmp_path):
+    """The other ranks end in time; the stopped rank, once continued, ends too."""
+    procs, start = start_ranks(
+        tmp_path, suite("rank: 1, when: launch, how: stop, after: 3"), [2, 2]
+    )
+    try:
+        fault = None
+        while fault is None:
+            assert time.monotonic() - start < EXIT_DEADLINE_S, "rank 1 never stopped"
+            assert procs[1].poll() is None, procs[1].communicate()[1][-3000:]
+            fault = fault_moment(tmp_path / "marks", 1)
+            time.sleep(0.05)
+        (rank0,) = wait_ranks(procs[:1], start)
+        assert rank0.returncode == 1, rank0.stderr[-3000:]
+        _assert_verdict(rank0.stderr, rank=1, phase="measure")
+        assert_first_saved(tmp_path)
+        survivors_gone = rank0.ended_at - fault
+        procs[1].send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        (rank1,) = wait_ranks(procs[1:], start)
+        assert rank1.returncode != 0 and "Traceback" not in rank1.stderr, rank1.stderr[-3000:]
+        assert rank1.ended_at - resumed <= GONE_LIMIT_S, rank1.ended_at - resumed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    _assert_gone_in_time(
+        "SIGSTOP of rank 1 (the others; no launcher ends it)",
+        "per-rank processes",
+        survivors_gone,
+        [rank0.returncode],
+    )
+
+
+def test_sigkill_of_the_torchrun_agent_leaves_no_worker(tmp_path):
+    config = tmp_path / "pattern.yaml"
+    config.write_text(SLOW)
+    out = tmp_path / "out"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith("TORCHELASTIC")
+    }
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["OMP_NUM_THREADS"] = "1"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        + ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+        + ["-m", "userbenchmark.maestro", "run", "-c", str(config), "--backend", "gloo"]
+        + ["--output-dir", str(out), "--metrics-dir", str(tmp_path / "metrics")],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    workers: set[int] = set()
+    try:
+        start = time.monotonic()
+        while not (out / "results.json").exists():
+            assert agent.poll() is None, "torchrun exited before a pattern finished"
+            assert time.monotonic() - start < EXIT_DEADLINE_S, "no pattern finished"
+            time.sleep(0.1)
+        workers = {p for p in _children(agent.pid) if _alive(p)}
+        assert len(workers) >= 2, workers
+        killed = time.monotonic()
+        agent.kill()
+        agent.wait()
+        while any(_alive(p) for p in workers):
+            assert time.monotonic() - killed < EXIT_DEADLINE_S, "workers outlived the agent"
+            time.sleep(0.05)
+        gone = time.monotonic() - killed
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    _assert_gone_in_time("SIGKILL of the agent", "torchrun", gone, [agent.returncode])
+
+
+# ---------------------------------------------------------------------------------------------
+# one pattern for every rank
+# ---------------------------------------------------------------------------------------------
+ONE = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - {name: NAME, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+"""
+
+
+def test_ranks_that_read_different_pattern_texts_stop_before_anything_runs(tmp_path):
+    texts = [ONE.replace("NAME", "mine"), ONE.replace("NAME", "other")]  # same name and path
+    ranks = run_ranks(tmp_path, texts, [2, 2])
+    for r in ranks:
+        assert r.returncode == 2, (r.rank, r.returncode, r.stderr[-2000:])
+        assert r.elapsed_s < 60 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    from userbenchmark.maestro.core.config.loader import text_sha256
+
+    mine, other = (text_sha256(t)[:16] for t in texts)
+    err = ranks[0].stderr
+    assert "maestro: invalid configuration:" in err, err[-2000:]
+    assert f"rank 1 runs a different pattern text than rank 0: sha256 {other} on rank 1, " in err
+    assert f"{mine} on rank 0" in err, err[-2000:]
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_ranks_started_with_different_options_stop_before_anything_runs(tmp_path):
+    procs, start = start_ranks(
+        tmp_path, ONE.replace("NAME", "p"), [2, 2], extra=[["--iters", "3"], ["--iters", "4"]]
+    )
+    ranks = wait_ranks(procs, start)
+    assert [r.returncode for r in ranks] == [2, 2], [r.stderr[-2000:] for r in ranks]
+    assert (
+        "maestro: invalid option: rank 1 was started with other options than rank 0: "
+        "iters=4 on rank 1, iters=3 on rank 0" in ranks[0].stderr
+    ), ranks[0].stderr[-2000:]
+
+
+def test_nproc_workers_never_read_the_pattern_file(tmp_path):
+    """The file is swapped for another valid one while the workers start: they run the text
+    the launcher read, never the file."""
+    other = tmp_path / "other.yaml"
+    other.write_text(ONE.replace("NAME", "swapped_in"))
+    config = tmp_path / "pattern.yaml"
+    config.write_text(ONE.replace("NAME", "original"))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.swap_driver", str(other), "run", "-c"]
+        + [str(config), "--nproc", "2", "--output-dir", str(out), "--no-metrics"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXIT_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert config.read_text() == other.read_text()  # the swap happened
+    assert {r["pattern"] for r in read_records(out)} == {"original"}
+
+
+# ---------------------------------------------------------------------------------------------
+# host memory
+# ---------------------------------------------------------------------------------------------
+HUGE = """
+name: faults
+timeout_s: 3
+defaults: {warmup_iters: 1, iters: 4, baseline: false}
+patterns:
+  - name: first
+    blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]
+  - name: second
+    blocks:
+      - {name: ar, op: all_reduce, axis: world, size: 4K}
+      - {name: huge, op: all_reduce, axis: world, size: 16T}
+"""
+
+
+def test_buffers_larger_than_host_memory_are_refused_before_allocating(tmp_path):
+    """The kernel's OOM killer would end a rank without a word; the check says why instead."""
+    proc, out = run_pattern(tmp_path, HUGE, nproc=2, timeout=EXIT_DEADLINE_S)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if "phase setup, pattern 'second'" in x)
+    assert "blocks ar, huge need 16384.00 GiB of host memory per rank, 32768.00 GiB " in line
+    assert "for the 2 ranks on this host, and only " in line, line
+    assert "GiB is available (" in line, line
+    assert [p["pattern"] for p in read_records(out, "patterns.json")] == ["first"]

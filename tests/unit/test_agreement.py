@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from userbenchmark.maestro.core.runtime.agreement import (
@@ -108,3 +110,67 @@ def _communicators(backend, groups):
     comms = Communicators({}, rank=0, backend=backend, timeout_s=10.0)
     comms._groups = dict(groups)
     return comms
+
+
+def test_a_rank_stopped_by_the_launcher_is_secondary_and_names_who_exited():
+    from userbenchmark.maestro.core.runtime.interrupts import PeerExited
+
+    status = status_of(0, PeerExited((2,)))
+    assert status.secondary and not status.interrupted and status.exited == (2,)
+    # Rank 1 is late too, but rank 2's process is known to have ended: it is the cause.
+    err = _agree([status, status_of(3, RuntimeError("Connection closed by peer"))], [1, 2])
+    assert err.rank == 2 and "its process ended before the agreement step" in str(err)
+    assert not err.interrupted and "also failed or stopped waiting: rank 1, 0, 3" in str(err)
+
+
+def _store():
+    import torch.distributed as dist
+
+    return dist.HashStore()
+
+
+def test_waiting_for_keys_times_out_quietly_and_sees_keys():
+    from userbenchmark.maestro.core.runtime.agreement import wait_for_keys
+
+    store = _store()
+    start = time.monotonic()
+    assert not wait_for_keys(store, ["a"], 0.2)
+    assert 0.2 <= time.monotonic() - start < 2
+    store.set("a", "1")
+    assert wait_for_keys(store, ["a"], 0.2)
+
+
+def test_once_the_launcher_ends_the_run_the_agreement_waits_less(monkeypatch):
+    from userbenchmark.maestro.core.runtime import agreement
+    from userbenchmark.maestro.core.runtime.interrupts import PeerExited
+
+    monkeypatch.setattr(agreement, "ENDING_WAIT_S", 0.3)
+    store = _store()
+    exchange = agreement.StoreExchange(store, world_size=2, timeout_s=100.0)  # grace 30 s
+    start = time.monotonic()
+    statuses, missing = exchange(status_of(0, PeerExited((1,))))
+    assert time.monotonic() - start < 5 and missing == [1] and statuses[0].exited == (1,)
+
+
+def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
+    from userbenchmark.maestro.core.runtime.agreement import EndedWatch, post_ended
+
+    store = _store()
+    left: list[str] = []
+    holding = [True]
+    watch = EndedWatch(
+        lambda: store, rank=1, leave=left.append, holding=lambda: holding[0], poll_s=0.01
+    ).start()
+    post_ended(store, [2], "rank 2 did not reach it", wait=False)
+    time.sleep(0.1)
+    assert left == []  # another rank was named
+    post_ended(store, [1], "rank 1 did not reach it", wait=False)
+    time.sleep(0.1)
+    assert left == []  # files are being written: never leave half-way
+    holding[0] = False
+    deadline = time.monotonic() + 5
+    while not left:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert left == ["rank 1 did not reach it"] and store.check(["ended/1/ack"])
+    watch.stop()

@@ -246,9 +246,18 @@ def _failing_loader(calls: list[dict]):
     return load_suite
 
 
+def _failing_text_loader(calls: list[dict]):
+    def load_suite_text(text, *, file="", world_size=None, world_size_source="", **_):
+        calls.append({"world_size": world_size, "world_size_source": world_size_source})
+        raise ConfigError("stop here", file=file)
+
+    return load_suite_text
+
+
 def test_run_names_where_the_world_size_came_from(monkeypatch, capsys):
     calls: list[dict] = []
-    monkeypatch.setattr(loader, "load_suite", _failing_loader(calls))
+    # run reads the pattern file once and loads its text (every rank then runs that text).
+    monkeypatch.setattr(loader, "load_suite_text", _failing_text_loader(calls))
     assert cli.main(["run", "--nproc", "3", "--backend", "gloo"]) == 2
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")

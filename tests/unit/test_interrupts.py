@@ -133,3 +133,42 @@ def test_interrupt_while_files_are_written_leaves_them_in_agreement(
     assert "two" in (tmp_path / "results.csv").read_text()
     assert "two" in (tmp_path / "patterns.csv").read_text()
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.fixture
+def peers_exited():
+    """As in a worker of the local launcher whose sibling (rank 1) has exited."""
+    interrupts.set_exited_peers(lambda: (1,))
+    restore = interrupts.install()
+    yield
+    restore()
+    interrupts.set_exited_peers(None)
+
+
+def test_sigterm_after_a_sibling_exited_is_the_launcher_ending_the_run(peers_exited):
+    with pytest.raises(interrupts.PeerExited) as info, interrupts.deliverable():
+        _signal_self(signal.SIGTERM)
+        raise AssertionError("not stopped")  # pragma: no cover
+    assert info.value.ranks == (1,) and "worker 1 exited" in str(info.value)
+    assert not interrupts.pending()
+
+
+def test_sigint_is_always_the_users(peers_exited):
+    with pytest.raises(KeyboardInterrupt) as info, interrupts.deliverable():
+        _signal_self(signal.SIGINT)
+        raise AssertionError("not interrupted")  # pragma: no cover
+    assert not isinstance(info.value, interrupts.PeerExited)
+
+
+def test_a_held_launcher_sigterm_is_no_pending_interrupt(peers_exited):
+    _signal_self(signal.SIGTERM)
+    assert interrupts.pending() and not interrupts.pending_interrupt()
+    with pytest.raises(interrupts.PeerExited), interrupts.deliverable():
+        pass
+
+
+def test_without_exited_siblings_sigterm_interrupts(installed):
+    with pytest.raises(KeyboardInterrupt) as info, interrupts.deliverable():
+        _signal_self(signal.SIGTERM)
+        raise AssertionError("not interrupted")  # pragma: no cover
+    assert not isinstance(info.value, interrupts.PeerExited)

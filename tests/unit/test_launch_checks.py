@@ -180,3 +180,61 @@ def test_log_lines_inside_a_run_carry_the_rank(maestro_logger, monkeypatch, caps
     configure_logging("INFO")
     logging.getLogger("maestro.runner").warning("slow")
     assert capsys.readouterr().err == "[maestro r3] WARNING slow\n"
+
+
+# ---- every rank runs rank 0's pattern text and options ----
+def _check_two_ranks(shared0: dict, shared1: dict) -> list[BaseException | None]:
+    """check_launch on ranks 0 and 1 at once over one store; each rank's error (or None)."""
+    import threading
+
+    import torch.distributed as dist
+
+    from userbenchmark.maestro.core.runtime.distributed import LaunchInfo, check_launch
+
+    store = dist.HashStore()
+    errors: list[BaseException | None] = [None, None]
+
+    def rank(r: int, shared: dict) -> None:
+        launch = LaunchInfo(rank=r, world_size=2, local_rank=r, launcher="torchrun")
+        try:
+            check_launch(store, launch, 10.0, shared=shared, source="/nodes/pattern.yaml")
+        except BaseException as exc:  # handed to the test
+            errors[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r, s)) for r, s in enumerate((shared0, shared1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+def test_ranks_with_different_pattern_texts_fail_on_both_sides_naming_both_digests():
+    from userbenchmark.maestro.errors import ConfigError
+
+    a, b = "a" * 64, "b" * 64
+    errors = _check_two_ranks({"pattern_sha256": a}, {"pattern_sha256": b})
+    for err in errors:
+        assert isinstance(err, ConfigError), errors
+        assert str(err) == (
+            "/nodes/pattern.yaml: rank 1 runs a different pattern text than rank 0: sha256 "
+            f"{b[:16]} on rank 1, {a[:16]} on rank 0; every rank must run the same pattern "
+            "(the same file on every node, unchanged until the run starts)"
+        )
+
+
+def test_ranks_with_different_options_fail_naming_the_option():
+    from userbenchmark.maestro.errors import OptionError
+
+    errors = _check_two_ranks(
+        {"options": {"iters": 5, "seed": 0}}, {"options": {"iters": 7, "seed": 0}}
+    )
+    for err in errors:
+        assert isinstance(err, OptionError), errors
+        assert "rank 1 was started with other options than rank 0: iters=7 on rank 1, " in str(err)
+        assert "iters=5 on rank 0; start every rank with the same command line" in str(err)
+
+
+def test_ranks_that_agree_pass():
+    shared = {"pattern_sha256": "c" * 64, "options": {"iters": 5}}
+    assert _check_two_ranks(shared, dict(shared)) == [None, None]

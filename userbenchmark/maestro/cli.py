@@ -253,8 +253,10 @@ def _check_numbers(params: dict[str, Any]) -> None:
 def cmd_run(params: dict[str, Any]) -> int:
     """Check everything that can be checked before a worker starts, then run.
 
-    Order: the launcher's variables, the option values, what this machine can run, then the
-    pattern file; each failure is one message and exit status 2.
+    Order: the launcher's variables, the option values, what this machine can run, the
+    pattern file (read once: every rank runs this text), then the output locations (checked,
+    locked and cleared of an earlier run's files by the process that outlives the run's
+    writer); each failure is one message and exit status 2.
     """
     from .core.runtime.distributed import check_rendezvous_env, detect_launch
     from .errors import ConfigError, LaunchError, OptionError
@@ -265,6 +267,10 @@ def cmd_run(params: dict[str, Any]) -> int:
     except LaunchError as err:  # every process says it: its rank cannot be trusted
         _say("invalid launch environment", err)
         return EXIT_USAGE
+    if launch.launcher == "torchrun":
+        from .core.runtime.supervision import die_with_torchrun_agent
+
+        die_with_torchrun_agent()  # a killed agent leaves no worker behind
     local_launch = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
     configure_logging(params["log_level"], ranked=not local_launch)
@@ -296,14 +302,16 @@ def cmd_run(params: dict[str, Any]) -> int:
             profiler=options["profiler"],
             local_workers=world_size if local_launch else 1,
         )
-        from .core.runtime.worker import _load
+        from .core.runtime.worker import _load, read_pattern
 
+        path, text = read_pattern(params["config"])
         suite = _load(
-            params["config"],
+            path,
             world_size,
             options,
             world_size_source=source,
             quiet=launch.rank != 0,  # one copy of the loader's warnings per run
+            text=text,
         )
         check_suite(suite, backend=options["backend"])
     except OptionError as err:
@@ -314,15 +322,41 @@ def cmd_run(params: dict[str, Any]) -> int:
         if launch.rank == 0:
             print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    if local_launch:
-        from .core.runtime.launcher import launch_local
+    # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
+    # output locations; the other ranks of a torchrun/srun launch do not touch them.
+    outputs = None
+    if launch.rank == 0:
+        try:
+            outputs = _prepare_outputs(options)
+        except ConfigError as err:
+            _say("invalid option", "; ".join(issue.message for issue in err.issues))
+            return EXIT_USAGE
+        if outputs.metrics_path is not None:
+            options["metrics_path"] = str(outputs.metrics_path)
+    try:
+        if local_launch:
+            from .core.runtime.launcher import launch_local
 
-        return launch_local(
-            suite.source, world_size, options, params["log_level"], timeout_s=suite.timeout_s
-        )
-    from .core.runtime.worker import run_worker
+            return launch_local(
+                path, text, world_size, options, params["log_level"], timeout_s=suite.timeout_s
+            )
+        from .core.runtime.worker import run_worker
 
-    return run_worker(suite.source, world_size, options, world_size_source=source)
+        return run_worker(path, world_size, options, world_size_source=source, suite=suite)
+    finally:
+        if outputs is not None:
+            outputs.close()
+
+
+def _prepare_outputs(options: dict[str, Any]) -> Any:
+    """The run's checked and locked output locations (ConfigError naming the option)."""
+    from .core.output.locations import prepare_output_locations
+    from .core.runtime.suite import REPO_ROOT
+
+    metrics_dir = None
+    if options["write_metrics"]:
+        metrics_dir = options["metrics_dir"] or REPO_ROOT / ".userbenchmark" / "maestro"
+    return prepare_output_locations(options["output_dir"], metrics_dir)
 
 
 RUN_HELP = f"""Run a pattern file and report every block's numbers.

@@ -11,6 +11,8 @@ The work is split by job: ``yaml_reader`` (bounded safe YAML, lines, text as wri
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any, Final
@@ -154,6 +156,11 @@ def load_suite(
     )
 
 
+def text_sha256(text: str) -> str:
+    """SHA-256 (hex) of a pattern text, as its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def load_suite_text(
     text: str,
     *,
@@ -169,7 +176,8 @@ def load_suite_text(
     data = read_yaml(text, problems)
     ops = OpResolver(import_ops=import_ops)
     try:
-        return _suite(problems, data, world_size, world_size_source, ops)
+        suite = _suite(problems, data, world_size, world_size_source, ops)
+        return dataclasses.replace(suite, text_sha256=text_sha256(text))
     finally:  # said whether the file is valid or not: those blocks are only partly checked
         for op, op_path in ops.not_imported.items():
             logger.warning(

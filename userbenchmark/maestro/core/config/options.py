@@ -36,6 +36,25 @@ class RunOptions:
     """Cap of every message size and GEMM operand (``--max-size``); None: sizes as written."""
     graph: bool | None = None
     """``--graph``: every pattern in CUDA-graph mode; None: as each pattern says."""
+    metrics_path: str | None = None
+    """The metrics file's path, reserved before the run (``prepare_output_locations``); None:
+    ``metrics-<start time>.json`` in ``metrics_dir``."""
+
+
+RANK_LOCAL_OPTIONS = frozenset(
+    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision"}
+)
+"""Options that only rank 0 uses (where it writes, how it prints); every other option changes
+what every rank runs, so the ranks of a run must agree on it."""
+
+
+def shared_options(options: RunOptions) -> dict[str, Any]:
+    """The options every rank of a run must share, as plain JSON-able values."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
+        for f in dataclasses.fields(options)
+        if f.name not in RANK_LOCAL_OPTIONS
+    }
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:

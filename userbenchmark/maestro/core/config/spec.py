@@ -128,3 +128,6 @@ class SuiteSpec:
     """Timeout of communicator operations and of the ranks' agreement step."""
     stop_on_error: bool = True
     """Stop at the first failed pattern; otherwise go on when every rank contained it."""
+    text_sha256: str = ""
+    """SHA-256 (hex) of the pattern text this suite was loaded from: every rank of a run
+    compares it with rank 0's before anything runs."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ...errors import RunError
+from .interrupts import PeerExited, exited_peers
 
 log = logging.getLogger("maestro.agreement")
 
@@ -34,12 +36,23 @@ class RankStatus:
     """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
     interrupted: bool = False
     """True when this rank was interrupted (SIGINT/SIGTERM): the whole run stops."""
+    exited: tuple[int, ...] = ()
+    """Ranks whose process this rank knows has ended (its local launcher said so)."""
 
 
 def status_of(rank: int, error: BaseException | None, *, contained: bool = True) -> RankStatus:
     """This rank's status from the exception a phase raised (None: success)."""
     if error is None:
         return RankStatus(rank=rank, ok=True)
+    if isinstance(error, PeerExited):  # the launcher ends the run: a peer failed, not this rank
+        return RankStatus(
+            rank=rank,
+            ok=False,
+            message=f"another rank stopped: {error}",
+            contained=False,
+            secondary=True,
+            exited=tuple(error.ranks),
+        )
     if isinstance(error, KeyboardInterrupt):
         return RankStatus(
             rank=rank, ok=False, message="interrupted", contained=False, interrupted=True
@@ -59,6 +72,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
 _SECONDARY_MARKERS = (
     "Timed out",
     "timed out",
+    "device work did not finish",  # CUDA lanes waiting on a collective whose peer stopped
     "Connection closed",
     "Connection reset",
     "Broken pipe",
@@ -99,6 +113,121 @@ def watchdog_timeout_s(timeout_s: float) -> float:
     return timeout_s + agreement_timeout_s(timeout_s) + grace_s(timeout_s)
 
 
+ENDING_WAIT_S = 20.0
+"""Longest wait at the agreement once the local launcher is ending the run: torch's launcher
+kills its workers 30 s after it terminated them, and rank 0 must save and print before."""
+
+
+SLOW_POLL_AFTER_S = 5.0
+"""A wait polls every 10 ms at most for this long, then every 100 ms (a rank that late is
+rarely on time, and the store serves every waiting rank)."""
+
+
+def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
+    """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False).
+
+    Polling ``check`` rather than a timed ``wait``: a ``wait`` that times out prints two
+    lines of C++ warnings on stderr, and a missing rank is an expected outcome here. Ranks
+    arriving apart (rank 0 writes files between patterns) are seen within 10 ms.
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    pause = 0.001
+    while not store.check(keys):
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 1.2, 0.01 if now - start < SLOW_POLL_AFTER_S else 0.1)
+    return True
+
+
+ENDED_PREFIX = "ended/"
+"""Store keys ``ended/<rank>``: a verdict gave up on that rank (it never reached an agreement
+step); the value is the verdict."""
+ENDED_POLL_S = 0.5
+"""How often each rank looks for its ``ended/<rank>`` key."""
+ENDED_ACK_WAIT_S = 2.0
+"""How long a rank that posts ``ended/<rank>`` waits for those ranks to see it (the store may
+live in its process)."""
+
+
+def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> bool:
+    """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict).
+
+    ``wait``: the store lives in this process, so wait up to :data:`ENDED_ACK_WAIT_S` for
+    them to see it before this process ends; True when every one of them did.
+    """
+    for rank in missing:
+        store.set(f"{ENDED_PREFIX}{rank}", message)
+    if not wait:
+        return False
+    acks = [f"{ENDED_PREFIX}{rank}/ack" for rank in missing]
+    return wait_for_keys(store, acks, ENDED_ACK_WAIT_S)
+
+
+class EndedWatch:
+    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone.
+
+    A rank stuck in a block that never returns (its main thread in user code) cannot reach
+    the agreement; the ranks that did post ``ended/<rank>``, and this thread ends it,
+    under srun and hand-started ranks too, where no launcher would. ``connect()`` opens the
+    watch's own store client (a client shared with a main thread blocked in a store call
+    would block this thread too); ``holding()`` is True while output files are written, which
+    the watch waits for.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        *,
+        rank: int,
+        leave: Callable[[str], None],
+        holding: Callable[[], bool] = lambda: False,
+        poll_s: float = ENDED_POLL_S,
+    ) -> None:
+        self._connect = connect
+        self._rank = rank
+        self._leave = leave
+        self._holding = holding
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="maestro-ended-watch", daemon=True)
+
+    def start(self) -> EndedWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+        except Exception as exc:  # the run goes on without the watch
+            log.debug("ended watch: cannot connect: %s", exc)
+            return
+        key = f"{ENDED_PREFIX}{self._rank}"
+        while not self._stop.wait(self._poll_s):
+            try:
+                if not store.check([key]):
+                    continue
+                verdict = store.get(key).decode("utf-8", "replace")
+            except Exception as exc:  # the store went away: the agreement reports it
+                log.debug("ended watch: %s", exc)
+                return
+            while self._holding() and not self._stop.is_set():
+                time.sleep(0.05)  # never leave half-written files
+            if self._stop.is_set():
+                return
+            try:
+                store.set(f"{key}/ack", "1")
+            except Exception as exc:
+                log.debug("ended watch: %s", exc)
+            self._leave(verdict)
+            return
+
+
 class StoreExchange:
     """Exchanges statuses through a c10d store, one numbered round per agreement step."""
 
@@ -116,8 +245,9 @@ class StoreExchange:
         wait_s = (
             grace_s(self.timeout_s) if status.secondary else (agreement_timeout_s(self.timeout_s))
         )
-        start = time.monotonic()
-        deadline = start + wait_s
+        if status.exited:
+            wait_s = min(wait_s, ENDING_WAIT_S)
+        deadline = time.monotonic() + wait_s
         pending = list(range(self.world_size))
         arrived: list[int] = []
         while pending:
@@ -126,17 +256,11 @@ class StoreExchange:
             now = time.monotonic()
             if not pending or now >= deadline:
                 break
-            if now - start < 0.2:
-                time.sleep(0.002)  # ranks usually arrive together: poll briefly first
-                continue
-            try:
-                self.store.wait([prefix + str(pending[0])], timedelta(seconds=deadline - now))
-            except Exception as exc:  # a timeout; the keys are checked again above
-                log.debug("waiting for rank %d: %s", pending[0], exc)
+            wait_for_keys(self.store, [prefix + str(pending[0])], deadline - now)
         # Past the deadline, a later rank may have arrived while an earlier one is missing.
         arrived += [r for r in pending if self.store.check([prefix + str(r)])]
         missing = [r for r in pending if r not in arrived]
-        statuses = [RankStatus(**json.loads(self.store.get(prefix + str(r)))) for r in arrived]
+        statuses = [_decode(self.store.get(prefix + str(r))) for r in arrived]
         if self.round > 2:
             # Every rank finished reading round n-2 before it posted round n-1.
             try:
@@ -144,6 +268,12 @@ class StoreExchange:
             except Exception as exc:  # only housekeeping
                 log.debug("could not delete an old agreement key: %s", exc)
         return statuses, missing
+
+
+def _decode(raw: bytes) -> RankStatus:
+    fields = json.loads(raw)
+    fields["exited"] = tuple(fields.get("exited", ()))
+    return RankStatus(**fields)
 
 
 def agree(
@@ -164,6 +294,9 @@ def agree(
     (so every rank issued the same collectives). ``missing`` lists ranks that never answered.
     """
     status = status_of(rank, error, contained=contained)
+    if not status.ok and not status.exited:
+        # Under the local launcher a failure is often a peer's death seen from here.
+        status = replace(status, exited=exited_peers())
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
@@ -195,6 +328,9 @@ def _agreed_error(
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
     secondary = sorted((s for s in failed if s.secondary), key=lambda s: s.rank)
+    # A rank whose process is known to have ended is the cause, before ranks only late.
+    exited = {r for s in failed for r in s.exited}
+    missing = sorted(missing, key=lambda r: (r not in exited, r))
     if primary:
         first = primary[0]
         rank, block, detail = first.rank, first.block, first.message
@@ -203,7 +339,10 @@ def _agreed_error(
         rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]
     elif missing:
         rank, block = missing[0], ""
-        detail = "did not reach the agreement step at the end of the phase: it died or hung"
+        if rank in exited:
+            detail = "its process ended before the agreement step at the end of the phase"
+        else:
+            detail = "did not reach the agreement step at the end of the phase: it died or hung"
         rest = missing[1:] + [s.rank for s in secondary]
     else:
         first = secondary[0]

@@ -6,20 +6,29 @@ SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (plain srun); without either the world i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from ...errors import LaunchError, RunError
+from ...errors import EXIT_FAILED, ConfigError, LaunchError, OptionError, RunError
 from ..analysis.aggregate import Reducer
-from .agreement import StoreExchange, agreement_timeout_s, watchdog_timeout_s
+from . import interrupts
+from .agreement import (
+    EndedWatch,
+    StoreExchange,
+    agreement_timeout_s,
+    wait_for_keys,
+    watchdog_timeout_s,
+)
 
 log = logging.getLogger("maestro.dist")
 
@@ -176,6 +185,11 @@ class DistContext:
     """Host name of every rank, by rank."""
     devices: tuple[int, ...] = ()
     """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
+    ended_watch: EndedWatch | None = None
+    """Ends this rank when a verdict names it as gone (see :class:`EndedWatch`)."""
+    hosts_store: bool = False
+    """The rendezvous store lives in this process (rank 0 without torchrun's agent): it
+    goes away when this process ends."""
 
     @property
     def one_host(self) -> bool:
@@ -229,11 +243,20 @@ def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None 
     )
 
 
-def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> DistContext:
+def init_distributed(
+    launch: LaunchInfo,
+    *,
+    backend: str,
+    timeout_s: float,
+    shared: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> DistContext:
     """Initialise torch.distributed for this rank and create the gloo control group.
 
     The rendezvous store is created here (not by ``env://``) so that every rank can first
-    check that all ranks were started with the same world size, and fail promptly if not.
+    check that all ranks were started with the same world size, the same pattern text and the
+    same options (``shared``: see :func:`check_launch`; ``source`` names the pattern file),
+    and fail promptly if not.
     """
     import torch
     import torch.distributed as dist
@@ -254,7 +277,13 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     store = None
     if not dist.is_initialized():
         store = rendezvous_store(launch, timeout_s)
-        check_launch(dist.PrefixStore("maestro/launch/", store), launch, timeout_s)
+        check_launch(
+            dist.PrefixStore("maestro/launch/", store),
+            launch,
+            timeout_s,
+            shared=shared,
+            source=source,
+        )
         dist.init_process_group(
             backend=backend,
             store=store,
@@ -271,6 +300,14 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
     agreement = StoreExchange(
         dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
     )
+    ended_watch = None
+    if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
+        ended_watch = EndedWatch(
+            _store_client(store.host, store.port, timeout_s),
+            rank=launch.rank,
+            leave=_leave_ended(launch.rank),
+            holding=interrupts.holding,
+        ).start()
     places: list[Any] = [None] * launch.world_size
     me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
     dist.all_gather_object(places, me, group=control)
@@ -283,7 +320,48 @@ def init_distributed(launch: LaunchInfo, *, backend: str, timeout_s: float) -> D
         control=control,
         timeout_s=timeout_s,
         agreement=agreement,
+        ended_watch=ended_watch,
+        hosts_store=store_hosted_here(launch),
     )
+
+
+def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
+    """Opens another client of the rendezvous store (under the ``maestro/`` prefix)."""
+
+    def connect() -> Any:
+        import torch.distributed as dist
+
+        client = dist.TCPStore(
+            host,
+            port,
+            None,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        return dist.PrefixStore("maestro/", client)
+
+    return connect
+
+
+def _leave_ended(rank: int) -> Callable[[str], None]:
+    def leave(verdict: str) -> None:
+        print(
+            f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
+            f"never reached their agreement step ({verdict}); exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(EXIT_FAILED)  # the main thread is stuck: nothing else can end this process
+
+    return leave
+
+
+def store_hosted_here(launch: LaunchInfo) -> bool:
+    """Whether this rank hosts the rendezvous store: rank 0, unless torchrun's agent (or
+    maestro's local launcher, which runs torch's agent) hosts it."""
+    return launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
@@ -300,14 +378,12 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
             "without torchrun (e.g. under plain srun)",
             phase="setup",
         )
-    # Under torchrun the agent hosts the store and every worker is a client.
-    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     try:
         return dist.TCPStore(
             host,
             port,
             None,  # world size unknown on purpose: check_launch compares what ranks were told
-            is_master=launch.rank == 0 and not agent_hosts,
+            is_master=store_hosted_here(launch),
             timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
             multi_tenant=True,
@@ -321,11 +397,22 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
         ) from exc
 
 
-def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
-    """Fail fast when ranks were started with different world sizes or a rank is claimed twice.
+def check_launch(
+    store: Any,
+    launch: LaunchInfo,
+    timeout_s: float,
+    *,
+    shared: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> None:
+    """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
+    or ranks run different pattern texts or options than rank 0.
 
-    Ranks other than 0 read rank 0's world size before writing theirs, so whichever side sees
-    the mismatch first, the other has already read what it needs (rank 0 may exit at once).
+    ``shared``: what every rank must agree on, JSON-able: ``pattern_sha256`` (the text's
+    digest; a difference is a ConfigError naming ``source``) and ``options`` (the options
+    every rank uses; a difference is an OptionError). Ranks other than 0 read rank 0's values
+    before writing their world size, so whichever side sees a mismatch first, the other has
+    already read what it needs (rank 0 may exit at once).
     """
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
@@ -334,20 +421,20 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
             "needs its own RANK",
             phase="setup",
         )
+    mine = dict(shared or {})
+    store.set(f"shared/{rank}", json.dumps(mine, sort_keys=True))  # before world/{rank}
     others = range(1, world) if rank == 0 else [0]
     if rank == 0:
         store.set("world/0", str(world))
     deadline = time.monotonic() + timeout_s
     for other in others:
         key = f"world/{other}"
-        try:
-            store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
-        except Exception as exc:
+        if not wait_for_keys(store, [key], max(0.001, deadline - time.monotonic())):
             raise RunError(
                 f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
                 f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
                 phase="setup",
-            ) from exc
+            )
         theirs = int(store.get(key))
         if rank != 0:
             store.set(f"world/{rank}", str(world))
@@ -358,11 +445,50 @@ def check_launch(store: Any, launch: LaunchInfo, timeout_s: float) -> None:
                 "launches sharing one MASTER_ADDR:MASTER_PORT?)",
                 phase="setup",
             )
+        peer = json.loads(store.get(f"shared/{other}"))
+        first, second = sorted((rank, other))  # name rank 0's side last: it is the reference
+        values = {rank: mine, other: peer}
+        _compare_shared(values[second], values[first], second, first, source)
 
 
-def shutdown_distributed() -> None:
-    """Destroy every process group (safe to call when none exists)."""
+def _compare_shared(
+    theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
+) -> None:
+    """Raise when rank ``their_rank`` runs another pattern text or other options than rank
+    ``our_rank`` (rank 0 where it is one of them)."""
+    digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
+    if digest and reference and digest != reference:
+        raise ConfigError(
+            f"rank {their_rank} runs a different pattern text than rank {our_rank}: sha256 "
+            f"{digest[:16]} on rank {their_rank}, {reference[:16]} on rank {our_rank}; every "
+            "rank must run the same pattern (the same file on every node, unchanged until the "
+            "run starts)",
+            file=source,
+        )
+    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
+    differ = sorted(
+        k
+        for k in set(options) | set(reference_options)
+        if options.get(k) != reference_options.get(k)
+    )
+    if differ:
+        shown = "; ".join(
+            f"{k}={options.get(k)!r} on rank {their_rank}, "
+            f"{k}={reference_options.get(k)!r} on rank {our_rank}"
+            for k in differ
+        )
+        raise OptionError(
+            f"rank {their_rank} was started with other options than rank {our_rank}: {shown}; "
+            "start every rank with the same command line"
+        )
+
+
+def shutdown_distributed(ctx: DistContext | None = None) -> None:
+    """Destroy every process group (safe to call when none exists); stop ``ctx``'s watch."""
     import torch.distributed as dist
+
+    if ctx is not None and ctx.ended_watch is not None:
+        ctx.ended_watch.stop()
 
     if dist.is_initialized():
         try:

@@ -6,6 +6,10 @@ handler raises only inside :func:`deliverable` regions (a phase's work, which re
 agreement); elsewhere it records the signal, and the next deliverable region raises it.
 A second signal outside a region raises at once (the user insists), except inside
 :func:`held`, which defers every signal until output files are consistent again.
+
+Under maestro's local launcher a SIGTERM can also be torch's launcher ending the run because
+another worker exited: with :func:`set_exited_peers` installed, such a SIGTERM raises
+:class:`PeerExited` instead, which the agreement step reports as the peer's failure.
 """
 
 from __future__ import annotations
@@ -19,23 +23,60 @@ from typing import Any
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class PeerExited(KeyboardInterrupt):
+    """SIGTERM from the local launcher ending the run because other workers exited: not a
+    user's interrupt. ``ranks``: the workers known to have exited."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        super().__init__(f"the launcher is ending the run: worker {_ranks(ranks)} exited")
+        self.ranks = ranks
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(map(str, ranks))
+
+
 class _State:
     def __init__(self) -> None:
         self.open_depth = 0  # inside deliverable(): raise at once
         self.held_depth = 0  # inside held(): never raise
         self.pending: int | None = None  # a signal received and not yet raised
+        self.exited: tuple[int, ...] = ()  # the pending SIGTERM came from the launcher
 
 
 _state = _State()
+_exited_peers: Callable[[], tuple[int, ...]] = tuple
+"""Ranks of sibling workers that exited (empty: a SIGTERM is an interrupt); see
+:func:`set_exited_peers`."""
+
+
+def set_exited_peers(check: Callable[[], tuple[int, ...]] | None) -> None:
+    """Install how a SIGTERM tells the launcher's teardown from an interrupt: ``check()``
+    returns the ranks of sibling workers that exited (None: every SIGTERM interrupts)."""
+    global _exited_peers
+    _exited_peers = check or tuple
+
+
+def exited_peers() -> tuple[int, ...]:
+    """Ranks of sibling workers known to have exited (empty outside a local launch)."""
+    return _exited_peers()
 
 
 def _raise(signum: int) -> None:
+    exited = _state.exited
     _state.pending = None
+    _state.exited = ()
+    if exited:
+        raise PeerExited(exited)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _handler(signum: int, frame: Any) -> None:
     repeated = _state.pending is not None
+    if not repeated:
+        _state.exited = _exited_peers() if signum == signal.SIGTERM else ()
+    elif signum == signal.SIGINT:
+        _state.exited = ()  # a Ctrl-C after the launcher's SIGTERM is the user's
     _state.pending = signum
     if not _state.held_depth and (_state.open_depth or repeated):
         _raise(signum)
@@ -80,6 +121,16 @@ def message(*, saved: bool) -> str:
 def pending() -> bool:
     """True when a signal arrived that no deliverable region has raised yet."""
     return _state.pending is not None
+
+
+def holding() -> bool:
+    """True inside :func:`held` (output files are being written)."""
+    return _state.held_depth > 0
+
+
+def pending_interrupt() -> bool:
+    """True when a user's signal (not the launcher ending the run) waits to be raised."""
+    return _state.pending is not None and not _state.exited
 
 
 @contextmanager

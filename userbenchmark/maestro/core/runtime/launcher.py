@@ -6,6 +6,10 @@ forwards the signal to the workers, which stop through their agreement step (ran
 the verdict). Workers start with SIGINT/SIGTERM blocked, so a signal that arrives while one
 still imports torch waits for its handler instead of raising mid-import; the launcher's own
 signals are received by a helper thread and handed to its main thread.
+
+No process outlives the run: workers die with the launcher, and the launcher's watchdog
+(core/runtime/supervision.py) ends the workers that cannot end by themselves. The pattern
+file is read once, here; workers get its text.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from . import interrupts
+from . import interrupts, supervision
 
 log = logging.getLogger("maestro.launcher")
 
@@ -38,31 +42,43 @@ _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
 class _Job:
     """What every worker runs (one object: torch's launcher rewrites string arguments)."""
 
-    config: str
+    source: str
+    """The pattern file's path (it names the file in messages)."""
+    text: str
+    """The pattern file's text, read once by the launcher: workers never read the file."""
     world_size: int
     options: dict[str, Any]
     log_level: str
+    parent_pid: int
+    """The launcher's pid: a worker ends when it does."""
 
 
-def _worker(job: _Job, verdict: Any) -> int:
+def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     """Entry point of one worker process (module level so it can be pickled).
 
     A non-zero status leaves as SystemExit, so torch's launcher sees it as the process's exit
     status: a success returned as a value would make that worker wait for every other, and an
     interrupted launcher, which no longer collects values, would wait for it in turn.
-    ``verdict`` is set on rank 0 when it printed why the run ended.
     """
+    rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
+    supervision.die_with_parent(job.parent_pid)
+    supervision.attach(board, rank)
+    interrupts.set_exited_peers(supervision.exited_peers)
+
     from .logs import configure_logging
     from .worker import run_worker
 
     try:
         configure_logging(job.log_level)
-        status = run_worker(job.config, job.world_size, job.options, world_size_source="--nproc")
+        status = run_worker(
+            job.source, job.world_size, job.options, world_size_source="--nproc", text=job.text
+        )
     except KeyboardInterrupt:  # only if this process was not started with signals blocked
         status = EXIT_INTERRUPTED
+    supervision.leaving(status)
     if status != EXIT_OK:
-        if os.environ.get("RANK") == "0":
-            verdict.value = 1
+        if rank == 0:
+            supervision.told_why()
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(status)
@@ -70,7 +86,7 @@ def _worker(job: _Job, verdict: Any) -> int:
 
 
 @contextmanager
-def _signals_to_main_thread() -> Iterator[None]:
+def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
     """Block SIGINT/SIGTERM in this thread (workers inherit it: see :func:`_worker`), receive
     them in a helper thread and run this thread's handler for the first one.
 
@@ -103,6 +119,7 @@ def _signals_to_main_thread() -> Iterator[None]:
             if info is None or forwarded:
                 continue
             forwarded = True
+            board.interrupted.value = 1  # workers: the SIGTERM that follows is the user's
             handler = signal.getsignal(info.si_signo)
             if callable(handler):
                 _thread.interrupt_main(info.si_signo)
@@ -133,7 +150,9 @@ def _quiet_torch_launcher() -> Iterator[None]:
     names = [
         name
         for name in logging.root.manager.loggerDict
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher"))
+        if name.startswith(
+            ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+        )
     ]
     loggers = [logging.getLogger(name) for name in names]
     previous = [logger.level for logger in loggers]
@@ -147,6 +166,8 @@ def _quiet_torch_launcher() -> Iterator[None]:
 
 
 def _describe_exit(exitcode: int) -> str:
+    if exitcode == -signal.SIGKILL:
+        return "was killed (SIGKILL: out of memory?)"  # what the kernel's OOM killer sends
     if exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
@@ -155,15 +176,25 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with status {exitcode}"
 
 
+def exit_deadline_s(timeout_s: float) -> float:
+    """Longest a worker may run on after another worker exited: the agreement step's longest
+    wait, then :data:`supervision.EXIT_GRACE_S` to leave."""
+    from .agreement import agreement_timeout_s
+
+    return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
+
+
 def launch_local(
-    config: str,
+    source: str,
+    text: str,
     nproc: int,
     options: dict[str, Any],
     log_level: str,
     *,
     timeout_s: float = 45.0,
 ) -> int:
-    """Run ``nproc`` workers on this machine; the worst worker exit status is returned.
+    """Run ``nproc`` workers on this machine on the pattern ``text`` (read from ``source``);
+    the worst worker exit status is returned.
 
     ``timeout_s`` is the pattern file's: an interrupted worker may need its collective timeout
     plus the agreement's grace to stop, so the launcher waits that long before killing it.
@@ -172,13 +203,11 @@ def launch_local(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .agreement import agreement_timeout_s
-
     # As torchrun does: one intra-op thread per worker unless the user chose otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     settings: dict[str, Any] = {}
     if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:  # newer torch only
-        settings["shutdown_timeout"] = math.ceil(agreement_timeout_s(timeout_s) + 10)
+        settings["shutdown_timeout"] = math.ceil(exit_deadline_s(timeout_s))
     cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -191,21 +220,56 @@ def launch_local(
         start_method="spawn",
         **settings,
     )
-    verdict = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
-    job = _Job(config=config, world_size=nproc, options=options, log_level=log_level)
+    board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
+    job = _Job(
+        source=source,
+        text=text,
+        world_size=nproc,
+        options=options,
+        log_level=log_level,
+        parent_pid=os.getpid(),
+    )
+    watchdog = supervision.Watchdog(board, exit_deadline_s=exit_deadline_s(timeout_s))
+    watchdog.start()
     try:
-        with _quiet_torch_launcher(), _signals_to_main_thread():
-            results = elastic_launch(cfg, _worker)(job, verdict)
+        with _quiet_torch_launcher(), _signals_to_main_thread(board):
+            results = elastic_launch(cfg, _worker)(job, board)
     except ChildFailedError as exc:
-        statuses = []
+        watchdog.stop()
+        _report_kills(watchdog)
+        statuses = _verdicts(board)  # a worker's own status, also when another failed first
+        for rank in range(nproc):
+            if watchdog.killed(rank) and board.stage[rank] < supervision.VERDICT:
+                statuses.append(EXIT_FAILED)
         for rank, failure in sorted(exc.failures.items()):
+            if watchdog.killed(rank):
+                continue  # reported above, its status counted
             if failure.exitcode not in _OWN_STATUSES:
-                log.error("worker %d %s", rank, _describe_exit(failure.exitcode))
+                log.error("rank %d %s", rank, _describe_exit(failure.exitcode))
             statuses.append(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
         return max(statuses, default=EXIT_FAILED)
     except (SignalException, KeyboardInterrupt):
         # The workers were sent the signal and have exited (or were killed at the deadline).
-        if not verdict.value:
+        watchdog.stop()
+        _report_kills(watchdog)
+        if not board.told.value:
             print(interrupts.message(saved=False), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    finally:
+        watchdog.stop()
+    _report_kills(watchdog)
     return max(int(code or 0) for code in results.values())
+
+
+def _verdicts(board: supervision.WorkerBoard) -> list[int]:
+    """The exit statuses of the workers that reached their verdict."""
+    return [
+        int(board.status[r])
+        for r in range(board.num_workers)
+        if board.stage[r] >= supervision.VERDICT
+    ]
+
+
+def _report_kills(watchdog: supervision.Watchdog) -> None:
+    for kill in watchdog.kills:
+        log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)

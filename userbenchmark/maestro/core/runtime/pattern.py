@@ -30,6 +30,7 @@ from .agreement import agree
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks, graph_refusal
+from .hostmem import available_host_memory, check_host_memory
 from .lanes import (
     DEFAULT_GATE_US,
     DEFAULT_START_MARGIN_US,
@@ -163,6 +164,16 @@ class PatternRun:
                     f"on this rank, only {free / 2**30:.2f} GiB is free"
                 )
             torch.cuda.reset_peak_memory_stats(dist.device)
+        else:
+            # Every rank on this host allocates at once: together they must fit, or the
+            # kernel's OOM killer ends one of them without a word.
+            mine = dist.hosts[dist.rank] if dist.hosts else None
+            check_host_memory(
+                need,
+                local_ranks=max(1, sum(1 for h in dist.hosts if h == mine)),
+                blocks=[n for n, p in zip(self.names, self.present, strict=True) if p],
+                memory=available_host_memory(),
+            )
         for i, spec in enumerate(self.pattern.blocks):
             if not self.present[i]:
                 continue

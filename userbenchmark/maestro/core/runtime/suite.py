@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
-from ..config.options import RunOptions
+from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
-from . import interrupts
+from . import interrupts, supervision
 from .agreement import watchdog_timeout_s
 from .distributed import (
     DistContext,
@@ -275,7 +275,16 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     restore_signals = interrupts.install()
     try:
         with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
-            dist = init_distributed(launch, backend=options.backend, timeout_s=suite.timeout_s)
+            dist = init_distributed(
+                launch,
+                backend=options.backend,
+                timeout_s=suite.timeout_s,
+                shared={
+                    "pattern_sha256": suite.text_sha256,
+                    "options": shared_options(options),
+                },
+                source=suite.source,
+            )
     except BaseException:
         restore_signals()
         raise
@@ -285,6 +294,8 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     everyone_answered = True  # False once a rank died or hung: nobody waits for it again
     late_interrupt = False  # a signal after the last pattern: no closing round to hold
     saved = False  # rank 0 saved a finished pattern somewhere (for the interrupt message)
+    missing: set[int] = set()  # ranks a verdict named as gone (never reached an agreement)
+    verdict = ""  # the agreed error that named them
     try:
         rt = _phase_setup(suite, options, dist, agree)
         stamp = _broadcast_object(
@@ -293,7 +304,9 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
         writer = None
         if rank == 0:
             metrics_path = None
-            if options.write_metrics:
+            if options.write_metrics and options.metrics_path:
+                metrics_path = Path(options.metrics_path)  # reserved before the run started
+            elif options.write_metrics:
                 folder = (
                     Path(options.metrics_dir)
                     if options.metrics_dir
@@ -316,6 +329,8 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 outcome = measure_pattern(rt, pattern)
             except RunError as err:
                 everyone_answered = err.everyone_answered
+                missing.update(err.missing or ())
+                verdict = verdict or (str(err) if err.missing else "")
                 status = _failure_status(err)
                 if rank == 0:
                     print(
@@ -346,7 +361,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             for summary in tables.sweep_summaries():
                 print(summary, flush=True)
                 print(flush=True)
-        if status == 0 and interrupts.pending():
+        if status == 0 and interrupts.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
             # there is nobody to tell and nothing to wait for; only the exit status says it.
             late_interrupt = True
@@ -360,24 +375,34 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 print(f"maestro: results written to {writer.output_dir}", flush=True)
     except RunError as err:
         everyone_answered = err.everyone_answered
+        missing.update(err.missing or ())
+        verdict = verdict or (str(err) if err.missing else "")
         status = _failure_status(err)
         if status == 130 and rank == 0:  # interrupted in a run-wide phase (setup)
             print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
         elif rank == 0 or not everyone_answered:
             print(f"maestro: {err}", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # A second signal outside a phase: this rank leaves at once, without the agreement.
         everyone_answered = False
-        status = 130
-        if rank == 0:
-            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
+        if isinstance(exc, interrupts.PeerExited):  # the launcher reports the worker that exited
+            status = EXIT_FAILED
+        else:
+            status = 130
+            if rank == 0:
+                print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
     finally:
+        # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
+        # or by their own watch of the store: a rank stuck in a block has no other way out).
+        supervision.reached_verdict(status, missing)
+        if missing - {rank}:
+            _post_ended(dist, sorted(missing - {rank}), verdict)
         if status and everyone_answered and not late_interrupt:
             _closing_round(dist, agree)
         # Communicators first: CUPTI detached while NCCL still held its communicators was
         # seen to crash the process in destroy_process_group (SIGSEGV after the results).
         try:
-            shutdown_distributed()
+            shutdown_distributed(dist)
         finally:
             try:
                 if rt is not None:
@@ -385,6 +410,16 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             finally:
                 restore_signals()
     return status
+
+
+def _post_ended(dist: DistContext, missing: list[int], verdict: str) -> None:
+    """Tell the ranks a verdict gave up on that the run ended (see agreement.EndedWatch)."""
+    from .agreement import post_ended
+
+    try:
+        post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
+    except Exception as exc:  # the store went away with its host: nobody left to tell
+        log.debug("could not post the end of the run: %s", exc)
 
 
 def _failure_status(err: RunError) -> int:

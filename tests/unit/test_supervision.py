@@ -1,0 +1,163 @@
+"""The local launcher's supervision: workers die with their parent, and the watchdog ends the
+workers that cannot end by themselves, never one that is still working."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from userbenchmark.maestro.core.runtime import supervision
+from userbenchmark.maestro.core.runtime.supervision import (
+    EXIT_GRACE_S,
+    LEAVING,
+    RUNNING,
+    VERDICT,
+    Watchdog,
+    WorkerBoard,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Machine:
+    """A fake clock and fake worker processes for the watchdog."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.board = WorkerBoard(num_workers, multiprocessing.get_context("spawn"))
+        self.now = 0.0
+        self.running: set[int] = set()
+        self.killed: list[int] = []
+        for rank in range(num_workers):
+            self.board.pids[rank] = 1000 + rank
+            self.board.stage[rank] = RUNNING
+            self.running.add(1000 + rank)
+        self.watchdog = Watchdog(
+            self.board,
+            exit_deadline_s=20.0,
+            clock=lambda: self.now,
+            running=lambda pid: pid in self.running,
+            kill=self._kill,
+        )
+
+    def _kill(self, pid: int) -> None:
+        self.killed.append(pid - 1000)
+        self.running.discard(pid)
+
+    def exit(self, rank: int) -> None:
+        self.running.discard(1000 + rank)
+
+    def at(self, seconds: float) -> list[int]:
+        self.now = seconds
+        self.watchdog.check()
+        return self.killed
+
+
+def test_a_rank_a_verdict_named_as_gone_is_killed_at_once():
+    m = Machine(3)
+    assert m.at(1.0) == []
+    m.board.missing[1] = 1  # rank 0 saved and printed the verdict, then posted this
+    m.board.stage[0] = VERDICT
+    assert m.at(1.05) == [1]
+    assert m.watchdog.killed(1) and "did not reach" in m.watchdog.kills[0].reason
+
+
+def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict():
+    m = Machine(2)
+    m.board.stage[0] = VERDICT
+    m.board.stage[1] = VERDICT  # both know the outcome; rank 1 hangs on its way out
+    m.exit(0)
+    assert m.at(10.0) == []
+    assert m.at(10.0 + EXIT_GRACE_S - 0.1) == []
+    assert m.at(10.0 + EXIT_GRACE_S) == [1]
+
+
+def test_a_rank_still_working_after_another_finished_is_left_alone():
+    """Rank 1 finished; rank 0 still writes its files (nobody exited yet: success)."""
+    m = Machine(2)
+    m.board.stage[1] = LEAVING
+    assert m.at(1000.0) == []
+
+
+def test_everyone_still_running_long_after_a_worker_exited_is_killed():
+    m = Machine(3)
+    m.exit(2)  # killed by someone else; torch's launcher terminates the others
+    assert m.at(5.0) == []
+    assert m.at(5.0 + 19.9) == []
+    assert sorted(m.at(5.0 + 20.0)) == [0, 1]
+
+
+def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
+    board = WorkerBoard(3, multiprocessing.get_context("spawn"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    board.pids[0] = os.getpid()
+    board.pids[1] = gone.pid
+    board.pids[2] = os.getppid()
+    board.stage[2] = LEAVING
+    try:
+        supervision.attach(board, 0)
+        assert supervision.exited_peers() == (1, 2)
+        board.interrupted.value = 1  # the launcher forwards a user's signal: an interrupt
+        assert supervision.exited_peers() == ()
+    finally:
+        supervision.detach()
+    assert supervision.exited_peers() == ()  # not a local worker
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from userbenchmark.maestro.core.runtime.supervision import die_with_parent
+if sys.argv[2] == "watch":
+    sys.platform = "elsewhere"  # as where prctl does not exist
+Path(sys.argv[3]).write_text(die_with_parent(int(sys.argv[1])))
+time.sleep(120)
+"""
+PARENT = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", *sys.argv[1:2], str(os.getpid()), *sys.argv[2:]])
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
+@pytest.mark.parametrize("how", ["prctl", "watch"])
+def test_a_worker_dies_with_its_parent(tmp_path, how):
+    bound = tmp_path / "bound"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, how, str(bound)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not bound.exists() or not bound.read_text():
+            assert time.monotonic() < deadline, "the child never bound itself to its parent"
+            time.sleep(0.05)
+        assert bound.read_text() == how
+        parent.kill()
+        parent.wait()
+        killed = time.monotonic()
+        while _alive(child):
+            assert time.monotonic() - killed < 5, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -1,0 +1,138 @@
+"""Host memory a CPU run may still allocate, and the check made before a pattern allocates.
+
+Available memory is the smaller of the kernel's ``MemAvailable`` and what this process's
+memory cgroup leaves (its limit less its usage, for the cgroup and each ancestor: cgroup v2
+``memory.max``/``memory.current``, v1 ``memory.limit_in_bytes``/``memory.usage_in_bytes``).
+Without the check, buffers larger than that get a rank OOM-killed: no message, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import RunError
+
+UNLIMITED_BYTES = 2**60
+"""A cgroup v1 limit at least this large means no limit (the kernel's 'unlimited' is a page-
+rounded 2**63 - 1)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """How much memory may still be allocated, and which reading said so."""
+
+    available_bytes: int
+    source: str
+    """e.g. ``MemAvailable in /proc/meminfo`` or ``the cgroup's memory.max less memory.current
+    (/sys/fs/cgroup/job)``."""
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    try:
+        return int(text)
+    except ValueError:  # "max": no limit
+        return None
+
+
+def _meminfo(proc: Path) -> HostMemory | None:
+    try:
+        lines = (proc / "meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            fields = line.split()
+            try:
+                kib = int(fields[1])
+            except (IndexError, ValueError):
+                return None
+            return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
+    return None
+
+
+def _cgroup_dirs(proc: Path, cgroup_root: Path) -> list[tuple[Path, str, str, Path]]:
+    """(this process's memory cgroup folder, limit file, usage file, hierarchy root) of each
+    hierarchy that has a memory controller."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2 (unified)
+            unified = cgroup_root / "unified"
+            root = unified if (unified / "cgroup.controllers").exists() else cgroup_root
+            found.append((root, "memory.max", "memory.current", path))
+        elif "memory" in controllers.split(","):
+            v1 = (cgroup_root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
+            found.append((*v1, path))
+    dirs = []
+    for root, limit, usage, path in found:
+        folder = root / path.lstrip("/")
+        if not folder.is_dir():  # a cgroup namespace: this process's cgroup is the root
+            folder = root
+        dirs.append((folder, limit, usage, root))
+    return dirs
+
+
+def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+    best: HostMemory | None = None
+    for folder, limit_name, usage_name, root in _cgroup_dirs(proc, cgroup_root):
+        current = folder
+        while True:
+            limit = _read_int(current / limit_name)
+            usage = _read_int(current / usage_name)
+            if limit is not None and usage is not None and limit < UNLIMITED_BYTES:
+                left = max(0, limit - usage)
+                if best is None or left < best.available_bytes:
+                    best = HostMemory(
+                        left, f"the cgroup's {limit_name} less {usage_name} ({current})"
+                    )
+            if current == root or current.parent == current:
+                break
+            current = current.parent
+    return best
+
+
+def available_host_memory(
+    *, proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup"
+) -> HostMemory | None:
+    """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
+    read (not Linux)."""
+    readings = [
+        r for r in (_meminfo(Path(proc)), _cgroup(Path(proc), Path(cgroup_root))) if r is not None
+    ]
+    return min(readings, key=lambda r: r.available_bytes, default=None)
+
+
+def check_host_memory(
+    need_bytes: int,
+    *,
+    local_ranks: int,
+    blocks: Sequence[str],
+    memory: HostMemory | None,
+) -> None:
+    """RunError when ``local_ranks`` ranks of ``need_bytes`` each do not fit in ``memory``."""
+    if memory is None or need_bytes <= 0:
+        return
+    total = need_bytes * local_ranks
+    if total <= memory.available_bytes:
+        return
+    gib = 2**30
+    ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"
+    raise RunError(
+        f"blocks {', '.join(blocks)} need {need_bytes / gib:.2f} GiB of host memory per rank, "
+        f"{total / gib:.2f} GiB for {ranks} on this host, and only "
+        f"{memory.available_bytes / gib:.2f} GiB is available ({memory.source}); use smaller "
+        "sizes (--max-size), or fewer ranks per host"
+    )

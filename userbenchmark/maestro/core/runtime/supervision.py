@@ -1,0 +1,283 @@
+"""Keeping the local launcher and its workers together: no process outlives the run.
+
+Workers end with their launcher (``PR_SET_PDEATHSIG`` on Linux, a parent watch elsewhere).
+A :class:`WorkerBoard` in shared memory tells the launcher each worker's pid and how far it
+got, and tells the workers whether the launcher forwards a user's signal. The launcher's
+:class:`Watchdog` ends with SIGKILL the workers that can no longer end by themselves: those a
+verdict named as gone (stopped, hung), and those still running :data:`EXIT_GRACE_S` after
+every worker had its verdict or after a worker exited (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("maestro.launcher")
+
+EXIT_GRACE_S = 10.0
+"""How long a worker may take to leave once the run's outcome is known (the closing round,
+destroying communicators, the interpreter's exit) before the launcher kills it."""
+PARENT_POLL_S = 0.5
+"""How often the fallback parent watch looks at the parent pid."""
+WATCH_POLL_S = 0.05
+"""How often the launcher's watchdog looks at the board."""
+
+# Stages of a worker on the board, in order.
+STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
+
+
+def die_with_parent(parent_pid: int) -> str:
+    """End this process with SIGKILL when ``parent_pid``, its parent, ends; returns how.
+
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` where the C library has it (Linux), else a daemon
+    thread that watches the parent pid. A parent already gone ends this process at once.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1: PR_SET_PDEATHSIG
+                if os.getppid() != parent_pid:  # it ended before the call above
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return "prctl"
+        except (OSError, AttributeError) as exc:
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="maestro-parent-watch", daemon=True).start()
+    return "watch"
+
+
+def die_with_torchrun_agent() -> str | None:
+    """Under torchrun (its agent is this process's parent, ``TORCHELASTIC_RUN_ID`` is set),
+    end this process with the agent, as local workers end with theirs; None elsewhere."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return None
+    return die_with_parent(os.getppid())
+
+
+class WorkerBoard:
+    """What the local launcher and its workers share (no locks: each cell has one writer, or
+    writers that all write the same value)."""
+
+    def __init__(self, num_workers: int, context: Any) -> None:
+        self.num_workers = num_workers
+        self.pids = context.Array("q", num_workers, lock=False)
+        """Each worker's pid (0 until it started)."""
+        self.stage = context.Array("b", num_workers, lock=False)
+        """STARTING, RUNNING, VERDICT (the run's outcome is known here; rank 0 saved and
+        printed it), LEAVING."""
+        self.status = context.Array("i", num_workers, lock=False)
+        """Each worker's exit status, once at VERDICT."""
+        self.missing = context.Array("b", num_workers, lock=False)
+        """1 for a rank that a verdict named as gone (it never reached an agreement step)."""
+        self.interrupted = context.Value("b", 0, lock=False)
+        """1 once the launcher forwards a user's SIGINT/SIGTERM to the workers."""
+        self.told = context.Value("b", 0, lock=False)
+        """1 once rank 0 printed why the run ended."""
+
+
+@dataclass
+class _Attached:
+    board: WorkerBoard
+    rank: int
+
+
+_attached: _Attached | None = None
+
+
+def attach(board: WorkerBoard, rank: int) -> None:
+    """This process is worker ``rank`` of ``board`` (called first thing in a worker)."""
+    global _attached
+    _attached = _Attached(board, rank)
+    board.pids[rank] = os.getpid()
+    board.stage[rank] = RUNNING
+
+
+def detach() -> None:
+    global _attached
+    _attached = None
+
+
+def reached_verdict(status: int, missing: Iterable[int] = ()) -> None:
+    """The run's outcome is known on this worker (files saved, message printed): ``status`` is
+    what it will exit with, ``missing`` the ranks the verdict named as gone."""
+    if _attached is None:
+        return
+    board = _attached.board
+    for rank in missing:
+        if 0 <= rank < board.num_workers:
+            board.missing[rank] = 1
+    board.status[_attached.rank] = status
+    board.stage[_attached.rank] = max(board.stage[_attached.rank], VERDICT)
+
+
+def told_why() -> None:
+    """Rank 0 printed why the run ended (the launcher need not say it again)."""
+    if _attached is not None:
+        _attached.board.told.value = 1
+
+
+def leaving(status: int) -> None:
+    """This worker returns ``status`` and exits."""
+    if _attached is not None:
+        _attached.board.status[_attached.rank] = status
+        _attached.board.stage[_attached.rank] = LEAVING
+
+
+def exited_peers() -> tuple[int, ...]:
+    """Ranks of other workers whose process has ended or is leaving.
+
+    Used when SIGTERM arrives: torch's launcher terminates every worker once one exited with
+    a failure, and that SIGTERM is no interrupt. Empty outside a local launch, and while the
+    launcher forwards a user's signal.
+    """
+    if _attached is None or _attached.board.interrupted.value:
+        return ()
+    board = _attached.board
+    gone = []
+    for rank in range(board.num_workers):
+        pid = board.pids[rank]
+        if rank == _attached.rank or not pid:
+            continue
+        if board.stage[rank] == LEAVING or not _process_exists(pid):
+            gone.append(rank)
+    return tuple(gone)
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its parent's wait is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _child_running(pid: int) -> bool:
+    """Whether the child ``pid`` of this process has not exited (stopped counts as running);
+    never reaps it (torch's launcher does)."""
+    if hasattr(os, "waitid"):
+        try:
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:  # reaped already
+            return False
+    return _process_exists(pid)
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A worker the watchdog ended, and why."""
+
+    rank: int
+    reason: str
+
+
+class Watchdog:
+    """The launcher's thread that ends, with SIGKILL, workers that cannot end by themselves.
+
+    - A rank that a verdict named as gone (it never reached an agreement step: stopped,
+      hung) is killed at once: the verdict was printed and saved before it was posted.
+    - Once every worker has its verdict, has exited or was named as gone, a worker still
+      running :data:`EXIT_GRACE_S` later is stuck on its way out.
+    - Once a worker exited, every worker still running ``exit_deadline_s`` later (the
+      agreement step's longest wait plus :data:`EXIT_GRACE_S`) is stuck.
+    """
+
+    def __init__(
+        self,
+        board: WorkerBoard,
+        *,
+        exit_deadline_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        running: Callable[[int], bool] = _child_running,
+        kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
+    ) -> None:
+        self.board = board
+        self.exit_deadline_s = exit_deadline_s
+        self.kills: list[Kill] = []
+        self._clock = clock
+        self._running = running
+        self._kill = kill
+        self._killed: set[int] = set()
+        self._accounted_at: float | None = None
+        self._first_exit_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def killed(self, rank: int) -> bool:
+        """Whether this watchdog ended ``rank``."""
+        return any(k.rank == rank for k in self.kills)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(WATCH_POLL_S):
+            try:
+                self.check()
+            except Exception as exc:  # never let the watchdog die silently
+                log.debug("watchdog: %s", exc)
+
+    def check(self) -> None:
+        """One look at the board (the thread calls it every :data:`WATCH_POLL_S`)."""
+        board, now = self.board, self._clock()
+        ranks = range(board.num_workers)
+        pids = [board.pids[r] for r in ranks]
+        # A worker this watchdog killed counts as exited (its pid may already be reused).
+        running = [
+            bool(pids[r]) and r not in self._killed and self._running(pids[r]) for r in ranks
+        ]
+        exited = [bool(pids[r]) and not running[r] for r in ranks]
+        for r in ranks:
+            if board.missing[r] and running[r]:
+                self._end(r, "did not reach the run's agreement step (stopped or hung)")
+        if all(exited[r] or board.stage[r] >= VERDICT or board.missing[r] for r in ranks):
+            if self._accounted_at is None:
+                self._accounted_at = now
+            elif now - self._accounted_at >= EXIT_GRACE_S:
+                for r in ranks:
+                    if running[r] and r not in self._killed:
+                        self._end(r, f"was still running {EXIT_GRACE_S:g} s after the run ended")
+        if any(exited) and self._first_exit_at is None:
+            self._first_exit_at = now
+        if self._first_exit_at is not None and now - self._first_exit_at >= self.exit_deadline_s:
+            for r in ranks:
+                if running[r] and r not in self._killed:
+                    self._end(
+                        r,
+                        f"was still running {self.exit_deadline_s:g} s after another worker exited",
+                    )
+
+    def _end(self, rank: int, reason: str) -> None:
+        self._killed.add(rank)
+        try:
+            self._kill(self.board.pids[rank])
+        except ProcessLookupError:
+            return
+        self.kills.append(Kill(rank, reason))
