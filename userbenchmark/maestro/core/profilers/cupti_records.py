@@ -1,0 +1,326 @@
+"""CUPTI activity records read into numpy rows, and the names a trace shows for them.
+
+cupti-python hands each completed buffer over as record objects; :class:`_RecordParser` turns
+them into int64 rows per record kind (kernel, memcpy, memset, external correlation, API call)
+and keeps the names (demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, runtime and
+driver function names without their ``_v2`` suffix) in one table.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+
+from ..analysis.activities import API_DRIVER, API_RUNTIME
+from .demangle import demangle
+
+# The profiler's own logger: these records are its work.
+logger = logging.getLogger(__name__.rpartition(".")[0] + ".cupti")
+
+
+_FIELDS = {
+    "kernel": (
+        "correlation_id",
+        "start",
+        "end",
+        "stream_id",
+        "device_id",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+    ),
+    "memcpy": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "memset": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "ext": ("correlation_id", "external_id"),
+}
+_NAMED_FIELDS = {
+    "memcpy": ("copy_kind", "src_kind", "dst_kind"),
+    "memset": ("memory_kind",),
+    "api": ("correlation_id", "start", "end", "cbid", "thread_id"),
+}
+"""Fields read only when names are kept (a trace is wanted): what names a copy or a set, and
+the API calls that launched the activities."""
+
+# CUpti_ActivityMemcpyKind and CUpti_ActivityMemoryKind, spelled as PyTorch's Kineto writes
+# them into its traces ("Memcpy DtoD (Device -> Device)", "Memset (Device)"), names that
+# HolisticTraceAnalysis classifies as memory work by their first word.
+_COPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH")
+_COPY_KINDS += ("PtoP",)
+_MEMORY_KINDS = (
+    "Unknown",
+    "Pageable",
+    "Pinned",
+    "Device",
+    "Array",
+    "Managed",
+    "Device Static",
+    "Managed Static",
+)
+
+
+def _kind_name(table: tuple[str, ...], code: int) -> str:
+    return table[code] if 0 <= code < len(table) else "Unknown"
+
+
+def memcpy_name(copy_kind: int, src_kind: int, dst_kind: int) -> str:
+    """``Memcpy DtoD (Device -> Device)``: a copy's name as Kineto writes it."""
+    return (
+        f"Memcpy {_kind_name(_COPY_KINDS, copy_kind)} "
+        f"({_kind_name(_MEMORY_KINDS, src_kind)} -> {_kind_name(_MEMORY_KINDS, dst_kind)})"
+    )
+
+
+def memset_name(memory_kind: int) -> str:
+    """``Memset (Device)``: a set's name as Kineto writes it."""
+    return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
+
+
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+
+
+def api_function_name(name: object) -> str | None:
+    """A callback name without CUPTI's version suffix (``cudaLaunchKernel_v7000`` ->
+    ``cudaLaunchKernel``, the name PyTorch's traces use); None when there is none."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    if not isinstance(name, str) or not name:
+        return None
+    return _VERSION_SUFFIX.sub("", name)
+
+
+class _RecordParser:
+    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays.
+
+    ``objects`` reads each field through cupti-python's record objects; ``numpy`` reads only
+    each record's address and gathers the fields from the buffer with cupti-python's own
+    record dtypes, a fraction of the Python work per record. ``auto`` checks ``numpy``
+    against ``objects`` on the first buffers and falls back for good on any difference.
+
+    With ``names`` (a trace is wanted) it also returns, per kernel/memcpy/memset row, an index
+    into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
+    correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
+    from its record object either way (the buffer holds only a pointer to it); without
+    ``names`` none of this is read and API records are skipped as before.
+    """
+
+    _VERIFY_BUFFERS = 2
+
+    def __init__(self, cupti, mode: str, buffer_size_bytes: int, *, names: bool = False) -> None:
+        if mode not in ("auto", "numpy", "objects"):
+            raise ValueError(f"parse must be 'auto', 'numpy' or 'objects', got {mode!r}")
+        kinds = cupti.ActivityKind
+        self.codes = {
+            "kernel": int(kinds.CONCURRENT_KERNEL),
+            "memcpy": int(kinds.MEMCPY),
+            "memset": int(kinds.MEMSET),
+            "ext": int(kinds.EXTERNAL_CORRELATION),
+        }
+        self.keep_names = names
+        self.api_codes = {int(kinds.RUNTIME): API_RUNTIME, int(kinds.DRIVER): API_DRIVER}
+        self.names: list[str] = []
+        """Every name seen so far; rows hold indices into it (it only grows)."""
+        self._name_ids: dict[str, int] = {}
+        self.custom2 = int(cupti.ExternalCorrelationKind.CUSTOM2)
+        self.mode = mode
+        self._to_verify = self._VERIFY_BUFFERS if mode == "auto" else 0
+        self._buffer_size_bytes = buffer_size_bytes
+        try:
+            self._dtypes = {
+                "kernel": cupti.activity_kernel10_dtype,
+                "memcpy": cupti.activity_memcpy6_dtype,
+                "memset": cupti.activity_memset4_dtype,
+                "ext": cupti.activity_external_correlation_dtype,
+            }
+            if names:
+                self._dtypes["api"] = cupti.activity_api_dtype
+            for name, dtype in self._dtypes.items():
+                wanted = set(_FIELDS.get(name, ()))
+                if names:
+                    wanted |= set(_NAMED_FIELDS.get(name, ()))
+                missing = wanted - set(dtype.names)
+                if missing:
+                    raise KeyError(f"{name} record dtype lacks {sorted(missing)}")
+        except (AttributeError, KeyError) as exc:
+            self._fallback(f"record dtypes unusable: {exc}")
+
+    def _fallback(self, why: str) -> None:
+        if self.mode != "objects":
+            logger.warning("cupti: reading records field by field (%s)", why)
+        self.mode = "objects"
+        self._to_verify = 0
+
+    def _intern(self, name: str) -> int:
+        index = self._name_ids.get(name)
+        if index is None:
+            index = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        return index
+
+    def _interned(self, names: list[str]) -> np.ndarray:
+        return np.array([self._intern(n) for n in names], dtype=np.int32).reshape(-1)
+
+    def parse(self, activities: list) -> dict[str, np.ndarray]:
+        """Rows of the record kinds in one buffer (empty arrays when none)."""
+        if self.mode == "objects" or not activities:
+            return self.parse_objects(activities)
+        try:
+            fast = self.parse_numpy(activities)
+        except Exception as exc:
+            fast = None
+            why = repr(exc)
+        else:
+            why = "record addresses do not lie in one buffer"
+        if fast is None:
+            self._fallback(why)
+            return self.parse_objects(activities)
+        if self._to_verify > 0:
+            self._to_verify -= 1
+            slow = self.parse_objects(activities)
+            if any(not np.array_equal(fast[k], slow[k]) for k in slow):
+                self._fallback("gathered records differ from the record objects")
+                return slow
+            if self._to_verify == 0:
+                self.mode = "numpy"
+        return fast
+
+    def parse_objects(self, activities: list) -> dict[str, np.ndarray]:
+        """One attribute read per field and record."""
+        rows: dict[str, list[tuple]] = {name: [] for name in _FIELDS}
+        kernels, copies, sets, ext = rows["kernel"], rows["memcpy"], rows["memset"], rows["ext"]
+        k_kernel, k_memcpy = self.codes["kernel"], self.codes["memcpy"]
+        k_memset, k_ext = self.codes["memset"], self.codes["ext"]
+        custom2 = self.custom2
+        named = self.keep_names
+        api_codes = self.api_codes if named else {}
+        kernel_names: list[str] = []
+        copy_names: list[str] = []
+        set_names: list[str] = []
+        api: list[tuple] = []
+        for a in activities:
+            k = a.kind
+            if k == k_ext:
+                if a.external_kind == custom2:
+                    ext.append((a.correlation_id, a.external_id))
+            elif k == k_kernel:
+                kernels.append(
+                    (
+                        a.correlation_id,
+                        a.start,
+                        a.end,
+                        a.stream_id,
+                        a.device_id,
+                        a.grid_x,
+                        a.grid_y,
+                        a.grid_z,
+                        a.block_x,
+                        a.block_y,
+                        a.block_z,
+                    )
+                )
+                if named:
+                    kernel_names.append(_kernel_name(a))
+            elif k == k_memcpy:
+                copies.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
+                if named:
+                    copy_names.append(memcpy_name(a.copy_kind, a.src_kind, a.dst_kind))
+            elif k == k_memset:
+                sets.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
+                if named:
+                    set_names.append(memset_name(a.memory_kind))
+            elif k in api_codes:
+                api.append((a.correlation_id, a.start, a.end, a.cbid, a.thread_id, api_codes[k]))
+        out = {name: self._rows(name, r) for name, r in rows.items()}
+        if named:
+            out["kernel_name"] = self._interned(kernel_names)
+            out["memcpy_name"] = self._interned(copy_names)
+            out["memset_name"] = self._interned(set_names)
+            out["api"] = self._rows("api", api)
+        return out
+
+    def parse_numpy(self, activities: list) -> dict[str, np.ndarray] | None:
+        """One address read per record; fields gathered from the buffer in bulk."""
+        import ctypes
+
+        n = len(activities)
+        ptrs = np.fromiter((a.ptr for a in activities), dtype=np.int64, count=n)
+        base = int(ptrs.min())
+        widest = max(d.itemsize for d in self._dtypes.values())
+        span = int(ptrs.max()) - base + widest
+        if span > self._buffer_size_bytes + widest:
+            return None  # not views into one CUPTI buffer: never read across foreign memory
+        # Only the bytes of each record are read; the view's extent itself touches nothing.
+        mem = np.frombuffer((ctypes.c_ubyte * span).from_address(base), dtype=np.uint8)
+        offsets = ptrs - base
+        # Every CUPTI record starts with its CUpti_ActivityKind (uint32).
+        kinds = mem[offsets[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+
+        def gather(dtype: np.dtype, at: np.ndarray) -> np.ndarray:
+            return mem[at[:, None] + np.arange(dtype.itemsize)].copy().view(dtype)[:, 0]
+
+        out = {}
+        named = self.keep_names
+        for name, code in self.codes.items():
+            dtype = self._dtypes[name]
+            recs = gather(dtype, offsets[kinds == code])
+            if name == "ext":
+                recs = recs[recs["external_kind"] == self.custom2]
+            target = np.uint64 if name == "ext" else np.int64
+            # Per field first: stacking uint64 with int32 columns would promote to float64.
+            out[name] = np.stack([recs[f].astype(target) for f in _FIELDS[name]], axis=1)
+            if not named:
+                continue
+            if name == "kernel":
+                # The name is a pointer into CUPTI's memory: read through the record object.
+                which = np.flatnonzero(kinds == code).tolist()
+                out["kernel_name"] = self._interned([_kernel_name(activities[i]) for i in which])
+            elif name == "memcpy":
+                out["memcpy_name"] = self._names_of_codes(
+                    np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1),
+                    lambda c: memcpy_name(*c),
+                )
+            elif name == "memset":
+                out["memset_name"] = self._names_of_codes(
+                    recs["memory_kind"].astype(np.int64).reshape(-1, 1),
+                    lambda c: memset_name(c[0]),
+                )
+        if named:
+            api_rows = []
+            for code, api in self.api_codes.items():
+                recs = gather(self._dtypes["api"], offsets[kinds == code])
+                cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
+                cols.append(np.full(recs.shape[0], api, dtype=np.int64))
+                api_rows.append((np.flatnonzero(kinds == code), np.stack(cols, axis=1)))
+            # In record order, as parse_objects lists them.
+            order = np.argsort(np.concatenate([at for at, _ in api_rows]), kind="stable")
+            out["api"] = np.concatenate([rows for _, rows in api_rows])[order]
+        return out
+
+    def _names_of_codes(self, codes: np.ndarray, name_of) -> np.ndarray:
+        """Name indices of rows of kind codes, naming each distinct combination once."""
+        if not codes.shape[0]:
+            return np.zeros(0, dtype=np.int32)
+        distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
+        ids = np.array([self._intern(name_of(row)) for row in distinct.tolist()], np.int32)
+        return ids[inverse.reshape(-1)]
+
+    @staticmethod
+    def _rows(name: str, rows: list[tuple]) -> np.ndarray:
+        dtype = np.uint64 if name == "ext" else np.int64
+        width = 6 if name == "api" else len(_FIELDS[name])
+        if not rows:
+            return np.zeros((0, width), dtype=dtype)
+        return np.array(rows, dtype=dtype)
+
+
+def _kernel_name(record) -> str:
+    """A kernel record's name, demangled as PyTorch's profiler shows it (CUPTI gives the
+    mangled symbol: ``_Z28ncclDevKernel_...`` reads ``ncclDevKernel_AllGather_RING(...)``)."""
+    name = record.name
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    return demangle(str(name)) if name else "kernel (no name from CUPTI)"
