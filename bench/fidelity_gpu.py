@@ -1,12 +1,12 @@
 """Fidelity on one CUDA GPU: maestro's latency against the kernel's own duration.
 
 Per op (bf16 GEMMs 64^3..8192^3, spin sleeps, a 1-rank NCCL all_gather): (a) maestro's
-latency with the cupti and the events profiler (``python -m userbenchmark.maestro run`` in a
-subprocess, read from results.json); (b) the kernel span per launch from CUPTI in a hand loop
+latency with the cupti and the events profiler, and with cupti under CUDA graphs (``--graph``)
+(``python -m userbenchmark.maestro run`` in a subprocess, read from results.json); (b) the kernel span per launch from CUPTI in a hand loop
 whose stream is held by a spin kernel while the host enqueues every iteration; (c) a naive
 per-launch CUDA-event loop. Then the gate: lane start skew of 2-4 gated GEMMs, a size sweep of
 GEMM pairs and a chain of small GEMMs on one lane, each with maestro's own host enqueue time
-and launch-bound count; and a probe of the host stall at a kernel's first launch. Exits 0 with
+and launch-bound count, eager and under CUDA graphs; and a probe of the host stall at a kernel's first launch. Exits 0 with
 a message without CUDA.
 
 Run: ``python bench/fidelity_gpu.py --json out.json`` (or ``python -m bench.fidelity_gpu``).
@@ -115,7 +115,9 @@ def gate_yaml(iters: int, warmup: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_maestro(config: Path, profiler: str, out: Path) -> dict[str, Any]:
+def run_maestro(
+    config: Path, profiler: str, out: Path, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """``python -m userbenchmark.maestro run`` in a subprocess; its results and patterns."""
     env = maestro_env()
     cmd = [
@@ -131,6 +133,7 @@ def run_maestro(config: Path, profiler: str, out: Path) -> dict[str, Any]:
         str(out),
         "--metrics-dir",
         str(out / "metrics"),
+        *extra,
     ]
     # A run that overstays gets SIGABRT: with faulthandler on, Python prints every thread's
     # stack first, so a hang says where it hung.
@@ -522,6 +525,8 @@ def fidelity_rows(
         cupti = _record(maestro.get("cupti"), name)
         m_cupti = cupti.get("latency_avg_us")
         m_events = _record(maestro.get("events"), name).get("latency_avg_us")
+        graph = _record(maestro.get("graph"), name)
+        m_graph = graph.get("latency_avg_us")
         ratio = m_cupti / ref_us if m_cupti and ref_us else math.nan
         k_us = kineto.get("avg_us")
         k_ratio = m_cupti / k_us if m_cupti and k_us else math.nan
@@ -535,6 +540,9 @@ def fidelity_rows(
                 "maestro_cupti_us": m_cupti,
                 "maestro_events_us": m_events,
                 "maestro_enqueue_us": cupti.get("enqueue_avg_us"),
+                "maestro_graph_us": m_graph,
+                "ratio_graph_over_eager": m_graph / m_cupti if m_graph and m_cupti else math.nan,
+                "maestro_graph_enqueue_us": graph.get("enqueue_avg_us"),
                 "gated_kernel_us": ref_us,
                 "kineto_gated_us": k_us,
                 "ratio_maestro_cupti_over_kineto": k_ratio,
@@ -704,6 +712,9 @@ FIDELITY_COLUMNS = (
     ("naive event us", "naive_event_us"),
     ("naive launch-bound", "naive_launch_bound"),
     ("maestro enqueue us/block", "maestro_enqueue_us"),
+    ("maestro graph us", "maestro_graph_us"),
+    ("graph / eager", "ratio_graph_over_eager"),
+    ("maestro graph enqueue us/block", "maestro_graph_enqueue_us"),
     ("hand enqueue us/launch", "host_enqueue_us_per_launch"),
     ("held (gated, back-to-back)", "held_pair"),
 )
@@ -805,13 +816,16 @@ def main(argv: list[str] | None = None) -> int:
         fid.write_text(fidelity_yaml(args.iters, args.warmup))
         gate = tmp / "gate.yaml"
         gate.write_text(gate_yaml(args.gate_iters, args.warmup))
-        for label, config, profiler in (
-            ("cupti", fid, "cupti"),
-            ("events", fid, "events"),
-            ("gate", gate, "cupti"),
+        graph: tuple[str, ...] = ("--graph",)
+        for label, config, profiler, extra in (
+            ("cupti", fid, "cupti", ()),
+            ("events", fid, "events", ()),
+            ("gate", gate, "cupti", ()),
+            ("graph", fid, "cupti", graph),
+            ("gate_graph", gate, "cupti", graph),
         ):
             try:
-                maestro[label] = run_maestro(config, profiler, tmp / label)
+                maestro[label] = run_maestro(config, profiler, tmp / label, extra)
                 if maestro[label]["returncode"] != 0:
                     errors[f"maestro {label}"] = (
                         f"exit {maestro[label]['returncode']} after "
@@ -851,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
             errors[f"first-launch probe {mode}"] = f"{type(exc).__name__}: {exc}"
     rows = fidelity_rows(maestro, local)
     grows = gate_rows(maestro.get("gate"))
-    for row in grows:
+    graph_grows = gate_rows(maestro.get("gate_graph"))
+    for row in grows + graph_grows:
         row["launch_bound"] = launch_bound(row, args.gate_iters)
     unbound = smallest_unbound(grows, args.gate_iters)
     elapsed = time.perf_counter() - t_start
@@ -878,6 +893,11 @@ def main(argv: list[str] | None = None) -> int:
         "the host's enqueue outlasted the gate spin)\n"
     )
     print(_table(GATE_COLUMNS, grows))
+    print(
+        f"\n### Gate under CUDA graphs ({args.gate_iters} iterations, maestro cupti --graph: "
+        "each block's launch captured once and replayed per iteration)\n"
+    )
+    print(_table(GATE_COLUMNS, graph_grows))
     if unbound:
         print(
             f"\nSmallest GEMM pair not launch-bound (nor any larger one): "
@@ -936,6 +956,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": info,
             "fidelity": rows,
             "gate": grows,
+            "gate_graph": graph_grows,
             "smallest_unbound": unbound,
             "first_launch_probe": probes,
             "in_process": local,

@@ -58,7 +58,10 @@ def test_launch_bound_comes_from_the_host_count_not_the_gate_delay():
 
 
 def test_fidelity_rows_ratio_and_naive_launch_bound():
-    maestro = {"cupti": {"results.json": [_block("gemm256", 2.613, enqueue=24.0)]}}
+    maestro = {
+        "cupti": {"results.json": [_block("gemm256", 2.613, enqueue=24.0)]},
+        "graph": {"results.json": [_block("gemm256", 2.600, enqueue=9.0)]},
+    }
     local = {
         "gemm256": {
             "gated": {"avg_us": 2.612, "held_fraction": 1.0},
@@ -71,8 +74,11 @@ def test_fidelity_rows_ratio_and_naive_launch_bound():
     assert row["within_1pct"] is True and row["naive_launch_bound"] is True
     assert row["gated_all_held"] is True and row["held_kernel_us"] == 2.700
     assert row["maestro_enqueue_us"] == 24.0
+    assert row["maestro_graph_us"] == 2.600 and row["maestro_graph_enqueue_us"] == 9.0
+    assert abs(row["ratio_graph_over_eager"] - 2.600 / 2.613) < 1e-12
     missing = next(r for r in fg.fidelity_rows(maestro, local) if r["op"] == "gemm8192")
     assert missing["maestro_cupti_us"] is None and missing["within_1pct"] is None
+    assert missing["maestro_graph_us"] is None and fg.math.isnan(missing["ratio_graph_over_eager"])
 
 
 def test_enqueue_probe_warms_then_times_launches_between_two_synchronizes():
