@@ -17,7 +17,7 @@ run() { timeout "$LIMIT" python3 -m pytest -q -s -p no:cacheprovider -rs "$@"; }
     "$T::test_priority_under_gemm_contention_is_measured" \
     "$T::test_every_collective_checks_clean_under_overlap[2]" \
     "$T::test_every_collective_checks_clean_under_overlap[4]" \
-    tests/gpu/test_graph_mode.py::test_graph_mode_at_two_ranks_attributes_and_checks \
+    "tests/gpu/test_graph_mode.py::test_graph_mode_at_several_ranks_attributes_and_checks" \
     tests/gpu/test_multi_gpu_faults.py
 ) > "$OUT/stream_a.log" 2>&1 &
 (

@@ -86,44 +86,49 @@ def test_a_long_kernel_takes_as_long_under_graphs(graph_out):
     assert graph["latency_avg_us"] == pytest.approx(eager["latency_avg_us"], rel=0.05)
 
 
-TWO_RANKS = """
-name: graph_two_ranks
-world_size: 2
-defaults: {dtype: bf16, warmup_iters: 3, iters: 10, baseline: false, check: true, graph: true}
+SEVERAL_RANKS = """
+name: graph_several_ranks
+world_size: {world}
+defaults: {{dtype: bf16, warmup_iters: 3, iters: 10, baseline: false, check: true}}
 axes:
-  rs: {like: world}
+  rs: {{like: world}}
 patterns:
   - name: fsdp_like
+    sweep: {{mode: [false, true]}}
+    graph: "${{mode}}"
     blocks:
-      - {name: ag, op: all_gather, axis: world, size: 4M}
-      - {name: rs, op: reduce_scatter, axis: rs, size: 4M}
-      - {name: mm, op: gemm, axis: world, lane: compute, m: 1024, n: 1024, k: 1024}
+      - {{name: ag, op: all_gather, axis: world, size: 4M}}
+      - {{name: rs, op: reduce_scatter, axis: rs, size: 4M}}
+      - {{name: mm, op: gemm, axis: world, lane: compute, m: 1024, n: 1024, k: 1024}}
 """
 
 
-def test_graph_mode_at_two_ranks_attributes_and_checks(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_graph_mode_at_several_ranks_attributes_and_checks(tmp_path, world):
     # Ranks may share the GPU here (correctness only): captured NCCL collectives replay with
-    # their block's id and give the right results.
+    # their block's id and give the right results, eager and captured alike.
     from tests.gpu.test_multi_gpu import runnable
 
-    if not runnable(2):
-        pytest.skip("needs 2 GPUs, or 2 ranks sharing one GPU")
+    if not runnable(world):
+        pytest.skip(f"needs {world} GPUs, or {world} ranks sharing one GPU")
     pytest.importorskip("cupti")
-    config = tmp_path / "two.yaml"
-    config.write_text(TWO_RANKS)
+    config = tmp_path / "several.yaml"
+    config.write_text(SEVERAL_RANKS.format(world=world))
     out = tmp_path / "out"
     proc = run_maestro(
-        ["run", "-c", str(config), "--nproc", "2", "--profiler", "cupti", "--output-dir",
+        ["run", "-c", str(config), "--nproc", str(world), "--profiler", "cupti", "--output-dir",
          str(out), "--no-metrics"],
         timeout=400,
     )  # fmt: skip
     print(proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_records(out)
-    assert {r["block"] for r in records} == {"ag", "rs", "mm"}
+    assert {r["pattern"] for r in records} == {"fsdp_like[mode=false]", "fsdp_like[mode=true]"}
     for rec in records:
+        assert rec["block"] in ("ag", "rs", "mm")
         assert float(rec["activities_per_iter"]).is_integer() and rec["activities_per_iter"] >= 1
-        assert rec["latency_avg_us"] > 0
+        assert rec["latency_avg_us"] > 0 and rec["team_size"] == world
         if rec["op"] != "gemm":
             assert rec["wrong_elements"] == 0, rec
-    assert read_records(out, "patterns.json")[0]["graph"] is True
+    modes = {p["pattern"]: p["graph"] for p in read_records(out, "patterns.json")}
+    assert modes == {"fsdp_like[mode=false]": False, "fsdp_like[mode=true]": True}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from userbenchmark.maestro.core.runtime.agreement import (
     RankStatus,
     _agreed_error,
+    abort_wait_s,
     agreement_timeout_s,
     status_of,
     watchdog_timeout_s,
@@ -54,7 +56,7 @@ def test_a_run_error_made_outside_the_agreement_knows_nobody_answered():
 def test_torch_watchdog_acts_only_after_maestro_reported(timeout_s):
     # maestro: device deadline, then the agreement (which may wait for a missing rank), then
     # its own abort. torch's watchdog ends the process when it fires, so it must come last.
-    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s)
+    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + abort_wait_s(timeout_s)
     assert watchdog_timeout_s(timeout_s) > maestro_done_s + 1.0
     assert agreement_timeout_s(timeout_s) > timeout_s
 
@@ -84,6 +86,37 @@ def test_nccl_abort_falls_back_to_each_group(monkeypatch):
     comms.abort()
     assert (tp.aborted, dp.aborted) == (1, 1)
     assert comms.group("tp") is None
+
+
+def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
+    # Seen with ranks sharing a GPU: ncclCommAbort never returned while collective kernels
+    # held the device, until torch's watchdog killed the process with its own dump.
+    import torch.distributed as dist
+
+    from userbenchmark.maestro.core.runtime import communicators
+
+    never = threading.Event()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda: never.wait(), raising=False
+    )
+    monkeypatch.setattr(communicators, "abort_wait_s", lambda timeout_s: 0.2)
+    comms = _communicators("nccl", {"tp": _FakeGroup()})
+    start = time.monotonic()
+    assert comms.abort() is False
+    assert 0.2 <= time.monotonic() - start < 5.0
+    assert comms.wedged and comms.group("tp") is None
+    never.set()
+
+
+def test_leaving_wedged_saves_the_status_and_skips_teardown(monkeypatch):
+    from userbenchmark.maestro.core.runtime import suite
+
+    codes = []
+    monkeypatch.setattr(suite.os, "_exit", lambda code: codes.append(code))
+    suite._leave_wedged(0, rank=1)  # a failed run always exits non-zero
+    suite._leave_wedged(130, rank=0)
+    assert codes == [1, 130]
 
 
 def test_gloo_groups_are_left_for_destroy(monkeypatch):

@@ -8,13 +8,14 @@ through a fresh ``ProcessGroupNCCL.Options`` per group (``new_group`` writes int
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from ...errors import RunError
 from ..config.spec import AxisSpec
-from .agreement import watchdog_timeout_s
+from .agreement import abort_wait_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
@@ -60,6 +61,8 @@ class Communicators:
         self.rank = rank
         self.backend = backend
         self.timeout_s = timeout_s
+        self.wedged = False
+        """An abort did not return in time: NCCL must not be torn down (it would hang too)."""
         self._axes = dict(axes)
         self._groups: dict[str, Any] = {}
         names = list(self._axes) if used is None else [a for a in self._axes if a in set(used)]
@@ -112,7 +115,7 @@ class Communicators:
     def team(self, axis: str) -> tuple[int, ...] | None:
         return self._axes[axis].team_of(self.rank)
 
-    def abort(self) -> None:
+    def abort(self) -> bool:
         """Abort every communicator after a failure left collectives half-issued.
 
         NCCL: aborting ends work its peers will never join, where destroying the group would
@@ -121,14 +124,44 @@ class Communicators:
         torch's ``_abort_process_group()`` does: communicators aborted one by one while
         kernels of another still spin can block each other (pytorch/pytorch#119797). Where
         that function is missing, each axis group is aborted in turn (``ProcessGroup.abort``).
-        Gloo has no abort (its operations already ended at their timeout), so its groups are
-        left for the final ``destroy_process_group``. The groups are unusable afterwards.
+        The abort runs in a thread of its own and is waited for at most
+        :func:`abort_wait_s`: it can hang while collective kernels still hold the GPU. Then
+        ``wedged`` is set, False is returned, and the caller must leave without tearing NCCL
+        down. Gloo has no abort (its operations already ended at their timeout), so its
+        groups are left for the final ``destroy_process_group``. The groups are unusable
+        afterwards.
         """
-        if self.backend == "nccl" and self._abort_all():
+        if self.backend != "nccl":
             self._groups = {name: None for name in self._groups}
-            return
-        for name, group in self._groups.items():
-            if group is None or self.backend != "nccl":
+            return True
+        groups = dict(self._groups)
+        self._groups = {name: None for name in self._groups}
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                if not self._abort_all():
+                    self._abort_each(groups)
+            finally:
+                finished.set()
+
+        threading.Thread(target=work, name="maestro-nccl-abort", daemon=True).start()
+        wait_s = abort_wait_s(self.timeout_s)
+        if finished.wait(wait_s):
+            return True
+        self.wedged = True
+        log.error(
+            "rank %d: the NCCL communicators did not abort within %g s (collective kernels "
+            "still hold the GPU); leaving without tearing NCCL down",
+            self.rank,
+            wait_s,
+        )
+        return False
+
+    @staticmethod
+    def _abort_each(groups: Mapping[str, Any]) -> None:
+        for name, group in groups.items():
+            if group is None:
                 continue
             abort = getattr(group, "abort", None)
             if abort is None:
@@ -138,7 +171,6 @@ class Communicators:
                 abort()
             except Exception as exc:  # aborting after a failure must not hide the failure
                 log.debug("axis %s: abort failed: %s", name, exc)
-        self._groups = {name: None for name in self._groups}
 
     @staticmethod
     def _abort_all() -> bool:

@@ -399,6 +399,8 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             _post_ended(dist, sorted(missing - {rank}), verdict)
         if status and everyone_answered and not late_interrupt:
             _closing_round(dist, agree)
+        if rt is not None and rt.comms.wedged:
+            _leave_wedged(status, rank)
         # Communicators first: CUPTI detached while NCCL still held its communicators was
         # seen to crash the process in destroy_process_group (SIGSEGV after the results).
         try:
@@ -420,6 +422,19 @@ def _post_ended(dist: DistContext, missing: list[int], verdict: str) -> None:
         post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
     except Exception as exc:  # the store went away with its host: nobody left to tell
         log.debug("could not post the end of the run: %s", exc)
+
+
+def _leave_wedged(status: int, rank: int) -> None:
+    """NCCL could not be aborted (its kernels still hold the GPU): destroying the groups, or
+    detaching CUPTI under those kernels, would hang as well. Everything is saved and printed,
+    so the process ends here."""
+    status = status or EXIT_FAILED
+    if rank == 0:
+        supervision.told_why()
+    supervision.leaving(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _failure_status(err: RunError) -> int:
