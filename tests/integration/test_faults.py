@@ -106,6 +106,7 @@ def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
     extra = os.environ.get("PYTHONPATH")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + extra if extra else "")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank past the deadline says where it hung
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -179,7 +180,16 @@ def wait_ranks(procs: list[subprocess.Popen], start: float) -> list[Rank]:
             try:
                 _, err = proc.communicate(timeout=left)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {rank} still running {EXIT_DEADLINE_S:.0f} s after the start")
+                proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+                try:
+                    _, err = proc.communicate(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                pytest.fail(
+                    f"rank {rank} still running {EXIT_DEADLINE_S:.0f} s after the start; "
+                    f"its stderr ends:\n{(err or '')[-6000:]}"
+                )
             now = time.monotonic()
             ranks.append(Rank(rank, proc.returncode, err, now - start, now))
     finally:

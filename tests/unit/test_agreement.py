@@ -56,7 +56,7 @@ def test_a_run_error_made_outside_the_agreement_knows_nobody_answered():
 def test_torch_watchdog_acts_only_after_maestro_reported(timeout_s):
     # maestro: device deadline, then the agreement (which may wait for a missing rank), then
     # its own abort. torch's watchdog ends the process when it fires, so it must come last.
-    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + abort_wait_s(timeout_s)
+    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + 2 * abort_wait_s(timeout_s)
     assert watchdog_timeout_s(timeout_s) > maestro_done_s + 1.0
     assert agreement_timeout_s(timeout_s) > timeout_s
 

@@ -103,10 +103,11 @@ def agreement_timeout_s(timeout_s: float) -> float:
 
 
 def abort_wait_s(timeout_s: float) -> float:
-    """How long a rank waits for its NCCL communicators to abort after an agreed failure.
+    """How long a rank waits for its NCCL communicators to abort after an agreed failure,
+    and then again for the device to finish the pattern's work.
 
     An abort can hang while the collectives' kernels still hold the GPU (seen with ranks
-    sharing one GPU); past this wait the rank leaves without tearing NCCL down.
+    sharing one GPU); past either wait the rank leaves without tearing NCCL down.
     """
     return grace_s(timeout_s)
 
@@ -115,12 +116,13 @@ def watchdog_timeout_s(timeout_s: float) -> float:
     """The timeout of NCCL process groups: torch's watchdog must not act before maestro does.
 
     maestro stops waiting for device work after ``timeout_s``, agrees with the other ranks
-    (up to :func:`agreement_timeout_s`), then aborts every communicator (waiting up to
-    :func:`abort_wait_s`). A watchdog that fired first would end the process (torch's watchdog
-    raises on a timed-out collective) before the failure is agreed, reported and saved, so it
-    waits for all of that and a grace on top.
+    (up to :func:`agreement_timeout_s`), then aborts every communicator and waits for the
+    device to drain (up to :func:`abort_wait_s` each). A watchdog that fired first would end
+    the process (torch's watchdog raises on a timed-out collective) before the failure is
+    agreed, reported and saved, so it waits for all of that and a grace on top.
     """
-    return timeout_s + agreement_timeout_s(timeout_s) + abort_wait_s(timeout_s) + grace_s(timeout_s)
+    wait_s = abort_wait_s(timeout_s)
+    return timeout_s + agreement_timeout_s(timeout_s) + 2 * wait_s + grace_s(timeout_s)
 
 
 ENDING_WAIT_S = 20.0

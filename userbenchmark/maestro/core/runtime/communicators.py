@@ -183,6 +183,6 @@ class Communicators:
         try:
             abort_all()
         except Exception as exc:  # aborting after a failure must not hide the failure
-            log.debug("aborting every process group failed: %s", exc)
+            log.warning("aborting every process group at once failed (%s); aborting each", exc)
             return False
         return True

@@ -350,6 +350,23 @@ class CudaLanes:
             raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
         return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
 
+    def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
+        """Whether the gate stream, ``streams`` and the current stream finished their work
+        within ``timeout_s`` (a bounded ``torch.cuda.synchronize``: a collective that never
+        ends must not hold the rank forever once the failure is agreed)."""
+        import torch
+
+        events = []
+        for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
+            event = torch.cuda.Event()
+            event.record(stream)
+            events.append(event)
+        try:
+            wait_for_events(events, timeout_s)
+        except RunError:
+            return False
+        return True
+
 
 def calibrate_sleep_cycles_per_us(device: Any) -> float:
     """Cycles of ``torch.cuda._sleep`` per µs, measured with events once the clocks are up.

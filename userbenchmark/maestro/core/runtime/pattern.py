@@ -26,7 +26,7 @@ from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
-from .agreement import agree
+from .agreement import abort_wait_s, agree
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks, graph_refusal
@@ -358,21 +358,46 @@ class PatternRun:
             self.lanes(), self.names, [b.op for b in self.pattern.blocks], self.rt.dist.device
         )
 
-    def teardown(self) -> None:
+    def teardown(self, *, failed: bool) -> None:
+        """Free the pattern's graphs, blocks and buffers once the device is done with them.
+
+        After a failure the device gets :func:`abort_wait_s` to finish (an aborted collective
+        ends at once), otherwise the suite's timeout. Work still running then (collective
+        kernels an abort could not stop) keeps its buffers: nothing is freed, the
+        communicators are marked wedged and the rank leaves after saving (a synchronize would
+        never return).
+        """
+        if self.rt.comms.wedged:
+            return  # NCCL kernels still hold the buffers; the process leaves without freeing
+        cuda = self.rt.dist.is_cuda
+        timeout_s = self.rt.suite.timeout_s
+        drain_s = abort_wait_s(timeout_s) if failed else timeout_s
+        # Nothing may still use the buffers when their pools are deregistered and freed.
+        if cuda and not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
+            self.rt.comms.wedged = True
+            log.error(
+                "rank %d: device work of pattern %s still running %g s after it ended; "
+                "leaving without freeing its buffers",
+                self.rt.dist.rank,
+                self.pattern.name,
+                drain_s,
+            )
+            return
+        if cuda and not failed:
+            import torch
+
+            torch.cuda.synchronize(self.rt.dist.device)  # every stream, NCCL's own too
         self.captured = {}  # graphs first: they hold the blocks' buffers
         for block in self.blocks:
             if block is not None:
                 block.teardown()
         self.blocks = [None] * len(self.names)
-        if self.rt.dist.is_cuda:
-            import torch
-
-            # Nothing may still use the buffers when their pools are deregistered and freed.
-            torch.cuda.synchronize(self.rt.dist.device)
         for pool in self.pools.values():
             pool.release()
         self.pools = {}
-        if self.rt.dist.is_cuda:
+        if cuda:
+            import torch
+
             torch.cuda.empty_cache()
 
 
@@ -380,6 +405,7 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
     """Run every phase of one pattern on this rank and return the aggregated outcome."""
     name = pattern.name
     run = PatternRun(rt, pattern)
+    failed = False
     try:
         _phase(rt, "setup", name, run.setup)
         lanes = run.lanes()
@@ -434,13 +460,14 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
             peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
             peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
     except RunError as err:
+        failed = True
         if not err.contained:
             # Some ranks may have collectives in flight that their peers will never join:
-            # abort the communicators before teardown synchronizes on them.
+            # abort the communicators before teardown waits on them.
             rt.comms.abort()
         raise
     finally:
-        run.teardown()
+        run.teardown(failed=failed)
     outcome = build_outcome(
         rt.suite,
         pattern,

@@ -1,0 +1,81 @@
+"""A pattern's teardown after a failure: bounded wait for the device, nothing freed while
+collective kernels still hold the buffers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from userbenchmark.maestro.core.runtime.agreement import abort_wait_s
+from userbenchmark.maestro.core.runtime.pattern import PatternRun
+
+
+class _Block:
+    def __init__(self):
+        self.torn_down = 0
+
+    def teardown(self):
+        self.torn_down += 1
+
+
+class _Pool:
+    def __init__(self):
+        self.released = 0
+
+    def release(self):
+        self.released += 1
+
+
+def _run(drains: bool, *, wedged: bool = False):
+    waits = []
+
+    def drained(streams, timeout_s):
+        waits.append(timeout_s)
+        return drains
+
+    rt = SimpleNamespace(
+        comms=SimpleNamespace(wedged=wedged),
+        dist=SimpleNamespace(is_cuda=True, rank=0, device=None),
+        suite=SimpleNamespace(timeout_s=40.0),
+        executor=SimpleNamespace(drained=drained),
+        streams={},
+    )
+    run = object.__new__(PatternRun)
+    run.rt = rt
+    run.pattern = SimpleNamespace(name="p")
+    run.names = ["a"]
+    run.blocks = [_Block()]
+    run.pools = {"x": _Pool()}
+    run.captured = {0: "graph"}
+    return run, waits
+
+
+def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
+    run, waits = _run(drains=False)
+    block, pool = run.blocks[0], run.pools["x"]
+    run.teardown(failed=True)
+    assert waits == [abort_wait_s(40.0)]  # short: an aborted collective ends at once
+    assert run.rt.comms.wedged
+    assert block.torn_down == 0 and pool.released == 0 and run.captured
+
+
+def test_wedged_communicators_skip_the_wait_entirely():
+    run, waits = _run(drains=True, wedged=True)
+    run.teardown(failed=True)
+    assert waits == [] and run.blocks[0].torn_down == 0
+
+
+def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeypatch):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    run, waits = _run(drains=True)
+    block, pool = run.blocks[0], run.pools["x"]
+    run.teardown(failed=True)
+    assert waits == [abort_wait_s(40.0)] and not run.rt.comms.wedged
+    assert block.torn_down == 1 and pool.released == 1 and run.captured == {}
+    assert calls == ["empty"]
+    run, waits = _run(drains=True)
+    run.teardown(failed=False)  # success: the suite's timeout, then a full synchronize
+    assert waits == [40.0] and calls == ["empty", "sync", "empty"]
