@@ -44,15 +44,26 @@ def _record(case: str, launcher: str, elapsed_s: float, statuses: list[int]) -> 
         path = Path(KEEP) / "faults.json"
         rows = json.loads(path.read_text()) if path.exists() else []
         rows.append(
-            {"fault": case, "launcher": launcher, "all_gone_s": elapsed_s, "exit": statuses}
+            {
+                "fault": case,
+                "launcher": launcher,
+                "backend": "nccl",
+                "timeout_s": NCCL_TIMEOUT_S,
+                "all_gone_s": elapsed_s,
+                "limit_s": EXIT_DEADLINE_S,
+                "exit": statuses,
+            }
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rows, indent=1))
 
 
+NCCL_TIMEOUT_S = 20.0
+"""Generous collective timeout: NCCL communicators of ranks sharing a GPU start slowly."""
+
+
 def _nccl(text: str) -> str:
-    # Generous collective timeout: NCCL communicators of ranks sharing a GPU start slowly.
-    return text.replace("timeout_s: 3", "timeout_s: 20")
+    return text.replace("timeout_s: 3", f"timeout_s: {NCCL_TIMEOUT_S:g}")
 
 
 def _no_watchdog_only(stderr: str) -> None:
