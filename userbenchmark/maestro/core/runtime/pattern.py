@@ -361,29 +361,29 @@ class PatternRun:
     def teardown(self, *, failed: bool) -> None:
         """Free the pattern's graphs, blocks and buffers once the device is done with them.
 
-        After a failure the device gets :func:`abort_wait_s` to finish (an aborted collective
-        ends at once), otherwise the suite's timeout. Work still running then (collective
-        kernels an abort could not stop) keeps its buffers: nothing is freed, the
-        communicators are marked wedged and the rank leaves after saving (a synchronize would
-        never return).
+        After a success every window already waited for its work: a synchronize returns at
+        once. After a failure the device gets :func:`abort_wait_s` to finish (an aborted
+        collective ends at once). Work still running then (collective kernels an abort could
+        not stop) keeps its buffers: nothing is freed, the communicators are marked wedged
+        and the rank leaves after saving (a synchronize would never return).
         """
         if self.rt.comms.wedged:
             return  # NCCL kernels still hold the buffers; the process leaves without freeing
         cuda = self.rt.dist.is_cuda
-        timeout_s = self.rt.suite.timeout_s
-        drain_s = abort_wait_s(timeout_s) if failed else timeout_s
         # Nothing may still use the buffers when their pools are deregistered and freed.
-        if cuda and not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
-            self.rt.comms.wedged = True
-            log.error(
-                "rank %d: device work of pattern %s still running %g s after it ended; "
-                "leaving without freeing its buffers",
-                self.rt.dist.rank,
-                self.pattern.name,
-                drain_s,
-            )
-            return
-        if cuda and not failed:
+        if cuda and failed:
+            drain_s = abort_wait_s(self.rt.suite.timeout_s)
+            if not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
+                self.rt.comms.wedged = True
+                log.error(
+                    "rank %d: device work of pattern %s still running %g s after it failed; "
+                    "leaving without freeing its buffers",
+                    self.rt.dist.rank,
+                    self.pattern.name,
+                    drain_s,
+                )
+                return
+        elif cuda:
             import torch
 
             torch.cuda.synchronize(self.rt.dist.device)  # every stream, NCCL's own too
