@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.integration.helpers import (  # noqa: E402
+    NCCL_TESTS_BUS_FACTOR,
     REPO_ROOT,
     by_block,
     pair_overlaps,
@@ -31,16 +32,6 @@ from tests.integration.helpers import (  # noqa: E402
 from tests.integration.test_shipped_configs import stated_world_sizes  # noqa: E402
 from userbenchmark.maestro.core.config.loader import CONFIGS_DIR  # noqa: E402
 
-# nccl-tests doc/PERFORMANCE.md, written out so that the check does not reuse maestro's factors.
-NCCL_TESTS_BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
 COMM_OPS = frozenset(NCCL_TESTS_BUS_FACTOR)
 
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.gpu.test_multi_gpu import runnable  # noqa: E402
-from tests.integration.helpers import REPO_ROOT  # noqa: E402
+from tests.integration.helpers import REPO_ROOT, subprocess_env  # noqa: E402
 from tests.integration.test_faults import (  # noqa: E402
     EXIT_DEADLINE_S,
     assert_all_failed,
@@ -124,8 +124,7 @@ def test_sigint_to_the_launcher(tmp_path):
     config = tmp_path / "long.yaml"
     config.write_text(LONG)
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
+    env = subprocess_env()
     cmd = [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", str(config)]
     cmd += ["--nproc", str(WORLD), "--output-dir", str(out), "--no-metrics"]
     start = time.monotonic()

@@ -18,6 +18,88 @@ RUN_HANG_S = 900
 """A run through the launcher (a few gloo ranks, small sizes): 10-90 s loaded."""
 
 
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment for a maestro subprocess that starts its own ranks: no inherited
+    launcher variables (torchrun's ``TORCHELASTIC_*`` too), this repository first on
+    PYTHONPATH, one OpenMP thread unless set; then ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCH_VARIABLES and not k.startswith("TORCHELASTIC_")
+    }
+    path = os.environ.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def child_pids(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended: only its parent's wait is missing
+
+
+def add_descendants(pid: int, seen: set[int]) -> None:
+    """Add to ``seen`` every descendant of ``pid`` alive now (kept after they end, so that
+    a test can wait for every process a launch ever started)."""
+    todo = [pid]
+    while todo:
+        for child in child_pids(todo.pop()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+
+
+def nap_sweep(*, name: str, timeout_s: float, iters: int, first_us: int, points: int) -> str:
+    """A pattern of ``points`` sweep points, each a 4K all_reduce beside a sleep of about
+    ``first_us``: a run long enough to interrupt, fail or kill between its patterns."""
+    naps = ", ".join(str(first_us + i) for i in range(points))
+    return f"""
+name: {name}
+timeout_s: {timeout_s:g}
+defaults: {{warmup_iters: 0, iters: {iters}, baseline: false}}
+patterns:
+  - name: nap
+    sweep: {{us: [{naps}]}}
+    blocks:
+      - {{name: ar, op: all_reduce, axis: world, size: 4K}}
+      - {{name: nap, op: sleep, axis: world, duration_us: "${{us}}"}}
+"""
+
+
+# nccl-tests doc/PERFORMANCE.md, written out so that checks do not reuse maestro's factors.
+NCCL_TESTS_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+
+
 def run_maestro(
     args: list[str],
     *,
@@ -26,19 +108,10 @@ def run_maestro(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m userbenchmark.maestro ARGS`` from the repo root; output captured."""
-    full_env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    extra = os.environ.get("PYTHONPATH")
-    full_env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + extra if extra else "")
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "userbenchmark.maestro", *args],
         cwd=cwd or REPO_ROOT,
-        env=full_env,
+        env=subprocess_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -17,7 +17,18 @@ import pytest
 
 from userbenchmark.maestro.core.runtime.agreement import grace_s
 
-from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records, run_maestro
+from .helpers import (
+    QUICK_HANG_S,
+    REPO_ROOT,
+    RUN_HANG_S,
+    add_descendants,
+    alive,
+    child_pids,
+    nap_sweep,
+    read_records,
+    run_maestro,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,19 +43,7 @@ process left behind outlives any margin; a slow machine does not fail this."""
 INTERRUPTED = "maestro: interrupted"
 INTERRUPTED_SAVED = "maestro: interrupted; patterns that finished are saved"
 
-SLOW = """
-name: slow
-timeout_s: SLOW_TIMEOUT_S
-defaults: {warmup_iters: 0, iters: 2, baseline: false}
-patterns:
-  - name: nap
-    sweep: {us: [POINTS]}
-    blocks:
-      - {name: ar, op: all_reduce, axis: world, size: 4K}
-      - {name: nap, op: sleep, axis: world, duration_us: "${us}"}
-""".replace("POINTS", ", ".join(str(200000 + i) for i in range(60))).replace(
-    "SLOW_TIMEOUT_S", str(SLOW_TIMEOUT_S)
-)
+SLOW = nap_sweep(name="slow", timeout_s=SLOW_TIMEOUT_S, iters=2, first_us=200000, points=60)
 
 
 def _assert_one_message(proc: subprocess.CompletedProcess[str], prefix: str) -> str:
@@ -162,44 +161,14 @@ def test_cuda_options_without_cuda_exit_2_before_any_worker(tmp_path, args, mess
 
 
 # ---- interrupts ----
-def _children(pid: int) -> set[int]:
-    """Processes whose parent is ``pid`` (Linux /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's wait is missing
-
-
 class Run:
     """A maestro run in the background whose processes are tracked until they are gone."""
 
     def __init__(self, argv: list[str]) -> None:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        }
-        env["PYTHONPATH"] = str(REPO_ROOT)
-        env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(
             [sys.executable, *argv],
             cwd=REPO_ROOT,
-            env=env,
+            env=subprocess_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -209,12 +178,7 @@ class Run:
 
     def watch(self) -> None:
         """Remember every descendant alive now."""
-        todo = [self.proc.pid]
-        while todo:
-            for child in _children(todo.pop()):
-                if child not in self.seen:
-                    self.seen.add(child)
-                    todo.append(child)
+        add_descendants(self.proc.pid, self.seen)
 
     def wait_for(self, condition, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -235,17 +199,17 @@ class Run:
         sent = time.monotonic()
         try:
             _, err = self.proc.communicate(timeout=GONE_DEADLINE_S)
-            while any(_alive(pid) for pid in self.seen):
+            while any(alive(pid) for pid in self.seen):
                 assert time.monotonic() - sent < GONE_DEADLINE_S, (
                     f"still running {GONE_DEADLINE_S:.0f} s after the signal: "
-                    f"{sorted(p for p in self.seen if _alive(p))}"
+                    f"{sorted(p for p in self.seen if alive(p))}"
                 )
                 time.sleep(0.2)
         except subprocess.TimeoutExpired:
             pytest.fail(f"maestro still running {GONE_DEADLINE_S:.0f} s after the signal")
         finally:
             for pid in [self.proc.pid, *self.seen]:
-                if _alive(pid):
+                if alive(pid):
                     os.kill(pid, signal.SIGKILL)
         return self.proc.returncode, err
 
@@ -301,7 +265,7 @@ def test_sigint_while_workers_start(tmp_path):
     """Workers still importing torch: no KeyboardInterrupt traceback from any of them."""
     run = _run_slow(tmp_path)
     # Python's resource tracker, then the workers, are the launcher's children.
-    run.wait_for(lambda: len(_children(run.proc.pid)) >= 2, RUN_HANG_S, "worker processes")
+    run.wait_for(lambda: len(child_pids(run.proc.pid)) >= 2, RUN_HANG_S, "worker processes")
     status, err = run.interrupt(signal.SIGINT)
     _assert_interrupted(status, err, INTERRUPTED)
     assert not (tmp_path / "out" / "results.json").exists()

@@ -28,7 +28,16 @@ from userbenchmark.maestro.core.runtime.distributed import free_port
 from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
 
 from .fault_blocks import MARK_VARIABLE, fault_moment
-from .helpers import REPO_ROOT, read_records, run_pattern
+from .helpers import (
+    REPO_ROOT,
+    add_descendants,
+    alive,
+    child_pids,
+    nap_sweep,
+    read_records,
+    run_pattern,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -97,15 +106,7 @@ class Rank:
 
 
 def _env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        and not k.startswith("TORCHELASTIC")
-    }
-    extra = os.environ.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + extra if extra else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = subprocess_env()
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank past the deadline says where it hung
     env.update(
         RANK=str(rank),
@@ -281,17 +282,7 @@ def test_config_world_size_not_matching_the_launch(tmp_path):
     assert not out.exists()
 
 
-SWEEP = """
-name: faults
-timeout_s: 3
-defaults: {warmup_iters: 0, iters: 3, baseline: false}
-patterns:
-  - name: long
-    sweep: {ms: [SIZES]}
-    blocks:
-      - {name: ar, op: all_reduce, axis: world, size: 4K}
-      - {name: nap, op: sleep, axis: world, duration_us: "${ms}"}
-""".replace("SIZES", ", ".join(str(40000 + i) for i in range(200)))
+SWEEP = nap_sweep(name="faults", timeout_s=TIMEOUT_S, iters=3, first_us=40000, points=200)
 
 
 def test_sigint_on_rank_zero_ends_a_long_sweep_cleanly(tmp_path):
@@ -405,29 +396,6 @@ def test_stop_on_error_false_goes_on_only_after_contained_failures(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # --nproc: every process of the launch is followed until all are gone
 # ---------------------------------------------------------------------------------------------
-def _children(pid: int) -> set[int]:
-    """Processes whose parent is ``pid`` (Linux /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")  # a zombie has ended: only its parent's wait is missing
-
-
 class LocalRun:
     """``maestro run --nproc N`` in the background, in a session of its own; remembers every
     process it started so that their end can be timed, also after the launcher is gone."""
@@ -439,15 +407,7 @@ class LocalRun:
         self.marks.mkdir(exist_ok=True)
         config = tmp_path / "pattern.yaml"
         config.write_text(yaml_text)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-            and not k.startswith("TORCHELASTIC")
-        }
-        env["PYTHONPATH"] = str(REPO_ROOT)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env[MARK_VARIABLE] = str(self.marks)
+        env = subprocess_env({MARK_VARIABLE: str(self.marks)})
         self.stderr_path = tmp_path / "stderr.txt"
         with self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(
@@ -466,12 +426,7 @@ class LocalRun:
 
     def watch(self) -> None:
         """Remember every descendant alive now."""
-        todo = [self.proc.pid]
-        while todo:
-            for child in _children(todo.pop()):
-                if child not in self.seen:
-                    self.seen.add(child)
-                    todo.append(child)
+        add_descendants(self.proc.pid, self.seen)
 
     def wait_for(self, condition, what: str) -> None:
         while not condition():
@@ -489,11 +444,11 @@ class LocalRun:
     def all_gone(self) -> float:
         """``time.monotonic()`` when the launcher and every process it started were gone."""
         try:
-            while self.proc.poll() is None or any(_alive(pid) for pid in self.seen):
+            while self.proc.poll() is None or any(alive(pid) for pid in self.seen):
                 if self.proc.poll() is None:
                     self.watch()
                 if time.monotonic() - self.start > 2 * EXIT_DEADLINE_S:
-                    left = sorted(p for p in self.seen | {self.proc.pid} if _alive(p))
+                    left = sorted(p for p in self.seen | {self.proc.pid} if alive(p))
                     pytest.fail(
                         f"still running {2 * EXIT_DEADLINE_S:.0f} s after the start: {left}"
                     )
@@ -501,7 +456,7 @@ class LocalRun:
             return time.monotonic()
         finally:
             for pid in [self.proc.pid, *self.seen]:
-                if _alive(pid):
+                if alive(pid):
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait()
 
@@ -566,17 +521,7 @@ def test_nproc_sigkill_of_a_worker_is_named(tmp_path):
     _assert_gone_in_time("SIGKILL of rank 1", "--nproc 2", gone, [run.proc.returncode])
 
 
-SLOW = """
-name: faults
-timeout_s: 3
-defaults: {warmup_iters: 0, iters: 2, baseline: false}
-patterns:
-  - name: nap
-    sweep: {us: [POINTS]}
-    blocks:
-      - {name: ar, op: all_reduce, axis: world, size: 4K}
-      - {name: nap, op: sleep, axis: world, duration_us: "${us}"}
-""".replace("POINTS", ", ".join(str(200000 + i) for i in range(100)))
+SLOW = nap_sweep(name="faults", timeout_s=TIMEOUT_S, iters=2, first_us=200000, points=100)
 
 
 def test_nproc_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
@@ -584,7 +529,7 @@ def test_nproc_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
     run.wait_for((run.out / "results.json").exists, "finished pattern")
     time.sleep(0.3)
     run.watch()
-    workers = sorted(p for p in run.seen if _alive(p))
+    workers = sorted(p for p in run.seen if alive(p))
     assert len(workers) >= 2, workers  # the workers (and Python's resource tracker)
     killed = time.monotonic()
     run.proc.send_signal(signal.SIGKILL)
@@ -663,14 +608,7 @@ def test_sigkill_of_the_torchrun_agent_leaves_no_worker(tmp_path):
     config = tmp_path / "pattern.yaml"
     config.write_text(SLOW)
     out = tmp_path / "out"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        and not k.startswith("TORCHELASTIC")
-    }
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["OMP_NUM_THREADS"] = "1"
+    env = subprocess_env({"OMP_NUM_THREADS": "1"})
     agent = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         + ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
@@ -690,18 +628,18 @@ def test_sigkill_of_the_torchrun_agent_leaves_no_worker(tmp_path):
             assert agent.poll() is None, "torchrun exited before a pattern finished"
             assert time.monotonic() - start < EXIT_DEADLINE_S, "no pattern finished"
             time.sleep(0.1)
-        workers = {p for p in _children(agent.pid) if _alive(p)}
+        workers = {p for p in child_pids(agent.pid) if alive(p)}
         assert len(workers) >= 2, workers
         killed = time.monotonic()
         agent.kill()
         agent.wait()
-        while any(_alive(p) for p in workers):
+        while any(alive(p) for p in workers):
             assert time.monotonic() - killed < EXIT_DEADLINE_S, "workers outlived the agent"
             time.sleep(0.05)
         gone = time.monotonic() - killed
     finally:
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if agent.poll() is None:
             agent.kill()

@@ -17,7 +17,7 @@ import pytest
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
 from ..docblocks import ROOT, bash_blocks, with_options
-from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records
+from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +44,7 @@ exit $status
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        and not k.startswith(("SLURM_", "TORCHELASTIC_"))
-    }
-    extra_path = os.environ.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + extra_path if extra_path else "")
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("SLURM_")}
     # torchrun and python from this interpreter's environment come first.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["OMP_NUM_THREADS"] = "1"

@@ -10,6 +10,7 @@ import pytest
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 
 from .helpers import (
+    NCCL_TESTS_BUS_FACTOR,
     QUICK_HANG_S,
     REPO_ROOT,
     RUN_HANG_S,
@@ -20,16 +21,6 @@ from .helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
 
 EVERY_OP = """
 name: every_op
@@ -76,12 +67,12 @@ def test_every_op_runs_with_sane_numbers(tmp_path, nproc):
         _check_sane(rec)
         assert rec["iters"] == 12
         assert rec["team_size"] == nproc
-        if rec["op"] in BUS_FACTOR:
+        if rec["op"] in NCCL_TESTS_BUS_FACTOR:
             assert rec["wrong_elements"] == 0, name
             seconds = rec["latency_avg_us"] * 1e-6
             assert rec["algbw_gbps"] == pytest.approx(rec["size_bytes"] / seconds / 1e9, rel=1e-9)
             assert rec["busbw_gbps"] == pytest.approx(
-                rec["algbw_gbps"] * BUS_FACTOR[rec["op"]](nproc), rel=1e-9
+                rec["algbw_gbps"] * NCCL_TESTS_BUS_FACTOR[rec["op"]](nproc), rel=1e-9
             )
             assert rec["tflops"] is None
     mm = blocks["mm"]
