@@ -201,6 +201,30 @@ def test_sweep_points_still_distinct_after_capping_all_stay():
     ]
 
 
+def test_sweep_points_that_differ_only_in_a_pattern_setting_all_stay():
+    # graph (or sync, check, ...) swept: the capped blocks are equal, the measurements are not.
+    text = """
+name: modes
+world_size: 2
+defaults: {iters: 2, warmup_iters: 0}
+patterns:
+  - name: p
+    sweep: {g: [true, false], s: [barrier, barrier-only]}
+    graph: "${g}"
+    sync: "${s}"
+    blocks:
+      - {name: ar, op: all_reduce, size: 1G}
+"""
+    capped = apply_max_size(load_suite_text(text, file="modes.yaml"), 1024)
+    assert len(capped.patterns) == 4
+    assert {(p.graph, p.sync) for p in capped.patterns} == {
+        (True, "barrier"),
+        (True, "barrier-only"),
+        (False, "barrier"),
+        (False, "barrier-only"),
+    }
+
+
 def test_cap_below_smallest_valid_size_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         apply_max_size(suite(), 16)

@@ -46,21 +46,25 @@ def _capped_block(
     return dataclasses.replace(block, params=frozen_mapping(params))
 
 
-def _content_key(pattern: PatternSpec) -> tuple[Any, ...]:
-    """What a pattern measures, ignoring names: equal keys measure the same thing."""
-    blocks = tuple(
-        (b.op, b.axis, b.lane, b.dtype, b.register_buffers, tuple(sorted(_items(b.params))))
-        for b in pattern.blocks
-    )
-    return (
-        pattern.base_name,
-        blocks,
-        pattern.warmup_iters,
-        pattern.num_iters,
-        pattern.baseline,
-        pattern.check,
-        pattern.sync,
-    )
+_NOT_CONTENT = frozenset({"name", "sweep_point", "yaml_path"})
+"""Fields that name or locate a pattern or block; every other field is what it measures."""
+
+
+def _content(spec: Any) -> tuple[Any, ...]:
+    """What a pattern (or block) measures: every field of the frozen spec but its names and
+    places, in a comparable form. Equal keys measure the same thing; a field added to the
+    specs counts without being listed here."""
+    values = []
+    for f in dataclasses.fields(spec):
+        if f.name in _NOT_CONTENT:
+            continue
+        value = getattr(spec, f.name)
+        if f.name == "blocks":
+            value = tuple(_content(b) for b in value)
+        elif f.name == "params":
+            value = tuple(sorted(_items(value)))
+        values.append((f.name, value))
+    return tuple(values)
 
 
 def _items(params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -88,7 +92,7 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
                 _capped_block(block, classes[block.op], team_size, max_size_bytes, suite.source)
             )
         capped = dataclasses.replace(pattern, blocks=tuple(blocks))
-        key = _content_key(capped)
+        key = _content(capped)
         if pattern.sweep_point and key in seen:
             continue
         seen.add(key)
