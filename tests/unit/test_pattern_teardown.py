@@ -33,7 +33,7 @@ def _run(drains: bool, *, wedged: bool = False):
         return drains
 
     rt = SimpleNamespace(
-        comms=SimpleNamespace(wedged=wedged),
+        wedged=wedged,
         dist=SimpleNamespace(is_cuda=True, rank=0, device=None),
         suite=SimpleNamespace(timeout_s=40.0),
         executor=SimpleNamespace(drained=drained),
@@ -54,11 +54,11 @@ def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
     block, pool = run.blocks[0], run.pools["x"]
     run.teardown(failed=True)
     assert waits == [abort_wait_s(40.0)]  # short: an aborted collective ends at once
-    assert run.rt.comms.wedged
+    assert run.rt.wedged
     assert block.torn_down == 0 and pool.released == 0 and run.captured
 
 
-def test_wedged_communicators_skip_the_wait_entirely():
+def test_a_wedged_runtime_skips_the_wait_entirely():
     run, waits = _run(drains=True, wedged=True)
     run.teardown(failed=True)
     assert waits == [] and run.blocks[0].torn_down == 0
@@ -73,7 +73,7 @@ def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeyp
     run, waits = _run(drains=True)
     block, pool = run.blocks[0], run.pools["x"]
     run.teardown(failed=True)
-    assert waits == [abort_wait_s(40.0)] and not run.rt.comms.wedged
+    assert waits == [abort_wait_s(40.0)] and not run.rt.wedged
     assert block.torn_down == 1 and pool.released == 1 and run.captured == {}
     assert calls == ["empty"]
     run, waits = _run(drains=True)

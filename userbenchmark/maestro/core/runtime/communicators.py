@@ -19,6 +19,9 @@ from .agreement import abort_wait_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
+GATE_GROUP = "(gate)"
+"""Key of the gate's alignment group among the axes' groups (no axis name has parentheses)."""
+
 
 def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
     """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
@@ -61,8 +64,6 @@ class Communicators:
         self.rank = rank
         self.backend = backend
         self.timeout_s = timeout_s
-        self.wedged = False
-        """An abort did not return in time: NCCL must not be torn down (it would hang too)."""
         self._axes = dict(axes)
         self._groups: dict[str, Any] = {}
         names = list(self._axes) if used is None else [a for a in self._axes if a in set(used)]
@@ -105,6 +106,17 @@ class Communicators:
         self._groups[axis.name] = mine
         log.debug("axis %s: %d team(s) of %d", axis.name, axis.num_teams, axis.team_size)
 
+    def gate_group(self) -> Any:
+        """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
+        aborted after a failure) with the axes' groups, under the same watchdog timeout."""
+        import torch.distributed as dist
+
+        group = dist.new_group(
+            backend="nccl", timeout=timedelta(seconds=watchdog_timeout_s(self.timeout_s))
+        )
+        self._groups[GATE_GROUP] = group
+        return group
+
     def group(self, axis: str) -> Any:
         """This rank's group on ``axis`` (None when the rank is in no team of it)."""
         return self._groups[axis]
@@ -126,8 +138,8 @@ class Communicators:
         that function is missing, each axis group is aborted in turn (``ProcessGroup.abort``).
         The abort runs in a thread of its own and is waited for at most
         :func:`abort_wait_s`: it can hang while collective kernels still hold the GPU. Then
-        ``wedged`` is set, False is returned, and the caller must leave without tearing NCCL
-        down. Gloo has no abort (its operations already ended at their timeout), so its
+        False is returned, and the caller must leave without tearing NCCL down. Gloo has no
+        abort (its operations already ended at their timeout), so its
         groups are left for the final ``destroy_process_group``. The groups are unusable
         afterwards.
         """
@@ -149,7 +161,6 @@ class Communicators:
         wait_s = abort_wait_s(self.timeout_s)
         if finished.wait(wait_s):
             return True
-        self.wedged = True
         log.error(
             "rank %d: the NCCL communicators did not abort within %g s (collective kernels "
             "still hold the GPU); leaving without tearing NCCL down",

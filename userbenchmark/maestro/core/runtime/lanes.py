@@ -60,6 +60,19 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _twice_the_slowest_us(
+    samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
+) -> float:
+    """2x the slowest sample + ``pad_us``, clamped to [low_us, high_us]; the first sample is
+    left out when there are others (it pays one-time costs); ``default_us`` without samples."""
+    samples = np.asarray(samples_ns, dtype=np.float64)
+    if samples.size > 1:
+        samples = samples[1:]
+    if not samples.size:
+        return default_us
+    return float(np.clip(2.0 * samples.max() / 1e3 + pad_us, low_us, high_us))
+
+
 def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
     """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs.
 
@@ -70,12 +83,9 @@ def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
     twice the previous one's. Clamped to [MIN_GATE_US, MAX_GATE_US]; a slower host shows up as
     launch-bound iterations.
     """
-    samples = np.asarray(enqueue_ns, dtype=np.float64)
-    if samples.size > 1:
-        samples = samples[1:]
-    if not samples.size:
-        return DEFAULT_GATE_US
-    return float(np.clip(2.0 * samples.max() / 1e3 + 20.0, MIN_GATE_US, MAX_GATE_US))
+    return _twice_the_slowest_us(
+        enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
+    )
 
 
 DEFAULT_START_MARGIN_US = 2_000.0
@@ -90,13 +100,12 @@ def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
 
     The first iteration is left out when there are others (it pays one-time costs).
     """
-    samples = np.asarray(agree_ns, dtype=np.float64)
-    if samples.size > 1:
-        samples = samples[1:]
-    if not samples.size:
-        return DEFAULT_START_MARGIN_US
-    return float(
-        np.clip(2.0 * samples.max() / 1e3 + 100.0, MIN_START_MARGIN_US, MAX_START_MARGIN_US)
+    return _twice_the_slowest_us(
+        agree_ns,
+        pad_us=100.0,
+        low_us=MIN_START_MARGIN_US,
+        high_us=MAX_START_MARGIN_US,
+        default_us=DEFAULT_START_MARGIN_US,
     )
 
 
@@ -311,11 +320,15 @@ class CudaLanes:
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
         lane_done = [torch.cuda.Event() for _ in lanes]
+        fence = [gate_event, *lane_done]
+        host_barrier = sync in ("barrier", "barrier-only")
+        align = self._align if sync == "barrier" else None
+        gate_cycles = max(1, round(self.gate_us * self._cycles_per_us))
         current = ""
         try:
             for it in range(num_iters):
-                if sync in ("barrier", "barrier-only"):
-                    wait_for_events([gate_event, *lane_done], self._timeout_s)
+                if host_barrier:
+                    wait_for_events(fence, self._timeout_s)
                     self._barrier()
                 else:
                     # Device-side fence: the next gate waits for every lane's last block.
@@ -324,9 +337,9 @@ class CudaLanes:
                 t0 = time.perf_counter_ns()
                 with torch.cuda.stream(self._gate_stream):
                     profiler.gate_begin(it)
-                    if sync == "barrier" and self._align is not None:
-                        self._align()  # harness work of the gate: counted, in no block
-                    torch.cuda._sleep(max(1, round(self.gate_us * self._cycles_per_us)))
+                    if align is not None:
+                        align()  # harness work of the gate: counted, in no block
+                    torch.cuda._sleep(gate_cycles)
                     profiler.gate_end(it)
                     gate_event.record(self._gate_stream)
                 for lane in lanes:
@@ -342,7 +355,7 @@ class CudaLanes:
                             profiler.after(index, it)
                         done.record(lane.stream)
                 enqueue[it] = time.perf_counter_ns() - t0
-            wait_for_events([gate_event, *lane_done], self._timeout_s)
+            wait_for_events(fence, self._timeout_s)
             torch.cuda.synchronize(self._device)
         except RunError:
             raise

@@ -75,12 +75,8 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
         )
     except KeyboardInterrupt:  # only if this process was not started with signals blocked
         status = EXIT_INTERRUPTED
-    supervision.leaving(status)
+    supervision.leave(status, rank)
     if status != EXIT_OK:
-        if rank == 0:
-            supervision.told_why()
-        sys.stdout.flush()
-        sys.stderr.flush()
         raise SystemExit(status)
     return EXIT_OK
 

@@ -63,6 +63,9 @@ class Runtime:
     window_id: int = 0
     collect_timeline: bool = False
     """Gather every rank's intervals on rank 0 (for ``--trace`` and ``--plot``)."""
+    wedged: bool = False
+    """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
+    torn down any more; the rank leaves once the failure is saved and printed."""
 
     def next_window(self) -> int:
         self.window_id += 1
@@ -364,17 +367,17 @@ class PatternRun:
         After a success every window already waited for its work: a synchronize returns at
         once. After a failure the device gets :func:`abort_wait_s` to finish (an aborted
         collective ends at once). Work still running then (collective kernels an abort could
-        not stop) keeps its buffers: nothing is freed, the communicators are marked wedged
-        and the rank leaves after saving (a synchronize would never return).
+        not stop) keeps its buffers: nothing is freed, the runtime is marked wedged and the
+        rank leaves after saving (a synchronize would never return).
         """
-        if self.rt.comms.wedged:
+        if self.rt.wedged:
             return  # NCCL kernels still hold the buffers; the process leaves without freeing
         cuda = self.rt.dist.is_cuda
         # Nothing may still use the buffers when their pools are deregistered and freed.
         if cuda and failed:
             drain_s = abort_wait_s(self.rt.suite.timeout_s)
             if not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
-                self.rt.comms.wedged = True
+                self.rt.wedged = True
                 log.error(
                     "rank %d: device work of pattern %s still running %g s after it failed; "
                     "leaving without freeing its buffers",
@@ -464,7 +467,7 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         if not err.contained:
             # Some ranks may have collectives in flight that their peers will never join:
             # abort the communicators before teardown waits on them.
-            rt.comms.abort()
+            rt.wedged = not rt.comms.abort()
         raise
     finally:
         run.teardown(failed=failed)

@@ -17,7 +17,6 @@ from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
 from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from . import interrupts, supervision
-from .agreement import watchdog_timeout_s
 from .distributed import (
     DistContext,
     LaunchInfo,
@@ -157,7 +156,7 @@ def _broadcast_object(obj: Any, group: Any) -> Any:
     return box[0]
 
 
-def _device_alignment(dist: DistContext, timeout_s: float) -> Any:
+def _device_alignment(dist: DistContext, comms: Any) -> Any:
     """What the gate stream runs before its spin so that every rank's gate opens together:
     a one-element all_reduce on a communicator of its own (None for one rank)."""
     if dist.world_size == 1:
@@ -165,11 +164,7 @@ def _device_alignment(dist: DistContext, timeout_s: float) -> Any:
     import torch
     import torch.distributed as tdist
 
-    group = tdist.new_group(
-        ranks=list(range(dist.world_size)),
-        backend="nccl",
-        timeout=_dt.timedelta(seconds=watchdog_timeout_s(timeout_s)),
-    )
+    group = comms.gate_group()
     one = torch.zeros(1, device=dist.device)
 
     def align() -> None:
@@ -230,7 +225,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             device=dist.device,
             sleep_cycles_per_us=calibration["sleep_cycles_per_us"],
             timeout_s=suite.timeout_s,
-            align=_device_alignment(dist, suite.timeout_s),
+            align=_device_alignment(dist, comms),
         )
     else:
         executor = CpuLanes(
@@ -399,7 +394,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
             _post_ended(dist, sorted(missing - {rank}), verdict)
         if status and everyone_answered and not late_interrupt:
             _closing_round(dist, agree)
-        if rt is not None and rt.comms.wedged:
+        if rt is not None and rt.wedged:
             _leave_wedged(status, rank)
         # Communicators first: CUPTI detached while NCCL still held its communicators was
         # seen to crash the process in destroy_process_group (SIGSEGV after the results).
@@ -429,11 +424,7 @@ def _leave_wedged(status: int, rank: int) -> None:
     detaching CUPTI under those kernels, would hang as well. Everything is saved and printed,
     so the process ends here."""
     status = status or EXIT_FAILED
-    if rank == 0:
-        supervision.told_why()
-    supervision.leaving(status)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    supervision.leave(status, rank)
     os._exit(status)
 
 

@@ -137,6 +137,16 @@ def leaving(status: int) -> None:
         _attached.board.stage[_attached.rank] = LEAVING
 
 
+def leave(status: int, rank: int) -> None:
+    """This worker is about to exit with ``status``: tell the launcher (rank 0 of a failed run
+    has printed why, so the launcher need not say it again) and flush its output."""
+    leaving(status)
+    if status and rank == 0:
+        told_why()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def exited_peers() -> tuple[int, ...]:
     """Ranks of other workers whose process has ended or is leaving.
 
