@@ -21,8 +21,9 @@ from userbenchmark.maestro.core.config.spec import (
     frozen_mapping,
 )
 from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_write_text
+from userbenchmark.maestro.core.output.results import metrics_from_results, results_of
 from userbenchmark.maestro.core.output.table import format_pattern
-from userbenchmark.maestro.core.output.writer import OutputWriter, metrics_of
+from userbenchmark.maestro.core.output.writer import OutputWriter
 from userbenchmark.maestro.core.runtime.distributed import apply_env, detect_launch, resolve_backend
 from userbenchmark.maestro.errors import LaunchError, RunError
 
@@ -264,7 +265,7 @@ def test_build_outcome_formulas():
     assert p.comm_compute_overlap == pytest.approx(1.0)
     text = format_pattern(out, precision=1)
     assert "ar" in text and "busbw" in text and "overlap efficiency" in text
-    metrics = metrics_of([out])
+    metrics = metrics_from_results(results_of([out]))
     assert metrics["s/p/ar/busbw_gbps"] == pytest.approx(ar.busbw_gbps)
     assert metrics["s/p/overlap_efficiency"] == pytest.approx(1.0)
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
@@ -446,5 +447,5 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
     assert out.pattern.makespan_avg_us == pytest.approx(2.0)
     table = format_pattern(out)
     assert "not timed" in table
-    metrics = metrics_of([out])
+    metrics = metrics_from_results(results_of([out]))
     assert not any(k.startswith("s/p/ar/") and "latency" in k for k in metrics)

@@ -58,18 +58,6 @@ class LaunchCalls:
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
 
-    @classmethod
-    def empty(cls) -> LaunchCalls:
-        return cls(
-            correlation_id=np.zeros(0, np.int64),
-            start_ns=np.zeros(0, np.int64),
-            end_ns=np.zeros(0, np.int64),
-            api=np.zeros(0, np.uint8),
-            cbid=np.zeros(0, np.int32),
-            thread_id=np.zeros(0, np.int64),
-            name_index=np.zeros(0, np.int32),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceActivities:

@@ -294,7 +294,7 @@ def efficiency_noise(
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
     """Bus bytes of all blocks over the pattern's makespan (not the longest block), in GB/s.
 
-    A block's bus bytes are size_bytes * bus_factor (see bandwidth.bus_bytes); GB = 1e9.
+    A block's bus bytes are size_bytes * its Block class's bus_factor; GB = 1e9.
     NaN where makespan_s <= 0 or is NaN.
     """
     total = np.asarray(bus_bytes_total, dtype=np.float64)

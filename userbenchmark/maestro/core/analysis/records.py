@@ -4,20 +4,13 @@ the columns and dtypes of the files made from them)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     from .activities import DeviceActivities
-
-
-def _clean(value: Any) -> Any:
-    """NaN becomes None (empty in CSV, null in JSON): 'not applicable' is never a number."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +63,6 @@ class BlockResult:
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
 
-    def to_record(self) -> dict[str, Any]:
-        return {k: _clean(v) for k, v in asdict(self).items()}
-
 
 @dataclass(frozen=True, kw_only=True)
 class PatternResult:
@@ -118,11 +108,6 @@ class PatternResult:
     """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
     pairwise_overlap: dict[str, float] = field(default_factory=dict)
     """``"a|b"`` -> mean |A∩B| / min(|A|,|B|) over ranks and iterations."""
-
-    def to_record(self) -> dict[str, Any]:
-        rec = {k: _clean(v) for k, v in asdict(self).items()}
-        rec["pairwise_overlap"] = {k: _clean(v) for k, v in self.pairwise_overlap.items()}
-        return rec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ _NEW_FILE_MODE = 0o666
 _NAME_ATTEMPTS = 100
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str | os.PathLike[str]) -> None:
+    """Remove ``path``; one already gone (or not removable) is no error."""
     try:
         os.unlink(path)
     except OSError:
@@ -61,7 +62,7 @@ def _write_temporary(path: Path, data: bytes) -> str:
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     return tmp
 
@@ -79,7 +80,7 @@ def atomic_write_files(files: Mapping[Path, bytes]) -> None:
             del written[path]  # only once renamed: a failed rename still cleans its temporary
     except BaseException:
         for tmp in written.values():
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
         raise
 
 

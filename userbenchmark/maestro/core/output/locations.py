@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Final
 
 from ...errors import ConfigError
+from .files import unlink_quietly
 
 __all__ = [
     "LOCK_NAME",
@@ -86,7 +87,7 @@ class PreparedOutputs:
     def close(self) -> None:
         """Release the lock and the metrics name's reservation (idempotent)."""
         if self._reservation is not None:
-            _unlink_quietly(self._reservation)
+            unlink_quietly(self._reservation)
             self._reservation = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
@@ -174,7 +175,7 @@ def _usable_dir(option: str, path: Path) -> Path:
             os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        _unlink_quietly(probe)
+        unlink_quietly(probe)
         raise ConfigError(f"{option} {path}: is not writable: {_reason(exc)}") from None
     return path
 
@@ -278,7 +279,7 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
             ) from None
         os.close(fd)
         if os.path.lexists(folder / name):  # an earlier run's finished file
-            _unlink_quietly(reservation)
+            unlink_quietly(reservation)
             continue
         return folder / name, reservation
     raise ConfigError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
@@ -286,10 +287,3 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or errno.errorcode.get(exc.errno or 0, "") or str(exc)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

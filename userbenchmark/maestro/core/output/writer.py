@@ -10,21 +10,13 @@ run leaves files that agree with each other.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
-
-
-def metrics_of(outcomes: Iterable[PatternOutcome]) -> dict[str, float]:
-    """Flat ``{key: float}`` TorchBench metrics; not-applicable (NaN/None) values are left out."""
-    # pandas is imported here, on rank 0 only, not by every rank that imports this module.
-    from .results import metrics_from_results, results_of
-
-    return metrics_from_results(results_of(outcomes))
 
 
 class OutputWriter:

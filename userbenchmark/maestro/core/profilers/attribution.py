@@ -499,18 +499,6 @@ class ApiRecords:
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
 
-    @classmethod
-    def empty(cls) -> ApiRecords:
-        """No calls."""
-        return cls(
-            correlation_id=np.zeros(0, np.int64),
-            start_ns=np.zeros(0, np.int64),
-            end_ns=np.zeros(0, np.int64),
-            cbid=np.zeros(0, np.int32),
-            thread_id=np.zeros(0, np.int64),
-            api=np.zeros(0, np.uint8),
-        )
-
 
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call
 # that launches each kind of activity, in the style of the real ones (HolisticTraceAnalysis
