@@ -193,49 +193,32 @@ def test_validate_world_size_must_be_positive(capsys):
     )
 
 
-# ---- the loader's newer keywords, passed only when it has them ----
-def _recording_loader(calls: list[dict], *, with_keywords: bool):
+# ---- validate passes --no-import and the world size's source to the loader ----
+def _recording_loader(calls: list[dict]):
     real = loader.load_suite
-    if with_keywords:
 
-        def load_suite(source, *, world_size=None, import_ops=True, world_size_source=""):
-            calls.append(
-                {
-                    "world_size": world_size,
-                    "import_ops": import_ops,
-                    "world_size_source": world_size_source,
-                }
-            )
-            return real(source, world_size=world_size)
-
-    else:
-
-        def load_suite(source, *, world_size=None):
-            calls.append({"world_size": world_size})
-            return real(source, world_size=world_size)
+    def load_suite(source, *, world_size=None, import_ops=True, world_size_source=""):
+        calls.append(
+            {
+                "world_size": world_size,
+                "import_ops": import_ops,
+                "world_size_source": world_size_source,
+            }
+        )
+        return real(source, world_size=world_size)
 
     return load_suite
 
 
-def test_validate_no_import_is_passed_to_a_loader_that_takes_it(monkeypatch, capsys):
+def test_validate_passes_no_import_to_the_loader(monkeypatch, capsys):
     calls: list[dict] = []
-    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls, with_keywords=True))
+    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls))
     assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 0
     assert calls == [{"world_size": 2, "import_ops": False, "world_size_source": "--world-size"}]
     calls.clear()
     assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
     assert calls[0]["import_ops"] is True
     assert "suite quickstart" in capsys.readouterr().out
-
-
-def test_validate_no_import_refuses_a_loader_that_would_import(monkeypatch, capsys):
-    calls: list[dict] = []
-    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls, with_keywords=False))
-    assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 2
-    assert calls == []  # nothing was loaded, so nothing was imported
-    assert "--no-import" in capsys.readouterr().err
-    assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
-    assert calls == [{"world_size": 2}]
 
 
 def _failing_loader(calls: list[dict]):

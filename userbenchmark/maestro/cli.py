@@ -399,27 +399,22 @@ def run_command(**params: Any) -> int:
 def validate_command(config: str, world_size: int | None, no_import: bool) -> int:
     """Check the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) and
     summarise it: exit status 0 when it is valid, 2 with every problem found when not."""
+    from .core.config.loader import load_suite
     from .core.config.summary import suite_summary
-    from .core.runtime.worker import load_suite_supports, load_suite_with
     from .errors import ConfigError
 
     configure_logging("INFO", ranked=False)
     if world_size is not None and world_size < 1:
         _say("invalid option", f"--world-size must be at least 1, got {world_size}")
         return EXIT_USAGE
-    keywords: dict[str, Any] = {"world_size": world_size, "world_size_source": "--world-size"}
-    if no_import:
-        # Importing is what --no-import promises to avoid: refuse rather than import anyway.
-        if not load_suite_supports("import_ops"):
-            _say(
-                "invalid option",
-                "--no-import needs a pattern loader that can skip importing custom ops, and "
-                "this version's cannot",
-            )
-            return EXIT_USAGE
-        keywords["import_ops"] = False
     try:
-        suite = load_suite_with(config, **keywords)
+        # --no-import: custom ops are checked by name only, never imported.
+        suite = load_suite(
+            config,
+            world_size=world_size,
+            world_size_source="--world-size",
+            import_ops=not no_import,
+        )
     except ConfigError as err:
         print(f"maestro: invalid configuration:\n{err}", file=sys.stderr)
         return EXIT_USAGE

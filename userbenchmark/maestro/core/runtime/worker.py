@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 from collections.abc import Iterator
@@ -11,22 +10,6 @@ from typing import Any
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, OptionError
 from . import interrupts
-
-
-def load_suite_supports(keyword: str) -> bool:
-    """Whether this version's ``load_suite`` takes ``keyword`` (newer loaders add keywords)."""
-    from ..config.loader import load_suite
-
-    return keyword in inspect.signature(load_suite).parameters
-
-
-def load_suite_with(source: str, **keywords: Any) -> Any:
-    """``load_suite(source, **keywords)``, leaving out keywords this loader does not take
-    (those that only improve messages; callers check the ones that change behaviour)."""
-    from ..config.loader import load_suite
-
-    known = inspect.signature(load_suite).parameters
-    return load_suite(source, **{k: v for k, v in keywords.items() if k in known})
 
 
 @contextmanager
@@ -62,14 +45,12 @@ def _load(
     for the pattern file and OptionError when an option does not fit it (``--pattern``
     matching nothing, ``--max-size`` a block cannot take).
     """
-    from ..config.loader import load_suite_text
+    from ..config.loader import load_suite, load_suite_text
     from ..config.options import RunOptions, apply_overrides
 
     with _quiet_loader() if quiet else nullcontext():
         if text is None:
-            suite = load_suite_with(
-                config, world_size=world_size, world_size_source=world_size_source
-            )
+            suite = load_suite(config, world_size=world_size, world_size_source=world_size_source)
         else:
             suite = load_suite_text(
                 text, file=config, world_size=world_size, world_size_source=world_size_source
