@@ -60,9 +60,7 @@ def lanes_and_kinds(num_blocks: int) -> tuple[list[int], np.ndarray, np.ndarray]
     return lane_of_block, is_comm, ~is_comm
 
 
-def peer_side(
-    summaries: list[dict[str, np.ndarray]], expected: WindowAggregate
-) -> tuple[list[np.ndarray], np.ndarray]:
+def peer_side(summaries: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], np.ndarray]:
     """What ranks 1..W-1 contribute to each all_reduce of ``reduce_summaries``, pre-combined.
 
     Each peer's payloads are recorded by running its own ``reduce_summaries``; the last call
@@ -187,7 +185,7 @@ def measure(world: int, num_blocks: int, num_iters: int, reps: int) -> dict[str,
 
     # Each timed call needs a fresh replay (it counts its calls); build them untimed. Only
     # rank 0's own timings stay alive while it is timed, as on a real rank.
-    combined, vote = peer_side(summaries, expected)
+    combined, vote = peer_side(summaries)
     replays = [replay_reducer(combined, vote, world) for _ in range(reps + 2)]
     mine = timings[0]
     del timings, summaries

@@ -41,12 +41,18 @@ def _limit(value: Any) -> str:
     return "-" if value is None else f"{float(value):g}"
 
 
+def over_the_limit(row: dict[str, Any]) -> bool:
+    """Whether the case took longer than its limit (False where either is unknown)."""
+    gone, limit = row.get("all_gone_s"), row.get("limit_s")
+    return gone is not None and limit is not None and float(gone) > float(limit)
+
+
 def table_rows(rows: Iterable[dict[str, Any]]) -> list[tuple[str, ...]]:
     """One table row per measured case, in the order measured (pure)."""
     out = []
     for row in rows:
         gone, limit = row.get("all_gone_s"), row.get("limit_s")
-        late = gone is not None and limit is not None and float(gone) > float(limit)
+        late = over_the_limit(row)
         statuses = row.get("exit") or []
         out.append(
             (
@@ -78,10 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for name in args.files:
-        rows.extend(json.loads(Path(name).read_text()))
+        try:
+            found = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"fault_table: cannot read {name}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
+            print(f"fault_table: {name}: expected a JSON list of fault rows", file=sys.stderr)
+            return 2
+        rows.extend(found)
     print(render(rows, machine_info()))
-    late = [r for r in rows if r.get("limit_s") is not None and r["all_gone_s"] > r["limit_s"]]
-    return 1 if late else 0
+    return 1 if any(over_the_limit(r) for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -36,3 +36,15 @@ def test_a_case_over_its_limit_is_marked_and_fails(tmp_path, capsys):
     assert "| 19.0 (over the limit) | 18.75 |" in capsys.readouterr().out
     path.write_text(json.dumps(ROWS))
     assert main([str(path)]) == 0
+
+
+def test_an_unmeasured_case_is_not_late_and_a_bad_file_exits_2(tmp_path, capsys):
+    path = tmp_path / "faults.json"
+    path.write_text(json.dumps([{**ROWS[0], "all_gone_s": None}]))
+    assert main([str(path)]) == 0
+    path.write_text("{not json")
+    assert main([str(path)]) == 2
+    assert main([str(tmp_path / "missing.json")]) == 2
+    path.write_text(json.dumps({"fault": "x"}))
+    assert main([str(path)]) == 2
+    assert "fault_table:" in capsys.readouterr().err
