@@ -11,8 +11,9 @@ from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings, host_late
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.analysis.records import PatternResult
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
-from userbenchmark.maestro.core.output.results import pattern_frame, records_of
+from userbenchmark.maestro.core.output.results import record_frame, records_of
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.runtime.lanes import (
     DEFAULT_GATE_US,
@@ -167,7 +168,7 @@ def test_cpu_windows_have_no_host_figures():
     assert math.isnan(out.pattern.gate_spin_us) and out.pattern.host_late_iters is None
     assert all(math.isnan(b.enqueue_avg_us) for b in out.blocks)
     assert "gate spin" not in format_pattern(out)
-    assert records_of(pattern_frame([out.pattern]))[0]["gate_spin_us"] is None
+    assert records_of(record_frame([out.pattern], PatternResult))[0]["gate_spin_us"] is None
 
 
 def test_gc_is_paused_inside_a_window_and_restored():

@@ -13,7 +13,12 @@ import pytest
 
 from tests.unit.test_golden_outputs import _outcomes as golden_outcomes
 from userbenchmark.maestro import Results, load_results
-from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
+from userbenchmark.maestro.core.analysis.records import (
+    BlockResult,
+    PairResult,
+    PatternOutcome,
+    PatternResult,
+)
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.core.output.results import (
     BLOCK_COLUMNS,
@@ -80,9 +85,12 @@ def _tricky_outcome() -> PatternOutcome:
         host_late_iters=None,
         peak_memory_bytes=None,
         profiler="",
-        pairwise_overlap={"x|y": 1 / 3, "y|x": math.nan},
     )
-    return PatternOutcome(blocks=(block, other), pattern=pattern)
+    pairs = tuple(
+        PairResult(suite="s", pattern="p[size=4M]", blocks=blocks, pairwise_overlap=value)
+        for blocks, value in ((("x", "y"), 1 / 3), (("y", "x"), math.nan))
+    )
+    return PatternOutcome(blocks=(block, other), pattern=pattern, pairs=pairs)
 
 
 def _all_outcomes() -> list[PatternOutcome]:
@@ -117,42 +125,27 @@ def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
 
 
 def _record(result) -> dict:
-    """The dataclass's fields, NaN as None: built here, independently of the frames."""
-
-    def clean(value):
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        return None if isinstance(value, float) and math.isnan(value) else value
-
-    return {k: clean(v) for k, v in dataclasses.asdict(result).items()}
+    """The dataclass's fields, NaN as None, a pair's blocks as block_a and block_b: built here,
+    independently of the frames."""
+    record = {}
+    for key, value in dataclasses.asdict(result).items():
+        if key == "blocks":
+            record["block_a"], record["block_b"] = value
+        else:
+            record[key] = None if isinstance(value, float) and math.isnan(value) else value
+    return record
 
 
 def _expected_records(outcomes):
     blocks = [_record(b) for o in outcomes for b in o.blocks]
-    patterns = []
-    pairs = []
-    for o in outcomes:
-        record = _record(o.pattern)
-        overlap = record.pop("pairwise_overlap")
-        patterns.append(record)
-        for name, value in overlap.items():
-            a, b = name.split("|")
-            pairs.append(
-                {
-                    "suite": record["suite"],
-                    "pattern": record["pattern"],
-                    "block_a": a,
-                    "block_b": b,
-                    "pairwise_overlap": value,
-                }
-            )
+    patterns = [_record(o.pattern) for o in outcomes]
+    pairs = [_record(p) for o in outcomes for p in o.pairs]
     return blocks, patterns, pairs
 
 
 def test_columns_are_the_record_fields():
     assert list(BLOCK_COLUMNS) == [f.name for f in dataclasses.fields(BlockResult)]
-    pattern_fields = [f.name for f in dataclasses.fields(PatternResult)]
-    assert list(PATTERN_COLUMNS) == [f for f in pattern_fields if f != "pairwise_overlap"]
+    assert list(PATTERN_COLUMNS) == [f.name for f in dataclasses.fields(PatternResult)]
     assert list(PAIR_COLUMNS) == ["suite", "pattern", "block_a", "block_b", "pairwise_overlap"]
 
 
@@ -319,10 +312,10 @@ def test_metrics_hold_lane_skew_p99_and_every_pair_and_parse_back(tmp_path):
         if (k := parsed[key]).pair is not None and k.metric == "pairwise_overlap"
     }
     expected = {
-        (o.pattern.pattern, *name.split("|")): value
+        (pair.pattern, *pair.blocks): pair.pairwise_overlap
         for o in _all_outcomes()
-        for name, value in o.pattern.pairwise_overlap.items()
-        if not math.isnan(value)  # not applicable: left out
+        for pair in o.pairs
+        if not math.isnan(pair.pairwise_overlap)  # not applicable: left out
     }
     assert pairs == expected and ("p[size=4M]", "x", "y") in pairs
     assert ("p[size=4M]", "y", "x") not in pairs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
-from .records import BlockResult, PatternOutcome, PatternResult
+from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import LatencyStats, latency_stats, percentile_nearest_rank
 
 
@@ -191,9 +192,20 @@ def build_outcome(
         )
     elif ranks_per_gpu is not None:
         pattern_result = dataclasses.replace(pattern_result, ranks_per_gpu=ranks_per_gpu)
+    names = [b.name for b in pattern.blocks]
+    pairs = tuple(
+        PairResult(
+            suite=suite.name,
+            pattern=pattern.name,
+            blocks=(names[i], names[j]),
+            pairwise_overlap=float(agg.pairwise_overlap[i, j]),
+        )
+        for i, j in itertools.combinations(range(len(names)), 2)
+    )
     return PatternOutcome(
         blocks=tuple(results),
         pattern=pattern_result,
+        pairs=pairs,
         warnings=tuple(warnings),
         comm_compute_overlap_by_rank=tuple(float(v) for v in agg.comm_compute_overlap_by_rank),
     )
@@ -230,12 +242,6 @@ def _pattern_result(
         flag = _efficiency_note(efficiency, noise)
         if flag:
             notes.append(flag)
-    pairs = {}
-    for i in range(len(pattern.blocks)):
-        for j in range(i + 1, len(pattern.blocks)):
-            pairs[f"{pattern.blocks[i].name}|{pattern.blocks[j].name}"] = float(
-                agg.pairwise_overlap[i, j]
-            )
     warnings = []
     if wrong is not None and (wrong > 0).any():
         bad = ", ".join(
@@ -298,6 +304,5 @@ def _pattern_result(
         peak_memory_bytes=peak_memory_bytes,
         profiler=profiler,
         notes="; ".join(notes),
-        pairwise_overlap=pairs,
     )
     return result, warnings

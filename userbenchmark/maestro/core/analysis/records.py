@@ -1,16 +1,79 @@
-"""Result records: one per (pattern, block) and one per pattern (core/output/results.py holds
-the columns and dtypes of the files made from them)."""
+"""Result records: one per (pattern, block), one per pattern, one per pair of blocks.
+
+The one schema of maestro's results: the files' columns and dtypes (core/output/results.py) and
+the metrics with their direction, domain, meaning and threshold (core/output/metric_keys.py)
+are read from these fields, never written out a second time.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 if TYPE_CHECKING:
     from .activities import DeviceActivities
+
+Direction = Literal["lower", "higher"]
+Domain = Literal["positive", "non_negative", "fraction", "finite"]
+Level = Literal["block", "pattern", "pair"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """What a record field means as a metric of the metrics file and of ``compare``."""
+
+    better: Direction | None
+    """``lower`` or ``higher``; None: descriptive, neither way is better."""
+    domain: Domain
+    """Values it can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in [0, 1]) or any
+    ``finite`` number; anything else is invalid, never judged."""
+    meaning: str
+    threshold: float
+    """How large a change must be to count: a fraction of the control value, or in the
+    metric's own unit when ``absolute``."""
+    absolute: bool = False
+
+
+def metric(
+    *,
+    better: Direction | None,
+    domain: Domain,
+    meaning: str,
+    threshold: float,
+    absolute: bool = False,
+    default: Any = math.nan,
+) -> Any:
+    """A record field that is a metric (``default=dataclasses.MISSING``: a required field)."""
+    info = Metric(
+        better=better, domain=domain, meaning=meaning, threshold=threshold, absolute=absolute
+    )
+    return field(default=default, metadata={"metric": info})
+
+
+# Averages, sums and bandwidths move little between identical runs: 5 %. Tails, extremes,
+# skews and ratios of two measurements are noisier: 10 %. Fractions in [0, 1] can sit near
+# zero, where any relative threshold fires on noise, so they use 0.05 absolute (5 points).
+# Latencies, bandwidths, rates and their ratios are > 0 whenever they were measured at all (an
+# untimed block has no value, not a 0); counts and skews are >= 0.
+_REQUIRED = dataclasses.MISSING
+
+
+def _latency(meaning: str, threshold: float = 0.05, default: Any = math.nan) -> Any:
+    return metric(
+        better="lower", domain="positive", meaning=meaning, threshold=threshold, default=default
+    )
+
+
+def _rate(meaning: str) -> Any:
+    return metric(better="higher", domain="positive", meaning=meaning, threshold=0.05)
+
+
+def _spread(meaning: str) -> Any:
+    return metric(better="lower", domain="non_negative", meaning=meaning, threshold=0.10)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,26 +92,35 @@ class BlockResult:
     iters: int
     work: str = ""
     """The block's parameters as measured (after any --max-size cap): ``m=4096 n=4096 k=4096``."""
-    latency_avg_us: float
-    latency_min_us: float
-    latency_max_us: float
-    latency_p50_us: float
-    latency_p99_us: float
+    latency_avg_us: float = _latency(
+        "mean of the per-iteration max-over-ranks latency", default=_REQUIRED
+    )
+    latency_min_us: float = _latency("smallest iteration latency", 0.10, _REQUIRED)
+    latency_max_us: float = _latency("largest iteration latency", 0.10, _REQUIRED)
+    latency_p50_us: float = _latency("median iteration latency (nearest rank)", 0.05, _REQUIRED)
+    latency_p99_us: float = _latency("99th-percentile latency (nearest rank)", 0.10, _REQUIRED)
     latency_stdev_us: float
-    algbw_gbps: float = math.nan
-    busbw_gbps: float = math.nan
-    tflops: float = math.nan
-    isolated_latency_avg_us: float = math.nan
+    algbw_gbps: float = _rate("size / avg latency, GB = 1e9 bytes")
+    busbw_gbps: float = _rate("algbw times the collective's bus factor")
+    tflops: float = _rate("GEMM rate, 2mnk / avg latency, 1e12 FLOP/s")
+    isolated_latency_avg_us: float = _latency("mean latency of the block run alone")
     isolated_latency_stdev_us: float = math.nan
-    slowdown: float = math.nan
-    wrong_elements: int | None = None
-    start_skew_us: float = math.nan
+    slowdown: float = _latency("overlapped avg / isolated avg latency", 0.10)
+    wrong_elements: int | None = metric(
+        better="lower",
+        domain="non_negative",
+        meaning="elements that failed check mode",
+        threshold=0.0,
+        absolute=True,
+        default=None,
+    )
+    start_skew_us: float = _spread("spread of the block's start across ranks")
     """Mean over iterations of the latest minus the earliest start of this block over the
     ranks that run it (the ranks must share a clock: one host; NaN otherwise)."""
     last_to_start_rank: int | None = None
     """The rank that started this block last in the most iterations: for a collective, the
     one the others waited for (None where start skew is unknown)."""
-    duration_spread_us: float = math.nan
+    duration_spread_us: float = _spread("spread of per-rank mean durations")
     """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
     kernel_ctas_max: int | None = None
@@ -77,20 +149,32 @@ class PatternResult:
     """How iterations were separated and started (``barrier``, ``barrier-only``, ``none``)."""
     graph: bool = False
     """CUDA-graph mode: each block's launch captured once and replayed."""
-    makespan_avg_us: float
-    makespan_p99_us: float
-    serial_us: float = math.nan
-    ideal_us: float = math.nan
-    overlap_efficiency: float = math.nan
-    shared_busbw_gbps: float = math.nan
-    comm_compute_overlap: float = math.nan
-    lane_skew_p50_us: float = math.nan
-    lane_skew_p99_us: float = math.nan
-    lane_skew_max_us: float = math.nan
-    gate_skew_p50_us: float = math.nan
+    makespan_avg_us: float = _latency("mean of last end - first start", default=_REQUIRED)
+    makespan_p99_us: float = _latency("99th-percentile makespan", 0.10, _REQUIRED)
+    serial_us: float = _latency("sum of the blocks' isolated latencies")
+    ideal_us: float = _latency("largest isolated latency (perfect overlap)")
+    overlap_efficiency: float = metric(
+        better="higher",
+        domain="finite",  # below 0: slower than serial; above 1: beat the ideal
+        meaning="(serial-makespan)/(serial-ideal)",
+        threshold=0.05,
+        absolute=True,
+    )
+    shared_busbw_gbps: float = _rate("all collectives' bus bytes / makespan")
+    comm_compute_overlap: float = metric(
+        better="higher",
+        domain="fraction",
+        meaning="|comm & compute| / |comm|",
+        threshold=0.05,
+        absolute=True,
+    )
+    lane_skew_p50_us: float = _spread("median gap between the lanes' first kernels")
+    lane_skew_p99_us: float = _spread("p99 gap between the lanes' first kernels")
+    lane_skew_max_us: float = _spread("largest gap between the lanes' first kernels")
+    gate_skew_p50_us: float = _spread("median spread of the ranks' gate openings")
     """Median over iterations of the spread across ranks of the instant their gates opened
     (ranks on one host, with a profiler on the host clock; NaN otherwise)."""
-    gate_skew_max_us: float = math.nan
+    gate_skew_max_us: float = _spread("largest spread of the ranks' gate openings")
     gate_delay_max_us: float = math.nan
     """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
     waiting for SMs or copy engines held by another lane shows here)."""
@@ -106,8 +190,26 @@ class PatternResult:
     """Ranks sharing one GPU (see BlockResult.ranks_per_gpu)."""
     notes: str = ""
     """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
-    pairwise_overlap: dict[str, float] = field(default_factory=dict)
-    """``"a|b"`` -> mean |A∩B| / min(|A|,|B|) over ranks and iterations."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairResult:
+    """Two blocks of one pattern: how much they ran at the same time."""
+
+    suite: str
+    pattern: str
+    blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
+    """(a, b): a comes before b in the pattern (the files' ``block_a``, ``block_b`` columns)."""
+    # Descriptive: blocks that overlap more are not better or worse (two blocks on one lane
+    # are meant not to), so no direction; a move of 5 points either way is reported.
+    pairwise_overlap: float = metric(
+        better=None,
+        domain="fraction",
+        meaning="|A & B| / min(|A|, |B|) of two blocks",
+        threshold=0.05,
+        absolute=True,
+    )
+    """Mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +218,7 @@ class PatternOutcome:
 
     blocks: tuple[BlockResult, ...]
     pattern: PatternResult
+    pairs: tuple[PairResult, ...] = ()
     warnings: tuple[str, ...] = ()
     timeline: Timeline | None = None
     """Every rank's intervals; present on rank 0 when a trace or plot was asked for."""
@@ -126,6 +229,19 @@ class PatternOutcome:
     def check_failed(self) -> bool:
         """Check mode found wrong output elements in some block (the run must fail)."""
         return any(b.wrong_elements for b in self.blocks)
+
+
+RECORDS: dict[Level, type] = {"block": BlockResult, "pattern": PatternResult, "pair": PairResult}
+"""The record type of each level, in the order the metrics file lists them."""
+
+
+def metrics_of(record_type: type) -> dict[str, Metric]:
+    """The metric fields of a record type, in field order."""
+    return {
+        f.name: f.metadata["metric"]
+        for f in dataclasses.fields(record_type)
+        if "metric" in f.metadata
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final, Literal
 
+from ..analysis.records import RECORDS, Direction, Domain, Level, metrics_of
+
 __all__ = [
     "BLOCK_METRICS",
     "METRICS",
@@ -41,11 +43,8 @@ __all__ = [
     "relative_delta",
 ]
 
-Direction = Literal["lower", "higher"]
 Verdict = Literal["regressed", "improved", "unchanged", "changed"]
 NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
-Level = Literal["block", "pattern", "pair"]
-Domain = Literal["positive", "non_negative", "fraction", "finite"]
 
 PAIR_SEPARATOR: Final = "+"
 """Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
@@ -97,7 +96,8 @@ class Threshold:
 
 @dataclass(frozen=True, kw_only=True)
 class MetricSpec:
-    """One known metric: the level it belongs to, which way is better, and its default threshold."""
+    """One known metric: the level it belongs to, which way is better, and its default threshold
+    (read from the record field's :class:`~..analysis.records.Metric`)."""
 
     name: str
     level: Level
@@ -114,101 +114,17 @@ def _rel(value: float) -> Threshold:
     return Threshold(kind="relative", value=value)
 
 
-def _abs(value: float) -> Threshold:
-    return Threshold(kind="absolute", value=value)
-
-
-# Averages, sums and bandwidths move little between identical runs: 5 %. Tails, extremes,
-# skews and ratios of two measurements are noisier: 10 %. Fractions in [0, 1] can sit near
-# zero, where any relative threshold fires on noise, so they use 0.05 absolute (5 points).
-_AVG = _rel(0.05)
-_TAIL = _rel(0.10)
-_FRACTION = _abs(0.05)
-_TABLE: Final[tuple[tuple[str, Level, Direction | None, Threshold, str], ...]] = (
-    # (name, level, better direction, default threshold, meaning)
-    ("latency_avg_us", "block", "lower", _AVG, "mean of the per-iteration max-over-ranks latency"),
-    ("latency_min_us", "block", "lower", _TAIL, "smallest iteration latency"),
-    ("latency_max_us", "block", "lower", _TAIL, "largest iteration latency"),
-    ("latency_p50_us", "block", "lower", _AVG, "median iteration latency (nearest rank)"),
-    ("latency_p99_us", "block", "lower", _TAIL, "99th-percentile latency (nearest rank)"),
-    ("algbw_gbps", "block", "higher", _AVG, "size / avg latency, GB = 1e9 bytes"),
-    ("busbw_gbps", "block", "higher", _AVG, "algbw times the collective's bus factor"),
-    ("tflops", "block", "higher", _AVG, "GEMM rate, 2mnk / avg latency, 1e12 FLOP/s"),
-    ("isolated_latency_avg_us", "block", "lower", _AVG, "mean latency of the block run alone"),
-    ("slowdown", "block", "lower", _TAIL, "overlapped avg / isolated avg latency"),
-    ("wrong_elements", "block", "lower", _abs(0.0), "elements that failed check mode"),
-    ("start_skew_us", "block", "lower", _TAIL, "spread of the block's start across ranks"),
-    ("duration_spread_us", "block", "lower", _TAIL, "spread of per-rank mean durations"),
-    ("makespan_avg_us", "pattern", "lower", _AVG, "mean of last end - first start"),
-    ("makespan_p99_us", "pattern", "lower", _TAIL, "99th-percentile makespan"),
-    ("serial_us", "pattern", "lower", _AVG, "sum of the blocks' isolated latencies"),
-    ("ideal_us", "pattern", "lower", _AVG, "largest isolated latency (perfect overlap)"),
-    ("overlap_efficiency", "pattern", "higher", _FRACTION, "(serial-makespan)/(serial-ideal)"),
-    ("shared_busbw_gbps", "pattern", "higher", _AVG, "all collectives' bus bytes / makespan"),
-    ("comm_compute_overlap", "pattern", "higher", _FRACTION, "|comm & compute| / |comm|"),
-    ("lane_skew_p50_us", "pattern", "lower", _TAIL, "median gap between the lanes' first kernels"),
-    ("lane_skew_p99_us", "pattern", "lower", _TAIL, "p99 gap between the lanes' first kernels"),
-    ("lane_skew_max_us", "pattern", "lower", _TAIL, "largest gap between the lanes' first kernels"),
-    ("gate_skew_p50_us", "pattern", "lower", _TAIL, "median spread of the ranks' gate openings"),
-    ("gate_skew_max_us", "pattern", "lower", _TAIL, "largest spread of the ranks' gate openings"),
-    # Descriptive: blocks that overlap more are not better or worse (two blocks on one lane
-    # are meant not to), so no direction; a move of 5 points either way is reported.
-    ("pairwise_overlap", "pair", None, _FRACTION, "|A & B| / min(|A|, |B|) of two blocks"),
-)
-# What a measured value can be. Latencies, bandwidths, rates and their ratios are > 0 whenever
-# they were measured at all (an untimed block has no value, not a 0); counts and skews are
-# >= 0; overlap fractions lie in [0, 1]; overlap efficiency is any number (below 0: slower than
-# serial; above 1: beat the ideal).
-_DOMAINS: Final[Mapping[str, Domain]] = MappingProxyType(
-    {
-        **dict.fromkeys(
-            (
-                "latency_avg_us",
-                "latency_min_us",
-                "latency_max_us",
-                "latency_p50_us",
-                "latency_p99_us",
-                "algbw_gbps",
-                "busbw_gbps",
-                "tflops",
-                "isolated_latency_avg_us",
-                "slowdown",
-                "makespan_avg_us",
-                "makespan_p99_us",
-                "serial_us",
-                "ideal_us",
-                "shared_busbw_gbps",
-            ),
-            "positive",
-        ),
-        **dict.fromkeys(
-            (
-                "wrong_elements",
-                "start_skew_us",
-                "duration_spread_us",
-                "lane_skew_p50_us",
-                "lane_skew_p99_us",
-                "lane_skew_max_us",
-                "gate_skew_p50_us",
-                "gate_skew_max_us",
-            ),
-            "non_negative",
-        ),
-        **dict.fromkeys(("comm_compute_overlap", "pairwise_overlap"), "fraction"),
-        "overlap_efficiency": "finite",
-    }
-)
-assert set(_DOMAINS) == {row[0] for row in _TABLE}, "every known metric states its domain"
 _SPECS: Final[tuple[MetricSpec, ...]] = tuple(
     MetricSpec(
         name=name,
         level=level,
-        direction=direction,
-        threshold=threshold,
-        description=text,
-        domain=_DOMAINS[name],
+        direction=info.better,
+        threshold=Threshold(kind="absolute" if info.absolute else "relative", value=info.threshold),
+        description=info.meaning,
+        domain=info.domain,
     )
-    for name, level, direction, threshold, text in _TABLE
+    for level, record_type in RECORDS.items()
+    for name, info in metrics_of(record_type).items()
 )
 
 BLOCK_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
@@ -351,8 +267,8 @@ def default_threshold(metric: str) -> Threshold:
         return spec.threshold
     metric_direction(metric)  # raises for a name whose direction is unknown
     if _NOISY_TOKENS.intersection(metric.split("_")):
-        return _TAIL
-    return _AVG
+        return _rel(0.10)
+    return _rel(0.05)
 
 
 _DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(

@@ -8,6 +8,7 @@ pattern (their overlap). The files of ``--output-dir`` are written from these fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import MaestroError
-from ..analysis.records import BlockResult, PatternOutcome, PatternResult
+from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .metric_keys import BLOCK_METRICS, PAIR_METRICS, PATTERN_METRICS, metric_key
 
 __all__ = [
@@ -31,14 +32,12 @@ __all__ = [
     "TABLE_FILES",
     "Results",
     "ResultsError",
-    "block_frame",
     "csv_text",
     "describe",
     "json_text",
     "load_results",
     "metrics_from_results",
-    "pair_frame",
-    "pattern_frame",
+    "record_frame",
     "read_json_file",
     "read_table",
     "records_of",
@@ -50,87 +49,26 @@ Table = Literal["blocks", "patterns", "pairs"]
 
 _INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
 
-BLOCK_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "suite": _STR,
-        "pattern": _STR,
-        "block": _STR,
-        "op": _STR,
-        "axis": _STR,
-        "lane": _STR,
-        "team_size": _INT,
-        "dtype": _STR,
-        "size_bytes": _INT,
-        "iters": _INT,
-        "work": _STR,
-        "latency_avg_us": _FLOAT,
-        "latency_min_us": _FLOAT,
-        "latency_max_us": _FLOAT,
-        "latency_p50_us": _FLOAT,
-        "latency_p99_us": _FLOAT,
-        "latency_stdev_us": _FLOAT,
-        "algbw_gbps": _FLOAT,
-        "busbw_gbps": _FLOAT,
-        "tflops": _FLOAT,
-        "isolated_latency_avg_us": _FLOAT,
-        "isolated_latency_stdev_us": _FLOAT,
-        "slowdown": _FLOAT,
-        "wrong_elements": _INT,
-        "start_skew_us": _FLOAT,
-        "last_to_start_rank": _INT,
-        "duration_spread_us": _FLOAT,
-        "activities_per_iter": _FLOAT,
-        "kernel_ctas_max": _INT,
-        "enqueue_avg_us": _FLOAT,
-        "profiler": _STR,
-        "ranks_per_gpu": _INT,
-        "notes": _STR,
-    }
+_DTYPES: Final[Mapping[str, str]] = MappingProxyType(
+    {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
 )
+
+
+def _columns_of(record_type: type) -> Mapping[str, str]:
+    """File columns of a record type and their pandas dtypes, in field order: one column per
+    field (a field naming ``columns`` in its metadata, like a pair's blocks, gives several)."""
+    columns: dict[str, str] = {}
+    for f in dataclasses.fields(record_type):
+        for name in f.metadata.get("columns", (f.name,)):
+            columns[name] = _STR if "columns" in f.metadata else _DTYPES[str(f.type)]
+    return MappingProxyType(columns)
+
+
+BLOCK_COLUMNS: Final = _columns_of(BlockResult)
 """Columns of the block table (results.*) and their pandas dtypes, in file order."""
-
-PATTERN_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "suite": _STR,
-        "pattern": _STR,
-        "iters": _INT,
-        "num_blocks": _INT,
-        "warmup_iters": _INT,
-        "sync": _STR,
-        "graph": _BOOL,
-        "makespan_avg_us": _FLOAT,
-        "makespan_p99_us": _FLOAT,
-        "serial_us": _FLOAT,
-        "ideal_us": _FLOAT,
-        "overlap_efficiency": _FLOAT,
-        "shared_busbw_gbps": _FLOAT,
-        "comm_compute_overlap": _FLOAT,
-        "lane_skew_p50_us": _FLOAT,
-        "lane_skew_p99_us": _FLOAT,
-        "lane_skew_max_us": _FLOAT,
-        "gate_skew_p50_us": _FLOAT,
-        "gate_skew_max_us": _FLOAT,
-        "gate_delay_max_us": _FLOAT,
-        "gate_spin_us": _FLOAT,
-        "enqueue_max_us": _FLOAT,
-        "host_late_iters": _INT,
-        "peak_memory_bytes": _INT,
-        "profiler": _STR,
-        "ranks_per_gpu": _INT,
-        "notes": _STR,
-    }
-)
+PATTERN_COLUMNS: Final = _columns_of(PatternResult)
 """Columns of the pattern table (patterns.*) and their dtypes, in file order."""
-
-PAIR_COLUMNS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "suite": _STR,
-        "pattern": _STR,
-        "block_a": _STR,
-        "block_b": _STR,
-        "pairwise_overlap": _FLOAT,
-    }
-)
+PAIR_COLUMNS: Final = _columns_of(PairResult)
 """Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
 pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
@@ -196,50 +134,28 @@ def _frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> pd.
     )
 
 
-def block_frame(blocks: Iterable[BlockResult]) -> pd.DataFrame:
-    """The block table of ``blocks``, in their order."""
-    return _frame([{c: getattr(b, c) for c in BLOCK_COLUMNS} for b in blocks], BLOCK_COLUMNS)
+def _row(record: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        names = f.metadata.get("columns")
+        row.update(zip(names, value, strict=True) if names else ((f.name, value),))
+    return row
 
 
-def pattern_frame(patterns: Iterable[PatternResult]) -> pd.DataFrame:
-    """The pattern table of ``patterns``, in their order."""
-    return _frame([{c: getattr(p, c) for c in PATTERN_COLUMNS} for p in patterns], PATTERN_COLUMNS)
-
-
-def _split_pair(name: str) -> tuple[str, str]:
-    # PatternResult.pairwise_overlap keys are "a|b"; block names never contain "|".
-    a, sep, b = name.partition("|")
-    if not sep or not a or not b or "|" in b:
-        raise ValueError(f"pair name {name!r} is not 'block_a|block_b'")
-    return a, b
-
-
-def pair_frame(patterns: Iterable[PatternResult]) -> pd.DataFrame:
-    """The pair table of ``patterns``: one row per entry of their ``pairwise_overlap``."""
-    rows = []
-    for p in patterns:
-        for name, fraction in p.pairwise_overlap.items():
-            a, b = _split_pair(name)
-            rows.append(
-                {
-                    "suite": p.suite,
-                    "pattern": p.pattern,
-                    "block_a": a,
-                    "block_b": b,
-                    "pairwise_overlap": fraction,
-                }
-            )
-    return _frame(rows, PAIR_COLUMNS)
+def record_frame(records: Iterable[Any], record_type: type) -> pd.DataFrame:
+    """The table of ``records`` (all of ``record_type``), in their order."""
+    columns = _columns_of(record_type)
+    return _frame([_row(r) for r in records], columns)
 
 
 def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
     """The three tables of finished patterns, in their order."""
     outcomes = list(outcomes)
-    patterns = [o.pattern for o in outcomes]
     return Results(
-        blocks=block_frame(b for o in outcomes for b in o.blocks),
-        patterns=pattern_frame(patterns),
-        pairs=pair_frame(patterns),
+        blocks=record_frame((b for o in outcomes for b in o.blocks), BlockResult),
+        patterns=record_frame((o.pattern for o in outcomes), PatternResult),
+        pairs=record_frame((p for o in outcomes for p in o.pairs), PairResult),
     )
 
 
@@ -487,10 +403,12 @@ def _legacy_pair_rows(
                 f'{{"a|b": fraction}}, got {describe(cell)}'
             )
         for name, fraction in cell.items():
-            try:
-                a, b = _split_pair(name)
-            except ValueError as exc:
-                raise ResultsError(f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: {exc}") from None
+            a, sep, b = name.partition("|")  # that column's keys were "a|b"
+            if not sep or not a or not b or "|" in b:
+                raise ResultsError(
+                    f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: pair name {name!r} is not "
+                    "'block_a|block_b'"
+                )
             pairs.append(
                 {
                     "suite": row.get("suite"),

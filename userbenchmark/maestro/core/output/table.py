@@ -133,9 +133,9 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
         if not math.isnan(p.gate_delay_max_us):
             gate += f", first start up to {_num(p.gate_delay_max_us)} µs after the gate opened"
         summary.append(gate)
-    if p.pairwise_overlap:
+    if outcome.pairs:
         pairs = ", ".join(
-            f"{k.replace('|', '∩')} {_num(v, 2)}" for k, v in p.pairwise_overlap.items()
+            f"{'∩'.join(pair.blocks)} {_num(pair.pairwise_overlap, 2)}" for pair in outcome.pairs
         )
         summary.append(f"pairwise overlap |A∩B|/min(|A|,|B|): {pairs}")
     if not show_p99:
