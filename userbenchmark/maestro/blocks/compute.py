@@ -1,4 +1,4 @@
-"""Compute blocks: a GEMM (torch.matmul) and a calibrated sleep."""
+"""Compute blocks: a GEMM (torch.matmul), a calibrated sleep and memory-bound busy work."""
 
 from __future__ import annotations
 
@@ -209,3 +209,120 @@ class Sleep(Block):
             time.sleep(coarse)
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(min(left, 100e-6))
+
+
+BUSY_KERNEL_US = 50.0
+"""Longest kernel of a ``busy`` block: a longer block is several back-to-back kernels, so its
+buffers stay at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes whatever its duration."""
+BUSY_PEAK_GBPS = 5000.0
+"""Bandwidth the buffers are sized for, above an H200's 4.8 TB/s; a faster device gets more
+kernels over the whole buffers."""
+BUSY_CPU_ELEMS = 16384
+"""Elements per operand on CPU: each add stays on one core (below torch's parallel grain)."""
+MAX_BUSY_US = 100_000.0
+"""Longest ``busy`` block (100 ms): 2000 kernels, whose host enqueue grows with the number."""
+
+
+class Busy(Block):
+    """Memory-bound compute that occupies the GPU as an elementwise kernel does (every SM, HBM
+    traffic): ``c = a + b`` on CUDA, repeated and sized by calibration at setup so that the
+    block takes ``duration_us`` alone; on CPU the same add in a loop until ``duration_us``."""
+
+    op = "busy"
+
+    category = "compute"
+    params = (
+        Param(
+            name="duration_us",
+            kind="float",
+            minimum=0.0,
+            maximum=MAX_BUSY_US,
+            doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
+            "longer work is more kernels, each enqueued by the host",
+        ),
+    )
+
+    @classmethod
+    def check_params(
+        cls, params: Mapping[str, Any], *, dtype: str, team_size: int
+    ) -> list[tuple[str, str]]:
+        if params["duration_us"] <= 0:
+            return [("duration_us", "busy needs a positive duration_us, got 0")]
+        return []
+
+    @staticmethod
+    def operand_elems(duration_us: float, dtype: str) -> int:
+        """Elements of each of a, b and c on CUDA: one kernel's traffic at BUSY_PEAK_GBPS."""
+        traffic_bytes = min(duration_us, BUSY_KERNEL_US) * BUSY_PEAK_GBPS * 1e3
+        return max(1, math.ceil(traffic_bytes / (3 * DTYPE_SIZES_BYTES[dtype])))
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """a, b and c as sized for CUDA (on CPU each holds at most BUSY_CPU_ELEMS)."""
+        return 3 * cls.operand_elems(float(params["duration_us"]), dtype) * DTYPE_SIZES_BYTES[dtype]
+
+    def setup(self) -> None:
+        duration_us = float(self.spec.params["duration_us"])
+        self.duration_s = duration_us * 1e-6
+        self.cuda = self.ctx.device.type == "cuda"
+        n = self.operand_elems(duration_us, self.spec.dtype)
+        n = n if self.cuda else min(n, BUSY_CPU_ELEMS)
+        self.a, self.b, self.c = (self.ctx.empty(n).zero_() for _ in range(3))
+        self.reps, self.kernel_us = 1, math.nan
+        if self.cuda:
+            self._calibrate(duration_us)
+
+    def _timed_us(self, launches: int = 5) -> float:
+        """Device time of one kernel over the current views, from CUDA events."""
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            torch.add(self.a, self.b, out=self.c)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / launches
+
+    def _calibrate(self, duration_us: float) -> None:
+        """Pick the kernel count and the element count so the block takes ``duration_us``."""
+        full = self.a.numel()
+        whole = (self.a, self.b, self.c)
+        warm_us = 0.0
+        while warm_us < 5_000:  # clocks up (5 ms of this very kernel) before measuring
+            warm_us += 20 * self._timed_us(launches=20)
+        self.reps = math.ceil(duration_us / BUSY_KERNEL_US)
+        n = full
+        for _ in range(6):
+            t_us = self._timed_us()
+            if n == full and t_us * self.reps < duration_us:  # faster than the sizing assumed
+                self.reps = math.ceil(duration_us / t_us)
+            target_us = duration_us / self.reps
+            if abs(t_us - target_us) <= 0.01 * target_us:
+                break
+            n = min(full, max(1, round(n * target_us / t_us)))
+            self.a, self.b, self.c = (x[:n] for x in whole)
+        self.kernel_us = self._timed_us()
+
+    def setup_notes(self) -> tuple[str, ...]:
+        if not self.cuda:
+            return ()
+        moved = 3 * self.a.numel() * self.a.element_size()  # bytes one kernel reads and writes
+        alone_us = self.reps * self.kernel_us
+        gbps = moved / self.kernel_us / 1e3
+        return (
+            f"busy: {self.reps} x c=a+b over {moved / 2**20:.3g} MiB, {alone_us:.1f} µs alone "
+            f"at {gbps:.0f} GB/s (calibrated at setup)",
+        )
+
+    def launch(self) -> None:
+        import torch
+
+        if self.cuda:
+            for _ in range(self.reps):
+                torch.add(self.a, self.b, out=self.c)
+            return
+        # CPU: real work until the deadline (torch releases the GIL inside each add).
+        deadline = time.perf_counter() + self.duration_s
+        while time.perf_counter() < deadline:
+            torch.add(self.a, self.b, out=self.c)

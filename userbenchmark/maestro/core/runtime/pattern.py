@@ -40,7 +40,7 @@ from .lanes import (
     gc_paused,
 )
 
-log = logging.getLogger("maestro.runner")
+log = logging.getLogger("maestro.pattern")
 
 
 @dataclass(kw_only=True)
@@ -119,6 +119,13 @@ class PatternRun:
         self.present = np.array([rt.comms.team(b.axis) is not None for b in specs], dtype=bool)
         lane_names = list(pattern.lanes)
         self.lane_of_block = [lane_names.index(b.lane) for b in specs]
+        index = {name: i for i, name in enumerate(self.names)}
+        # after: across lanes only (a lane runs its blocks in order anyway). A rank that does
+        # not run an awaited block has nothing to wait for: a stream waits on its own rank.
+        self.after = [
+            tuple(index[n] for n in b.after if self.lane_of_block[index[n]] != li)
+            for b, li in zip(specs, self.lane_of_block, strict=True)
+        ]
         self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
@@ -198,6 +205,7 @@ class PatternRun:
             self.blocks[i] = block
             try:
                 block.setup()
+                self.notes[i] += tuple(block.setup_notes())
             except RunError:
                 raise
             except Exception as exc:
@@ -219,7 +227,7 @@ class PatternRun:
         lanes: dict[int, Lane] = {}
         names = self.pattern.lanes
         for i, block in enumerate(self.blocks):
-            if block is None or (only is not None and i != only):
+            if not self._runs(i, only):
                 continue
             block = self.captured.get(i, block)  # CUDA-graph mode: replay the capture
             li = self.lane_of_block[i]
@@ -232,7 +240,23 @@ class PatternRun:
                     stream=self.rt.lane_stream(names[li], axis.priority),
                 )
             lanes[li].blocks.append((i, block))
+            waits = tuple(j for j in self.after[i] if self._runs(j, only))
+            if waits:
+                lanes[li].after[i] = waits
         return [lanes[k] for k in sorted(lanes)]
+
+    def _runs(self, i: int, only: int | None) -> bool:
+        """Whether block ``i`` runs on this rank in a window of every block, or of ``only``."""
+        return self.blocks[i] is not None and only in (None, i)
+
+    def lane_starts(self) -> list[int]:
+        """``lane_of_block`` with -1 for the blocks of a lane whose first block here waits for
+        another lane: that lane does not start at the gate (left out of lane skew and delay)."""
+        out = list(self.lane_of_block)
+        for lane in self.lanes():
+            if lane.blocks[0][0] in lane.after:
+                out = [-1 if li == self.lane_of_block[lane.blocks[0][0]] else li for li in out]
+        return out
 
     def _issue(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
@@ -287,7 +311,7 @@ class PatternRun:
         dist = self.rt.dist
         local = local_summary(
             timings,
-            lane_of_block=self.lane_of_block,
+            lane_of_block=self.lane_starts(),
             is_comm=self.is_comm,
             is_compute=self.is_compute,
             rank=dist.rank,
