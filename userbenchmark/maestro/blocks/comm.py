@@ -9,7 +9,7 @@ send_recv: the bytes each rank sends). Each class also states nccl-tests' bus fa
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import Block, Param
@@ -95,6 +95,8 @@ class Collective(Block):
     """Whether S must split into team_size equal chunks of whole elements."""
     one_rank_copies = False
     """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
+    factor: Callable[[int], float] = staticmethod(unit_factor)
+    """nccl-tests' bus factor of a team size (what :meth:`bus_factor` returns)."""
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
@@ -147,6 +149,10 @@ class Collective(Block):
         return int(params["size"])
 
     @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return cls.factor(team_size)
+
+    @classmethod
     def capped_params(
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
@@ -187,9 +193,7 @@ class AllReduce(Collective):
 
     op = "all_reduce"
 
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return all_reduce_factor(team_size)
+    factor = staticmethod(all_reduce_factor)
 
     params = (SIZE, REDUCE_OP)
 
@@ -218,9 +222,7 @@ class AllGather(Collective):
 
     op = "all_gather"
 
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
+    factor = staticmethod(gather_factor)
 
     one_rank_copies = True
     params = (SIZE, IN_PLACE)
@@ -266,9 +268,7 @@ class ReduceScatter(Collective):
 
     op = "reduce_scatter"
 
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
+    factor = staticmethod(gather_factor)
 
     one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
@@ -317,9 +317,7 @@ class AllToAll(Collective):
 
     op = "all_to_all"
 
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
+    factor = staticmethod(gather_factor)
 
     divide_by_team = True
     one_rank_copies = True
@@ -364,10 +362,6 @@ class Broadcast(Collective):
 
     op = "broadcast"
 
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
-
     params = (SIZE, ROOT)
 
     def setup(self) -> None:
@@ -391,10 +385,6 @@ class Reduce(Collective):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
 
     op = "reduce"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
 
     params = (SIZE, REDUCE_OP, ROOT)
 
@@ -428,10 +418,6 @@ class SendRecv(Collective):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
 
     op = "send_recv"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
 
     min_team_size = 2
 

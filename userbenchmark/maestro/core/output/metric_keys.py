@@ -142,7 +142,7 @@ _TABLE: Final[tuple[tuple[str, Level, Direction | None, Threshold, str], ...]] =
     ("makespan_avg_us", "pattern", "lower", _AVG, "mean of last end - first start"),
     ("makespan_p99_us", "pattern", "lower", _TAIL, "99th-percentile makespan"),
     ("serial_us", "pattern", "lower", _AVG, "sum of the blocks' isolated latencies"),
-    ("ideal_us", "pattern", "lower", _AVG, "largest isolated latency (perfect overlap)"),
+    ("ideal_us", "pattern", "lower", _AVG, "critical path of isolated latencies (perfect overlap)"),
     ("overlap_efficiency", "pattern", "higher", _FRACTION, "(serial-makespan)/(serial-ideal)"),
     ("shared_busbw_gbps", "pattern", "higher", _AVG, "all collectives' bus bytes / makespan"),
     ("comm_compute_overlap", "pattern", "higher", _FRACTION, "|comm & compute| / |comm|"),
