@@ -4,6 +4,8 @@ cannot hold is refused before any worker starts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.helpers import (
@@ -75,3 +77,40 @@ def test_an_unknown_name_and_a_cycle_are_refused_with_exit_2(tmp_path, after, me
         assert proc.returncode == 2, proc.stderr
         assert f"bad.yaml:10: {message}" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path):
+    config = tmp_path / "graph.yaml"
+    config.write_text(CHAIN.replace("baseline: true}", "baseline: true, graph: true}"))
+    proc = run_maestro(["run", "-c", str(config), "--nproc", "1"], timeout=QUICK_HANG_S)
+    assert proc.returncode == 2, proc.stderr
+    assert "CUDA graphs" in proc.stderr and "gloo" in proc.stderr
+
+
+SOLO = """
+name: solo
+world_size: 2
+defaults: {warmup_iters: 1, iters: 4, baseline: false}
+axes:
+  solo: {teams: [[0]]}
+patterns:
+  - name: p
+    blocks:
+      - {name: a, op: sleep, axis: solo, duration_us: 5000}
+      - {name: b, op: sleep, lane: other, duration_us: 1000, after: a}
+"""
+
+
+def test_a_rank_that_does_not_run_the_awaited_block_does_not_wait_for_it(tmp_path):
+    # Rank 1 is in no team of `solo`: it runs b without a (each rank waits for its own work).
+    proc, out = run_pattern(tmp_path, SOLO, nproc=2, extra=["--trace"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "trace.json").read_text())
+    spans = {
+        (e["args"]["rank"], e["name"], e["args"]["iteration"]): (e["ts"], e["ts"] + e["dur"])
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e["cat"] == "sleep"
+    }
+    for it in range(4):
+        assert spans[(0, "b", it)][0] >= spans[(0, "a", it)][1]
+        assert (1, "b", it) in spans and (1, "a", it) not in spans

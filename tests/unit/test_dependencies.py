@@ -17,11 +17,15 @@ from userbenchmark.maestro.core.analysis.dependencies import critical_path
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.capping import apply_max_size
-from userbenchmark.maestro.core.config.dependencies import find_cycle, predecessors
+from userbenchmark.maestro.core.config.dependencies import (
+    find_cycle,
+    issue_order,
+    predecessors,
+)
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.summary import suite_summary
 from userbenchmark.maestro.core.profilers.base import Profiler
-from userbenchmark.maestro.core.runtime.lanes import CpuLanes, Lane, issue_order
+from userbenchmark.maestro.core.runtime.lanes import CpuLanes, Lane, issue_runs
 from userbenchmark.maestro.errors import ConfigError, RunError
 
 
@@ -290,16 +294,31 @@ def test_a_stuck_predecessor_is_the_block_reported_not_its_waiter():
     assert info.value.block == "a0"
 
 
-def test_issue_order_puts_every_block_after_what_it_waits_for():
-    # Lane 0 waits for lane 1's second block; lane 1's first block waits for lane 0's first.
+def test_issue_order_puts_every_block_after_what_it_waits_for_the_same_on_every_rank():
+    # Lane x: a, b (after d); lane l: c (after a), d. Lane by lane as far as each can go.
+    suite = load_suite_text(
+        HEAD
+        + _pattern(
+            A,
+            "{name: b, op: sleep, axis: x, duration_us: 10, after: d}",
+            "{name: c, op: sleep, lane: l, duration_us: 10, after: a}",
+            "{name: d, op: sleep, lane: l, duration_us: 10}",
+        ),
+        file="ok.yaml",
+    )
+    order = issue_order(suite.patterns[0].blocks)
+    assert order == (0, 2, 3, 1)
     lanes = [
-        Lane(name="a", blocks=[(0, None), (1, None)], after={1: (3,)}),
-        Lane(name="b", blocks=[(2, None), (3, None)], after={2: (0,)}),
+        Lane(name="x", blocks=[(0, "a"), (1, "b")], after={1: (3,)}),
+        Lane(name="l", blocks=[(2, "c"), (3, "d")], after={2: (0,)}),
     ]
-    runs = issue_order(lanes)
-    assert [(li, [i for i, _ in run]) for li, run in runs] == [(0, [0]), (1, [2, 3]), (0, [1])]
-    plain = [Lane(name="a", blocks=[(0, None), (1, None)]), Lane(name="b", blocks=[(2, None)])]
-    assert [(li, len(run)) for li, run in issue_order(plain)] == [(0, 2), (1, 1)]
+    runs = [(li, [i for i, _ in run]) for li, run in issue_runs(lanes, order)]
+    assert runs == [(0, [0]), (1, [2, 3]), (0, [1])]
+    # A rank without a (another axis) keeps the order of what it runs: c, d, then b.
+    lanes = [Lane(name="x", blocks=[(1, "b")]), Lane(name="l", blocks=[(2, "c"), (3, "d")])]
+    assert [li for li, _ in issue_runs(lanes, order)] == [1, 0]
+    # Without an order: lane by lane, as before dependencies existed.
+    assert [(li, len(run)) for li, run in issue_runs(lanes, ())] == [(0, 1), (1, 2)]
 
 
 # ---- busy ----

@@ -10,7 +10,7 @@ from typing import Any
 from .problems import Problems, choices, join, suggest
 from .spec import BlockSpec
 
-__all__ = ["after_names", "check_after", "find_cycle", "predecessors"]
+__all__ = ["after_names", "check_after", "find_cycle", "issue_order", "predecessors"]
 
 
 def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ...] | None:
@@ -41,6 +41,29 @@ def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
         previous[block.lane] = i
         out.append(tuple(dict.fromkeys(waits)))
     return tuple(out)
+
+
+def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
+    """Every block once, each after the blocks it waits for: lane by lane (in order of first
+    use), each lane as far as its waits allow, round after round. The CUDA host enqueues in this
+    order, so every event a block waits for is recorded first; it is the same on every rank (a
+    rank leaves out what it does not run), so collectives of different communicators are
+    enqueued in one order everywhere. ValueError on a cycle (the loader refuses those)."""
+    waits = predecessors(blocks)
+    queues: dict[str, list[int]] = {}
+    for i, block in enumerate(blocks):
+        queues.setdefault(block.lane, []).append(i)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(blocks):
+        before = len(order)
+        for queue in queues.values():
+            while queue and done.issuperset(waits[queue[0]]):
+                done.add(queue[0])
+                order.append(queue.pop(0))
+        if len(order) == before:
+            raise ValueError("the blocks wait for each other in a cycle")
+    return tuple(order)
 
 
 def find_cycle(waits: Sequence[Sequence[int]]) -> list[int] | None:

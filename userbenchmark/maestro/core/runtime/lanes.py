@@ -38,29 +38,22 @@ class Lane:
     """{block index: blocks of other lanes of this window it waits for in each iteration}."""
 
 
-def issue_order(lanes: Sequence[Lane]) -> list[tuple[int, list[tuple[int, Any]]]]:
-    """Runs of (lane position, its next blocks) in an order where every block comes after the
-    blocks it waits for: lane by lane, each as far as it can go. The CUDA host enqueues in this
-    order, so an event a block waits on is always recorded first; without ``after`` it is one
-    run per lane."""
-    pos = [0] * len(lanes)
-    issued: set[int] = set()
+def issue_runs(
+    lanes: Sequence[Lane], order: Sequence[int]
+) -> list[tuple[int, list[tuple[int, Any]]]]:
+    """Runs of (lane position, its next blocks) following ``order`` (block indices; blocks not
+    in ``lanes`` left out), consecutive blocks of one lane in one run; lane by lane without
+    ``order``. The CUDA host enqueues in this order (see core/config/dependencies.py)."""
+    where = {index: (li, block) for li, lane in enumerate(lanes) for index, block in lane.blocks}
     runs: list[tuple[int, list[tuple[int, Any]]]] = []
-    while any(pos[li] < len(lane.blocks) for li, lane in enumerate(lanes)):
-        progress = len(issued)
-        for li, lane in enumerate(lanes):
-            run = []
-            while pos[li] < len(lane.blocks):
-                index, block = lane.blocks[pos[li]]
-                if not issued.issuperset(lane.after.get(index, ())):
-                    break
-                run.append((index, block))
-                issued.add(index)
-                pos[li] += 1
-            if run:
-                runs.append((li, run))
-        if len(issued) == progress:  # the loader refuses cycles: a bug if reached
-            raise RunError("the blocks of this window wait for each other in a cycle")
+    for index in order or list(where):
+        if index not in where:
+            continue
+        li, block = where[index]
+        if runs and runs[-1][0] == li:
+            runs[-1][1].append((index, block))
+        else:
+            runs.append((li, [(index, block)]))
     return runs
 
 
@@ -258,7 +251,9 @@ class CpuLanes:
         *,
         sync: str,
         block_names: Sequence[str],
+        order: Sequence[int] = (),
     ) -> HostTimings:
+        """Run the window; ``order`` (CUDA's issue order) is not needed: a lane is a thread."""
         out = HostTimings(
             gate_open_ns=np.zeros(num_iters, dtype=np.int64),
             agree_ns=np.zeros(num_iters, dtype=np.int64),
@@ -384,14 +379,16 @@ class CudaLanes:
         *,
         sync: str,
         block_names: Sequence[str],
+        order: Sequence[int] = (),
     ) -> HostTimings:
+        """Enqueue the window; ``order``: the blocks' issue order (lane by lane when empty)."""
         import torch
 
         enqueue = np.zeros(num_iters, dtype=np.int64)
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
         lane_done = [torch.cuda.Event() for _ in lanes]
-        runs = issue_order(lanes)
+        runs = issue_runs(lanes, order)
         # One event per awaited block, recorded on its lane after it each iteration; a lane
         # waits for it on the device (the host never blocks, the gate still opens every lane).
         marks = {j: torch.cuda.Event() for lane in lanes for w in lane.after.values() for j in w}

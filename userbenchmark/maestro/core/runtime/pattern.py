@@ -23,6 +23,7 @@ from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, 
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
+from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
@@ -119,6 +120,7 @@ class PatternRun:
         self.present = np.array([rt.comms.team(b.axis) is not None for b in specs], dtype=bool)
         lane_names = list(pattern.lanes)
         self.lane_of_block = [lane_names.index(b.lane) for b in specs]
+        self.order = issue_order(specs)
         index = {name: i for i, name in enumerate(self.names)}
         # after: across lanes only (a lane runs its blocks in order anyway). A rank that does
         # not run an awaited block has nothing to wait for: a stream waits on its own rank.
@@ -264,7 +266,12 @@ class PatternRun:
         profiler.begin_window(self.rt.next_window(), len(self.names), num_iters, present)
         with gc_paused():
             return self.rt.executor.run_window(
-                lanes, num_iters, profiler, sync=self.pattern.sync, block_names=self.names
+                lanes,
+                num_iters,
+                profiler,
+                sync=self.pattern.sync,
+                block_names=self.names,
+                order=self.order,
             )
 
     def window(
