@@ -3,6 +3,7 @@ the CUDA issue order; and the ``busy`` op's arithmetic and CPU loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -167,10 +168,13 @@ def test_predecessors_are_after_names_and_lane_order_and_find_cycle_follows_them
         ),
         file="ok.yaml",
     )
-    waits = predecessors(suite.patterns[0].blocks)
-    assert waits == ((), (0,), (1,))
-    assert find_cycle(waits) is None
-    assert find_cycle([(1,), (2,), (0,)]) == [0, 1, 2]
+    blocks = suite.patterns[0].blocks
+    assert predecessors(blocks) == ((), (0,), (1,))
+    assert find_cycle(blocks) is None
+    ring = [
+        dataclasses.replace(b, lane=b.name, after=(a,)) for b, a in zip(blocks, "bca", strict=True)
+    ]
+    assert find_cycle(ring) == [0, 1, 2] and issue_order(ring) == ()
 
 
 # ---- ideal in the records ----

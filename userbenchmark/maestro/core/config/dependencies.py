@@ -4,6 +4,7 @@ order (a block waits for the block before it on its lane)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,15 +45,17 @@ def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
 
 
 def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
-    """Every block once, each after the blocks it waits for: lane by lane (in order of first
-    use), each lane as far as its waits allow, round after round. The CUDA host enqueues in this
-    order, so every event a block waits for is recorded first; it is the same on every rank (a
-    rank leaves out what it does not run), so collectives of different communicators are
-    enqueued in one order everywhere. ValueError on a cycle (the loader refuses those)."""
+    """The blocks, each after the blocks it waits for: lane by lane (in order of first use),
+    each lane as far as its waits allow, round after round; blocks in a cycle are left out.
+
+    The CUDA host enqueues in this order, so every event a block waits for is recorded first;
+    it is the same on every rank (a rank skips what it does not run), so collectives of
+    different communicators are enqueued in one order everywhere.
+    """
     waits = predecessors(blocks)
-    queues: dict[str, list[int]] = {}
+    queues: dict[str, deque[int]] = {}
     for i, block in enumerate(blocks):
-        queues.setdefault(block.lane, []).append(i)
+        queues.setdefault(block.lane, deque()).append(i)
     order: list[int] = []
     done: set[int] = set()
     while len(order) < len(blocks):
@@ -60,39 +63,31 @@ def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
         for queue in queues.values():
             while queue and done.issuperset(waits[queue[0]]):
                 done.add(queue[0])
-                order.append(queue.pop(0))
+                order.append(queue.popleft())
         if len(order) == before:
-            raise ValueError("the blocks wait for each other in a cycle")
+            break  # the rest wait for each other
     return tuple(order)
 
 
-def find_cycle(waits: Sequence[Sequence[int]]) -> list[int] | None:
-    """A cycle of the wait-for graph (``waits[i]``: the blocks ``i`` waits for) as block indices,
-    each waiting for the next and the last for the first; None when there is none."""
-    state = [0] * len(waits)  # 0 unseen, 1 on the current path, 2 finished
-    for root in range(len(waits)):
-        if state[root]:
-            continue
-        path, todo = [root], [iter(waits[root])]
-        state[root] = 1
-        while todo:
-            nxt = next(todo[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                todo.pop()
-            elif state[nxt] == 1:
-                return path[path.index(nxt) :]
-            elif state[nxt] == 0:
-                state[nxt] = 1
-                path.append(nxt)
-                todo.append(iter(waits[nxt]))
-    return None
+def find_cycle(blocks: Sequence[BlockSpec]) -> list[int] | None:
+    """A cycle of waits (indices, each waiting for the next, the last for the first), or None.
+
+    Every block :func:`issue_order` leaves out waits for another one it leaves out (the block
+    before it on its lane, or one it names), so following those waits must come back.
+    """
+    waits, left = predecessors(blocks), set(range(len(blocks))) - set(issue_order(blocks))
+    if not left:
+        return None
+    path = [min(left)]
+    while path[-1] not in path[:-1]:
+        path.append(next(j for j in waits[path[-1]] if j in left))
+    return path[path.index(path[-1]) : -1]
 
 
 def check_after(
     p: Problems,
     blocks: Sequence[BlockSpec],
-    declared: Mapping[Any, None],
+    declared: Mapping[str, None],
     homes: Mapping[str, Sequence[str]],
     pattern: Any,
 ) -> None:
@@ -113,7 +108,7 @@ def check_after(
             else:
                 continue
             unknown = True
-    cycle = None if unknown else find_cycle(predecessors(blocks))
+    cycle = None if unknown else find_cycle(blocks)
     if cycle is None:
         return
     steps, named = [], []
@@ -131,7 +126,7 @@ def check_after(
     )
 
 
-def _unknown(name: str, declared: Mapping[Any, None], others: Sequence[str]) -> str:
+def _unknown(name: str, declared: Mapping[str, None], others: Sequence[str]) -> str:
     if "[" in name:
         return (
             f"{name!r} is a sweep point's name; name the block as written in this "
@@ -144,5 +139,5 @@ def _unknown(name: str, declared: Mapping[Any, None], others: Sequence[str]) -> 
         )
     return (
         f"unknown block {name!r}{suggest(name, declared)}; blocks of this pattern: "
-        f"{choices([n for n in declared if isinstance(n, str)])}"
+        f"{choices(declared)}"
     )

@@ -333,7 +333,8 @@ def _pattern_point(
             continue
         lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
         blocks.append(spec)
-    declared = {b.get("name"): None for b in raw_blocks if isinstance(b, dict)}
+    names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
+    declared = {name: None for name in names_written if isinstance(name, str)}
     check_after(p, blocks, declared, *elsewhere)
     if blocks and not p:
         num_iters = max(settings["iters"], settings["warmup_iters"])

@@ -72,7 +72,6 @@ class _CpuWindow:
         self.running = [""] * len(lanes)
         """The block each lane is in ("" between blocks and while waiting for one)."""
         self._count = [0] * num_blocks
-        self._waited = {j for lane in lanes for waits in lane.after.values() for j in waits}
         self._changed = threading.Condition()
         self._aborted = False
         self._timeout_s = timeout_s
@@ -110,10 +109,9 @@ class _CpuWindow:
                     profiler.before(index, it)
                     block.launch()
                     profiler.after(index, it)
-                    if index in self._waited:
-                        with self._changed:
-                            self._count[index] = it + 1
-                            self._changed.notify_all()
+                    with self._changed:
+                        self._count[index] = it + 1
+                        self._changed.notify_all()
                 self.running[li] = ""
                 self.done.wait()
         except threading.BrokenBarrierError:
