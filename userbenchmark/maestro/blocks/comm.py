@@ -192,9 +192,7 @@ class AllReduce(Collective):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
 
     op = "all_reduce"
-
     factor = staticmethod(all_reduce_factor)
-
     params = (SIZE, REDUCE_OP)
 
     def setup(self) -> None:
@@ -217,21 +215,25 @@ class AllReduce(Collective):
         return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
 
 
-class AllGather(Collective):
-    """all_gather_into_tensor: each rank contributes S / team_size bytes."""
-
-    op = "all_gather"
+class _Chunked(Collective):
+    """S split into one chunk per rank (all_gather, reduce_scatter, all_to_all); in place the
+    chunk is part of the S-byte buffer, out of place a buffer of its own."""
 
     factor = staticmethod(gather_factor)
-
-    one_rank_copies = True
-    params = (SIZE, IN_PLACE)
     divide_by_team = True
+    one_rank_copies = True
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         size = int(params["size"])
         return size if params.get("in_place") else size + size // team_size
+
+
+class AllGather(_Chunked):
+    """all_gather_into_tensor: each rank contributes S / team_size bytes."""
+
+    op = "all_gather"
+    params = (SIZE, IN_PLACE)
 
     def setup(self) -> None:
         chunk = self.numel() // self.ctx.team_size
@@ -263,21 +265,11 @@ class AllGather(Collective):
         return count_wrong(self.out, expected, "copy", self.ctx.team_size)
 
 
-class ReduceScatter(Collective):
+class ReduceScatter(_Chunked):
     """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
 
     op = "reduce_scatter"
-
-    factor = staticmethod(gather_factor)
-
-    one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
-    divide_by_team = True
-
-    @classmethod
-    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        size = int(params["size"])
-        return size if params.get("in_place") else size + size // team_size
 
     def setup(self) -> None:
         chunk = self.numel() // self.ctx.team_size
@@ -312,15 +304,10 @@ class ReduceScatter(Collective):
         )
 
 
-class AllToAll(Collective):
+class AllToAll(_Chunked):
     """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
 
     op = "all_to_all"
-
-    factor = staticmethod(gather_factor)
-
-    divide_by_team = True
-    one_rank_copies = True
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
@@ -361,7 +348,6 @@ class Broadcast(Collective):
     """broadcast of an S-byte buffer from the team's ``root``."""
 
     op = "broadcast"
-
     params = (SIZE, ROOT)
 
     def setup(self) -> None:
@@ -385,7 +371,6 @@ class Reduce(Collective):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
 
     op = "reduce"
-
     params = (SIZE, REDUCE_OP, ROOT)
 
     def setup(self) -> None:
@@ -418,7 +403,6 @@ class SendRecv(Collective):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
 
     op = "send_recv"
-
     min_team_size = 2
 
     @classmethod

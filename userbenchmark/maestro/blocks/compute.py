@@ -212,15 +212,11 @@ class Sleep(Block):
 
 
 BUSY_KERNEL_US = 50.0
-"""Longest kernel of a ``busy`` block: a longer block is several back-to-back kernels, so its
-buffers stay at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes whatever its duration."""
+"""Longest kernel of a ``busy`` block (a longer block is back-to-back kernels), so that its
+buffers hold at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes; 5 TB/s is above an H200's HBM."""
 BUSY_PEAK_GBPS = 5000.0
-"""Bandwidth the buffers are sized for, above an H200's 4.8 TB/s; a faster device gets more
-kernels over the whole buffers."""
 BUSY_CPU_ELEMS = 16384
 """Elements per operand on CPU: each add stays on one core (below torch's parallel grain)."""
-MAX_BUSY_US = 100_000.0
-"""Longest ``busy`` block (100 ms): 2000 kernels, whose host enqueue grows with the number."""
 
 
 class Busy(Block):
@@ -229,14 +225,13 @@ class Busy(Block):
     block takes ``duration_us`` alone; on CPU the same add in a loop until ``duration_us``."""
 
     op = "busy"
-
     category = "compute"
     params = (
         Param(
             name="duration_us",
             kind="float",
             minimum=0.0,
-            maximum=MAX_BUSY_US,
+            maximum=100_000.0,
             doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
             "longer work is more kernels, each enqueued by the host",
         ),
@@ -246,9 +241,8 @@ class Busy(Block):
     def check_params(
         cls, params: Mapping[str, Any], *, dtype: str, team_size: int
     ) -> list[tuple[str, str]]:
-        if params["duration_us"] <= 0:
-            return [("duration_us", "busy needs a positive duration_us, got 0")]
-        return []
+        positive = params["duration_us"] > 0
+        return [] if positive else [("duration_us", "busy needs a positive duration_us, got 0")]
 
     @staticmethod
     def operand_elems(duration_us: float, dtype: str) -> int:
@@ -266,8 +260,9 @@ class Busy(Block):
         self.duration_s = duration_us * 1e-6
         self.cuda = self.ctx.device.type == "cuda"
         n = self.operand_elems(duration_us, self.spec.dtype)
-        n = n if self.cuda else min(n, BUSY_CPU_ELEMS)
-        self.a, self.b, self.c = (self.ctx.empty(n).zero_() for _ in range(3))
+        self.a, self.b, self.c = (
+            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)).zero_() for _ in range(3)
+        )
         self.reps, self.kernel_us = 1, math.nan
         if self.cuda:
             self._calibrate(duration_us)
@@ -285,22 +280,20 @@ class Busy(Block):
         return start.elapsed_time(end) * 1e3 / launches
 
     def _calibrate(self, duration_us: float) -> None:
-        """Pick the kernel count and the element count so the block takes ``duration_us``."""
-        full = self.a.numel()
+        """The kernel count and the elements per kernel that take ``duration_us`` alone."""
         whole = (self.a, self.b, self.c)
+        full = n = self.a.numel()
         warm_us = 0.0
         while warm_us < 5_000:  # clocks up (5 ms of this very kernel) before measuring
             warm_us += 20 * self._timed_us(launches=20)
         self.reps = math.ceil(duration_us / BUSY_KERNEL_US)
-        n = full
         for _ in range(6):
             t_us = self._timed_us()
             if n == full and t_us * self.reps < duration_us:  # faster than the sizing assumed
                 self.reps = math.ceil(duration_us / t_us)
-            target_us = duration_us / self.reps
-            if abs(t_us - target_us) <= 0.01 * target_us:
+            if abs(t_us * self.reps - duration_us) <= 0.01 * duration_us:
                 break
-            n = min(full, max(1, round(n * target_us / t_us)))
+            n = min(full, max(1, round(n * duration_us / self.reps / t_us)))
             self.a, self.b, self.c = (x[:n] for x in whole)
         self.kernel_us = self._timed_us()
 
@@ -308,11 +301,10 @@ class Busy(Block):
         if not self.cuda:
             return ()
         moved = 3 * self.a.numel() * self.a.element_size()  # bytes one kernel reads and writes
-        alone_us = self.reps * self.kernel_us
-        gbps = moved / self.kernel_us / 1e3
         return (
-            f"busy: {self.reps} x c=a+b over {moved / 2**20:.3g} MiB, {alone_us:.1f} µs alone "
-            f"at {gbps:.0f} GB/s (calibrated at setup)",
+            f"busy: {self.reps} x c=a+b over {moved / 2**20:.3g} MiB, "
+            f"{self.reps * self.kernel_us:.1f} µs alone at {moved / self.kernel_us / 1e3:.0f} "
+            "GB/s (calibrated at setup)",
         )
 
     def launch(self) -> None:

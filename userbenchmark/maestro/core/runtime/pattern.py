@@ -128,6 +128,13 @@ class PatternRun:
             tuple(index[n] for n in b.after if self.lane_of_block[index[n]] != li)
             for b, li in zip(specs, self.lane_of_block, strict=True)
         ]
+        # A lane whose first block here waits for another lane does not start at the gate: -1
+        # leaves it out of the lane-start figures (lane skew, gate delay).
+        firsts: dict[int, int] = {}
+        for i in np.flatnonzero(self.present):
+            firsts.setdefault(self.lane_of_block[i], int(i))
+        waiting = {li for li, i in firsts.items() if self.present[list(self.after[i])].any()}
+        self.lane_starts = [-1 if li in waiting else li for li in self.lane_of_block]
         self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
@@ -251,15 +258,6 @@ class PatternRun:
         """Whether block ``i`` runs on this rank in a window of every block, or of ``only``."""
         return self.blocks[i] is not None and only in (None, i)
 
-    def lane_starts(self) -> list[int]:
-        """``lane_of_block`` with -1 for the blocks of a lane whose first block here waits for
-        another lane: that lane does not start at the gate (left out of lane skew and delay)."""
-        out = list(self.lane_of_block)
-        for lane in self.lanes():
-            if lane.blocks[0][0] in lane.after:
-                out = [-1 if li == self.lane_of_block[lane.blocks[0][0]] else li for li in out]
-        return out
-
     def _issue(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
     ) -> HostTimings:
@@ -318,7 +316,7 @@ class PatternRun:
         dist = self.rt.dist
         local = local_summary(
             timings,
-            lane_of_block=self.lane_starts(),
+            lane_of_block=self.lane_starts,
             is_comm=self.is_comm,
             is_compute=self.is_compute,
             rank=dist.rank,
