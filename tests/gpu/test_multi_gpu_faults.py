@@ -81,7 +81,7 @@ def test_raise_in_setup(tmp_path):
 
 
 def test_raise_mid_block(tmp_path):
-    text = _nccl(suite("rank: 1, when: launch, after: 3"))
+    text = _nccl(suite("rank: 1, when: launch, after_launches: 3"))
     ranks = run_ranks(tmp_path, text, [WORLD] * WORLD)
     assert_all_failed(ranks, phase="measure")
     assert_first_saved(tmp_path)
@@ -91,7 +91,7 @@ def test_raise_mid_block(tmp_path):
 
 
 def test_sigkill_of_a_rank_mid_pattern(tmp_path):
-    text = _nccl(suite("rank: 1, when: launch, how: kill, after: 3"))
+    text = _nccl(suite("rank: 1, when: launch, how: kill, after_launches: 3"))
     ranks = run_ranks(tmp_path, text, [WORLD] * WORLD)
     assert ranks[1].returncode == -signal.SIGKILL
     assert_all_failed(ranks, phase="measure")

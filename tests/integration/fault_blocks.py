@@ -47,7 +47,7 @@ class FailOnRank(Block):
             doc="raise an exception, SIGKILL or SIGSTOP the process, or never return",
         ),
         Param(
-            name="after",
+            name="after_launches",
             kind="int",
             default=0,
             minimum=0,
@@ -85,7 +85,7 @@ class FailOnRank(Block):
 
     def launch(self) -> None:
         self.calls += 1
-        if self.spec.params["when"] == "launch" and self.calls > self.spec.params["after"]:
+        if self.spec.params["when"] == "launch" and self.calls > self.spec.params["after_launches"]:
             self._fail()
         if self.ctx.device.type == "cuda":  # on CUDA every timed block owns device work
             import torch

@@ -249,7 +249,7 @@ def test_raise_in_setup_on_one_rank(tmp_path):
 
 
 def test_raise_in_launch_mid_measurement(tmp_path):
-    ranks = run_ranks(tmp_path, suite("rank: 1, when: launch, after: 3"), [2, 2])
+    ranks = run_ranks(tmp_path, suite("rank: 1, when: launch, after_launches: 3"), [2, 2])
     assert_all_failed(ranks, phase="measure")
     assert "block 'bad'" in ranks[0].stderr and "injected failure" in ranks[0].stderr
     assert_first_saved(tmp_path)
@@ -257,7 +257,9 @@ def test_raise_in_launch_mid_measurement(tmp_path):
 
 
 def test_sigkill_mid_pattern_on_three_ranks(tmp_path):
-    ranks = run_ranks(tmp_path, suite("rank: 1, when: launch, how: kill, after: 3"), [3, 3, 3])
+    ranks = run_ranks(
+        tmp_path, suite("rank: 1, when: launch, how: kill, after_launches: 3"), [3, 3, 3]
+    )
     assert ranks[1].returncode == -signal.SIGKILL
     assert_all_failed(ranks, phase="measure")
     assert "did not reach" in ranks[0].stderr, ranks[0].stderr[-3000:]
@@ -366,13 +368,13 @@ patterns:
   - name: all_fail
     blocks:
       - {{name: ar, op: all_reduce, axis: world, size: 4K}}
-      - {{name: bad, op: "{FAULT}", axis: world, rank: -1, when: launch, after: 2}}
+      - {{name: bad, op: "{FAULT}", axis: world, rank: -1, when: launch, after_launches: 2}}
   - name: late
     blocks: [{{name: ar, op: all_reduce, axis: world, size: 4K}}]
   - name: one_fail
     blocks:
       - {{name: ar, op: all_reduce, axis: world, size: 4K}}
-      - {{name: bad, op: "{FAULT}", axis: world, rank: 1, when: launch, after: 2}}
+      - {{name: bad, op: "{FAULT}", axis: world, rank: 1, when: launch, after_launches: 2}}
   - name: never
     blocks: [{{name: ar, op: all_reduce, axis: world, size: 4K}}]
 """
@@ -477,7 +479,7 @@ def _assert_gone_in_time(fault: str, launcher: str, gone_s: float, statuses: lis
 
 
 def test_nproc_sigstop_of_a_worker(tmp_path):
-    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: stop, after: 3"))
+    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: stop, after_launches: 3"))
     fault = run.fault_at(1)
     gone = run.all_gone() - fault
     err = run.stderr()
@@ -491,7 +493,7 @@ def test_nproc_sigstop_of_a_worker(tmp_path):
 
 @pytest.mark.parametrize("when", ["setup", "launch"])
 def test_nproc_block_that_never_returns(tmp_path, when):
-    run = LocalRun(tmp_path, suite(f"rank: 1, when: {when}, how: hang, after: 3"))
+    run = LocalRun(tmp_path, suite(f"rank: 1, when: {when}, how: hang, after_launches: 3"))
     fault = run.fault_at(1)
     gone = run.all_gone() - fault
     err = run.stderr()
@@ -508,7 +510,7 @@ def test_nproc_block_that_never_returns(tmp_path, when):
 
 
 def test_nproc_sigkill_of_a_worker_is_named(tmp_path):
-    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: kill, after: 3"))
+    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: kill, after_launches: 3"))
     fault = run.fault_at(1)
     gone = run.all_gone() - fault
     err = run.stderr()
@@ -572,7 +574,7 @@ def test_block_that_never_returns_per_rank(tmp_path):
 def test_sigstop_per_rank_then_sigcont(tmp_path):
     """The other ranks end in time; the stopped rank, once continued, ends too."""
     procs, start = start_ranks(
-        tmp_path, suite("rank: 1, when: launch, how: stop, after: 3"), [2, 2]
+        tmp_path, suite("rank: 1, when: launch, how: stop, after_launches: 3"), [2, 2]
     )
     try:
         fault = None

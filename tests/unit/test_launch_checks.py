@@ -178,7 +178,7 @@ def test_log_lines_outside_a_run_have_no_rank(maestro_logger, monkeypatch, capsy
 def test_log_lines_inside_a_run_carry_the_rank(maestro_logger, monkeypatch, capsys):
     monkeypatch.setenv("RANK", "3")
     configure_logging("INFO")
-    logging.getLogger("maestro.runner").warning("slow")
+    logging.getLogger("maestro.pattern").warning("slow")
     assert capsys.readouterr().err == "[maestro r3] WARNING slow\n"
 
 

@@ -64,7 +64,7 @@ def test_duplicate_key_unknown_op_unused_variable_and_bad_parameter_at_once():
     assert shown == [
         "four.yaml:3: name: duplicate key 'name'",
         "four.yaml:7: patterns[0].blocks[0].op: unknown op 'allreduce' (did you mean "
-        "'all_reduce'?); valid ops: all_gather, all_reduce, all_to_all, broadcast, gemm, "
+        "'all_reduce'?); valid ops: all_gather, all_reduce, all_to_all, broadcast, busy, gemm, "
         "reduce, reduce_scatter, send_recv, sleep, or a custom 'package.module:ClassName'",
         "four.yaml:9: patterns[1].sweep.unused: sweep variable 'unused' is not used by any "
         'block (reference it as "${unused}")',

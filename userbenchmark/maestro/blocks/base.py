@@ -139,6 +139,10 @@ class Block:
     def setup(self) -> None:
         """Allocate buffers and fill inputs (untimed)."""
 
+    def setup_notes(self) -> tuple[str, ...]:
+        """Notes known only after ``setup`` (what a calibration found), added to :meth:`notes`."""
+        return ()
+
     def launch(self) -> None:
         """Enqueue one execution on the current lane (timed: enqueue only, no setup)."""
         raise NotImplementedError

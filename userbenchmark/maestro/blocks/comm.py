@@ -9,7 +9,7 @@ send_recv: the bytes each rank sends). Each class also states nccl-tests' bus fa
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import Block, Param
@@ -95,6 +95,8 @@ class Collective(Block):
     """Whether S must split into team_size equal chunks of whole elements."""
     one_rank_copies = False
     """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
+    factor: Callable[[int], float] = staticmethod(unit_factor)
+    """nccl-tests' bus factor of a team size (what :meth:`bus_factor` returns)."""
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
@@ -147,6 +149,10 @@ class Collective(Block):
         return int(params["size"])
 
     @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        return cls.factor(team_size)
+
+    @classmethod
     def capped_params(
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
@@ -186,11 +192,7 @@ class AllReduce(Collective):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
 
     op = "all_reduce"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return all_reduce_factor(team_size)
-
+    factor = staticmethod(all_reduce_factor)
     params = (SIZE, REDUCE_OP)
 
     def setup(self) -> None:
@@ -213,23 +215,25 @@ class AllReduce(Collective):
         return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
 
 
-class AllGather(Collective):
-    """all_gather_into_tensor: each rank contributes S / team_size bytes."""
+class _Chunked(Collective):
+    """S split into one chunk per rank (all_gather, reduce_scatter, all_to_all); in place the
+    chunk is part of the S-byte buffer, out of place a buffer of its own."""
 
-    op = "all_gather"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
-
-    one_rank_copies = True
-    params = (SIZE, IN_PLACE)
+    factor = staticmethod(gather_factor)
     divide_by_team = True
+    one_rank_copies = True
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         size = int(params["size"])
         return size if params.get("in_place") else size + size // team_size
+
+
+class AllGather(_Chunked):
+    """all_gather_into_tensor: each rank contributes S / team_size bytes."""
+
+    op = "all_gather"
+    params = (SIZE, IN_PLACE)
 
     def setup(self) -> None:
         chunk = self.numel() // self.ctx.team_size
@@ -261,23 +265,11 @@ class AllGather(Collective):
         return count_wrong(self.out, expected, "copy", self.ctx.team_size)
 
 
-class ReduceScatter(Collective):
+class ReduceScatter(_Chunked):
     """reduce_scatter_tensor: an S-byte input, each rank keeps S / team_size bytes."""
 
     op = "reduce_scatter"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
-
-    one_rank_copies = True
     params = (SIZE, REDUCE_OP, IN_PLACE)
-    divide_by_team = True
-
-    @classmethod
-    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        size = int(params["size"])
-        return size if params.get("in_place") else size + size // team_size
 
     def setup(self) -> None:
         chunk = self.numel() // self.ctx.team_size
@@ -312,17 +304,10 @@ class ReduceScatter(Collective):
         )
 
 
-class AllToAll(Collective):
+class AllToAll(_Chunked):
     """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
 
     op = "all_to_all"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return gather_factor(team_size)
-
-    divide_by_team = True
-    one_rank_copies = True
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
@@ -363,11 +348,6 @@ class Broadcast(Collective):
     """broadcast of an S-byte buffer from the team's ``root``."""
 
     op = "broadcast"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
-
     params = (SIZE, ROOT)
 
     def setup(self) -> None:
@@ -391,11 +371,6 @@ class Reduce(Collective):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
 
     op = "reduce"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
-
     params = (SIZE, REDUCE_OP, ROOT)
 
     def setup(self) -> None:
@@ -428,11 +403,6 @@ class SendRecv(Collective):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
 
     op = "send_recv"
-
-    @classmethod
-    def bus_factor(cls, team_size: int) -> float:
-        return unit_factor(team_size)
-
     min_team_size = 2
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Compute blocks: a GEMM (torch.matmul) and a calibrated sleep."""
+"""Compute blocks: a GEMM (torch.matmul), a calibrated sleep and memory-bound busy work."""
 
 from __future__ import annotations
 
@@ -209,3 +209,112 @@ class Sleep(Block):
             time.sleep(coarse)
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(min(left, 100e-6))
+
+
+BUSY_KERNEL_US = 50.0
+"""Longest kernel of a ``busy`` block (a longer block is back-to-back kernels), so that its
+buffers hold at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes; 5 TB/s is above an H200's HBM."""
+BUSY_PEAK_GBPS = 5000.0
+BUSY_CPU_ELEMS = 16384
+"""Elements per operand on CPU: each add stays on one core (below torch's parallel grain)."""
+
+
+class Busy(Block):
+    """Memory-bound compute that occupies the GPU as an elementwise kernel does (every SM, HBM
+    traffic): ``c = a + b`` on CUDA, repeated and sized by calibration at setup so that the
+    block takes ``duration_us`` alone; on CPU the same add in a loop until ``duration_us``."""
+
+    op = "busy"
+    category = "compute"
+    params = (
+        Param(
+            name="duration_us",
+            kind="float",
+            minimum=0.0,
+            maximum=100_000.0,
+            doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
+            "longer work is more kernels, each enqueued by the host",
+        ),
+    )
+
+    @classmethod
+    def check_params(
+        cls, params: Mapping[str, Any], *, dtype: str, team_size: int
+    ) -> list[tuple[str, str]]:
+        positive = params["duration_us"] > 0
+        return [] if positive else [("duration_us", "busy needs a positive duration_us, got 0")]
+
+    @staticmethod
+    def operand_elems(duration_us: float, dtype: str) -> int:
+        """Elements of each of a, b and c on CUDA: one kernel's traffic at BUSY_PEAK_GBPS."""
+        traffic_bytes = min(duration_us, BUSY_KERNEL_US) * BUSY_PEAK_GBPS * 1e3
+        return max(1, math.ceil(traffic_bytes / (3 * DTYPE_SIZES_BYTES[dtype])))
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """a, b and c as sized for CUDA (on CPU each holds at most BUSY_CPU_ELEMS)."""
+        return 3 * cls.operand_elems(float(params["duration_us"]), dtype) * DTYPE_SIZES_BYTES[dtype]
+
+    def setup(self) -> None:
+        duration_us = float(self.spec.params["duration_us"])
+        self.duration_s = duration_us * 1e-6
+        self.cuda = self.ctx.device.type == "cuda"
+        n = self.operand_elems(duration_us, self.spec.dtype)
+        self.a, self.b, self.c = (
+            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)).zero_() for _ in range(3)
+        )
+        self.reps, self.kernel_us = 1, math.nan
+        if self.cuda:
+            self._calibrate(duration_us)
+
+    def _timed_us(self, launches: int = 5) -> float:
+        """Device time of one kernel over the current views, from CUDA events."""
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            torch.add(self.a, self.b, out=self.c)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / launches
+
+    def _calibrate(self, duration_us: float) -> None:
+        """The kernel count and the elements per kernel that take ``duration_us`` alone."""
+        whole = (self.a, self.b, self.c)
+        full = n = self.a.numel()
+        warm_us = 0.0
+        while warm_us < 5_000:  # clocks up (5 ms of this very kernel) before measuring
+            warm_us += 20 * self._timed_us(launches=20)
+        self.reps = math.ceil(duration_us / BUSY_KERNEL_US)
+        for _ in range(6):
+            t_us = self._timed_us()
+            if n == full and t_us * self.reps < duration_us:  # faster than the sizing assumed
+                self.reps = math.ceil(duration_us / t_us)
+            if abs(t_us * self.reps - duration_us) <= 0.01 * duration_us:
+                break
+            n = min(full, max(1, round(n * duration_us / self.reps / t_us)))
+            self.a, self.b, self.c = (x[:n] for x in whole)
+        self.kernel_us = self._timed_us()
+
+    def setup_notes(self) -> tuple[str, ...]:
+        if not self.cuda:
+            return ()
+        moved = 3 * self.a.numel() * self.a.element_size()  # bytes one kernel reads and writes
+        return (
+            f"busy: {self.reps} x c=a+b over {moved / 2**20:.3g} MiB, "
+            f"{self.reps * self.kernel_us:.1f} µs alone at {moved / self.kernel_us / 1e3:.0f} "
+            "GB/s (calibrated at setup)",
+        )
+
+    def launch(self) -> None:
+        import torch
+
+        if self.cuda:
+            for _ in range(self.reps):
+                torch.add(self.a, self.b, out=self.c)
+            return
+        # CPU: real work until the deadline (torch releases the GIL inside each add).
+        deadline = time.perf_counter() + self.duration_s
+        while time.perf_counter() < deadline:
+            torch.add(self.a, self.b, out=self.c)

@@ -6,7 +6,7 @@ import importlib
 
 from .base import Block
 from .comm import AllGather, AllReduce, AllToAll, Broadcast, Reduce, ReduceScatter, SendRecv
-from .compute import Gemm, Sleep
+from .compute import Busy, Gemm, Sleep
 
 BUILTIN_BLOCKS: tuple[type[Block], ...] = (
     AllReduce,
@@ -18,6 +18,7 @@ BUILTIN_BLOCKS: tuple[type[Block], ...] = (
     SendRecv,
     Gemm,
     Sleep,
+    Busy,
 )
 """Every built-in block class; each names its op in ``Block.op``."""
 

@@ -97,7 +97,8 @@ def local_summary(
 
     ``host`` is the lanes' account of the window (enqueue times, gate spin, CPU gate
     openings). ``shared_clock``: every rank's timestamps are one host's clock (the caller
-    knows the hosts), so instants of different ranks may be compared.
+    knows the hosts), so instants of different ranks may be compared. ``lane_of_block`` -1:
+    a lane that waits for another (``after:``), left out of the lanes' first starts.
     """
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
@@ -124,7 +125,7 @@ def local_summary(
         pair_mean = np.full((num_blocks, num_blocks), np.nan)
     cc_by_rank = np.zeros((2, max(world_size, 1)))
     cc_by_rank[:, rank] = hidden, comm
-    lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]})
+    lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]} - {-1})
     first = np.full((len(lanes), num_iters), np.inf)
     for row, lane in enumerate(lanes):
         members = [b for b in range(num_blocks) if present[b] and lane_of_block[b] == lane]

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...blocks.base import Block
+from ..config.dependencies import predecessors
 from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
+from .dependencies import critical_path
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import LatencyStats, latency_stats, percentile_nearest_rank
 
@@ -86,8 +88,8 @@ def _efficiency_note(efficiency: float, noise: float) -> str:
     if efficiency > 1.0 + noise:
         return (
             f"overlap efficiency {efficiency:.3f} > 1 beyond noise (±{noise:.3f}): the pattern "
-            "finished sooner than its longest block alone (blocks ran faster together than "
-            "alone, or the isolated runs were slow)"
+            "finished sooner than its ideal, its critical path alone (blocks ran faster "
+            "together than alone, or the isolated runs were slow)"
         )
     return ""
 
@@ -226,17 +228,17 @@ def _pattern_result(
     iso = isolated.avg_us
     complete = bool(np.isfinite(iso).all()) and iso.size > 0
     serial = float(iso.sum()) if complete else math.nan
-    ideal = float(iso.max()) if complete else math.nan
+    # Ideal: the critical path of the isolated durations over after: and lane order.
+    ideal, path = critical_path(iso, predecessors(pattern.blocks))
     efficiency = float(overlap.overlap_efficiency(serial, makespan.avg_us, ideal))
     notes = []
     if complete and math.isfinite(efficiency):
-        longest = int(np.argmax(iso))
         noise = overlap.efficiency_noise(
             serial,
             ideal,
             makespan.avg_us,
             math.sqrt(sum(se**2 for se in iso_se)),
-            iso_se[longest],
+            math.sqrt(sum(iso_se[b] ** 2 for b in path)),
             overlap.standard_error_us(makespan.stdev_us, makespan.count),
         )
         flag = _efficiency_note(efficiency, noise)

@@ -218,9 +218,11 @@ def overlap_efficiency(
     *,
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
-    """(serial - makespan) / (serial - ideal), where serial = Σ isolated, ideal = max isolated.
+    """(serial - makespan) / (serial - ideal), where serial = Σ isolated and ideal = the critical
+    path of the isolated latencies (core/analysis/dependencies.py; the longest block when no
+    block waits for another).
 
-    1 = perfect overlap (the pattern takes as long as its longest block), 0 = fully serialized.
+    1 = perfect overlap (the pattern takes as long as its ideal), 0 = fully serialized.
     Values outside [0, 1] are real results: below 0 the overlapped run was slower than running
     the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up).
     NaN when any input is NaN, or when the headroom serial - ideal (the most overlap could

@@ -152,7 +152,7 @@ class PatternResult:
     makespan_avg_us: float = _latency("mean of last end - first start", default=_REQUIRED)
     makespan_p99_us: float = _latency("99th-percentile makespan", 0.10, _REQUIRED)
     serial_us: float = _latency("sum of the blocks' isolated latencies")
-    ideal_us: float = _latency("largest isolated latency (perfect overlap)")
+    ideal_us: float = _latency("critical path of isolated latencies (perfect overlap)")
     overlap_efficiency: float = metric(
         better="higher",
         domain="finite",  # below 0: slower than serial; above 1: beat the ideal

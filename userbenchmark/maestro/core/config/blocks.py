@@ -11,13 +11,14 @@ from ...blocks.base import REQUIRED, Block, Param
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from ...blocks.registry import BlockImportError, custom_op_problem, registered_ops, resolve_op
 from .axes import AxisDraft
+from .dependencies import after_names
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
 
 __all__ = ["BLOCK_KEYS", "PARAM_YAML_ALIASES", "OpResolver", "check_block"]
 
-BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers")
+BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after")
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
@@ -129,6 +130,7 @@ def check_block(
     register = settings["register_buffers"]
     if "register_buffers" in raw:
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
+    after = after_names(p, raw, path)
     if unchecked:
         # A custom op left unimported: its parameters are kept as written, unchecked.
         params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
@@ -141,7 +143,7 @@ def check_block(
         params = _op_checks(p, cls, op, params, path, dtype, axis)
     if params is None or len(p) > start or axis is None or dtype is None:
         return None
-    assert name is not None and lane is not None and register is not None
+    assert name is not None and lane is not None and register is not None and after is not None
     return BlockSpec(
         name=name,
         op=op,
@@ -150,6 +152,7 @@ def check_block(
         dtype=dtype,
         params=frozen_mapping(params),
         register_buffers=register,
+        after=after,
         yaml_path=path,
     )
 

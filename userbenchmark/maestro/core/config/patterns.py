@@ -14,6 +14,7 @@ from typing import Any, Final
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from .axes import AxisDraft
 from .blocks import OpResolver, check_block
+from .dependencies import check_after
 from .problems import Problems, index, join
 from .spec import SYNC_MODES, BlockSpec, PatternSpec
 from .sweep import (
@@ -133,6 +134,7 @@ def check_patterns(
     patterns: list[PatternSpec] = []
     names: dict[str, str] = {}
     total_blocks = 0
+    homes = _block_homes(raw)
     for i, entry in enumerate(raw):
         path = index("patterns", i)
         if not isinstance(entry, dict):
@@ -160,10 +162,25 @@ def check_patterns(
                 "total; split the file or shrink the sweeps",
             )
             break
-        specs = _expand(p, entry, path, base or "", points, unresolved, defaults, axes, ops)
+        elsewhere = (homes, entry.get("name"))
+        specs = _expand(
+            p, entry, path, base or "", points, unresolved, defaults, axes, ops, elsewhere
+        )
         if base is not None:
             patterns.extend(specs)
     return patterns
+
+
+def _block_homes(raw: list[Any]) -> dict[str, list[str]]:
+    """{block name as written: the names of the patterns that have a block of that name}."""
+    homes: dict[str, list[str]] = {}
+    for entry in raw:
+        blocks = entry.get("blocks") if isinstance(entry, dict) else None
+        for block in blocks if isinstance(blocks, list) else ():
+            name = block.get("name") if isinstance(block, dict) else None
+            if isinstance(name, str) and isinstance(entry.get("name"), str):
+                homes.setdefault(name, []).append(entry["name"])
+    return homes
 
 
 def _at(path: str, rel: tuple[Any, ...]) -> str:
@@ -236,6 +253,7 @@ def _expand(
     defaults: dict[str, Any],
     axes: dict[str, AxisDraft],
     ops: OpResolver,
+    elsewhere: tuple[dict[str, list[str]], Any],
 ) -> list[PatternSpec]:
     """One PatternSpec per point; a problem found at only some points names the first."""
     body = {k: v for k, v in entry.items() if k not in ("name", "sweep")}
@@ -244,7 +262,7 @@ def _expand(
     for point in points:
         problems = p.scoped()
         spec = _pattern_point(
-            problems, substitute(body, point), path, base, point, defaults, axes, ops
+            problems, substitute(body, point), path, base, point, defaults, axes, ops, elsewhere
         )
         for sub, message, _line in problems.items:
             if not _is_within(sub, unresolved):
@@ -268,6 +286,7 @@ def _pattern_point(
     defaults: dict[str, Any],
     axes: dict[str, AxisDraft],
     ops: OpResolver,
+    elsewhere: tuple[dict[str, list[str]], Any],
 ) -> PatternSpec | None:
     settings = check_settings(p, body, path, defaults)
     raw_blocks = body.get("blocks")
@@ -314,6 +333,9 @@ def _pattern_point(
             continue
         lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
         blocks.append(spec)
+    names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
+    declared = {name: None for name in names_written if isinstance(name, str)}
+    check_after(p, blocks, declared, *elsewhere)
     if blocks and not p:
         num_iters = max(settings["iters"], settings["warmup_iters"])
         problem = window_launches_problem(len(blocks), num_iters)

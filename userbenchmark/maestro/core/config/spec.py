@@ -72,6 +72,8 @@ class BlockSpec:
     params: Mapping[str, Any] = field(default_factory=frozen_mapping)
     """Op parameters after defaults; sizes are int bytes, GEMM dims int element counts."""
     register_buffers: bool = False
+    after: tuple[str, ...] = ()
+    """Blocks of the same pattern this block waits for in each iteration (``after:``)."""
     yaml_path: str = ""
 
     @property

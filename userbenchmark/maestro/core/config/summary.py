@@ -176,6 +176,9 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
         disable_numparse=True,
     )
     lines += ["    " + line for line in table.splitlines()]
+    waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
+    if waits:
+        lines.append("    each iteration: " + "; ".join(waits))
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
     top = max(per_rank)
     low = min(per_rank)

@@ -5,8 +5,9 @@ the gate event, with the block's external correlation id pushed around ``replay(
 every kernel of the replay that id, so CUPTI attributes per block and iteration exactly as in
 eager mode (seen on an H200 with torch 2.11 and cupti-python 13.0.1). A graph holding a whole
 iteration would give every kernel of every lane the one id pushed around its replay; telling
-the blocks apart there would need graph node ids. The gate, the lanes and the profilers are
-the same in both modes; only what ``launch`` does changes.
+the blocks apart there would need graph node ids. The gate, the lanes, the ``after:`` events
+(recorded and waited between replays, outside the graphs) and the profilers are the same in
+both modes; only what ``launch`` does changes.
 """
 
 from __future__ import annotations

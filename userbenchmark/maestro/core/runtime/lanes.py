@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from ...errors import RunError
 from ..analysis.intervals import HostTimings
 from ..profilers.base import Profiler
 
-log = logging.getLogger("maestro.executor")
+log = logging.getLogger("maestro.lanes")
 
 
 @dataclass(kw_only=True)
@@ -34,6 +34,91 @@ class Lane:
     blocks: list[tuple[int, Any]]
     priority: str = "normal"
     stream: Any = None
+    after: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """{block index: blocks of other lanes of this window it waits for in each iteration}."""
+
+
+def issue_runs(
+    lanes: Sequence[Lane], order: Sequence[int]
+) -> list[tuple[int, list[tuple[int, Any]]]]:
+    """Runs of (lane position, its next blocks) following ``order`` (block indices; blocks not
+    in ``lanes`` left out), consecutive blocks of one lane in one run; lane by lane without
+    ``order``. The CUDA host enqueues in this order (see core/config/dependencies.py)."""
+    where = {index: (li, block) for li, lane in enumerate(lanes) for index, block in lane.blocks}
+    runs: list[tuple[int, list[tuple[int, Any]]]] = []
+    for index in order or list(where):
+        if index not in where:
+            continue
+        li, block = where[index]
+        if runs and runs[-1][0] == li:
+            runs[-1][1].append((index, block))
+        else:
+            runs.append((li, [(index, block)]))
+    return runs
+
+
+class _CpuWindow:
+    """The threads' shared state of one CPU window: the gate and end-of-iteration barriers,
+    how many iterations each block finished (what ``after`` waits on), the failures.
+
+    A lane stuck in a block (a custom block that never returns) or in a wait must not hold the
+    rank forever: past ``timeout_s`` the barriers and waits break and the rank reports it.
+    """
+
+    def __init__(self, lanes: Sequence[Lane], num_blocks: int, timeout_s: float) -> None:
+        self.gate = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
+        self.done = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
+        self.errors: list[tuple[str, BaseException]] = []
+        self.running = [""] * len(lanes)
+        """The block each lane is in ("" between blocks and while waiting for one)."""
+        self._count = [0] * num_blocks
+        self._changed = threading.Condition()
+        self._aborted = False
+        self._timeout_s = timeout_s
+
+    def release(self) -> None:
+        """Break every barrier and wait: the lanes return."""
+        self.gate.abort()
+        self.done.abort()
+        with self._changed:
+            self._aborted = True
+            self._changed.notify_all()
+
+    def _wait_for(self, indices: Sequence[int], it: int) -> None:
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: self._aborted or all(self._count[j] > it for j in indices),
+                self._timeout_s,
+            )
+        if self._aborted or not ok:
+            raise threading.BrokenBarrierError
+
+    def lane_main(
+        self, li: int, lane: Lane, num_iters: int, profiler: Profiler, names: Sequence[str]
+    ) -> None:
+        """One lane's thread: each iteration, after the gate, its blocks in order, each once
+        the blocks it waits for finished that iteration (the wait is not in its timing)."""
+        try:
+            for it in range(num_iters):
+                self.gate.wait()
+                for index, block in lane.blocks:
+                    if index in lane.after:
+                        self.running[li] = ""  # a wait that times out blames the awaited block
+                        self._wait_for(lane.after[index], it)
+                    self.running[li] = names[index]
+                    profiler.before(index, it)
+                    block.launch()
+                    profiler.after(index, it)
+                    with self._changed:
+                        self._count[index] = it + 1
+                        self._changed.notify_all()
+                self.running[li] = ""
+                self.done.wait()
+        except threading.BrokenBarrierError:
+            return  # another lane failed, or the main thread gave up: it reports
+        except BaseException as exc:  # reported by the main thread with the block name
+            self.errors.append((self.running[li], exc))
+            self.release()
 
 
 DEFAULT_GATE_US = 200.0
@@ -164,7 +249,9 @@ class CpuLanes:
         *,
         sync: str,
         block_names: Sequence[str],
+        order: Sequence[int] = (),
     ) -> HostTimings:
+        """Run the window; ``order`` (CUDA's issue order) is not needed: a lane is a thread."""
         out = HostTimings(
             gate_open_ns=np.zeros(num_iters, dtype=np.int64),
             agree_ns=np.zeros(num_iters, dtype=np.int64),
@@ -174,34 +261,13 @@ class CpuLanes:
             for it in range(num_iters):
                 self._open_gate(sync, it, out)
             return out
-        # A lane stuck in a block (a custom block that never returns) must not hold the rank
-        # forever: past the timeout the barrier breaks and the rank reports the block.
-        gate = threading.Barrier(len(lanes) + 1, timeout=self._timeout_s)
-        done = threading.Barrier(len(lanes) + 1, timeout=self._timeout_s)
-        errors: list[tuple[str, BaseException]] = []
-        running = [""] * len(lanes)
-
-        def lane_main(li: int, lane: Lane) -> None:
-            try:
-                for it in range(num_iters):
-                    gate.wait()
-                    for index, block in lane.blocks:
-                        running[li] = block_names[index]
-                        profiler.before(index, it)
-                        block.launch()
-                        profiler.after(index, it)
-                    running[li] = ""
-                    done.wait()
-            except threading.BrokenBarrierError:
-                return  # another lane failed, or the main thread gave up: it reports
-            except BaseException as exc:  # reported by the main thread with the block name
-                errors.append((running[li], exc))
-                gate.abort()
-                done.abort()
-
+        window = _CpuWindow(lanes, len(block_names), self._timeout_s)
         threads = [
             threading.Thread(
-                target=lane_main, args=(li, lane), daemon=True, name=f"maestro-lane-{lane.name}"
+                target=window.lane_main,
+                args=(li, lane, num_iters, profiler, block_names),
+                daemon=True,
+                name=f"maestro-lane-{lane.name}",
             )
             for li, lane in enumerate(lanes)
         ]
@@ -212,31 +278,29 @@ class CpuLanes:
         try:
             for it in range(num_iters):
                 self._open_gate(sync, it, out)
-                gate.wait()
-                done.wait()
+                window.gate.wait()
+                window.done.wait()
         except threading.BrokenBarrierError:
-            stuck = [name for name in running if name]
+            stuck = [name for name in window.running if name]
         except BaseException as exc:  # the iteration barrier failed (a peer rank is gone)
             main_error = exc
         finally:
             # Release every lane, whatever ended the loop; a lane still inside a block is a
             # daemon thread and is left behind (it cannot be stopped from outside).
-            if errors or main_error is not None or stuck:
-                gate.abort()
-                done.abort()
+            if window.errors or main_error is not None or stuck:
+                window.release()
             for t in threads:
                 t.join(timeout=0 if stuck else None)
-        if errors:
-            block, exc = errors[0]
+        if window.errors:
+            block, exc = window.errors[0]
             raise RunError(f"{type(exc).__name__}: {exc}", block=block) from exc
         if stuck:
             raise RunError(
-                f"block did not return within timeout_s {self._timeout_s:g} s",
-                block=stuck[0],
+                f"block did not return within timeout_s {self._timeout_s:g} s", block=stuck[0]
             )
+        if isinstance(main_error, KeyboardInterrupt):
+            raise main_error
         if main_error is not None:
-            if isinstance(main_error, KeyboardInterrupt):
-                raise main_error
             raise RunError(
                 f"iteration barrier failed ({type(main_error).__name__}: "
                 f"{main_error}); another rank stopped"
@@ -313,13 +377,19 @@ class CudaLanes:
         *,
         sync: str,
         block_names: Sequence[str],
+        order: Sequence[int] = (),
     ) -> HostTimings:
+        """Enqueue the window; ``order``: the blocks' issue order (lane by lane when empty)."""
         import torch
 
         enqueue = np.zeros(num_iters, dtype=np.int64)
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
         lane_done = [torch.cuda.Event() for _ in lanes]
+        runs = issue_runs(lanes, order)
+        # One event per awaited block, recorded on its lane after it each iteration; a lane
+        # waits for it on the device (the host never blocks, the gate still opens every lane).
+        marks = {j: torch.cuda.Event() for lane in lanes for w in lane.after.values() for j in w}
         fence = [gate_event, *lane_done]
         host_barrier = sync in ("barrier", "barrier-only")
         align = self._align if sync == "barrier" else None
@@ -344,16 +414,22 @@ class CudaLanes:
                     gate_event.record(self._gate_stream)
                 for lane in lanes:
                     lane.stream.wait_event(gate_event)
-                for lane, done in zip(lanes, lane_done, strict=True):
+                for li, run in runs:
+                    lane = lanes[li]
                     with torch.cuda.stream(lane.stream):
-                        for index, block in lane.blocks:
+                        for index, block in run:
+                            for j in lane.after.get(index, ()):
+                                lane.stream.wait_event(marks[j])
                             current = block_names[index]
                             profiler.before(index, it)
                             t_launch = time.perf_counter_ns()
                             block.launch()
                             launch[index, it] = time.perf_counter_ns() - t_launch
                             profiler.after(index, it)
-                        done.record(lane.stream)
+                            if index in marks:
+                                marks[index].record(lane.stream)
+                for lane, done in zip(lanes, lane_done, strict=True):
+                    done.record(lane.stream)
                 enqueue[it] = time.perf_counter_ns() - t0
             wait_for_events(fence, self._timeout_s)
             torch.cuda.synchronize(self._device)

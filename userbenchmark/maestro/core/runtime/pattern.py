@@ -23,6 +23,7 @@ from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, 
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
+from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
@@ -40,7 +41,7 @@ from .lanes import (
     gc_paused,
 )
 
-log = logging.getLogger("maestro.runner")
+log = logging.getLogger("maestro.pattern")
 
 
 @dataclass(kw_only=True)
@@ -119,6 +120,21 @@ class PatternRun:
         self.present = np.array([rt.comms.team(b.axis) is not None for b in specs], dtype=bool)
         lane_names = list(pattern.lanes)
         self.lane_of_block = [lane_names.index(b.lane) for b in specs]
+        self.order = issue_order(specs)
+        index = {name: i for i, name in enumerate(self.names)}
+        # after: across lanes only (a lane runs its blocks in order anyway). A rank that does
+        # not run an awaited block has nothing to wait for: a stream waits on its own rank.
+        self.after = [
+            tuple(index[n] for n in b.after if self.lane_of_block[index[n]] != li)
+            for b, li in zip(specs, self.lane_of_block, strict=True)
+        ]
+        # A lane whose first block here waits for another lane does not start at the gate: -1
+        # leaves it out of the lane-start figures (lane skew, gate delay).
+        firsts: dict[int, int] = {}
+        for i in np.flatnonzero(self.present):
+            firsts.setdefault(self.lane_of_block[i], int(i))
+        waiting = {li for li, i in firsts.items() if self.present[list(self.after[i])].any()}
+        self.lane_starts = [-1 if li in waiting else li for li in self.lane_of_block]
         self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
@@ -198,6 +214,7 @@ class PatternRun:
             self.blocks[i] = block
             try:
                 block.setup()
+                self.notes[i] += tuple(block.setup_notes())
             except RunError:
                 raise
             except Exception as exc:
@@ -219,7 +236,7 @@ class PatternRun:
         lanes: dict[int, Lane] = {}
         names = self.pattern.lanes
         for i, block in enumerate(self.blocks):
-            if block is None or (only is not None and i != only):
+            if not self._runs(i, only):
                 continue
             block = self.captured.get(i, block)  # CUDA-graph mode: replay the capture
             li = self.lane_of_block[i]
@@ -232,7 +249,14 @@ class PatternRun:
                     stream=self.rt.lane_stream(names[li], axis.priority),
                 )
             lanes[li].blocks.append((i, block))
+            waits = tuple(j for j in self.after[i] if self._runs(j, only))
+            if waits:
+                lanes[li].after[i] = waits
         return [lanes[k] for k in sorted(lanes)]
+
+    def _runs(self, i: int, only: int | None) -> bool:
+        """Whether block ``i`` runs on this rank in a window of every block, or of ``only``."""
+        return self.blocks[i] is not None and only in (None, i)
 
     def _issue(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
@@ -240,7 +264,12 @@ class PatternRun:
         profiler.begin_window(self.rt.next_window(), len(self.names), num_iters, present)
         with gc_paused():
             return self.rt.executor.run_window(
-                lanes, num_iters, profiler, sync=self.pattern.sync, block_names=self.names
+                lanes,
+                num_iters,
+                profiler,
+                sync=self.pattern.sync,
+                block_names=self.names,
+                order=self.order,
             )
 
     def window(
@@ -287,7 +316,7 @@ class PatternRun:
         dist = self.rt.dist
         local = local_summary(
             timings,
-            lane_of_block=self.lane_of_block,
+            lane_of_block=self.lane_starts,
             is_comm=self.is_comm,
             is_compute=self.is_compute,
             rank=dist.rank,

@@ -1,0 +1,143 @@
+"""Blocks that wait for blocks (``after:``): the names a block waits for, checked against its
+pattern, and the wait-for graph of a pattern, whose edges are the ``after:`` names and lane
+order (a block waits for the block before it on its lane)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .problems import Problems, choices, join, suggest
+from .spec import BlockSpec
+
+__all__ = ["after_names", "check_after", "find_cycle", "issue_order", "predecessors"]
+
+
+def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ...] | None:
+    """The ``after:`` of block ``raw`` (a name or a list of names, repeats dropped); None after a
+    problem. Whether the names exist is the pattern's check (:func:`check_after`)."""
+    value = raw.get("after", [])
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        where = join(path, "after")
+        p.add(
+            where,
+            f"after must be a block name or a list of block names, got {p.show(where, value)}",
+        )
+        return None
+    return tuple(dict.fromkeys(names))
+
+
+def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
+    """For each block (by index), the blocks it waits for in an iteration: its ``after:`` names
+    (names not in ``blocks`` are left out) and the block before it on its lane."""
+    index = {block.name: i for i, block in enumerate(blocks)}
+    previous: dict[str, int] = {}
+    out = []
+    for i, block in enumerate(blocks):
+        waits = [index[name] for name in block.after if name in index]
+        if block.lane in previous:
+            waits.append(previous[block.lane])
+        previous[block.lane] = i
+        out.append(tuple(dict.fromkeys(waits)))
+    return tuple(out)
+
+
+def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
+    """The blocks, each after the blocks it waits for: lane by lane (in order of first use),
+    each lane as far as its waits allow, round after round; blocks in a cycle are left out.
+
+    The CUDA host enqueues in this order, so every event a block waits for is recorded first;
+    it is the same on every rank (a rank skips what it does not run), so collectives of
+    different communicators are enqueued in one order everywhere.
+    """
+    waits = predecessors(blocks)
+    queues: dict[str, deque[int]] = {}
+    for i, block in enumerate(blocks):
+        queues.setdefault(block.lane, deque()).append(i)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(blocks):
+        before = len(order)
+        for queue in queues.values():
+            while queue and done.issuperset(waits[queue[0]]):
+                done.add(queue[0])
+                order.append(queue.popleft())
+        if len(order) == before:
+            break  # the rest wait for each other
+    return tuple(order)
+
+
+def find_cycle(blocks: Sequence[BlockSpec]) -> list[int] | None:
+    """A cycle of waits (indices, each waiting for the next, the last for the first), or None.
+
+    Every block :func:`issue_order` leaves out waits for another one it leaves out (the block
+    before it on its lane, or one it names), so following those waits must come back.
+    """
+    waits, left = predecessors(blocks), set(range(len(blocks))) - set(issue_order(blocks))
+    if not left:
+        return None
+    path = [min(left)]
+    while path[-1] not in path[:-1]:
+        path.append(next(j for j in waits[path[-1]] if j in left))
+    return path[path.index(path[-1]) : -1]
+
+
+def check_after(
+    p: Problems,
+    blocks: Sequence[BlockSpec],
+    declared: Mapping[str, None],
+    homes: Mapping[str, Sequence[str]],
+    pattern: Any,
+) -> None:
+    """Record every ``after:`` name of ``blocks`` that is not another block of the same pattern
+    (``declared``: its block names as written), then any cycle of waits, lane order included.
+
+    ``homes``: {block name: the patterns with a block of that name}; ``pattern``: this one's.
+    """
+    unknown = False
+    for block in blocks:
+        where = join(block.yaml_path, "after")
+        for name in block.after:
+            if name == block.name:
+                p.add(where, f"block {name!r} waits for itself; after names other blocks")
+            elif name not in declared:
+                others = [q for q in homes.get(name, ()) if q != pattern]
+                p.add(where, _unknown(name, declared, others))
+            else:
+                continue
+            unknown = True
+    cycle = None if unknown else find_cycle(blocks)
+    if cycle is None:
+        return
+    steps, named = [], []
+    for i, j in zip(cycle, [*cycle[1:], cycle[0]], strict=True):
+        a, b = blocks[i], blocks[j]
+        if b.name in a.after:
+            named.append(i)
+        why = "after" if b.name in a.after else f"before it on lane {a.lane!r}"
+        steps.append(f"{a.name!r} waits for {b.name!r} ({why})")
+    p.add(
+        join(blocks[min(named)].yaml_path, "after"),
+        f"blocks {', '.join(repr(blocks[i].name) for i in cycle)} wait for each other in a "
+        f"cycle: {'; '.join(steps)}; none of them could ever start (blocks of one lane run in "
+        "the order written)",
+    )
+
+
+def _unknown(name: str, declared: Mapping[str, None], others: Sequence[str]) -> str:
+    if "[" in name:
+        return (
+            f"{name!r} is a sweep point's name; name the block as written in this "
+            "pattern (each sweep point's blocks wait for blocks of the same point)"
+        )
+    if others:
+        return (
+            f"block {name!r} is in pattern {others[0]!r}, not in this one; a block waits "
+            "only for blocks of its own pattern (patterns run one after another)"
+        )
+    return (
+        f"unknown block {name!r}{suggest(name, declared)}; blocks of this pattern: "
+        f"{choices(declared)}"
+    )
