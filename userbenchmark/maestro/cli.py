@@ -1,4 +1,5 @@
-"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks`` (click).
+"""Command-line interface: ``run``, ``validate``, ``compare``, ``list-blocks`` and
+``import-trace`` (click).
 
 Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
 2 invalid input (options, launcher variables, pattern file, files to compare), 130
@@ -507,6 +508,52 @@ def list_blocks_command() -> int:
     return EXIT_OK
 
 
+@click.command(
+    "import-trace",
+    context_settings=CONTEXT,
+    short_help="turn torch.profiler traces of a step into a pattern file",
+)
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
+@click.option(
+    "--step",
+    type=click.IntRange(min=0),
+    default=None,
+    help="import ProfilerStep#N (default: the last step complete on every rank)",
+)
+@click.option(
+    "--idle-us",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="lane idle gaps longer than this become sleep blocks",
+)
+@click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
+@_interruptible
+def import_trace_command(
+    paths: tuple[str, ...], output: str, step: int | None, idle_us: float, no_idle: bool
+) -> int:
+    """Turn torch.profiler (Kineto) traces of a training step, one file per rank (PATHS: the
+    files, or a folder of .json/.json.gz files), into a pattern file replaying the step: its
+    collectives, GEMMs and other kernels on their streams, with their dependencies. Exit
+    status 0 written, 2 the traces cannot be imported (nothing written)."""
+    from .replay.command import import_trace
+    from .replay.importer import ImportOptions
+    from .replay.kineto import TraceError
+
+    configure_logging("INFO", ranked=False)
+    options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+    try:
+        report = import_trace(list(paths), output, options)
+    except TraceError as err:
+        _say("invalid trace", err)
+        return EXIT_USAGE
+    print(report.summary())
+    if report.problems:
+        _say("warning", f"maestro's loader does not accept the file:\n{report.problems_text()}")
+    return EXIT_OK
+
+
 @click.group(
     context_settings=CONTEXT,
     no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
@@ -516,7 +563,13 @@ def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
 
 
-for _command in (run_command, validate_command, compare_command, list_blocks_command):
+for _command in (
+    run_command,
+    validate_command,
+    compare_command,
+    list_blocks_command,
+    import_trace_command,
+):
     cli.add_command(_command)
 
 
