@@ -215,7 +215,10 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
     params: dict = {"size": size}
     if first.op in ("broadcast", "reduce") and first.root:
         params["root"] = first.root
-    notes = sorted({c.note for _, c in colls if c.note})
+    noted = sorted((rank, c.note) for rank, c in colls if c.note)
+    notes = [f"rank {noted[0][0]}: {noted[0][1]}"] if noted else []
+    if len({note for _, note in noted}) > 1:
+        notes[0] += f" (and {len(noted) - 1} more ranks, each its own splits)"
     if first.op == "all_to_all" and len({c.size_bytes for _, c in colls}) > 1:
         notes.append(
             f"all_to_all bytes sent differ between ranks "

@@ -167,8 +167,8 @@ def _approximations(imp: Imported) -> list[str]:
     busy_kernels = sum(len(b.members[0].items) for b in blocks if b.kind == "busy")
     if kinds["busy"]:
         out.append(
-            f"{busy_kernels} kernels, copies and memsets that are neither collectives nor "
-            f"GEMMs: `busy` stand-ins of their traced duration ({kinds['busy']} blocks, "
+            f"{busy_kernels} kernels, copies and memsets other than collectives and GEMMs "
+            f"with shapes: `busy` stand-ins of their traced duration ({kinds['busy']} blocks, "
             f"consecutive ones on a lane merged when nothing waits between them)"
         )
     if imp.options.keep_idle and kinds["idle"]:
@@ -184,7 +184,9 @@ def _approximations(imp: Imported) -> list[str]:
             "GEMM layouts (transposes) and bias/activation epilogues not kept: maestro "
             "runs C = A[m,k] @ B[k,n]"
         )
-    stand_in_gemms = sum(1 for st in imp.steps for it in st.items if it.note == "gemm-shapes")
+    stand_in_gemms = sum(
+        1 for role in imp.roles for it in role.ref.items if it.note == "gemm-shapes"
+    )
     if stand_in_gemms:
         why = (
             "the traces were recorded without record_shapes"

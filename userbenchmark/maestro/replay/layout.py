@@ -98,6 +98,8 @@ class _Axes:
         for name, known in self.known.items():
             if block.kind == "p2p" and _same_teams(teams, known):
                 return name
+        if block.kind == "p2p" and len(teams) == 1:
+            return self._named(teams, "p2p_" + "_".join(str(r) for r in teams[0]))
         suffix = "p2p" if block.kind == "p2p" else "part"
         return self._named(teams, f"{block.family or 'group'}_{suffix}")
 

@@ -122,8 +122,8 @@ def _uniform_all_to_all(n_in: int, splits: Sequence[int], team_size: int) -> tup
         return elems, None
     shown = list(splits) if len(splits) <= 8 else [*splits[:8], "..."]
     return elems, (
-        f"all_to_all splits {shown} of {n_in} elements replayed as {team_size} equal chunks "
-        f"of {chunk}"
+        f"uneven all_to_all split sizes {shown} (along dim 0; {n_in} elements in all) "
+        f"replayed as {team_size} equal chunks of {chunk} elements"
     )
 
 
