@@ -42,7 +42,7 @@ def test_tiny_chunks_read_the_same_records(monkeypatch):
 
 
 def test_records_match_the_json(tmp_path):
-    doc = json.loads(gzip.open(REAL, "rt").read())
+    doc = json.loads(gzip.decompress(REAL.read_bytes()))
     trace = read_trace(REAL)
     events = doc["traceEvents"]
     assert trace.num_events == len(events)

@@ -46,7 +46,7 @@ def imported(folder: str):
 
 def traced_calls(path: Path, step: str) -> tuple[Counter, Counter, int]:
     """(calls per op, S bytes per op, GEMM launches) of one rank's step, from the raw JSON."""
-    events = json.loads(gzip.open(path, "rt").read())["traceEvents"]
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     window = max(
         (e for e in events if e.get("name") == step and e.get("cat") == "user_annotation"),
         key=lambda e: e["dur"],
