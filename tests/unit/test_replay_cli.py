@@ -4,6 +4,8 @@ imported pattern run on CPU."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import yaml
 from userbenchmark.maestro import cli
 from userbenchmark.maestro.blocks.registry import registered_ops
 
+from ..docblocks import bash_blocks
 from .replay_traces import compute_rank, ddp_rank, write_all
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
@@ -186,3 +189,26 @@ def test_an_imported_step_runs_on_cpu_with_the_new_keys_set_aside(tmp_path, caps
     ]
     assert cli.main(argv) == 0
     assert "gemm" in capsys.readouterr().out
+
+
+def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):
+    """docs/replay.md's import command, run in a folder holding `traces/` (the DDP traces of
+    tests/data/traces), prints the line the page shows."""
+    page = REPO / "docs" / "replay.md"
+    (block,) = [b for b in bash_blocks(page) if b.kind == "run by"]
+    assert block.text == "tests/unit/test_replay_cli.py" and "replay.md" in page.name
+    shutil.copytree(REPO / "tests" / "data" / "traces" / "ddp", tmp_path / "traces")
+    shown = next(x for x in page.read_text().splitlines() if x.startswith("wrote step.yaml:"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for command in block.commands:
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert shown in done.stdout.splitlines()
+    assert (tmp_path / "step.yaml").is_file()

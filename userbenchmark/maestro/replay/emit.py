@@ -4,6 +4,7 @@ from and what was approximated, then the suite (one pattern: the step)."""
 from __future__ import annotations
 
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Iterable
 
@@ -11,6 +12,8 @@ from .assemble import PatternBlock
 from .axes import slug
 from .importer import Imported
 
+HEADER_WIDTH = 96
+"""Characters of a header comment line after ``# `` (the file stays readable at 100)."""
 DEFAULT_ITERS = 20
 DEFAULT_WARMUP_ITERS = 5
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
@@ -115,7 +118,19 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append(f"  {lane}: {where}")
     lines.append("Approximations:")
     lines += [f"  - {text}" for text in _approximations(imp)]
-    return ["# " + line if line else "#" for line in lines]
+    return [f"# {part}" for line in lines for part in _wrapped(line)]
+
+
+def _wrapped(line: str, width: int = HEADER_WIDTH) -> list[str]:
+    """A header line wrapped to ``width``, continuations indented under its text."""
+    indent = len(line) - len(line.lstrip(" "))
+    if line.lstrip().startswith("python -m"):
+        return [line]  # the command stays one line, to copy
+    if line.lstrip().startswith("- "):
+        indent += 2
+    return textwrap.wrap(
+        line, width=width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False
+    ) or [""]
 
 
 def _roles_lines(imp: Imported) -> list[str]:
@@ -174,8 +189,9 @@ def _approximations(imp: Imported) -> list[str]:
     if imp.options.keep_idle and kinds["idle"]:
         idle = sum(b.traced_us() for b in blocks if b.kind == "idle")
         out.append(
-            f"lane idle over {imp.options.idle_us:g} µs (host launch gaps): `sleep` blocks "
-            f"({kinds['idle']} blocks, {idle:.1f} µs in all); shorter gaps dropped"
+            f"lane idle over {imp.options.idle_us:g} µs that no dependency explains (host "
+            f"launch gaps, or waits the trace does not show): `sleep` blocks ({kinds['idle']} "
+            f"blocks, {idle:.1f} µs in all); shorter gaps dropped"
         )
     elif not imp.options.keep_idle:
         out.append("lane idle time (host launch gaps) dropped (--no-idle)")

@@ -103,9 +103,24 @@ def _window(trace: RankTrace, span: Span) -> list[Launch]:
     return calls
 
 
-def missing_work(trace: RankTrace, span: Span, acts: dict[int, list[Activity]]) -> int:
-    """Launches of the step whose device work is not in the trace."""
-    return sum(1 for c in _window(trace, span) if _LAUNCHING.search(c.name) and c.corr not in acts)
+def complete_steps(trace: RankTrace) -> set[str]:
+    """Steps whose every launch has its device work in the trace (the last steps of a trace
+    may not: the profiler stopped before the device ran them). One pass over the calls."""
+    with_work = {act.corr for act in trace.activities}
+    launching: dict[str, bool] = {}
+    calls = sorted(trace.launches.values(), key=lambda c: c.ts)
+    times = [c.ts for c in calls]
+    missing = [0]
+    for c in calls:
+        if c.name not in launching:
+            launching[c.name] = bool(_LAUNCHING.search(c.name))
+        missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+    done = set()
+    for span in trace.steps:
+        lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
+        if missing[hi] == missing[lo]:
+            done.add(span.name)
+    return done
 
 
 def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
@@ -120,8 +135,7 @@ def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
         return name
     common: set[str] | None = None
     for t in traces:
-        acts = _acts_by_corr(t)
-        done = {s.name for s in t.steps if not missing_work(t, s, acts)}
+        done = complete_steps(t)
         if not t.steps:
             raise TraceError(
                 f"{t.path}: no ProfilerStep#N annotation: profile with a schedule and call "
