@@ -528,3 +528,33 @@ def compute_rank() -> TraceBuilder:
     b.gemm(stream=7, launch=20, start=423, dur=280, m=4096, n=1024, k=4096)
     b.launch(stream=7, launch=900, start=910, dur=60, op="aten::_foreach_add_")
     return b
+
+
+def batched_ring_rank(rank: int, world: int = 4) -> TraceBuilder:
+    """The ring shift of :func:`ring_rank` as torch may record it: the batch's NCCL kernel
+    launched under its last record (the recv), the send's record without a kernel."""
+    b = TraceBuilder(rank=rank, world_size=world)
+    b.step(1, 0, 2000)
+    nbytes = 65536
+    b.collective(
+        stream=40,
+        launch=10,
+        start=0,
+        dur=0,
+        name="send",
+        in_nelems=nbytes,
+        peer=(rank + 1) % world,
+        launches_kernel=False,
+    )
+    b.collective(
+        stream=40,
+        launch=12,
+        start=30,
+        dur=200,
+        name="recv",
+        in_nelems=nbytes,
+        peer=(rank - 1) % world,
+        kernel="ncclDevKernel_SendRecv(ncclDevKernelArgs)",
+    )
+    b.gemm(stream=7, launch=20, start=40, dur=150, m=256, n=256, k=256)
+    return b

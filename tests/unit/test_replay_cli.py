@@ -121,37 +121,20 @@ def test_a_corrupt_trace_is_refused_by_the_real_command(tmp_path):
 
 
 @NEEDS_BUSY
-def test_an_imported_one_rank_step_runs_on_cpu(tmp_path, capsys):
-    traces = write_all([compute_rank()], tmp_path / "traces")
+@pytest.mark.parametrize(
+    ("builders", "launch"),
+    [(lambda: [compute_rank()], []), (lambda: [ddp_rank(0), ddp_rank(1)], ["--nproc", "2"])],
+    ids=["one-rank", "two-ranks"],
+)
+def test_an_imported_step_runs_on_cpu(tmp_path, builders, launch):
+    traces = write_all(builders(), tmp_path / "traces")
     out = tmp_path / "step.yaml"
     assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
     argv = [
         "run",
         "-c",
         str(out),
-        "--max-size",
-        "64K",
-        "--iters",
-        "2",
-        "--warmup-iters",
-        "1",
-        "--no-baseline",
-        "--no-metrics",
-    ]
-    assert cli.main(argv) == 0
-
-
-@NEEDS_BUSY
-def test_an_imported_two_rank_step_runs_on_cpu(tmp_path, capsys):
-    traces = write_all([ddp_rank(0), ddp_rank(1)], tmp_path / "traces")
-    out = tmp_path / "ddp.yaml"
-    assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
-    argv = [
-        "run",
-        "-c",
-        str(out),
-        "--nproc",
-        "2",
+        *launch,
         "--max-size",
         "64K",
         "--iters",

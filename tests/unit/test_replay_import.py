@@ -19,6 +19,7 @@ from userbenchmark.maestro.replay.kineto import TraceError
 
 from .replay_traces import (
     TraceBuilder,
+    batched_ring_rank,
     collectives_rank,
     compute_rank,
     ddp_rank,
@@ -187,8 +188,9 @@ def test_pipeline_stages_are_roles_with_axes_of_their_own(tmp_path):
     assert "stage0: rank(s) 0" in text
 
 
-def test_ring_shift_is_one_send_recv_on_the_ring(tmp_path):
-    imp, text, data = imported(tmp_path / "ring", [ring_rank(r) for r in range(4)])
+@pytest.mark.parametrize("make", [ring_rank, batched_ring_rank], ids=["own-kernel", "last-record"])
+def test_ring_shift_is_one_send_recv_on_the_ring(tmp_path, make):
+    imp, text, data = imported(tmp_path / "ring", [make(r) for r in range(4)])
     check_structure(data)
     assert len(imp.roles) == 1
     (p2p,) = by_op(data, "send_recv")

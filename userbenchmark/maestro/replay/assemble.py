@@ -9,6 +9,7 @@ the files are not one run's step: an error says which ranks and group.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -444,14 +445,10 @@ def merge_siblings(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
                     break
             else:
                 merged.append(
-                    PatternBlock(
+                    dataclasses.replace(
+                        block,
                         members=list(block.members),
-                        kind=block.kind,
-                        op=block.op,
                         params=dict(block.params),
-                        dtype=block.dtype,
-                        teams=block.teams,
-                        family=block.family,
                         notes=list(block.notes),
                     )
                 )

@@ -211,11 +211,22 @@ class _Owner:
             self.pending[rec.tid].append(rec)
             self.cursor += 1
         if call.ext in self.direct:
-            return (self.trace.comms[call.ext],)
+            # A batch (batch_isend_irecv, coalesced calls) may launch under its last record:
+            # the records before it, of the same kind, are part of it; others launched nothing.
+            own = self.trace.comms[call.ext]
+            earlier = self.pending.pop(call.tid, [])
+            return (*(r for r in earlier if _same_batch(r, own)), own)
         if not nccl:
             return ()
-        batch = tuple(self.pending.pop(call.tid, ()))
-        return batch
+        return tuple(self.pending.pop(call.tid, ()))
+
+
+def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
+    if rec.group_name != own.group_name:
+        return False
+    if own.name in P2P_NAMES:
+        return rec.name in P2P_NAMES
+    return COLLECTIVE_OPS.get(rec.name, "?") == COLLECTIVE_OPS.get(own.name, "!")
 
 
 def _usable(rec: CommRecord) -> bool:
