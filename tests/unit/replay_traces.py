@@ -558,3 +558,45 @@ def batched_ring_rank(rank: int, world: int = 4) -> TraceBuilder:
     )
     b.gemm(stream=7, launch=20, start=40, dur=150, m=256, n=256, k=256)
     return b
+
+
+def pp_dp_rank(rank: int) -> TraceBuilder:
+    """A 2-stage pipeline replicated twice (mesh pp 2 x dp 2): stage 0 (ranks 0, 1) computes
+    and sends to its stage-1 peer (ranks 2, 3); each stage all_reduces over its dp team."""
+    groups = [
+        group("0", "default_pg", [0, 1, 2, 3]),
+        group("pp0", "mesh_pp", [0, 2]),
+        group("pp1", "mesh_pp", [1, 3]),
+        group("dp0", "mesh_dp", [0, 1]),
+        group("dp1", "mesh_dp", [2, 3]),
+    ]
+    b = TraceBuilder(rank=rank, world_size=4, groups=groups)
+    b.step(2, 0, 3000)
+    pp, dp = f"pp{rank % 2}", f"dp{rank // 2}"
+    if rank < 2:
+        b.gemm(stream=7, launch=10, start=20, dur=300, m=512, n=512, k=512)
+        b.collective(
+            stream=30,
+            launch=20,
+            start=321,
+            dur=100,
+            name="send",
+            in_nelems=4096,
+            peer=1,
+            group_name=pp,
+        )
+        b.collective(stream=20, launch=30, start=430, dur=200, in_nelems=8192, group_name=dp)
+    else:
+        b.collective(
+            stream=30,
+            launch=10,
+            start=321,
+            dur=100,
+            name="recv",
+            in_nelems=4096,
+            peer=0,
+            group_name=pp,
+        )
+        b.gemm(stream=7, launch=20, start=422, dur=400, m=512, n=1024, k=512)
+        b.collective(stream=20, launch=30, start=830, dur=200, in_nelems=8192, group_name=dp)
+    return b

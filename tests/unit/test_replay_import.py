@@ -26,6 +26,7 @@ from .replay_traces import (
     group,
     mesh_rank,
     pipeline_rank,
+    pp_dp_rank,
     ring_rank,
     two_stream_rank,
     write_all,
@@ -365,3 +366,16 @@ def test_json_of_a_synthetic_trace_is_what_kineto_writes(tmp_path):
     path = ddp_rank(0).write(tmp_path, gz=False)
     doc = json.loads(path.read_text())
     assert {"schemaVersion", "distributedInfo", "traceEvents", "deviceProperties"} <= set(doc)
+
+
+def test_pipeline_replicated_over_data_parallel_ranks(tmp_path):
+    imp, text, data = imported(tmp_path / "ppdp", [pp_dp_rank(r) for r in range(4)])
+    check_structure(data)
+    assert [role.ranks for role in imp.roles] == [(0, 1), (2, 3)]
+    assert data["mesh"] == {"pp": 2, "dp": 2}
+    assert data["axes"] == {"stage0": {"teams": [[0, 1]]}, "stage1": {"teams": [[2, 3]]}}
+    (send,) = by_op(data, "send_recv")
+    assert send["axis"] == "pp" and send["name"] == "send_recv"  # two pairs: 0->2, 1->3
+    (all_reduce,) = by_op(data, "all_reduce")  # each stage's on its dp team: one block on dp
+    assert all_reduce["axis"] == "dp" and all_reduce["size"] == 8192 * 2
+    assert "one-way sends 0->2, 1->3 replayed as exchanges" in text
