@@ -18,7 +18,8 @@ from userbenchmark.maestro import cli
 from userbenchmark.maestro.blocks.registry import registered_ops
 
 from ..docblocks import bash_blocks
-from .replay_traces import compute_rank, ddp_rank, write_all
+from .replay_scenarios import compute_rank, ddp_rank
+from .replay_traces import write_all
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
 REPO = Path(__file__).resolve().parents[2]

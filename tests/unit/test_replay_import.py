@@ -17,20 +17,18 @@ from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
 from userbenchmark.maestro.replay.kineto import TraceError
 
-from .replay_traces import (
-    TraceBuilder,
+from .replay_scenarios import (
     batched_ring_rank,
     collectives_rank,
     compute_rank,
     ddp_rank,
-    group,
     mesh_rank,
     pipeline_rank,
     pp_dp_rank,
     ring_rank,
     two_stream_rank,
-    write_all,
 )
+from .replay_traces import TraceBuilder, group, write_all
 
 NEW_KEYS = "block keys 'after' and 'traced_us', pattern key 'traced_us', op 'busy'"
 needs_new_keys = pytest.mark.xfail(

@@ -12,7 +12,7 @@ import pytest
 from userbenchmark.maestro.replay import kineto
 from userbenchmark.maestro.replay.kineto import TraceError, iter_trace_files, read_trace
 
-from .replay_traces import ddp_rank
+from .replay_scenarios import ddp_rank
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 REAL = DATA / "tp_dp_4ranks" / "rank0.json.gz"
