@@ -508,18 +508,11 @@ def list_blocks_command() -> int:
     return EXIT_OK
 
 
-@click.command(
-    "import-trace",
-    context_settings=CONTEXT,
-    short_help="turn torch.profiler traces of a step into a pattern file",
-)
+@click.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
 @click.option(
-    "--step",
-    type=click.IntRange(min=0),
-    default=None,
-    help="import ProfilerStep#N (default: the last step complete on every rank)",
+    "--step", type=click.IntRange(min=0), help="import ProfilerStep#N (default: the last)"
 )
 @click.option(
     "--idle-us",
@@ -530,28 +523,14 @@ def list_blocks_command() -> int:
 )
 @click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
 @_interruptible
-def import_trace_command(
-    paths: tuple[str, ...], output: str, step: int | None, idle_us: float, no_idle: bool
-) -> int:
-    """Turn torch.profiler (Kineto) traces of a training step, one file per rank (PATHS: the
-    files, or a folder of .json/.json.gz files), into a pattern file replaying the step: its
-    collectives, GEMMs and other kernels on their streams, with their dependencies. Exit
-    status 0 written, 2 the traces cannot be imported (nothing written)."""
-    from .replay.command import import_trace
-    from .replay.importer import ImportOptions
-    from .replay.kineto import TraceError
+def import_trace_command(**params: Any) -> int:
+    """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or
+    folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
+    Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
+    from .replay.command import run_command
 
     configure_logging("INFO", ranked=False)
-    options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
-    try:
-        report = import_trace(list(paths), output, options)
-    except TraceError as err:
-        _say("invalid trace", err)
-        return EXIT_USAGE
-    print(report.summary())
-    if report.problems:
-        _say("warning", f"maestro's loader does not accept the file:\n{report.problems_text()}")
-    return EXIT_OK
+    return run_command(**params)
 
 
 @click.group(

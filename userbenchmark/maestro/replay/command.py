@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.config.loader import load_suite_text
-from ..errors import ConfigError
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
 from .emit import render
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import TraceError
@@ -98,3 +99,25 @@ def import_trace(
     except ConfigError as err:
         problems = err
     return ImportReport(path=output, imported=imported, text=text, problems=problems)
+
+
+def run_command(
+    *, paths: Sequence[str], output: str, step: int | None, idle_us: float, no_idle: bool
+) -> int:
+    """The ``import-trace`` command: import, print what was written, return the exit status
+    (0 written, 2 the traces cannot be imported: one line on stderr, nothing written)."""
+    options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+    try:
+        report = import_trace(list(paths), output, options)
+    except TraceError as err:
+        print(f"maestro: invalid trace: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    print(report.summary())
+    if report.problems:
+        print(
+            f"maestro: warning: maestro's loader does not accept the file:\n"
+            f"{report.problems_text()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return EXIT_OK
