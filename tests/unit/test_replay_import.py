@@ -377,3 +377,26 @@ def test_pipeline_replicated_over_data_parallel_ranks(tmp_path):
     (all_reduce,) = by_op(data, "all_reduce")  # each stage's on its dp team: one block on dp
     assert all_reduce["axis"] == "dp" and all_reduce["size"] == 8192 * 2
     assert "one-way sends 0->2, 1->3 replayed as exchanges" in text
+
+
+def test_older_trace_spellings(tmp_path):
+    """pg_config as a mapping, a default group listed without ranks, message sizes as
+    ``In msg size``."""
+    builders = [ddp_rank(r) for r in range(2)]
+    for b in builders:
+        b.groups = [group("0", "default_pg", [])]
+        for event in b.events:
+            args = event["args"]
+            if "In msg nelems" in args:
+                args["In msg size"] = args.pop("In msg nelems")
+                args["Out msg size"] = args.pop("Out msg nelems")
+    docs = [b.document() for b in builders]
+    for b, doc in zip(builders, docs, strict=True):
+        doc["distributedInfo"]["pg_config"] = {
+            "0": {"pg_name": "0", "pg_desc": "default_pg", "ranks": []}
+        }
+        (tmp_path / f"rank{b.rank}.json").write_text(json.dumps(doc))
+    imp = import_traces([str(tmp_path)])
+    data = yaml.safe_load(render(imp, name="old", command="c"))
+    (all_reduce,) = by_op(data, "all_reduce")
+    assert all_reduce["size"] == 4 * 1024 * 1024 * 2 and "axis" not in all_reduce

@@ -212,6 +212,8 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
             )
     groups = sorted({item.group for _, item in items})
     teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
+    if not teams:  # a group the traces do not describe: its callers as one team
+        teams = (tuple(sorted({rank for rank, _ in items})),)
     size = max(c.size_bytes for _, c in colls)
     params: dict = {"size": size}
     if first.op in ("broadcast", "reduce") and first.root:

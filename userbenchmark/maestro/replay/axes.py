@@ -54,24 +54,33 @@ def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
     groups: dict[str, ProcessGroup] = {}
     where: dict[str, str] = {}
     for trace in traces:
-        found = list(trace.groups)
+        found = [_with_ranks(g, trace.world_size) for g in trace.groups]
         for rec in trace.comms.values():  # a group missing from pg_config: take the record's
             if rec.group_name and rec.group_name not in groups and rec.group_ranks:
                 found.append(
                     ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
                 )
         for group in found:
+            if not group.ranks:
+                continue  # ranks not listed: the group's records may tell them
             old = groups.get(group.name)
             if old is None:
                 groups[group.name] = group
                 where[group.name] = trace.path
-            elif old.ranks != group.ranks and group in trace.groups:
+            elif old.ranks != group.ranks and group.name in {g.name for g in trace.groups}:
                 raise TraceError(
                     f"process group {group.name!r} ({group.desc}) has ranks {list(old.ranks)} "
                     f"in {where[group.name]} but {list(group.ranks)} in {trace.path}: the "
                     "files come from different runs"
                 )
     return groups
+
+
+def _with_ranks(group: ProcessGroup, world_size: int) -> ProcessGroup:
+    """A default group listed without its ranks (some versions write none) holds them all."""
+    if group.ranks or group.desc != "default_pg":
+        return group
+    return ProcessGroup(name=group.name, desc=group.desc, ranks=tuple(range(world_size)))
 
 
 def _axis_name(desc: str, size: int, world_size: int) -> str:

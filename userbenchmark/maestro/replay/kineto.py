@@ -358,8 +358,8 @@ class _Collector:
             ts=float(ev["ts"]),
             tid=int(ev["tid"]),
             name=self.intern(str(args.get("Collective name", ""))),
-            in_nelems=int(args.get("In msg nelems") or 0),
-            out_nelems=int(args.get("Out msg nelems") or 0),
+            in_nelems=int(args.get("In msg nelems", args.get("In msg size")) or 0),
+            out_nelems=int(args.get("Out msg nelems", args.get("Out msg size")) or 0),
             dtype=self.intern(str(args.get("dtype", ""))),
             group_name=self.intern(str(args.get("Process Group Name", ""))),
             group_desc=self.intern(str(args.get("Process Group Description", ""))),
@@ -428,7 +428,8 @@ def _top_level(trace: RankTrace, key: str, value: Any) -> None:
         trace.rank = int(value.get("rank", 0))
         trace.world_size = int(value.get("world_size", 1))
         groups = []
-        for entry in value.get("pg_config") or ():
+        config = value.get("pg_config") or ()
+        for entry in config.values() if isinstance(config, dict) else config:
             if isinstance(entry, dict):
                 groups.append(
                     ProcessGroup(
