@@ -400,3 +400,13 @@ def test_older_trace_spellings(tmp_path):
     data = yaml.safe_load(render(imp, name="old", command="c"))
     (all_reduce,) = by_op(data, "all_reduce")
     assert all_reduce["size"] == 4 * 1024 * 1024 * 2 and "axis" not in all_reduce
+
+
+def test_fp32_gemm_on_tf32_kernels_keeps_tf32(tmp_path):
+    b = compute_rank()
+    b.gemm(stream=7, launch=950, start=1000, dur=100, m=64, n=64, k=64, dtype="float")
+    b.events[-1]["name"] = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32"
+    b.gemm(stream=7, launch=960, start=1101, dur=100, m=32, n=32, k=32, dtype="float")
+    _, _, data = imported(tmp_path / "tf32", [b])
+    fp32 = [g for g in by_op(data, "gemm") if g.get("dtype") == "fp32"]
+    assert [(g["m"], g.get("tf32", False)) for g in fp32] == [(64, True), (32, False)]

@@ -246,7 +246,7 @@ def _compute_block(rb: RoleBlock) -> PatternBlock:
         g = rb.first.gemm
         assert g is not None
         notes = [g.note] if g.note else []
-        params = {"m": g.m, "n": g.n, "k": g.k}
+        params = {"m": g.m, "n": g.n, "k": g.k, **({"tf32": True} if g.tf32 else {})}
         return PatternBlock(
             members=[rb],
             kind="gemm",

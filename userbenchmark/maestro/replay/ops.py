@@ -136,6 +136,8 @@ class Gemm:
     k: int
     dtype: str
     note: str | None = None
+    tf32: bool = False
+    """An fp32 GEMM whose kernel used TF32 tensor cores (its name says so)."""
 
 
 def _prod(dims: Sequence[int]) -> int:

@@ -4,6 +4,7 @@ kernel/copy) per CUDA stream, each tied to the host call that launched it."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -319,6 +320,8 @@ def _item(
     elif "gemm_op" in meta:
         g = gemm(meta["gemm_op"])
         item.opname = meta["gemm_op"].name.removeprefix("aten::")
+        if g is not None and g.dtype == "fp32":
+            g = dataclasses.replace(g, tf32=any("tf32" in a.name.lower() for _, a in parts))
         if g is not None:
             item.kind, item.gemm, item.note = "gemm", g, g.note
             item.signature = ("gemm", g.m, g.n, g.k, g.dtype)
