@@ -410,3 +410,15 @@ def test_fp32_gemm_on_tf32_kernels_keeps_tf32(tmp_path):
     _, _, data = imported(tmp_path / "tf32", [b])
     fp32 = [g for g in by_op(data, "gemm") if g.get("dtype") == "fp32"]
     assert [(g["m"], g.get("tf32", False)) for g in fp32] == [(64, True), (32, False)]
+
+
+def test_pg_config_decides_a_groups_ranks_over_its_records(tmp_path):
+    """A record may list other ranks for its group (a one-rank world cut from a larger run):
+    the file's pg_config says who is in the group."""
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, 0, 1000)
+    b.collective(stream=20, launch=10, start=20, dur=100, in_nelems=1024)
+    record = next(e for e in b.events if e["name"] == "record_param_comms")
+    record["args"]["Process Group Ranks"] = "[0, 1]"
+    _, _, data = imported(tmp_path / "cut", [b])
+    assert by_op(data, "all_reduce")[0]["size"] == 2048 and data["world_size"] == 1

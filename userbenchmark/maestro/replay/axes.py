@@ -54,7 +54,8 @@ def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
     groups: dict[str, ProcessGroup] = {}
     where: dict[str, str] = {}
     for trace in traces:
-        found = [_with_ranks(g, trace.world_size) for g in trace.groups]
+        listed = [_with_ranks(g, trace.world_size) for g in trace.groups]
+        found = list(listed)
         for rec in trace.comms.values():  # a group missing from pg_config: take the record's
             if rec.group_name and rec.group_name not in groups and rec.group_ranks:
                 found.append(
@@ -67,7 +68,7 @@ def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
             if old is None:
                 groups[group.name] = group
                 where[group.name] = trace.path
-            elif old.ranks != group.ranks and group.name in {g.name for g in trace.groups}:
+            elif old.ranks != group.ranks and group in listed:
                 raise TraceError(
                     f"process group {group.name!r} ({group.desc}) has ranks {list(old.ranks)} "
                     f"in {where[group.name]} but {list(group.ranks)} in {trace.path}: the "
