@@ -269,7 +269,7 @@ def _compute_block(rb: RoleBlock) -> PatternBlock:
         members=[rb],
         kind="busy",
         op="busy",
-        params={"duration_us": duration},
+        params={"duration_us": max(duration, 0.1)},  # work that rounds to 0.0 µs is still work
         teams=(ranks,),
         notes=notes,
     )
