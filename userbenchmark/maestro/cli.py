@@ -1,4 +1,5 @@
-"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks`` (click).
+"""Command-line interface: ``run``, ``validate``, ``compare``, ``list-blocks`` and
+``import-trace`` (click).
 
 Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
 2 invalid input (options, launcher variables, pattern file, files to compare), 130
@@ -507,6 +508,31 @@ def list_blocks_command() -> int:
     return EXIT_OK
 
 
+@click.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
+@click.option(
+    "--step", type=click.IntRange(min=0), help="import ProfilerStep#N (default: the last)"
+)
+@click.option(
+    "--idle-us",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="lane idle gaps longer than this become sleep blocks",
+)
+@click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
+@_interruptible
+def import_trace_command(**params: Any) -> int:
+    """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or
+    folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
+    Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
+    from .replay.command import run_command
+
+    configure_logging("INFO", ranked=False)
+    return run_command(**params)
+
+
 @click.group(
     context_settings=CONTEXT,
     no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
@@ -516,7 +542,13 @@ def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
 
 
-for _command in (run_command, validate_command, compare_command, list_blocks_command):
+for _command in (
+    run_command,
+    validate_command,
+    compare_command,
+    list_blocks_command,
+    import_trace_command,
+):
     cli.add_command(_command)
 
 

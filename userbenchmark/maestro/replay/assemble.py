@@ -1,0 +1,458 @@
+"""The pattern's blocks: role blocks joined across roles where they are one call.
+
+A collective is one block on every rank of its teams: the i-th call on a group is the same
+call on each member (NCCL requires it), so the roles' blocks holding it are joined. A
+point-to-point transfer joins the sender's block and the receiver's. Compute stays per role.
+Disagreements (a rank with more calls on a group than its peers, a send nobody receives) mean
+the files are not one run's step: an error says which ranks and group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .axes import GroupAxes
+from .kineto import TraceError
+from .roles import Role, RoleBlock
+from .step import Item, RankStep
+
+
+@dataclass(kw_only=True, eq=False)
+class PatternBlock:
+    """One block of the imported pattern, before it gets its name, lane and axis."""
+
+    members: list[RoleBlock]
+    """Role blocks it runs as: one per role at most."""
+    kind: str
+    op: str
+    params: dict
+    dtype: str | None = None
+    teams: tuple[tuple[int, ...], ...] = ()
+    """Who runs it, as the teams of its axis."""
+    family: str = ""
+    """Axis of the traced group (collectives and p2p); '' for compute."""
+    edges: tuple[tuple[int, int], ...] = ()
+    """Transfers (sender, receiver) of a point-to-point block."""
+    notes: list[str] = field(default_factory=list)
+    after: list[PatternBlock] = field(default_factory=list)
+    name: str = ""
+    axis: str = ""
+    lane: str = ""
+
+    def instances(self) -> dict[int, tuple[RoleBlock, Item]]:
+        """Rank -> (its role block, its first item)."""
+        out = {}
+        for rb in self.members:
+            for rank in rb.role.ranks:
+                out[rank] = (rb, rb.role.items[rb.items[0]][rank])
+        return out
+
+    def traced_us(self) -> float:
+        return max(rb.duration_us() for rb in self.members)
+
+    def start_key(self) -> float:
+        return min(start for rb in self.members for start, _ in rb.times.values())
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _call_keys(steps: dict[int, RankStep]) -> dict[tuple[int, int], list[tuple]]:
+    """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
+    i-th collective on a group, ('p', group, src, dst, i) for the i-th transfer src -> dst."""
+    keys: dict[tuple[int, int], list[tuple]] = {}
+    for rank, step in steps.items():
+        seq: dict[tuple, int] = defaultdict(int)
+        for item in sorted(step.items, key=lambda it: it.launch):
+            if item.kind == "comm":
+                keys[(rank, item.index)] = [("c", item.group, seq[("c", item.group)])]
+                seq[("c", item.group)] += 1
+            elif item.kind == "p2p" and item.p2p is not None:
+                own = []
+                for peer, _ in item.p2p.sends:
+                    own.append(("p", item.group, rank, peer, seq[("s", item.group, peer)]))
+                    seq[("s", item.group, peer)] += 1
+                for peer, _ in item.p2p.recvs:
+                    own.append(("p", item.group, peer, rank, seq[("r", item.group, peer)]))
+                    seq[("r", item.group, peer)] += 1
+                keys[(rank, item.index)] = own
+    return keys
+
+
+def _check_calls(
+    keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes, steps: dict[int, RankStep]
+) -> None:
+    holders: dict[tuple, set[int]] = defaultdict(set)
+    for (rank, _), own in keys.items():
+        for key in own:
+            holders[key].add(rank)
+    for key, ranks in holders.items():
+        if key[0] == "c":
+            team = set(axes.team(key[1])) if key[1] in axes.groups else ranks
+            missing = sorted(team - ranks)
+            if missing:
+                group = axes.groups.get(key[1])
+                desc = f"{group.desc} {list(group.ranks)}" if group else key[1]
+                counts = ", ".join(
+                    f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
+                )
+                raise TraceError(
+                    f"the ranks issued different numbers of collectives on group {desc} in "
+                    f"this step ({counts}): the files are not one run's step"
+                )
+        elif ranks != {key[2], key[3]} and key[3] in steps and key[2] in steps:
+            _, group, src, dst, i = key
+            raise TraceError(
+                f"rank {src} sends to rank {dst} (group {group!r}) {i + 1} time(s) or more, "
+                f"but rank {dst} receives from rank {src} fewer times in this step: the files "
+                "are not one run's step"
+            )
+
+
+def _count(keys: dict, rank: int, kind: str, group: str) -> int:
+    return sum(
+        1 for (r, _), own in keys.items() if r == rank for k in own if k[:2] == (kind, group)
+    )
+
+
+class RoleConflict(Exception):
+    """Ranks grouped in one role whose calls join different blocks of that role (the middle
+    stages of a pipeline look alike but one sends to the other): they must be split."""
+
+    def __init__(self, pairs: set[tuple[int, int]]) -> None:
+        super().__init__(f"ranks to split: {sorted(pairs)}")
+        self.pairs = pairs
+
+
+def build_pattern_blocks(
+    roles: Sequence[Role], blocks: dict[int, list[RoleBlock]], axes: GroupAxes
+) -> list[PatternBlock]:
+    """Pattern blocks from every role's blocks, comm blocks joined across roles; raises
+    RoleConflict when a call would join two blocks of one role."""
+    steps = {rank: role.steps[rank] for role in roles for rank in role.ranks}
+    keys = _call_keys(steps)
+    _check_calls(keys, axes, steps)
+    everything = [rb for role in roles for rb in blocks[role.number]]
+    ids = {id(rb): i for i, rb in enumerate(everything)}
+    uf = _UnionFind()
+    first_holder: dict[tuple, int] = {}
+    linking: list[tuple[int, int]] = []  # (block id, rank whose call joined it)
+    for rb in everything:
+        if rb.kind not in ("comm", "p2p"):
+            continue
+        for rank in rb.role.ranks:
+            item = rb.role.items[rb.items[0]][rank]
+            for key in keys.get((rank, item.index), ()):
+                holder = first_holder.setdefault(key, ids[id(rb)])
+                uf.union(ids[id(rb)], holder)
+                linking.append((ids[id(rb)], rank))
+    classes: dict[int, list[RoleBlock]] = defaultdict(list)
+    for rb in everything:
+        classes[uf.find(ids[id(rb)])].append(rb)
+    _raise_conflicts(uf, everything, linking)
+    out: list[PatternBlock] = []
+    for members in classes.values():
+        kind = members[0].kind
+        if kind == "comm":
+            out.append(_collective_block(members, axes))
+        elif kind == "p2p":
+            out.extend(_p2p_blocks(members, keys, axes))
+        else:
+            out.append(_compute_block(members[0]))
+    return out
+
+
+def _raise_conflicts(
+    uf: _UnionFind, everything: list[RoleBlock], linking: list[tuple[int, int]]
+) -> None:
+    """RoleConflict naming the ranks whose calls joined different blocks of one role."""
+    joined: dict[tuple[int, int], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for block_id, rank in linking:
+        rb = everything[block_id]
+        joined[(uf.find(block_id), rb.role.number)][block_id].add(rank)
+    pairs: set[tuple[int, int]] = set()
+    for by_block in joined.values():
+        if len(by_block) < 2:
+            continue
+        groups = list(by_block.values())
+        for i, a in enumerate(groups):
+            for b in groups[i + 1 :]:
+                pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
+    if pairs:
+        raise RoleConflict(pairs)
+
+
+def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock:
+    items = [(rank, rb.role.items[rb.items[0]][rank]) for rb in members for rank in rb.role.ranks]
+    colls = [(rank, item.coll) for rank, item in items if item.coll is not None]
+    first = colls[0][1]
+    for rank, coll in colls:
+        if (coll.op, coll.dtype) != (first.op, first.dtype) or (
+            coll.op != "all_to_all" and coll.size_bytes != first.size_bytes
+        ):
+            raise TraceError(
+                f"rank {colls[0][0]} and rank {rank} disagree on one collective call "
+                f"({first.op} {first.size_bytes} bytes {first.dtype} against {coll.op} "
+                f"{coll.size_bytes} bytes {coll.dtype}): the files are not one run's step"
+            )
+    groups = sorted({item.group for _, item in items})
+    teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
+    if not teams:  # a group the traces do not describe: its callers as one team
+        teams = (tuple(sorted({rank for rank, _ in items})),)
+    size = max(c.size_bytes for _, c in colls)
+    params: dict = {"size": size}
+    if first.op in ("broadcast", "reduce") and first.root:
+        params["root"] = first.root
+    noted = sorted((rank, c.note) for rank, c in colls if c.note)
+    notes = [f"rank {noted[0][0]}: {noted[0][1]}"] if noted else []
+    if len({note for _, note in noted}) > 1:
+        notes[0] += f" (and {len(noted) - 1} more ranks, each its own splits)"
+    if first.op == "all_to_all" and len({c.size_bytes for _, c in colls}) > 1:
+        notes.append(
+            f"all_to_all bytes sent differ between ranks "
+            f"({min(c.size_bytes for _, c in colls)}-{size}): replayed with the largest"
+        )
+    return PatternBlock(
+        members=members,
+        kind="comm",
+        op=first.op,
+        params=params,
+        dtype=first.dtype,
+        teams=teams,
+        family=axes.axis_of.get(groups[0], ""),
+        notes=notes,
+    )
+
+
+def _compute_block(rb: RoleBlock) -> PatternBlock:
+    ranks = tuple(sorted(rb.role.ranks))
+    duration = round(rb.duration_us(), 1)
+    if rb.kind == "gemm":
+        g = rb.first.gemm
+        assert g is not None
+        notes = [g.note] if g.note else []
+        params = {"m": g.m, "n": g.n, "k": g.k, **({"tf32": True} if g.tf32 else {})}
+        return PatternBlock(
+            members=[rb],
+            kind="gemm",
+            op="gemm",
+            params=params,
+            dtype=g.dtype,
+            teams=(ranks,),
+            notes=notes,
+        )
+    if rb.kind == "idle":
+        return PatternBlock(
+            members=[rb],
+            kind="idle",
+            op="sleep",
+            params={"duration_us": duration},
+            teams=(ranks,),
+        )
+    notes = [rb.first.note] if rb.first.note and rb.first.note != "gemm-shapes" else []
+    return PatternBlock(
+        members=[rb],
+        kind="busy",
+        op="busy",
+        params={"duration_us": max(duration, 0.1)},  # work that rounds to 0.0 µs is still work
+        teams=(ranks,),
+        notes=notes,
+    )
+
+
+def _p2p_blocks(
+    members: list[RoleBlock], keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes
+) -> list[PatternBlock]:
+    """Blocks of one set of joined transfers: send_recv on rings where the transfers form
+    rings (exact), else on pairs (each pair exchanges: one-way sends become two-way)."""
+    carrier: dict[tuple[int, int, str], RoleBlock] = {}
+    edges: dict[tuple[int, int], int] = defaultdict(int)
+    group = ""
+    for rb in members:
+        for rank in rb.role.ranks:
+            item = rb.role.items[rb.items[0]][rank]
+            assert item.p2p is not None
+            group = item.group
+            for peer, nbytes in item.p2p.sends:
+                edges[(rank, peer)] = max(edges[(rank, peer)], nbytes)
+                carrier[(rank, peer, "send")] = rb
+            for peer, _ in item.p2p.recvs:
+                carrier[(rank, peer, "recv")] = rb
+    family = axes.axis_of.get(group, "")
+    dtype = members[0].first.p2p.dtype if members[0].first.p2p else "uint8"
+    rings = _rings(edges)
+    if rings is not None and len(members) <= len({rb.role.number for rb in members}):
+        by_len: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+        for ring in rings:
+            by_len[len(ring)].append(ring)
+        return [
+            PatternBlock(
+                members=members,
+                kind="p2p",
+                op="send_recv",
+                params={"size": max(edges[(a, b)] for a, b in _ring_edges(rs))},
+                dtype=dtype,
+                teams=tuple(sorted(rs)),
+                family=family,
+                edges=tuple(_ring_edges(rs)),
+            )
+            for rs in by_len.values()
+        ]
+    return _pair_blocks(edges, carrier, family, dtype)
+
+
+def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
+    """The transfers as disjoint rings (each rank sends once and receives once), or None."""
+    nxt: dict[int, int] = {}
+    prev: dict[int, int] = {}
+    for a, b in edges:
+        if a in nxt or b in prev:
+            return None
+        nxt[a], prev[b] = b, a
+    if set(nxt) != set(prev):
+        return None
+    rings, seen = [], set()
+    for start in sorted(nxt):
+        if start in seen:
+            continue
+        ring, r = [], start
+        while r not in seen:
+            seen.add(r)
+            ring.append(r)
+            r = nxt[r]
+        rings.append(tuple(ring))
+    return rings
+
+
+def _ring_edges(rings: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+    return [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))]
+
+
+def _pair_blocks(
+    edges: dict[tuple[int, int], int],
+    carrier: dict[tuple[int, int, str], RoleBlock],
+    family: str,
+    dtype: str,
+) -> list[PatternBlock]:
+    """send_recv blocks on pairs: a pair's two directions are one block when each role
+    carries them in one call, else one block per direction; pairs that share no rank and no
+    role's call are teams of one block."""
+    units: list[tuple[tuple[tuple[int, int], ...], list[RoleBlock]]] = []
+    for pair in sorted({(min(a, b), max(a, b)) for a, b in edges}):
+        directed = [e for e in (pair, pair[::-1]) if e in edges]
+        both = _carriers(directed, carrier)
+        if len({rb.role.number for rb in both}) == len(both):
+            units.append((tuple(directed), both))
+        else:
+            units.extend(((e,), _carriers([e], carrier)) for e in directed)
+    groups: list[tuple[list, list[RoleBlock]]] = []
+    for directed, members in units:
+        ranks = {r for e in directed for r in e}
+        for group_edges, group_members in groups:
+            used = {r for e in group_edges for r in e}
+            roles = {rb.role.number for rb in group_members}
+            fresh = [rb for rb in members if all(rb is not m for m in group_members)]
+            if not ranks & used and not roles & {rb.role.number for rb in fresh}:
+                group_edges.extend(directed)
+                group_members.extend(fresh)
+                break
+        else:
+            groups.append((list(directed), list(members)))
+    return [_pair_block(e, m, edges, family, dtype) for e, m in groups]
+
+
+def _carriers(
+    directed: list[tuple[int, int]], carrier: dict[tuple[int, int, str], RoleBlock]
+) -> list[RoleBlock]:
+    out: list[RoleBlock] = []
+    for a, b in directed:
+        for rb in (carrier.get((a, b, "send")), carrier.get((b, a, "recv"))):
+            if rb is not None and all(rb is not m for m in out):
+                out.append(rb)
+    return out
+
+
+def _pair_block(
+    directed: list[tuple[int, int]],
+    members: list[RoleBlock],
+    edges: dict[tuple[int, int], int],
+    family: str,
+    dtype: str,
+) -> PatternBlock:
+    teams = sorted({(min(a, b), max(a, b)) for a, b in directed})
+    one_way = [(a, b) for a, b in directed if (b, a) not in directed]
+    notes = []
+    if one_way:
+        shown = ", ".join(f"{a}->{b}" for a, b in one_way[:4])
+        more = f" and {len(one_way) - 4} more" if len(one_way) > 4 else ""
+        notes.append(
+            f"one-way sends {shown}{more} replayed as exchanges (send_recv sends both ways)"
+        )
+    return PatternBlock(
+        members=members,
+        kind="p2p",
+        op="send_recv",
+        params={"size": max(edges[e] for e in directed)},
+        dtype=dtype,
+        teams=tuple(teams),
+        family=family,
+        notes=notes,
+        edges=tuple(directed),
+    )
+
+
+def merge_siblings(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
+    """Collectives of different roles that are the same call on sibling teams of one axis
+    (stage 0's k-th data-parallel all_reduce on team [0, 2], stage 1's on [1, 3]) as one block
+    on the axis's teams; everything else as it was."""
+    counts: dict[tuple, int] = defaultdict(int)
+    groups: dict[tuple, list[PatternBlock]] = defaultdict(list)
+    out: list[PatternBlock] = []
+    for block in sorted(blocks, key=lambda b: b.start_key()):
+        if block.kind != "comm" or not block.family:
+            out.append(block)
+            continue
+        roles = frozenset(rb.role.number for rb in block.members)
+        k = counts[(roles, block.family)]
+        counts[(roles, block.family)] += 1
+        key = (block.family, block.op, tuple(sorted(block.params.items())), block.dtype, k)
+        groups[key].append(block)
+    for members in groups.values():
+        merged: list[PatternBlock] = []
+        for block in members:
+            ranks = {r for t in block.teams for r in t}
+            roles = {rb.role.number for rb in block.members}
+            for other in merged:
+                other_ranks = {r for t in other.teams for r in t}
+                other_roles = {rb.role.number for rb in other.members}
+                if not ranks & other_ranks and not roles & other_roles:
+                    other.members = other.members + block.members
+                    other.teams = tuple(sorted(other.teams + block.teams))
+                    other.notes = sorted(set(other.notes) | set(block.notes))
+                    break
+            else:
+                merged.append(
+                    dataclasses.replace(
+                        block,
+                        members=list(block.members),
+                        params=dict(block.params),
+                        notes=list(block.notes),
+                    )
+                )
+        out.extend(merged)
+    return out

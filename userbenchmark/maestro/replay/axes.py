@@ -1,0 +1,160 @@
+"""Axes from the traces' process groups: one axis per kind of group, a mesh where they form one.
+
+``distributedInfo.pg_config`` of each rank lists the groups that rank is in; together the
+files give every group. Groups with the same description (``pg_desc``) and size are the teams
+of one axis: ``default_pg`` is maestro's built-in ``world``, ``mesh_dp`` is ``dp``. When the
+``mesh_*`` axes lay the ranks out as a DeviceMesh does, the file says ``mesh:`` instead of
+listing their teams.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..core.config.axes import mesh_teams
+from .kineto import ProcessGroup, RankTrace, TraceError
+
+Teams = tuple[tuple[int, ...], ...]
+
+
+def slug(text: str, *, fallback: str = "x", limit: int = 48) -> str:
+    """``text`` as a maestro name: lower case, ``_`` for anything but letters and digits."""
+    out = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:limit].strip("_")
+    if not out:
+        return fallback
+    return out if out[0].isalpha() else f"{fallback}_{out}"
+
+
+@dataclass(kw_only=True)
+class GroupAxes:
+    """Every traced process group, and the axis each belongs to."""
+
+    world_size: int
+    groups: dict[str, ProcessGroup]
+    axis_of: dict[str, str] = field(default_factory=dict)
+    """Group name -> axis name."""
+    teams: dict[str, Teams] = field(default_factory=dict)
+    """Axis name -> its teams (every group of the axis)."""
+    mesh: dict[str, int] = field(default_factory=dict)
+    """Mesh dimension -> degree, outer to inner, when the mesh axes form a DeviceMesh."""
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(g.ranks) for name, g in self.groups.items()}
+
+    def team(self, group: str) -> tuple[int, ...]:
+        return self.groups[group].ranks
+
+
+def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
+    """Every group of every file by name; the same name with other ranks is an error."""
+    groups: dict[str, ProcessGroup] = {}
+    where: dict[str, str] = {}
+    for trace in traces:
+        listed = [_with_ranks(g, trace.world_size) for g in trace.groups]
+        found = list(listed)
+        for rec in trace.comms.values():  # a group missing from pg_config: take the record's
+            if rec.group_name and rec.group_name not in groups and rec.group_ranks:
+                found.append(
+                    ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
+                )
+        for group in found:
+            if not group.ranks:
+                continue  # ranks not listed: the group's records may tell them
+            old = groups.get(group.name)
+            if old is None:
+                groups[group.name] = group
+                where[group.name] = trace.path
+            elif old.ranks != group.ranks and group in listed:
+                raise TraceError(
+                    f"process group {group.name!r} ({group.desc}) has ranks {list(old.ranks)} "
+                    f"in {where[group.name]} but {list(group.ranks)} in {trace.path}: the "
+                    "files come from different runs"
+                )
+    return groups
+
+
+def _with_ranks(group: ProcessGroup, world_size: int) -> ProcessGroup:
+    """A default group listed without its ranks (some versions write none) holds them all."""
+    if group.ranks or group.desc != "default_pg":
+        return group
+    return ProcessGroup(name=group.name, desc=group.desc, ranks=tuple(range(world_size)))
+
+
+def _axis_name(desc: str, size: int, world_size: int) -> str:
+    if desc == "default_pg" or (desc in ("", "undefined") and size == world_size):
+        return "world"
+    if desc.startswith("mesh_"):
+        return slug(desc.removeprefix("mesh_"), fallback="mesh")
+    return slug(desc, fallback="group")
+
+
+def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
+    """Axes of the traced groups: teams per axis, and the mesh when there is one."""
+    groups = collect_groups(traces)
+    out = GroupAxes(world_size=world_size, groups=groups)
+    families: dict[tuple[str, int], list[ProcessGroup]] = {}
+    for group in sorted(groups.values(), key=lambda g: (g.desc, g.ranks)):
+        if group.ranks:
+            families.setdefault((group.desc, len(group.ranks)), []).append(group)
+    taken: set[str] = set()
+    for (desc, size), members in families.items():
+        for part in _disjoint(members):
+            base = _axis_name(desc, size, world_size)
+            whole = len(part) == 1 and len(part[0].ranks) == world_size
+            if base == "world" and whole and "world" not in taken:
+                name = "world"
+            else:
+                name = _fresh("group" if base == "world" else base, taken)
+            taken.add(name)
+            out.teams[name] = tuple(g.ranks for g in part)
+            for g in part:
+                out.axis_of[g.name] = name
+    out.mesh = find_mesh(out.teams, world_size)
+    return out
+
+
+def _disjoint(members: list[ProcessGroup]) -> list[list[ProcessGroup]]:
+    """Groups split into sets whose teams share no rank (one axis each)."""
+    parts: list[list[ProcessGroup]] = []
+    for group in members:
+        for part in parts:
+            if all(not set(group.ranks) & set(g.ranks) for g in part):
+                part.append(group)
+                break
+        else:
+            parts.append([group])
+    return parts
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    if base not in taken:
+        return base
+    return next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in taken)
+
+
+def find_mesh(teams: dict[str, Teams], world_size: int) -> dict[str, int]:
+    """The DeviceMesh shape (axis -> degree, outer to inner) whose teams are exactly the
+    traced teams of some axes covering every rank, or {} when none is."""
+    candidates = {
+        name: t
+        for name, t in teams.items()
+        if name != "world" and len(t) * len(t[0]) == world_size and len(t[0]) > 1
+    }
+    names = sorted(candidates)
+    for count in range(len(names), 1, -1):
+        for subset in itertools.combinations(names, count):
+            degrees = [len(candidates[n][0]) for n in subset]
+            if math.prod(degrees) != world_size:
+                continue
+            for order in itertools.permutations(range(count)):
+                shape = [degrees[i] for i in order]
+                if all(
+                    sorted(mesh_teams(shape, dim)) == sorted(candidates[subset[i]])
+                    for dim, i in enumerate(order)
+                ):
+                    return {subset[i]: degrees[i] for i in order}
+    return {}

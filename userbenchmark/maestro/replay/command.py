@@ -1,0 +1,123 @@
+"""``import-trace``: traces in, a pattern file out, checked by maestro's own loader."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.config.loader import load_suite_text
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
+from .emit import render
+from .importer import Imported, ImportOptions, import_traces
+from .kineto import TraceError
+
+PROG = "python -m userbenchmark.maestro import-trace"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportReport:
+    """What ``import-trace`` wrote, and whether this maestro's loader accepts it."""
+
+    path: str
+    imported: Imported
+    text: str
+    problems: ConfigError | None
+    """The loader's error when it refuses the file (None when it accepts it)."""
+
+    def problems_text(self, limit: int = 3) -> str:
+        """The loader's first ``limit`` problems, and how many more there are."""
+        if self.problems is None:
+            return ""
+        issues = [str(i) for i in self.problems.issues]
+        more = len(issues) - limit
+        return "\n".join(issues[:limit] + ([f"... and {more} more"] if more > 0 else []))
+
+    def summary(self) -> str:
+        blocks = self.imported.layout.blocks
+        ops = Counter(b.op for b in blocks)
+        shown = ", ".join(f"{n} {op}" for op, n in ops.most_common())
+        roles = len(self.imported.roles)
+        who = "one role" if roles == 1 else f"{roles} roles"
+        return (
+            f"wrote {self.path}: {self.imported.step_name} of {self.imported.world_size} "
+            f"rank(s) ({who}) as {len(blocks)} blocks ({shown}) on "
+            f"{len(self.imported.layout.lanes)} lanes"
+        )
+
+
+def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
+    """The command as a user would type it again (for the file's header)."""
+    args = [*paths, "-o", output]
+    if options.step is not None:
+        args += ["--step", str(options.step)]
+    if not options.keep_idle:
+        args.append("--no-idle")
+    elif options.idle_us != ImportOptions().idle_us:
+        args += ["--idle-us", f"{options.idle_us:g}"]
+    return " ".join([PROG, *(shlex.quote(a) for a in args)])
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half."""
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def import_trace(
+    paths: Sequence[str], output: str, options: ImportOptions | None = None
+) -> ImportReport:
+    """Import the traces at ``paths`` into the pattern file ``output``; TraceError when the
+    traces cannot be imported or the file cannot be written (nothing is written then)."""
+    options = options or ImportOptions()
+    target = Path(output)
+    if target.is_dir():
+        raise TraceError(f"-o {output}: is a folder; name the pattern file to write")
+    if not target.parent.is_dir() and str(target.parent):
+        raise TraceError(f"-o {output}: the folder {target.parent} does not exist")
+    imported = import_traces(paths, options)
+    text = render(imported, name=target.stem, command=command_line(paths, output, options))
+    try:
+        write_text_atomically(target, text)
+    except OSError as err:
+        raise TraceError(f"-o {output}: cannot write the file ({err.strerror or err})") from None
+    try:
+        load_suite_text(text, file=output)
+        problems = None
+    except ConfigError as err:
+        problems = err
+    return ImportReport(path=output, imported=imported, text=text, problems=problems)
+
+
+def run_command(
+    *, paths: Sequence[str], output: str, step: int | None, idle_us: float, no_idle: bool
+) -> int:
+    """The ``import-trace`` command: import, print what was written, return the exit status
+    (0 written, 2 the traces cannot be imported: one line on stderr, nothing written)."""
+    options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+    try:
+        report = import_trace(list(paths), output, options)
+    except TraceError as err:
+        print(f"maestro: invalid trace: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    print(report.summary())
+    if report.problems:
+        print(
+            f"maestro: warning: maestro's loader does not accept the file:\n"
+            f"{report.problems_text()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return EXIT_OK

@@ -1,0 +1,204 @@
+"""Which device work waited for which, on one rank: cross-stream dependencies between items.
+
+Two sources, whichever the trace allows:
+
+- **sync events** (``enable_cuda_sync_events``): each ``Stream Wait Event`` names the waiting
+  stream; the first item launched on it after the wait depends on the event. The stream that
+  recorded the event is not named on every stack (-1 on torch 2.11 with CUPTI 13.0), so it is
+  inferred: the stream of the last work the same host thread launched before its last event
+  record, checked against the device timeline (the waiting item must start after the source
+  ended; otherwise the latest-ending candidate that fits is taken).
+- **the timeline**, without sync events: an item that started later than its own stream and
+  its launch allowed, within a few µs of an item of another stream ending, waited for it.
+
+Host synchronisations (``cudaStreamSynchronize`` and the like) order everything launched after
+them behind what had finished when they returned, in both cases.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .kineto import HOST_SYNC_CALLS, RECORD_CALLS, Launch
+from .step import Item, RankStep
+
+TOLERANCE_US = 1.0
+"""Slack when checking that a dependent item started after its source ended (clock rounding)."""
+LAUNCH_LATENCY_US = 4.0
+"""Least time from a host launch call to its kernel starting, as traces show it."""
+HOLD_US = 8.0
+"""An item that started this much later than its stream and its launch allowed was held."""
+MATCH_US = 12.0
+"""A held item depends on an item of another stream that ended at most this long before it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dependencies:
+    """Cross-stream edges of one rank: ``after[i]`` = items item ``i`` waited for."""
+
+    after: dict[int, frozenset[int]]
+    method: str
+    """``sync events`` or ``timeline``."""
+    waits: int = 0
+    """Stream waits seen (sync events), or held items found (timeline)."""
+    unresolved: int = 0
+    """Waits whose source could not be told, or held items with no source in reach."""
+
+
+class _Index:
+    """Items of a rank by stream in launch order, and by launching thread."""
+
+    def __init__(self, step: RankStep) -> None:
+        self.by_stream: dict[int, list[Item]] = {}
+        self.launches: dict[int, list[float]] = {}
+        for stream, items in step.streams.items():
+            ordered = sorted(items, key=lambda it: it.launch)
+            self.by_stream[stream] = ordered
+            self.launches[stream] = [it.launch for it in ordered]
+        self.by_thread: dict[int, list[tuple[float, Item]]] = defaultdict(list)
+        for call in step.launches:
+            item = step.launch_items.get(call.corr)
+            if item is not None:
+                self.by_thread[call.tid].append((call.ts, item))
+        self.thread_ts = {tid: [ts for ts, _ in v] for tid, v in self.by_thread.items()}
+        # A stream runs its items in order, so their ends never decrease along it.
+        self.ends = {s: [it.end for it in items] for s, items in self.by_stream.items()}
+
+    def last_before(self, stream: int, ts: float) -> Item | None:
+        """The last item of ``stream`` launched before host time ``ts``."""
+        i = bisect.bisect_left(self.launches[stream], ts) - 1
+        return self.by_stream[stream][i] if i >= 0 else None
+
+    def first_after(self, stream: int, ts: float) -> Item | None:
+        """The first item of ``stream`` launched after host time ``ts``."""
+        launches = self.launches.get(stream)
+        if launches is None:
+            return None
+        i = bisect.bisect_right(launches, ts)
+        return self.by_stream[stream][i] if i < len(launches) else None
+
+    def thread_last_before(self, tid: int, ts: float) -> Item | None:
+        i = bisect.bisect_left(self.thread_ts.get(tid, []), ts) - 1
+        return self.by_thread[tid][i][1] if i >= 0 else None
+
+
+def infer(step: RankStep) -> Dependencies:
+    """The cross-stream dependencies of one rank's step."""
+    index = _Index(step)
+    after: dict[int, set[int]] = defaultdict(set)
+    calls = {c.corr: c for c in step.launches}
+    waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
+    if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
+        seen, unresolved = _from_sync_events(step, index, waits, calls, after)
+        method = "sync events"
+    else:
+        seen, unresolved = _from_timeline(index, after)
+        method = "timeline"
+    _from_host_syncs(step, index, after)
+    frozen = {dst: frozenset(srcs) for dst, srcs in after.items() if srcs}
+    return Dependencies(after=frozen, method=method, waits=seen, unresolved=unresolved)
+
+
+def _from_sync_events(
+    step: RankStep,
+    index: _Index,
+    waits: list,
+    calls: dict[int, Launch],
+    after: dict[int, set[int]],
+) -> tuple[int, int]:
+    records: dict[int, list[float]] = defaultdict(list)
+    for call in step.launches:
+        if call.name in RECORD_CALLS:
+            records[call.tid].append(call.ts)
+    unresolved = 0
+    for wait in waits:
+        call = calls[wait.corr]
+        target = index.first_after(wait.stream, call.ts)
+        if target is None:
+            continue
+        if len(index.by_stream) == 1:
+            continue  # one stream: nothing to wait for but its own order
+        source = _recorded_source(index, records, call, target)
+        if source is None:
+            source = _latest_fitting(index, call.ts, target)
+        if source is None:
+            unresolved += 1
+        else:
+            after[target.index].add(source.index)
+    return len(waits), unresolved
+
+
+def _recorded_source(
+    index: _Index, records: dict[int, list[float]], call: Launch, target: Item
+) -> Item | None:
+    """The item the waited event most likely recorded: on the stream of the last work the
+    waiting thread launched before its last event record, if the timeline agrees."""
+    times = records.get(call.tid, [])
+    i = bisect.bisect_left(times, call.ts) - 1
+    if i < 0:
+        return None
+    recorded_at = times[i]
+    hint = index.thread_last_before(call.tid, recorded_at)
+    if hint is None or hint.stream == target.stream:
+        return None
+    source = index.last_before(hint.stream, recorded_at)
+    if source is None or source.end > target.start + TOLERANCE_US:
+        return None
+    return source
+
+
+def _latest_fitting(index: _Index, ts: float, target: Item) -> Item | None:
+    """Of the items of other streams launched before host time ``ts``, the one that ended
+    last before ``target`` started (what a waiting stream was most likely released by)."""
+    best = None
+    for stream, items in index.by_stream.items():
+        if stream == target.stream:
+            continue
+        launched = bisect.bisect_left(index.launches[stream], ts)
+        done = bisect.bisect_right(index.ends[stream], target.start + TOLERANCE_US, 0, launched)
+        if done and (best is None or items[done - 1].end > best.end):
+            best = items[done - 1]
+    return best
+
+
+def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]:
+    ends = sorted(
+        (it.end, it.stream, it.launch, it.index)
+        for items in index.by_stream.values()
+        for it in items
+    )
+    end_times = [e[0] for e in ends]
+    held = unresolved = 0
+    for items in index.by_stream.values():
+        previous_end = float("-inf")
+        for item in items:
+            ready = max(previous_end, item.launch + LAUNCH_LATENCY_US)
+            previous_end = max(previous_end, item.end)
+            if item.start - ready <= HOLD_US:
+                continue
+            held += 1
+            lo = bisect.bisect_left(end_times, item.start - MATCH_US)
+            hi = bisect.bisect_right(end_times, item.start + TOLERANCE_US)
+            found = [e for e in ends[lo:hi] if e[1] != item.stream and e[2] < item.launch]
+            if found:
+                after[item.index].add(max(found)[3])
+            else:
+                unresolved += 1
+    return held, unresolved
+
+
+def _from_host_syncs(step: RankStep, index: _Index, after: dict[int, set[int]]) -> None:
+    for call in step.launches:
+        if call.name not in HOST_SYNC_CALLS:
+            continue
+        sources = [index.last_before(s, call.ts) for s in index.by_stream]
+        done = [s for s in sources if s is not None and s.end <= call.end + TOLERANCE_US]
+        for stream in index.by_stream:
+            target = index.first_after(stream, call.end)
+            if target is None:
+                continue
+            for source in done:
+                if source.stream != stream and source.end <= target.start + TOLERANCE_US:
+                    after[target.index].add(source.index)

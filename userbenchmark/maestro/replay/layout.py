@@ -1,0 +1,331 @@
+"""Lanes, axes, order and names of the pattern's blocks.
+
+- **Lanes**: a traced CUDA stream is a lane. A block running on several ranks ties their
+  streams into one lane; a lane is named after the axis of its collectives, else ``compute``
+  (the busiest) or ``stream<N>``.
+- **One communicator, one lane**: maestro runs an axis's collectives on one lane. Where the
+  trace issued one group's collectives on two streams (FSDP's all_gather and reduce_scatter on
+  the default group), the second stream gets an axis ``like:`` the first: the same teams, a
+  communicator of its own.
+- **Axes**: a collective's axis is its group's; a transfer's, an axis whose teams are the pairs
+  (or rings) that exchange; compute runs on ``world``, or on an axis whose one team is the
+  ranks of its role where roles differ (pipeline stages).
+- **Order**: every rank's lane order and every ``after:`` hold in the file's order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .assemble import PatternBlock, _UnionFind
+from .axes import GroupAxes, Teams, slug
+from .kineto import TraceError
+from .roles import RoleBlock
+
+OP_ABBREVIATIONS = {
+    "all_gather": "ag",
+    "reduce_scatter": "rs",
+    "all_reduce": "ar",
+    "all_to_all": "a2a",
+    "broadcast": "bcast",
+    "reduce": "reduce",
+    "send_recv": "p2p",
+}
+
+
+@dataclass(kw_only=True)
+class AxisDef:
+    """An axis the file defines under ``axes:`` (mesh and ``world`` axes need none)."""
+
+    name: str
+    teams: Teams | None = None
+    like: str | None = None
+
+
+@dataclass(kw_only=True)
+class Layout:
+    """The pattern's blocks in file order, with their axes and lanes resolved."""
+
+    blocks: list[PatternBlock]
+    axes: list[AxisDef] = field(default_factory=list)
+    lanes: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Lane name -> {rank: traced stream}."""
+    lane_names: dict[int, str] = field(default_factory=dict)
+    """Lane component -> lane name."""
+    like_notes: list[str] = field(default_factory=list)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name = base
+    for i in itertools.count(2):
+        if name not in taken:
+            break
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
+
+
+def _same_teams(a: Teams, b: Teams) -> bool:
+    return sorted(tuple(sorted(t)) for t in a) == sorted(tuple(sorted(t)) for t in b) and (
+        all(len(t) <= 2 for t in a) or sorted(a) == sorted(b)
+    )
+
+
+class _Axes:
+    """Base axis of every block: the traced group's, or a new one with the block's teams."""
+
+    def __init__(self, axes: GroupAxes, world_size: int) -> None:
+        self.known: dict[str, Teams] = dict(axes.teams)
+        self.mesh = axes.mesh
+        self.world = tuple(range(world_size))
+        self.defs: dict[str, AxisDef] = {}
+        self.taken = set(self.known) | {"world"}
+
+    def base(self, block: PatternBlock) -> str:
+        teams = block.teams
+        if block.kind not in ("comm", "p2p"):
+            if teams == (self.world,):
+                return "world"
+            return self._named(teams, f"stage{block.members[0].role.number}")
+        if block.family and _same_teams(teams, self.known.get(block.family, ())):
+            return block.family
+        # A transfer may run on any axis whose teams are its pairs (the pipeline's axis);
+        # a collective on part of its group's axis gets an axis of its own.
+        for name, known in self.known.items():
+            if block.kind == "p2p" and _same_teams(teams, known):
+                return name
+        if block.kind == "p2p" and len(teams) == 1:
+            return self._named(teams, "p2p_" + "_".join(str(r) for r in teams[0]))
+        suffix = "p2p" if block.kind == "p2p" else "part"
+        return self._named(teams, f"{block.family or 'group'}_{suffix}")
+
+    def _named(self, teams: Teams, base: str) -> str:
+        for name, known in self.known.items():
+            if known == teams:
+                return name
+        name = _fresh(base, self.taken)
+        self.known[name] = teams
+        self.defs[name] = AxisDef(name=name, teams=teams)
+        return name
+
+    def used_definitions(self, used: set[str]) -> list[AxisDef]:
+        """Definitions of the traced axes used by a block and not made by the mesh."""
+        out = []
+        for name in used:
+            if name == "world" or name in self.mesh:
+                continue
+            out.append(self.defs.get(name) or AxisDef(name=name, teams=self.known[name]))
+        return out
+
+
+def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
+    """(rank, traced stream, role block) of every rank the block runs on."""
+    out = []
+    for rb in block.members:
+        for rank in rb.role.ranks:
+            out.append((rank, rb.role.items[rb.items[0]][rank].stream, rb))
+    return out
+
+
+def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) -> Layout:
+    """Axes, lanes, dependencies, order and names of the pattern's blocks."""
+    axis_plan = _Axes(axes, world_size)
+    base_axis = {id(b): axis_plan.base(b) for b in blocks}
+    lane_of, lanes = _lanes(blocks)
+    layout = Layout(blocks=[])
+    comm_axis = _comm_axes(blocks, base_axis, lane_of, layout)
+    taken = axis_plan.taken | set(comm_axis.values())
+    _name_lanes(blocks, lane_of, lanes, comm_axis, taken, layout)
+    for block in blocks:
+        block.axis = comm_axis.get(id(block), base_axis[id(block)])
+        block.lane = layout.lane_names[lane_of[id(block)]]
+    _link_after(blocks)
+    layout.blocks = _ordered(blocks)
+    _name_blocks(layout.blocks)
+    used = {b.axis for b in layout.blocks}
+    likes = [d for d in layout.axes if d.like]
+    bases = {d.like for d in likes}
+    plain = axis_plan.used_definitions((used | bases) - {d.name for d in likes})
+    layout.axes = sorted(plain, key=lambda d: d.name) + sorted(likes, key=lambda d: d.name)
+    return layout
+
+
+def _lanes(blocks: Sequence[PatternBlock]) -> tuple[dict[int, int], dict[int, set]]:
+    """Each block's lane (a component of (rank, stream) pairs tied by the blocks)."""
+    uf = _UnionFind()
+    node_ids: dict[tuple[int, int], int] = {}
+    for block in blocks:
+        nodes = [node_ids.setdefault((r, s), len(node_ids)) for r, s, _ in _instances(block)]
+        for node in nodes[1:]:
+            uf.union(node, nodes[0])
+    lane_of = {}
+    lanes: dict[int, set] = defaultdict(set)
+    for block in blocks:
+        rank, stream, _ = _instances(block)[0]
+        root = uf.find(node_ids[(rank, stream)])
+        lane_of[id(block)] = root
+    for (rank, stream), node in node_ids.items():
+        lanes[uf.find(node)].add((rank, stream))
+    return lane_of, lanes
+
+
+def _comm_axes(
+    blocks: Sequence[PatternBlock],
+    base_axis: dict[int, str],
+    lane_of: dict[int, int],
+    layout: Layout,
+) -> dict[int, str]:
+    """The axis of each collective: its base axis on the base's first lane, an axis ``like``
+    the base (its own communicator) on each other lane."""
+    first_lane: dict[str, int] = {}
+    variant: dict[tuple[str, int], str] = {}
+    taken = set(base_axis.values()) | {"world"}
+    out = {}
+    for block in sorted(blocks, key=lambda b: b.start_key()):
+        if block.kind not in ("comm", "p2p"):
+            continue
+        base, lane = base_axis[id(block)], lane_of[id(block)]
+        first_lane.setdefault(base, lane)
+        key = (base, lane)
+        if key not in variant:
+            if first_lane[base] == lane:
+                variant[key] = base
+            else:
+                ops = Counter(
+                    b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
+                )
+                abbr = OP_ABBREVIATIONS.get(ops.most_common(1)[0][0], "2")
+                variant[key] = _fresh(f"{base}_{abbr}", taken)
+                layout.axes.append(AxisDef(name=variant[key], like=base))
+                layout.like_notes.append(
+                    f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
+                    f"calls run on axis {variant[key]} (like: {base}, a communicator of its own)"
+                )
+        out[id(block)] = variant[key]
+    return out
+
+
+def _name_lanes(
+    blocks: Sequence[PatternBlock],
+    lane_of: dict[int, int],
+    lanes: dict[int, set],
+    comm_axis: dict[int, str],
+    taken: set[str],
+    layout: Layout,
+) -> None:
+    """Lanes with collectives take their axis's name; the others ``compute`` (the stream of
+    the busiest) or ``stream<N>``. Lanes of disjoint ranks (pipeline stages) may share one."""
+    names: dict[int, str] = {}
+    work: Counter = Counter()
+    for block in sorted(blocks, key=lambda b: b.start_key()):
+        lane = lane_of[id(block)]
+        if id(block) in comm_axis:
+            names.setdefault(lane, comm_axis[id(block)])
+        if block.kind in ("gemm", "busy"):
+            work[lane] += block.traced_us()
+    used: dict[str, set[int]] = defaultdict(set)
+    for lane, name in names.items():
+        used[name] |= {r for r, _ in lanes[lane]}
+    others = sorted((lane for lane in lanes if lane not in names), key=lambda la: -work[la])
+    main = min(lanes[others[0]])[1] if others else None
+    for lane in others:
+        ranks = {r for r, _ in lanes[lane]}
+        stream = min(lanes[lane])[1]
+        base = "compute" if stream == main else f"stream{stream}"
+        name = base
+        for i in itertools.count(2):
+            if name not in taken and not used[name] & ranks:
+                break
+            name = f"{base}_{i}"
+        used[name] |= ranks
+        names[lane] = name
+    layout.lane_names = names
+    for lane, name in names.items():
+        layout.lanes.setdefault(name, {}).update(sorted(lanes[lane]))
+        layout.lanes[name] = dict(sorted(layout.lanes[name].items()))
+
+
+def _link_after(blocks: Sequence[PatternBlock]) -> None:
+    """Each block's ``after`` as pattern blocks (a role block split in several waits in the
+    first and is waited for through the last)."""
+    of: dict[int, list[PatternBlock]] = defaultdict(list)
+    for block in blocks:
+        for rb in block.members:
+            of[id(rb)].append(block)
+    for block in blocks:
+        after: list[PatternBlock] = []
+        for rb in block.members:
+            if of[id(rb)][0] is not block:
+                continue
+            for src in rb.after:
+                source = of[id(src)][-1]
+                if source is not block and source.lane != block.lane and source not in after:
+                    after.append(source)
+        block.after = after
+
+
+def _ordered(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
+    """Blocks in an order keeping each rank's lane order and every dependency."""
+    index = {id(b): i for i, b in enumerate(blocks)}
+    succ: dict[int, set[int]] = defaultdict(set)
+    indeg = [0] * len(blocks)
+
+    def edge(a: int, b: int) -> None:
+        if a != b and b not in succ[a]:
+            succ[a].add(b)
+            indeg[b] += 1
+
+    queues: dict[tuple[int, str], list[tuple[float, float, int]]] = defaultdict(list)
+    for i, block in enumerate(blocks):
+        for rank, _, rb in _instances(block):
+            queues[(rank, block.lane)].append((*rb.times[rank], i))
+        for src in block.after:
+            edge(index[id(src)], i)
+    for queue in queues.values():
+        queue.sort()
+        for (_, _, a), (_, _, b) in itertools.pairwise(queue):
+            edge(a, b)
+    heap = [(blocks[i].start_key(), i) for i in range(len(blocks)) if indeg[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        out.append(blocks[i])
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (blocks[j].start_key(), j))
+    if len(out) != len(blocks):
+        stuck = [blocks[i] for i in range(len(blocks)) if indeg[i] > 0][:4]
+        what = ", ".join(f"{b.op} on lane {b.lane}" for b in stuck)
+        raise TraceError(
+            f"cannot order the blocks: the ranks issue work on shared lanes in different "
+            f"orders (among: {what})"
+        )
+    return out
+
+
+def _base_name(block: PatternBlock) -> str:
+    item = block.members[0].first
+    label = slug(item.label, fallback="step") if item.label else ""
+    if block.kind == "p2p" and len(block.edges) == 1:  # one transfer: who sends to whom
+        src, dst = block.edges[0]
+        return label or f"send_{src}_to_{dst}"
+    if block.kind in ("comm", "p2p"):
+        return label or block.op
+    if block.kind == "gemm":
+        return f"{label}_gemm" if label else "gemm"
+    if block.kind == "idle":
+        return "idle"
+    op = slug(item.opname.split("::")[-1], fallback="kernel")
+    return f"{label}_{op}" if label else op
+
+
+def _name_blocks(blocks: Sequence[PatternBlock]) -> None:
+    taken: set[str] = set()
+    for block in blocks:
+        block.name = _fresh(_base_name(block)[:56], taken)

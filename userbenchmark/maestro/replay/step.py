@@ -1,0 +1,376 @@
+"""One profiler step of one rank: its device work as items (a collective, a GEMM, or one other
+kernel/copy) per CUDA stream, each tied to the host call that launched it."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
+from .ops import COLLECTIVE_OPS, MARKER_NAMES, P2P_NAMES, Collective, Gemm, collective, gemm
+
+_LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
+"""Host calls that put work on the device (a call of a step without its activity means the
+trace ended before that work ran)."""
+
+
+def is_nccl_kernel(name: str) -> bool:
+    return name.startswith(("ncclDevKernel", "ncclKernel")) or "nccl" in name[:16].lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class P2P:
+    """Point-to-point transfers of one NCCL launch: (peer global rank, bytes) each way."""
+
+    group: str
+    sends: tuple[tuple[int, int], ...]
+    recvs: tuple[tuple[int, int], ...]
+    dtype: str
+
+
+@dataclass(kw_only=True)
+class Item:
+    """Device work of one traced call on one stream of one rank (times in µs, device clock)."""
+
+    index: int
+    """Position in the rank's launch order."""
+    stream: int
+    start: float
+    end: float
+    busy_us: float
+    launch: float
+    tid: int
+    kind: str
+    """``comm`` (a collective), ``p2p``, ``gemm`` or ``other`` (merged into stand-ins)."""
+    label: str
+    """The innermost annotation around the launch ('' when none)."""
+    opname: str
+    signature: tuple
+    coll: Collective | None = None
+    group: str = ""
+    """Process group name of a collective or point-to-point call."""
+    p2p: P2P | None = None
+    gemm: Gemm | None = None
+    note: str | None = None
+
+
+@dataclass(kw_only=True)
+class RankStep:
+    """One rank's step: its items per stream in stream order, and what the deps need."""
+
+    trace: RankTrace
+    step: Span
+    items: list[Item]
+    streams: dict[int, list[Item]]
+    start: float
+    end: float
+    notes: list[str] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    """Host calls of the step in time order (launches, event records, waits, syncs)."""
+    launch_items: dict[int, Item] = field(default_factory=dict)
+    """Correlation id of a launch -> the item its device work belongs to."""
+
+    @property
+    def rank(self) -> int:
+        return self.trace.rank
+
+    @property
+    def span_us(self) -> float:
+        return self.end - self.start
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------------------------
+def step_number(name: str) -> int:
+    tail = name.removeprefix("ProfilerStep#")
+    return int(tail) if tail.isdigit() else -1
+
+
+def _acts_by_corr(trace: RankTrace) -> dict[int, list[Activity]]:
+    by: dict[int, list[Activity]] = defaultdict(list)
+    for act in trace.activities:
+        by[act.corr].append(act)
+    return by
+
+
+def _window(trace: RankTrace, span: Span) -> list[Launch]:
+    calls = [c for c in trace.launches.values() if span.ts <= c.ts <= span.end]
+    calls.sort(key=lambda c: c.ts)
+    return calls
+
+
+def complete_steps(trace: RankTrace) -> set[str]:
+    """Steps whose every launch has its device work in the trace (the last steps of a trace
+    may not: the profiler stopped before the device ran them). One pass over the calls."""
+    with_work = {act.corr for act in trace.activities}
+    launching: dict[str, bool] = {}
+    calls = sorted(trace.launches.values(), key=lambda c: c.ts)
+    times = [c.ts for c in calls]
+    missing = [0]
+    for c in calls:
+        if c.name not in launching:
+            launching[c.name] = bool(_LAUNCHING.search(c.name))
+        missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+    done = set()
+    for span in trace.steps:
+        lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
+        if missing[hi] == missing[lo]:
+            done.add(span.name)
+    return done
+
+
+def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
+    """The step to import: ``ProfilerStep#wanted``, else the last one complete on every rank."""
+    if wanted is not None:
+        name = f"ProfilerStep#{wanted}"
+        for t in traces:
+            names = sorted({s.name for s in t.steps}, key=step_number)
+            if name not in names:
+                have = ", ".join(names) or "no ProfilerStep annotation"
+                raise TraceError(f"{t.path}: rank {t.rank} has no {name} (it has: {have})")
+        return name
+    common: set[str] | None = None
+    for t in traces:
+        done = complete_steps(t)
+        if not t.steps:
+            raise TraceError(
+                f"{t.path}: no ProfilerStep#N annotation: profile with a schedule and call "
+                "prof.step() after each training step"
+            )
+        common = done if common is None else common & done
+    if not common:
+        raise TraceError(
+            "no profiler step is complete on every rank (the device work of the last steps "
+            "is missing from a trace); name one with --step N"
+        )
+    return max(common, key=step_number)
+
+
+def _step_span(trace: RankTrace, name: str) -> Span:
+    spans = [s for s in trace.steps if s.name == name]
+    return max(spans, key=lambda s: s.end - s.ts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Items
+# ---------------------------------------------------------------------------------------------
+def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> dict[float, str]:
+    """For each (tid, ts), the name of the innermost span of that thread around ts."""
+    by_tid: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        by_tid[s.tid].append(s)
+    for group in by_tid.values():
+        group.sort(key=lambda s: (s.ts, -s.end))
+    starts = {tid: [s.ts for s in group] for tid, group in by_tid.items()}
+    out: dict[float, str] = {}
+    for tid, ts in queries:
+        group = by_tid.get(tid, [])
+        best = ""
+        # Spans are nested: the innermost one around ts started last among those that hold ts.
+        i = bisect.bisect_right(starts.get(tid, []), ts) - 1
+        while i >= 0:
+            if group[i].end >= ts:
+                best = group[i].name
+                break
+            i -= 1
+        out[ts] = best
+    return out
+
+
+def _name_spans(trace: RankTrace) -> list[Span]:
+    return [a for a in trace.annotations if not a.name.startswith("nccl:")]
+
+
+class _Owner:
+    """What launched a device activity: a collective/p2p call, a GEMM op, or anything else."""
+
+    def __init__(self, trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]]):
+        self.trace = trace
+        self.direct = {
+            c.ext
+            for c in calls
+            if c.ext in trace.comms and c.corr in acts and _usable(trace.comms[c.ext])
+        }
+        self.pending: dict[int, list[CommRecord]] = defaultdict(list)
+        self.records = sorted(
+            (r for r in trace.comms.values() if _usable(r) and r.ext not in self.direct),
+            key=lambda r: r.ts,
+        )
+        self.cursor = 0
+
+    def comm_records(self, call: Launch, nccl: bool) -> tuple[CommRecord, ...]:
+        """The records a launch belongs to: its own, or (an NCCL kernel launched for calls
+        that had none, as batched send/recv) the records issued since the last NCCL launch."""
+        # Records without their own kernel, up to this call, wait for the next NCCL launch.
+        while self.cursor < len(self.records) and self.records[self.cursor].ts <= call.ts:
+            rec = self.records[self.cursor]
+            self.pending[rec.tid].append(rec)
+            self.cursor += 1
+        if call.ext in self.direct:
+            # A batch (batch_isend_irecv, coalesced calls) may launch under its last record:
+            # the records before it, of the same kind, are part of it; others launched nothing.
+            own = self.trace.comms[call.ext]
+            earlier = self.pending.pop(call.tid, [])
+            return (*(r for r in earlier if _same_batch(r, own)), own)
+        if not nccl:
+            return ()
+        return tuple(self.pending.pop(call.tid, ()))
+
+
+def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
+    if rec.group_name != own.group_name:
+        return False
+    if own.name in P2P_NAMES:
+        return rec.name in P2P_NAMES
+    return COLLECTIVE_OPS.get(rec.name, "?") == COLLECTIVE_OPS.get(own.name, "!")
+
+
+def _usable(rec: CommRecord) -> bool:
+    return rec.name not in MARKER_NAMES
+
+
+def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
+    """The items of step ``name`` of one rank; ``group_sizes`` gives each group's size."""
+    span = _step_span(trace, name)
+    acts = _acts_by_corr(trace)
+    calls = _window(trace, span)
+    owner = _Owner(trace, calls, acts)
+    labels = innermost(_name_spans(trace), ((c.tid, c.ts) for c in calls))
+    groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
+    info: dict[tuple, dict] = {}
+    notes: list[str] = []
+    for call in calls:
+        for act in acts.get(call.corr, ()):
+            nccl = is_nccl_kernel(act.name)
+            records = owner.comm_records(call, nccl)
+            key, meta = _classify(trace, call, act, records, group_sizes, notes)
+            groups.setdefault(key, []).append((call, act))
+            info.setdefault(key, meta)
+    ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
+    items = [_item(parts, info[key], labels, trace) for key, parts in ordered]
+    if not items:
+        raise TraceError(f"{trace.path}: rank {trace.rank}'s {name} launched no device work")
+    launch_items: dict[int, Item] = {}
+    for i, (item, (_, parts)) in enumerate(zip(items, ordered, strict=True)):
+        item.index = i
+        for call, _ in parts:
+            launch_items[call.corr] = item
+    streams: dict[int, list[Item]] = defaultdict(list)
+    for item in sorted(items, key=lambda it: (it.start, it.index)):
+        streams[item.stream].append(item)
+    return RankStep(
+        trace=trace,
+        step=span,
+        items=items,
+        streams=dict(streams),
+        start=min(i.start for i in items),
+        end=max(i.end for i in items),
+        notes=notes,
+        launches=calls,
+        launch_items=launch_items,
+    )
+
+
+def _classify(
+    trace: RankTrace,
+    call: Launch,
+    act: Activity,
+    records: tuple[CommRecord, ...],
+    group_sizes: dict[str, int],
+    notes: list[str],
+) -> tuple[tuple, dict]:
+    """The item an activity belongs to (its key) and what the item is (its meta)."""
+    if records:
+        key = ("comm", act.stream, tuple(r.ext for r in records))
+        return key, {"records": records, "group_sizes": group_sizes}
+    if is_nccl_kernel(act.name):
+        notes.append("an NCCL kernel without its record_param_comms call")
+        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl", "nccl": True}
+    op = trace.gemms.get(call.ext) if call.ext is not None else None
+    if op is not None:
+        return ("gemm", act.stream, call.ext), {"gemm_op": op}
+    opname = trace.op_names.get(call.ext, "") if call.ext is not None else ""
+    return ("other", act.stream, call.corr, act.ts), {"opname": opname or act.name}
+
+
+def _item(
+    parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str], trace: RankTrace
+) -> Item:
+    first_call = min((c for c, _ in parts), key=lambda c: c.ts)
+    item = Item(
+        index=0,
+        stream=parts[0][1].stream,
+        start=min(a.ts for _, a in parts),
+        end=max(a.end for _, a in parts),
+        busy_us=sum(a.end - a.ts for _, a in parts),
+        launch=first_call.ts,
+        tid=first_call.tid,
+        kind="other",
+        label=labels.get(first_call.ts, ""),
+        opname=meta.get("opname", ""),
+        signature=("other", parts[0][1].name),
+    )
+    if "records" in meta:
+        _comm_item(item, meta["records"], meta["group_sizes"], trace)
+    elif "gemm_op" in meta:
+        g = gemm(meta["gemm_op"])
+        item.opname = meta["gemm_op"].name.removeprefix("aten::")
+        if g is not None and g.dtype == "fp32":
+            g = dataclasses.replace(g, tf32=any("tf32" in a.name.lower() for _, a in parts))
+        if g is not None:
+            item.kind, item.gemm, item.note = "gemm", g, g.note
+            item.signature = ("gemm", g.m, g.n, g.k, g.dtype)
+        else:
+            item.note = "gemm-shapes"
+    return item
+
+
+def _comm_item(
+    item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int], trace: RankTrace
+) -> None:
+    rec = records[0]
+    item.group = rec.group_name
+    team = sizes.get(rec.group_name) or len(rec.group_ranks) or 1
+    if all(r.name in P2P_NAMES for r in records):
+        item.kind, item.opname = "p2p", "send_recv"
+        item.p2p = _p2p(records, trace)
+        kinds = tuple(sorted(r.name for r in records))
+        item.signature = ("p2p", rec.group_desc, team, kinds)
+        return
+    if any(r.name not in COLLECTIVE_OPS for r in records):
+        names = sorted({r.name for r in records})
+        item.note = f"collective {', '.join(names)} has no maestro op"
+        item.opname = names[0]
+        return
+    parts = [collective(r, team) for r in records]
+    first = parts[0]
+    if any(p.op != first.op for p in parts):
+        item.note = "coalesced collectives of different kinds"
+        return
+    total = sum(p.size_bytes for p in parts)
+    item.kind, item.opname = "comm", first.op
+    item.coll = Collective(
+        op=first.op, size_bytes=total, dtype=first.dtype, root=first.root, note=first.note
+    )
+    size_key = None if first.op == "all_to_all" else total
+    item.signature = ("comm", first.op, rec.group_desc, team, size_key, first.dtype)
+
+
+def _p2p(records: tuple[CommRecord, ...], trace: RankTrace) -> P2P:
+    from .ops import maestro_dtype
+
+    sends, recvs = [], []
+    dtype = "uint8"
+    for rec in records:
+        dtype, elem, _ = maestro_dtype(rec.dtype)
+        ranks = rec.group_ranks
+        peer = rec.peer if rec.peer is not None else -1
+        glob = ranks[peer] if ranks and 0 <= peer < len(ranks) else peer
+        entry = (glob, rec.in_nelems * elem)
+        (sends if rec.name == "send" else recvs).append(entry)
+    return P2P(group=records[0].group_name, sends=tuple(sends), recvs=tuple(recvs), dtype=dtype)
