@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from userbenchmark.maestro import cli
-from userbenchmark.maestro.blocks.registry import registered_ops
 
 from ..docblocks import bash_blocks
 from .replay_scenarios import compute_rank, ddp_rank
@@ -23,11 +22,6 @@ from .replay_traces import write_all
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
 REPO = Path(__file__).resolve().parents[2]
-NEEDS_BUSY = pytest.mark.skipif(
-    "busy" not in registered_ops(),
-    reason="op 'busy' (and block key 'after', block and pattern key 'traced_us') not in "
-    "maestro yet: an imported pattern cannot run before they land",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +115,6 @@ def test_a_corrupt_trace_is_refused_by_the_real_command(tmp_path):
     assert done.stderr.startswith("maestro: invalid trace:") and "Traceback" not in done.stderr
 
 
-@NEEDS_BUSY
 @pytest.mark.parametrize(
     ("builders", "launch"),
     [(lambda: [compute_rank()], []), (lambda: [ddp_rank(0), ddp_rank(1)], ["--nproc", "2"])],

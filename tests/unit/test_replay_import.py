@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.errors import ConfigError
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
 from userbenchmark.maestro.replay.kineto import TraceError
@@ -29,14 +28,6 @@ from .replay_scenarios import (
     two_stream_rank,
 )
 from .replay_traces import TraceBuilder, group, write_all
-
-NEW_KEYS = "block keys 'after' and 'traced_us', pattern key 'traced_us', op 'busy'"
-needs_new_keys = pytest.mark.xfail(
-    reason=f"maestro's loader does not accept {NEW_KEYS} yet (they land with the dep and "
-    "config work)",
-    raises=ConfigError,
-    strict=True,
-)
 
 
 def imported(folder: Path, builders: list[TraceBuilder], **options):
@@ -354,7 +345,6 @@ def test_names_are_yaml_safe(tmp_path):
     assert all(isinstance(block["name"], str) for block in blocks_of(data))
 
 
-@needs_new_keys
 def test_imported_file_validates(tmp_path):
     _, text, _ = imported(tmp_path / "ddp", [ddp_rank(r) for r in range(2)])
     load_suite_text(text)

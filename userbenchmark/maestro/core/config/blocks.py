@@ -18,7 +18,16 @@ from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
 
 __all__ = ["BLOCK_KEYS", "PARAM_YAML_ALIASES", "OpResolver", "check_block"]
 
-BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after")
+BLOCK_KEYS: Final = (
+    "name",
+    "op",
+    "axis",
+    "lane",
+    "dtype",
+    "register_buffers",
+    "after",
+    "traced_us",
+)
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
@@ -131,6 +140,7 @@ def check_block(
     if "register_buffers" in raw:
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
     after = after_names(p, raw, path)
+    traced_us = traced_duration_us(p, raw, path)
     if unchecked:
         # A custom op left unimported: its parameters are kept as written, unchecked.
         params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
@@ -153,8 +163,17 @@ def check_block(
         params=frozen_mapping(params),
         register_buffers=register,
         after=after,
+        traced_us=traced_us,
         yaml_path=path,
     )
+
+
+def traced_duration_us(p: Problems, raw: dict[Any, Any], path: str) -> float | None:
+    """The optional ``traced_us`` of a block or pattern: its duration in the trace it was
+    imported from (µs, >= 0), which the run's report sets beside the replayed figure."""
+    if "traced_us" not in raw:
+        return None
+    return p.number(raw["traced_us"], join(path, "traced_us"), minimum=0.0)
 
 
 def _declared(cls: type[Block]) -> list[Param]:

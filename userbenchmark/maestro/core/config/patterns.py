@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from .axes import AxisDraft
-from .blocks import OpResolver, check_block
+from .blocks import OpResolver, check_block, traced_duration_us
 from .dependencies import check_after
 from .problems import Problems, index, join
 from .spec import SYNC_MODES, BlockSpec, PatternSpec
@@ -52,7 +52,7 @@ DEFAULT_KEYS: Final = (
     "graph",
     "register_buffers",
 )
-PATTERN_KEYS: Final = ("name", "sweep", "blocks", *DEFAULT_KEYS)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", *DEFAULT_KEYS)
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
     "warmup_iters": 5,
@@ -289,6 +289,7 @@ def _pattern_point(
     elsewhere: tuple[dict[str, list[str]], Any],
 ) -> PatternSpec | None:
     settings = check_settings(p, body, path, defaults)
+    traced_us = traced_duration_us(p, body, path)
     raw_blocks = body.get("blocks")
     if "blocks" not in body:
         p.add(join(path, "blocks"), "missing required key 'blocks' (a list of blocks)")
@@ -355,5 +356,6 @@ def _pattern_point(
         check=settings["check"],
         sync=settings["sync"],
         graph=settings["graph"],
+        traced_us=traced_us,
         yaml_path=path,
     )

@@ -74,6 +74,8 @@ class BlockSpec:
     register_buffers: bool = False
     after: tuple[str, ...] = ()
     """Blocks of the same pattern this block waits for in each iteration (``after:``)."""
+    traced_us: float | None = None
+    """Duration in the trace the block was imported from (``import-trace``), if any."""
     yaml_path: str = ""
 
     @property
@@ -98,6 +100,8 @@ class PatternSpec:
     sync: str = "barrier"
     graph: bool = False
     """Each block's launch is captured once into a CUDA graph and replayed per iteration."""
+    traced_us: float | None = None
+    """The traced step's duration, for a pattern imported from a trace (``import-trace``)."""
     yaml_path: str = ""
 
     def block(self, name: str) -> BlockSpec:
