@@ -13,11 +13,12 @@ import re
 
 import numpy as np
 
-from ..analysis.activities import API_DRIVER, API_RUNTIME
+from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
+from .attribution import ActivityRecords, ApiRecords, ExternalCorrelation
 from .demangle import demangle
 
-# The profiler's own logger: these records are its work.
-logger = logging.getLogger(__name__.rpartition(".")[0] + ".cupti")
+# The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
+logger = logging.getLogger("maestro.cupti")
 
 
 _FIELDS = {
@@ -324,3 +325,70 @@ def _kernel_name(record) -> str:
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
     return demangle(str(name)) if name else "kernel (no name from CUPTI)"
+
+
+NamedRecords = tuple[np.ndarray, tuple[str, ...], ApiRecords]
+"""Each activity's index into the names, the names, and the API calls (for traces)."""
+_KINDS = (("kernel", KIND_KERNEL), ("memcpy", KIND_MEMCPY), ("memset", KIND_MEMSET))
+
+
+def _joined(chunks: list[np.ndarray], width: int | None = None) -> np.ndarray:
+    if chunks:
+        return np.concatenate(chunks)
+    return np.zeros((0, width) if width else 0, dtype=np.int64)
+
+
+def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
+    """The kernel, memcpy and memset rows of a window's buffers (``_RecordParser.parse``), in
+    that order, as one ActivityRecords."""
+    parts = [(code, _joined(chunks[name], len(_FIELDS[name]))) for name, code in _KINDS]
+    kernel = parts[0][1]
+    n = sum(p.shape[0] for _, p in parts)
+
+    def column(i: int) -> np.ndarray:
+        return np.concatenate([p[:, i] for _, p in parts])
+
+    def kernel_only(i: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int32)
+        out[: kernel.shape[0]] = kernel[:, i]
+        return out
+
+    size_bytes = np.zeros(n, dtype=np.int64)
+    size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for _, p in parts[1:]])
+    return ActivityRecords(
+        correlation_id=column(0).astype(np.uint64),
+        start_ns=column(1),
+        end_ns=column(2),
+        kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
+        stream_id=column(3),
+        device_id=column(4).astype(np.int32),
+        size_bytes=size_bytes,
+        grid_x=kernel_only(5),
+        grid_y=kernel_only(6),
+        grid_z=kernel_only(7),
+        block_x=kernel_only(8),
+        block_y=kernel_only(9),
+        block_z=kernel_only(10),
+    )
+
+
+def external_correlation(chunks: list[np.ndarray]) -> ExternalCorrelation:
+    """The CUSTOM2 correlation rows of a window's buffers."""
+    table = np.concatenate(chunks) if chunks else np.zeros((0, 2), dtype=np.uint64)
+    return ExternalCorrelation(correlation_id=table[:, 0].copy(), external_id=table[:, 1].copy())
+
+
+def named_records(chunks: dict[str, list[np.ndarray]], names: tuple[str, ...]) -> NamedRecords:
+    """The name rows (in ``activity_records``' order) and the API calls of a window's
+    buffers, parsed with names kept."""
+    name_index = np.concatenate([_joined(chunks[f"{k}_name"]) for k, _ in _KINDS])
+    rows = _joined(chunks["api"], 6)
+    api = ApiRecords(
+        correlation_id=rows[:, 0].copy(),
+        start_ns=rows[:, 1].copy(),
+        end_ns=rows[:, 2].copy(),
+        cbid=rows[:, 3].astype(np.int32),
+        thread_id=rows[:, 4].copy(),
+        api=rows[:, 5].astype(np.uint8),
+    )
+    return name_index.astype(np.int32), names, api
