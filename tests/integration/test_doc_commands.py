@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,14 @@ pytestmark = pytest.mark.integration
 
 BLOCKS = [block for page in PAGES for block in bash_blocks(page)]
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def python_here(path: Path) -> None:
+    """A ``python`` at ``path`` that runs this interpreter, in its environment: a script that
+    execs it by the path it was started as. A symlink would not do: a virtual environment's
+    python found through a link from elsewhere no longer sees its environment's packages."""
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(0o755)
 
 
 def _ids(blocks: list[BashBlock]) -> list[str]:
@@ -52,6 +61,17 @@ def test_the_pages_have_commands_and_every_marker_says_why():
             assert f'"{page}"' in runner.read_text(), f"{block.text} does not read {page}"
 
 
+def test_commands_run_with_this_environments_python(tmp_path):
+    python_here(tmp_path / "python")
+    done = subprocess.run(
+        [str(tmp_path / "python"), "-c", "import sys; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        timeout=QUICK_HANG_S,
+    )
+    assert done.stdout.strip() == sys.prefix, done.stderr[-2000:]
+
+
 RUNNABLE = [b for b in BLOCKS if b.kind in ("run", "run with")]
 
 
@@ -68,7 +88,7 @@ def test_documented_commands_run_as_written(block, tmp_path):
     # `python` is this interpreter; `torchrun` comes from its environment's scripts.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    python_here(bin_dir / "python")
     env = {
         k: v
         for k, v in os.environ.items()
