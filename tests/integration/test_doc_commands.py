@@ -2,9 +2,10 @@
 exit status the page gives it (tests/docblocks.py says how a block is marked otherwise).
 
 Blocks run in a copy of the files a user runs from (``run_benchmark.py`` writes its metrics
-beside itself), with ``python`` and ``torchrun`` of this interpreter's environment. Blocks that
-need a GPU, a cluster or a TorchBench checkout are skipped with that reason; usage lines with
-placeholders (synopses) have each option they name checked against the command's ``--help``.
+beside itself), with ``python`` and ``torchrun`` of this interpreter's environment. Blocks
+marked as needing a GPU, a cluster or a TorchBench checkout, or as run by another test, are
+not run here (each marker must say why); usage lines with placeholders (synopses) have each
+option they name checked against the command's ``--help``.
 """
 
 from __future__ import annotations
@@ -167,13 +168,3 @@ def test_synopsis_options_exist(block):
             text = _help(*target)
             for option in options:
                 assert option in text, f"{block.where}: {' '.join(target)} has no {option}"
-
-
-SKIPPED = [b for b in BLOCKS if b.kind in ("skip", "run by")]
-
-
-@pytest.mark.parametrize("block", SKIPPED, ids=_ids(SKIPPED))
-def test_blocks_run_elsewhere_or_needing_more_than_a_cpu(block):
-    if block.kind == "run by":
-        pytest.skip(f"{block.where}: run by {block.text}")
-    pytest.skip(f"{block.where}: {block.text}")
