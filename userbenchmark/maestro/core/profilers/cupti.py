@@ -113,14 +113,8 @@ class CuptiProfiler:
         kinds = cupti.ActivityKind
         # RUNTIME or DRIVER must be on for EXTERNAL_CORRELATION records to appear; NCCL
         # launches through the driver API, so both are on.
-        self._kinds = (
-            kinds.CONCURRENT_KERNEL,
-            kinds.MEMCPY,
-            kinds.MEMSET,
-            kinds.RUNTIME,
-            kinds.DRIVER,
-            kinds.EXTERNAL_CORRELATION,
-        )
+        device = (kinds.CONCURRENT_KERNEL, kinds.MEMCPY, kinds.MEMSET)
+        self._kinds = (*device, kinds.RUNTIME, kinds.DRIVER, kinds.EXTERNAL_CORRELATION)
         self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from operator import attrgetter
 
 import numpy as np
 
@@ -191,55 +192,25 @@ class _RecordParser:
 
     def parse_objects(self, activities: list) -> dict[str, np.ndarray]:
         """One attribute read per field and record."""
+        kinds = {code: (name, attrgetter(*_FIELDS[name])) for name, code in self.codes.items()}
+        api_codes = self.api_codes if self.keep_names else {}
+        api_fields = attrgetter(*_NAMED_FIELDS["api"])
         rows: dict[str, list[tuple]] = {name: [] for name in _FIELDS}
-        kernels, copies, sets, ext = rows["kernel"], rows["memcpy"], rows["memset"], rows["ext"]
-        k_kernel, k_memcpy = self.codes["kernel"], self.codes["memcpy"]
-        k_memset, k_ext = self.codes["memset"], self.codes["ext"]
-        custom2 = self.custom2
-        named = self.keep_names
-        api_codes = self.api_codes if named else {}
-        kernel_names: list[str] = []
-        copy_names: list[str] = []
-        set_names: list[str] = []
+        names: dict[str, list[str]] = {"kernel": [], "memcpy": [], "memset": []}
         api: list[tuple] = []
         for a in activities:
-            k = a.kind
-            if k == k_ext:
-                if a.external_kind == custom2:
-                    ext.append((a.correlation_id, a.external_id))
-            elif k == k_kernel:
-                kernels.append(
-                    (
-                        a.correlation_id,
-                        a.start,
-                        a.end,
-                        a.stream_id,
-                        a.device_id,
-                        a.grid_x,
-                        a.grid_y,
-                        a.grid_z,
-                        a.block_x,
-                        a.block_y,
-                        a.block_z,
-                    )
-                )
-                if named:
-                    kernel_names.append(_kernel_name(a))
-            elif k == k_memcpy:
-                copies.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
-                if named:
-                    copy_names.append(memcpy_name(a.copy_kind, a.src_kind, a.dst_kind))
-            elif k == k_memset:
-                sets.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
-                if named:
-                    set_names.append(memset_name(a.memory_kind))
-            elif k in api_codes:
-                api.append((a.correlation_id, a.start, a.end, a.cbid, a.thread_id, api_codes[k]))
+            if a.kind in kinds:
+                name, fields = kinds[a.kind]
+                if name == "ext" and a.external_kind != self.custom2:
+                    continue
+                rows[name].append(fields(a))
+                if self.keep_names and name != "ext":
+                    names[name].append(_record_name(name, a))
+            elif a.kind in api_codes:
+                api.append((*api_fields(a), api_codes[a.kind]))
         out = {name: self._rows(name, r) for name, r in rows.items()}
-        if named:
-            out["kernel_name"] = self._interned(kernel_names)
-            out["memcpy_name"] = self._interned(copy_names)
-            out["memset_name"] = self._interned(set_names)
+        if self.keep_names:
+            out.update({f"{name}_name": self._interned(found) for name, found in names.items()})
             out["api"] = self._rows("api", api)
         return out
 
@@ -316,6 +287,15 @@ class _RecordParser:
         if not rows:
             return np.zeros((0, width), dtype=dtype)
         return np.array(rows, dtype=dtype)
+
+
+def _record_name(kind: str, record) -> str:
+    """The name a trace shows for a kernel, memcpy or memset record object."""
+    if kind == "memcpy":
+        return memcpy_name(record.copy_kind, record.src_kind, record.dst_kind)
+    if kind == "memset":
+        return memset_name(record.memory_kind)
+    return _kernel_name(record)
 
 
 def _kernel_name(record) -> str:
