@@ -53,11 +53,6 @@ OVERLAP_NOTE = (
 )
 
 
-def rank_file_name(rank: int) -> str:
-    """``rank<r>.json``."""
-    return f"rank{rank}.json"
-
-
 def _us(value_ns: float) -> float:
     return round(value_ns / 1000.0, 3)
 
@@ -357,7 +352,7 @@ def rank_trace_texts(outcomes: Sequence[PatternOutcome]) -> dict[str, str]:
     """File name (``rank<r>.json``) -> strict JSON text of that rank's trace."""
     # Default separators: HolisticTraceAnalysis finds the rank with the regex '"rank":\s+(\d+)'.
     return {
-        rank_file_name(rank): json.dumps(doc, allow_nan=False)
+        f"rank{rank}.json": json.dumps(doc, allow_nan=False)
         for rank, doc in sorted(build_rank_traces(outcomes).items())
     }
 
