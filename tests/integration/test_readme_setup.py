@@ -22,7 +22,7 @@ import pytest
 from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.install import nvidia_driver_present
 
-from ..docblocks import ROOT, bash_blocks, documented_statuses
+from ..docblocks import ROOT, bash_blocks, run_documented
 
 pytestmark = pytest.mark.integration
 
@@ -66,23 +66,11 @@ def fresh_venv(path: Path, *, inherit: bool = False) -> dict[str, str]:
 
 
 def run_commands(commands: tuple[str, ...], cwd: Path, env: dict[str, str], hang_s: float):
-    """Each command in bash, in order; asserts the exit status the README gives it."""
-    outputs = []
-    for command in commands:
-        done = subprocess.run(
-            ["bash", "-c", command],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=hang_s,
-            stdin=subprocess.DEVNULL,
-        )
-        assert done.returncode in documented_statuses(command), (
-            f"{command}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-        )
-        outputs.append(done.stdout)
-    return outputs
+    """Each command as the README gives it, in order; their outputs."""
+    where = README.name
+    return [
+        run_documented(c, cwd=cwd, env=env, hang_s=hang_s, where=where).stdout for c in commands
+    ]
 
 
 def test_the_readme_sets_up_in_two_commands():
