@@ -40,25 +40,35 @@ from ._common import (
 )
 
 SIZES = ("4K", "16K", "64K", "256K", "1M")
+SYNC = {"aligned": "barrier", "barrier-only": "barrier-only"}
+"""maestro's two ways: the ``sync`` of their patterns."""
 PATTERN = """\
 name: alignment_cpu
 world_size: 2
-defaults: {{dtype: fp32, warmup_iters: {warmup}, iters: {iters}, baseline: false, sync: {sync}}}
+defaults: {{dtype: fp32, warmup_iters: {warmup}, iters: {iters}, baseline: false}}
 patterns:
-  - name: ar
+"""
+WAY = """\
+  - name: {name}
+    sync: {sync}
     sweep: {{size: [{sizes}]}}
     blocks:
       - {{name: ar, op: all_reduce, size: "${{size}}"}}
 """
 
 
-def maestro_run(sync: str, args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]:
-    """One maestro run of every size: {size label: {p50_us, avg_us}}."""
-    config = tmp / f"align_{sync}.yaml"
-    config.write_text(
-        PATTERN.format(warmup=args.warmup, iters=args.iters, sync=sync, sizes=", ".join(SIZES))
-    )
-    out = tmp / f"out_{sync}"
+def maestro_run(
+    ways: tuple[str, ...], args: argparse.Namespace, tmp: Path
+) -> dict[str, dict[str, dict[str, float]]]:
+    """One maestro run of every size, one way after the other in the order given:
+    {way: {size label: {p50_us, avg_us}}}."""
+    config = tmp / "align.yaml"
+    text = PATTERN.format(warmup=args.warmup, iters=args.iters)
+    for way in ways:
+        name = way.replace("-", "_")
+        text += WAY.format(name=name, sync=SYNC[way], sizes=", ".join(args.sizes))
+    config.write_text(text)
+    out = tmp / "out"
     cmd = [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", str(config)]
     cmd += ["--nproc", "2", "--output-dir", str(out), "--no-metrics"]
     proc = subprocess.run(
@@ -66,11 +76,11 @@ def maestro_run(sync: str, args: argparse.Namespace, tmp: Path) -> dict[str, dic
     )
     if proc.returncode != 0:
         raise RuntimeError(f"maestro failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    records = json.loads((out / "results.json").read_text())
-    result = {}
-    for rec in records:
-        label = rec["pattern"].split("size=", 1)[1].rstrip("]")
-        result[label] = {"p50_us": rec["latency_p50_us"], "avg_us": rec["latency_avg_us"]}
+    result: dict[str, dict[str, dict[str, float]]] = {way: {} for way in ways}
+    for rec in json.loads((out / "results.json").read_text()):
+        name, _, label = rec["pattern"].partition("[size=")
+        stats = {"p50_us": rec["latency_p50_us"], "avg_us": rec["latency_avg_us"]}
+        result[name.replace("_", "-")][label.rstrip("]")] = stats
     return result
 
 
@@ -104,7 +114,7 @@ def hand_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]
     from userbenchmark.maestro.core.config.sizes import parse_size
     from userbenchmark.maestro.core.runtime.distributed import free_port
 
-    sizes = [parse_size(s) for s in SIZES]
+    sizes = [parse_size(s) for s in args.sizes]
     out = tmp / "hand.json"
     mp.spawn(
         hand_worker,
@@ -118,7 +128,7 @@ def hand_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]
             "p50_us": statistics.median(raw[str(size)]),
             "avg_us": statistics.fmean(raw[str(size)]),
         }
-        for label, size in zip(SIZES, sizes, strict=True)
+        for label, size in zip(args.sizes, sizes, strict=True)
     }
 
 
@@ -127,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), help="all_reduce sizes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     info = machine_info()
@@ -135,17 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="maestro-align-") as tmpdir:
         tmp = Path(tmpdir)
         for rep in range(args.reps):
-            order = ways if rep % 2 == 0 else tuple(reversed(ways))
+            # Alternating which comes first: the hand loop or maestro, and maestro's two ways.
+            order = tuple(SYNC) if rep % 2 == 0 else tuple(reversed(SYNC))
             got: dict[str, Any] = {}
-            for way in order:
-                if way == "hand":
-                    got[way] = hand_run(args, tmp)
-                else:
-                    got[way] = maestro_run("barrier" if way == "aligned" else way, args, tmp)
+            if rep % 2:
+                got["hand"] = hand_run(args, tmp)
+            got.update(maestro_run(order, args, tmp))
+            if not rep % 2:
+                got["hand"] = hand_run(args, tmp)
             runs.append(got)
     rows = []
     summary = []
-    for size in SIZES:
+    for size in args.sizes:
         med = {
             (way, stat): statistics.median(r[way][size][stat] for r in runs)
             for way in ways

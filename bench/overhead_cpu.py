@@ -180,7 +180,7 @@ def worker(
         maestro_s.append(got[maestro_window])
         hand_s.append(got[hand_window])
         ratios.append(got[maestro_window] / got[hand_window])
-    run.teardown()
+    run.teardown(failed=False)
     if rank == 0:
         Path(opts["out"]).write_text(
             json.dumps(

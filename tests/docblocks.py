@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,29 @@ def documented_statuses(command: str) -> frozenset[int]:
     if not found:
         return frozenset({0})
     return frozenset(int(n) for n in re.findall(r"\d+", found.group(1)))
+
+
+def run_documented(
+    command: str, *, cwd: Path, env: dict[str, str], hang_s: float, where: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``command`` run in bash as a user would; asserts an exit status its page gives it and
+    no traceback. ``hang_s`` catches a hang, not slowness."""
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=hang_s,
+        stdin=subprocess.DEVNULL,
+    )
+    status = documented_statuses(command)
+    assert done.returncode in status, (
+        f"{where}: `{command}` exited {done.returncode}, documented {sorted(status)}\n"
+        f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
+    assert "Traceback" not in done.stderr, f"{where}: `{command}`\n{done.stderr[-4000:]}"
+    return done
 
 
 def with_options(command: str, options: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -17,6 +18,7 @@ import numpy as np
 from userbenchmark.maestro.core.profilers.attribution import (
     HARNESS_BLOCK,
     KIND_KERNEL,
+    KIND_MEMCPY,
     ActivityRecords,
     AttributionError,
     ExternalCorrelation,
@@ -43,7 +45,8 @@ def us(ns: np.ndarray | float) -> str:
 
 
 def warmup_discard(prof: CuptiProfiler, torch) -> None:
-    """10 warmup matmuls in window 0, then 20 measured ones in window 1: exactly 20 counted."""
+    """10 warmup matmuls in window 0, then 20 measured ones in window 1: exactly 20 counted
+    (a warmup record left over would be an AttributionError: another window's)."""
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     prof.begin_window(0)
@@ -52,10 +55,8 @@ def warmup_discard(prof: CuptiProfiler, torch) -> None:
         torch.mm(a, b)
         prof.pop()
     torch.cuda.synchronize()
-    before = prof.discarded_records
     t_begin = time.time_ns()
     prof.begin_window(1)
-    print(f"  begin_window discarded {prof.discarded_records - before} activities")
     for it in range(20):
         prof.push(0, it)
         torch.mm(a, b)
@@ -64,16 +65,11 @@ def warmup_discard(prof: CuptiProfiler, torch) -> None:
     att = prof.end_window(1, 20)
     t_end = time.time_ns()
     print(f"  end_window (sync+flush+join) took {us(time.perf_counter_ns() - t0)}")
-    records, ext = prof.last_records
-    print(f"  window 1: {len(records)} activities, {len(ext)} CUSTOM2 correlation records")
+    acts = prof.last_activities
     print(f"  per-iteration activity count {att.activity_count[0].tolist()}")
-    print(
-        f"  kernel duration: {us(att.duration_ns[0])}; grid sizes {att.grid_ctas[0]}; "
-        f"streams {att.stream_ids[0]}"
-    )
-    check(prof.discarded_records - before >= 10, "warmup's 10 kernels were discarded")
+    print(f"  kernel duration: {us(att.duration_ns[0])}; largest grid {att.kernel_ctas_max[0]}")
     check(
-        int(att.kernel_count[0]) == 20 and len(records) == 20,
+        len(acts) == 20 and bool((acts.kind == KIND_KERNEL).all()),
         "exactly 20 kernels in the measured window",
     )
     check(
@@ -116,8 +112,6 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
     print(f"  start skew |block0 - block1|: {us(skew)}")
     print(f"  gate open -> first lane start: {us(delay)}")
     print(f"  durations block0 {us(att.duration_ns[0])}; block1 {us(att.duration_ns[1])}")
-    print(f"  streams per block {att.stream_ids}; harness activities {att.num_harness}")
-    check(att.num_harness == iters, "one gate kernel per iteration, counted as harness")
     check(bool((att.gate_end_ns > 0).all()), "gate end seen for every iteration")
     check(float(np.median(skew)) < 20_000, "median start skew below 20 us")
 
@@ -155,19 +149,18 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             dist.all_gather_into_tensor(out, inp, async_op=True).wait()
             prof.pop()
         att = prof.end_window(2, 5)
-        print(
-            f"  block0 (async_op=False): memcpy {att.memcpy_count[0]}, kernel "
-            f"{att.kernel_count[0]}, streams {att.stream_ids[0]}, {us(att.duration_ns[0])}"
-        )
-        print(
-            f"  block1 (async_op=True):  memcpy {att.memcpy_count[1]}, kernel "
-            f"{att.kernel_count[1]}, streams {att.stream_ids[1]}, {us(att.duration_ns[1])}"
-        )
-        records, _ = prof.last_records
-        copies = records.size_bytes[records.kind != KIND_KERNEL]
+        acts = prof.last_activities
+        for b, label in enumerate(("async_op=False", "async_op=True ")):
+            mine = acts.block == b
+            print(
+                f"  block{b} ({label}): memcpy {int((acts.kind[mine] == KIND_MEMCPY).sum())}, "
+                f"kernel {int((acts.kind[mine] == KIND_KERNEL).sum())}, streams "
+                f"{sorted(set(acts.stream_id[mine].tolist()))}, {us(att.duration_ns[b])}"
+            )
+        copies = acts.size_bytes[acts.kind != KIND_KERNEL]
         print(f"  memcpy sizes {sorted(set(copies.tolist()))} bytes")
         check(bool((att.activity_count > 0).all()), "every all_gather iteration attributed")
-        check(int(att.memcpy_count.sum()) >= 10, "all_gather copies are memcpy records")
+        check(int((acts.kind == KIND_MEMCPY).sum()) >= 10, "all_gather copies are memcpy records")
         # In-place all_reduce on one rank enqueues nothing: must be an error, not a zero.
         buf = torch.ones(1024, device="cuda")
         dist.all_reduce(buf)
@@ -187,7 +180,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
 
 
 def host_costs(prof: CuptiProfiler, torch) -> None:
-    """Host cost of a push+pop pair, and of parsing records in the CUPTI callback."""
+    """Host cost of a push+pop pair (the callback's cost per record: "record parsing costs")."""
     prof.begin_window(6)
     n = 20_000
     t0 = time.perf_counter_ns()
@@ -196,24 +189,27 @@ def host_costs(prof: CuptiProfiler, torch) -> None:
         prof.pop()
     print(f"  push+pop pair: {us((time.perf_counter_ns() - t0) / n)}")
     prof.begin_window(7)
-    seen = max(prof.records_seen, 1)
-    print(
-        f"  callback: {prof.records_seen} records (API records included), parse mode "
-        f"{prof.parse_mode}: wall {prof.callback_ns / 1e6:.1f} ms "
-        f"({prof.callback_ns / seen:.0f} ns/record), CPU {prof.callback_cpu_ns / 1e6:.1f} ms "
-        f"({prof.callback_cpu_ns / seen:.0f} ns/record)"
-    )
-    print(
-        f"  activity_flush_all: {prof.flush_ns / 1e6:.1f} ms in all, "
-        f"{(prof.flush_ns - prof.callback_ns) / seen:.0f} ns/record outside our callback; "
-        f"{prof.callbacks} buffers, {prof.callbacks_other_thread} on another thread"
-    )
+
+
+def counted_callbacks(prof: CuptiProfiler) -> list[tuple[int, int]]:
+    """(thread, wall ns) of each buffer ``prof`` parses from now on (before ``start``)."""
+    calls: list[tuple[int, int]] = []
+    original = prof._buffer_completed
+
+    def counted(activities: list) -> None:
+        t0 = time.perf_counter_ns()
+        original(activities)
+        calls.append((threading.get_ident(), time.perf_counter_ns() - t0))
+
+    prof._buffer_completed = counted
+    return calls
 
 
 def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
     """A window spanning many small buffers: all attributed; where were they parsed?"""
     prof_unused.stop()
     prof = CuptiProfiler(buffer_size_bytes=256 << 10)
+    calls = counted_callbacks(prof)
     prof.start()
     try:
         a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
@@ -225,14 +221,15 @@ def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
             torch.mm(a, a)
             prof.pop()
         enqueue = time.perf_counter_ns() - t0
-        cb_before = prof.callback_ns
+        cb_before = sum(ns for _, ns in calls)
         att = prof.end_window(1, iters)
+        other = sum(thread != threading.get_ident() for thread, _ in calls)
         print(
-            f"  {iters} matmuls enqueued in {enqueue / 1e6:.1f} ms; {prof.callbacks} buffers, "
-            f"{prof.callbacks_other_thread} delivered on another thread; callback wall "
-            f"during the enqueue {cb_before / 1e6:.1f} ms; parse mode {prof.parse_mode}"
+            f"  {iters} matmuls enqueued in {enqueue / 1e6:.1f} ms; {len(calls)} buffers, "
+            f"{other} delivered on another thread; callback wall during the enqueue "
+            f"{cb_before / 1e6:.1f} ms; parse mode {prof._parser.mode}"
         )
-        check(int(att.kernel_count[0]) == iters, f"{iters} kernels over many buffers")
+        check(int(att.activity_count.sum()) == iters, f"{iters} kernels over many buffers")
     finally:
         prof.stop()
 
@@ -336,7 +333,7 @@ def main() -> int:
         f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
     )
     torch.ones(1, device="cuda")  # CUDA context exists before CUPTI starts, as in the harness
-    prof = CuptiProfiler()
+    prof = CuptiProfiler(keep_activities=True)  # the checks read the named activities
     prof.start()
     try:
         for title, step in (
@@ -353,7 +350,7 @@ def main() -> int:
                 traceback.print_exc()
                 failures.append(title)
                 prof.stop()  # leave CUPTI clean, then carry on with a fresh profiler
-                prof = CuptiProfiler()
+                prof = CuptiProfiler(keep_activities=True)
                 prof.start()
     finally:
         prof.stop()

@@ -1,8 +1,10 @@
-"""README.md's "Set-up in two commands", run as written in a fresh virtual environment.
+"""README.md's set-up and test commands, run as written in fresh virtual environments.
 
-The commands are read from the README, so the page cannot drift from what works: the first
-installs everything (torch too, the CPU build here: this machine has no NVIDIA driver), the
-second runs the bundled quickstart pattern on two gloo ranks and writes the metrics file.
+The commands are read from the README, so the page cannot drift from what works. "Set-up in two
+commands": the first installs everything (torch too, the CPU build here: this machine has no
+NVIDIA driver), the second runs the bundled quickstart pattern on two gloo ranks and writes the
+metrics file. "Tests": the requirements, then pytest, in an environment whose own ``python`` and
+``torchrun`` are the ones the doc-command tests must use.
 """
 
 from __future__ import annotations
@@ -12,34 +14,67 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
 from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.install import nvidia_driver_present
 
-from ..docblocks import ROOT, bash_blocks, documented_statuses
+from ..docblocks import ROOT, bash_blocks, run_documented
 
 pytestmark = pytest.mark.integration
 
 README = ROOT / "README.md"
-SECTION = "## Set-up in two commands"
-# Hang limits, not speed checks: the set-up takes 1-3 minutes on a loaded 2-core machine
-# (unpacking torch, resolving from the package index), the quickstart run 10-45 s.
+# Hang limits, not speed checks: the set-up unpacks torch and resolves from the package index.
 SETUP_HANG_S = 1800
 RUN_HANG_S = 900
 
 
-def setup_commands() -> tuple[str, ...]:
-    """The commands of the first bash block after the README's set-up heading."""
-    text = README.read_text()
-    heading = text.splitlines().index(SECTION) + 1
-    block = next(b for b in bash_blocks(README) if b.line > heading)
-    return block.commands
+def readme_commands(heading: str) -> tuple[str, ...]:
+    """The commands of the first bash block after a heading of the README."""
+    line = README.read_text().splitlines().index(heading) + 1
+    return next(b for b in bash_blocks(README) if b.line > line).commands
+
+
+def fresh_venv(path: Path, *, inherit: bool = False) -> dict[str, str]:
+    """A new virtual environment at ``path``; returns the variables of a shell that activated
+    it (``source path/bin/activate``), without inherited launcher variables.
+
+    ``inherit``: no pip of its own; a ``.pth`` file puts this environment's packages after its
+    own, so it takes a second and installs nothing, and its ``python`` is still a virtual
+    environment's, which only finds those packages when started by its own path.
+    """
+    command = [sys.executable, "-m", "venv", str(path)]
+    subprocess.run(
+        [*command, "--without-pip"] if inherit else command, check=True, timeout=RUN_HANG_S
+    )
+    if inherit:
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        paths = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+        (path / "lib" / version / "site-packages" / "outer.pth").write_text("\n".join(paths))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WORLD_SIZE")
+        and not k.startswith(("MASTER_", "LOCAL_", "TORCHELASTIC_", "SLURM_", "PYTEST_"))
+    }
+    env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(path)
+    return env
+
+
+def run_commands(commands: tuple[str, ...], cwd: Path, env: dict[str, str], hang_s: float):
+    """Each command as the README gives it, in order; their outputs."""
+    where = README.name
+    return [
+        run_documented(c, cwd=cwd, env=env, hang_s=hang_s, where=where).stdout for c in commands
+    ]
 
 
 def test_the_readme_sets_up_in_two_commands():
-    commands = setup_commands()
+    commands = readme_commands("## Set-up in two commands")
     assert len(commands) == 2, commands
     assert commands[1].startswith("python run_benchmark.py maestro -c quickstart --nproc 2")
 
@@ -61,56 +96,20 @@ def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=SETUP_HANG_S)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WORLD_SIZE")
-        and not k.startswith(("MASTER_", "LOCAL_", "TORCHELASTIC_", "SLURM_"))
-    }
-    # What `source venv/bin/activate` does.
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["VIRTUAL_ENV"] = str(venv)
-
-    setup, main_job = setup_commands()
-    done = subprocess.run(
-        ["bash", "-c", setup],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SETUP_HANG_S,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode in documented_statuses(setup), (
-        f"{setup}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
+    env = fresh_venv(venv)
+    setup, main_job = readme_commands("## Set-up in two commands")
+    run_commands((setup,), checkout, env, SETUP_HANG_S)
 
     # The environment got a CPU build of torch (no NVIDIA driver here) and no cupti-python.
-    python = str(venv / "bin" / "python")
     probe = (
         "import importlib.util, torch, yaml, tabulate, pandas, numpy, click; "
         "print(torch.version.cuda, importlib.util.find_spec('cupti') is not None)"
     )
-    check = subprocess.run(
-        [python, "-c", probe], env=env, capture_output=True, text=True, timeout=RUN_HANG_S
-    )
-    assert check.returncode == 0, check.stderr[-3000:]
-    assert check.stdout.split() == ["None", "False"], check.stdout
+    (found,) = run_commands((f'python -c "{probe}"',), checkout, env, RUN_HANG_S)
+    assert found.split() == ["None", "False"], found
 
-    done = subprocess.run(
-        ["bash", "-c", main_job],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_HANG_S,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode in documented_statuses(main_job), (
-        f"{main_job}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
-    assert "== quickstart / ag_rs" in done.stdout
+    (out,) = run_commands((main_job,), checkout, env, RUN_HANG_S)
+    assert "== quickstart / ag_rs" in out
     files = list((checkout / ".userbenchmark" / "maestro").glob("metrics-*.json"))
     assert len(files) == 1, files
     doc = json.loads(files[0].read_text())
@@ -121,3 +120,19 @@ def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
     assert all(key.startswith("quickstart/") for key in doc["metrics"])
     leftovers = {p.name for p in checkout.iterdir()} - {"run_benchmark.py", "userbenchmark"}
     assert leftovers == {".userbenchmark"}, leftovers  # nothing else written beside it
+
+
+def test_readme_test_commands_pass_in_a_virtual_environment(tmp_path):
+    # The suite runs this test, so the README's `python -m pytest` runs, through
+    # PYTEST_ADDOPTS, the tests that start the environment's own `python` (a symlink to it
+    # loses the environment): the check of that `python` and the doc commands that need no
+    # launcher.
+    commands = readme_commands("## Tests")
+    assert commands[-1] == "python -m pytest", commands
+    env = fresh_venv(tmp_path / "venv", inherit=True)
+    env["PYTEST_ADDOPTS"] = (
+        "-p no:cacheprovider -q tests/integration/test_doc_commands.py "
+        "-k 'environments_python or run_as_written and (pattern-format or multinode)'"
+    )
+    *_, out = run_commands(commands, ROOT, env, RUN_HANG_S)
+    assert " passed" in out and "failed" not in out and "deselected" in out, out[-3000:]

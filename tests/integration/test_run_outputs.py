@@ -1,56 +1,17 @@
-"""A run's output locations, in real processes: checked before any worker starts (exit 2 at
-once, the option named), locked for the run, cleared of an earlier run's files, and a metrics
-file name no other run has."""
+"""A run's output locations, in real processes: cleared of an earlier run's files, a metrics
+file name no other run has, checked by rank 0 under a per-rank launch. (Unusable folders and
+a folder another run holds: tests/unit/test_cli.py and test_output_locations.py, in-process.)"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 
-from .helpers import REPO_ROOT, read_records, run_maestro
-from .test_faults import EXIT_DEADLINE_S, ONE, SLOW, start_ranks, wait_ranks
+from .helpers import read_records, run_maestro
+from .test_faults import EXIT_DEADLINE_S, ONE, start_ranks, wait_ranks
 
 pytestmark = pytest.mark.integration
 
 QUICK = ["--iters", "2", "--warmup-iters", "0", "--no-baseline", "--pattern", "ag_rs"]
-
-
-def _one_line(proc: subprocess.CompletedProcess[str], text: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("maestro: invalid option: "), proc.stderr
-    assert text in lines[0], lines[0]
-
-
-@pytest.mark.parametrize(
-    ("option", "where", "message"),
-    [
-        ("--output-dir", "a_file", "is a file, expected a directory"),
-        ("--metrics-dir", "a_file", "is a file, expected a directory"),
-        ("--metrics-dir", "/proc/maestro", "is under /proc or /sys"),
-        ("--output-dir", "a_file/below", "cannot be created"),
-    ],
-)
-def test_unusable_output_locations_exit_2_before_any_worker(tmp_path, option, where, message):
-    (tmp_path / "a_file").write_text("not a folder")
-    path = where if where.startswith("/") else str(tmp_path / where)
-    start = time.monotonic()
-    proc = run_maestro(["run", "--nproc", "2", option, path], timeout=EXIT_DEADLINE_S)
-    _one_line(proc, f"{option} {path}: {message}")
-    assert time.monotonic() - start < 45  # no worker started, no timeout waited for
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
-def test_unwritable_output_dir_exits_2(tmp_path):
-    folder = tmp_path / "ro"
-    folder.mkdir(mode=0o500)
-    proc = run_maestro(["run", "--nproc", "2", "--output-dir", str(folder)], timeout=60)
-    _one_line(proc, f"--output-dir {folder}: is not writable")
 
 
 def test_an_earlier_runs_files_are_moved_aside_and_the_metrics_name_is_reserved(tmp_path):
@@ -77,40 +38,6 @@ def test_an_earlier_runs_files_are_moved_aside_and_the_metrics_name_is_reserved(
     (metrics_file,) = metrics.glob("metrics-*.json")
     assert f"maestro: metrics written to {metrics_file}" in proc.stdout
     assert [p.name for p in metrics.iterdir() if p.name.startswith(".")] == []  # no reservation
-
-
-def test_a_second_run_into_the_same_output_dir_exits_2(tmp_path):
-    out = tmp_path / "out"
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    first = subprocess.Popen(
-        [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", str(config), "--nproc", "2"]
-        + ["--output-dir", str(out), "--no-metrics"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        start = time.monotonic()
-        while not (out / "results.json").exists():
-            assert first.poll() is None, "the first run ended early"
-            assert time.monotonic() - start < EXIT_DEADLINE_S, "the first run saved nothing"
-            time.sleep(0.1)
-        second = run_maestro(
-            ["run", "-c", str(config), "--nproc", "2", "--output-dir", str(out), "--no-metrics"],
-            timeout=EXIT_DEADLINE_S,
-        )
-        _one_line(second, f"another maestro run is writing to {out} (pid {first.pid})")
-        assert (out / "results.json").exists() and not list(out.glob("previous-*"))
-    finally:
-        os.killpg(first.pid, signal.SIGINT)
-        first.wait(timeout=EXIT_DEADLINE_S)
-    assert first.returncode == 130
 
 
 def test_under_per_rank_launch_rank_0_checks_the_outputs(tmp_path):

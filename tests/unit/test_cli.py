@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 import click
@@ -282,3 +283,71 @@ def test_interrupt_in_a_command_is_status_130_and_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_run", interrupted)
     assert cli.main(["run"]) == 130
     assert capsys.readouterr().err == "maestro: interrupted\n"
+
+
+# ---- refused before any worker starts (``run --nproc 2`` would start two) ----
+@pytest.mark.parametrize(
+    ("option", "where", "message"),
+    [
+        ("--output-dir", "a_file", "is a file, expected a directory"),
+        ("--metrics-dir", "a_file", "is a file, expected a directory"),
+        ("--metrics-dir", "/proc/maestro", "is under /proc or /sys"),
+        ("--output-dir", "a_file/below", "cannot be created"),
+    ],
+)
+def test_unusable_output_locations_are_option_errors(tmp_path, option, where, message, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    assert cli.main(["run", "--nproc", "2", option, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"maestro: invalid option: {option} {path}: {message}"), err
+    assert err.count("\n") == 1
+
+
+def test_an_output_dir_another_run_writes_to_is_an_option_error(tmp_path, capsys):
+    from userbenchmark.maestro.core.output.locations import prepare_output_locations
+
+    with prepare_output_locations(tmp_path, None):
+        assert cli.main(["run", "--nproc", "2", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maestro: invalid option: ") and err.count("\n") == 1, err
+    assert f"another maestro run is writing to {tmp_path} (pid {os.getpid()})" in err
+
+
+def test_a_bad_pattern_file_is_one_configuration_error_before_any_worker(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "name: bad\npatterns:\n  - name: p\n    blocks:\n"
+        "      - {name: a, op: all_reduce, size: -4M}\n"
+    )
+    assert cli.main(["run", "-c", str(config), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "patterns[0].blocks[0].size" in err and err.count("invalid configuration") == 1
+
+
+GRAPHS = """
+name: graphs
+world_size: 2
+defaults: {warmup_iters: 1, iters: 3}
+patterns:
+  - name: eager
+    blocks:
+      - {name: ar, op: all_reduce, size: 4K}
+  - name: captured
+    graph: true
+    blocks:
+      - {name: ar, op: all_reduce, size: 4K}
+"""
+
+
+def test_cuda_graphs_on_gloo_are_refused_before_any_worker(tmp_path, capsys):
+    # In the file (pattern 'captured') and on the command line (--graph) alike.
+    config = tmp_path / "graphs.yaml"
+    config.write_text(GRAPHS)
+    assert cli.main(["run", "-c", str(config), "--nproc", "2", "--backend", "gloo"]) == 2
+    err = capsys.readouterr().err
+    assert "captured" in err and "CUDA graphs" in err and "gloo" in err, err
+    config.write_text(GRAPHS.split("  - name: captured")[0])
+    argv = ["run", "-c", str(config), "--nproc", "2", "--graph", "--backend", "gloo"]
+    assert cli.main(argv) == 2
+    assert "CUDA graphs" in capsys.readouterr().err

@@ -146,8 +146,10 @@ def test_an_installed_torch_is_never_reinstalled(cuda_13, monkeypatch):
 
 def test_a_fresh_environment_gets_the_torch_ci_tests():
     # .ci/run pins the torch CI tests with; a fresh environment must get that same release.
-    pins = re.findall(r"torch==([0-9][0-9.]*)", (ROOT / ".ci" / "run").read_text())
-    assert pins == [install.TESTED_TORCH_VERSION]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.findall(r"torch==([0-9][0-9.]*)", ci) == [install.TESTED_TORCH_VERSION]
+    # ... and the CPU build, from the index install.py takes it from.
+    assert re.findall(r"CPU_INDEX_URL=(\S+)", ci) == [install.CPU_INDEX_URL]
 
 
 def test_torch_still_missing_after_its_install_is_an_error_not_a_loop(no_torch, monkeypatch):

@@ -1,4 +1,4 @@
-"""The block interface, its parameter declarations, and the explicit op registry.
+"""The block interface and its parameter declarations (the op registry is `registry.py`).
 
 A block declares its parameters (validated by the config loader before anything runs), the
 bytes it allocates per rank, and at run time allocates buffers in ``setup`` and only enqueues

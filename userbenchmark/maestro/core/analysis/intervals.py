@@ -64,6 +64,5 @@ class WindowTimings:
     kernel_ctas_max: np.ndarray | None = None
     """Per block: the largest grid (CTAs, x*y*z) of its kernels in the window, 0 without a
     kernel (CUPTI only): shows what per-axis limits such as nccl max_ctas did."""
-    extra: dict | None = None
     activities: DeviceActivities | None = None
     """The window's attributed device activities, names included (CUPTI with --trace)."""

@@ -14,15 +14,15 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..analysis import overlap
-from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES
-from ..analysis.records import BlockResult, PatternOutcome, RankTimeline, Timeline
+from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
+from ..analysis.records import PatternOutcome, RankTimeline
+from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
 TRACES_DIR = "traces"
 """Folder of the output dir holding one file per rank (and no other JSON)."""
@@ -33,10 +33,7 @@ LANE_TID_BASE = 2
 API_TID_BASE = 100
 """Host tracks of the threads that called the CUDA API: 100, 101, ..."""
 DEVICE_PID_BASE = 1 << 20
-"""Device processes are ``DEVICE_PID_BASE + device``; host processes ``rank + 1`` (as in
-trace.json: Perfetto treats pid 0 as the Linux idle task)."""
-PATTERN_GAP_FRACTION = 0.1
-PATTERN_GAP_MIN_US = 10.0
+"""Device processes are ``DEVICE_PID_BASE + device``; host processes those of trace.json."""
 END_STEP_DUR_US = 1.0
 """Length of the empty last ProfilerStep."""
 EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}
@@ -49,70 +46,58 @@ TIME_NOTE = (
     "ranks' files line up; otherwise each rank is rebased to its own first event. "
     "maestroPatterns[].origin_ns is the clock reading at start_us."
 )
-
-
-def rank_file_name(rank: int) -> str:
-    """``rank<r>.json``."""
-    return f"rank{rank}.json"
+OVERLAP_NOTE = (
+    "this rank's communication time hidden under compute / its communication time, over every "
+    "pattern of the file (maestroPatterns[] has each pattern's); blocks count by category, "
+    "(block, iteration) spans as intervals"
+)
 
 
 def _us(value_ns: float) -> float:
     return round(value_ns / 1000.0, 3)
 
 
-@dataclass
-class _RankPart:
-    """One rank's share of one pattern, with its extent on the rank's own clock."""
-
-    rt: RankTimeline
-    starts: np.ndarray
-    ends: np.ndarray
-    present: np.ndarray
-    lo_ns: int
-    hi_ns: int
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
-def _rank_parts(timeline: Timeline) -> dict[int, _RankPart]:
-    parts = {}
-    for rt, starts, ends, present in timeline.rank_arrays():
-        lo, hi = int(starts[present].min()), int(ends[present].max())
-        acts = rt.activities
-        if acts is not None and len(acts.launches):
-            lo = min(lo, int(acts.launches.start_ns.min()))
-            hi = max(hi, int(acts.launches.end_ns.max()))
-        parts[rt.rank] = _RankPart(rt, starts, ends, present, lo, hi)
-    return parts
+def _extent_with_launches(
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
+) -> tuple[int, int]:
+    """A rank's first and last instant of a pattern, its CUDA launch calls included."""
+    lo, hi = int(starts[present].min()), int(ends[present].max())
+    acts = rt.activities
+    if acts is not None and len(acts.launches):
+        lo = min(lo, int(acts.launches.start_ns.min()))
+        hi = max(hi, int(acts.launches.end_ns.max()))
+    return lo, hi
 
 
-def _iteration_bounds(part: _RankPart) -> tuple[np.ndarray, np.ndarray]:
+def _launched(acts: DeviceActivities) -> np.ndarray:
+    """Per launch call, the index of an activity with its correlation id (there is one)."""
+    order = np.argsort(acts.correlation_id, kind="stable")
+    at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
+    return order[np.minimum(at, len(acts) - 1)]
+
+
+def _iteration_bounds(part: RankPart) -> tuple[np.ndarray, np.ndarray]:
     """Per iteration, this rank's first start and last end (launch calls included)."""
     s = np.where(part.present[:, None], part.starts, np.iinfo(np.int64).max).min(axis=0)
     e = np.where(part.present[:, None], part.ends, np.iinfo(np.int64).min).max(axis=0)
     acts = part.rt.activities
     if acts is not None and len(acts.launches):
-        # A launch's iteration is that of the activities with its correlation id.
-        order = np.argsort(acts.correlation_id, kind="stable")
-        at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
-        it = acts.iteration[order][np.minimum(at, len(acts) - 1)]
+        it = acts.iteration[_launched(acts)]  # a launch's iteration is its activities'
         np.minimum.at(s, it, acts.launches.start_ns)
         np.maximum.at(e, it, acts.launches.end_ns)
     return s, e
 
 
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
-class _RankFile:
-    """The events of one rank's file, built pattern by pattern."""
+class _RankFile(TraceEvents):
+    """The events of one rank's file, built pattern by pattern, and its overlap sums."""
 
     def __init__(self, rank: int) -> None:
+        super().__init__()
         self.rank = rank
-        self.host_pid = rank + 1
-        self.meta: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self._named: set[tuple[int, int]] = set()
-        self._pids: set[int] = set()
         self.patterns: list[dict[str, Any]] = []
         self.hidden_ns = 0.0
         self.comm_ns = 0.0
@@ -121,376 +106,253 @@ class _RankFile:
         self.shared: list[bool] = []
         self._api_tids: dict[int, int] = {}
 
-    def name_process(self, pid: int, name: str, order: int) -> None:
-        if pid in self._pids:
-            return
-        self._pids.add(pid)
-        for key, args in (
-            ("process_name", {"name": name}),
-            ("process_sort_index", {"sort_index": order}),
-        ):
-            self.meta.append({"name": key, "ph": "M", "pid": pid, "tid": 0, "args": args})
+    def host(self, tid: int = STEP_TID, name: str = "maestro: patterns and ProfilerSteps") -> int:
+        """The rank's host process, with its track ``tid`` named ``name``."""
+        pid = self.process(self.rank + PROCESS_ID_OFFSET, f"rank {self.rank} host", 2 * self.rank)
+        self.thread(pid, tid, name)
+        return pid
 
-    def name_thread(self, pid: int, tid: int, name: str) -> None:
-        if (pid, tid) in self._named:
-            return
-        self._named.add((pid, tid))
-        self.meta.append(
-            {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
-        )
-        self.meta.append(
-            {
-                "name": "thread_sort_index",
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "args": {"sort_index": tid},
-            }
-        )
+    def api_thread(self, thread_id: int, name: str) -> tuple[int, int]:
+        """(pid, tid) of the host track of a thread that called the CUDA API."""
+        tid = self._api_tids.setdefault(thread_id, API_TID_BASE + len(self._api_tids))
+        return self.host(tid, name), tid
 
-    def api_tid(self, thread_id: int) -> int:
-        if thread_id not in self._api_tids:
-            self._api_tids[thread_id] = API_TID_BASE + len(self._api_tids)
-        return self._api_tids[thread_id]
+    def device(self, device: int) -> int:
+        """The process of one of this rank's GPUs."""
+        name = f"rank {self.rank} GPU {device}"
+        return self.process(DEVICE_PID_BASE + device, name, 2 * self.rank + 1)
 
-    def host(self) -> int:
-        self.name_process(self.host_pid, f"rank {self.rank} host", 2 * self.rank)
-        return self.host_pid
-
-    def complete(
-        self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
-    ) -> None:
-        self.events.append(
-            {
-                "ph": "X",
-                "cat": cat,
-                "name": name,
-                "pid": pid,
-                "tid": tid,
-                "ts": ts,
-                "dur": max(dur, 0.0),
-                "args": args,
-            }
-        )
-
-
-def _block_args(
-    timeline: Timeline, b: int, rank: int, results: dict[str, BlockResult]
-) -> dict[str, Any]:
-    """maestro's attribution of an event. Its iteration goes in ``pattern_iteration`` (added
-    by the callers), not ``iteration``: HolisticTraceAnalysis fills an ``iteration`` column of
-    its own (the ProfilerStep number) and fails to load an arg of that name when it parses
-    every arg. The kernel's thread-block dims are ``block dims``: ``block`` is maestro's."""
-    name = timeline.block_names[b]
-    result = results.get(name)
-    args: dict[str, Any] = {
-        "pattern": timeline.pattern,
-        "block": name,
-        "op": result.op if result is not None else "block",
-        "lane": timeline.block_lanes[b],
-        "rank": rank,
-    }
-    if b < len(timeline.block_categories):
-        args["category"] = timeline.block_categories[b]
-    return args
-
-
-def _write_cpu_blocks(
-    f: _RankFile,
-    timeline: Timeline,
-    part: _RankPart,
-    at: Any,
-    lane_tids: dict[str, int],
-    results: dict[str, BlockResult],
-) -> None:
-    """Each (block, iteration) as a CPU user annotation on its lane's host track."""
-    pid = f.host()
-    for b in np.flatnonzero(part.present).tolist():
-        lane = timeline.block_lanes[b]
-        tid = lane_tids[lane]
-        f.name_thread(pid, tid, f"lane {lane}")
-        base = _block_args(timeline, b, f.rank, results)
-        for it in range(part.starts.shape[1]):
-            s, e = int(part.starts[b, it]), int(part.ends[b, it])
-            f.complete(
-                timeline.block_names[b],
-                "user_annotation",
-                pid,
-                tid,
-                at(s),
-                _us(e - s),
-                {**base, "pattern_iteration": it},
-            )
-
-
-def _write_device_activities(
-    f: _RankFile, timeline: Timeline, part: _RankPart, at: Any, results: dict[str, BlockResult]
-) -> None:
-    """CUPTI's records as Kineto writes them, their launching calls, and per (block,
-    iteration, stream) a ``gpu_user_annotation`` named after the block."""
-    acts = part.rt.activities
-    assert acts is not None
-    names = acts.names
-    block_args = {
-        b: _block_args(timeline, b, f.rank, results) for b in np.unique(acts.block).tolist()
-    }
-    device_pids = {}
-    for device in np.unique(acts.device_id).tolist():
-        pid = DEVICE_PID_BASE + int(device)
-        f.name_process(pid, f"rank {f.rank} GPU {device}", 2 * f.rank + 1)
-        device_pids[device] = pid
-    streams = set()
-    for i in range(len(acts)):
-        kind = int(acts.kind[i])
-        b, it = int(acts.block[i]), int(acts.iteration[i])
-        stream = int(acts.stream_id[i])
-        pid = device_pids[int(acts.device_id[i])]
-        if (pid, stream) not in streams:
-            streams.add((pid, stream))
-            f.name_thread(pid, stream, f"stream {stream}")
-        s, e = int(acts.start_ns[i]), int(acts.end_ns[i])
-        args: dict[str, Any] = {
-            "device": int(acts.device_id[i]),
-            "stream": stream,
-            "correlation": int(acts.correlation_id[i]),
-            **block_args[b],
-            "pattern_iteration": it,
-        }
-        if kind == KIND_KERNEL:
-            args["grid"] = acts.grid[i].tolist()
-            args["block dims"] = acts.block_dims[i].tolist()
-        else:
-            nbytes = int(acts.size_bytes[i])
-            args["bytes"] = nbytes
-            if e > s:
-                args["memory bandwidth (GB/s)"] = round(nbytes / (e - s), 3)
-        f.complete(
-            names[int(acts.name_index[i])],
-            EVENT_CATEGORIES[kind],
-            pid,
-            stream,
-            at(s),
-            _us(e - s),
-            args,
-        )
-    # The launching API calls (CPU side); an activity whose call CUPTI did not report gets a
-    # stand-in at its own start, so that every device event keeps its CPU correlation.
-    launches = acts.launches
-    order = np.argsort(acts.correlation_id, kind="stable")
-    sorted_corr = acts.correlation_id[order]
-    host = f.host()
-    for j in range(len(launches)):
-        corr = int(launches.correlation_id[j])
-        i = int(order[np.searchsorted(sorted_corr, corr)])
-        tid = f.api_tid(int(launches.thread_id[j]))
-        f.name_thread(host, tid, f"host thread {int(launches.thread_id[j])}")
-        s, e = int(launches.start_ns[j]), int(launches.end_ns[j])
-        f.complete(
-            names[int(launches.name_index[j])],
-            "cuda_driver" if int(launches.api[j]) == API_DRIVER else "cuda_runtime",
-            host,
-            tid,
-            at(s),
-            _us(e - s),
-            {
-                "cbid": int(launches.cbid[j]),
-                "correlation": corr,
-                **block_args[int(acts.block[i])],
-                "pattern_iteration": int(acts.iteration[i]),
+    def document(self, world_size: int, backend: str, end_us: float, step: int) -> dict:
+        """The file's JSON document, closed by an empty last ProfilerStep at ``end_us``."""
+        end = {"maestro": "end marker, no work: HolisticTraceAnalysis drops a trace's last step"}
+        self.complete(
+            f"ProfilerStep#{step}", "user_annotation", self.host(), STEP_TID, end_us,
+            END_STEP_DUR_US, end,
+        )  # fmt: skip
+        known = self.overlap_known and self.comm_ns > 0
+        return {
+            "schemaVersion": 1,
+            "distributedInfo": {"backend": backend, "rank": self.rank, "world_size": world_size},
+            "maestro": {
+                "generator": "maestro",
+                "time_unit": "us",
+                "time_note": TIME_NOTE,
+                "clocks": ", ".join(sorted(self.clocks)),
+                "ranks_share_a_clock": bool(self.shared) and all(self.shared),
+                "comm_compute_overlap": self.hidden_ns / self.comm_ns if known else None,
+                "comm_compute_overlap_note": OVERLAP_NOTE,
+                "num_steps": step,
             },
-        )
-    missing = ~np.isin(acts.correlation_id, launches.correlation_id)
-    if missing.any():
-        tid = f.api_tid(-1)
-        f.name_thread(host, tid, "launches CUPTI did not report")
-        seen: set[int] = set()
-        for i in np.flatnonzero(missing).tolist():
-            corr = int(acts.correlation_id[i])
-            if corr in seen:
-                continue
-            seen.add(corr)
-            f.complete(
-                f"{KIND_NAMES[int(acts.kind[i])]} launch (no API record)",
-                "cuda_runtime",
-                host,
-                tid,
-                at(int(acts.start_ns[i])),
-                0.0,
-                {
-                    "correlation": corr,
-                    "synthesised": True,
-                    **block_args[int(acts.block[i])],
-                    "pattern_iteration": int(acts.iteration[i]),
-                },
+            "maestroPatterns": self.patterns,
+            "traceEvents": self.all(),
+        }
+
+
+class _PatternOnRank:
+    """One rank's share of one pattern, written into the rank's file."""
+
+    def __init__(self, f: _RankFile, place: Placement, part: RankPart) -> None:
+        self.f, self.place, self.part = f, place, part
+        self.timeline = timeline = place.timeline
+        results = {b.block: b for b in place.outcome.blocks}
+        self.block_args = []
+        for b, name in enumerate(timeline.block_names):
+            # The iteration goes in "pattern_iteration" (added per event), not "iteration":
+            # HolisticTraceAnalysis fills an "iteration" column of its own (the ProfilerStep)
+            # and fails to load an arg of that name. A kernel's thread-block dims are
+            # "block dims": "block" is maestro's.
+            result = results.get(name)
+            args = {
+                "pattern": timeline.pattern,
+                "block": name,
+                "op": result.op if result is not None else "block",
+                "lane": timeline.block_lanes[b],
+                "rank": f.rank,
+            }
+            if b < len(timeline.block_categories):
+                args["category"] = timeline.block_categories[b]
+            self.block_args.append(args)
+
+    def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
+        """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
+        ts = round(self.place.at(self.part, start_ns), 3)
+        self.f.complete(name, cat, pid, tid, ts, _us(end_ns - start_ns), args)
+
+    def of_block(self, b: int, it: int, **more: Any) -> dict[str, Any]:
+        """The args of an event of block ``b`` in iteration ``it``."""
+        return {**more, **self.block_args[b], "pattern_iteration": it}
+
+    def steps(self, first_step: int) -> None:
+        """The pattern's span and one ProfilerStep per iteration on the host's step track."""
+        part, pattern = self.part, self.timeline.pattern
+        pid = self.f.host()
+        args = {"pattern": pattern, "rank": self.f.rank, "clock": part.rt.clock}
+        self.slice(pattern, "user_annotation", pid, STEP_TID, part.lo_ns, part.hi_ns, args)
+        s, e = _iteration_bounds(part)
+        num_iters = part.starts.shape[1]
+        for it in range(num_iters):
+            end = int(e[it]) if it + 1 == num_iters else min(int(e[it]), int(s[it + 1]))
+            args = {"pattern": pattern, "pattern_iteration": it}
+            name = f"ProfilerStep#{first_step + it}"
+            self.slice(name, "user_annotation", pid, STEP_TID, int(s[it]), end, args)
+
+    def cpu_blocks(self, lane_tids: dict[str, int]) -> None:
+        """Each (block, iteration) as a CPU user annotation on its lane's host track."""
+        part = self.part
+        for b in np.flatnonzero(part.present).tolist():
+            lane = self.timeline.block_lanes[b]
+            pid = self.f.host(lane_tids[lane], f"lane {lane}")
+            name = self.timeline.block_names[b]
+            ends = part.ends[b].tolist()
+            for it, (s, e) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
+                self.slice(
+                    name, "user_annotation", pid, lane_tids[lane], s, e, self.of_block(b, it)
+                )
+
+    def device_activities(self, acts: DeviceActivities) -> None:
+        """CUPTI's records as Kineto writes them, on a track per (GPU, stream)."""
+        for i in range(len(acts)):
+            kind, b, it = int(acts.kind[i]), int(acts.block[i]), int(acts.iteration[i])
+            device, stream = int(acts.device_id[i]), int(acts.stream_id[i])
+            s, e = int(acts.start_ns[i]), int(acts.end_ns[i])
+            pid = self.f.device(device)
+            self.f.thread(pid, stream, f"stream {stream}")
+            args: dict[str, Any] = {"device": device, "stream": stream}
+            args["correlation"] = int(acts.correlation_id[i])
+            args = self.of_block(b, it, **args)
+            if kind == KIND_KERNEL:
+                args["grid"] = acts.grid[i].tolist()
+                args["block dims"] = acts.block_dims[i].tolist()
+            else:
+                args["bytes"] = nbytes = int(acts.size_bytes[i])
+                if e > s:
+                    args["memory bandwidth (GB/s)"] = round(nbytes / (e - s), 3)
+            name = acts.names[int(acts.name_index[i])]
+            self.slice(name, EVENT_CATEGORIES[kind], pid, stream, s, e, args)
+
+    def launch_calls(self, acts: DeviceActivities) -> None:
+        """The API calls that launched the activities, on a host track per calling thread; an
+        activity whose call CUPTI did not report gets a stand-in at its own start, so that
+        every device event keeps its CPU correlation."""
+        calls = acts.launches
+        for j, i in enumerate(_launched(acts).tolist()):
+            thread = int(calls.thread_id[j])
+            pid, tid = self.f.api_thread(thread, f"host thread {thread}")
+            api = "cuda_driver" if int(calls.api[j]) == API_DRIVER else "cuda_runtime"
+            corr = int(calls.correlation_id[j])
+            args = self.of_block(
+                int(acts.block[i]),
+                int(acts.iteration[i]),
+                cbid=int(calls.cbid[j]),
+                correlation=corr,
             )
-    # Block spans per stream: HTA's get_gpu_kernels_with_user_annotations names each
-    # kernel's block from them; no "stream" arg, so nothing counts them as GPU work.
-    key = np.stack([acts.block, acts.iteration, acts.device_id, acts.stream_id], axis=1)
-    if not len(acts):
-        return
-    groups, inverse = np.unique(key.astype(np.int64), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    first = np.full(groups.shape[0], np.iinfo(np.int64).max)
-    last = np.full(groups.shape[0], np.iinfo(np.int64).min)
-    np.minimum.at(first, inverse, acts.start_ns)
-    np.maximum.at(last, inverse, acts.end_ns)
-    for g, (b, it, device, stream) in enumerate(groups.tolist()):
-        f.complete(
-            timeline.block_names[b],
-            "gpu_user_annotation",
-            device_pids[device],
-            stream,
-            at(int(first[g])),
-            _us(int(last[g]) - int(first[g])),
-            {**block_args[b], "pattern_iteration": it},
+            name = acts.names[int(calls.name_index[j])]
+            self.slice(name, api, pid, tid, int(calls.start_ns[j]), int(calls.end_ns[j]), args)
+        missing = ~np.isin(acts.correlation_id, calls.correlation_id)
+        if not missing.any():
+            return
+        pid, tid = self.f.api_thread(-1, "launches CUPTI did not report")
+        _, first = np.unique(acts.correlation_id[missing], return_index=True)
+        for i in np.sort(np.flatnonzero(missing)[first]).tolist():  # one per correlation id
+            c = int(acts.correlation_id[i])
+            name = f"{KIND_NAMES[int(acts.kind[i])]} launch (no API record)"
+            args = self.of_block(
+                int(acts.block[i]), int(acts.iteration[i]), correlation=c, synthesised=True
+            )
+            start = int(acts.start_ns[i])
+            self.slice(name, "cuda_runtime", pid, tid, start, start, args)
+
+    def block_spans(self, acts: DeviceActivities) -> None:
+        """Per (block, iteration, stream) a ``gpu_user_annotation`` named after the block:
+        HolisticTraceAnalysis's get_gpu_kernels_with_user_annotations names each kernel's block
+        from them; no "stream" arg, so nothing counts them as GPU work."""
+        if not len(acts):
+            return
+        key = np.stack([acts.block, acts.iteration, acts.device_id, acts.stream_id], axis=1)
+        groups, inverse = np.unique(key.astype(np.int64), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        first = np.full(groups.shape[0], np.iinfo(np.int64).max)
+        last = np.full(groups.shape[0], np.iinfo(np.int64).min)
+        np.minimum.at(first, inverse, acts.start_ns)
+        np.maximum.at(last, inverse, acts.end_ns)
+        for g, (b, it, device, stream) in enumerate(groups.tolist()):
+            name, pid = self.timeline.block_names[b], self.f.device(device)
+            args = self.of_block(b, it)
+            self.slice(name, "gpu_user_annotation", pid, stream, int(first[g]), int(last[g]), args)
+
+    def overlap(self) -> None:
+        """Add this pattern's communication time, and what compute hid of it, to the file's."""
+        categories, present = self.timeline.block_categories, self.part.present
+        comm = np.array([c == "comm" for c in categories], dtype=bool)
+        compute = np.array([c == "compute" for c in categories], dtype=bool)
+        if comm.shape != present.shape:
+            self.f.overlap_known = False
+        elif (comm & present).any():
+            hidden, comm_ns = overlap.comm_hidden_under_compute_ns(
+                self.part.starts, self.part.ends, comm & present, compute & present
+            )
+            self.f.hidden_ns += hidden
+            self.f.comm_ns += comm_ns
+
+    def write(self, first_step: int, lane_tids: dict[str, int]) -> None:
+        """Everything of this pattern on this rank, and its entry in maestroPatterns."""
+        part, f = self.part, self.f
+        f.clocks.add(part.rt.clock)
+        f.shared.append(self.timeline.shared_clock)
+        self.steps(first_step)
+        acts = part.rt.activities
+        if acts is not None:
+            self.device_activities(acts)
+            self.launch_calls(acts)
+            self.block_spans(acts)
+        else:
+            self.cpu_blocks(lane_tids)
+        self.overlap()
+        by_rank = self.place.outcome.comm_compute_overlap_by_rank
+        f.patterns.append(
+            {
+                "pattern": self.timeline.pattern,
+                "start_us": self.place.start_us,
+                "span_us": self.place.span_us,
+                "origin_ns": part.origin_ns,
+                "first_step": first_step,
+                "num_steps": part.starts.shape[1],
+                "clock": part.rt.clock,
+                "ranks_share_a_clock": self.timeline.shared_clock,
+                "comm_compute_overlap": (
+                    _finite_or_none(by_rank[f.rank]) if f.rank < len(by_rank) else None
+                ),
+                "device_activities": acts is not None,
+            }
         )
 
 
 def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str, Any]]:
-    """Rank -> Kineto-style trace dict of every outcome that has a timeline."""
-    files: dict[int, _RankFile] = {}
+    """Rank -> Kineto-style trace dict of every outcome that has a timeline; every rank of the
+    world gets one (a rank that ran nothing, an empty one)."""
+    timelines = [o.timeline for o in outcomes if o.timeline is not None]
+    ranks = {rt.rank for t in timelines for rt in t.ranks}
+    world_size = max([len(t.ranks) for t in timelines] + [r + 1 for r in ranks], default=0)
+    backend = next((t.backend for t in timelines if t.backend), "unknown")
+    files = {rank: _RankFile(rank) for rank in range(world_size)}
     lane_tids: dict[str, int] = {}
-    world_size = 0
-    backend = ""
-    offset_us = 0.0
-    step = 0
-    for outcome in outcomes:
-        timeline = outcome.timeline
-        if timeline is None:
-            continue
-        world_size = max(world_size, len(timeline.ranks))
-        backend = backend or timeline.backend
-        for rt in timeline.ranks:
-            files.setdefault(rt.rank, _RankFile(rt.rank))
-        parts = _rank_parts(timeline)
-        if not parts:
-            continue
-        for lane in timeline.block_lanes:
+    step, end_us = 0, 0.0
+    for place in place_patterns(outcomes, extent=_extent_with_launches, whole_us=True):
+        for lane in place.timeline.block_lanes:
             lane_tids.setdefault(lane, LANE_TID_BASE + len(lane_tids))
-        shared = timeline.shared_clock
-        common = min(p.lo_ns for p in parts.values())
-        span_ns = max(p.hi_ns - (common if shared else p.lo_ns) for p in parts.values())
-        num_iters = next(iter(parts.values())).starts.shape[1]
-        results = {b.block: b for b in outcome.blocks}
-        cc = outcome.comm_compute_overlap_by_rank
-        comm = np.array([c == "comm" for c in timeline.block_categories], dtype=bool)
-        compute = np.array([c == "compute" for c in timeline.block_categories], dtype=bool)
-        for rank, part in parts.items():
-            f = files[rank]
-            origin = common if shared else part.lo_ns
-
-            def at(t_ns: int, origin: int = origin, offset: float = offset_us) -> float:
-                return round(offset + (t_ns - origin) / 1000.0, 3)
-
-            f.clocks.add(part.rt.clock)
-            f.shared.append(shared)
-            pid = f.host()
-            f.name_thread(pid, STEP_TID, "maestro: patterns and ProfilerSteps")
-            f.complete(
-                timeline.pattern,
-                "user_annotation",
-                pid,
-                STEP_TID,
-                at(part.lo_ns),
-                _us(part.hi_ns - part.lo_ns),
-                {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock},
-            )
-            s, e = _iteration_bounds(part)
-            for it in range(num_iters):
-                end = int(e[it]) if it + 1 == num_iters else min(int(e[it]), int(s[it + 1]))
-                f.complete(
-                    f"ProfilerStep#{step + it}",
-                    "user_annotation",
-                    pid,
-                    STEP_TID,
-                    at(int(s[it])),
-                    _us(end - int(s[it])),
-                    {"pattern": timeline.pattern, "pattern_iteration": it},
-                )
-            if part.rt.activities is not None:
-                _write_device_activities(f, timeline, part, at, results)
-            else:
-                _write_cpu_blocks(f, timeline, part, at, lane_tids, results)
-            if comm.shape == part.present.shape and (comm & part.present).any():
-                hidden, comm_ns = overlap.comm_hidden_under_compute_ns(
-                    part.starts, part.ends, comm & part.present, compute & part.present
-                )
-                f.hidden_ns += hidden
-                f.comm_ns += comm_ns
-            elif comm.shape != part.present.shape:
-                f.overlap_known = False
-            f.patterns.append(
-                {
-                    "pattern": timeline.pattern,
-                    "start_us": offset_us,
-                    "span_us": span_ns / 1000.0,
-                    "origin_ns": origin,
-                    "first_step": step,
-                    "num_steps": num_iters,
-                    "clock": part.rt.clock,
-                    "ranks_share_a_clock": shared,
-                    "comm_compute_overlap": _finite_or_none(cc[rank]) if rank < len(cc) else None,
-                    "device_activities": part.rt.activities is not None,
-                }
-            )
-        step += num_iters
-        gap = max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_ns / 1000.0)
+        for part in place.parts:
+            _PatternOnRank(files[part.rt.rank], place, part).write(step, lane_tids)
+        step += place.parts[0].starts.shape[1]
         # Whole microseconds: HolisticTraceAnalysis rounds fractional ones (see the docs).
-        offset_us = float(math.ceil(offset_us + span_ns / 1000.0 + gap))
-    world_size = max([world_size, *(r + 1 for r in files)])
-    for rank in range(world_size):
-        files.setdefault(rank, _RankFile(rank))
-    return {rank: _document(f, world_size, backend, offset_us, step) for rank, f in files.items()}
-
-
-def _document(
-    f: _RankFile, world_size: int, backend: str, end_us: float, step: int
-) -> dict[str, Any]:
-    pid = f.host()
-    f.name_thread(pid, STEP_TID, "maestro: patterns and ProfilerSteps")
-    f.complete(
-        f"ProfilerStep#{step}",
-        "user_annotation",
-        pid,
-        STEP_TID,
-        end_us,
-        END_STEP_DUR_US,
-        {"maestro": "end marker, no work: HolisticTraceAnalysis drops a trace's last step"},
-    )
-    overlap_value = None
-    if f.overlap_known and f.comm_ns > 0:
-        overlap_value = f.hidden_ns / f.comm_ns
-    return {
-        "schemaVersion": 1,
-        "distributedInfo": {
-            "backend": backend or "unknown",
-            "rank": f.rank,
-            "world_size": world_size,
-        },
-        "maestro": {
-            "generator": "maestro",
-            "time_unit": "us",
-            "time_note": TIME_NOTE,
-            "clocks": ", ".join(sorted(f.clocks)),
-            "ranks_share_a_clock": bool(f.shared) and all(f.shared),
-            "comm_compute_overlap": overlap_value,
-            "comm_compute_overlap_note": (
-                "this rank's communication time hidden under compute / its communication "
-                "time, over every pattern of the file (maestroPatterns[] has each pattern's); "
-                "blocks count by category, (block, iteration) spans as intervals"
-            ),
-            "num_steps": step,
-        },
-        "maestroPatterns": f.patterns,
-        "traceEvents": f.meta + f.events,
-    }
+        end_us = place.next_us
+    return {rank: f.document(world_size, backend, end_us, step) for rank, f in files.items()}
 
 
 def rank_trace_texts(outcomes: Sequence[PatternOutcome]) -> dict[str, str]:
     """File name (``rank<r>.json``) -> strict JSON text of that rank's trace."""
     # Default separators: HolisticTraceAnalysis finds the rank with the regex '"rank":\s+(\d+)'.
     return {
-        rank_file_name(rank): json.dumps(doc, allow_nan=False)
+        f"rank{rank}.json": json.dumps(doc, allow_nan=False)
         for rank, doc in sorted(build_rank_traces(outcomes).items())
     }
 

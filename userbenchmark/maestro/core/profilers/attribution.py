@@ -22,26 +22,6 @@ from ..analysis.activities import (
     LaunchCalls,
 )
 
-__all__ = [
-    "GATE_BLOCK",
-    "HARNESS_BLOCK",
-    "KIND_KERNEL",
-    "KIND_MEMCPY",
-    "KIND_MEMSET",
-    "KIND_NAMES",
-    "MAX_NUM_BLOCKS",
-    "MAX_NUM_ITERS",
-    "MAX_WINDOW_ID",
-    "ActivityRecords",
-    "ApiRecords",
-    "Attribution",
-    "AttributionError",
-    "ExternalCorrelation",
-    "attribute",
-    "encode_external_id",
-    "window_activities",
-]
-
 # External id layout (63 bits, so every id is also a non-negative int64):
 #   bit 62: tag (marks an id as ours), bits 40..61: window, 24..39: block, 0..23: iteration.
 _TAG = 1 << 62
@@ -52,7 +32,7 @@ _BLOCK_BITS = 16
 _ITER_BITS = 24
 MAX_WINDOW_ID = (1 << _WINDOW_BITS) - 1
 HARNESS_BLOCK = (1 << _BLOCK_BITS) - 1
-"""Block index reserved for harness work (barriers, syncs): counted, then dropped."""
+"""Block index reserved for harness work (barriers, syncs): in no block, left out."""
 GATE_BLOCK = HARNESS_BLOCK - 1
 """Block index reserved for the gate's spin kernel: harness too, but its end per iteration
 is kept as the moment the gate opened."""
@@ -63,8 +43,6 @@ MAX_NUM_ITERS = 1 << _ITER_BITS
 # past that (correlation ids far apart) the sort-based join keeps memory bounded.
 _DENSE_SLACK = 1 << 20
 _MISSING = np.iinfo(np.int64).min
-# Value tables for distinct (block, value) pairs use bincount below this many cells.
-_DENSE_PAIR_CELLS = 1 << 22
 # How many offending items an error message names.
 _SHOWN = 8
 
@@ -109,16 +87,8 @@ def _check_lengths(obj: object, names: tuple[str, ...]) -> int:
     return lengths.pop() if lengths else 0
 
 
-_OPTIONAL_FIELDS = (
-    "device_id",
-    "size_bytes",
-    "grid_x",
-    "grid_y",
-    "grid_z",
-    "block_x",
-    "block_y",
-    "block_z",
-)
+_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
+_OPTIONAL_FIELDS = ("device_id", "size_bytes", *_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,17 +123,6 @@ class ActivityRecords:
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
 
-    @classmethod
-    def empty(cls) -> ActivityRecords:
-        """No activities."""
-        return cls(
-            correlation_id=np.zeros(0, np.uint64),
-            start_ns=np.zeros(0, np.int64),
-            end_ns=np.zeros(0, np.int64),
-            kind=np.zeros(0, np.uint8),
-            stream_id=np.zeros(0, np.int64),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
 class ExternalCorrelation:
@@ -178,11 +137,6 @@ class ExternalCorrelation:
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
 
-    @classmethod
-    def empty(cls) -> ExternalCorrelation:
-        """No correlations."""
-        return cls(correlation_id=np.zeros(0, np.uint64), external_id=np.zeros(0, np.uint64))
-
 
 @dataclass(frozen=True, kw_only=True)
 class Attribution:
@@ -191,20 +145,12 @@ class Attribution:
     Rows of blocks this rank does not run (``present`` False) are zeros.
     """
 
-    window_id: int
-    num_blocks: int
-    num_iters: int
     start_ns: np.ndarray  # earliest activity start
     end_ns: np.ndarray  # latest activity end
-    busy_ns: np.ndarray  # sum of activity durations (exceeds end-start when they overlap)
     activity_count: np.ndarray
-    kernel_count: np.ndarray  # (num_blocks,) over all iterations
-    memcpy_count: np.ndarray  # (num_blocks,)
-    memset_count: np.ndarray  # (num_blocks,)
-    grid_ctas: tuple[tuple[int, ...], ...]  # per block: distinct kernel grid sizes (x*y*z)
-    stream_ids: tuple[tuple[int, ...], ...]  # per block: distinct streams its activities ran on
+    kernel_ctas_max: np.ndarray
+    """(num_blocks,) the largest kernel grid (CTAs, x*y*z) of each block, 0 without a kernel."""
     gate_end_ns: np.ndarray  # (num_iters,) end of the gate's spin kernel (gate open); 0 if none
-    num_harness: int  # harness and gate activities of this window, not in any block
     activity_block: np.ndarray | None = None
     """int32 per input record: its block, -1 for harness and gate work (``per_activity``)."""
     activity_iteration: np.ndarray | None = None
@@ -264,26 +210,6 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
     return vals, ambiguous
 
 
-def _distinct_per_block(block: np.ndarray, values: np.ndarray, num_blocks: int) -> tuple:
-    """Per block, the sorted distinct values seen (vectorised; loops over blocks only)."""
-    if values.shape[0] == 0:
-        return tuple(() for _ in range(num_blocks))
-    vmin = int(values.min())
-    vmax = int(values.max())
-    if vmin >= 0 and (vmax + 1) * num_blocks <= _DENSE_PAIR_CELLS:
-        seen = np.bincount(block * (vmax + 1) + values, minlength=num_blocks * (vmax + 1))
-        seen = seen.reshape(num_blocks, vmax + 1) > 0
-        return tuple(tuple(np.flatnonzero(row).tolist()) for row in seen)
-    if vmin >= 0 and vmax < (1 << 40):
-        keys = np.unique((block << 40) | values)
-        pair_block, pair_value = keys >> 40, keys & ((1 << 40) - 1)
-    else:
-        pairs = np.unique(np.stack([block, values], axis=1), axis=0)
-        pair_block, pair_value = pairs[:, 0], pairs[:, 1]
-    bounds = np.searchsorted(pair_block, np.arange(num_blocks + 1))
-    return tuple(tuple(pair_value[bounds[b] : bounds[b + 1]].tolist()) for b in range(num_blocks))
-
-
 def _kind_summary(kind: np.ndarray) -> str:
     codes, counts = np.unique(kind, return_counts=True)
     pairs = zip(codes.tolist(), counts.tolist(), strict=True)
@@ -294,6 +220,216 @@ def _shown(values: np.ndarray) -> str:
     vals = values[:_SHOWN].tolist()
     more = "" if values.shape[0] <= _SHOWN else f", ... ({values.shape[0]} in all)"
     return ", ".join(str(v) for v in vals) + more
+
+
+class _Problems:
+    """What keeps a window's activities from being attributed: one message per kind of
+    problem, with its count under a key (``AttributionError.counts``)."""
+
+    def __init__(self, records: ActivityRecords) -> None:
+        self.records = records
+        self.messages: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, num: int, message: str) -> None:
+        if num:
+            self.counts[key] = num
+            self.messages.append(f"{num} {message}")
+
+    def of_records(self, key: str, mask: np.ndarray, text: str) -> None:
+        """The records under ``mask``, described by their kinds and streams."""
+        if mask.any():
+            streams = _shown(np.unique(self.records.stream_id[mask]))
+            summary = _kind_summary(self.records.kind[mask])
+            self.add(key, int(np.count_nonzero(mask)), f"{text} ({summary}; streams {streams})")
+
+    def of_window(
+        self, ext_id: np.ndarray, d: _Decoded, window_id: int, shape: tuple[int, int]
+    ) -> None:
+        """Every problem of the window's records but empty cells (``empty_cells``)."""
+        if not d.this_window.all():
+            self._strays(ext_id, ~d.this_window, window_id)
+        if d.out_of_range.any():
+            bad_blocks = _shown(np.unique(d.block[d.out_of_range]))
+            bad_iters = _shown(np.unique(d.iteration[d.out_of_range]))
+            self.add(
+                "out_of_range",
+                int(np.count_nonzero(d.out_of_range)),
+                f"activities map outside {shape[0]} blocks x {shape[1]} iterations "
+                f"(blocks {bad_blocks}; iterations {bad_iters})",
+            )
+        if d.absent.any():
+            self.add(
+                "absent_block",
+                int(np.count_nonzero(d.absent)),
+                "activities belong to blocks this rank does not run "
+                f"(blocks {_shown(np.unique(d.block[d.absent]))})",
+            )
+        self.of_records(
+            "ambiguous", d.ambiguous, "activities have a correlation id with several external ids"
+        )
+        self.of_records(
+            "incomplete",
+            d.incomplete,
+            "activity records are incomplete (zero or reversed "
+            "timestamps: flushed before the device finished?)",
+        )
+
+    def _strays(self, ext_id: np.ndarray, stray: np.ndarray, window_id: int) -> None:
+        """Records of no block of this window: no id, someone else's, another window's."""
+        found = ext_id != _MISSING
+        ours = (ext_id >> 62) == 1
+        self.of_records(
+            "no_external_id",
+            stray & ~found,
+            "device activities have no external correlation id: "
+            "enqueued outside every pushed block or harness range",
+        )
+        self.of_records(
+            "foreign_external_id",
+            stray & found & ~ours,
+            "activities carry an external id that is not maestro's",
+        )
+        other = ours & stray
+        if other.any():
+            window = (ext_id[other] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
+            wins, wcounts = np.unique(window, return_counts=True)
+            pairs = zip(wins.tolist(), wcounts.tolist(), strict=True)
+            listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
+            self.add(
+                "other_window",
+                int(wcounts.sum()),
+                f"activities belong to other windows ({listed}), not window {window_id}: a "
+                "flush was missing before this window began",
+            )
+
+    def empty_cells(self, empty: np.ndarray) -> None:
+        """(block, iteration) cells of blocks this rank runs that got no activity."""
+        per_block = empty.sum(axis=1)
+        blocks = np.flatnonzero(per_block)
+        listed = "; ".join(
+            f"block {b}: {per_block[b]} of {empty.shape[1]} iterations "
+            f"(first {np.argmax(empty[b])})"
+            for b in blocks[:_SHOWN].tolist()
+        )
+        if blocks.shape[0] > _SHOWN:
+            listed += f"; ... ({blocks.shape[0]} blocks in all)"
+        self.add(
+            "empty_cells", int(per_block.sum()), f"(block, iteration) got no activity: {listed}"
+        )
+
+    def raise_any(self, window_id: int) -> None:
+        if self.messages:
+            raise AttributionError(
+                f"window {window_id}: cannot attribute device activity: "
+                + "; ".join(self.messages),
+                self.counts,
+            )
+
+
+def _checked_present(
+    window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None
+) -> np.ndarray:
+    """``present`` as a bool array (default: every block), after checking the window's shape."""
+    if not 0 <= window_id <= MAX_WINDOW_ID:
+        raise ValueError(f"window_id must be in [0, {MAX_WINDOW_ID}], got {window_id}")
+    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+        raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
+    if not 1 <= num_iters <= MAX_NUM_ITERS:
+        raise ValueError(f"num_iters must be in [1, {MAX_NUM_ITERS}], got {num_iters}")
+    present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
+    if present.shape != (num_blocks,):
+        raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
+    return present
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """Each record of a window decoded from its external id, and what is wrong with it."""
+
+    this_window: np.ndarray
+    block: np.ndarray
+    iteration: np.ndarray
+    mine: np.ndarray
+    """Records of a block (not harness, not the gate) of this window."""
+    gate: np.ndarray
+    """Records of the gate's spin kernel of this window."""
+    out_of_range: np.ndarray
+    absent: np.ndarray
+    """Records of a block this rank does not run."""
+    ambiguous: np.ndarray
+    incomplete: np.ndarray
+
+    @property
+    def good(self) -> np.ndarray:
+        return self.mine & ~(self.out_of_range | self.ambiguous | self.incomplete | self.absent)
+
+
+def _decode(
+    records: ActivityRecords,
+    ext_correlation: ExternalCorrelation,
+    window_id: int,
+    shape: tuple[int, int],
+    present: np.ndarray,
+) -> tuple[np.ndarray, _Decoded]:
+    """(each record's external id, what it says): only what the common path needs; the
+    breakdown of strays is the error path's."""
+    num_blocks, num_iters = shape
+    ext_id, ambiguous = _lookup(records.correlation_id, ext_correlation)
+    this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
+    block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
+    iteration = ext_id & (MAX_NUM_ITERS - 1)
+    mine = this_window & (block < GATE_BLOCK)
+    gate = this_window & (block == GATE_BLOCK)
+    out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
+        gate & (iteration >= num_iters)
+    )
+    absent = np.zeros(len(records), dtype=bool)
+    if not present.all():
+        absent = mine & ~out_of_range & ~present[np.minimum(block, num_blocks - 1)]
+    start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
+    # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
+    incomplete = (start <= 0) | (end < start)
+    decoded = _Decoded(
+        this_window, block, iteration, mine, gate, out_of_range, absent, ambiguous, incomplete
+    )
+    return ext_id, decoded
+
+
+def _timings(
+    records: ActivityRecords,
+    d: _Decoded,
+    row: np.ndarray,
+    flat: np.ndarray,
+    activity_count: np.ndarray,
+    per_activity: bool,
+) -> Attribution:
+    """The window's figures once every record is attributed: ``row`` is each record's block
+    and ``flat`` its (block, iteration) cell (num_blocks and past the end for no block)."""
+    num_blocks, num_iters = activity_count.shape
+    cells = num_blocks * num_iters
+    first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, flat, _as_int64(records.start_ns))
+    last = np.zeros(cells + 1, dtype=np.int64)
+    np.maximum.at(last, flat, _as_int64(records.end_ns))
+    first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
+    gate = d.gate & ~d.incomplete
+    gate_end = np.zeros(num_iters, dtype=np.int64)
+    np.maximum.at(gate_end, d.iteration[gate], _as_int64(records.end_ns)[gate])
+    ctas = np.zeros(num_blocks + 1, dtype=np.int64)
+    grid = records.grid_x.astype(np.int64) * records.grid_y * records.grid_z
+    np.maximum.at(ctas, np.where(records.kind == KIND_KERNEL, row, num_blocks), grid)
+    return Attribution(
+        start_ns=first[:cells].reshape(num_blocks, num_iters),
+        end_ns=last[:cells].reshape(num_blocks, num_iters),
+        activity_count=activity_count,
+        kernel_ctas_max=ctas[:num_blocks],
+        gate_end_ns=gate_end,
+        activity_block=np.where(d.mine, d.block, -1).astype(np.int32) if per_activity else None,
+        activity_iteration=(
+            np.where(d.mine, d.iteration, -1).astype(np.int32) if per_activity else None
+        ),
+    )
 
 
 def attribute(
@@ -314,172 +450,26 @@ def attribute(
     of range or of absent blocks, ambiguous or incomplete records, or a (block, iteration) of
     a present block (``present``: bool per block, default all) that got no activity.
     """
-    if not 0 <= window_id <= MAX_WINDOW_ID:
-        raise ValueError(f"window_id must be in [0, {MAX_WINDOW_ID}], got {window_id}")
-    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
-        raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
-    if not 1 <= num_iters <= MAX_NUM_ITERS:
-        raise ValueError(f"num_iters must be in [1, {MAX_NUM_ITERS}], got {num_iters}")
-    if present is None:
-        present = np.ones(num_blocks, dtype=bool)
-    present = np.asarray(present, dtype=bool)
-    if present.shape != (num_blocks,):
-        raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
-
-    start = _as_int64(records.start_ns)
-    end = _as_int64(records.end_ns)
+    present = _checked_present(window_id, num_blocks, num_iters, present)
     kind = records.kind
     if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
         raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
-    ext_id, ambiguous = _lookup(records.correlation_id, ext_correlation)
-
-    # Decode only what the common path needs; the breakdown of strays is the error path.
-    this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
-    block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
-    iteration = ext_id & (MAX_NUM_ITERS - 1)
-    harness = this_window & (block >= GATE_BLOCK)
-    mine = this_window & ~harness
-    gate = this_window & (block == GATE_BLOCK)
-    out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
-        gate & (iteration >= num_iters)
-    )
-    absent = None
-    if not present.all():
-        absent = mine & ~out_of_range & ~present[np.minimum(block, num_blocks - 1)]
-    # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
-    incomplete = (start <= 0) | (end < start)
-
-    problems: list[str] = []
-    counts: dict[str, int] = {}
-
-    def report(key: str, mask: np.ndarray, text: str) -> None:
-        num = int(np.count_nonzero(mask))
-        if num:
-            counts[key] = num
-            streams = _shown(np.unique(records.stream_id[mask]))
-            problems.append(f"{num} {text} ({_kind_summary(kind[mask])}; streams {streams})")
-
-    stray = ~this_window
-    if stray.any():
-        found = ext_id != _MISSING
-        ours = (ext_id >> 62) == 1
-        report(
-            "no_external_id",
-            ~found,
-            "device activities have no external correlation id: "
-            "enqueued outside every pushed block or harness range",
-        )
-        report(
-            "foreign_external_id",
-            found & ~ours,
-            "activities carry an external id that is not maestro's",
-        )
-        other = ours & stray
-        if other.any():
-            window = (ext_id[other] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
-            wins, wcounts = np.unique(window, return_counts=True)
-            pairs = zip(wins.tolist(), wcounts.tolist(), strict=True)
-            listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
-            counts["other_window"] = int(wcounts.sum())
-            problems.append(
-                f"{int(wcounts.sum())} activities belong to other windows ({listed}), not "
-                f"window {window_id}: a flush was missing before this window began"
-            )
-    if out_of_range.any():
-        bad_b = np.unique(block[out_of_range])
-        bad_i = np.unique(iteration[out_of_range])
-        counts["out_of_range"] = int(np.count_nonzero(out_of_range))
-        problems.append(
-            f"{counts['out_of_range']} activities map outside {num_blocks} blocks x {num_iters} "
-            f"iterations (blocks {_shown(bad_b)}; iterations {_shown(bad_i)})"
-        )
-    if absent is not None and absent.any():
-        bad_b = np.unique(block[absent])
-        counts["absent_block"] = int(np.count_nonzero(absent))
-        problems.append(
-            f"{counts['absent_block']} activities belong to blocks this rank does not run "
-            f"(blocks {_shown(bad_b)})"
-        )
-    report("ambiguous", ambiguous, "activities have a correlation id with several external ids")
-    report(
-        "incomplete",
-        incomplete,
-        "activity records are incomplete (zero or reversed "
-        "timestamps: flushed before the device finished?)",
-    )
-
-    good = mine
-    if problems:
-        good = mine & ~out_of_range & ~ambiguous & ~incomplete
-        if absent is not None:
-            good &= ~absent
-    # Everything not good goes to one extra row/cell that is cut off at the end: cheaper than
+    ext_id, d = _decode(records, ext_correlation, window_id, (num_blocks, num_iters), present)
+    problems = _Problems(records)
+    problems.of_window(ext_id, d, window_id, (num_blocks, num_iters))
+    # Everything not good goes to one extra row that is cut off at the end: cheaper than
     # extracting the good subset of every array.
+    good = d.good
+    row = np.where(good, d.block, num_blocks)
+    flat = row * num_iters + np.where(good, d.iteration, 0)
     cells = num_blocks * num_iters
-    row = np.where(good, block, num_blocks)
-    flat = row * num_iters + np.where(good, iteration, 0)
-    activity_count = np.bincount(flat, minlength=cells + 1)[:cells]
-
-    empty = (activity_count == 0).reshape(num_blocks, num_iters) & present[:, None]
+    activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
+    empty = (activity_count == 0) & present[:, None]
     if empty.any():
-        per_block = empty.sum(axis=1)
-        blocks = np.flatnonzero(per_block)
-        listed = "; ".join(
-            f"block {b}: {per_block[b]} of {num_iters} iterations (first {np.argmax(empty[b])})"
-            for b in blocks[:_SHOWN].tolist()
-        )
-        if blocks.shape[0] > _SHOWN:
-            listed += f"; ... ({blocks.shape[0]} blocks in all)"
-        counts["empty_cells"] = int(per_block.sum())
-        problems.append(f"{counts['empty_cells']} (block, iteration) got no activity: {listed}")
-
-    if problems:
-        raise AttributionError(
-            f"window {window_id}: cannot attribute device activity: " + "; ".join(problems),
-            counts,
-        )
-
-    busy = np.zeros(cells + 1, dtype=np.int64)
-    np.add.at(busy, flat, end - start)
-    first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, flat, start)
-    last = np.zeros(cells + 1, dtype=np.int64)
-    np.maximum.at(last, flat, end)
-
-    first[:cells][activity_count == 0] = 0  # rows of absent blocks
-    gate_ok = gate & ~incomplete
-    gate_end = np.zeros(num_iters, dtype=np.int64)
-    np.maximum.at(gate_end, iteration[gate_ok], end[gate_ok])
-
-    rows = num_blocks + 1
-    by_kind = np.bincount(row * 4 + kind, minlength=rows * 4).reshape(rows, 4)[:num_blocks]
-    kernel_row = np.where(kind == KIND_KERNEL, row, num_blocks)
-    grid = records.grid_x.astype(np.int64) * records.grid_y * records.grid_z
-    grid_ctas = _distinct_per_block(kernel_row, grid, rows)[:num_blocks]
-    stream_ids = _distinct_per_block(row, _as_int64(records.stream_id), rows)[:num_blocks]
-    shape = (num_blocks, num_iters)
-    activity_block = activity_iteration = None
-    if per_activity:  # every record is good here: problems raised above
-        activity_block = np.where(mine, block, -1).astype(np.int32)
-        activity_iteration = np.where(mine, iteration, -1).astype(np.int32)
-    return Attribution(
-        window_id=window_id,
-        num_blocks=num_blocks,
-        num_iters=num_iters,
-        start_ns=first[:cells].reshape(shape),
-        end_ns=last[:cells].reshape(shape),
-        busy_ns=busy[:cells].reshape(shape),
-        activity_count=activity_count.reshape(shape),
-        kernel_count=by_kind[:, KIND_KERNEL],
-        memcpy_count=by_kind[:, KIND_MEMCPY],
-        memset_count=by_kind[:, KIND_MEMSET],
-        grid_ctas=grid_ctas,
-        stream_ids=stream_ids,
-        gate_end_ns=gate_end,
-        num_harness=int(np.count_nonzero(harness)),
-        activity_block=activity_block,
-        activity_iteration=activity_iteration,
-    )
+        problems.empty_cells(empty)
+    problems.raise_any(window_id)
+    # Every record is good from here on (any problem raised above).
+    return _timings(records, d, row, flat, activity_count, per_activity)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -513,6 +503,47 @@ _GENERIC_API_NAMES = {
 }
 
 
+def _launch_calls(api: ApiRecords, corr: np.ndarray) -> np.ndarray:
+    """Indices of the API calls behind activities of correlation ids ``corr``, one per id:
+    the earliest (a runtime call that calls the driver starts first), the runtime one on a
+    tie."""
+    api_corr = _as_int64(api.correlation_id)
+    chosen = np.flatnonzero(np.isin(api_corr, corr))
+    if chosen.size:
+        chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
+        first = np.ones(chosen.size, dtype=bool)
+        first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
+        chosen = chosen[first]
+    return chosen
+
+
+def _call_names(
+    api: ApiRecords,
+    chosen: np.ndarray,
+    corr: np.ndarray,
+    kind: np.ndarray,
+    table: list[str],
+    api_name: Callable[[int, int], str | None],
+) -> np.ndarray:
+    """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
+    call_names = np.zeros(chosen.size, dtype=np.int64)
+    if not chosen.size:
+        return call_names
+    corr_order = np.argsort(corr, kind="stable")
+    at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
+    launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
+    known: dict[tuple[int, int, int], int] = {}
+    codes, cbids = api.api[chosen].tolist(), api.cbid[chosen].tolist()
+    keys = zip(codes, cbids, launched_kind.tolist(), strict=True)
+    for j, (code, cbid, kind_code) in enumerate(keys):
+        if (code, cbid, kind_code) not in known:
+            name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
+            known[(code, cbid, kind_code)] = len(table)
+            table.append(name)
+        call_names[j] = known[(code, cbid, kind_code)]
+    return call_names
+
+
 def window_activities(
     records: ActivityRecords,
     attribution: Attribution,
@@ -526,9 +557,8 @@ def window_activities(
 
     ``attribution`` must come from ``attribute(..., per_activity=True)`` on ``records``;
     ``name_index[i]`` is record i's index into ``names``. Of the API calls, one per
-    correlation id of a kept activity is kept: the earliest (a runtime call that calls the
-    driver starts first), the runtime one on a tie. ``api_name(api, cbid)`` names a call
-    (None: unknown; a generic name of the launch kind is used then).
+    correlation id of a kept activity is kept (``_launch_calls``). ``api_name(api, cbid)``
+    names a call (None: unknown; a generic name of the launch kind is used then).
     """
     if attribution.activity_block is None or attribution.activity_iteration is None:
         raise ValueError("window_activities needs attribute(..., per_activity=True)")
@@ -536,49 +566,20 @@ def window_activities(
         raise ValueError(f"name_index must have shape ({len(records)},), got {name_index.shape}")
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
-    # The API calls behind the kept activities, one per correlation id.
-    api_corr = _as_int64(api.correlation_id)
-    chosen = np.flatnonzero(np.isin(api_corr, corr))
-    if chosen.size:
-        order = np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))
-        chosen = chosen[order]
-        sorted_corr = api_corr[chosen]
-        first = np.ones(chosen.size, dtype=bool)
-        first[1:] = sorted_corr[1:] != sorted_corr[:-1]
-        chosen = chosen[first]
+    chosen = _launch_calls(api, corr)
     # Names: the activities' own, then the calls'; compacted to those used.
     table = list(names)
+    call_names = _call_names(api, chosen, corr, records.kind[keep], table, api_name)
     act_names = name_index[keep].astype(np.int64)
-    call_names = np.zeros(chosen.size, dtype=np.int64)
-    if chosen.size:
-        corr_order = np.argsort(corr, kind="stable")
-        at = np.searchsorted(corr[corr_order], api_corr[chosen])
-        launched_kind = records.kind[keep][corr_order][np.minimum(at, corr.size - 1)]
-        known: dict[tuple[int, int, int], int] = {}
-        for j, (code, cbid, kind) in enumerate(
-            zip(
-                api.api[chosen].tolist(),
-                api.cbid[chosen].tolist(),
-                launched_kind.tolist(),
-                strict=True,
-            )
-        ):
-            key = (code, cbid, kind)
-            if key not in known:
-                name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind), "cudaLaunch")
-                known[key] = len(table)
-                table.append(name)
-            call_names[j] = known[key]
     used, inverse = np.unique(np.concatenate([act_names, call_names]), return_inverse=True)
     inverse = inverse.astype(np.int32)
-    table = [table[i] for i in used.tolist()]
 
     def dims(prefix: str) -> np.ndarray:
         cols = [getattr(records, f"{prefix}_{axis}")[keep] for axis in "xyz"]
         return np.stack(cols, axis=1).astype(np.int32).reshape(-1, 3)
 
     launches = LaunchCalls(
-        correlation_id=api_corr[chosen],
+        correlation_id=_as_int64(api.correlation_id)[chosen],
         start_ns=_as_int64(api.start_ns)[chosen],
         end_ns=_as_int64(api.end_ns)[chosen],
         api=api.api[chosen].astype(np.uint8),
@@ -599,6 +600,6 @@ def window_activities(
         block_dims=dims("block"),
         size_bytes=records.size_bytes[keep].astype(np.int64),
         name_index=inverse[: keep.size],
-        names=tuple(table),
+        names=tuple(table[i] for i in used.tolist()),
         launches=launches,
     )

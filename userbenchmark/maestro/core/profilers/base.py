@@ -16,7 +16,6 @@ class Profiler:
     """
 
     name = "base"
-    description = ""
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray

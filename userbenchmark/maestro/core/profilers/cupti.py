@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import threading
-import time
 
 import numpy as np
 
@@ -18,20 +17,24 @@ from ..analysis.activities import API_RUNTIME, DeviceActivities
 from .attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
-    KIND_KERNEL,
-    KIND_MEMCPY,
-    KIND_MEMSET,
     ActivityRecords,
-    ApiRecords,
     Attribution,
     ExternalCorrelation,
     attribute,
     encode_external_id,
     window_activities,
 )
-from .cupti_records import _FIELDS, _RecordParser, api_function_name
+from .cupti_records import (
+    NamedRecords,
+    _RecordParser,
+    activity_records,
+    api_function_name,
+    external_correlation,
+    named_records,
+)
 
-logger = logging.getLogger(__name__)
+# Under "maestro": its lines get the rank prefix and follow --log-level.
+logger = logging.getLogger("maestro.cupti")
 
 BUFFER_SIZE_BYTES = 32 << 20
 """Smallest buffer handed to CUPTI (it asks for more as they fill). Seen on an H200: every
@@ -93,7 +96,6 @@ class CuptiProfiler:
     """
 
     name = "cupti"
-    description = "CUPTI activity records (device start/end of each kernel, memcpy, memset)"
 
     def __init__(
         self,
@@ -111,14 +113,8 @@ class CuptiProfiler:
         kinds = cupti.ActivityKind
         # RUNTIME or DRIVER must be on for EXTERNAL_CORRELATION records to appear; NCCL
         # launches through the driver API, so both are on.
-        self._kinds = (
-            kinds.CONCURRENT_KERNEL,
-            kinds.MEMCPY,
-            kinds.MEMSET,
-            kinds.RUNTIME,
-            kinds.DRIVER,
-            kinds.EXTERNAL_CORRELATION,
-        )
+        device = (kinds.CONCURRENT_KERNEL, kinds.MEMCPY, kinds.MEMSET)
+        self._kinds = (*device, kinds.RUNTIME, kinds.DRIVER, kinds.EXTERNAL_CORRELATION)
         self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id
@@ -144,24 +140,8 @@ class CuptiProfiler:
         self._depth = 0
         self._present: np.ndarray | None = None
         self._shape: tuple[int, int] | None = None
-        self.last_records: tuple[ActivityRecords, ExternalCorrelation] | None = None
-        """Records and correlations of the last ended window (for traces and debugging)."""
         self.last_activities: DeviceActivities | None = None
         """With ``keep_activities``: the last ended window's block activities, named."""
-        self.records_seen = 0
-        """Every CUPTI record delivered so far (API records included)."""
-        self.callback_ns = 0
-        """Wall time spent in the buffer-completed callback (includes waiting for the GIL)."""
-        self.callback_cpu_ns = 0
-        """CPU time of the callback's thread spent in it: the parsing cost itself."""
-        self.flush_ns = 0
-        """Wall time in activity_flush_all (CUPTI, cupti-python's record objects, callback)."""
-        self.callbacks = 0
-        self.callbacks_other_thread = 0
-        """Buffers delivered on a thread other than the one that called start()."""
-        self._owner_thread = threading.get_ident()
-        self.discarded_records = 0
-        """Device activities dropped by begin_window (warmup and anything before)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -169,7 +149,6 @@ class CuptiProfiler:
         """Register the buffer callbacks and enable the activity kinds."""
         if self._started:
             return
-        self._owner_thread = threading.get_ident()
         cupti = self._cupti
         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         try:
@@ -213,13 +192,6 @@ class CuptiProfiler:
         self._take()
         self._window_id = None
 
-    def __enter__(self) -> CuptiProfiler:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
         names = ["kernel", "memcpy", "memset"]
         if self.keep_activities:
@@ -255,8 +227,7 @@ class CuptiProfiler:
                 num_blocks * num_iters, self._min_buffer_bytes
             )
         self._flush()
-        discarded = self._take()
-        self.discarded_records += len(discarded[0])
+        self._take()  # warmup and anything before: never reaches the numbers
         self._window_id = window_id
         import torch
 
@@ -291,7 +262,6 @@ class CuptiProfiler:
         self._window_id = None
         self._flush()
         records, ext, named = self._take()
-        self.last_records = (records, ext)
         self.last_activities = None
         att = attribute(
             records,
@@ -329,25 +299,22 @@ class CuptiProfiler:
 
     def push(self, block_index: int, iteration: int) -> None:
         """Attribute what this thread enqueues until pop() to (block_index, iteration)."""
-        if self._window_id is None:
-            raise RuntimeError("push outside a window: call begin_window first")
         if block_index >= GATE_BLOCK:
             raise ValueError(f"block_index must be below {GATE_BLOCK}, got {block_index}")
-        self._push_id(self._ext_kind, encode_external_id(self._window_id, block_index, iteration))
-        self._depth += 1
+        self._push(block_index, iteration)
 
     def push_gate(self, iteration: int) -> None:
         """Mark the gate's spin kernel of one iteration (its end is when the gate opened)."""
-        if self._window_id is None:
-            raise RuntimeError("push_gate outside a window: call begin_window first")
-        self._push_id(self._ext_kind, encode_external_id(self._window_id, GATE_BLOCK, iteration))
-        self._depth += 1
+        self._push(GATE_BLOCK, iteration)
 
     def push_harness(self, iteration: int = 0) -> None:
-        """Mark harness work (barriers, syncs): counted, never part of a block."""
+        """Mark harness work (barriers, syncs): never part of a block."""
+        self._push(HARNESS_BLOCK, iteration)
+
+    def _push(self, block_index: int, iteration: int) -> None:
         if self._window_id is None:
-            raise RuntimeError("push_harness outside a window: call begin_window first")
-        self._push_id(self._ext_kind, encode_external_id(self._window_id, HARNESS_BLOCK, iteration))
+            raise RuntimeError("push outside a window: call begin_window first")
+        self._push_id(self._ext_kind, encode_external_id(self._window_id, block_index, iteration))
         self._depth += 1
 
     def pop(self) -> None:
@@ -356,27 +323,6 @@ class CuptiProfiler:
             raise RuntimeError("pop without push")
         self._pop_id(self._ext_kind)
         self._depth -= 1
-
-    # Aliases matching the harness's Profiler hooks (before/after a block, around the gate).
-    def before(self, block: int, iteration: int) -> None:
-        """Same as push(block, iteration)."""
-        self.push(block, iteration)
-
-    def after(self, block: int, iteration: int) -> None:
-        """Same as pop()."""
-        self.pop()
-
-    def gate_begin(self, iteration: int) -> None:
-        """Same as push_gate(iteration)."""
-        self.push_gate(iteration)
-
-    def gate_end(self, iteration: int) -> None:
-        """Same as pop()."""
-        self.pop()
-
-    def close(self) -> None:
-        """Same as stop()."""
-        self.stop()
 
     # -- buffers --------------------------------------------------------------------------
 
@@ -393,29 +339,17 @@ class CuptiProfiler:
         # CUPTI holds records in its buffers until flushed, and a forced flush of work still
         # running returns incomplete records: synchronize first.
         torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
         self._cupti.activity_flush_all(self._flush_forced)
-        self.flush_ns += time.perf_counter_ns() - t0
         if self._callback_error is not None:
             self._require_started()
 
     def _buffer_requested(self) -> tuple[int, int]:
         return self._buffer_size_bytes, 0  # 0: as many records as fit
 
-    @property
-    def parse_mode(self) -> str:
-        """How records are read: "numpy", "objects", or "auto" while still verifying."""
-        return self._parser.mode
-
     def _buffer_completed(self, activities: list) -> None:
         # Called on CUPTI's own thread (on an H200 every time, even inside activity_flush_all,
         # which returns only once the callbacks are done) with one buffer's records as Python
         # objects; copy the few fields needed into numpy chunks and keep nothing else.
-        t0 = time.perf_counter_ns()
-        c0 = time.thread_time_ns()
-        self.callbacks += 1
-        if threading.get_ident() != self._owner_thread:
-            self.callbacks_other_thread += 1
         try:
             rows = self._parser.parse(activities)
             with self._lock:
@@ -424,95 +358,19 @@ class CuptiProfiler:
                         chunks.append(rows[name])
                 if rows["ext"].shape[0]:
                     self._ext_chunks.append(rows["ext"])
-                self.records_seen += len(activities)
         except BaseException as exc:  # raised later on the caller's thread, never lost
             if self._callback_error is None:
                 self._callback_error = exc
-        finally:
-            self.callback_cpu_ns += time.thread_time_ns() - c0
-            self.callback_ns += time.perf_counter_ns() - t0
 
-    def _take(
-        self,
-    ) -> tuple[
-        ActivityRecords, ExternalCorrelation, tuple[np.ndarray, tuple[str, ...], ApiRecords] | None
-    ]:
-        """Everything collected so far, as arrays; the collection starts empty again.
-
-        The third item (with ``keep_activities``): each record's name index, the names, and
-        the API calls.
-        """
+    def _take(self) -> tuple[ActivityRecords, ExternalCorrelation, NamedRecords | None]:
+        """Everything collected so far, as arrays; the collection starts empty again. The
+        third item (with ``keep_activities``): each record's name index, the names, and the
+        API calls."""
         with self._lock:
-            chunks = self._chunks
-            ext_chunks = self._ext_chunks
+            chunks, ext_chunks = self._chunks, self._ext_chunks
             self._chunks = self._empty_chunks()
             self._ext_chunks = []
             # Every name a taken chunk refers to was added before the chunk was.
             names = tuple(self._parser.names) if self.keep_activities else ()
-        parts = []
-        for name, code in (
-            ("kernel", KIND_KERNEL),
-            ("memcpy", KIND_MEMCPY),
-            ("memset", KIND_MEMSET),
-        ):
-            rows = chunks[name]
-            width = len(_FIELDS[name])
-            parts.append((code, np.concatenate(rows) if rows else np.zeros((0, width), np.int64)))
-        n = sum(p.shape[0] for _, p in parts)
-        kernel = parts[0][1]
-        copy_rows = [p for code, p in parts[1:]]
-
-        def column(i: int) -> np.ndarray:
-            return np.concatenate([p[:, i] for _, p in parts])
-
-        def kernel_only(i: int) -> np.ndarray:
-            out = np.zeros(n, dtype=np.int32)
-            out[: kernel.shape[0]] = kernel[:, i]
-            return out
-
-        size_bytes = np.zeros(n, dtype=np.int64)
-        size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for p in copy_rows])
-        records = ActivityRecords(
-            correlation_id=column(0).astype(np.uint64),
-            start_ns=column(1),
-            end_ns=column(2),
-            kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
-            stream_id=column(3),
-            device_id=column(4).astype(np.int32),
-            size_bytes=size_bytes,
-            grid_x=kernel_only(5),
-            grid_y=kernel_only(6),
-            grid_z=kernel_only(7),
-            block_x=kernel_only(8),
-            block_y=kernel_only(9),
-            block_z=kernel_only(10),
-        )
-        if ext_chunks:
-            table = np.concatenate(ext_chunks)
-            ext = ExternalCorrelation(
-                correlation_id=table[:, 0].copy(), external_id=table[:, 1].copy()
-            )
-        else:
-            ext = ExternalCorrelation.empty()
-        if not self.keep_activities:
-            return records, ext, None
-
-        def joined(name: str, width: int | None = None) -> np.ndarray:
-            parts = chunks[name]
-            if parts:
-                return np.concatenate(parts)
-            return np.zeros((0, width) if width else 0, dtype=np.int64)
-
-        name_index = np.concatenate(
-            [joined(f"{k}_name") for k in ("kernel", "memcpy", "memset")]
-        ).astype(np.int32)
-        rows = joined("api", 6)
-        api = ApiRecords(
-            correlation_id=rows[:, 0].copy(),
-            start_ns=rows[:, 1].copy(),
-            end_ns=rows[:, 2].copy(),
-            cbid=rows[:, 3].astype(np.int32),
-            thread_id=rows[:, 4].copy(),
-            api=rows[:, 5].astype(np.uint8),
-        )
-        return records, ext, (name_index, names, api)
+        records, ext = activity_records(chunks), external_correlation(ext_chunks)
+        return records, ext, named_records(chunks, names) if self.keep_activities else None

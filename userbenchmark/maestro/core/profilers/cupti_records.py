@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import re
+from operator import attrgetter
 
 import numpy as np
 
-from ..analysis.activities import API_DRIVER, API_RUNTIME
+from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
+from .attribution import ActivityRecords, ApiRecords, ExternalCorrelation
 from .demangle import demangle
 
-# The profiler's own logger: these records are its work.
-logger = logging.getLogger(__name__.rpartition(".")[0] + ".cupti")
+# The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
+logger = logging.getLogger("maestro.cupti")
 
 
 _FIELDS = {
@@ -190,55 +192,25 @@ class _RecordParser:
 
     def parse_objects(self, activities: list) -> dict[str, np.ndarray]:
         """One attribute read per field and record."""
+        kinds = {code: (name, attrgetter(*_FIELDS[name])) for name, code in self.codes.items()}
+        api_codes = self.api_codes if self.keep_names else {}
+        api_fields = attrgetter(*_NAMED_FIELDS["api"])
         rows: dict[str, list[tuple]] = {name: [] for name in _FIELDS}
-        kernels, copies, sets, ext = rows["kernel"], rows["memcpy"], rows["memset"], rows["ext"]
-        k_kernel, k_memcpy = self.codes["kernel"], self.codes["memcpy"]
-        k_memset, k_ext = self.codes["memset"], self.codes["ext"]
-        custom2 = self.custom2
-        named = self.keep_names
-        api_codes = self.api_codes if named else {}
-        kernel_names: list[str] = []
-        copy_names: list[str] = []
-        set_names: list[str] = []
+        names: dict[str, list[str]] = {"kernel": [], "memcpy": [], "memset": []}
         api: list[tuple] = []
         for a in activities:
-            k = a.kind
-            if k == k_ext:
-                if a.external_kind == custom2:
-                    ext.append((a.correlation_id, a.external_id))
-            elif k == k_kernel:
-                kernels.append(
-                    (
-                        a.correlation_id,
-                        a.start,
-                        a.end,
-                        a.stream_id,
-                        a.device_id,
-                        a.grid_x,
-                        a.grid_y,
-                        a.grid_z,
-                        a.block_x,
-                        a.block_y,
-                        a.block_z,
-                    )
-                )
-                if named:
-                    kernel_names.append(_kernel_name(a))
-            elif k == k_memcpy:
-                copies.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
-                if named:
-                    copy_names.append(memcpy_name(a.copy_kind, a.src_kind, a.dst_kind))
-            elif k == k_memset:
-                sets.append((a.correlation_id, a.start, a.end, a.stream_id, a.device_id, a.bytes))
-                if named:
-                    set_names.append(memset_name(a.memory_kind))
-            elif k in api_codes:
-                api.append((a.correlation_id, a.start, a.end, a.cbid, a.thread_id, api_codes[k]))
+            if a.kind in kinds:
+                name, fields = kinds[a.kind]
+                if name == "ext" and a.external_kind != self.custom2:
+                    continue
+                rows[name].append(fields(a))
+                if self.keep_names and name != "ext":
+                    names[name].append(_record_name(name, a))
+            elif a.kind in api_codes:
+                api.append((*api_fields(a), api_codes[a.kind]))
         out = {name: self._rows(name, r) for name, r in rows.items()}
-        if named:
-            out["kernel_name"] = self._interned(kernel_names)
-            out["memcpy_name"] = self._interned(copy_names)
-            out["memset_name"] = self._interned(set_names)
+        if self.keep_names:
+            out.update({f"{name}_name": self._interned(found) for name, found in names.items()})
             out["api"] = self._rows("api", api)
         return out
 
@@ -317,6 +289,15 @@ class _RecordParser:
         return np.array(rows, dtype=dtype)
 
 
+def _record_name(kind: str, record) -> str:
+    """The name a trace shows for a kernel, memcpy or memset record object."""
+    if kind == "memcpy":
+        return memcpy_name(record.copy_kind, record.src_kind, record.dst_kind)
+    if kind == "memset":
+        return memset_name(record.memory_kind)
+    return _kernel_name(record)
+
+
 def _kernel_name(record) -> str:
     """A kernel record's name, demangled as PyTorch's profiler shows it (CUPTI gives the
     mangled symbol: ``_Z28ncclDevKernel_...`` reads ``ncclDevKernel_AllGather_RING(...)``)."""
@@ -324,3 +305,70 @@ def _kernel_name(record) -> str:
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
     return demangle(str(name)) if name else "kernel (no name from CUPTI)"
+
+
+NamedRecords = tuple[np.ndarray, tuple[str, ...], ApiRecords]
+"""Each activity's index into the names, the names, and the API calls (for traces)."""
+_KINDS = (("kernel", KIND_KERNEL), ("memcpy", KIND_MEMCPY), ("memset", KIND_MEMSET))
+
+
+def _joined(chunks: list[np.ndarray], width: int | None = None) -> np.ndarray:
+    if chunks:
+        return np.concatenate(chunks)
+    return np.zeros((0, width) if width else 0, dtype=np.int64)
+
+
+def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
+    """The kernel, memcpy and memset rows of a window's buffers (``_RecordParser.parse``), in
+    that order, as one ActivityRecords."""
+    parts = [(code, _joined(chunks[name], len(_FIELDS[name]))) for name, code in _KINDS]
+    kernel = parts[0][1]
+    n = sum(p.shape[0] for _, p in parts)
+
+    def column(i: int) -> np.ndarray:
+        return np.concatenate([p[:, i] for _, p in parts])
+
+    def kernel_only(i: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int32)
+        out[: kernel.shape[0]] = kernel[:, i]
+        return out
+
+    size_bytes = np.zeros(n, dtype=np.int64)
+    size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for _, p in parts[1:]])
+    return ActivityRecords(
+        correlation_id=column(0).astype(np.uint64),
+        start_ns=column(1),
+        end_ns=column(2),
+        kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
+        stream_id=column(3),
+        device_id=column(4).astype(np.int32),
+        size_bytes=size_bytes,
+        grid_x=kernel_only(5),
+        grid_y=kernel_only(6),
+        grid_z=kernel_only(7),
+        block_x=kernel_only(8),
+        block_y=kernel_only(9),
+        block_z=kernel_only(10),
+    )
+
+
+def external_correlation(chunks: list[np.ndarray]) -> ExternalCorrelation:
+    """The CUSTOM2 correlation rows of a window's buffers."""
+    table = np.concatenate(chunks) if chunks else np.zeros((0, 2), dtype=np.uint64)
+    return ExternalCorrelation(correlation_id=table[:, 0].copy(), external_id=table[:, 1].copy())
+
+
+def named_records(chunks: dict[str, list[np.ndarray]], names: tuple[str, ...]) -> NamedRecords:
+    """The name rows (in ``activity_records``' order) and the API calls of a window's
+    buffers, parsed with names kept."""
+    name_index = np.concatenate([_joined(chunks[f"{k}_name"]) for k, _ in _KINDS])
+    rows = _joined(chunks["api"], 6)
+    api = ApiRecords(
+        correlation_id=rows[:, 0].copy(),
+        start_ns=rows[:, 1].copy(),
+        end_ns=rows[:, 2].copy(),
+        cbid=rows[:, 3].astype(np.int32),
+        thread_id=rows[:, 4].copy(),
+        api=rows[:, 5].astype(np.uint8),
+    )
+    return name_index.astype(np.int32), names, api

@@ -13,12 +13,10 @@ class CuptiWindowProfiler(Profiler):
     """Every kernel, memcpy and memset of a window attributed to its (block, iteration)."""
 
     name = "cupti"
-    description = "CUPTI activity records attributed by external correlation id"
 
     def __init__(self, *, trace: bool = False) -> None:
         """``trace``: keep each window's named activities and API calls (``--trace``)."""
         self.cupti = CuptiProfiler(keep_activities=trace)
-        self.last_attribution = None
 
     def start(self) -> None:
         self.cupti.start()
@@ -44,7 +42,6 @@ class CuptiWindowProfiler(Profiler):
 
     def end_window(self) -> WindowTimings:
         att = self.cupti.end_window()
-        self.last_attribution = att
         present = self._present
         gate = att.gate_end_ns
         if gate is not None and (np.asarray(gate) <= 0).any():
@@ -56,14 +53,7 @@ class CuptiWindowProfiler(Profiler):
             clock="cupti",
             gate_open_ns=gate,
             activity_counts=att.activity_count.sum(axis=1),
-            kernel_ctas_max=np.array([max(g, default=0) for g in att.grid_ctas], dtype=np.int64),
-            extra={
-                "kernel_count": att.kernel_count,
-                "memcpy_count": att.memcpy_count,
-                "memset_count": att.memset_count,
-                "grid_ctas": att.grid_ctas,
-                "stream_ids": att.stream_ids,
-            },
+            kernel_ctas_max=att.kernel_ctas_max,
             activities=self.cupti.last_activities,
         )
 

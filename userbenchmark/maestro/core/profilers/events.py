@@ -16,7 +16,6 @@ class EventProfiler(Profiler):
     """Start/end CUDA events per (block, iteration), all relative to one reference event."""
 
     name = "events"
-    description = "CUDA events on the lane streams (coarser: stream-level, ~0.5 µs)"
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray

@@ -14,7 +14,6 @@ class HostProfiler(Profiler):
     """Each block runs synchronously on its lane thread, so host time is the block's time."""
 
     name = "host"
-    description = "host perf_counter_ns around each block (CPU lanes)"
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray

@@ -1,0 +1,144 @@
+"""The layout that ``trace.json`` and the per-rank traces share: patterns one after another on
+one time axis, rebased to one origin where the ranks share a clock (else each rank to its own),
+and the Trace Event Format's named tracks and complete events."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..analysis.records import PatternOutcome, RankTimeline, Timeline
+
+PATTERN_GAP_FRACTION = 0.1
+"""Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""
+PATTERN_GAP_MIN_US = 10.0
+"""Smallest gap between two patterns, in microseconds."""
+PROCESS_ID_OFFSET = 1
+"""A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
+
+Extent = Callable[[RankTimeline, np.ndarray, np.ndarray, np.ndarray], tuple[int, int]]
+
+
+def interval_extent(
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
+) -> tuple[int, int]:
+    """A rank's first start and last end over the blocks it runs."""
+    return int(starts[present].min()), int(ends[present].max())
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """One rank's share of one pattern: its intervals and extent on its own clock."""
+
+    rt: RankTimeline
+    starts: np.ndarray
+    ends: np.ndarray
+    present: np.ndarray
+    lo_ns: int
+    hi_ns: int
+    origin_ns: int
+    """The clock reading placed at the pattern's ``start_us``."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one pattern lies on the trace's time axis (microseconds)."""
+
+    outcome: PatternOutcome
+    timeline: Timeline
+    parts: tuple[RankPart, ...]
+    start_us: float
+    span_us: float
+    next_us: float
+    """Where the next pattern starts: after this one and its gap."""
+
+    def at(self, part: RankPart, t_ns: int) -> float:
+        """A reading of ``part``'s clock on the trace's axis."""
+        return self.start_us + (t_ns - part.origin_ns) / 1000.0
+
+
+def place_patterns(
+    outcomes: Sequence[PatternOutcome],
+    *,
+    extent: Extent = interval_extent,
+    whole_us: bool = False,
+) -> Iterator[Placement]:
+    """Every outcome whose timeline some rank ran, each placed after the previous one.
+
+    ``extent`` gives a rank's first and last instant of a pattern; ``whole_us`` starts every
+    pattern on a whole microsecond.
+    """
+    start_us = 0.0
+    for outcome in outcomes:
+        timeline = outcome.timeline
+        rows = timeline.rank_arrays() if timeline is not None else []
+        if not rows:
+            continue
+        extents = [extent(*row) for row in rows]
+        common_ns = min(lo for lo, _ in extents)
+        parts = tuple(
+            RankPart(rt, s, e, p, lo, hi, common_ns if timeline.shared_clock else lo)
+            for (rt, s, e, p), (lo, hi) in zip(rows, extents, strict=True)
+        )
+        span_us = max(p.hi_ns - p.origin_ns for p in parts) / 1000.0
+        gap_us = max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us)
+        next_us = start_us + (span_us + gap_us)
+        if whole_us:
+            next_us = float(math.ceil(next_us))
+        yield Placement(outcome, timeline, parts, start_us, span_us, next_us)
+        start_us = next_us
+
+
+class TraceEvents:
+    """The events of one trace file: each process and track named once, then complete events
+    (metadata first, as trace processors expect)."""
+
+    def __init__(self) -> None:
+        self.meta: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._processes: set[int] = set()
+        self._threads: set[tuple[int, int]] = set()
+
+    def process(self, pid: int, name: str, sort_index: int) -> int:
+        """``pid``, named and ordered on its first use."""
+        if pid not in self._processes:
+            self._processes.add(pid)
+            self._meta("process_name", pid, 0, {"name": name})
+            self._meta("process_sort_index", pid, 0, {"sort_index": sort_index})
+        return pid
+
+    def thread(self, pid: int, tid: int, name: str) -> int:
+        """``tid`` of ``pid``, named (and ordered by tid) on its first use."""
+        if (pid, tid) not in self._threads:
+            self._threads.add((pid, tid))
+            self._meta("thread_name", pid, tid, {"name": name})
+            self._meta("thread_sort_index", pid, tid, {"sort_index": tid})
+        return tid
+
+    def _meta(self, name: str, pid: int, tid: int, args: dict[str, Any]) -> None:
+        self.meta.append({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args})
+
+    def complete(
+        self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
+    ) -> None:
+        """One slice ("X" event); times in microseconds."""
+        self.events.append(
+            {
+                "name": name,
+                "cat": cat,
+                "ph": "X",
+                "ts": ts,
+                "dur": max(dur, 0.0),
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
+
+    def all(self) -> list[dict[str, Any]]:
+        """Metadata, then slices."""
+        return self.meta + self.events
