@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for variant in VARIANTS[2:]:
         for op in OPS:
-            print(f"attribution {variant} {op}: {rows.get(variant, {}).get(op, {}).get('attribution')}")
+            print(
+                f"attribution {variant} {op}: {rows.get(variant, {}).get(op, {}).get('attribution')}"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -134,13 +134,13 @@ def _child(argv: list[str]) -> tuple[float, float]:
     return float(wall), float(peak_kb) / 1024.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=200.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--source", type=Path, default=SOURCE)
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "big.json"
         facts = build_trace(args.source, trace, args.size_mb)
@@ -185,6 +185,7 @@ def main() -> None:
     write_json(
         args.json,
         {
+            "benchmark": "import_trace",
             "machine": machine_info(),
             "trace": facts,
             "import_wall_s": walls,
@@ -193,7 +194,8 @@ def main() -> None:
             "json_load_peak_mb": json_peak,
         },
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

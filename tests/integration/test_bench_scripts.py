@@ -22,6 +22,7 @@ TINY = {
     "overhead_cpu": ["--sizes", "4K", "--iters", "3", "--warmup", "1", "--reps", "1", "--no-cli"],
     "alignment_cpu": ["--sizes", "4K", "--iters", "3", "--warmup", "1", "--reps", "1"],
     "fidelity_gpu": ["--iters", "2", "--warmup", "1"],  # without CUDA: a message, exit 0
+    "import_trace": ["--size-mb", "1", "--repeats", "1"],
 }
 """Options of each script's tiny run (``python -m bench.NAME OPTIONS --json FILE``)."""
 
