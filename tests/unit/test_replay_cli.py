@@ -3,6 +3,7 @@ imported pattern run on CPU."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -120,10 +121,11 @@ def test_a_corrupt_trace_is_refused_by_the_real_command(tmp_path):
     [(lambda: [compute_rank()], []), (lambda: [ddp_rank(0), ddp_rank(1)], ["--nproc", "2"])],
     ids=["one-rank", "two-ranks"],
 )
-def test_an_imported_step_runs_on_cpu(tmp_path, builders, launch):
+def test_an_imported_step_runs_on_cpu_and_reports_its_fidelity(tmp_path, builders, launch, capfd):
     traces = write_all(builders(), tmp_path / "traces")
     out = tmp_path / "step.yaml"
     assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
+    capfd.readouterr()
     argv = [
         "run",
         "-c",
@@ -137,35 +139,18 @@ def test_an_imported_step_runs_on_cpu(tmp_path, builders, launch):
         "1",
         "--no-baseline",
         "--no-metrics",
+        "--output-dir",
+        str(tmp_path / "out"),
     ]
     assert cli.main(argv) == 0
-
-
-def test_an_imported_step_runs_on_cpu_with_the_new_keys_set_aside(tmp_path, capsys):
-    """Until the new keys land, the rest of an imported file (axes, lanes, sizes, GEMMs) must
-    already run: the same file with sleep for busy and without after/traced_us."""
-    from .test_replay_import import without_new_keys
-
-    traces = write_all([compute_rank()], tmp_path / "traces")
-    out = tmp_path / "step.yaml"
-    assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
-    plain = tmp_path / "plain.yaml"
-    plain.write_text(yaml.safe_dump(without_new_keys(yaml.safe_load(out.read_text()))))
-    argv = [
-        "run",
-        "-c",
-        str(plain),
-        "--max-size",
-        "64K",
-        "--iters",
-        "2",
-        "--warmup-iters",
-        "1",
-        "--no-baseline",
-        "--no-metrics",
-    ]
-    assert cli.main(argv) == 0
-    assert "gemm" in capsys.readouterr().out
+    assert "replayed against the trace" in capfd.readouterr().out
+    blocks = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert blocks and all(b["traced_us"] >= 0 and b["replay_ratio"] > 0 for b in blocks)
+    (step,) = json.loads((tmp_path / "out" / "patterns.json").read_text())
+    assert step["replay_ratio"] == pytest.approx(step["makespan_avg_us"] / step["traced_us"])
+    ranks = json.loads(step["replay_by_rank"])
+    assert [r["rank"] for r in ranks] == list(range(len(builders())))
+    assert all(r["ci_low"] <= r["ratio"] <= r["ci_high"] for r in ranks)
 
 
 def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):

@@ -22,7 +22,7 @@ from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import import_traces
 
-from .test_replay_import import blocks_of, by_op, check_structure, without_new_keys
+from .test_replay_import import blocks_of, by_op, check_structure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 FOLDERS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -79,7 +79,7 @@ def replayed_calls(text: str, data: dict, rank: int) -> tuple[Counter, Counter, 
         m[1]: [tuple(int(r) for r in e.split("->")) for e in m[2].split(", ")]
         for m in ONE_WAY.finditer(text)
     }
-    spec = load_suite_text(yaml.safe_dump(without_new_keys(data)))
+    spec = load_suite_text(yaml.safe_dump(data))
     calls, size = Counter(), Counter()
     gemms = 0
     for block in spec.patterns[0].blocks:

@@ -21,7 +21,8 @@ _YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 TRACED_US_RULE = (
     "traced_us: the longest of the ranks' own durations in the trace (of a block, first "
     "start to last end of its device work; of the pattern, of the step's device work), as "
-    "maestro's latency is the longest of the ranks' (nccl-tests -I); ranks' own spans above"
+    "maestro's latency is the longest of the ranks' (nccl-tests -I); each rank's own step: "
+    "traced_by_rank_us"
 )
 
 
@@ -249,6 +250,7 @@ def render(imp: Imported, *, name: str, command: str) -> str:
         "patterns:",
         f"  - name: {scalar(step)}",
         f"    traced_us: {scalar(round(max(imp.step_us().values()), 1))}",
+        f"    traced_by_rank_us: {flow_item([round(us, 1) for _, us in sorted(imp.step_us().items())])}",
         "    blocks:",
     ]
     for block in blocks:
