@@ -320,7 +320,7 @@ def test_header_names_traces_step_world_and_what_is_approximated(tmp_path):
     _, text, _ = imported(tmp_path / "ddp", [ddp_rank(r) for r in range(2)])
     header = [line for line in text.splitlines() if line.startswith("#")]
     joined = "\n".join(header)
-    assert "Step: ProfilerStep#5 (the last step complete on every rank); world size 2" in joined
+    assert "Step: ProfilerStep#5 (the last step complete on every rank)\n# World size: 2" in joined
     assert f"rank 1: {tmp_path / 'ddp' / 'rank1.json.gz'}" in joined
     assert "Approximations:" in joined and "`busy` stand-ins" in joined
     assert "traced_us: the longest of the ranks' own durations" in joined

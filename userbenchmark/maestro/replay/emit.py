@@ -87,7 +87,6 @@ def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, obj
 
 
 def _header(imp: Imported, command: str) -> list[str]:
-    step_us = imp.step_us()
     chosen = (
         "chosen with --step"
         if imp.options.step is not None
@@ -96,15 +95,14 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines = [
         "Imported from torch.profiler (Kineto) traces by",
         f"  {command}",
-        f"Step: {imp.step_name} ({chosen}); world size {imp.world_size}",
+        f"Step: {imp.step_name} ({chosen})",
+        f"World size: {imp.world_size}",
     ]
     devices = sorted({t.device for t in imp.traces if t.device})
     if devices:
         lines.append(f"Traced on: {', '.join(devices)}")
     lines.append("Traces:")
     lines += [f"  rank {t.rank}: {t.path}" for t in imp.traces]
-    spans = ", ".join(f"rank {r}: {us:.1f}" for r, us in sorted(step_us.items()))
-    lines.append(f"Step on the device, µs: {spans}")
     lines.append(TRACED_US_RULE)
     lines += _roles_lines(imp)
     lines += _deps_lines(imp)
