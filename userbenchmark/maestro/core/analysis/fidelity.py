@@ -1,12 +1,6 @@
-"""Replay fidelity: an imported pattern's replayed durations against the trace's.
-
-Per block, its mean latency against its ``traced_us``; per pattern, the mean makespan against
-the step's ``traced_us``, and each rank's mean makespan against that rank's traced step
-(``traced_by_rank_us``). Every ratio is replayed / traced and carries the 95 % interval of the
-replayed mean over the measured iterations, divided by the traced duration: the trace is one
-sample of one step, so it has no interval of its own. Pure numpy: the runtime passes what its
-ranks measured.
-"""
+"""An imported pattern's replay against its trace: each block's mean latency, the step's mean
+makespan and each rank's over their traced durations, with the 95 % interval of the replayed
+mean (the trace is one sample of one step: it has no interval of its own)."""
 
 from __future__ import annotations
 
@@ -65,9 +59,8 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
 def with_fidelity(
     outcome: PatternOutcome, pattern: PatternSpec, agg: WindowAggregate, steps_ns: np.ndarray
 ) -> PatternOutcome:
-    """The outcome with its replay figures: each block's and the step's replayed / traced
-    ratio and interval, and every rank's step (``steps_ns``: :func:`rank_steps` summed over
-    ranks)."""
+    """The outcome with each block's and the step's replayed / traced ratio and interval, and
+    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks)."""
     blocks = tuple(
         _with_ratio(record, spec.traced_us, agg.latency_ns[b])
         for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True))
@@ -81,12 +74,12 @@ def with_fidelity(
 
 def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[str, Any]:
     """One rank's entry of ``replay_by_rank`` (null where unknown)."""
-    value, low, high = ratio(steps_ns, traced_us)
     replayed = float(np.nanmean(steps_ns)) / 1e3 if np.isfinite(steps_ns).any() else math.nan
-    figures = {"traced_us": traced_us, "replayed_us": replayed, "ratio": value}
-    figures |= {"ci_low": low, "ci_high": high}
+    names = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
+    values = (traced_us, replayed, *ratio(steps_ns, traced_us))
     return {"rank": rank} | {
-        k: round(v, 4) if v is not None and math.isfinite(v) else None for k, v in figures.items()
+        k: round(v, 4) if v is not None and math.isfinite(v) else None
+        for k, v in zip(names, values, strict=True)
     }
 
 
