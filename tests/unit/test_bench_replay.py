@@ -21,7 +21,12 @@ def _run(ratio, late):
     block = {"block": "mm", "op": "gemm", "work": "m=1 n=1 k=1", "traced_us": 100.0}
     block |= {"latency_avg_us": 100.0 * ratio, "enqueue_avg_us": 20.0}
     block |= _ratio(ratio, ratio - 0.001, ratio + 0.001)
-    pattern = {"traced_us": 100.0, "makespan_avg_us": 100.0, "host_late_iters": late}
+    pattern = {
+        "traced_us": 100.0,
+        "makespan_avg_us": 100.0,
+        "host_late_iters": late,
+        "profiler": "cupti",
+    }
     pattern |= {"gate_spin_us": 50.0, "enqueue_max_us": 30.0} | _ratio(1.0, 0.99, 1.01)
     return {"blocks": [block], "pattern": pattern, "wall_s": 1.0}
 
