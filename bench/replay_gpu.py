@@ -13,9 +13,9 @@ markdown, each replayed figure over its traced one with the 95 % interval of the
   (``enqueue_avg_us``), eager against graphs.
 
 A figure is "within" its target when |ratio - 1| is at most the target, "outside" only when the
-whole interval is beyond it, else "within noise of the target". Two maestro runs of about
-15 s each on one H200. Exits 0 with a message without CUDA; 1 when a figure is outside its
-target, or a run fails.
+whole interval is beyond it, else "within noise of the target". Two maestro runs of 60
+iterations of an 11.6 ms step each, plus their start-up. Exits 0 with a message without CUDA;
+1 when a figure is outside its target, an iteration was launch-bound, or a run fails.
 
 Run: ``python bench/replay_gpu.py --json replay.json`` (or ``python -m bench.replay_gpu``).
 """
