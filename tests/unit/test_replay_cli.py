@@ -3,6 +3,7 @@ imported pattern run on CPU."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -115,57 +116,31 @@ def test_a_corrupt_trace_is_refused_by_the_real_command(tmp_path):
     assert done.stderr.startswith("maestro: invalid trace:") and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(
-    ("builders", "launch"),
-    [(lambda: [compute_rank()], []), (lambda: [ddp_rank(0), ddp_rank(1)], ["--nproc", "2"])],
-    ids=["one-rank", "two-ranks"],
-)
-def test_an_imported_step_runs_on_cpu(tmp_path, builders, launch):
-    traces = write_all(builders(), tmp_path / "traces")
-    out = tmp_path / "step.yaml"
-    assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
-    argv = [
-        "run",
-        "-c",
-        str(out),
-        *launch,
-        "--max-size",
-        "64K",
-        "--iters",
-        "2",
-        "--warmup-iters",
-        "1",
-        "--no-baseline",
-        "--no-metrics",
-    ]
+def _replay_on_cpu(config: str, nproc: int, out: Path, capfd) -> None:
+    """Run an imported file on CPU as the docs do; its report and files hold the fidelity."""
+    argv = ["run", "-c", config, "--nproc", str(nproc), "--max-size", "64K", "--iters", "2"]
+    argv += ["--warmup-iters", "1", "--no-baseline", "--no-metrics", "--output-dir", str(out)]
     assert cli.main(argv) == 0
+    assert "replayed against the trace" in capfd.readouterr().out
+    blocks = json.loads((out / "results.json").read_text())
+    assert blocks and all(b["traced_us"] >= 0 and b["replay_ratio"] > 0 for b in blocks)
+    (step,) = json.loads((out / "patterns.json").read_text())
+    assert step["replay_ratio"] == pytest.approx(step["makespan_avg_us"] / step["traced_us"])
+    ranks = json.loads(step["replay_by_rank"])
+    assert [r["rank"] for r in ranks] == list(range(nproc))
+    assert all(r["ci_low"] <= r["ratio"] <= r["ci_high"] for r in ranks)
 
 
-def test_an_imported_step_runs_on_cpu_with_the_new_keys_set_aside(tmp_path, capsys):
-    """Until the new keys land, the rest of an imported file (axes, lanes, sizes, GEMMs) must
-    already run: the same file with sleep for busy and without after/traced_us."""
-    from .test_replay_import import without_new_keys
-
+def test_an_imported_step_runs_on_cpu_and_reports_its_fidelity(tmp_path, capfd):
     traces = write_all([compute_rank()], tmp_path / "traces")
     out = tmp_path / "step.yaml"
     assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
-    plain = tmp_path / "plain.yaml"
-    plain.write_text(yaml.safe_dump(without_new_keys(yaml.safe_load(out.read_text()))))
-    argv = [
-        "run",
-        "-c",
-        str(plain),
-        "--max-size",
-        "64K",
-        "--iters",
-        "2",
-        "--warmup-iters",
-        "1",
-        "--no-baseline",
-        "--no-metrics",
-    ]
-    assert cli.main(argv) == 0
-    assert "gemm" in capsys.readouterr().out
+    capfd.readouterr()
+    _replay_on_cpu(str(out), 1, tmp_path / "out", capfd)
+
+
+def test_the_shipped_imported_step_runs_on_cpu_at_two_ranks(tmp_path, capfd):
+    _replay_on_cpu("fsdp2_replay", 2, tmp_path, capfd)
 
 
 def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):

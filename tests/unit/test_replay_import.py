@@ -4,7 +4,6 @@ without shapes, step choice, idle gaps, and files that are not one run's step.""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -45,19 +44,6 @@ def by_op(data: dict, op: str) -> list[dict]:
     return [b for b in blocks_of(data) if b["op"] == op]
 
 
-def without_new_keys(data: dict) -> dict:
-    """The file as this maestro's loader knows it: no after/traced_us, sleep for busy."""
-    data = copy.deepcopy(data)
-    for pattern in data["patterns"]:
-        pattern.pop("traced_us", None)
-        for block in pattern["blocks"]:
-            block.pop("traced_us", None)
-            block.pop("after", None)
-            if block["op"] == "busy":
-                block["op"] = "sleep"
-    return data
-
-
 def check_structure(data: dict) -> None:
     """What every imported file must hold, whatever the loader knows."""
     blocks = blocks_of(data)
@@ -76,8 +62,11 @@ def check_structure(data: dict) -> None:
             axis = block.get("axis", "world")
             lanes.setdefault(axis, set()).add(block.get("lane", axis))
     assert all(len(v) == 1 for v in lanes.values()), f"one communicator on two lanes: {lanes}"
-    assert data["patterns"][0]["traced_us"] > 0
-    load_suite_text(yaml.safe_dump(without_new_keys(data)))
+    pattern = data["patterns"][0]
+    assert pattern["traced_us"] > 0
+    assert len(pattern["traced_by_rank_us"]) == data["world_size"]
+    assert max(pattern["traced_by_rank_us"]) == pattern["traced_us"]
+    load_suite_text(yaml.safe_dump(data))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,7 +320,7 @@ def test_header_names_traces_step_world_and_what_is_approximated(tmp_path):
     _, text, _ = imported(tmp_path / "ddp", [ddp_rank(r) for r in range(2)])
     header = [line for line in text.splitlines() if line.startswith("#")]
     joined = "\n".join(header)
-    assert "Step: ProfilerStep#5 (the last step complete on every rank); world size 2" in joined
+    assert "Step: ProfilerStep#5 (the last step complete on every rank)\n# World size: 2" in joined
     assert f"rank 1: {tmp_path / 'ddp' / 'rank1.json.gz'}" in joined
     assert "Approximations:" in joined and "`busy` stand-ins" in joined
     assert "traced_us: the longest of the ranks' own durations" in joined

@@ -22,7 +22,7 @@ from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import import_traces
 
-from .test_replay_import import blocks_of, by_op, check_structure, without_new_keys
+from .test_replay_import import blocks_of, by_op, check_structure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 FOLDERS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -79,7 +79,7 @@ def replayed_calls(text: str, data: dict, rank: int) -> tuple[Counter, Counter, 
         m[1]: [tuple(int(r) for r in e.split("->")) for e in m[2].split(", ")]
         for m in ONE_WAY.finditer(text)
     }
-    spec = load_suite_text(yaml.safe_dump(without_new_keys(data)))
+    spec = load_suite_text(yaml.safe_dump(data))
     calls, size = Counter(), Counter()
     gemms = 0
     for block in spec.patterns[0].blocks:
@@ -180,3 +180,22 @@ def test_one_rank_compute_step(folder):
     assert data["world_size"] == 1
     assert {b.get("lane") for b in blocks_of(data)} == {"compute"}
     assert len(by_op(data, "gemm")) == 24
+
+
+def test_the_shipped_imported_pattern_is_what_import_trace_writes(monkeypatch):
+    """configs/fsdp2_replay.yaml: its own preamble, then exactly the file `import-trace` writes
+    today from tests/data/traces/fsdp2_2ranks with the command its header names."""
+    repo = DATA.parents[2]
+    shipped = (repo / "userbenchmark" / "maestro" / "configs" / "fsdp2_replay.yaml").read_text()
+    command = re.search(r"^#   (python -m userbenchmark\.maestro import-trace .*)$", shipped, re.M)
+    assert command is not None
+    args = command[1].split()
+    assert args[4:] == [
+        "tests/data/traces/fsdp2_2ranks",
+        "-o",
+        "userbenchmark/maestro/configs/fsdp2_replay.yaml",
+    ]
+    monkeypatch.chdir(repo)  # the header names the traces as the command gave them
+    fresh = render(import_traces([args[4]]), name="fsdp2_replay", command=command[1])
+    preamble, body = shipped.split("\n#\n", 1)
+    assert body == fresh and "time-sharing one H200" in preamble

@@ -60,6 +60,7 @@ STRING_COLUMNS = {
     "sync",
     "block_a",
     "block_b",
+    "replay_by_rank",
 }
 
 

@@ -21,7 +21,8 @@ _YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 TRACED_US_RULE = (
     "traced_us: the longest of the ranks' own durations in the trace (of a block, first "
     "start to last end of its device work; of the pattern, of the step's device work), as "
-    "maestro's latency is the longest of the ranks' (nccl-tests -I); ranks' own spans above"
+    "maestro's latency is the longest of the ranks' (nccl-tests -I); each rank's own step: "
+    "traced_by_rank_us"
 )
 
 
@@ -86,7 +87,6 @@ def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, obj
 
 
 def _header(imp: Imported, command: str) -> list[str]:
-    step_us = imp.step_us()
     chosen = (
         "chosen with --step"
         if imp.options.step is not None
@@ -95,15 +95,14 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines = [
         "Imported from torch.profiler (Kineto) traces by",
         f"  {command}",
-        f"Step: {imp.step_name} ({chosen}); world size {imp.world_size}",
+        f"Step: {imp.step_name} ({chosen})",
+        f"World size: {imp.world_size}",
     ]
     devices = sorted({t.device for t in imp.traces if t.device})
     if devices:
         lines.append(f"Traced on: {', '.join(devices)}")
     lines.append("Traces:")
     lines += [f"  rank {t.rank}: {t.path}" for t in imp.traces]
-    spans = ", ".join(f"rank {r}: {us:.1f}" for r, us in sorted(step_us.items()))
-    lines.append(f"Step on the device, µs: {spans}")
     lines.append(TRACED_US_RULE)
     lines += _roles_lines(imp)
     lines += _deps_lines(imp)
@@ -249,6 +248,7 @@ def render(imp: Imported, *, name: str, command: str) -> str:
         "patterns:",
         f"  - name: {scalar(step)}",
         f"    traced_us: {scalar(round(max(imp.step_us().values()), 1))}",
+        f"    traced_by_rank_us: {flow_item([round(us, 1) for _, us in sorted(imp.step_us().items())])}",
         "    blocks:",
     ]
     for block in blocks:

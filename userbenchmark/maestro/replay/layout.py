@@ -145,6 +145,9 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
         block.lane = layout.lane_names[lane_of[id(block)]]
     _link_after(blocks)
     layout.blocks = _ordered(blocks)
+    position = {id(b): i for i, b in enumerate(layout.blocks)}
+    for block in layout.blocks:  # in file order: the same file from the same traces
+        block.after.sort(key=lambda b: position[id(b)])
     _name_blocks(layout.blocks)
     used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]

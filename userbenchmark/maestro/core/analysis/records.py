@@ -128,6 +128,14 @@ class BlockResult:
     ``nccl: {max_ctas: N}`` shows here as at most N for the axis's NCCL kernels."""
     enqueue_avg_us: float = math.nan
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
+    traced_us: float = math.nan
+    """The block's duration in the trace it was imported from (its ``traced_us``; NaN: none)."""
+    replay_ratio: float = math.nan
+    """Replayed / traced: latency_avg_us / traced_us."""
+    replay_ratio_ci_low: float = math.nan
+    replay_ratio_ci_high: float = math.nan
+    """95 % interval of replay_ratio: the replayed mean's over iterations / traced_us (the
+    trace is one sample, without an interval of its own)."""
     profiler: str = ""
     ranks_per_gpu: int | None = None
     """Ranks sharing one GPU (1 normally; more only in NCCL's multi-rank test mode, whose
@@ -184,6 +192,17 @@ class PatternResult:
     """Longest host enqueue of one iteration, gate included (CUDA; max over ranks)."""
     host_late_iters: int | None = None
     """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
+    traced_us: float = math.nan
+    """The traced step: the pattern's ``traced_us`` (the longest rank's; NaN: none)."""
+    replay_ratio: float = math.nan
+    """Replayed / traced step: makespan_avg_us / traced_us."""
+    replay_ratio_ci_low: float = math.nan
+    replay_ratio_ci_high: float = math.nan
+    """95 % interval of replay_ratio (see BlockResult.replay_ratio_ci_high)."""
+    replay_by_rank: str = ""
+    """Each rank's step as JSON, ``[{"rank": 0, "traced_us": .., "replayed_us": .., "ratio":
+    .., "ci_low": .., "ci_high": ..}, ...]``: its own traced step against its own mean
+    makespan (null: unknown); empty for a pattern without traced durations."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
     ranks_per_gpu: int | None = None

@@ -16,7 +16,7 @@ from .axes import AxisDraft
 from .blocks import OpResolver, check_block, traced_duration_us
 from .dependencies import check_after
 from .problems import Problems, index, join
-from .spec import SYNC_MODES, BlockSpec, PatternSpec
+from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
 from .sweep import (
     MAX_SWEEP_POINTS,
     SweepVariable,
@@ -52,7 +52,7 @@ DEFAULT_KEYS: Final = (
     "graph",
     "register_buffers",
 )
-PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", *DEFAULT_KEYS)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
     "warmup_iters": 5,
@@ -290,6 +290,7 @@ def _pattern_point(
 ) -> PatternSpec | None:
     settings = check_settings(p, body, path, defaults)
     traced_us = traced_duration_us(p, body, path)
+    traced_by_rank = _traced_by_rank_us(p, body, path, axes[WORLD_AXIS].teams)
     raw_blocks = body.get("blocks")
     if "blocks" not in body:
         p.add(join(path, "blocks"), "missing required key 'blocks' (a list of blocks)")
@@ -357,5 +358,21 @@ def _pattern_point(
         sync=settings["sync"],
         graph=settings["graph"],
         traced_us=traced_us,
+        traced_by_rank_us=traced_by_rank,
         yaml_path=path,
     )
+
+
+def _traced_by_rank_us(
+    p: Problems, body: dict[Any, Any], path: str, world: tuple[tuple[int, ...], ...] | None
+) -> tuple[float, ...]:
+    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank."""
+    if "traced_by_rank_us" not in body:
+        return ()
+    where, value = join(path, "traced_by_rank_us"), body["traced_by_rank_us"]
+    size = len(world[0]) if world else None
+    if not isinstance(value, list) or len(value) != (size or len(value)):
+        count = f"{size} durations" if size else "durations"
+        p.add(where, f"expected a list of {count} in µs, one per rank, got {p.show(where, value)}")
+        return ()
+    return tuple(p.number(v, index(where, i), minimum=0.0) or 0.0 for i, v in enumerate(value))

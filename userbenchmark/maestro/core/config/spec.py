@@ -102,6 +102,8 @@ class PatternSpec:
     """Each block's launch is captured once into a CUDA graph and replayed per iteration."""
     traced_us: float | None = None
     """The traced step's duration, for a pattern imported from a trace (``import-trace``)."""
+    traced_by_rank_us: tuple[float, ...] = ()
+    """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
 
     def block(self, name: str) -> BlockSpec:

@@ -6,8 +6,10 @@ unit); p99 is shown only when the iteration count makes it differ from the max.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from tabulate import tabulate
 
@@ -150,6 +152,34 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     return "\n".join(lines)
 
 
+def _replay_row(name: str, op: str, *figures: Any) -> list[str]:
+    traced, replayed, ratio, low, high = figures
+    bounds = (
+        f" [{_num(low, 3)}, {_num(high, 3)}]" if low is not None and not math.isnan(low) else ""
+    )
+    return [name, op, _num(traced, 1), _num(replayed, 1), _num(ratio, 3) + bounds]
+
+
+def format_fidelity(outcome: PatternOutcome) -> str:
+    """An imported pattern against its trace: each block, the step and each rank's step,
+    replayed / traced (empty for a pattern without traced durations)."""
+    p = outcome.pattern
+    ci = lambda r: (r.replay_ratio, r.replay_ratio_ci_low, r.replay_ratio_ci_high)  # noqa: E731
+    rows = [
+        _replay_row(b.block, b.op, b.traced_us, b.latency_avg_us, *ci(b))
+        for b in outcome.blocks
+        if not math.isnan(b.traced_us)
+    ]
+    if not math.isnan(p.traced_us):
+        rows.append(_replay_row("step (makespan)", "", p.traced_us, p.makespan_avg_us, *ci(p)))
+    for r in json.loads(p.replay_by_rank or "[]"):
+        keys = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
+        rows.append(_replay_row(f"step, rank {r['rank']}", "", *(r[k] for k in keys)))
+    headers = ["replayed against the trace", "op", "traced µs", "replayed µs"]
+    headers.append("replayed / traced [95 % interval; the trace is one sample]")
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) if rows else ""
+
+
 def format_sweep_summary(
     points: Sequence[tuple[str, PatternOutcome]], *, precision: int = 2, unit: str
 ) -> str:
@@ -192,7 +222,8 @@ class Tables:
         unit = self._units.setdefault(spec.base_name, pattern_unit(outcome))
         label = ",".join(f"{name}={value}" for name, value in spec.sweep_point) or spec.name
         self._points.setdefault(spec.base_name, []).append((label, outcome))
-        return format_pattern(outcome, precision=self.precision, unit=unit)
+        text = format_pattern(outcome, precision=self.precision, unit=unit)
+        return "\n".join(filter(None, (text, format_fidelity(outcome))))
 
     def sweep_summaries(self) -> list[str]:
         """One table per sweep that finished at least two points."""

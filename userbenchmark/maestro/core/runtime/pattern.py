@@ -19,6 +19,7 @@ from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
+from ..analysis import fidelity
 from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
@@ -364,6 +365,11 @@ class PatternRun:
             backend=self.rt.dist.backend,
         )
 
+    def rank_steps(self, timings: WindowTimings) -> np.ndarray:
+        """(world, iters): every rank's makespan per iteration (ns), on every rank."""
+        mine = fidelity.rank_steps(timings, self.rt.dist.rank, self.rt.dist.world_size)
+        return torch_reducer(self.rt.sync_group)(mine, "sum")
+
     def check(self) -> np.ndarray:
         wrong = np.zeros(len(self.names))
         for block in self.blocks:
@@ -458,6 +464,9 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
 
         timings, host = _phase(rt, "measure", name, measure)
         agg, timeline = _phase(rt, "analysis", name, lambda: run.analyse(timings, host))
+        steps = None
+        if fidelity.has_traced(pattern):  # an imported step reports every rank's makespan
+            steps = _phase(rt, "analysis", name, lambda: run.rank_steps(timings))
         isolated = Isolated.unmeasured(len(run.names))
         if pattern.baseline and len(run.names) > 1:
 
@@ -513,6 +522,8 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         notes=run.notes,
         ranks_per_gpu=rt.dist.ranks_per_gpu,
     )
+    if steps is not None:
+        outcome = fidelity.with_fidelity(outcome, pattern, agg, steps)
     if timeline is not None:
         outcome = dataclasses.replace(outcome, timeline=timeline)
     return outcome

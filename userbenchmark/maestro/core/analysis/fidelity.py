@@ -1,0 +1,95 @@
+"""An imported pattern's replay against its trace: each block's mean latency, the step's mean
+makespan and each rank's over their traced durations, with the 95 % interval of the replayed
+mean (the trace is one sample of one step: it has no interval of its own)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..config.spec import PatternSpec
+from . import overlap
+from .aggregate import WindowAggregate
+from .intervals import WindowTimings
+from .records import BlockResult, PatternOutcome, PatternResult
+
+R = TypeVar("R", BlockResult, PatternResult)
+RESAMPLES = 1000
+"""Bootstrap resamples of the iterations: enough for the 2.5 % and 97.5 % points."""
+
+
+def has_traced(pattern: PatternSpec) -> bool:
+    """The pattern carries traced durations (it was imported from a trace)."""
+    return pattern.traced_us is not None or any(b.traced_us is not None for b in pattern.blocks)
+
+
+def ratio(durations_ns: np.ndarray, traced_us: float | None) -> tuple[float, float, float]:
+    """(replayed mean / traced, low, high): the mean of the finite per-iteration durations (ns)
+    over a traced duration (µs), with the mean's 95 % percentile-bootstrap interval over
+    iterations (seeded: the same values give the same interval); NaN where unknown."""
+    x = np.asarray(durations_ns, dtype=np.float64) / 1e3
+    x = x[np.isfinite(x)]
+    if traced_us is None or not traced_us > 0 or not x.size:
+        return math.nan, math.nan, math.nan
+    if x.size < 2:
+        return float(x[0]) / traced_us, math.nan, math.nan
+    means = x[np.random.default_rng(0).integers(0, x.size, size=(RESAMPLES, x.size))].mean(1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(x.mean()) / traced_us, float(low) / traced_us, float(high) / traced_us
+
+
+def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray:
+    """(world, iters): this rank's makespan per iteration (ns; NaN: it ran nothing) in its own
+    row, zeros elsewhere, so that a sum over ranks gives every rank's."""
+    present = np.asarray(timings.present, dtype=bool)
+    starts = np.asarray(timings.starts_ns, dtype=np.int64)
+    out = np.zeros((world_size, starts.shape[1]))
+    out[rank] = math.nan
+    if present.any():  # rebased in int64 first: CLOCK_REALTIME ns would lose precision
+        origin = int(starts[present].min())
+        ends = np.asarray(timings.ends_ns, dtype=np.int64) - origin
+        out[rank] = overlap.makespan_ns(starts - origin, ends, present)
+    return out
+
+
+def with_fidelity(
+    outcome: PatternOutcome, pattern: PatternSpec, agg: WindowAggregate, steps_ns: np.ndarray
+) -> PatternOutcome:
+    """The outcome with each block's and the step's replayed / traced ratio and interval, and
+    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks)."""
+    blocks = tuple(
+        _with_ratio(record, spec.traced_us, agg.latency_ns[b])
+        for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True))
+    )
+    traced = dict(enumerate(pattern.traced_by_rank_us))
+    rows = [_rank_row(rank, traced.get(rank), row) for rank, row in enumerate(steps_ns)]
+    result = _with_ratio(outcome.pattern, pattern.traced_us, agg.makespan_ns)
+    result = dataclasses.replace(result, replay_by_rank=json.dumps(rows))
+    return dataclasses.replace(outcome, blocks=blocks, pattern=result)
+
+
+def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[str, Any]:
+    """One rank's entry of ``replay_by_rank`` (null where unknown)."""
+    replayed = float(np.nanmean(steps_ns)) / 1e3 if np.isfinite(steps_ns).any() else math.nan
+    names = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
+    values = (traced_us, replayed, *ratio(steps_ns, traced_us))
+    return {"rank": rank} | {
+        k: round(v, 4) if v is not None and math.isfinite(v) else None
+        for k, v in zip(names, values, strict=True)
+    }
+
+
+def _with_ratio(record: R, traced_us: float | None, durations_ns: np.ndarray) -> R:
+    value, low, high = ratio(durations_ns, traced_us)
+    traced = math.nan if traced_us is None else float(traced_us)
+    return dataclasses.replace(
+        record,
+        traced_us=traced,
+        replay_ratio=value,
+        replay_ratio_ci_low=low,
+        replay_ratio_ci_high=high,
+    )
