@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup-iters", type=int, default=10)
+    parser.add_argument(
+        "--trace", type=Path, default=TRACE, help="folder of per-rank traces of a one-rank step"
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
     info = machine_info()
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     info["gpu"] = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as tmp:
         step = Path(tmp) / "step.yaml"
-        proc = maestro(["import-trace", str(TRACE), "-o", str(step)])
+        proc = maestro(["import-trace", str(args.trace), "-o", str(step)])
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return 1
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replay_gpu: {exc}", file=sys.stderr)
             return 1
     text, ok = report(runs)
-    print(f"# Replay of a one-rank training step ({TRACE.relative_to(REPO_ROOT)})\n")
+    print(f"# Replay of a one-rank training step ({args.trace})\n")
     print(machine_lines(info) + "\n")
     print(text)
     write_json(args.json, {"machine": info, "runs": runs, "within_targets": ok})
