@@ -42,7 +42,7 @@ def test_block_length_follows_the_correlation_of_a_series():
 def test_drift_is_the_move_of_the_level_beyond_noise():
     rng = np.random.default_rng(1)
     steady = [relative_drift(1000 + rng.normal(0, 50, 200)) for _ in range(50)]
-    assert np.median(steady) < 0.002  # iid: half the time exactly 0, else a noise-sized bit
+    assert np.median(steady) < 0.005  # iid: half the time exactly 0, else a noise-sized bit
     step = np.r_[1000 + rng.normal(0, 10, 100), 1100 + rng.normal(0, 10, 100)]
     assert relative_drift(step) == pytest.approx(0.2 / 1.05, rel=0.1)  # twice the step
 

@@ -63,12 +63,7 @@ class Isolated:
 
 _NAN_STATS = LatencyStats(
     count=0,
-    avg_us=math.nan,
-    min_us=math.nan,
-    max_us=math.nan,
-    p50_us=math.nan,
-    p99_us=math.nan,
-    stdev_us=math.nan,
+    **dict.fromkeys(("avg_us", "min_us", "max_us", "p50_us", "p99_us", "stdev_us"), math.nan),
 )
 
 
@@ -83,21 +78,15 @@ def _stats(durations_ns: np.ndarray) -> LatencyStats:
     return stats
 
 
-def _p(values_ns: np.ndarray, q: float) -> float:
+def _us(values_ns: np.ndarray, how: str) -> float:
+    """``mean``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or a p99
+    of fewer than MIN_ITERS_FOR_P99 values)."""
     finite = values_ns[np.isfinite(values_ns)]
-    if not finite.size or (q == 99 and finite.size < MIN_ITERS_FOR_P99):
+    if not finite.size or (how == "p99" and finite.size < MIN_ITERS_FOR_P99):
         return math.nan
-    return percentile_nearest_rank(finite, q) / 1e3
-
-
-def _max_us(values_ns: np.ndarray) -> float:
-    finite = values_ns[np.isfinite(values_ns)]
-    return float(finite.max()) / 1e3 if finite.size else math.nan
-
-
-def _mean_us(values_ns: np.ndarray) -> float:
-    finite = values_ns[np.isfinite(values_ns)]
-    return float(finite.mean()) / 1e3 if finite.size else math.nan
+    if how[0] == "p":
+        return percentile_nearest_rank(finite, float(how[1:])) / 1e3
+    return float(getattr(finite, how)()) / 1e3
 
 
 class _Noise:
@@ -185,7 +174,7 @@ def _block_result(
     slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
     if math.isfinite(slowdown) and iso_rep.size:
         noise.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
-    start_skew = _mean_us(agg.start_skew_ns[b])
+    start_skew = _us(agg.start_skew_ns[b], "mean")
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b], "mean")
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
@@ -315,7 +304,13 @@ def _overlap_figures(
         noise.add(
             "overlap_efficiency",
             efficiency,
-            np.asarray(overlap.overlap_efficiency(serial_rep, makespan_rep, ideal_rep)),
+            # No headroom guard per resample: a resample with little headroom is part of the
+            # noise (a wide interval), not a hole in it.
+            np.asarray(
+                overlap.overlap_efficiency(
+                    serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
+                )
+            ),
             df,  # the makespan's window has as many iterations as each block's
             limits=(-math.inf, math.inf),
         )
@@ -389,12 +384,12 @@ def _pattern_result(
         **figures,
         shared_busbw_gbps=shared,
         comm_compute_overlap=cc,
-        lane_skew_p50_us=_p(agg.lane_skew_ns, 50),
-        lane_skew_p99_us=_p(agg.lane_skew_ns, 99),
-        lane_skew_max_us=_max_us(agg.lane_skew_ns),
-        gate_skew_p50_us=_p(agg.gate_skew_ns, 50),
-        gate_skew_max_us=_max_us(agg.gate_skew_ns),
-        gate_delay_max_us=_max_us(agg.gate_delay_ns),
+        lane_skew_p50_us=_us(agg.lane_skew_ns, "p50"),
+        lane_skew_p99_us=_us(agg.lane_skew_ns, "p99"),
+        lane_skew_max_us=_us(agg.lane_skew_ns, "max"),
+        gate_skew_p50_us=_us(agg.gate_skew_ns, "p50"),
+        gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
+        gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
         gate_spin_us=agg.gate_spin_us,
         enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,

@@ -142,7 +142,7 @@ def _judge(
         se_a = (to(a.high) - to(a.value) if up else to(a.value) - to(a.low)) / _t95(a.df)
         se_b = (to(b.value) - to(b.low) if up else to(b.high) - to(b.value)) / _t95(b.df)
         margin = t_quantile(p, _welch(se_a, a.df, se_b, b.df)) * math.hypot(se_a, se_b)
-        back = (lambda d: d) if spec.absolute else math.expm1
+        back = (lambda d: d) if spec.absolute else (lambda d: math.expm1(min(d, 700.0)))
         low, high = back(delta - margin), back(delta + margin)
         beyond = abs(delta) > margin and abs(change) > floor
         verdict = _way(spec.better, change) if beyond else "within noise"
