@@ -126,7 +126,13 @@ def local_summary(
     if gate_open is None and host is not None and host.gate_open_ns.size == num_iters:
         gate_open = host.gate_open_ns
     out.update(_lane_arrays(starts, present, lane_of_block, gate_open, origin))
-    out.update(_device_arrays(timings, present))
+    counted = timings.activity_counts is not None
+    out["counts"] = timings.activity_counts.astype(np.float64) if counted else np.zeros(num_blocks)
+    out["counted_ranks"] = np.where(present, 1.0 if counted else 0.0, 0.0)
+    out["present_ranks"] = present.astype(np.float64)
+    out["ctas"] = np.full(num_blocks, -np.inf)
+    if timings.kernel_ctas_max is not None:
+        out["ctas"] = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
     out.update(_host_arrays(host, present, num_blocks, num_iters))
     out.update(_instant_arrays(timings, raw_starts, present, gate_open, shared_clock))
     return out
@@ -188,21 +194,6 @@ def _lane_arrays(
         gate = (np.asarray(gate_open, dtype=np.int64) - origin).astype(np.float64)
         gate_delay = (first - gate[None, :]).max(axis=0)
     return {"skew": skew, "gate_delay": gate_delay}
-
-
-def _device_arrays(timings: WindowTimings, present: np.ndarray) -> dict[str, np.ndarray]:
-    """Device activities per block and the largest kernel grid (where the profiler counts)."""
-    num_blocks = present.size
-    counted = timings.activity_counts is not None
-    ctas = np.full(num_blocks, -np.inf)
-    if timings.kernel_ctas_max is not None:
-        ctas = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
-    return {
-        "counts": (timings.activity_counts.astype(np.float64) if counted else np.zeros(num_blocks)),
-        "counted_ranks": np.where(present, 1.0 if counted else 0.0, 0.0),
-        "present_ranks": present.astype(np.float64),
-        "ctas": ctas,
-    }
 
 
 def _host_arrays(

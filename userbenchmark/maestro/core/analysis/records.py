@@ -47,26 +47,10 @@ class Metric:
         return self.floor is not None and not self.exact
 
 
-def metric(
-    *,
-    better: Direction | None,
-    domain: Domain,
-    meaning: str,
-    floor: float | None,
-    absolute: bool = False,
-    exact: bool = False,
-    default: Any = math.nan,
-) -> Any:
-    """A record field that is a metric (``default=dataclasses.MISSING``: a required field)."""
-    info = Metric(
-        better=better,
-        domain=domain,
-        meaning=meaning,
-        floor=floor,
-        absolute=absolute,
-        exact=exact,
-    )
-    return field(default=default, metadata={"metric": info})
+def metric(*, default: Any = math.nan, **info: Any) -> Any:
+    """A record field that is a metric, described by :class:`Metric`'s fields
+    (``default=dataclasses.MISSING``: a required field)."""
+    return field(default=default, metadata={"metric": Metric(**info)})
 
 
 # Floors: identical back-to-back runs moved a sleep's mean by up to 4 % on a 2-core CPU and a

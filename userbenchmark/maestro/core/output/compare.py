@@ -266,7 +266,14 @@ def format_compare_table(result: CompareResult) -> str:
         [k, "", _fmt(Reading(value=v)), "", "", "", "only in B"] for k, v in result.only_b.items()
     ]
     rows.sort(key=lambda row: row[0])
-    headers = ["key", "A [95 %]", "B [95 %]", "change [beyond noise past]", "floor", "better"]
+    headers = [
+        "key",
+        "A [95 %]",
+        "B [95 %]",
+        "change [at the comparison's level]",
+        "floor",
+        "better",
+    ]
     headers.append("verdict")
     text = tabulate(rows, headers=headers, disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
