@@ -6,8 +6,9 @@ each unchanged (``d0``) and made larger by known steps: the GEMM's m by 0.78 %, 
 give R - 1 back-to-back pairs; each pair compares run i's ``d0`` with run i+1's ``d0`` (identical:
 a verdict is a false alarm) and with its larger variants (a regression of the average or median
 latency is a detection), with the default floors (5 %), a 2 % floor, and none (the noise model
-alone). Prints a markdown table and the smallest step found in 95 % of pairs or more. About 20 s
-per run on one H200 (torch 2.11 + cu130, cupti-python); run from the repository root::
+alone). Prints a markdown table and the smallest step found in 95 % of pairs or more. Each run
+measures 11 one-block patterns of 220 iterations (not yet timed on a GPU). Run from the
+repository root on one GPU (torch with CUDA; cupti-python for the default profiler)::
 
     python -m bench.noise_gpu [--runs 21] [--json out.json]
 
