@@ -313,8 +313,20 @@ def test_detector_uses_torchbench_types_when_called_by_torchbench(tmp_path: Path
     bw = "quickstart/ag_rs/allgather/busbw_gbps"
     control = tmp_path / "control.json"
     treatment = tmp_path / "treatment.json"
-    control.write_text(json.dumps(_metrics_doc({lat: 100.0, bw: 50.0, "q/p/old_us": 1.0})))
-    treatment.write_text(json.dumps(_metrics_doc({lat: 130.0, bw: 60.0, "q/p/new_us": 1.0})))
+
+    def measured(values: dict[str, float]) -> dict[str, float]:
+        out = dict(values)
+        for key, value in values.items():  # a 95 % interval of +-1 % over 30 degrees of freedom
+            out |= {f"{key}_ci_low": value * 0.99, f"{key}_ci_high": value * 1.01}
+            out[f"{key}_ci_df"] = 30.0
+        return out
+
+    control.write_text(
+        json.dumps(_metrics_doc(measured({lat: 100.0, bw: 50.0}) | {"q/p/old_us": 1.0}))
+    )
+    treatment.write_text(
+        json.dumps(_metrics_doc(measured({lat: 130.0, bw: 60.0}) | {"q/p/new_us": 1.0}))
+    )
     result = _detect(standin, control, treatment, tmp_path / "regression.yaml")
     _check_result_shape(result)
     assert set(result["details"]) == {lat}
@@ -362,7 +374,7 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
 
     # The documented command, with few iterations: the contract (where the file goes, what it
     # holds, what the detector makes of it) is what is tested here.
-    command = [*running_command(), "--iters", "3", "--warmup-iters", "1", "--no-baseline"]
+    command = [*running_command(), "--iters", "20", "--warmup-iters", "1", "--no-baseline"]
     proc = _run(command, cwd=standin, timeout_s=RUN_HANG_S)
     assert proc.returncode == 0, (
         f"`python {shlex.join(command)}` exited {proc.returncode}\n"
@@ -396,13 +408,18 @@ def test_torchbench_runs_maestro_and_detects_regressions(tmp_path: Path):
     _check_result_shape(result)
     assert result["control_only_metrics"] == {} and result["treatment_only_metrics"] == {}
 
-    # A latency twice as long must come back as a regression of exactly that key.
-    key = next(k for k in sorted(metrics) if k.endswith("/latency_avg_us"))
+    # A latency twenty times as long (its interval with it: beyond the noise of 20 gloo
+    # iterations on a loaded machine) must come back as a regression of exactly that key.
+    def width(key: str) -> float:
+        return (metrics[f"{key}_ci_high"] - metrics[f"{key}_ci_low"]) / metrics[key]
+
+    key = min((k for k in metrics if k.endswith("/latency_avg_us")), key=width)
     slower = json.loads(files[1].read_text())
-    slower["metrics"][key] *= 2.0
+    for name in (key, f"{key}_ci_low", f"{key}_ci_high"):
+        slower["metrics"][name] *= 20.0
     slower_path = tmp_path / "slower.json"
     slower_path.write_text(json.dumps(slower))
     result = _detect(standin, files[1], slower_path, tmp_path / "slower.yaml")
     _check_result_shape(result)
     assert set(result["details"]) == {key}
-    assert result["details"][key]["delta"] == pytest.approx(1.0)
+    assert result["details"][key]["delta"] == pytest.approx(19.0)

@@ -124,7 +124,7 @@ def _outcome(ops: dict[str, str]):
         pattern,
         classes,
         agg,
-        Isolated(avg_us=np.array([300.0, 250.0, 800.0]), stdev_us=np.zeros(3), count=3),
+        Isolated(latency_ns=np.repeat([[300e3], [250e3], [800e3]], 3, axis=1)),
         None,
         None,
         profiler="host",

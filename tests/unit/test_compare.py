@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from userbenchmark.maestro.core.output.compare import (
     CompareError,
     compare_files,
-    compare_metrics,
     exit_code,
     format_compare_table,
     load_metrics,
@@ -71,28 +70,80 @@ def _pattern_record(**overrides):
     return record
 
 
-def test_metrics_json_with_a_regression(tmp_path):
-    a = _metrics_file(tmp_path / "a.json", {LAT: 100.0, BUSBW: 50.0, MAKESPAN: 200.0})
-    b = _metrics_file(tmp_path / "b.json", {LAT: 120.0, BUSBW: 55.0, MAKESPAN: 201.0})
-    result = compare_files(a, b)
-    verdicts = {row.key: row.verdict for row in result.rows}
-    assert verdicts == {LAT: "regressed", BUSBW: "improved", MAKESPAN: "unchanged"}
-    assert [row.key for row in result.regressions] == [LAT]
+def _ci(key, value, low, high, df=30):
+    """A metric and its 95 % interval, as a metrics file carries them."""
+    return {key: value, f"{key}_ci_low": low, f"{key}_ci_high": high, f"{key}_ci_df": df}
+
+
+def _verdicts(result):
+    return {j.key: j.verdict for j in result.judgements}
+
+
+def test_a_change_beyond_noise_and_floor_regresses(tmp_path):
+    a = {**_ci(LAT, 100.0, 98, 102), **_ci(BUSBW, 50.0, 49, 51), **_ci(MAKESPAN, 200.0, 190, 210)}
+    b = {**_ci(LAT, 120.0, 118, 122), **_ci(BUSBW, 55.0, 54, 56), **_ci(MAKESPAN, 205.0, 195, 215)}
+    result = compare_files(
+        _metrics_file(tmp_path / "a.json", a), _metrics_file(tmp_path / "b.json", b)
+    )
+    assert _verdicts(result) == {LAT: "regressed", BUSBW: "improved", MAKESPAN: "within noise"}
+    assert [j.key for j in result.regressions] == [LAT]
     assert exit_code(result) == 1
     table = format_compare_table(result)
-    for text in (LAT, "+20.00%", "lower", "higher", "5%", "regressed", "1 regressed"):
+    for text in (LAT, "+20.00%", "100 [98, 102]", "lower", "higher", "5%", "1 regressed"):
         assert text in table
 
 
-def test_no_regression_exits_zero(tmp_path):
+def test_a_significant_change_below_the_floor_is_within_noise(tmp_path):
+    a = _metrics_file(tmp_path / "a.json", _ci(LAT, 100.0, 99.9, 100.1))
+    b = _metrics_file(tmp_path / "b.json", _ci(LAT, 104.0, 103.9, 104.1))
+    result = compare_files(a, b)
+    assert _verdicts(result) == {LAT: "within noise"}
+    judged = result.judgements[0]
+    assert judged.low > 0  # beyond noise: the interval of the change excludes 0 ...
+    assert judged.change < judged.floor  # ... but 4 % is below the 5 % floor
+    assert exit_code(result) == 0
+
+
+def test_a_large_change_within_the_runs_noise_is_within_noise(tmp_path):
+    a = _metrics_file(tmp_path / "a.json", _ci(LAT, 100.0, 60.0, 140.0, df=5))
+    b = _metrics_file(tmp_path / "b.json", _ci(LAT, 130.0, 80.0, 180.0, df=5))
+    result = compare_files(a, b)
+    assert _verdicts(result) == {LAT: "within noise"}
+    assert result.judgements[0].low < 0 < result.judgements[0].high
+    assert "within noise" in format_compare_table(result)
+
+
+def test_metrics_without_an_interval_are_not_judged(tmp_path):
     a = _metrics_file(tmp_path / "a.json", {LAT: 100.0, BUSBW: 50.0})
-    b = _metrics_file(tmp_path / "b.json", {LAT: 90.0, BUSBW: 50.5})
-    assert exit_code(compare_files(a, b)) == 0
+    b = _metrics_file(tmp_path / "b.json", {LAT: 200.0, BUSBW: 10.0})
+    result = compare_files(a, b)
+    assert set(_verdicts(result).values()) == {"not judged"}
+    assert exit_code(result) == 0
 
 
-def test_threshold_overrides_change_the_verdict(tmp_path):
-    a = _metrics_file(tmp_path / "a.json", {LAT: 100.0})
-    b = _metrics_file(tmp_path / "b.json", {LAT: 120.0})
+def test_the_more_metrics_judged_the_larger_a_change_must_be(tmp_path):
+    # +6 %: 2.8 combined standard errors, past the 5 % floor: beyond noise when judged alone
+    # (1.96), not among 201 metrics (3.66).
+    a = _ci(LAT, 100.0, 97.0, 103.0, df=1000)
+    b = _ci(LAT, 106.0, 103.0, 109.0, df=1000)
+    alone = compare_files(
+        _metrics_file(tmp_path / "a.json", a), _metrics_file(tmp_path / "b.json", b)
+    )
+    assert _verdicts(alone)[LAT] == "regressed"
+    many_a, many_b = dict(a), dict(b)
+    for i in range(200):
+        key = f"quickstart/ag_rs/b{i}/latency_avg_us"
+        many_a |= _ci(key, 100.0, 98.0, 102.0, df=1000)
+        many_b |= _ci(key, 100.0, 98.0, 102.0, df=1000)
+    crowd = compare_files(
+        _metrics_file(tmp_path / "ma.json", many_a), _metrics_file(tmp_path / "mb.json", many_b)
+    )
+    assert _verdicts(crowd)[LAT] == "within noise"
+
+
+def test_threshold_overrides_move_the_floor(tmp_path):
+    a = _metrics_file(tmp_path / "a.json", _ci(LAT, 100.0, 99.0, 101.0))
+    b = _metrics_file(tmp_path / "b.json", _ci(LAT, 120.0, 119.0, 121.0))
     result = compare_files(a, b, threshold_overrides={"latency_avg_us": 0.25})
     assert exit_code(result) == 0
     assert "25%" in format_compare_table(result)
@@ -135,11 +186,9 @@ def test_results_json_compares_against_metrics_json(tmp_path):
     a.write_text(json.dumps([_block_record(), _pattern_record()]))
     b = _metrics_file(tmp_path / "b.json", {LAT: 100.0, BUSBW: 18.0, MAKESPAN: 200.0})
     result = compare_files(a, b)
-    verdicts = {row.key: row.verdict for row in result.rows}
-    assert verdicts[LAT] == "unchanged"
-    assert verdicts[BUSBW] == "regressed"
-    assert verdicts["quickstart/ag_rs/allgather/latency_p99_us"] == "only in A"
-    assert exit_code(result) == 1
+    assert _verdicts(result)[LAT] == "not judged"  # no interval in these files
+    assert "quickstart/ag_rs/allgather/latency_p99_us" in result.only_a
+    assert exit_code(result) == 0
     assert "only in A" in format_compare_table(result)
 
 
@@ -223,13 +272,6 @@ def test_parse_threshold_overrides():
     for bad in ("busbw_gbps", "=0.1", "busbw_gbps=", "busbw_gbps=fast", "busbw_gbps=-1"):
         with pytest.raises(CompareError):
             parse_threshold_overrides([bad])
-
-
-def test_compare_metrics_does_not_modify_inputs():
-    a, b = {LAT: 1.0}, {LAT: 2.0, BUSBW: 3.0}
-    rows = compare_metrics(a, b)
-    assert a == {LAT: 1.0} and b == {LAT: 2.0, BUSBW: 3.0}
-    assert [r.verdict for r in rows] == ["only in B", "regressed"]
 
 
 def test_small_values_never_print_as_zero(tmp_path):
@@ -348,7 +390,7 @@ def test_possible_edge_values_are_judged(tmp_path):
             LAT: 5e-324,
         },
     )
-    assert {row.verdict for row in compare_files(a, a).rows} == {"unchanged"}
+    assert {j.verdict for j in compare_files(a, a).judgements} == {"not judged", "unchanged"}
 
 
 @pytest.fixture
@@ -383,11 +425,14 @@ def test_output_dirs_compare_with_the_same_keys_as_their_metrics_files(tmp_path)
     from_dir = load_metrics(tmp_path / "out")
     assert from_dir == load_metrics(tmp_path / "m.json")
     assert "golden/overlap/ag+rs/pairwise_overlap" in from_dir
-    assert "golden/overlap/lane_skew_p99_us" in from_dir
+    assert "golden/overlap/lane_skew_p50_us" in from_dir
+    assert "golden/overlap/lane_skew_p99_us" not in from_dir  # 5 iterations: p99 is the max
+    assert "golden/overlap/ag/latency_avg_us_ci_df" in from_dir
     pairs = load_metrics(tmp_path / "out" / "pairs.json")
     assert set(pairs) == {k for k in from_dir if k.endswith("/pairwise_overlap")}
     result = compare_files(tmp_path / "out", tmp_path / "m.json")
-    assert {row.verdict for row in result.rows} == {"unchanged"}
+    assert {j.verdict for j in result.judgements} == {"within noise", "not judged", "unchanged"}
+    assert exit_code(result) == 0
 
 
 _SCALARS = st.one_of(
@@ -466,3 +511,71 @@ def test_any_json_gives_metrics_or_a_compare_error(a, b):
             return
         format_compare_table(result)
         assert exit_code(result) in (0, 1)
+
+
+# --- a treatment that crashed, settings that cannot be read, inputs that are not files --------
+
+
+def _run_folder(tmp_path, name, outcomes, environ=None):
+    from userbenchmark.maestro.core.output.writer import OutputWriter
+
+    folder = tmp_path / name
+    writer = OutputWriter(output_dir=folder, metrics_path=None, environ=environ or {"x": "1"})
+    for outcome in outcomes:
+        writer.add(outcome)
+    return writer, folder
+
+
+def test_a_treatment_missing_patterns_blocks_or_with_failures_fails(tmp_path):
+    import dataclasses
+
+    from tests.unit.test_golden_outputs import _outcomes
+
+    outcomes = [o for _, o, _ in _outcomes()]
+    _run_folder(tmp_path, "a", outcomes)
+    _, lacking = _run_folder(tmp_path, "b", outcomes[:1])
+    result = compare_files(tmp_path / "a", lacking)
+    assert result.missing == ("golden/ar_sweep[size=1M]", "golden/ar_sweep[size=64K]")
+    assert exit_code(result) == 1
+    assert "B lacks what A measured: golden/ar_sweep[size=1M]" in format_compare_table(result)
+    first = dataclasses.replace(outcomes[0], blocks=outcomes[0].blocks[:3])
+    _run_folder(tmp_path, "c", [first, *outcomes[1:]])
+    assert compare_files(tmp_path / "a", tmp_path / "c").missing == ("golden/overlap/nap",)
+    writer, failed = _run_folder(tmp_path, "d", outcomes)
+    writer.add_failure("ar_sweep[size=2M]", "rank 1 died")
+    result = compare_files(tmp_path / "a", failed)
+    assert result.failures == ("ar_sweep[size=2M]",) and exit_code(result) == 1
+    assert "B recorded failed patterns: ar_sweep[size=2M]" in format_compare_table(result)
+
+
+def test_without_run_json_the_results_settings_are_still_checked(tmp_path):
+    import dataclasses
+
+    from tests.unit.test_golden_outputs import _outcomes
+
+    outcomes = [o for _, o, _ in _outcomes()]
+    _run_folder(tmp_path, "a", outcomes)
+    more = dataclasses.replace(outcomes[0].pattern, iters=50)
+    _run_folder(tmp_path, "b", [dataclasses.replace(outcomes[0], pattern=more), *outcomes[1:]])
+    (tmp_path / "b" / "run.json").unlink()
+    with pytest.raises(CompareError, match=r"pattern\.overlap: A 'iters=5 .*B 'iters=50"):
+        compare_files(tmp_path / "a", tmp_path / "b")
+    result = compare_files(tmp_path / "a", tmp_path / "b", force=True)
+    assert any("no run.json" in note for note in result.notes)
+
+
+def test_pipes_devices_and_huge_files_are_refused_at_once(tmp_path, monkeypatch):
+    from userbenchmark.maestro.core.output import results
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # opening it would block until a writer came
+    _compare_error(fifo, "not a regular file")
+    if Path("/dev/zero").exists():
+        _compare_error(Path("/dev/zero"), "not a regular file")
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:
+        fh.truncate(results.MAX_FILE_BYTES + 1)  # sparse: refused by its size, never read
+    _compare_error(big, "larger than 128 MiB")
+    monkeypatch.setattr(results, "MAX_FILE_BYTES", 10)
+    with pytest.raises(results.ResultsError, match="larger than"):
+        results.read_text_file(_metrics_file(tmp_path / "m.json", {LAT: 1.0}), limit=10)

@@ -205,7 +205,7 @@ def test_ideal_is_the_critical_path_over_after_and_lane_order():
             )
         ]
     )
-    iso = Isolated(avg_us=np.array([300.0, 100.0, 200.0]), stdev_us=np.zeros(3), count=2)
+    iso = Isolated(latency_ns=np.repeat([[300e3], [100e3], [200e3]], 2, axis=1))
     ops = registered_ops()
     out = build_outcome(
         suite,

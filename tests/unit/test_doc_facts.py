@@ -92,6 +92,11 @@ def test_the_results_api_dtype_table_is_that_of_load_results():
         if match and not match.group(1).startswith("every other"):
             for column in re.findall(r"`(\w+)`", match.group(1)):
                 stated[column] = match.group(2)
+            if "`<figure>_ci_df`" in match.group(1):
+                for table in (results.BLOCK_COLUMNS, results.PATTERN_COLUMNS):
+                    stated.update(
+                        dict.fromkeys((c for c in table if c.endswith("_ci_df")), "Int64")
+                    )
     code = {
         column: dtype
         for table in (results.BLOCK_COLUMNS, results.PATTERN_COLUMNS, results.PAIR_COLUMNS)
@@ -108,15 +113,19 @@ def test_the_metrics_table_is_that_of_metric_keys():
         if match:
             rows[match.group(1)] = [g.strip() for g in match.groups()[1:]]
     assert set(rows) == set(METRICS)
-    for name, (level, better, threshold) in rows.items():
+    for name, (level, better, floor) in rows.items():
         spec = METRICS[name]
         assert level == spec.level, name
-        assert better == (spec.direction or "neither (two-sided)"), name
-        value = spec.threshold.value
-        expected = (
-            f"absolute {value:g}" if spec.threshold.kind == "absolute" else f"{value * 100:g} %"
-        )
-        assert threshold == expected, name
+        assert better == (spec.better or "neither"), name
+        if spec.floor is None:
+            expected = "not judged"
+        elif spec.exact:
+            expected = "exact: any increase"
+        elif spec.absolute:
+            expected = f"{spec.floor:g}" + (" µs" if name.endswith("_us") else "")
+        else:
+            expected = f"{spec.floor * 100:g} %"
+        assert floor == expected, name
 
 
 def test_the_sync_modes_are_those_of_the_loader():

@@ -132,10 +132,11 @@ def test_a_lane_waiting_for_the_gpu_is_not_launch_bound():
     assert p.gate_spin_us == pytest.approx(140.0)
     assert p.enqueue_max_us == pytest.approx(70.0)
     assert p.gate_delay_max_us == pytest.approx(21.0)
-    assert p.lane_skew_p50_us == p.lane_skew_p99_us == p.lane_skew_max_us == pytest.approx(20.0)
-    # Two iterations: p99 would be the max, so the table leaves it out and says so.
+    assert p.lane_skew_p50_us == p.lane_skew_max_us == pytest.approx(20.0)
+    # Two iterations: p99 would be the max, so it is left out and the table says so.
+    assert math.isnan(p.lane_skew_p99_us)
     assert "lane start skew p50 20.00 µs, max 20.00 µs" in format_pattern(out)
-    assert "p99 not shown: with 2 iterations" in format_pattern(out)
+    assert "p99 left out: with 2 iterations" in format_pattern(out)
     assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([27.5, 21.0])
     assert "gate spin 140.0 µs, host enqueue up to 70.0 µs" in format_pattern(out)
 

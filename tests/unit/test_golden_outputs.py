@@ -105,11 +105,10 @@ def _outcomes():
                 )
             )
         agg = simulate_ranks(summaries)
-        isolated = Isolated(
-            avg_us=np.array([90.0 * (b + 1) for b in range(len(pattern.blocks))]),
-            stdev_us=np.array([1.5 * (b + 1) for b in range(len(pattern.blocks))]),
-            count=pattern.num_iters,
-        )
+        scale = np.arange(1, len(pattern.blocks) + 1)[:, None]
+        alone = np.random.default_rng(77 + index).normal(size=(scale.size, pattern.num_iters))
+        alone = (alone - alone.mean(axis=1, keepdims=True)) / alone.std(axis=1, keepdims=True)
+        isolated = Isolated(latency_ns=(90_000 + 1_500 * alone) * scale)  # mean 90 µs x (b + 1)
         outcome = build_outcome(
             suite,
             pattern,
@@ -147,7 +146,7 @@ def _write(folder: Path) -> dict[str, str]:
         outcome = dataclasses.replace(outcome, timeline=timeline)
         writer.add(outcome)
         tables.append(printer.pattern(spec, outcome))
-    tables += printer.sweep_summaries()
+    tables += printer.closing()
     (folder / "tables.txt").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
     return {name: (folder / name).read_text(encoding="utf-8") for name in FILES}
 

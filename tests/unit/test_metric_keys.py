@@ -1,8 +1,7 @@
-"""Unit tests for metric key syntax, directions, thresholds and verdicts."""
+"""Unit tests for metric key syntax, interval keys, directions, floors and domains."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -14,19 +13,14 @@ from userbenchmark.maestro.core.output.metric_keys import (
     METRICS,
     PAIR_METRICS,
     PATTERN_METRICS,
-    UNKNOWN_DIRECTION_THRESHOLD,
     MetricKey,
-    Threshold,
     check_name,
-    default_threshold,
-    judge,
-    judge_key,
-    metric_direction,
     metric_key,
     metric_value_problem,
     pair_name,
     parse_metric_key,
-    relative_delta,
+    spec_of,
+    split_bound,
 )
 
 LOWER = [
@@ -194,160 +188,55 @@ def test_known_metric_sets_are_disjoint_and_complete():
     assert all(spec.level == "block" for spec in BLOCK_METRICS.values())
     assert all(spec.level == "pattern" for spec in PATTERN_METRICS.values())
     assert all(spec.level == "pair" for spec in PAIR_METRICS.values())
-    assert [METRICS[m].direction for m in TWO_SIDED] == [None] * len(TWO_SIDED)
+    assert [METRICS[m].better for m in TWO_SIDED] == [None] * len(TWO_SIDED)
 
 
 @pytest.mark.parametrize("metric", LOWER)
 def test_lower_is_better(metric):
-    assert metric_direction(metric) == "lower"
+    assert METRICS[metric].better == "lower"
 
 
 @pytest.mark.parametrize("metric", HIGHER)
 def test_higher_is_better(metric):
-    assert metric_direction(metric) == "higher"
+    assert METRICS[metric].better == "higher"
 
 
 @pytest.mark.parametrize(
-    ("metric", "direction"),
-    [("latency_stdev_us", "lower"), ("p2p_gbps", "higher"), ("fp8_tflops", "higher")],
-)
-def test_unknown_metric_direction_comes_from_unit_suffix(metric, direction):
-    assert metric_direction(metric) == direction
+    ("metric", "direction", "floor"),
+    [("new_us", "lower", 0.05), ("x_p99_us", "lower", 0.10), ("y_gbps", "higher", 0.05),
+     ("ztflops", "higher", 0.05), ("mystery", None, 0.05)],
+)  # fmt: skip
+def test_an_unknown_metric_gets_its_direction_from_its_unit(metric, direction, floor):
+    spec = spec_of(metric)
+    assert (spec.better, spec.floor, spec.domain, spec.level) == (direction, floor, "finite", None)
 
 
-def test_unknown_metric_without_unit_is_an_error_listing_known_names():
-    with pytest.raises(ValueError, match="latency_avg_us"):
-        metric_direction("mystery")
-    with pytest.raises(ValueError):
-        default_threshold("mystery")
+def test_floors_and_what_is_judged():
+    assert METRICS["latency_avg_us"].floor == 0.05 and not METRICS["latency_avg_us"].absolute
+    assert METRICS["overlap_efficiency"].floor == 0.05 and METRICS["overlap_efficiency"].absolute
+    assert METRICS["start_skew_us"].floor == 5.0 and METRICS["start_skew_us"].absolute
+    assert METRICS["wrong_elements"].exact and not METRICS["wrong_elements"].interval
+    not_judged = {name for name, spec in METRICS.items() if spec.floor is None}
+    assert not_judged == {
+        "latency_min_us", "latency_max_us", "latency_p99_us", "duration_spread_us",
+        "makespan_p99_us", "lane_skew_p50_us", "lane_skew_p99_us", "lane_skew_max_us",
+        "gate_skew_p50_us", "gate_skew_max_us", "pairwise_overlap",
+    }  # fmt: skip
+    assert METRICS["pairwise_overlap"].better is None
 
 
-def test_default_thresholds():
-    assert default_threshold("latency_avg_us") == Threshold(kind="relative", value=0.05)
-    assert default_threshold("busbw_gbps") == Threshold(kind="relative", value=0.05)
-    for noisy in ("latency_p99_us", "latency_max_us", "latency_min_us", "start_skew_us"):
-        assert default_threshold(noisy) == Threshold(kind="relative", value=0.10)
-    assert default_threshold("wrong_elements") == Threshold(kind="absolute", value=0.0)
-    assert default_threshold("overlap_efficiency").kind == "absolute"
-    # Unknown names: noisy statistics get the larger default.
-    assert default_threshold("latency_stdev_us").value == 0.10
-    assert default_threshold("copy_gbps").value == 0.05
-
-
-@pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, True])
-def test_threshold_rejects_bad_values(value):
-    with pytest.raises(ValueError):
-        Threshold(kind="relative", value=value)
-
-
-def test_threshold_rejects_unknown_kind_and_is_frozen():
-    with pytest.raises(ValueError):
-        Threshold(kind="percent", value=0.1)  # type: ignore[arg-type]
-    t = Threshold(kind="relative", value=0.05)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        t.value = 0.2  # type: ignore[misc]
-    assert t.with_value(0.2) == Threshold(kind="relative", value=0.2)
-    assert t.describe() == "5%"
-    assert Threshold(kind="absolute", value=0).describe() == "abs 0"
-
-
-def test_relative_delta():
-    assert relative_delta(100.0, 120.0) == pytest.approx(0.2)
-    assert relative_delta(100.0, 80.0) == pytest.approx(-0.2)
-    assert relative_delta(-2.0, -1.0) == pytest.approx(0.5)
-    assert relative_delta(0.0, 0.0) == 0.0
-    assert relative_delta(0.0, 3.0) == math.inf
-    assert relative_delta(0.0, -3.0) == -math.inf
-    with pytest.raises(ValueError):
-        relative_delta(math.nan, 1.0)
-
-
-@pytest.mark.parametrize(
-    ("metric", "control", "treatment", "verdict"),
-    [
-        ("latency_avg_us", 100.0, 120.0, "regressed"),
-        ("latency_avg_us", 100.0, 104.0, "unchanged"),
-        ("latency_avg_us", 100.0, 80.0, "improved"),
-        ("busbw_gbps", 100.0, 80.0, "regressed"),
-        ("busbw_gbps", 100.0, 120.0, "improved"),
-        ("busbw_gbps", 100.0, 96.0, "unchanged"),
-        ("latency_p99_us", 100.0, 108.0, "unchanged"),  # noisy metric: 10 %
-        ("latency_p99_us", 100.0, 111.0, "regressed"),
-        ("wrong_elements", 0.0, 1.0, "regressed"),
-        ("wrong_elements", 0.0, 0.0, "unchanged"),
-        ("wrong_elements", 2.0, 0.0, "improved"),
-        ("overlap_efficiency", 0.02, 0.01, "unchanged"),  # -50 % relative, 1 point absolute
-        ("overlap_efficiency", 0.9, 0.8, "regressed"),
-        ("latency_avg_us", 0.0, 1.0, "regressed"),
-        ("tflops", 0.0, 1.0, "improved"),
-    ],
-)
-def test_judge(metric, control, treatment, verdict):
-    assert judge(metric, control, treatment) == verdict
-
-
-def test_judge_at_exactly_the_threshold_is_unchanged():
-    t = Threshold(kind="absolute", value=5.0)
-    assert judge("latency_avg_us", 100.0, 105.0, t) == "unchanged"
-    assert judge("latency_avg_us", 100.0, 105.5, t) == "regressed"
-
-
-def test_judge_uses_a_given_threshold():
-    t = Threshold(kind="relative", value=0.5)
-    assert judge("latency_avg_us", 100.0, 140.0, t) == "unchanged"
-
-
-def test_judge_key_applies_overrides_by_metric_name():
-    key = "s/p/b/latency_avg_us"
-    assert judge_key(key, 100.0, 120.0).verdict == "regressed"
-    j = judge_key(key, 100.0, 120.0, threshold_overrides={"latency_avg_us": 0.25})
-    assert j.verdict == "unchanged"
-    assert j.threshold == Threshold(kind="relative", value=0.25)
-    assert j.direction == "lower"
-    assert j.delta == pytest.approx(0.2)
-
-
-def test_judge_key_reports_large_changes_of_unknown_direction():
-    j = judge_key("s/p/b/mystery", 10.0, 20.0)
-    assert j.direction is None
-    assert j.verdict == "changed"
-    assert j.threshold == UNKNOWN_DIRECTION_THRESHOLD
-    assert judge_key("s/p/b/mystery", 10.0, 10.5).verdict == "unchanged"
-    assert judge_key("not a key", 10.0, 5.0).verdict == "changed"
-
-
-def test_lane_skew_p99_is_a_lower_is_better_tail():
-    spec = PATTERN_METRICS["lane_skew_p99_us"]
-    assert spec.direction == "lower"
-    assert spec.threshold == Threshold(kind="relative", value=0.10)
-
-
-def test_pairwise_overlap_is_descriptive_and_judged_two_sided_by_5_points():
-    with pytest.raises(ValueError, match="descriptive"):
-        metric_direction("pairwise_overlap")
-    with pytest.raises(ValueError, match="descriptive"):
-        judge("pairwise_overlap", 0.5, 0.9)
-    assert default_threshold("pairwise_overlap") == Threshold(kind="absolute", value=0.05)
-    key = "s/p/ag+rs/pairwise_overlap"
-    for control, treatment, verdict in [
-        (0.90, 0.96, "changed"),
-        (0.90, 0.84, "changed"),
-        (0.90, 0.94, "unchanged"),
-        (0.02, 0.01, "unchanged"),  # -50 % relative, 1 point absolute
-        (0.0, 0.06, "changed"),
-    ]:
-        j = judge_key(key, control, treatment)
-        assert (j.verdict, j.direction) == (verdict, None), (control, treatment)
-        assert j.threshold == Threshold(kind="absolute", value=0.05)
-    j = judge_key(key, 0.9, 0.8, threshold_overrides={"pairwise_overlap": 0.2})
-    assert j.verdict == "unchanged" and j.threshold == Threshold(kind="absolute", value=0.2)
-
-
-def test_judge_rejects_non_finite_values():
-    with pytest.raises(ValueError):
-        judge("latency_avg_us", math.inf, 1.0)
-    with pytest.raises(ValueError):
-        judge("latency_avg_us", 1.0, math.nan)
+def test_interval_keys_split_back_into_their_metric():
+    assert split_bound("latency_avg_us_ci_low") == ("latency_avg_us", 0)
+    assert split_bound("latency_avg_us_ci_high") == ("latency_avg_us", 1)
+    assert split_bound("slowdown_ci_df") == ("slowdown", 2)
+    assert split_bound("latency_avg_us") == ("latency_avg_us", None)
+    assert split_bound("_ci_low") == ("_ci_low", None)
+    key = parse_metric_key("s/p/b/slowdown_ci_low")
+    assert key.metric == "slowdown_ci_low" and key.block == "b"
+    assert metric_value_problem("latency_avg_us_ci_low", 0.0) == "must be a finite number > 0"
+    assert metric_value_problem("slowdown_ci_df", 4.0) is None
+    for bad in (0.0, 2.5, math.nan):
+        assert metric_value_problem("slowdown_ci_df", bad) == "must be a whole number >= 1"
 
 
 @pytest.mark.parametrize(

@@ -218,3 +218,23 @@ def test_plot_names_that_sanitise_alike_never_overwrite():
     assert unique_plot_name("ag_rs[size=4M]", used) == "plot-ag_rs_size_4M.png"
     assert unique_plot_name("ag_rs_size_4M", used) == "plot-ag_rs_size_4M-2.png"
     assert unique_plot_name("ag_rs[size=4M]", used) == "plot-ag_rs_size_4M-3.png"
+
+
+def test_compare_plot_draws_each_block_of_both_runs(mpl, tmp_path, capsys):
+    from tests.unit.test_golden_outputs import _outcomes
+    from userbenchmark.maestro.cli import main
+    from userbenchmark.maestro.core.output.writer import OutputWriter
+
+    for name in ("a", "b"):
+        writer = OutputWriter(output_dir=tmp_path / name, metrics_path=None, environ={})
+        for _, outcome, _ in _outcomes():
+            writer.add(outcome)
+    png = tmp_path / "cmp.png"
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(png)]) == 0
+    width, height = png_size(png.read_bytes())
+    assert width >= 800 and height >= 1.5 * 100 + 8 * 45  # a row per block (8 blocks)
+    capsys.readouterr()
+    (tmp_path / "file").write_text("")
+    unwritable = str(tmp_path / "file" / "x.png")  # under a file: no folder can be made
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--plot", unwritable]) == 2
+    assert "maestro:" in capsys.readouterr().err

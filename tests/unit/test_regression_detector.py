@@ -23,12 +23,25 @@ WRONG = "quickstart/ag_rs/allgather/wrong_elements"
 MAKESPAN = "quickstart/ag_rs/makespan_avg_us"
 
 
-def _doc(metrics, git="abc123"):
+def _doc(metrics, git="abc123", **environ):
     return {
         "name": "maestro",
-        "environ": {"pytorch_git_version": git, "pytorch_version": "2.13.0"},
+        "environ": {"pytorch_git_version": git, "pytorch_version": "2.13.0", **environ},
         "metrics": metrics,
     }
+
+
+def _ci(key, value, half=0.01):
+    """A metric with a 95 % interval of +-``half`` (relative) over 30 degrees of freedom."""
+    low, high = value * (1 - half), value * (1 + half)
+    return {key: value, f"{key}_ci_low": low, f"{key}_ci_high": high, f"{key}_ci_df": 30}
+
+
+def _measured(values):
+    out = {}
+    for key, value in values.items():
+        out |= {key: value} if key == WRONG else _ci(key, value)
+    return out
 
 
 BASE = {LAT: 100.0, BUSBW: 50.0, RS_BUSBW: 40.0, WRONG: 0.0, MAKESPAN: 200.0}
@@ -73,7 +86,7 @@ def test_direction_aware_regressions():
     treatment[RS_BUSBW] = 48.0  # busbw up 20 %: improvement, not reported
     treatment[WRONG] = 1.0  # any wrong element: regression
     treatment[MAKESPAN] = 150.0  # faster: improvement
-    result = run(_doc(BASE), _doc(treatment, git="def456"))
+    result = run(_doc(_measured(BASE)), _doc(_measured(treatment), git="def456"))
     assert set(result.details) == {LAT, BUSBW, WRONG}
     lat = result.details[LAT]
     assert isinstance(lat, TorchBenchABTestMetric)
@@ -87,17 +100,24 @@ def test_direction_aware_regressions():
     assert result.bisection == "pytorch"
 
 
-def test_small_changes_are_within_threshold():
+def test_changes_below_the_floor_or_within_noise_are_not_reported():
     treatment = dict(BASE)
-    treatment[LAT] = 104.0
+    treatment[LAT] = 104.0  # beyond noise, below the 5 % floor
     treatment[BUSBW] = 48.0
-    assert run(_doc(BASE), _doc(treatment)).details == {}
+    assert run(_doc(_measured(BASE)), _doc(_measured(treatment))).details == {}
+    noisy_a, noisy_b = _ci(LAT, 100.0, half=0.3), _ci(LAT, 130.0, half=0.3)
+    assert run(_doc(noisy_a), _doc(noisy_b)).details == {}  # +30 % inside +-30 % noise
+    assert run(_doc(BASE), _doc({**BASE, LAT: 200.0})).details == {}  # no interval: not judged
 
 
 def test_threshold_overrides():
     treatment = dict(BASE)
     treatment[LAT] = 120.0
-    result = run(_doc(BASE), _doc(treatment), threshold_overrides={"latency_avg_us": 0.3})
+    result = run(
+        _doc(_measured(BASE)),
+        _doc(_measured(treatment)),
+        threshold_overrides={"latency_avg_us": 0.3},
+    )
     assert result.details == {}
 
 
@@ -113,11 +133,25 @@ def test_one_sided_metrics_are_reported_not_fatal():
 
 
 def test_unknown_direction_and_non_numeric_values_are_reported():
-    control = {**BASE, "quickstart/ag_rs/mystery": 1.0, "quickstart/ag_rs/note": "a"}
-    treatment = {**BASE, "quickstart/ag_rs/mystery": 2.0, "quickstart/ag_rs/note": "b"}
+    mystery = "quickstart/ag_rs/mystery"
+    control = {**BASE, **_ci(mystery, 1.0), "quickstart/ag_rs/note": "a"}
+    treatment = {**BASE, **_ci(mystery, 2.0), "quickstart/ag_rs/note": "b"}
     result = run(_doc(control), _doc(treatment))
-    assert set(result.details) == {"quickstart/ag_rs/mystery", "quickstart/ag_rs/note"}
+    assert set(result.details) == {mystery, "quickstart/ag_rs/note"}  # changed, either way
     assert result.details["quickstart/ag_rs/note"].delta == "a -> b"
+
+
+def test_runs_measured_with_different_settings_are_refused():
+    with pytest.raises(ValueError, match="block.ar/ar: A 'size=1M', B 'size=4M'"):
+        run(_doc(BASE, **{"block.ar/ar": "size=1M"}), _doc(BASE, **{"block.ar/ar": "size=4M"}))
+    assert run(_doc(BASE, device="a"), _doc(BASE, device="b")).details == {}  # the stack may
+
+
+def test_world_size_one_files_compare():
+    # A one-rank team has no busbw (not 0): the key is absent on both sides.
+    one = {**_ci(LAT, 100.0), "quickstart/ag_rs/allgather/algbw_gbps": 5.0}
+    result = run(_doc(one, world_size="1"), _doc(one, world_size="1"))
+    assert result.details == {} and not result.control_only_metrics
 
 
 def test_inputs_are_not_modified():
@@ -129,7 +163,7 @@ def test_inputs_are_not_modified():
 
 def test_result_survives_yaml_safe_dump():
     # TorchBench writes the result with yaml.safe_dump(asdict(result)).
-    result = run(_doc(BASE), _doc({**BASE, LAT: 150.0, WRONG: 3.0}))
+    result = run(_doc(_measured(BASE)), _doc(_measured({**BASE, LAT: 150.0, WRONG: 3.0})))
     text = yaml.safe_dump(dataclasses.asdict(result), sort_keys=False)
     loaded = yaml.safe_load(text)
     assert loaded["details"][LAT]["delta"] == pytest.approx(0.5)

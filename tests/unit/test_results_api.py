@@ -19,7 +19,7 @@ from userbenchmark.maestro.core.analysis.records import (
     PatternOutcome,
     PatternResult,
 )
-from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
+from userbenchmark.maestro.core.output.metric_keys import METRICS, parse_metric_key
 from userbenchmark.maestro.core.output.results import (
     BLOCK_COLUMNS,
     PAIR_COLUMNS,
@@ -46,6 +46,7 @@ INT_COLUMNS = {
     "peak_memory_bytes",
 }
 BOOL_COLUMNS = {"graph"}
+INTERVALS = {name for name, spec in METRICS.items() if spec.interval}
 STRING_COLUMNS = {
     "suite",
     "pattern",
@@ -126,14 +127,19 @@ def _assert_same_records(got: list[dict], expected: list[dict]) -> None:
 
 
 def _record(result) -> dict:
-    """The dataclass's fields, NaN as None, a pair's blocks as block_a and block_b: built here,
-    independently of the frames."""
+    """The dataclass's fields, NaN as None, a pair's blocks as block_a and block_b, each
+    interval beside its metric: built here, independently of the frames."""
     record = {}
-    for key, value in dataclasses.asdict(result).items():
+    fields = dataclasses.asdict(result)
+    intervals = fields.pop("intervals", {})
+    for key, value in fields.items():
         if key == "blocks":
             record["block_a"], record["block_b"] = value
-        else:
-            record[key] = None if isinstance(value, float) and math.isnan(value) else value
+            continue
+        record[key] = None if isinstance(value, float) and math.isnan(value) else value
+        if key in INTERVALS:
+            low, high, df = intervals.get(key, (None, None, None))
+            record |= {f"{key}_ci_low": low, f"{key}_ci_high": high, f"{key}_ci_df": df}
     return record
 
 
@@ -145,9 +151,17 @@ def _expected_records(outcomes):
 
 
 def test_columns_are_the_record_fields():
-    assert list(BLOCK_COLUMNS) == [f.name for f in dataclasses.fields(BlockResult)]
-    assert list(PATTERN_COLUMNS) == [f.name for f in dataclasses.fields(PatternResult)]
+    for record, columns in ((BlockResult, BLOCK_COLUMNS), (PatternResult, PATTERN_COLUMNS)):
+        expected = []
+        for f in dataclasses.fields(record):
+            if f.name == "intervals":
+                continue
+            expected.append(f.name)
+            if f.name in INTERVALS:
+                expected += [f"{f.name}_ci_low", f"{f.name}_ci_high", f"{f.name}_ci_df"]
+        assert list(columns) == expected
     assert list(PAIR_COLUMNS) == ["suite", "pattern", "block_a", "block_b", "pairwise_overlap"]
+    assert {"latency_avg_us", "slowdown", "overlap_efficiency"} <= INTERVALS
 
 
 def test_frames_have_sound_dtypes():
@@ -160,7 +174,7 @@ def test_frames_have_sound_dtypes():
         assert list(frame.columns) == list(columns)
         for name in frame.columns:
             dtype = frame[name].dtype
-            if name in INT_COLUMNS:
+            if name in INT_COLUMNS or name.endswith("_ci_df"):
                 assert dtype == pd.Int64Dtype(), name
             elif name in STRING_COLUMNS:
                 assert isinstance(dtype, pd.StringDtype), name
@@ -287,20 +301,17 @@ def test_the_documented_analysis_runs(written, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, str(docs), "exec"), {})
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
-    # The pivot: busbw of ar and a2a at both sweep sizes (Int64 sizes as the index).
-    assert lines[0] == ["block", "a2a", "ar"]
-    assert lines[2] == ["65536", "0.139082", "0.501269"]
-    assert lines[3] == ["1048576", "2.193872", "7.760837"]
-    # Every golden block is slowed down past 1.1; the tricky pattern's NaN slowdowns are not.
+    # The pivot: busbw per op at both sweep sizes (Int64 sizes as the index), no diagonal.
+    assert lines[0] == ["op", "all_reduce", "all_to_all"]
+    assert lines[2] == ["65536", "0.501269", "0.139082"]
+    assert lines[3] == ["1048576", "7.760837", "2.193872"]
+    # The golden blocks slowed down past 1.1 beyond noise (5 iterations: wide intervals).
     assert lines[4] == ["pattern", "block", "slowdown"]
-    assert [row[1:] for row in lines[5:7]] == [
-        ["overlap", "ag", "1.541691"],
-        ["overlap", "rs", "1.356099"],
-    ]
-    assert len(lines) == 5 + 8
+    slowed = {(row[1], row[2]) for row in lines[5:]}
+    assert ("ar_sweep[size=1M]", "ar") in slowed and ("overlap", "nap") not in slowed
 
 
-def test_metrics_hold_lane_skew_p99_and_every_pair_and_parse_back(tmp_path):
+def test_metrics_hold_every_pair_and_interval_and_parse_back(tmp_path):
     writer = OutputWriter(output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={})
     for outcome in _all_outcomes():
         writer.add(outcome)
@@ -323,6 +334,9 @@ def test_metrics_hold_lane_skew_p99_and_every_pair_and_parse_back(tmp_path):
     skews = {
         k.pattern: v
         for key, v in metrics.items()
-        if (k := parsed[key]).metric == "lane_skew_p99_us"
+        if (k := parsed[key]).metric == "lane_skew_p50_us"
     }
-    assert skews == {o.pattern.pattern: o.pattern.lane_skew_p99_us for _, o, _ in golden_outcomes()}
+    assert skews == {o.pattern.pattern: o.pattern.lane_skew_p50_us for _, o, _ in golden_outcomes()}
+    assert not any(k.metric == "lane_skew_p99_us" for k in parsed.values())  # 5 iterations
+    bounds = [k for k in parsed.values() if k.metric.startswith("slowdown_ci_")]
+    assert len(bounds) == 3 * sum(len(o.blocks) for _, o, _ in golden_outcomes())

@@ -239,7 +239,7 @@ def test_build_outcome_formulas():
             for t in r
         ]
     )
-    iso = Isolated(avg_us=np.array([80.0, 1000.0]), stdev_us=np.zeros(2), count=4)
+    iso = Isolated(latency_ns=np.repeat([[80e3], [1000e3]], 4, axis=1))
     out = build_outcome(
         suite,
         pattern,
@@ -317,7 +317,7 @@ def test_outputs_are_complete_after_each_pattern(tmp_path):
         pattern,
         [ops["all_reduce"]],
         agg,
-        Isolated(avg_us=np.array([3.5]), stdev_us=np.zeros(1), count=2),
+        Isolated.unmeasured(1),  # one block: it is its own isolated run
         None,
         None,
         profiler="host",
@@ -432,7 +432,7 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
         pattern,
         [ops["all_reduce"], ops["gemm"]],
         agg,
-        Isolated(avg_us=np.array([math.nan, 2.0]), stdev_us=np.zeros(2), count=4),
+        Isolated(latency_ns=np.array([[math.nan] * 4, [2e3] * 4])),
         np.array([0.0, 0.0]),
         None,
         profiler="cupti",

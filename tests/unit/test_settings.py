@@ -85,4 +85,4 @@ def test_files_without_settings_are_compared_and_said_so(tmp_path):
     a.write_text(json.dumps({"name": "maestro", "metrics": {"s/p/ar/latency_avg_us": 1.0}}))
     b = _metrics(tmp_path / "b.json", {"backend": "gloo"})
     text = format_compare_table(compare_files(a, b))
-    assert "A record no settings" in text
+    assert "A records no settings" in text

@@ -433,34 +433,50 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
 @click.option(
     "--threshold",
     multiple=True,
-    metavar="METRIC=FRACTION",
-    help="override of a metric's relative threshold (repeatable; 10% also works)",
+    metavar="METRIC=FLOOR",
+    help="another floor for a metric: the smallest change that counts (repeatable; a fraction "
+    "or 10%; in the unit for skews and overlap fractions)",
 )
 @click.option(
     "--force",
     is_flag=True,
     help="compare even when the runs' measurement settings differ (the table says so)",
 )
+@click.option(
+    "--plot",
+    "plot_path",
+    metavar="FILE.png",
+    help="also draw each block's average latency in A and B with their intervals (matplotlib)",
+)
 @_interruptible
-def compare_command(a: str, b: str, threshold: tuple[str, ...], force: bool) -> int:
+def compare_command(
+    a: str, b: str, threshold: tuple[str, ...], force: bool, plot_path: str | None
+) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
-    --output-dir or a TorchBench metrics JSON. Runs measured with different settings (sizes,
-    iterations, backend, profiler, world size, ranks per GPU...) are refused unless --force;
-    versions and devices may differ (that is what A/B compares). Exit status 0 nothing
-    regressed, 1 a metric regressed, 2 a file cannot be used or the settings differ."""
+    --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
+    beyond the noise both runs measured and past its floor (--threshold METRIC=FLOOR moves
+    a floor). Runs measured with different settings (sizes, iterations, backend, profiler,
+    world size, ranks per GPU...) are refused unless --force; versions and devices may differ
+    (that is what A/B compares). Exit status 0 nothing regressed, 1 a metric regressed or B
+    lacks patterns or blocks of A or recorded failures, 2 a file cannot be used or the
+    settings differ."""
     from .core.output.compare import (
-        CompareError,
         compare_files,
         exit_code,
         format_compare_table,
         parse_threshold_overrides,
     )
+    from .errors import RunError
 
     configure_logging("INFO", ranked=False)
     try:
         overrides = parse_threshold_overrides(threshold)
         result = compare_files(a, b, threshold_overrides=overrides or None, force=force)
-    except CompareError as err:
+        if plot_path:
+            from .core.output.plot import plot_compare
+
+            plot_compare(result.judgements, plot_path, title=f"A: {a}\nB: {b}")
+    except (RunError, ValueError, OSError) as err:  # CompareError is a ValueError
         print(f"maestro: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(format_compare_table(result))

@@ -1,7 +1,8 @@
 """TorchBench A/B regression detector for maestro: ``run(control, treatment)``.
 
 TorchBench's ``regression_detector.py`` imports this module and calls ``run`` with two parsed
-metrics files; ``details`` lists every metric that got worse past its threshold.
+metrics files; ``details`` lists every metric that got worse beyond the noise both runs
+measured and past its floor (the same verdicts as ``compare``: core/output/verdicts.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.output.metric_keys import judge_key
+from .core.output.metric_keys import BOUNDS
+from .core.output.settings import setting_differences
+from .core.output.verdicts import judge_all, readings
 
 __all__ = ["TorchBenchABTestMetric", "TorchBenchABTestResult", "run"]
 
@@ -70,42 +73,54 @@ def run(
 ) -> Any:
     """Compare two metrics files' contents; returns a TorchBenchABTestResult.
 
-    ``details`` holds metrics that regressed (or, for metrics of unknown direction, changed)
-    past their threshold; improvements are left out. Neither input is modified.
+    ``details`` holds metrics that regressed (or, for a descriptive metric, changed) beyond
+    noise and past their floor (``threshold_overrides`` maps metric names to other floors);
+    improvements are left out. ValueError when the runs' measurement settings differ (they
+    measured different things). Neither input is modified.
     """
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
-
+    differences = setting_differences(_env_of(control), _env_of(treatment))
+    if differences:
+        raise ValueError(
+            "control and treatment were measured with different settings, so their numbers "
+            "do not compare: " + "; ".join(differences)
+        )
+    numbers_c = {k: v for k, v in control_metrics.items() if _is_finite_number(v)}
+    numbers_t = {k: v for k, v in treatment_metrics.items() if _is_finite_number(v)}
     details: dict[str, Any] = {}
     for key in sorted(control_metrics.keys() & treatment_metrics.keys()):
         before, after = control_metrics[key], treatment_metrics[key]
-        if not (_is_finite_number(before) and _is_finite_number(after)):
+        if not (key in numbers_c and key in numbers_t) and before != after:
             # Not comparable as numbers: report any difference rather than drop it.
-            if before != after:
-                details[key] = TorchBenchABTestMetric(
-                    control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
-                )
-            continue
-        judgement = judge_key(key, before, after, threshold_overrides=threshold_overrides)
-        if judgement.verdict in ("regressed", "changed"):
             details[key] = TorchBenchABTestMetric(
-                control=float(before), treatment=float(after), delta=_delta(before, after)
+                control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
-
+    judged = judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides)
+    for j in judged:
+        if j.verdict in ("regressed", "changed"):
+            details[j.key] = TorchBenchABTestMetric(
+                control=j.control.value,
+                treatment=j.treatment.value,
+                delta=_delta(j.control.value, j.treatment.value),
+            )
     return TorchBenchABTestResult(
         name=name,
         control_env=_env_of(control),
         treatment_env=_env_of(treatment),
-        details=details,
-        control_only_metrics={
-            k: _plain(v) for k, v in sorted(control_metrics.items()) if k not in treatment_metrics
-        },
-        treatment_only_metrics={
-            k: _plain(v) for k, v in sorted(treatment_metrics.items()) if k not in control_metrics
-        },
+        details=dict(sorted(details.items())),
+        control_only_metrics=_only(control_metrics, treatment_metrics),
+        treatment_only_metrics=_only(treatment_metrics, control_metrics),
         bisection="pytorch",
     )
+
+
+def _only(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics (not interval bounds) of ``mine`` that ``theirs`` lacks."""
+    return {
+        k: _plain(v) for k, v in sorted(mine.items()) if k not in theirs and not k.endswith(BOUNDS)
+    }
 
 
 def _metrics_of(doc: Mapping[str, Any], side: str) -> Mapping[str, Any]:

@@ -54,6 +54,9 @@ class WindowAggregate:
     (time-weighted over the whole window, as HolisticTraceAnalysis defines it per rank)."""
     comm_compute_overlap_by_rank: np.ndarray
     """(world,): the same per rank (NaN where a rank has no communication or no compute)."""
+    comm_compute_by_iter: np.ndarray
+    """(2, iters): communication time hidden under compute, and communication time, per
+    iteration summed over ranks (within each iteration only: what the interval resamples)."""
     lane_skew_ns: np.ndarray
     """(iters,): max over ranks of the spread of the lanes' first starts (NaN: < 2 lanes)."""
     gate_delay_ns: np.ndarray
@@ -110,60 +113,123 @@ def local_summary(
     starts[~present] = 0.0
     ends[~present] = 0.0
     dur = ends - starts
-    dur_max = np.where(present[:, None], dur, -np.inf)
     avg = dur.mean(axis=1) if num_iters else np.zeros(num_blocks)
-    hidden = comm = 0.0
-    if present.any():
-        makespan = overlap.makespan_ns(starts, ends, present)
-        pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
-        if (is_compute & present).any():  # a rank without compute has no such overlap
-            hidden, comm = overlap.comm_hidden_under_compute_ns(
-                starts, ends, is_comm & present, is_compute & present
-            )
-    else:
-        makespan = np.full(num_iters, -np.inf)
-        pair_mean = np.full((num_blocks, num_blocks), np.nan)
+    out = {
+        "dur_max": np.where(present[:, None], dur, -np.inf),
+        "avg_max": np.where(present, avg, -np.inf),
+        "avg_min": np.where(present, avg, np.inf),
+        **_overlap_arrays(starts, ends, present, is_comm & present, is_compute & present),
+    }
     cc_by_rank = np.zeros((2, max(world_size, 1)))
-    cc_by_rank[:, rank] = hidden, comm
+    cc_by_rank[:, rank] = out.pop("cc_window")
+    out["cc_by_rank"] = cc_by_rank
+    gate_open = timings.gate_open_ns
+    if gate_open is None and host is not None and host.gate_open_ns.size == num_iters:
+        gate_open = host.gate_open_ns
+    out.update(_lane_arrays(starts, present, lane_of_block, gate_open, origin))
+    counted = timings.activity_counts is not None
+    out["counts"] = timings.activity_counts.astype(np.float64) if counted else np.zeros(num_blocks)
+    out["counted_ranks"] = np.where(present, 1.0 if counted else 0.0, 0.0)
+    out["present_ranks"] = present.astype(np.float64)
+    out["ctas"] = np.full(num_blocks, -np.inf)
+    if timings.kernel_ctas_max is not None:
+        out["ctas"] = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
+    out.update(_host_arrays(host, present, num_blocks, num_iters))
+    out.update(_instant_arrays(timings, raw_starts, present, gate_open, shared_clock))
+    return out
+
+
+def _overlap_arrays(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    present: np.ndarray,
+    comm: np.ndarray,
+    compute: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Makespan, pairwise overlap, and communication hidden under compute: over the whole
+    window (``cc_window``: hidden, comm) and per iteration (``cc_iter``, for its interval)."""
+    num_blocks, num_iters = starts.shape
+    cc_window = np.zeros(2)
+    cc_iter = np.zeros((2, num_iters))
+    if not present.any():
+        return {
+            "makespan": np.full(num_iters, -np.inf),
+            "pair_sum": np.zeros((num_blocks, num_blocks)),
+            "pair_count": np.zeros((num_blocks, num_blocks)),
+            "cc_window": cc_window,
+            "cc_iter": cc_iter,
+        }
+    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
+    if compute.any() and comm.any():  # a rank without compute has no such overlap
+        cc_window[:] = overlap.comm_hidden_under_compute_ns(starts, ends, comm, compute)
+        cc_iter[0] = overlap.union_intersection_ns(
+            starts[comm], ends[comm], starts[compute], ends[compute]
+        )
+        cc_iter[1] = overlap.union_length_ns(starts[comm], ends[comm])
+    return {
+        "makespan": overlap.makespan_ns(starts, ends, present),
+        "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
+        "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
+        "cc_window": cc_window,
+        "cc_iter": cc_iter,
+    }
+
+
+def _lane_arrays(
+    starts: np.ndarray,
+    present: np.ndarray,
+    lane_of_block: Sequence[int],
+    gate_open: np.ndarray | None,
+    origin: int,
+) -> dict[str, np.ndarray]:
+    """Spread of the lanes' first starts, and the longest wait from gate to a first start."""
+    num_blocks, num_iters = starts.shape
     lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]} - {-1})
     first = np.full((len(lanes), num_iters), np.inf)
     for row, lane in enumerate(lanes):
         members = [b for b in range(num_blocks) if present[b] and lane_of_block[b] == lane]
         first[row] = starts[members].min(axis=0)
     skew = first.max(axis=0) - first.min(axis=0) if len(lanes) >= 2 else np.full(num_iters, -np.inf)
-    gate_open = timings.gate_open_ns
-    if gate_open is None and host is not None and host.gate_open_ns.size == num_iters:
-        gate_open = host.gate_open_ns
+    gate_delay = np.full(num_iters, -np.inf)
     if gate_open is not None and lanes:
         gate = (np.asarray(gate_open, dtype=np.int64) - origin).astype(np.float64)
         gate_delay = (first - gate[None, :]).max(axis=0)
-    else:
-        gate_delay = np.full(num_iters, -np.inf)
-    counts = (
-        timings.activity_counts.astype(np.float64)
-        if timings.activity_counts is not None
-        else np.zeros(num_blocks)
-    )
-    counted = np.where(present, 1.0 if timings.activity_counts is not None else 0.0, 0.0)
-    ctas = np.full(num_blocks, -np.inf)
-    if timings.kernel_ctas_max is not None:
-        ctas = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
-    launch_avg = np.full(num_blocks, -np.inf)
-    enqueue = np.full(num_iters, -np.inf)
-    late = np.zeros(num_iters)
-    late_known = np.zeros(1)
-    gate_spin = np.full(1, -np.inf)
+    return {"skew": skew, "gate_delay": gate_delay}
+
+
+def _host_arrays(
+    host: HostTimings | None, present: np.ndarray, num_blocks: int, num_iters: int
+) -> dict[str, np.ndarray]:
+    """The host's side: enqueue times, launch-bound or late-start iterations, gate spin."""
+    out = {
+        "launch_avg": np.full(num_blocks, -np.inf),
+        "enqueue": np.full(num_iters, -np.inf),
+        "late": np.zeros(num_iters),
+        "late_known": np.zeros(1),
+        "gate_spin": np.full(1, -np.inf),
+    }
     if host is not None and host.enqueue_ns.size == num_iters and num_iters:
-        enqueue = host.enqueue_ns.astype(np.float64)
-        late = host_late(host.enqueue_ns, host.gate_us).astype(np.float64)
-        late_known[0] = 1.0
-        gate_spin[0] = host.gate_us
+        out["enqueue"] = host.enqueue_ns.astype(np.float64)
+        out["late"] = host_late(host.enqueue_ns, host.gate_us).astype(np.float64)
+        out["late_known"][0] = 1.0
+        out["gate_spin"][0] = host.gate_us
         if host.launch_ns.shape == (num_blocks, num_iters):
-            launch_avg = np.where(present, host.launch_ns.mean(axis=1), -np.inf)
+            out["launch_avg"] = np.where(present, host.launch_ns.mean(axis=1), -np.inf)
     elif host is not None and host.start_late.size == num_iters and host.agree_ns.any():
-        late = host.start_late.astype(np.float64)  # only where the ranks agreed on a start
-        late_known[0] = 1.0
-    # Instants for cross-rank comparison, exact in int64 (sentinels where unknown).
+        out["late"] = host.start_late.astype(np.float64)  # only where the ranks agreed a start
+        out["late_known"][0] = 1.0
+    return out
+
+
+def _instant_arrays(
+    timings: WindowTimings,
+    raw_starts: np.ndarray,
+    present: np.ndarray,
+    gate_open: np.ndarray | None,
+    shared_clock: bool,
+) -> dict[str, np.ndarray]:
+    """Instants for cross-rank comparison, exact in int64 (sentinels where unknown)."""
+    num_blocks, num_iters = raw_starts.shape
     start_hi = np.full((num_blocks, num_iters), _I64_MIN, dtype=np.int64)
     start_lo = np.full((num_blocks, num_iters), _I64_MAX, dtype=np.int64)
     gate_hi = np.full(num_iters, _I64_MIN, dtype=np.int64)
@@ -174,24 +240,6 @@ def local_summary(
         if gate_open is not None:
             gate_hi = gate_lo = np.asarray(gate_open, dtype=np.int64).copy()
     return {
-        "dur_max": dur_max,
-        "avg_max": np.where(present, avg, -np.inf),
-        "avg_min": np.where(present, avg, np.inf),
-        "makespan": makespan,
-        "skew": skew,
-        "gate_delay": gate_delay,
-        "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
-        "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
-        "cc_by_rank": cc_by_rank,
-        "counts": counts,
-        "counted_ranks": counted,
-        "present_ranks": present.astype(np.float64),
-        "launch_avg": launch_avg,
-        "ctas": ctas,
-        "enqueue": enqueue,
-        "late": late,
-        "late_known": late_known,
-        "gate_spin": gate_spin,
         "start_hi": start_hi,
         "start_lo": start_lo,
         "gate_hi": gate_hi,
@@ -218,7 +266,18 @@ _FLOAT_ROUNDS = (
         "max",
     ),
     (("avg_min",), "min"),
-    (("pair_sum", "pair_count", "cc_by_rank", "counts", "counted_ranks", "present_ranks"), "sum"),
+    (
+        (
+            "pair_sum",
+            "pair_count",
+            "cc_by_rank",
+            "cc_iter",
+            "counts",
+            "counted_ranks",
+            "present_ranks",
+        ),
+        "sum",
+    ),
 )
 _INT_ROUNDS = ((("start_hi", "gate_hi"), "max"), (("start_lo", "gate_lo"), "min"))
 
@@ -292,6 +351,7 @@ def _finish(
         pairwise_overlap=pair,
         comm_compute_overlap=cc,
         comm_compute_overlap_by_rank=cc_by_rank,
+        comm_compute_by_iter=out["cc_iter"],
         lane_skew_ns=_inf_to_nan(out["skew"]),
         gate_delay_ns=_inf_to_nan(out["gate_delay"]),
         activities_per_iter=activities,

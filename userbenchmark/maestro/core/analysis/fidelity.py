@@ -12,14 +12,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..config.spec import PatternSpec
-from . import overlap
+from . import overlap, stats
 from .aggregate import WindowAggregate
 from .intervals import WindowTimings
 from .records import BlockResult, PatternOutcome, PatternResult
 
 R = TypeVar("R", BlockResult, PatternResult)
-RESAMPLES = 1000
-"""Bootstrap resamples of the iterations: enough for the 2.5 % and 97.5 % points."""
 
 
 def has_traced(pattern: PatternSpec) -> bool:
@@ -29,17 +27,15 @@ def has_traced(pattern: PatternSpec) -> bool:
 
 def ratio(durations_ns: np.ndarray, traced_us: float | None) -> tuple[float, float, float]:
     """(replayed mean / traced, low, high): the mean of the finite per-iteration durations (ns)
-    over a traced duration (µs), with the mean's 95 % percentile-bootstrap interval over
-    iterations (seeded: the same values give the same interval); NaN where unknown."""
+    over a traced duration (µs), with the mean's 95 % interval from the same bootstrap as every
+    other figure's (core/analysis/stats.py); NaN where unknown."""
     x = np.asarray(durations_ns, dtype=np.float64) / 1e3
     x = x[np.isfinite(x)]
     if traced_us is None or not traced_us > 0 or not x.size:
         return math.nan, math.nan, math.nan
-    if x.size < 2:
-        return float(x[0]) / traced_us, math.nan, math.nan
-    means = x[np.random.default_rng(0).integers(0, x.size, size=(RESAMPLES, x.size))].mean(1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(x.mean()) / traced_us, float(low) / traced_us, float(high) / traced_us
+    mean = float(x.mean())
+    low, high = stats.interval(mean, stats.Phase().resample(x), stats.degrees_of_freedom(x))
+    return mean / traced_us, low / traced_us, high / traced_us
 
 
 def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray:

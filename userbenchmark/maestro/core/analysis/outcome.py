@@ -1,11 +1,15 @@
-"""Result records of one pattern from its aggregated window (pure: no ranks, no torch)."""
+"""Result records of one pattern from its aggregated window (pure: no ranks, no torch).
+
+Every figure with an interval gets it here, from one bootstrap over iterations per measured
+window (core/analysis/stats.py): the overlapped window, and each block's window alone.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,80 +22,205 @@ from . import overlap
 from .aggregate import WindowAggregate
 from .dependencies import critical_path
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
-from .stats import LatencyStats, latency_stats, percentile_nearest_rank
+from .stats import (
+    LatencyStats,
+    Phase,
+    degrees_of_freedom,
+    interval,
+    latency_stats,
+    percentile_nearest_rank,
+)
+
+MIN_ITERS_FOR_P99 = 100
+"""Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max:
+it is left out rather than written as a second copy of the max."""
+
+
+def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
+    """The ideal makespan from the blocks' isolated latencies (µs): the critical path over
+    ``after:`` and lane order (the longest block when nothing waits). The one place that
+    defines it, for the figure and for each bootstrap resample of its interval."""
+    preds = predecessors(pattern.blocks)
+    return lambda isolated_us: critical_path(isolated_us, preds)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Isolated:
-    """Each block run alone: mean and stdev of its latency over the iterations (µs; NaN:
-    not measured)."""
+    """Each block run alone: its latency per iteration (ns, NaN rows: not measured)."""
 
-    avg_us: np.ndarray
-    stdev_us: np.ndarray
-    count: int
+    latency_ns: np.ndarray
+    """(blocks, iters)."""
 
     @classmethod
     def unmeasured(cls, num_blocks: int) -> Isolated:
-        nan = np.full(num_blocks, np.nan)
-        return cls(avg_us=nan, stdev_us=nan.copy(), count=0)
+        return cls(latency_ns=np.full((num_blocks, 0), np.nan))
+
+    def row(self, block: int) -> np.ndarray:
+        """The block's finite latencies (ns); empty when it was not measured alone."""
+        values = np.asarray(self.latency_ns[block], dtype=np.float64)
+        return values[np.isfinite(values)]
 
 
-def _latency_stats_or_nan(durations_ns: np.ndarray) -> LatencyStats:
-    """Statistics of the durations; all NaN when none was timed (an idle block).
+_NAN_STATS = LatencyStats(
+    count=0,
+    **dict.fromkeys(("avg_us", "min_us", "max_us", "p50_us", "p99_us", "stdev_us"), math.nan),
+)
 
-    A row with some iterations missing is a bug upstream and raises (latency_stats).
-    """
-    if not np.isnan(durations_ns).all():
-        return latency_stats(durations_ns)
-    nan = math.nan
-    return LatencyStats(
-        count=0, avg_us=nan, min_us=nan, max_us=nan, p50_us=nan, p99_us=nan, stdev_us=nan
+
+def _stats(durations_ns: np.ndarray) -> LatencyStats:
+    """Statistics of the durations (all NaN when none was timed: an idle block), p99 NaN below
+    MIN_ITERS_FOR_P99. A row with some iterations missing is a bug upstream and raises."""
+    if np.isnan(durations_ns).all():
+        return _NAN_STATS
+    stats = latency_stats(durations_ns)
+    if stats.count < MIN_ITERS_FOR_P99:
+        stats = dataclasses.replace(stats, p99_us=math.nan)
+    return stats
+
+
+def _us(values_ns: np.ndarray, how: str) -> float:
+    """``mean``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or a p99
+    of fewer than MIN_ITERS_FOR_P99 values)."""
+    finite = values_ns[np.isfinite(values_ns)]
+    if not finite.size or (how == "p99" and finite.size < MIN_ITERS_FOR_P99):
+        return math.nan
+    if how[0] == "p":
+        return percentile_nearest_rank(finite, float(how[1:])) / 1e3
+    return float(getattr(finite, how)()) / 1e3
+
+
+class _Noise:
+    """The bootstraps of a pattern's windows, and the intervals made from them."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.over = Phase(seed=0)
+        self.alone = [Phase(seed=b + 1) for b in range(num_blocks)]
+        self.intervals: dict[str, tuple[float, float, int]] = {}
+
+    def add(
+        self,
+        name: str,
+        estimate: float,
+        replicates: np.ndarray,
+        df: int,
+        *,
+        limits: tuple[float, float] = (0.0, math.inf),
+    ) -> np.ndarray:
+        """Record ``name``'s interval from its replicates drawn from ``df`` + 1 independent
+        blocks, within the values it can take (``limits``: >= 0 unless said); returns the
+        replicates."""
+        if replicates.size:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                low, high = interval(estimate, replicates, df)
+            self.intervals[name] = (max(low, limits[0]), min(high, limits[1]), df)
+        return replicates
+
+    def add_stat(self, name: str, estimate: float, values_ns: np.ndarray, statistic: str) -> None:
+        """Interval of a statistic (``mean``, ``p50``) of a series of the overlapped window, in
+        µs."""
+        if math.isfinite(estimate):
+            replicates = self.over.resample(values_ns, statistic) / 1e3
+            self.add(name, estimate, replicates, degrees_of_freedom(values_ns))
+
+    def take(self) -> dict[str, tuple[float, float, int]]:
+        out, self.intervals = self.intervals, {}
+        return out
+
+
+def _note_if(flag: bool, text: str) -> list[str]:
+    return [text] if flag else []
+
+
+def _block_result(
+    b: int,
+    suite: SuiteSpec,
+    pattern: PatternSpec,
+    cls: type[Block],
+    agg: WindowAggregate,
+    isolated: Isolated,
+    noise: _Noise,
+    team_size: int,
+) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
+    """One block's record, its isolated latency's replicates (µs; empty: not measured) with
+    their degrees of freedom, and its bus bytes per iteration (0: none)."""
+    spec = pattern.blocks[b]
+    lat = agg.latency_ns[b]
+    stats = _stats(lat)
+    df = degrees_of_freedom(lat)
+    mean = noise.add("latency_avg_us", stats.avg_us, noise.over.resample(lat) / 1e3, df)
+    noise.add_stat("latency_p50_us", stats.p50_us, lat, "p50")
+    # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/). A team of one
+    # rank moves nothing over a bus: its busbw does not apply (NaN, never 0).
+    size = cls.message_size_bytes(spec.params)
+    factor = cls.bus_factor(team_size) if size is not None and team_size > 1 else None
+    flops = cls.flop_count(spec.params)
+    seconds = stats.avg_us * 1e-6
+    timed = seconds > 0
+    algbw = size / seconds / 1e9 if size is not None and timed else math.nan
+    values = {
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * factor if factor is not None else math.nan,
+        "tflops": flops / seconds / 1e12 if flops is not None and timed else math.nan,
+    }
+    for name, value in values.items():
+        if math.isfinite(value):
+            noise.add(name, value, value * stats.avg_us / mean, df)
+    alone = isolated.row(b)
+    iso_avg = float(alone.mean()) / 1e3 if alone.size else math.nan
+    iso_df = degrees_of_freedom(alone)
+    iso_rep = noise.add(
+        "isolated_latency_avg_us", iso_avg, noise.alone[b].resample(alone) / 1e3, iso_df
     )
-
-
-def _p(values_ns: np.ndarray, q: float) -> float:
-    finite = values_ns[np.isfinite(values_ns)]
-    return percentile_nearest_rank(finite, q) / 1e3 if finite.size else math.nan
-
-
-def _max_us(values_ns: np.ndarray) -> float:
-    finite = values_ns[np.isfinite(values_ns)]
-    return float(finite.max()) / 1e3 if finite.size else math.nan
-
-
-def _mean_us(values_ns: np.ndarray) -> float:
-    finite = values_ns[np.isfinite(values_ns)]
-    return float(finite.mean()) / 1e3 if finite.size else math.nan
-
-
-def _slowdown_note(slowdown: float, noise: float) -> str:
-    """A note for a block that ran faster overlapped than alone by more than noise."""
-    if not (math.isfinite(slowdown) and math.isfinite(noise)) or slowdown >= 1.0 - noise:
-        return ""
+    slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
+    if math.isfinite(slowdown) and iso_rep.size:
+        noise.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
+    start_skew = _us(agg.start_skew_ns[b], "mean")
+    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b], "mean")
+    intervals = noise.take()
+    high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
+    notes = _note_if(
+        high < 1.0,
+        f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
+        "overlapped than alone; the isolated run was slower (clocks, caches, a busier machine) "
+        "or the block gained from the overlap",
+    )
+    last = int(agg.last_to_start_rank[b])
+    ctas = agg.kernel_ctas_max[b]
     return (
-        f"slowdown {slowdown:.3f} < 1 beyond noise (±{noise:.3f}): faster overlapped than "
-        "alone; the isolated run was slower (clocks, caches, a busier machine) or the block "
-        "gained from the overlap"
+        BlockResult(
+            suite=suite.name,
+            pattern=pattern.name,
+            block=spec.name,
+            op=spec.op,
+            axis=spec.axis,
+            lane=spec.lane,
+            team_size=team_size,
+            dtype=spec.dtype,
+            size_bytes=size,
+            iters=pattern.num_iters,
+            work=describe_params(cls, spec.params),
+            latency_avg_us=stats.avg_us,
+            latency_min_us=stats.min_us,
+            latency_max_us=stats.max_us,
+            latency_p50_us=stats.p50_us,
+            latency_p99_us=stats.p99_us,
+            latency_stdev_us=stats.stdev_us,
+            **values,
+            isolated_latency_avg_us=iso_avg,
+            isolated_latency_stdev_us=float(alone.std()) / 1e3 if alone.size else math.nan,
+            slowdown=slowdown,
+            start_skew_us=start_skew,
+            last_to_start_rank=last if last >= 0 else None,
+            duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
+            activities_per_iter=float(agg.activities_per_iter[b]),
+            kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
+            enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
+            notes="; ".join(notes),
+            intervals=intervals,
+        ),
+        (iso_rep, iso_df),
+        size * factor if factor is not None and timed else 0.0,
     )
-
-
-def _efficiency_note(efficiency: float, noise: float) -> str:
-    """A note for an overlap efficiency outside [0, 1] by more than noise."""
-    if not (math.isfinite(efficiency) and math.isfinite(noise)):
-        return ""
-    if efficiency < -noise:
-        return (
-            f"overlap efficiency {efficiency:.3f} < 0 beyond noise (±{noise:.3f}): the blocks "
-            "took longer together than one after another (they slow each other down more "
-            "than overlap saves)"
-        )
-    if efficiency > 1.0 + noise:
-        return (
-            f"overlap efficiency {efficiency:.3f} > 1 beyond noise (±{noise:.3f}): the pattern "
-            "finished sooner than its ideal, its critical path alone (blocks ran faster "
-            "together than alone, or the isolated runs were slow)"
-        )
-    return ""
 
 
 def build_outcome(
@@ -109,91 +238,30 @@ def build_outcome(
     ranks_per_gpu: int | None = None,
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
-    results = []
-    bus_bytes_total = 0.0
-    iso_se = [overlap.standard_error_us(float(sd), isolated.count) for sd in isolated.stdev_us]
-    for b, spec in enumerate(pattern.blocks):
-        cls = classes[b]
-        stats = _latency_stats_or_nan(agg.latency_ns[b])
-        seconds = stats.avg_us * 1e-6
-        # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/).
-        size = cls.message_size_bytes(spec.params)
-        factor = cls.bus_factor(team_sizes[b]) if size is not None else None
-        flops = cls.flop_count(spec.params)
-        algbw = busbw = tfl = math.nan
-        if size is not None and seconds > 0:
-            algbw = size / seconds / 1e9
-            if factor is not None:
-                busbw = algbw * factor
-                bus_bytes_total += size * factor
-        if flops is not None and seconds > 0:
-            tfl = flops / seconds / 1e12
-        iso_avg = float(isolated.avg_us[b])
-        slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
-        noise = overlap.slowdown_noise(
-            slowdown,
-            stats.avg_us,
-            overlap.standard_error_us(stats.stdev_us, stats.count),
-            iso_avg,
-            iso_se[b],
+    noise = _Noise(len(pattern.blocks))
+    blocks, iso_reps, bus_bytes = [], [], 0.0
+    for b, cls in enumerate(classes):
+        result, iso_rep, bus = _block_result(
+            b, suite, pattern, cls, agg, isolated, noise, team_sizes[b]
         )
-        block_notes = [*notes[b]] if notes else []
-        flag = _slowdown_note(slowdown, noise)
-        if flag:
-            block_notes.append(flag)
-        last = int(agg.last_to_start_rank[b])
-        results.append(
-            BlockResult(
-                suite=suite.name,
-                pattern=pattern.name,
-                block=spec.name,
-                op=spec.op,
-                axis=spec.axis,
-                lane=spec.lane,
-                team_size=team_sizes[b],
-                dtype=spec.dtype,
-                size_bytes=size,
-                iters=pattern.num_iters,
-                work=describe_params(cls, spec.params),
-                latency_avg_us=stats.avg_us,
-                latency_min_us=stats.min_us,
-                latency_max_us=stats.max_us,
-                latency_p50_us=stats.p50_us,
-                latency_p99_us=stats.p99_us,
-                latency_stdev_us=stats.stdev_us,
-                algbw_gbps=algbw,
-                busbw_gbps=busbw,
-                tflops=tfl,
-                isolated_latency_avg_us=iso_avg,
-                isolated_latency_stdev_us=float(isolated.stdev_us[b]),
-                slowdown=slowdown,
+        blocks.append(
+            dataclasses.replace(
+                result,
+                notes="; ".join(n for n in (*(notes[b] if notes else ()), result.notes) if n),
                 wrong_elements=None if wrong is None else int(wrong[b]),
-                start_skew_us=_mean_us(agg.start_skew_ns[b]),
-                last_to_start_rank=last if last >= 0 else None,
-                duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
-                activities_per_iter=float(agg.activities_per_iter[b]),
-                kernel_ctas_max=(
-                    int(agg.kernel_ctas_max[b]) if np.isfinite(agg.kernel_ctas_max[b]) else None
-                ),
-                enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
                 profiler=profiler,
                 ranks_per_gpu=ranks_per_gpu,
-                notes="; ".join(block_notes),
             )
         )
-    pattern_result, warnings = _pattern_result(
-        suite, pattern, agg, isolated, iso_se, bus_bytes_total, wrong, peak_memory_bytes, profiler
+        iso_reps.append(iso_rep)
+        bus_bytes += bus
+    pattern_result = _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise)
+    pattern_result = dataclasses.replace(
+        pattern_result,
+        peak_memory_bytes=peak_memory_bytes,
+        profiler=profiler,
+        ranks_per_gpu=ranks_per_gpu,
     )
-    if ranks_per_gpu is not None and ranks_per_gpu > 1:
-        pattern_result = dataclasses.replace(pattern_result, ranks_per_gpu=ranks_per_gpu)
-        warnings.insert(
-            0,
-            f"pattern {pattern.name}: {ranks_per_gpu} ranks share each GPU "
-            "(NCCL_MULTI_RANK_GPU_ENABLE=1): they time-share it, so these timings describe "
-            "nothing real; use this mode for correctness only",
-        )
-    elif ranks_per_gpu is not None:
-        pattern_result = dataclasses.replace(pattern_result, ranks_per_gpu=ranks_per_gpu)
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
         PairResult(
@@ -205,11 +273,62 @@ def build_outcome(
         for i, j in itertools.combinations(range(len(names)), 2)
     )
     return PatternOutcome(
-        blocks=tuple(results),
+        blocks=tuple(blocks),
         pattern=pattern_result,
         pairs=pairs,
-        warnings=tuple(warnings),
+        warnings=tuple(_warnings(pattern, agg, wrong, ranks_per_gpu)),
         comm_compute_overlap_by_rank=tuple(float(v) for v in agg.comm_compute_overlap_by_rank),
+    )
+
+
+def _overlap_figures(
+    ideal_us: Callable[[np.ndarray], float],
+    blocks: Sequence[BlockResult],
+    iso_reps: Sequence[tuple[np.ndarray, int]],
+    makespan_us: float,
+    makespan_rep: np.ndarray,
+    noise: _Noise,
+) -> dict[str, float]:
+    """Serial, ideal and overlap efficiency (with intervals), when every block was measured
+    alone: each resample recomputes serial and ideal from the same isolated resamples, so the
+    interval knows that ideal is one of serial's terms."""
+    iso = np.array([b.isolated_latency_avg_us for b in blocks])
+    if len(blocks) < 2 or not np.isfinite(iso).all() or not makespan_rep.size:
+        return {}
+    reps = np.stack([rep for rep, _ in iso_reps])  # (blocks, resamples)
+    df = min(df for _, df in iso_reps)
+    serial, ideal = float(iso.sum()), ideal_us(iso)
+    serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
+    ideal_rep = noise.add("ideal_us", ideal, np.array([ideal_us(col) for col in reps.T]), df)
+    efficiency = float(overlap.overlap_efficiency(serial, makespan_us, ideal))
+    if math.isfinite(efficiency):
+        noise.add(
+            "overlap_efficiency",
+            efficiency,
+            # No headroom guard per resample: a resample with little headroom is part of the
+            # noise (a wide interval), not a hole in it.
+            np.asarray(
+                overlap.overlap_efficiency(
+                    serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
+                )
+            ),
+            df,  # the makespan's window has as many iterations as each block's
+            limits=(-math.inf, math.inf),
+        )
+    return {"serial_us": serial, "ideal_us": ideal, "overlap_efficiency": efficiency}
+
+
+def _efficiency_notes(efficiency: float, low: float, high: float) -> list[str]:
+    """A note for an overlap efficiency whose whole interval lies outside [0, 1]."""
+    where = f"overlap efficiency {efficiency:.3f} (95 % interval {low:.3f} to {high:.3f})"
+    return _note_if(
+        high < 0,
+        f"{where} < 0 beyond noise: the blocks took longer together than one after another "
+        "(they slow each other down more than overlap saves)",
+    ) + _note_if(
+        low > 1,
+        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its "
+        "critical path alone (blocks ran faster together than alone, or the isolated runs were slow)",
     )
 
 
@@ -217,34 +336,83 @@ def _pattern_result(
     suite: SuiteSpec,
     pattern: PatternSpec,
     agg: WindowAggregate,
-    isolated: Isolated,
-    iso_se: Sequence[float],
-    bus_bytes_total: float,
-    wrong: np.ndarray | None,
-    peak_memory_bytes: int | None,
-    profiler: str,
-) -> tuple[PatternResult, list[str]]:
-    makespan = _latency_stats_or_nan(agg.makespan_ns)
-    iso = isolated.avg_us
-    complete = bool(np.isfinite(iso).all()) and iso.size > 0
-    serial = float(iso.sum()) if complete else math.nan
-    # Ideal: the critical path of the isolated durations over after: and lane order.
-    ideal, path = critical_path(iso, predecessors(pattern.blocks))
-    efficiency = float(overlap.overlap_efficiency(serial, makespan.avg_us, ideal))
-    notes = []
-    if complete and math.isfinite(efficiency):
-        noise = overlap.efficiency_noise(
-            serial,
-            ideal,
+    blocks: Sequence[BlockResult],
+    iso_reps: Sequence[tuple[np.ndarray, int]],
+    bus_bytes: float,
+    noise: _Noise,
+) -> PatternResult:
+    # One block: its makespan is its latency, and serial and ideal its isolated latency;
+    # those copies are left out (one change must count once).
+    several = len(blocks) > 1
+    makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
+    makespan_rep = np.empty(0)
+    if several:
+        makespan_rep = noise.add(
+            "makespan_avg_us",
             makespan.avg_us,
-            math.sqrt(sum(se**2 for se in iso_se)),
-            math.sqrt(sum(iso_se[b] ** 2 for b in path)),
-            overlap.standard_error_us(makespan.stdev_us, makespan.count),
+            noise.over.resample(agg.makespan_ns) / 1e3,
+            degrees_of_freedom(agg.makespan_ns),
         )
-        flag = _efficiency_note(efficiency, noise)
-        if flag:
-            notes.append(flag)
+    figures = _overlap_figures(
+        ideal_of(pattern), blocks, iso_reps, makespan.avg_us, makespan_rep, noise
+    )
+    shared = math.nan
+    if bus_bytes and several:
+        shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
+        noise.add(
+            "shared_busbw_gbps",
+            shared,
+            shared * makespan.avg_us / makespan_rep,
+            degrees_of_freedom(agg.makespan_ns),
+        )
+    cc = agg.comm_compute_overlap
+    if math.isfinite(cc):
+        hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
+        df = degrees_of_freedom(agg.comm_compute_by_iter[1])
+        noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
+    intervals = noise.take()
+    eff = figures.get("overlap_efficiency", math.nan)
+    notes = _efficiency_notes(eff, *intervals.get("overlap_efficiency", (math.nan,) * 3)[:2])
+    enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
+    return PatternResult(
+        suite=suite.name,
+        pattern=pattern.name,
+        iters=pattern.num_iters,
+        num_blocks=len(blocks),
+        warmup_iters=pattern.warmup_iters,
+        sync=pattern.sync,
+        graph=pattern.graph,
+        makespan_avg_us=makespan.avg_us,
+        makespan_p99_us=makespan.p99_us,
+        **figures,
+        shared_busbw_gbps=shared,
+        comm_compute_overlap=cc,
+        lane_skew_p50_us=_us(agg.lane_skew_ns, "p50"),
+        lane_skew_p99_us=_us(agg.lane_skew_ns, "p99"),
+        lane_skew_max_us=_us(agg.lane_skew_ns, "max"),
+        gate_skew_p50_us=_us(agg.gate_skew_ns, "p50"),
+        gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
+        gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
+        gate_spin_us=agg.gate_spin_us,
+        enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
+        host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
+        notes="; ".join(notes),
+        intervals=intervals,
+    )
+
+
+def _warnings(
+    pattern: PatternSpec, agg: WindowAggregate, wrong: np.ndarray | None, ranks_per_gpu: int | None
+) -> list[str]:
+    """Per-pattern warnings (a late CPU start is counted in ``host_late_iters`` and summed up
+    once at the end of the run, not warned about per pattern)."""
     warnings = []
+    if ranks_per_gpu is not None and ranks_per_gpu > 1:
+        warnings.append(
+            f"pattern {pattern.name}: {ranks_per_gpu} ranks share each GPU "
+            "(NCCL_MULTI_RANK_GPU_ENABLE=1): they time-share it, so these timings describe "
+            "nothing real; use this mode for correctness only"
+        )
     if wrong is not None and (wrong > 0).any():
         bad = ", ".join(
             f"{pattern.blocks[b].name} ({int(wrong[b])})" for b in np.flatnonzero(wrong > 0)
@@ -254,57 +422,17 @@ def _pattern_result(
         )
     enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
     late = int(np.count_nonzero(agg.host_late))
-    if late:
+    if late and enqueue.size:
         which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + (
             ", ..." if late > 5 else ""
         )
-        if enqueue.size:
-            warnings.append(
-                f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
-                f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
-                f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
-                "of those iterations could start before every block was issued, so their "
-                "starts and overlap are launch-bound (one or two in many iterations are host "
-                "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
-                "calibrates on more iterations)"
-            )
-        else:
-            warnings.append(
-                f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
-                f"({which}) a rank learned the agreed start instant after it had passed, so "
-                "the ranks did not start together (a busy host; raise warmup_iters so the "
-                "start margin calibrates on more iterations)"
-            )
-    result = PatternResult(
-        suite=suite.name,
-        pattern=pattern.name,
-        iters=pattern.num_iters,
-        num_blocks=len(pattern.blocks),
-        warmup_iters=pattern.warmup_iters,
-        sync=pattern.sync,
-        graph=pattern.graph,
-        makespan_avg_us=makespan.avg_us,
-        makespan_p99_us=makespan.p99_us,
-        serial_us=serial,
-        ideal_us=ideal,
-        overlap_efficiency=efficiency,
-        shared_busbw_gbps=(
-            float(overlap.shared_busbw_gbps(bus_bytes_total, makespan.avg_us * 1e-6))
-            if bus_bytes_total
-            else math.nan
-        ),
-        comm_compute_overlap=agg.comm_compute_overlap,
-        lane_skew_p50_us=_p(agg.lane_skew_ns, 50),
-        lane_skew_p99_us=_p(agg.lane_skew_ns, 99),
-        lane_skew_max_us=_max_us(agg.lane_skew_ns),
-        gate_skew_p50_us=_p(agg.gate_skew_ns, 50),
-        gate_skew_max_us=_max_us(agg.gate_skew_ns),
-        gate_delay_max_us=_max_us(agg.gate_delay_ns),
-        gate_spin_us=agg.gate_spin_us,
-        enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
-        host_late_iters=late if agg.host_late_known else None,
-        peak_memory_bytes=peak_memory_bytes,
-        profiler=profiler,
-        notes="; ".join(notes),
-    )
-    return result, warnings
+        warnings.append(
+            f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+            f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
+            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
+            "of those iterations could start before every block was issued, so their "
+            "starts and overlap are launch-bound (one or two in many iterations are host "
+            "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
+            "calibrates on more iterations)"
+        )
+    return warnings

@@ -8,8 +8,6 @@ All functions are vectorised over iterations and never modify their inputs.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -20,10 +18,7 @@ __all__ = [
     "overlap_efficiency",
     "pairwise_overlap_mean",
     "shared_busbw_gbps",
-    "efficiency_noise",
     "slowdown",
-    "slowdown_noise",
-    "standard_error_us",
     "union_intersection_ns",
     "union_length_ns",
 ]
@@ -247,50 +242,6 @@ def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float 
     out = np.full(np.broadcast_shapes(over.shape, iso.shape), np.nan)
     np.divide(over, iso, out=out, where=iso > 0)
     return _scalar_or_array(out)
-
-
-NOISE_STANDARD_ERRORS = 2.0
-"""How many standard errors of the mean a figure must move before it counts as more than noise."""
-
-
-def standard_error_us(stdev_us: float, count: int) -> float:
-    """Standard error of a mean of ``count`` iterations with population stdev ``stdev_us``."""
-    if count < 2 or not math.isfinite(stdev_us):
-        return math.nan
-    return stdev_us / math.sqrt(count - 1)  # ddof=0 stdev -> unbiased SE of the mean
-
-
-def slowdown_noise(
-    slowdown_value: float, over_avg: float, over_se: float, iso_avg: float, iso_se: float
-) -> float:
-    """NOISE_STANDARD_ERRORS x the standard error of overlapped/isolated (first order)."""
-    rel = (
-        math.hypot(over_se / over_avg, iso_se / iso_avg)
-        if over_avg > 0 and iso_avg > 0
-        else math.nan
-    )
-    return NOISE_STANDARD_ERRORS * abs(slowdown_value) * rel
-
-
-def efficiency_noise(
-    serial: float,
-    ideal: float,
-    makespan: float,
-    serial_se: float,
-    ideal_se: float,
-    makespan_se: float,
-) -> float:
-    """NOISE_STANDARD_ERRORS x the standard error of (S - M) / (S - I), first order in S, I, M
-    taken as independent."""
-    headroom = serial - ideal
-    if not headroom > 0:
-        return math.nan
-    d_s = (makespan - ideal) / headroom**2
-    d_i = (serial - makespan) / headroom**2
-    d_m = -1.0 / headroom
-    return NOISE_STANDARD_ERRORS * math.sqrt(
-        (d_s * serial_se) ** 2 + (d_i * ideal_se) ** 2 + (d_m * makespan_se) ** 2
-    )
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:

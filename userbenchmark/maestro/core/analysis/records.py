@@ -32,48 +32,58 @@ class Metric:
     """Values it can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in [0, 1]) or any
     ``finite`` number; anything else is invalid, never judged."""
     meaning: str
-    threshold: float
-    """How large a change must be to count: a fraction of the control value, or in the
-    metric's own unit when ``absolute``."""
+    floor: float | None
+    """The smallest change that counts (run-to-run drift that one run cannot see): a fraction
+    of the control value, or in the metric's own unit when ``absolute``. None: not judged (an
+    extreme or a descriptive figure, whose noise one run does not measure)."""
     absolute: bool = False
+    exact: bool = False
+    """A count without noise (wrong elements): any change past the floor counts."""
+
+    @property
+    def interval(self) -> bool:
+        """The record carries a 95 % interval for it (``<name>_ci_low``, ``_ci_high``,
+        ``_ci_df``)."""
+        return self.floor is not None and not self.exact
 
 
-def metric(
-    *,
-    better: Direction | None,
-    domain: Domain,
-    meaning: str,
-    threshold: float,
-    absolute: bool = False,
-    default: Any = math.nan,
-) -> Any:
-    """A record field that is a metric (``default=dataclasses.MISSING``: a required field)."""
-    info = Metric(
-        better=better, domain=domain, meaning=meaning, threshold=threshold, absolute=absolute
-    )
-    return field(default=default, metadata={"metric": info})
+def metric(*, default: Any = math.nan, **info: Any) -> Any:
+    """A record field that is a metric, described by :class:`Metric`'s fields
+    (``default=dataclasses.MISSING``: a required field)."""
+    return field(default=default, metadata={"metric": Metric(**info)})
 
 
-# Averages, sums and bandwidths move little between identical runs: 5 %. Tails, extremes,
-# skews and ratios of two measurements are noisier: 10 %. Fractions in [0, 1] can sit near
-# zero, where any relative threshold fires on noise, so they use 0.05 absolute (5 points).
+# Floors: identical back-to-back runs moved a sleep's mean by up to 4 % on a 2-core CPU and a
+# GEMM's kernel time by up to 1.5 % on an H200, so averages and rates count from 5 %. Skews sit
+# near 0, where any relative floor fires on noise: 5 µs. Extremes and tails (min, max, p99)
+# are not judged: one run's tail is a handful of iterations, which a busy host moves by 2x;
+# nor are the lanes' and gates' skews: they say how well maestro started the blocks together
+# (on a busy CPU host their median jumps between 1 and 100 µs from run to run), not how the
+# system under test performs.
 # Latencies, bandwidths, rates and their ratios are > 0 whenever they were measured at all (an
 # untimed block has no value, not a 0); counts and skews are >= 0.
 _REQUIRED = dataclasses.MISSING
+_INTERVALS = {"intervals": True}
 
 
-def _latency(meaning: str, threshold: float = 0.05, default: Any = math.nan) -> Any:
-    return metric(
-        better="lower", domain="positive", meaning=meaning, threshold=threshold, default=default
-    )
+def _latency(meaning: str, floor: float | None = 0.05, default: Any = math.nan) -> Any:
+    return metric(better="lower", domain="positive", meaning=meaning, floor=floor, default=default)
 
 
 def _rate(meaning: str) -> Any:
-    return metric(better="higher", domain="positive", meaning=meaning, threshold=0.05)
+    return metric(better="higher", domain="positive", meaning=meaning, floor=0.05)
 
 
-def _spread(meaning: str) -> Any:
-    return metric(better="lower", domain="non_negative", meaning=meaning, threshold=0.10)
+def _skew(meaning: str, floor: float | None = 5.0) -> Any:
+    return metric(
+        better="lower", domain="non_negative", meaning=meaning, floor=floor, absolute=True
+    )
+
+
+def _fraction(
+    meaning: str, domain: Domain = "fraction", better: Direction | None = "higher"
+) -> Any:
+    return metric(better=better, domain=domain, meaning=meaning, floor=0.05, absolute=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,32 +105,35 @@ class BlockResult:
     latency_avg_us: float = _latency(
         "mean of the per-iteration max-over-ranks latency", default=_REQUIRED
     )
-    latency_min_us: float = _latency("smallest iteration latency", 0.10, _REQUIRED)
-    latency_max_us: float = _latency("largest iteration latency", 0.10, _REQUIRED)
+    latency_min_us: float = _latency("smallest iteration latency", None, _REQUIRED)
+    latency_max_us: float = _latency("largest iteration latency", None, _REQUIRED)
     latency_p50_us: float = _latency("median iteration latency (nearest rank)", 0.05, _REQUIRED)
-    latency_p99_us: float = _latency("99th-percentile latency (nearest rank)", 0.10, _REQUIRED)
+    latency_p99_us: float = _latency(
+        "99th-percentile latency (nearest rank; 100 iterations or more)", None
+    )
     latency_stdev_us: float
     algbw_gbps: float = _rate("size / avg latency, GB = 1e9 bytes")
     busbw_gbps: float = _rate("algbw times the collective's bus factor")
     tflops: float = _rate("GEMM rate, 2mnk / avg latency, 1e12 FLOP/s")
     isolated_latency_avg_us: float = _latency("mean latency of the block run alone")
     isolated_latency_stdev_us: float = math.nan
-    slowdown: float = _latency("overlapped avg / isolated avg latency", 0.10)
+    slowdown: float = _latency("overlapped avg / isolated avg latency")
     wrong_elements: int | None = metric(
         better="lower",
         domain="non_negative",
         meaning="elements that failed check mode",
-        threshold=0.0,
+        floor=0.0,
         absolute=True,
+        exact=True,
         default=None,
     )
-    start_skew_us: float = _spread("spread of the block's start across ranks")
+    start_skew_us: float = _skew("spread of the block's start across ranks")
     """Mean over iterations of the latest minus the earliest start of this block over the
     ranks that run it (the ranks must share a clock: one host; NaN otherwise)."""
     last_to_start_rank: int | None = None
     """The rank that started this block last in the most iterations: for a collective, the
     one the others waited for (None where start skew is unknown)."""
-    duration_spread_us: float = _spread("spread of per-rank mean durations")
+    duration_spread_us: float = _skew("spread of per-rank mean durations", None)
     """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
     kernel_ctas_max: int | None = None
@@ -142,6 +155,12 @@ class BlockResult:
     timings describe nothing real); None on CPU."""
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
+    intervals: dict[str, tuple[float, float, int]] = field(
+        default_factory=dict, metadata=_INTERVALS
+    )
+    """95 % interval (low, high) of each metric that has one, and its degrees of freedom (the
+    independent blocks of iterations it rests on, less one): the files' ``<name>_ci_low``,
+    ``<name>_ci_high`` and ``<name>_ci_df`` columns, beside the figure."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,31 +177,20 @@ class PatternResult:
     graph: bool = False
     """CUDA-graph mode: each block's launch captured once and replayed."""
     makespan_avg_us: float = _latency("mean of last end - first start", default=_REQUIRED)
-    makespan_p99_us: float = _latency("99th-percentile makespan", 0.10, _REQUIRED)
+    makespan_p99_us: float = _latency("99th-percentile makespan (100 iterations or more)", None)
     serial_us: float = _latency("sum of the blocks' isolated latencies")
     ideal_us: float = _latency("critical path of isolated latencies (perfect overlap)")
-    overlap_efficiency: float = metric(
-        better="higher",
-        domain="finite",  # below 0: slower than serial; above 1: beat the ideal
-        meaning="(serial-makespan)/(serial-ideal)",
-        threshold=0.05,
-        absolute=True,
-    )
+    # below 0: slower than serial; above 1: beat the ideal
+    overlap_efficiency: float = _fraction("(serial-makespan)/(serial-ideal)", "finite")
     shared_busbw_gbps: float = _rate("all collectives' bus bytes / makespan")
-    comm_compute_overlap: float = metric(
-        better="higher",
-        domain="fraction",
-        meaning="|comm & compute| / |comm|",
-        threshold=0.05,
-        absolute=True,
-    )
-    lane_skew_p50_us: float = _spread("median gap between the lanes' first kernels")
-    lane_skew_p99_us: float = _spread("p99 gap between the lanes' first kernels")
-    lane_skew_max_us: float = _spread("largest gap between the lanes' first kernels")
-    gate_skew_p50_us: float = _spread("median spread of the ranks' gate openings")
+    comm_compute_overlap: float = _fraction("|comm & compute| / |comm|")
+    lane_skew_p50_us: float = _skew("median gap between the lanes' first kernels", None)
+    lane_skew_p99_us: float = _skew("p99 gap between the lanes' first kernels", None)
+    lane_skew_max_us: float = _skew("largest gap between the lanes' first kernels", None)
+    gate_skew_p50_us: float = _skew("median spread of the ranks' gate openings", None)
     """Median over iterations of the spread across ranks of the instant their gates opened
     (ranks on one host, with a profiler on the host clock; NaN otherwise)."""
-    gate_skew_max_us: float = _spread("largest spread of the ranks' gate openings")
+    gate_skew_max_us: float = _skew("largest spread of the ranks' gate openings", None)
     gate_delay_max_us: float = math.nan
     """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
     waiting for SMs or copy engines held by another lane shows here)."""
@@ -209,6 +217,10 @@ class PatternResult:
     """Ranks sharing one GPU (see BlockResult.ranks_per_gpu)."""
     notes: str = ""
     """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
+    intervals: dict[str, tuple[float, float, int]] = field(
+        default_factory=dict, metadata=_INTERVALS
+    )
+    """95 % interval of each metric that has one (see BlockResult.intervals)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,13 +232,13 @@ class PairResult:
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern (the files' ``block_a``, ``block_b`` columns)."""
     # Descriptive: blocks that overlap more are not better or worse (two blocks on one lane
-    # are meant not to), so no direction; a move of 5 points either way is reported.
+    # are meant not to), and running at the same time is not sharing nothing (read the
+    # blocks' slowdown beside it): no direction, not judged.
     pairwise_overlap: float = metric(
         better=None,
         domain="fraction",
-        meaning="|A & B| / min(|A|, |B|) of two blocks",
-        threshold=0.05,
-        absolute=True,
+        meaning="time both blocks were running / the shorter block's time",
+        floor=None,
     )
     """Mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 

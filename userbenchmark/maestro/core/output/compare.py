@@ -2,8 +2,10 @@
 
 Reads TorchBench metrics JSON, maestro's results.json / patterns.json / pairs.json records or a
 whole ``--output-dir`` (through the results frames of core/output/results.py), normalises each
-to ``{metric key: float}`` and judges every common key with core/output/metric_keys.py. Any
-file, however malformed, ends in CompareError naming it, never in another exception.
+to ``{metric key: float}`` (intervals as ``_ci_low``/``_ci_high`` keys) and judges every common
+key against the noise both runs measured (core/output/verdicts.py). A treatment that lacks a
+pattern or block of the control, or that recorded failures, fails the comparison. Any file,
+however malformed, ends in CompareError naming it, never in another exception.
 """
 
 from __future__ import annotations
@@ -18,15 +20,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ...errors import MaestroError
-from .metric_keys import (
-    METRICS,
-    Direction,
-    Threshold,
-    judge_key,
-    metric_direction,
-    metric_value_problem,
-    parse_metric_key,
-)
+from .metric_keys import METRICS, metric_value_problem, parse_metric_key, split_bound
 from .results import (
     Results,
     ResultsError,
@@ -34,16 +28,16 @@ from .results import (
     load_results,
     metrics_from_results,
     read_json_file,
+    records_of,
     results_from_records,
 )
 from .settings import setting_differences, stack_line
+from .verdicts import Judgement, Reading, judge_all, readings
 
 __all__ = [
     "CompareError",
     "CompareResult",
-    "CompareRow",
     "compare_files",
-    "compare_metrics",
     "exit_code",
     "format_compare_table",
     "load_metrics",
@@ -54,120 +48,6 @@ __all__ = [
 class CompareError(MaestroError, ValueError):
     """A file cannot be compared (missing, not JSON, wrong shape, an invalid value, nothing in
     common); the message names the file."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareRow:
-    """One metric key of the comparison; ``a`` or ``b`` is None when the key is on one side only."""
-
-    key: str
-    a: float | None
-    b: float | None
-    delta: float | None
-    """Relative change (b - a) / |a|; ±inf when a is 0; None for a one-sided key."""
-    direction: Direction | None
-    threshold: Threshold | None
-    verdict: str
-    """regressed, improved, unchanged, changed (direction unknown), only in A, only in B."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareResult:
-    """Every key of both files, sorted by key."""
-
-    path_a: str
-    path_b: str
-    rows: tuple[CompareRow, ...]
-    stack_a: str = "unknown"
-    stack_b: str = "unknown"
-    """What each run ran on (versions, device), from its settings."""
-    setting_differences: tuple[str, ...] = ()
-    """Measurement settings both runs record with different values (compared anyway)."""
-    unrecorded: tuple[str, ...] = ()
-    """Sides (A, B) whose settings are not known, so they could not be checked."""
-
-    @property
-    def regressions(self) -> tuple[CompareRow, ...]:
-        return tuple(r for r in self.rows if r.verdict == "regressed")
-
-    def count(self, verdict: str) -> int:
-        """Number of rows with ``verdict``."""
-        return sum(1 for r in self.rows if r.verdict == verdict)
-
-
-def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
-    """Parse ``METRIC=FRACTION`` strings (``latency_p99_us=0.2`` or ``=20%``) into a dict."""
-    overrides: dict[str, float] = {}
-    for item in items:
-        metric, sep, text = item.partition("=")
-        metric, text = metric.strip(), text.strip()
-        if not sep or not metric or not text:
-            raise CompareError(
-                f"--threshold {item!r}: expected METRIC=FRACTION, e.g. busbw_gbps=0.1"
-            )
-        try:
-            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-        except ValueError:
-            raise CompareError(f"--threshold {item!r}: {text!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise CompareError(f"--threshold {item!r}: expected a finite value >= 0")
-        overrides[metric] = value
-    return overrides
-
-
-def load_metrics(path: str | Path) -> dict[str, float]:
-    """Read one file (or an ``--output-dir``) into ``{metric key: float}``; CompareError,
-    naming the file, when it cannot be used or holds a value no metric can take."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            metrics = _from_output_dir(path)
-        else:
-            doc = read_json_file(path)
-            if isinstance(doc, dict) and "metrics" in doc:
-                metrics = _from_metrics_json(doc, path)
-            elif isinstance(doc, list):
-                metrics = _from_results(results_from_records(doc, str(path)), path)
-            else:
-                raise CompareError(
-                    f"{path}: expected a TorchBench metrics JSON object "
-                    '({"name", "environ", "metrics"}) or a list of maestro result records '
-                    "(results.json, patterns.json, pairs.json)"
-                )
-    except ResultsError as exc:
-        raise CompareError(_clip(str(exc))) from None
-    if not metrics:
-        raise CompareError(f"{path}: holds no metrics")
-    return metrics
-
-
-def compare_metrics(
-    a: Mapping[str, float],
-    b: Mapping[str, float],
-    *,
-    threshold_overrides: Mapping[str, float] | None = None,
-) -> tuple[CompareRow, ...]:
-    """Judge every key of ``a`` and ``b`` (B against A); one row per key, sorted by key."""
-    rows = []
-    for key in sorted(a.keys() | b.keys()):
-        if key not in b:
-            rows.append(_one_sided(key, a=a[key], b=None, verdict="only in A"))
-        elif key not in a:
-            rows.append(_one_sided(key, a=None, b=b[key], verdict="only in B"))
-        else:
-            j = judge_key(key, a[key], b[key], threshold_overrides=threshold_overrides)
-            rows.append(
-                CompareRow(
-                    key=key,
-                    a=j.control,
-                    b=j.treatment,
-                    delta=j.delta,
-                    direction=j.direction,
-                    threshold=j.threshold,
-                    verdict=j.verdict,
-                )
-            )
-    return tuple(rows)
 
 
 class SettingsDiffer(CompareError):
@@ -184,28 +64,140 @@ class SettingsDiffer(CompareError):
         self.differences = tuple(differences)
 
 
-def load_settings(path: str | Path) -> dict[str, Any] | None:
-    """A run's settings: a metrics file's ``environ``, or ``run.json`` beside results files
-    (in an ``--output-dir``); None when the run records none (older files)."""
-    path = Path(path)
-    if path.is_dir():
-        candidate = path / "run.json"
-    elif path.name in ("results.json", "patterns.json", "pairs.json"):
-        candidate = path.with_name("run.json")
-    else:
+@dataclass(frozen=True, kw_only=True)
+class CompareResult:
+    """Every key of both files, sorted by key, and what the treatment lacks."""
+
+    path_a: str
+    path_b: str
+    judgements: tuple[Judgement, ...]
+    """One per key both files have."""
+    only_a: Mapping[str, float]
+    only_b: Mapping[str, float]
+    missing: tuple[str, ...] = ()
+    """Patterns and blocks the control has and the treatment lacks (``pattern`` or
+    ``pattern/block``): the treatment did not measure them."""
+    failures: tuple[str, ...] = ()
+    """Patterns the treatment's failures.json says failed."""
+    stack_a: str = "unknown"
+    stack_b: str = "unknown"
+    """What each run ran on (versions, device), from its settings."""
+    setting_differences: tuple[str, ...] = ()
+    """Measurement settings both runs record with different values (compared under --force)."""
+    notes: tuple[str, ...] = ()
+    """What could not be checked, and why."""
+
+    @property
+    def regressions(self) -> tuple[Judgement, ...]:
+        return tuple(j for j in self.judgements if j.verdict == "regressed")
+
+    def count(self, verdict: str) -> int:
+        """Number of keys with ``verdict``."""
+        return sum(1 for j in self.judgements if j.verdict == verdict)
+
+
+def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
+    """Parse ``METRIC=FLOOR`` strings (``latency_p99_us=0.2`` or ``=20%``; an absolute metric's
+    floor in its unit) into a dict."""
+    overrides: dict[str, float] = {}
+    for item in items:
+        metric, sep, text = item.partition("=")
+        metric, text = metric.strip(), text.strip()
+        if not sep or not metric or not text:
+            raise CompareError(f"--threshold {item!r}: expected METRIC=FLOOR, e.g. busbw_gbps=0.1")
         try:
-            doc = read_json_file(path)
-        except ResultsError as exc:
-            raise CompareError(_clip(str(exc))) from None
-        environ = doc.get("environ") if isinstance(doc, dict) else None
-        return dict(environ) if isinstance(environ, dict) else None
-    if not candidate.is_file():
-        return None
+            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            raise CompareError(f"--threshold {item!r}: {text!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise CompareError(f"--threshold {item!r}: expected a finite value >= 0")
+        overrides[metric] = value
+    return overrides
+
+
+def load_metrics(path: str | Path) -> dict[str, float]:
+    """Read one file (or an ``--output-dir``) into ``{metric key: float}``; CompareError,
+    naming the file, when it cannot be used or holds a value no metric can take."""
+    return _load_side(Path(path)).metrics
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Side:
+    """One run as compare sees it."""
+
+    metrics: dict[str, float]
+    settings: dict[str, Any] | None
+    """The run's environ (metrics file) or run.json; None when it records none."""
+    table_settings: dict[str, str] | None
+    """Settings the results tables themselves record (iterations, ops, sizes); None for a
+    metrics file."""
+    failures: tuple[str, ...] = ()
+    note: str = ""
+
+
+def _load_side(path: Path) -> _Side:
+    """Read a file or folder once: its metrics, settings and failures."""
     try:
-        doc = read_json_file(candidate)
-    except ResultsError as exc:
-        raise CompareError(_clip(str(exc))) from None
-    return dict(doc) if isinstance(doc, dict) else None
+        doc = None if path.is_dir() else read_json_file(path)
+        if isinstance(doc, dict) and "metrics" in doc:
+            environ = doc.get("environ")
+            side = _Side(
+                metrics=_from_metrics_json(doc, path),
+                settings=dict(environ) if isinstance(environ, dict) else None,
+                table_settings=None,
+            )
+        elif doc is None or isinstance(doc, list):
+            side = _results_side(path, doc)
+        else:
+            raise CompareError(
+                f"{path}: expected a TorchBench metrics JSON object "
+                '({"name", "environ", "metrics"}) or a list of maestro result records '
+                "(results.json, patterns.json, pairs.json)"
+            )
+        readings(side.metrics)
+    except CompareError:
+        raise
+    except (ResultsError, ValueError) as exc:
+        text = str(exc)
+        message = text if text.startswith(str(path)) else f"{path}: {text}"
+        raise CompareError(_clip(message)) from None
+    if not side.metrics:
+        raise CompareError(f"{path}: holds no metrics")
+    return side
+
+
+def _results_side(path: Path, records: list[Any] | None) -> _Side:
+    """An ``--output-dir`` (``records`` None) or one results file's records, with the
+    run.json and failures.json beside them."""
+    folder = path if records is None else path.parent
+    if records is None:
+        if not (path / "results.json").exists():
+            raise CompareError(
+                f"{path}: is a directory without maestro results (results.json); expected a "
+                "metrics JSON, a results.json / patterns.json / pairs.json, or an --output-dir"
+            )
+        results = load_results(path)
+    else:
+        results = results_from_records(records, str(path))
+    settings = _read_json_beside(folder / "run.json")
+    failures = _read_json_beside(folder / "failures.json")
+    if failures is not None and not (
+        isinstance(failures, list) and all(isinstance(f, dict) for f in failures)
+    ):
+        raise CompareError(f"{folder / 'failures.json'}: expected a list of {{pattern, error}}")
+    note = ""
+    if settings is None:
+        note = (
+            f"{path}: no run.json beside it; only the settings its results record (iterations, "
+            "ops, dtypes, sizes) were checked"
+        )
+    return _Side(
+        metrics=_from_results(results, path),
+        settings=settings if isinstance(settings, dict) else None,
+        table_settings=_table_settings(results),
+        failures=tuple(str(f.get("pattern", "?")) for f in failures or ()),
+        note=note,
+    )
 
 
 def compare_files(
@@ -215,83 +207,153 @@ def compare_files(
     threshold_overrides: Mapping[str, float] | None = None,
     force: bool = False,
 ) -> CompareResult:
-    """Load both files and compare B against A.
+    """Load both files and compare B (treatment) against A (control).
 
     CompareError when they share no metric key; SettingsDiffer when their measurement
     settings differ, unless ``force`` (then the result lists the differences).
     """
-    settings_a, settings_b = load_settings(path_a), load_settings(path_b)
-    differences: list[str] = []
-    if settings_a is not None and settings_b is not None:
-        differences = setting_differences(settings_a, settings_b)
-        if differences and not force:
-            raise SettingsDiffer(str(path_a), str(path_b), differences)
-    a = load_metrics(path_a)
-    b = load_metrics(path_b)
-    if not a.keys() & b.keys():
+    a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
+    differences = []
+    if a.settings is not None and b.settings is not None:
+        differences += setting_differences(a.settings, b.settings)
+    if a.table_settings is not None and b.table_settings is not None:
+        differences += setting_differences(a.table_settings, b.table_settings)
+    differences = sorted(set(differences))
+    if differences and not force:
+        raise SettingsDiffer(str(path_a), str(path_b), differences)
+    if not a.metrics.keys() & b.metrics.keys():
         raise CompareError(
             f"{path_a} and {path_b} have no metric key in common "
-            f"(suites {_suites(a)} vs {_suites(b)})"
+            f"(suites {_suites(a.metrics)} vs {_suites(b.metrics)})"
         )
     if threshold_overrides:
-        _check_overrides(threshold_overrides, a.keys() | b.keys())
-    rows = compare_metrics(a, b, threshold_overrides=threshold_overrides)
+        _check_overrides(threshold_overrides, a.metrics.keys() | b.metrics.keys())
+    ra, rb = readings(a.metrics), readings(b.metrics)
+    notes = [side.note for side in (a, b) if side.note]
+    if a.settings is None and (a.table_settings is None or b.table_settings is None):
+        notes.append("A records no settings: that both measured the same thing was not checked")
+    if b.settings is None and (a.table_settings is None or b.table_settings is None):
+        notes.append("B records no settings: that both measured the same thing was not checked")
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
-        rows=rows,
-        stack_a=stack_line(settings_a or {}),
-        stack_b=stack_line(settings_b or {}),
+        judgements=tuple(judge_all(ra, rb, floors=threshold_overrides)),
+        only_a={k: ra[k].value for k in sorted(ra.keys() - rb.keys())},
+        only_b={k: rb[k].value for k in sorted(rb.keys() - ra.keys())},
+        missing=_missing(ra, rb),
+        failures=b.failures,
+        stack_a=stack_line(a.settings or {}),
+        stack_b=stack_line(b.settings or {}),
         setting_differences=tuple(differences),
-        unrecorded=tuple(side for side, s in (("A", settings_a), ("B", settings_b)) if s is None),
+        notes=tuple(notes),
     )
 
 
+def exit_code(result: CompareResult) -> int:
+    """1 when a metric regressed beyond noise, or the treatment lacks patterns or blocks of
+    the control or recorded failures; else 0."""
+    return 1 if result.regressions or result.missing or result.failures else 0
+
+
 def format_compare_table(result: CompareResult) -> str:
-    """A table (key, A, B, delta %, direction, threshold, verdict) and a one-line summary."""
-    table = [
-        [
-            row.key,
-            _fmt_value(row.a),
-            _fmt_value(row.b),
-            _fmt_delta(row.delta),
-            row.direction or "?",
-            row.threshold.describe() if row.threshold else "",
-            row.verdict,
-        ]
-        for row in result.rows
+    """A table (key, A, B with their intervals, change and its interval, floor, verdict), what
+    the treatment lacks, and a one-line summary."""
+    rows = [_row(j) for j in result.judgements]
+    rows += [
+        [k, _fmt(Reading(value=v)), "", "", "", "", "only in A"] for k, v in result.only_a.items()
     ]
-    headers = ["key", "A", "B", "delta %", "direction", "threshold", "verdict"]
-    align = ("left", "right", "right", "right", "left", "left", "left")
-    text = tabulate(table, headers=headers, disable_numparse=True, colalign=align)
-    verdicts = ("regressed", "improved", "unchanged", "changed", "only in A", "only in B")
-    summary = ", ".join(f"{result.count(v)} {v}" for v in verdicts if result.count(v))
+    rows += [
+        [k, "", _fmt(Reading(value=v)), "", "", "", "only in B"] for k, v in result.only_b.items()
+    ]
+    rows.sort(key=lambda row: row[0])
+    headers = [
+        "key",
+        "A [95 %]",
+        "B [95 %]",
+        "change [at the comparison's level]",
+        "floor",
+        "better",
+    ]
+    headers.append("verdict")
+    text = tabulate(rows, headers=headers, disable_numparse=True)
+    verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
+    counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
+    counts += [f"{len(result.only_a)} only in A"] if result.only_a else []
+    counts += [f"{len(result.only_b)} only in B"] if result.only_b else []
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
     if result.setting_differences:
         head.append(
             "WARNING: compared with --force although the runs' settings differ: "
             + "; ".join(result.setting_differences)
         )
-    if result.unrecorded:
-        head.append(
-            f"note: {' and '.join(result.unrecorded)} record no settings (older files): "
-            "that they measured the same thing was not checked"
+    head += [f"note: {note}" for note in result.notes]
+    tail = []
+    if result.missing:
+        tail.append(f"FAILED: B lacks what A measured: {', '.join(result.missing)}")
+    if result.failures:
+        tail.append(f"FAILED: B recorded failed patterns: {', '.join(result.failures)}")
+    return "\n".join([*head, text, *tail, ", ".join(counts)])
+
+
+def _row(j: Judgement) -> list[str]:
+    if math.isnan(j.low):
+        change = _fmt_change(j.change, j.absolute)
+    else:
+        change = (
+            f"{_fmt_change(j.change, j.absolute)} "
+            f"[{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
         )
-    return "\n".join(head) + f"\n{text}\n{summary}"
+    floor = "" if j.floor is None else (f"{j.floor:g}" if j.absolute else f"{j.floor * 100:g}%")
+    return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", j.verdict]
 
 
-def exit_code(result: CompareResult) -> int:
-    """1 when any metric regressed past its threshold, else 0."""
-    return 1 if result.regressions else 0
+def _fmt(reading: Reading) -> str:
+    # 6 significant digits: sub-microsecond latencies never print as 0.
+    text = f"{reading.value:.6g}"
+    return text + (f" [{reading.low:.4g}, {reading.high:.4g}]" if reading.has_interval else "")
 
 
-def _from_output_dir(path: Path) -> dict[str, float]:
-    if not (path / "results.json").exists():
-        raise CompareError(
-            f"{path}: is a directory without maestro results (results.json); expected a "
-            "metrics JSON, a results.json / patterns.json / pairs.json, or an --output-dir"
+def _fmt_change(change: float, absolute: bool) -> str:
+    if math.isinf(change):
+        return "+inf" if change > 0 else "-inf"
+    if absolute:
+        return f"{change:+.4g}"
+    return f"{change * 100:+.2f}%" if abs(change) < 100 else f"{change * 100:+.3g}%"
+
+
+def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
+    """Patterns, then blocks, that keys of ``a`` name and no key of ``b`` does."""
+
+    def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
+        parsed = [parse_metric_key(k) for k in keys]
+        patterns = {f"{k.suite}/{k.pattern}" for k in parsed}
+        blocks = {f"{k.suite}/{k.pattern}/{k.block}" for k in parsed if k.block}
+        return patterns, blocks
+
+    (pa, ba), (pb, bb) = units(a), units(b)
+    lost = pa - pb
+    return (*sorted(lost), *sorted(x for x in ba - bb if x.rsplit("/", 1)[0] not in lost))
+
+
+def _read_json_beside(path: Path) -> Any:
+    """A JSON file next to the results (None when absent)."""
+    return read_json_file(path) if path.exists() else None
+
+
+def _table_settings(found: Results) -> dict[str, str]:
+    """What the results tables record about how each pattern and block was measured."""
+    out = {}
+    for row in records_of(found.patterns):
+        out[f"pattern.{row['pattern']}"] = (
+            f"iters={row['iters']} warmup_iters={row['warmup_iters']} sync={row['sync']} "
+            f"graph={row['graph']}"
         )
-    return _from_results(load_results(path), path)
+    for row in records_of(found.blocks):
+        out[f"block.{row['pattern']}/{row['block']}"] = (
+            f"op={row['op']} dtype={row['dtype']} team_size={row['team_size']} "
+            f"size_bytes={row['size_bytes']} iters={row['iters']} {row['work']}"
+        )
+    return out
 
 
 def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
@@ -330,8 +392,9 @@ def _from_results(results: Results, path: Path) -> dict[str, float]:
 
 
 def _checked(metric: str, value: float, where: str) -> float:
-    """``value`` when ``metric`` can take it; else CompareError: an impossible value (a NaN,
-    infinite or non-positive latency) is reported as invalid, never judged."""
+    """``value`` when ``metric`` (or the metric whose interval bound it is) can take it; else
+    CompareError: an impossible value (a NaN, infinite or non-positive latency) is reported
+    as invalid, never judged."""
     problem = metric_value_problem(metric, value)
     if problem is not None:
         raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")
@@ -349,7 +412,7 @@ def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> Non
             raise CompareError(f"--threshold {metric}: expected a number, got {value!r}")
         if not math.isfinite(value) or value < 0:
             raise CompareError(f"--threshold {metric}: expected a finite value >= 0, got {value}")
-    present = {parse_metric_key(k).metric for k in keys}
+    present = {split_bound(parse_metric_key(k).metric)[0] for k in keys}
     unknown = sorted(set(overrides) - present - set(METRICS))
     if unknown:
         raise CompareError(
@@ -360,26 +423,3 @@ def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> Non
 
 def _suites(metrics: Mapping[str, float]) -> list[str]:
     return sorted({parse_metric_key(k).suite for k in metrics})
-
-
-def _one_sided(key: str, *, a: float | None, b: float | None, verdict: str) -> CompareRow:
-    try:
-        direction: Direction | None = metric_direction(parse_metric_key(key).metric)
-    except ValueError:
-        direction = None
-    return CompareRow(
-        key=key, a=a, b=b, delta=None, direction=direction, threshold=None, verdict=verdict
-    )
-
-
-def _fmt_value(value: float | None) -> str:
-    # 6 significant digits: sub-microsecond latencies never print as 0.
-    return "" if value is None else f"{value:.6g}"
-
-
-def _fmt_delta(delta: float | None) -> str:
-    if delta is None:
-        return ""
-    if math.isinf(delta):
-        return "+inf" if delta > 0 else "-inf"
-    return f"{delta * 100:+.2f}%"

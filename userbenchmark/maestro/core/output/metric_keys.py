@@ -1,8 +1,10 @@
-"""Metric keys of maestro's TorchBench metrics file, with each metric's direction and threshold.
+"""Metric keys of maestro's TorchBench metrics file, and what each metric is.
 
 The single source of truth for key syntax (``suite/pattern/block/metric``,
-``suite/pattern/metric`` and ``suite/pattern/a+b/metric`` for a pair of blocks), which way is
-better for every metric, and how large a change must be before it counts. Pure functions.
+``suite/pattern/metric`` and ``suite/pattern/a+b/metric`` for a pair of blocks; a metric's 95 %
+interval as two more keys, ``<metric>_ci_low`` and ``<metric>_ci_high``). What a metric is
+(direction, domain, floor) comes from its record field (core/analysis/records.py). Pure
+functions.
 """
 
 from __future__ import annotations
@@ -11,39 +13,32 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-from ..analysis.records import RECORDS, Direction, Domain, Level, metrics_of
+from ..analysis.records import RECORDS, Direction, Domain, Level, Metric, metrics_of
 
 __all__ = [
     "BLOCK_METRICS",
+    "BOUNDS",
     "METRICS",
     "PAIR_METRICS",
     "PAIR_SEPARATOR",
     "PATTERN_METRICS",
-    "UNKNOWN_DIRECTION_THRESHOLD",
     "Direction",
     "Domain",
-    "Judgement",
     "MetricKey",
     "MetricSpec",
-    "Threshold",
-    "Verdict",
     "check_name",
-    "default_threshold",
-    "judge",
-    "judge_key",
-    "metric_direction",
     "metric_key",
     "metric_value_problem",
     "pair_name",
     "parse_metric_key",
-    "relative_delta",
+    "spec_of",
+    "split_bound",
 ]
 
-Verdict = Literal["regressed", "improved", "unchanged", "changed"]
 NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
 
 PAIR_SEPARATOR: Final = "+"
@@ -69,64 +64,19 @@ _PART_HINTS: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class Threshold:
-    """How large a change in the worse direction must be before it counts as a regression."""
-
-    kind: Literal["relative", "absolute"]
-    """``relative``: a fraction of the control value; ``absolute``: in the metric's own unit."""
-    value: float
-    """0.05 means 5 % for ``relative``; 0 for ``absolute`` means any worsening counts."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("relative", "absolute"):
-            raise ValueError(f"threshold kind must be 'relative' or 'absolute', got {self.kind!r}")
-        if isinstance(self.value, bool) or not math.isfinite(self.value) or self.value < 0:
-            raise ValueError(f"threshold value must be a finite number >= 0, got {self.value!r}")
-
-    def with_value(self, value: float) -> Threshold:
-        """The same kind of threshold with another value (used for user overrides)."""
-        return replace(self, value=float(value))
-
-    def describe(self) -> str:
-        """Short text for tables: ``5%`` or ``abs 0``."""
-        if self.kind == "relative":
-            return f"{self.value * 100:g}%"
-        return f"abs {self.value:g}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricSpec:
-    """One known metric: the level it belongs to, which way is better, and its default threshold
-    (read from the record field's :class:`~..analysis.records.Metric`)."""
+class MetricSpec(Metric):
+    """One metric: its record field's :class:`~..analysis.records.Metric`, its name and level."""
 
     name: str
-    level: Level
-    direction: Direction | None
-    """None: descriptive, neither way is better; a change past the threshold is ``changed``."""
-    threshold: Threshold
-    description: str
-    domain: Domain = "finite"
-    """Values the metric can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in
-    [0, 1]) or any ``finite`` number; anything else is invalid, never judged."""
-
-
-def _rel(value: float) -> Threshold:
-    return Threshold(kind="relative", value=value)
+    level: Level | None
+    """``block``, ``pattern`` or ``pair``; None for a name no record has."""
 
 
 _SPECS: Final[tuple[MetricSpec, ...]] = tuple(
-    MetricSpec(
-        name=name,
-        level=level,
-        direction=info.better,
-        threshold=Threshold(kind="absolute" if info.absolute else "relative", value=info.threshold),
-        description=info.meaning,
-        domain=info.domain,
-    )
+    MetricSpec(name=name, level=level, **asdict(info))
     for level, record_type in RECORDS.items()
     for name, info in metrics_of(record_type).items()
 )
-
 BLOCK_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     {s.name: s for s in _SPECS if s.level == "block"}
 )
@@ -142,11 +92,43 @@ PAIR_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType({s.name: s for s in _SPECS})
 """Every known metric, by name."""
 
-UNKNOWN_DIRECTION_THRESHOLD: Final[Threshold] = _rel(0.10)
-"""Two-sided threshold for a metric whose better direction cannot be told from its name."""
-
-# Name tokens of tail, extreme and spread statistics: noisier, so they get the 10 % default.
+BOUNDS: Final = ("_ci_low", "_ci_high", "_ci_df")
+"""Suffixes of the keys that carry a metric's 95 % interval and its degrees of freedom:
+``latency_avg_us_ci_low``, ``latency_avg_us_ci_high``, ``latency_avg_us_ci_df``."""
+# Name tokens of tail, extreme and spread statistics: a metric of a newer version named so
+# counts from 10 %, any other from 5 %.
 _NOISY_TOKENS: Final[frozenset[str]] = frozenset({"p99", "max", "min", "skew", "stdev"})
+
+
+def split_bound(metric: str) -> tuple[str, int | None]:
+    """(metric, index into BOUNDS) for an interval's key name (``x_ci_low``: ``("x", 0)``),
+    else (metric, None)."""
+    for index, suffix in enumerate(BOUNDS):
+        if metric.endswith(suffix) and len(metric) > len(suffix):
+            return metric[: -len(suffix)], index
+    return metric, None
+
+
+def spec_of(metric: str) -> MetricSpec:
+    """The spec of a known metric; for another name (a newer version's), one inferred from its
+    unit: ``_us`` lower is better, ``_gbps`` and ``tflops`` higher, otherwise descriptive."""
+    known = METRICS.get(metric)
+    if known is not None:
+        return known
+    direction: Direction | None = None
+    if metric.endswith("_us"):
+        direction = "lower"
+    elif metric.endswith(("_gbps", "tflops")):
+        direction = "higher"
+    noisy = bool(_NOISY_TOKENS.intersection(metric.split("_")))
+    return MetricSpec(
+        name=metric,
+        level=None,
+        better=direction,
+        domain="finite",
+        meaning="",
+        floor=0.10 if noisy else 0.05,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,38 +221,6 @@ def parse_metric_key(key: str) -> MetricKey:
     return MetricKey(suite=suite, pattern=pattern, block=block, metric=metric, pair=pair)
 
 
-def metric_direction(metric: str) -> Direction:
-    """``lower`` or ``higher`` is better; unknown names go by unit suffix, else ValueError
-    (also for a known descriptive metric, which has no better direction)."""
-    spec = METRICS.get(metric)
-    if spec is not None and spec.direction is None:
-        raise ValueError(
-            f"{metric} is descriptive: neither lower nor higher is better "
-            "(judge_key reports a change past its threshold either way as 'changed')"
-        )
-    if spec is not None:
-        return spec.direction
-    if metric.endswith("_us"):
-        return "lower"
-    if metric.endswith("_gbps") or metric.endswith("tflops"):
-        return "higher"
-    raise ValueError(
-        f"unknown metric {metric!r}: cannot tell whether lower or higher is better "
-        f"(known: {', '.join(METRICS)}; or end the name in _us, _gbps or tflops)"
-    )
-
-
-def default_threshold(metric: str) -> Threshold:
-    """Default regression threshold of ``metric`` (see the table in docs/torchbench.md)."""
-    spec = METRICS.get(metric)
-    if spec is not None:
-        return spec.threshold
-    metric_direction(metric)  # raises for a name whose direction is unknown
-    if _NOISY_TOKENS.intersection(metric.split("_")):
-        return _rel(0.10)
-    return _rel(0.05)
-
-
 _DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(
     {
         "positive": "must be a finite number > 0",
@@ -284,8 +234,11 @@ _DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(
 def metric_value_problem(metric: str, value: float) -> str | None:
     """Why ``value`` cannot be a value of ``metric`` (NaN, infinite, or outside the metric's
     domain: a latency <= 0), or None when it can. Unknown metrics need only be finite."""
-    spec = METRICS.get(metric)
-    domain: Domain = "finite" if spec is None else spec.domain
+    base, bound = split_bound(metric)
+    domain = spec_of(base).domain
+    if bound == 2:  # degrees of freedom: a count >= 1
+        ok = isinstance(value, numbers.Real) and math.isfinite(value) and value >= 1
+        return None if ok and float(value).is_integer() else "must be a whole number >= 1"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return _DOMAIN_TEXT[domain]
     ok = math.isfinite(value) and (
@@ -295,110 +248,3 @@ def metric_value_problem(metric: str, value: float) -> str | None:
         or (domain == "fraction" and 0 <= value <= 1)
     )
     return None if ok else _DOMAIN_TEXT[domain]
-
-
-def relative_delta(control: float, treatment: float) -> float:
-    """(treatment - control) / |control|; ±inf when control is 0 and treatment is not, else 0."""
-    _check_finite(control, "control")
-    _check_finite(treatment, "treatment")
-    diff = treatment - control
-    if control == 0:
-        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-    return diff / abs(control)
-
-
-def judge(
-    metric: str, control: float, treatment: float, threshold: Threshold | None = None
-) -> Verdict:
-    """Whether ``treatment`` regressed, improved or stayed within ``threshold`` of ``control``.
-
-    A change counts only when strictly larger than the threshold, in the metric's direction.
-    """
-    direction = metric_direction(metric)
-    threshold = default_threshold(metric) if threshold is None else threshold
-    _check_finite(control, "control")
-    _check_finite(treatment, "treatment")
-    # worse > 0 means the treatment is worse than the control, whatever the direction.
-    worse = treatment - control if direction == "lower" else control - treatment
-    if threshold.kind == "absolute":
-        change = worse
-    elif control == 0:
-        change = 0.0 if worse == 0 else math.copysign(math.inf, worse)
-    else:
-        change = worse / abs(control)
-    if change > threshold.value:
-        return "regressed"
-    if -change > threshold.value:
-        return "improved"
-    return "unchanged"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Judgement:
-    """The verdict on one key, with what it was judged by."""
-
-    key: str
-    control: float
-    treatment: float
-    delta: float
-    """Relative change (treatment - control) / |control|; ±inf when the control is 0."""
-    direction: Direction | None
-    """None when the metric's better direction is unknown (then any large change is reported)."""
-    threshold: Threshold
-    verdict: Verdict
-
-
-def judge_key(
-    key: str,
-    control: float,
-    treatment: float,
-    *,
-    threshold_overrides: Mapping[str, float] | None = None,
-) -> Judgement:
-    """Judge one metric key; ``threshold_overrides`` maps metric names to new threshold values.
-
-    A key whose metric has no known direction is judged two-sided: a change past its
-    threshold (a descriptive metric's own, else UNKNOWN_DIRECTION_THRESHOLD; or the override)
-    is ``changed``, never silently ignored.
-    """
-    metric = _metric_name_of(key)
-    override = None if threshold_overrides is None else threshold_overrides.get(metric)
-    delta = relative_delta(control, treatment)
-    try:
-        direction: Direction | None = metric_direction(metric)
-    except ValueError:
-        direction = None
-    if direction is None:
-        spec = METRICS.get(metric)  # a descriptive metric keeps its own threshold
-        threshold = UNKNOWN_DIRECTION_THRESHOLD if spec is None else spec.threshold
-        if override is not None:
-            threshold = threshold.with_value(override)
-        change = abs(treatment - control) if threshold.kind == "absolute" else abs(delta)
-        verdict: Verdict = "changed" if change > threshold.value else "unchanged"
-    else:
-        threshold = default_threshold(metric)
-        if override is not None:
-            threshold = threshold.with_value(override)
-        verdict = judge(metric, control, treatment, threshold)
-    return Judgement(
-        key=key,
-        control=control,
-        treatment=treatment,
-        delta=delta,
-        direction=direction,
-        threshold=threshold,
-        verdict=verdict,
-    )
-
-
-def _metric_name_of(key: str) -> str:
-    """The metric part of a well-formed key, or the text after the last '/' of any other key."""
-    try:
-        return parse_metric_key(key).metric
-    except ValueError:
-        return key.rsplit("/", 1)[-1]
-
-
-def _check_finite(value: float, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{what} value must be a finite number, got {value!r}")

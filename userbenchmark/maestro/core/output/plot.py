@@ -1,4 +1,5 @@
-"""PNG per pattern: one iteration's timeline per rank and lane, and latency alone vs overlapped.
+"""PNG per pattern: one iteration's timeline per rank and lane, and latency alone vs overlapped;
+and ``compare --plot``'s PNG of each block's latency in two runs.
 
 matplotlib is optional (``pip install matplotlib``); it is imported only when a plot is drawn,
 through the object-oriented API with the Agg canvas, so no global backend state is touched.
@@ -18,6 +19,7 @@ import numpy as np
 from ...errors import RunError
 from ..analysis.records import PatternOutcome, Timeline
 from .files import atomic_write_bytes
+from .verdicts import Judgement
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"
 
@@ -224,3 +226,40 @@ def unique_plot_name(pattern: str, used: set[str]) -> str:
         name, n = f"{stem}-{n}.png", n + 1
     used.add(name)
     return name
+
+
+_VERDICT_COLORS = {"regressed": "tab:red", "improved": "tab:green"}
+
+
+def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: str) -> Path:
+    """A PNG of every block's average latency, A against B, each with its 95 % interval (B in
+    red where it regressed beyond noise, green where it improved); RunError without
+    matplotlib, ValueError when no block has an average latency on both sides."""
+    rows = [j for j in judgements if j.key.endswith("/latency_avg_us") and j.key.count("/") == 3]
+    if not rows:
+        raise ValueError("no block has an average latency in both files: nothing to plot")
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=(10, 1.5 + 0.45 * len(rows)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    y = np.arange(len(rows), dtype=float)
+    for offset, side, label in ((-0.15, "control", "A"), (0.15, "treatment", "B")):
+        for yi, j in zip(y, rows, strict=True):
+            r = getattr(j, side)
+            color = "tab:blue" if side == "control" else _VERDICT_COLORS.get(j.verdict, "gray")
+            err = None
+            if r.has_interval:
+                err = [[r.value - r.low], [r.high - r.value]]
+            ax.errorbar(r.value, yi + offset, xerr=err, fmt="o", color=color, capsize=3)
+        ax.plot([], [], "o", color="tab:blue" if label == "A" else "gray", label=label)
+    ax.set_yticks(y, [j.key.rsplit("/", 1)[0] for j in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("average latency (µs), 95 % interval")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title(title + "\nB in red: regressed beyond noise; green: improved")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(Path(path), buf.getvalue())
+    return Path(path)

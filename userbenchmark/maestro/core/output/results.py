@@ -9,9 +9,11 @@ pattern (their overlap). The files of ``--output-dir`` are written from these fr
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import numbers
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ import pandas as pd
 
 from ...errors import MaestroError
 from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult
-from .metric_keys import BLOCK_METRICS, PAIR_METRICS, PATTERN_METRICS, metric_key
+from .metric_keys import BLOCK_METRICS, BOUNDS, PAIR_METRICS, PATTERN_METRICS, metric_key
 
 __all__ = [
     "BLOCK_COLUMNS",
@@ -39,6 +41,7 @@ __all__ = [
     "metrics_from_results",
     "record_frame",
     "read_json_file",
+    "read_text_file",
     "read_table",
     "records_of",
     "results_from_records",
@@ -54,13 +57,21 @@ _DTYPES: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
+_BOUND_DTYPES = (_FLOAT, _FLOAT, _INT)
+
+
 def _columns_of(record_type: type) -> Mapping[str, str]:
     """File columns of a record type and their pandas dtypes, in field order: one column per
-    field (a field naming ``columns`` in its metadata, like a pair's blocks, gives several)."""
+    field (a field naming ``columns`` in its metadata, like a pair's blocks, gives several),
+    and each metric with an interval followed by ``<name>_ci_low``, ``_ci_high``, ``_ci_df``."""
     columns: dict[str, str] = {}
     for f in dataclasses.fields(record_type):
+        if "intervals" in f.metadata:
+            continue
         for name in f.metadata.get("columns", (f.name,)):
             columns[name] = _STR if "columns" in f.metadata else _DTYPES[str(f.type)]
+        if "metric" in f.metadata and f.metadata["metric"].interval:
+            columns.update({f.name + b: t for b, t in zip(BOUNDS, _BOUND_DTYPES, strict=True)})
     return MappingProxyType(columns)
 
 
@@ -136,10 +147,14 @@ def _frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> pd.
 
 def _row(record: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
+    intervals = getattr(record, "intervals", {})
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
         names = f.metadata.get("columns")
         row.update(zip(names, value, strict=True) if names else ((f.name, value),))
+        if "metric" in f.metadata and f.metadata["metric"].interval:
+            bounds = intervals.get(f.name, (None, None, None))
+            row.update(zip((f.name + b for b in BOUNDS), bounds, strict=True))
     return row
 
 
@@ -251,17 +266,37 @@ def describe(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+MAX_FILE_BYTES = 128 * 2**20
+"""Largest results or metrics file read (128 MiB: about 50,000 block rows)."""
+
+
+def read_text_file(path: str | Path, *, limit: int = MAX_FILE_BYTES) -> str:
+    """A regular file's text, at most ``limit`` bytes; ResultsError naming the file otherwise
+    (a FIFO or a device such as /dev/zero is refused before it is opened)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise ResultsError(f"{path}: is a directory, expected a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ResultsError(f"{path}: not a regular file (a pipe or a device)")
+        if info.st_size > limit:
+            raise ResultsError(f"{path}: larger than {limit // 2**20} MiB, not a maestro file")
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise ResultsError(f"{path}: larger than {limit // 2**20} MiB, not a maestro file")
+        return data.decode("utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from None
+
+
 def read_json_file(path: str | Path) -> Any:
     """Parse a JSON file; ResultsError naming the file for anything that stops it."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ResultsError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ResultsError(f"{path}: is a directory, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{path}: cannot read: {exc}") from None
+    text = read_text_file(path)
     try:
         return json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
@@ -454,10 +489,9 @@ def results_from_records(
 
 
 def _read_csv_rows(path: Path) -> list[dict[str, str]]:
+    source = io.StringIO(read_text_file(path))
     try:
-        text = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
-    except FileNotFoundError:
-        raise ResultsError(f"{path}: no such file") from None
+        text = pd.read_csv(source, dtype=str, keep_default_na=False, na_filter=False)
     except pd.errors.EmptyDataError:
         raise ResultsError(f"{path}: empty, expected a CSV header") from None
     except (OSError, ValueError, pd.errors.ParserError) as exc:
@@ -503,21 +537,25 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
 
 def metrics_from_results(results: Results) -> dict[str, float]:
     """Flat ``{metric key: float}`` of the known metrics (see metric_keys), grouped by pattern
-    in order of first appearance: its blocks' metrics, its own, then its pairs'; NA cells are
-    left out. ValueError for a name that cannot be part of a key, or a key met twice.
+    in order of first appearance: its blocks' metrics, its own, then its pairs'; each followed
+    by its interval's bounds where it has one; NA cells are left out. ValueError for a name
+    that cannot be part of a key, or a key met twice.
     """
     groups: dict[tuple[str, str], dict[str, float]] = {}
 
-    def add(row: Mapping[str, Any], metrics: Iterable[str], **where: Any) -> None:
-        for name in metrics:
-            value = row.get(name)
-            if value is None:
+    def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:
+        group = groups.setdefault((row["suite"], row["pattern"]), {})
+        for name, spec in metrics.items():
+            if row.get(name) is None:
                 continue
-            key = metric_key(row["suite"], row["pattern"], metric=name, **where)
-            group = groups.setdefault((row["suite"], row["pattern"]), {})
-            if key in group:
-                raise ValueError(f"duplicate row for {key}")
-            group[key] = float(value)
+            bounds = [name + b for b in BOUNDS] if spec.interval else []
+            if any(row.get(b) is None for b in bounds):
+                bounds = []
+            for column in (name, *bounds):
+                key = metric_key(row["suite"], row["pattern"], metric=column, **where)
+                if key in group:
+                    raise ValueError(f"duplicate row for {key}")
+                group[key] = float(row[column])
 
     for row in records_of(results.blocks):
         add(row, BLOCK_METRICS, block=row["block"])

@@ -1,7 +1,9 @@
 """The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end.
 
 One latency unit per table, and per sweep (every point of a sweep uses its first point's
-unit); p99 is shown only when the iteration count makes it differ from the max.
+unit); p99 is shown only when the iteration count makes it differ from the max. Derived
+figures (slowdown, efficiency, shared busbw, comm/compute overlap) print with their 95 %
+interval.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..analysis.records import PatternOutcome
+from ..analysis.outcome import MIN_ITERS_FOR_P99
+from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec
 from .units import choose_latency_unit, format_in_unit
@@ -31,6 +34,15 @@ def _num(value: float | int | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) -> str:
+    """``1.234 [1.100, 1.400]``: a figure and its 95 % interval (the figure alone without one)."""
+    value = getattr(record, name)
+    low, high, _ = record.intervals.get(name, (math.nan, math.nan, 0))
+    if math.isnan(low) or math.isnan(value):
+        return _num(value, digits)
+    return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
+
+
 LATENCY_COLUMNS = (
     "latency_avg_us",
     "latency_min_us",
@@ -38,8 +50,6 @@ LATENCY_COLUMNS = (
     "latency_p99_us",
     "isolated_latency_avg_us",
 )
-MIN_ITERS_FOR_P99 = 100
-"""Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max."""
 
 
 def pattern_unit(outcome: PatternOutcome) -> str:
@@ -47,81 +57,78 @@ def pattern_unit(outcome: PatternOutcome) -> str:
     return choose_latency_unit([getattr(b, c) for b in outcome.blocks for c in LATENCY_COLUMNS])
 
 
-def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | None = None) -> str:
-    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's)."""
+def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     blocks = outcome.blocks
-    unit = unit or pattern_unit(outcome)
     u = UNIT_LABEL[unit]
     show_p99 = outcome.pattern.iters >= MIN_ITERS_FOR_P99
     show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in blocks)
     show_check = any(b.wrong_elements is not None for b in blocks)
-    headers = [
-        "block",
-        "op",
-        "axis",
-        "size",
-        f"avg ({u})",
-        f"min ({u})",
-        f"max ({u})",
-        *([f"p99 ({u})"] if show_p99 else []),
-        "algbw GB/s",
-        "busbw GB/s",
-        "TFLOP/s",
-    ]
-    if show_iso:
-        headers += [f"alone ({u})", "slowdown"]
-    if show_check:
-        headers += ["#wrong"]
+    headers = ["block", "op", "axis", "size", f"avg ({u})", f"min ({u})", f"max ({u})"]
+    headers += [f"p99 ({u})"] if show_p99 else []
+    headers += ["algbw GB/s", "busbw GB/s", "TFLOP/s"]
+    headers += [f"alone ({u})", "slowdown [95 % interval]"] if show_iso else []
+    headers += ["#wrong"] if show_check else []
     rows = []
     for b in blocks:
-        fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
-        row = [
-            b.block,
-            b.op,
-            f"{b.axis}({b.team_size})",
-            format_size(b.size_bytes) if b.size_bytes else "-",
-            fmt(b.latency_avg_us),
-            fmt(b.latency_min_us),
-            fmt(b.latency_max_us),
-            *([fmt(b.latency_p99_us)] if show_p99 else []),
-            _num(b.algbw_gbps),
-            _num(b.busbw_gbps),
-            _num(b.tflops),
-        ]
+        latencies = ["latency_avg_us", "latency_min_us", "latency_max_us"]
+        latencies += ["latency_p99_us"] if show_p99 else []
+        row = [b.block, b.op, f"{b.axis}({b.team_size})"]
+        row += [format_size(b.size_bytes) if b.size_bytes else "-"]
+        row += [format_in_unit(getattr(b, c), unit, precision) for c in latencies]
+        row += [_num(b.algbw_gbps), _num(b.busbw_gbps), _num(b.tflops)]
         if show_iso:
-            row += [fmt(b.isolated_latency_avg_us), _num(b.slowdown, 3)]
+            row += [
+                format_in_unit(b.isolated_latency_avg_us, unit, precision),
+                _with_interval(b, "slowdown", 3),
+            ]
         if show_check:
             row += ["-" if b.wrong_elements is None else str(b.wrong_elements)]
         rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[str]:
     p = outcome.pattern
-    lines = [
-        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}"
-        + (f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else "")
-        + ")",
-        tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True),
-    ]
-    fmt_u = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
-    makespan = f"makespan avg {fmt_u(p.makespan_avg_us)} {u}"
-    if show_p99:
-        makespan += f", p99 {fmt_u(p.makespan_p99_us)} {u}"
-    summary = [makespan]
+    u = UNIT_LABEL[unit]
+    fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
+    lines = []
+    if not math.isnan(p.makespan_avg_us):
+        p99 = "" if math.isnan(p.makespan_p99_us) else f", p99 {fmt(p.makespan_p99_us)} {u}"
+        lines.append(f"makespan avg {fmt(p.makespan_avg_us)} {u}{p99}")
     if not math.isnan(p.serial_us):
-        summary.append(
-            f"serial {fmt_u(p.serial_us)}, ideal {fmt_u(p.ideal_us)} {u}, overlap efficiency "
-            f"{_num(p.overlap_efficiency, 3)} (1 = perfect, 0 = serialized)"
+        lines.append(
+            f"serial {fmt(p.serial_us)}, ideal {fmt(p.ideal_us)} {u}, overlap efficiency "
+            f"{_with_interval(p, 'overlap_efficiency', 3)} (1 = perfect, 0 = serialized)"
         )
     if not math.isnan(p.shared_busbw_gbps):
-        summary.append(f"shared busbw {_num(p.shared_busbw_gbps)} GB/s over the makespan")
+        lines.append(
+            f"shared busbw {_with_interval(p, 'shared_busbw_gbps', 2)} GB/s over the makespan"
+        )
     if not math.isnan(p.comm_compute_overlap):
-        summary.append(f"comm/compute overlap {_num(p.comm_compute_overlap, 3)}")
+        lines.append(f"comm/compute overlap {_with_interval(p, 'comm_compute_overlap', 3)}")
+    if outcome.pairs:
+        # Running at the same time is not sharing nothing: the slowdowns beside each pair say
+        # whether the two took turns (two GEMMs on all SMs overlap 1.0 and slow down 2x).
+        slowdown = {b.block: _num(b.slowdown, 2) for b in outcome.blocks}
+        pairs = ", ".join(
+            f"{'∩'.join(pair.blocks)} {_num(pair.pairwise_overlap, 2)} "
+            f"({', '.join(slowdown[name] for name in pair.blocks)})"
+            for pair in outcome.pairs
+        )
+        lines.append(f"ran together (both running / shorter block; their slowdowns): {pairs}")
+    return lines
+
+
+def _timing_lines(p: PatternResult) -> list[str]:
+    lines = []
     if not math.isnan(p.lane_skew_p50_us):
-        p99 = f"p99 {_num(p.lane_skew_p99_us)} µs, " if show_p99 else ""
-        summary.append(
+        p99 = "" if math.isnan(p.lane_skew_p99_us) else f"p99 {_num(p.lane_skew_p99_us)} µs, "
+        lines.append(
             f"lane start skew p50 {_num(p.lane_skew_p50_us)} µs, {p99}"
             f"max {_num(p.lane_skew_max_us)} µs"
         )
     if not math.isnan(p.gate_skew_p50_us):
-        summary.append(
+        lines.append(
             f"ranks' gate opening skew p50 {_num(p.gate_skew_p50_us)} µs, "
             f"max {_num(p.gate_skew_max_us)} µs"
         )
@@ -134,21 +141,34 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
             gate += f" ({p.host_late_iters} iterations launch-bound)"
         if not math.isnan(p.gate_delay_max_us):
             gate += f", first start up to {_num(p.gate_delay_max_us)} µs after the gate opened"
-        summary.append(gate)
-    if outcome.pairs:
-        pairs = ", ".join(
-            f"{'∩'.join(pair.blocks)} {_num(pair.pairwise_overlap, 2)}" for pair in outcome.pairs
+        lines.append(gate)
+    elif p.host_late_iters:
+        lines.append(f"ranks started apart in {p.host_late_iters} of {p.iters} iterations")
+    if p.iters < MIN_ITERS_FOR_P99:
+        lines.append(
+            f"p99 left out: with {p.iters} iterations (< {MIN_ITERS_FOR_P99}) the nearest-rank "
+            "p99 is the max"
         )
-        summary.append(f"pairwise overlap |A∩B|/min(|A|,|B|): {pairs}")
-    if not show_p99:
-        summary.append(
-            f"p99 not shown: with {p.iters} iterations (< {MIN_ITERS_FOR_P99}) the nearest-rank "
-            "p99 is the max (the files hold it)"
-        )
-    lines.extend("  " + s for s in summary)
-    lines.extend(f"  note: {note}" for note in p.notes.split("; ") if p.notes)
-    lines.extend(f"  note: {b.block}: {b.notes}" for b in blocks if b.notes)
-    lines.extend(f"  WARNING: {w}" for w in outcome.warnings)
+    return lines
+
+
+def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | None = None) -> str:
+    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's).
+
+    The pattern's warnings are not repeated here: the caller logs them.
+    """
+    unit = unit or pattern_unit(outcome)
+    p = outcome.pattern
+    title = (
+        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}"
+        + (f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else "")
+        + ")"
+    )
+    summary = _overlap_lines(outcome, unit, precision) + _timing_lines(p)
+    lines = [title, _block_table(outcome, unit, precision)]
+    lines += ["  " + s for s in summary]
+    lines += [f"  note: {note}" for note in p.notes.split("; ") if p.notes]
+    lines += [f"  note: {b.block}: {b.notes}" for b in outcome.blocks if b.notes]
     return "\n".join(lines)
 
 
@@ -208,9 +228,26 @@ def format_sweep_summary(
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def late_start_note(patterns: Sequence[PatternResult]) -> str:
+    """One line for every CPU pattern whose ranks did not all start an iteration together
+    (the agreed start instant had passed when a rank learned it); empty when none."""
+    late = [p for p in patterns if p.host_late_iters and math.isnan(p.gate_spin_us)]
+    if not late:
+        return ""
+    iters = sum(p.host_late_iters or 0 for p in late)
+    which = ", ".join(f"{p.pattern} {p.host_late_iters}/{p.iters}" for p in late[:5])
+    return (
+        f"note: in {iters} iterations of {len(late)} of {len(patterns)} patterns ({which}"
+        f"{', ...' if len(late) > 5 else ''}) a rank learned the agreed start instant after "
+        "it had passed, so the ranks did not start together and a collective's latency there "
+        "includes waiting for the late rank (a busy host; more warmup_iters calibrate the "
+        "start margin on more iterations)"
+    )
+
+
 class Tables:
     """Rank 0's terminal output for a run: each pattern's table in its sweep's unit as it
-    finishes, and one summary table per sweep at the end."""
+    finishes, and at the end one summary table per sweep and the run's notes."""
 
     def __init__(self, *, precision: int = 2) -> None:
         self.precision = precision
@@ -225,10 +262,13 @@ class Tables:
         text = format_pattern(outcome, precision=self.precision, unit=unit)
         return "\n".join(filter(None, (text, format_fidelity(outcome))))
 
-    def sweep_summaries(self) -> list[str]:
-        """One table per sweep that finished at least two points."""
-        return [
+    def closing(self) -> list[str]:
+        """What to print after the last pattern: one table per sweep that finished at least
+        two points, then notes about the whole run (repeats summed up once)."""
+        texts = [
             format_sweep_summary(points, precision=self.precision, unit=self._units[base])
             for base, points in self._points.items()
             if len(points) >= 2
         ]
+        note = late_start_note([o.pattern for pts in self._points.values() for _, o in pts])
+        return texts + ([note] if note else [])

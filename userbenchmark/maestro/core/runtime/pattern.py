@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -471,7 +470,7 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         if pattern.baseline and len(run.names) > 1:
 
             def baseline() -> Isolated:
-                out = Isolated.unmeasured(len(run.names))
+                rows = np.full((len(run.names), pattern.num_iters), np.nan)
                 for b in range(len(run.names)):
                     if run.idle[b] is not None:
                         continue  # nothing to time (the same on every rank)
@@ -480,17 +479,10 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
                     lanes_b = run.lanes(only=b)
                     run.warmup(lanes_b, only)
                     t_b, host_b = run.window(lanes_b, pattern.num_iters, only, timed=True)
-                    agg_b = run.aggregate(t_b, host_b)
-                    out.avg_us[b], out.stdev_us[b] = _mean_stdev_us(agg_b.latency_ns[b])
-                return dataclasses.replace(out, count=pattern.num_iters)
+                    rows[b] = run.aggregate(t_b, host_b).latency_ns[b]
+                return Isolated(latency_ns=rows)
 
             isolated = _phase(rt, "baseline", name, baseline)
-        elif pattern.baseline:
-            # A one-block pattern is its own isolated run.
-            avg, stdev = _mean_stdev_us(agg.latency_ns[0])
-            isolated = Isolated(
-                avg_us=np.array([avg]), stdev_us=np.array([stdev]), count=pattern.num_iters
-            )
         wrong = None
         if pattern.check:
             wrong = _phase(rt, "check", name, run.check)
@@ -527,11 +519,3 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
     if timeline is not None:
         outcome = dataclasses.replace(outcome, timeline=timeline)
     return outcome
-
-
-def _mean_stdev_us(latency_ns: np.ndarray) -> tuple[float, float]:
-    """Mean and population stdev (µs) of a block's per-iteration latencies (NaN: untimed)."""
-    finite = latency_ns[np.isfinite(latency_ns)]
-    if not finite.size:
-        return math.nan, math.nan
-    return float(finite.mean()) / 1e3, float(finite.std()) / 1e3

@@ -353,7 +353,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 status = max(status, 1)  # wrong results fail the run; numbers are still saved
         if rank == 0:
             progress.close()
-            for summary in tables.sweep_summaries():
+            for summary in tables.closing():
                 print(summary, flush=True)
                 print(flush=True)
         if status == 0 and interrupts.pending_interrupt():

@@ -1,0 +1,184 @@
+"""The noise model behind every A/B verdict (``compare`` and the TorchBench detector).
+
+Each run carries a 95 % interval for each metric it can (``<metric>_ci_low``/``_ci_high``: a
+bootstrap over its iterations, core/analysis/stats.py). A metric regressed or improved only
+when both hold:
+
+- beyond noise: the change exceeds ``t`` combined standard errors of the two runs (each read
+  from its interval, on the side facing the change, with its degrees of freedom), where ``t``
+  is Student's quantile (Welch's degrees of freedom) that keeps the chance of any false alarm
+  among all the metrics judged at once at 5 % (Bonferroni); and
+- beyond the metric's floor: the smallest change that counts, for the drift between runs that
+  one run cannot see (5 % for averages and rates, 10 % for tails, 5 µs for skews, ...).
+
+Relative metrics are judged on the log of the ratio, absolute ones (fractions, efficiency,
+skews) on the difference. A metric without an interval on both sides is not judged; a count
+without noise (wrong elements) is judged exactly. Pure functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ..analysis.stats import t_quantile
+from .metric_keys import BOUNDS, Direction, parse_metric_key, spec_of, split_bound
+
+__all__ = ["FAMILY_ALPHA", "Judgement", "Reading", "Verdict", "judge_all", "readings"]
+
+Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged", "not judged"]
+FAMILY_ALPHA: Final = 0.05
+"""Chance of at least one false alarm among all the metrics of one comparison."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """One run's value of a metric, with its 95 % interval (NaN bounds: none)."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+    df: float = math.inf
+    """Degrees of freedom of the interval."""
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    """The verdict on one metric key, with what it was judged by."""
+
+    key: str
+    control: Reading
+    treatment: Reading
+    change: float
+    """(treatment - control) / control for a relative metric, the difference for an absolute
+    one."""
+    low: float
+    high: float
+    """The change's interval at the family's level (``t`` standard errors); NaN: not judged."""
+    floor: float | None
+    absolute: bool
+    direction: Direction | None
+    verdict: Verdict
+
+
+def readings(metrics: Mapping[str, float]) -> dict[str, Reading]:
+    """Flat ``{key: float}`` (bound keys included) as ``{key: Reading}``; ValueError for a bound
+    without its metric or an interval that does not hold its value."""
+    out: dict[str, Reading] = {}
+    for key, value in metrics.items():
+        head, _, name = key.rpartition("/")
+        base, index = split_bound(name)
+        if index is None:
+            low, high, df = (metrics.get(f"{head}/{base}{b}", math.nan) for b in BOUNDS)
+            known = [not math.isnan(v) for v in (low, high, df)]
+            if any(known) and not (all(known) and low <= value <= high and df >= 1):
+                raise ValueError(
+                    f"{key}: interval [{low!r}, {high!r}] (df {df!r}) does not hold {value!r}"
+                )
+            out[key] = Reading(value=value, low=low, high=high, df=df if all(known) else math.inf)
+        elif f"{head}/{base}" not in metrics:
+            raise ValueError(f"{key}: an interval bound without the metric {head}/{base}")
+    return out
+
+
+def judge_all(
+    control: Mapping[str, Reading],
+    treatment: Mapping[str, Reading],
+    *,
+    floors: Mapping[str, float] | None = None,
+) -> list[Judgement]:
+    """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors."""
+    keys = sorted(control.keys() & treatment.keys())
+    metric = {key: _metric_of(key) for key in keys}
+    count = sum(_has_noise(control[k], treatment[k], metric[k], floors) for k in keys)
+    p = 1 - FAMILY_ALPHA / (2 * max(count, 1))
+    return [_judge(key, control[key], treatment[key], metric[key], p, floors or {}) for key in keys]
+
+
+def _metric_of(key: str) -> str:
+    try:
+        return parse_metric_key(key).metric
+    except ValueError:
+        return key.rsplit("/", 1)[-1]
+
+
+def _floor(metric: str, floors: Mapping[str, float] | None) -> float | None:
+    if floors and metric in floors:
+        return floors[metric]
+    return spec_of(metric).floor
+
+
+def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float] | None) -> bool:
+    spec = spec_of(metric)
+    return (
+        _floor(metric, floors) is not None
+        and not spec.exact
+        and a.has_interval
+        and b.has_interval
+        and (spec.absolute or min(a.low, b.low) > 0)
+    )
+
+
+def _judge(
+    key: str, a: Reading, b: Reading, metric: str, p: float, floors: Mapping[str, float]
+) -> Judgement:
+    spec = spec_of(metric)
+    floor = _floor(metric, floors)
+    change = b.value - a.value if spec.absolute else _relative(a.value, b.value)
+    low = high = math.nan
+    verdict: Verdict = "not judged"
+    if floor is not None and spec.exact:
+        verdict = "unchanged" if abs(change) <= floor else _way(spec.better, change)
+    elif _has_noise(a, b, metric, floors):
+        to = (lambda v: v) if spec.absolute else math.log
+        delta = to(b.value) - to(a.value)
+        up = delta >= 0  # each run's interval on the side facing the other run
+        se_a = (to(a.high) - to(a.value) if up else to(a.value) - to(a.low)) / _t95(a.df)
+        se_b = (to(b.value) - to(b.low) if up else to(b.high) - to(b.value)) / _t95(b.df)
+        margin = t_quantile(p, _welch(se_a, a.df, se_b, b.df)) * math.hypot(se_a, se_b)
+        back = (lambda d: d) if spec.absolute else (lambda d: math.expm1(min(d, 700.0)))
+        low, high = back(delta - margin), back(delta + margin)
+        beyond = abs(delta) > margin and abs(change) > floor
+        verdict = _way(spec.better, change) if beyond else "within noise"
+    return Judgement(
+        key=key,
+        control=a,
+        treatment=b,
+        change=change,
+        low=low,
+        high=high,
+        floor=floor,
+        absolute=spec.absolute,
+        direction=spec.better,
+        verdict=verdict,
+    )
+
+
+def _t95(df: float) -> float:
+    return t_quantile(0.975, df)
+
+
+def _welch(se_a: float, df_a: float, se_b: float, df_b: float) -> float:
+    """Welch-Satterthwaite degrees of freedom of a difference of two estimates."""
+    va, vb = se_a**2, se_b**2
+    denominator = va**2 / df_a + vb**2 / df_b
+    return (va + vb) ** 2 / denominator if denominator > 0 else min(df_a, df_b)
+
+
+def _relative(a: float, b: float) -> float:
+    if a == 0:
+        return 0.0 if b == 0 else math.copysign(math.inf, b)
+    return (b - a) / abs(a)
+
+
+def _way(better: Direction | None, change: float) -> Verdict:
+    if better is None:
+        return "changed"
+    worse = change > 0 if better == "lower" else change < 0
+    return "regressed" if worse else "improved"
