@@ -14,7 +14,11 @@ from .helpers import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
-SCRIPTS = sorted(p.stem for p in (REPO_ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+SCRIPTS = sorted(
+    p.stem
+    for p in (REPO_ROOT / "bench").glob("*.py")
+    if not p.stem.startswith("_") and "\ndef main(" in p.read_text()  # not a helper module
+)
 TINY = {
     "postprocess": ["--sizes", "20000", "--reps", "1"],
     "aggregate_scale": ["--worlds", "2", "--blocks", "2", "--iters", "4", "--reps", "1"]
