@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,13 +38,20 @@ class Machine:
             self.board.pids[rank] = 1000 + rank
             self.board.stage[rank] = RUNNING
             self.running.add(1000 + rank)
+        self.groups: list[int] = []
+        self.abandoned = 0
         self.watchdog = Watchdog(
             self.board,
             exit_deadline_s=20.0,
             clock=lambda: self.now,
-            running=lambda pid: pid in self.running,
+            exit_status=lambda pid: None if pid in self.running else 0,
             kill=self._kill,
+            kill_group=lambda pid: self.groups.append(pid - 1000),
+            abandon=self._abandon,
         )
+
+    def _abandon(self) -> None:
+        self.abandoned += 1
 
     def _kill(self, pid: int) -> None:
         self.killed.append(pid - 1000)
@@ -92,6 +100,18 @@ def test_everyone_still_running_long_after_a_worker_exited_is_killed():
     assert sorted(m.at(5.0 + 20.0)) == [0, 1]
 
 
+def test_what_an_exited_worker_left_is_ended_and_a_launch_stuck_after_all_exited_abandoned():
+    m = Machine(2)
+    m.exit(1)
+    m.at(1.0)
+    assert m.groups == [1] and m.watchdog.exits == {1: 0}
+    m.exit(0)
+    m.at(2.0)
+    assert m.groups == [1, 0] and m.abandoned == 0
+    m.at(2.0 + EXIT_GRACE_S)  # torch's launcher still waits on a worker that vanished
+    assert m.abandoned == 1 and m.killed == []
+
+
 def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
     board = WorkerBoard(3, multiprocessing.get_context("spawn"))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -100,14 +120,55 @@ def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
     board.pids[1] = gone.pid
     board.pids[2] = os.getppid()
     board.stage[2] = LEAVING
-    try:
-        supervision.attach(board, 0)
-        assert supervision.exited_peers() == (1, 2)
-        board.interrupted.value = 1  # the launcher forwards a user's signal: an interrupt
-        assert supervision.exited_peers() == ()
-    finally:
-        supervision.detach()
-    assert supervision.exited_peers() == ()  # not a local worker
+    monkeypatch.setattr(supervision, "_attached", None)
+    assert supervision.exited_peers() == () and supervision.forwarded()  # not a local worker
+    supervision.attach(board, 0)
+    assert supervision.exited_peers() == (1, 2) and not supervision.forwarded()
+    board.interrupted.value = 1  # the launcher forwards a user's signal: an interrupt
+    assert supervision.exited_peers() == () and supervision.forwarded()
+
+
+def test_a_wait_past_its_deadline_ends_the_process_naming_the_cause(monkeypatch, capsys):
+    ended = threading.Event()
+    codes = []
+    monkeypatch.setattr(supervision, "_real_exit", lambda code: (codes.append(code), ended.set()))
+    monkeypatch.setattr(supervision, "end_children", lambda: None)
+    with supervision.deadline(60.0, "never", rank=1):
+        pass  # returned in time: nothing happens
+    with supervision.deadline(0.05, "rank 0 at h:1, which hosts the store, stopped", rank=1):
+        assert ended.wait(30)
+    assert codes == [1]
+    assert capsys.readouterr().err == (
+        "maestro: rank 1: rank 0 at h:1, which hosts the store, stopped: no answer within "
+        "0.05 s; exiting\n"
+    )
+
+
+def test_a_blocks_os_exit_is_refused_while_the_rank_runs():
+    real = os._exit
+    with supervision.exits_refused(), pytest.raises(supervision.ExitCalled, match=r"_exit\(0\)"):
+        os._exit(0)
+    assert os._exit is real
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_children_a_process_left_are_ended(tmp_path):
+    script = (
+        "import subprocess, sys, time\n"
+        "from userbenchmark.maestro.core.runtime import supervision\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "print(child.pid, flush=True)\n"
+        "supervision.end_children()\n"
+        "print(child.wait(), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
+    assert out[1] == "-9", out
 
 
 CHILD = """

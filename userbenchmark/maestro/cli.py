@@ -9,7 +9,9 @@ programmatic entry (``python -m userbenchmark.maestro``); :func:`run_from_torchb
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 import signal
 import sys
@@ -21,8 +23,19 @@ from typing import Any
 import click
 
 from .blocks.dtypes import DTYPES
+from .core.config.options import RunOptions
 from .core.runtime.logs import configure_logging
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    LaunchError,
+    OptionError,
+    interrupted_message,
+    say,
+    user_error_message,
+)
 
 PROG = "python -m userbenchmark.maestro"
 TORCHBENCH_PROG = "run_benchmark.py maestro"
@@ -37,11 +50,6 @@ RUN_EXIT_STATUS_HELP = (
     "130 interrupted (patterns that finished are saved)."
 )
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _say(kind: str, message: object) -> None:
-    """One error message on stderr: ``maestro: invalid option: ...``."""
-    print(f"maestro: {kind}: {message}", file=sys.stderr, flush=True)
 
 
 def _is_rank_zero() -> bool:
@@ -83,7 +91,7 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
                 return command(*args, **kwargs)
         except KeyboardInterrupt:
             if _is_rank_zero():
-                print("maestro: interrupted", file=sys.stderr, flush=True)
+                say(interrupted_message(saved=False))
             return EXIT_INTERRUPTED
 
     return wrapper
@@ -205,158 +213,99 @@ def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-def _options(params: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of RunOptions from the parsed ``run`` options."""
-    return {
-        "backend": params["backend"],
-        "profiler": params["profiler"],
-        "output_dir": params["output_dir"],
-        "metrics_dir": params["metrics_dir"],
-        "write_metrics": not params["no_metrics"],
-        "precision": params["precision"],
-        "iters": params["iters"],
-        "warmup_iters": params["warmup_iters"],
+def _options_of(params: dict[str, Any]) -> RunOptions:
+    """The run's options from the parsed ``run`` command line (OptionError for a value that
+    cannot work: see RunOptions)."""
+    return RunOptions(
+        backend=params["backend"],
+        profiler=params["profiler"],
+        output_dir=params["output_dir"],
+        metrics_dir=params["metrics_dir"],
+        write_metrics=not params["no_metrics"],
+        precision=params["precision"],
+        iters=params["iters"],
+        warmup_iters=params["warmup_iters"],
         # Flags override the pattern file only when given.
-        "check": True if params["check"] else None,
-        "baseline": False if params["no_baseline"] else None,
-        "patterns": tuple(params["patterns"]),
-        "seed": params["seed"],
-        "trace": params["trace"],
-        "plot": params["plot"],
-        "max_size_bytes": params["max_size"],
-        "graph": True if params["graph"] else None,
-    }
+        check=True if params["check"] else None,
+        baseline=False if params["no_baseline"] else None,
+        patterns=tuple(params["patterns"]),
+        seed=params["seed"],
+        trace=params["trace"],
+        plot=params["plot"],
+        max_size_bytes=params["max_size"],
+        graph=True if params["graph"] else None,
+        log_level=params["log_level"],
+    )
 
 
-def _check_numbers(params: dict[str, Any]) -> None:
-    """Option values that no machine or file can make valid (OptionError)."""
-    from .errors import OptionError
-
-    for name in ("nproc", "iters"):
-        value = params[name]
-        if value is not None and value < 1:
-            raise OptionError(f"--{name} must be at least 1, got {value}")
-    if params["warmup_iters"] is not None and params["warmup_iters"] < 0:
-        raise OptionError(f"--warmup-iters must be 0 or more, got {params['warmup_iters']}")
-    if not 0 <= params["precision"] <= 9:
-        raise OptionError(f"--precision must be between 0 and 9, got {params['precision']}")
-    for flag in ("trace", "plot"):
-        if params[flag] and not params["output_dir"]:
-            raise OptionError(f"--{flag} writes into --output-dir: give --output-dir DIR")
-    if params["plot"]:
-        from .core.output.plot import MISSING_MATPLOTLIB, matplotlib_available
-
-        if not matplotlib_available():
-            raise OptionError(MISSING_MATPLOTLIB)
+def _world_size(nproc: int | None, launch: Any) -> int:
+    """The run's world size: the launcher's, else ``--nproc`` (OptionError when they clash)."""
+    if nproc is not None and nproc < 1:
+        raise OptionError(f"--nproc must be at least 1, got {nproc}")
+    if launch.launcher == "none":
+        return nproc or 1
+    if nproc is not None and nproc != launch.world_size:
+        raise OptionError(
+            f"--nproc {nproc} conflicts with the launcher's world size {launch.world_size}; "
+            "drop --nproc under torchrun/srun"
+        )
+    return int(launch.world_size)
 
 
 def cmd_run(params: dict[str, Any]) -> int:
     """Check everything that can be checked before a worker starts, then run.
 
     Order: the launcher's variables, the option values, what this machine can run, the
-    pattern file (read once: every rank runs this text), then the output locations (checked,
-    locked and cleared of an earlier run's files by the process that outlives the run's
-    writer); each failure is one message and exit status 2.
+    pattern file (read and validated once: the workers get this suite; under torchrun/srun
+    every rank validates its own copy and compares it with rank 0's), then the output
+    locations (checked, locked and cleared of an earlier run's files by the process that
+    outlives the run's writer); each failure is one message and exit status 2.
     """
-    from .core.runtime.distributed import check_rendezvous_env, detect_launch
-    from .errors import ConfigError, LaunchError, OptionError
+    from .core.output.locations import metrics_folder, prepare_output_locations
+    from .core.runtime import distributed, preflight, supervision
 
     try:
-        launch = detect_launch()
-        check_rendezvous_env(launch)
+        launch = distributed.detect_launch()
+        distributed.check_rendezvous_env(launch)
     except LaunchError as err:  # every process says it: its rank cannot be trusted
-        _say("invalid launch environment", err)
+        say(user_error_message(err))
         return EXIT_USAGE
     if launch.launcher == "torchrun":
-        from .core.runtime.supervision import die_with_torchrun_agent
-
-        die_with_torchrun_agent()  # a killed agent leaves no worker behind
-    local_launch = launch.launcher == "none" and (params["nproc"] or 1) > 1
+        supervision.die_with_torchrun_agent()  # a killed agent leaves no worker behind
+    local = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
-    configure_logging(params["log_level"], ranked=not local_launch)
-    options = _options(params)
-    nproc = params["nproc"]
-    try:
-        _check_numbers(params)
-        if launch.launcher != "none":
-            if nproc is not None and nproc != launch.world_size:
-                raise OptionError(
-                    f"--nproc {nproc} conflicts with the launcher's world size "
-                    f"{launch.world_size}; drop --nproc under torchrun/srun"
-                )
-            world_size = launch.world_size
-            source = (
-                "the launcher's WORLD_SIZE"
-                if launch.launcher == "torchrun"
-                else "the launcher's SLURM_NTASKS"
-            )
-        else:
-            world_size = nproc or 1
-            source = "--nproc"
-        from .core.runtime.preflight import check_devices, check_nproc, check_suite
-
-        if local_launch:
-            check_nproc(world_size)
-        check_devices(
-            backend=options["backend"],
-            profiler=options["profiler"],
-            local_workers=world_size if local_launch else 1,
-        )
-        from .core.runtime.worker import _load, read_pattern
-
-        path, text = read_pattern(params["config"])
-        suite = _load(
-            path,
-            world_size,
-            options,
-            world_size_source=source,
-            quiet=launch.rank != 0,  # one copy of the loader's warnings per run
-            text=text,
-        )
-        check_suite(suite, backend=options["backend"])
-    except OptionError as err:
-        if launch.rank == 0:
-            _say("invalid option", err)
-        return EXIT_USAGE
-    except ConfigError as err:
-        if launch.rank == 0:
-            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
-    # output locations; the other ranks of a torchrun/srun launch do not touch them.
+    configure_logging(params["log_level"], ranked=not local)
+    if launch.rank != 0:  # one copy of the loader's warnings per run
+        logging.getLogger("maestro.config").setLevel(logging.ERROR)
     outputs = None
-    if launch.rank == 0:
-        try:
-            outputs = _prepare_outputs(options)
-        except ConfigError as err:
-            _say("invalid option", "; ".join(issue.message for issue in err.issues))
-            return EXIT_USAGE
-        if outputs.metrics_path is not None:
-            options["metrics_path"] = str(outputs.metrics_path)
     try:
-        if local_launch:
+        world_size = _world_size(params["nproc"], launch)
+        options = _options_of(params)
+        suite = preflight.prepare_suite(
+            params["config"], options, world_size=world_size, local_workers=world_size * local
+        )
+        # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
+        # output locations; the other ranks of a torchrun/srun launch do not touch them.
+        if launch.rank == 0:
+            outputs = prepare_output_locations(options.output_dir, metrics_folder(options))
+            supervision.on_hard_exit(outputs.close)
+            if outputs.metrics_path is not None:
+                options = dataclasses.replace(options, metrics_path=str(outputs.metrics_path))
+    except (OptionError, ConfigError) as err:
+        if launch.rank == 0:
+            say(user_error_message(err))
+        return EXIT_USAGE
+    try:
+        if local:
             from .core.runtime.launcher import launch_local
 
-            return launch_local(
-                path, text, world_size, options, params["log_level"], timeout_s=suite.timeout_s
-            )
+            return launch_local(suite, options, world_size)
         from .core.runtime.worker import run_worker
 
-        return run_worker(path, world_size, options, world_size_source=source, suite=suite)
+        return run_worker(suite, options)
     finally:
         if outputs is not None:
             outputs.close()
-
-
-def _prepare_outputs(options: dict[str, Any]) -> Any:
-    """The run's checked and locked output locations (ConfigError naming the option)."""
-    from .core.output.locations import prepare_output_locations
-    from .core.runtime.suite import REPO_ROOT
-
-    metrics_dir = None
-    if options["write_metrics"]:
-        metrics_dir = options["metrics_dir"] or REPO_ROOT / ".userbenchmark" / "maestro"
-    return prepare_output_locations(options["output_dir"], metrics_dir)
 
 
 RUN_HELP = f"""Run a pattern file and report every block's numbers.
@@ -405,18 +354,13 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
 
     configure_logging("INFO", ranked=False)
     if world_size is not None and world_size < 1:
-        _say("invalid option", f"--world-size must be at least 1, got {world_size}")
+        say(user_error_message(OptionError(f"--world-size must be at least 1, got {world_size}")))
         return EXIT_USAGE
     try:
         # --no-import: custom ops are checked by name only, never imported.
-        suite = load_suite(
-            config,
-            world_size=world_size,
-            world_size_source="--world-size",
-            import_ops=not no_import,
-        )
+        suite = load_suite(config, world_size=world_size, import_ops=not no_import)
     except ConfigError as err:
-        print(f"maestro: invalid configuration:\n{err}", file=sys.stderr)
+        say(user_error_message(err))
         return EXIT_USAGE
     print(suite_summary(suite))
     return EXIT_OK
@@ -535,7 +479,7 @@ def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) 
         err.show()
         return err.exit_code
     except click.exceptions.Abort:  # click's form of an interrupt outside a command
-        print("maestro: interrupted", file=sys.stderr, flush=True)
+        say(interrupted_message(saved=False))
         return EXIT_INTERRUPTED
     return int(status or 0)
 

@@ -3,7 +3,11 @@ LaunchError for bad launcher variables, RunError for failures while measuring.""
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """Process exit statuses: success, a failed pattern or comparison, invalid input, interrupted."""
@@ -122,3 +126,54 @@ class OptionError(MaestroError, ValueError):
 class LaunchError(MaestroError, ValueError):
     """The launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, SLURM_*, MASTER_*) cannot describe
     a run: not integers, or a rank outside the world (exit status 2, before any worker starts)."""
+
+
+def user_error_message(err: ConfigError | OptionError | LaunchError) -> str:
+    """The one message an input error prints (exit status 2): what kind, then what and where."""
+    if isinstance(err, ConfigError):
+        return f"maestro: invalid configuration:\n{err}"
+    if isinstance(err, LaunchError):
+        return f"maestro: invalid launch environment: {err}"
+    return f"maestro: invalid option: {err}"
+
+
+def cause_of(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line (the first of a long C++ message, without its
+    ``[enforce fail at file:line]`` prefix); ``SystemExit`` says which call raised it."""
+    if isinstance(exc, SystemExit):
+        return f"sys.exit({exc.code!r})"
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[enforce fail at [^\]]*\]\s*", "", lines[0]) if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+STREAM_GONE = (BrokenPipeError, ConnectionResetError, ValueError, OSError)
+"""What writing to a stream whose reader went away raises (ValueError: a closed file)."""
+
+
+def say(line: str) -> None:
+    """Print one message on stderr (``maestro: ...``): every process prints its messages
+    through here. A closed stderr loses the line, nothing else."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except STREAM_GONE:
+        detach_stream(sys.stderr)
+
+
+def detach_stream(stream: Any) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what is still buffered, and the
+    interpreter's last flush, then go nowhere instead of failing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def interrupted_message(*, saved: bool) -> str:
+    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
+    finished and was written to a file."""
+    if saved:
+        return "maestro: interrupted; patterns that finished are saved"
+    return "maestro: interrupted"

@@ -7,9 +7,13 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, OptionError
 from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
 from .spec import SuiteSpec
+
+MAX_SEED = 2**32 - 1
+"""Largest ``--seed``: each rank seeds its generator with ``seed * 1_000_003 + rank``, which
+must fit torch's 64-bit seeds."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,10 +43,32 @@ class RunOptions:
     metrics_path: str | None = None
     """The metrics file's path, reserved before the run (``prepare_output_locations``); None:
     ``metrics-<start time>.json`` in ``metrics_dir``."""
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        """Values that no machine or pattern file can make valid: OptionError naming the flag."""
+        for flag, value, low, high in (
+            ("--iters", self.iters, 1, None),
+            ("--warmup-iters", self.warmup_iters, 0, None),
+            ("--precision", self.precision, 0, 9),
+            ("--seed", self.seed, 0, MAX_SEED),
+        ):
+            if value is not None and (value < low or (high is not None and value > high)):
+                valid = f"between {low} and {high}" if high is not None else f"at least {low}"
+                raise OptionError(f"{flag} must be {valid}, got {value}")
+        for flag, folder in (
+            ("--output-dir", self.output_dir),
+            ("--metrics-dir", self.metrics_dir),
+        ):
+            if folder is not None and not str(folder).strip():
+                raise OptionError(f"{flag} is empty: give a folder")
+        for flag, wanted in (("--trace", self.trace), ("--plot", self.plot)):
+            if wanted and not self.output_dir:
+                raise OptionError(f"{flag} writes into --output-dir: give --output-dir DIR")
 
 
 RANK_LOCAL_OPTIONS = frozenset(
-    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision"}
+    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision", "log_level"}
 )
 """Options that only rank 0 uses (where it writes, how it prints); every other option changes
 what every rank runs, so the ranks of a run must agree on it."""

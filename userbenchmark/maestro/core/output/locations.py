@@ -13,18 +13,24 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from ...errors import ConfigError
-from .files import unlink_quietly
+from ...errors import OptionError
+from ..config.options import RunOptions
+from .files import TEMPORARY_SUFFIX, unlink_quietly
 
 __all__ = [
+    "DEFAULT_METRICS_DIR",
     "LOCK_NAME",
     "MAESTRO_OUTPUT_NAMES",
     "PreparedOutputs",
+    "metrics_folder",
     "prepare_output_locations",
 ]
 
@@ -45,7 +51,11 @@ MAESTRO_OUTPUT_NAMES: Final = (
 """What maestro writes into ``--output-dir`` (besides ``plot-*.png``): moved aside at start."""
 MAESTRO_OUTPUT_GLOBS: Final = ("plot-*.png",)
 LOCK_NAME: Final = ".maestro.lock"
-"""Lock file of the output directory; it stays after the run (removing it would race)."""
+"""Lock file of the output directory, removed when the run ends."""
+DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
+"""Where TorchBench looks for metrics files: ``<repo>/.userbenchmark/maestro``."""
+_TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
+"""An atomic write's temporary (``.NAME.<8 hex>.tmp``, see files.py)."""
 PREVIOUS_PREFIX: Final = "previous-"
 METRICS_PREFIX: Final = "metrics-"
 """TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
@@ -78,19 +88,15 @@ class PreparedOutputs:
         self._lock_fd = lock_fd
         self._reservation = reservation
 
-    @property
-    def locked(self) -> bool:
-        """Whether the output directory's lock is held (False once closed, or where the file
-        system has no locks)."""
-        return self._lock_fd is not None
-
     def close(self) -> None:
-        """Release the lock and the metrics name's reservation (idempotent)."""
+        """Release the lock (and remove its file) and the metrics name's reservation
+        (idempotent)."""
         if self._reservation is not None:
             unlink_quietly(self._reservation)
             self._reservation = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+            assert self.output_dir is not None
+            _unlock(self.output_dir, self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> PreparedOutputs:
@@ -111,15 +117,16 @@ def prepare_output_locations(
     *,
     now: _dt.datetime | None = None,
 ) -> PreparedOutputs:
-    """Check, create and claim the run's output locations; ConfigError (exit status 2) naming
+    """Check, create and claim the run's output locations; OptionError (exit status 2) naming
     the option, the path and why when one cannot be used.
 
     ``output_dir`` (``--output-dir``) is created, probed for writing, and locked for the run: a
     second run into it fails with "another maestro run is writing to DIR (pid N)". Files of an
     earlier run (:data:`MAESTRO_OUTPUT_NAMES`, ``plot-*.png``) are moved, never deleted, into
-    ``DIR/previous-<timestamp>/``; nothing else in the directory is touched. ``metrics_dir``
-    (``--metrics-dir`` resolved by the caller; None: no metrics file) is created and probed,
-    and a metrics file name no other run has is reserved.
+    ``DIR/previous-<timestamp>/``; temporaries a killed run left are removed (in the metrics
+    folder, those of no live run); one of these names as a symbolic link is refused; nothing
+    else in the directory is touched. ``metrics_dir`` (:func:`metrics_folder`; None: no
+    metrics file) is created and probed, and a metrics file name no other run has is reserved.
     """
     now = now or _dt.datetime.now()
     stamp = now.strftime("%Y%m%d%H%M%S")
@@ -131,10 +138,12 @@ def prepare_output_locations(
         moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
         metrics_path = None
         if metrics is not None:
+            _remove_temporaries(metrics, _orphaned_metrics_temporary)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
         if lock_fd is not None:
-            os.close(lock_fd)
+            assert out is not None
+            _unlock(out, lock_fd)
         raise
     return PreparedOutputs(
         output_dir=out,
@@ -146,6 +155,14 @@ def prepare_output_locations(
     )
 
 
+def metrics_folder(options: RunOptions) -> Path | None:
+    """Where the run's metrics file goes: ``--metrics-dir``, else :data:`DEFAULT_METRICS_DIR`;
+    None with ``--no-metrics``."""
+    if not options.write_metrics:
+        return None
+    return Path(options.metrics_dir) if options.metrics_dir else DEFAULT_METRICS_DIR
+
+
 def _under_special_root(path: Path) -> bool:
     for candidate in {os.path.abspath(path), os.path.realpath(path)}:
         for root in _SPECIAL_ROOTS:
@@ -155,17 +172,17 @@ def _under_special_root(path: Path) -> bool:
 
 
 def _usable_dir(option: str, path: Path) -> Path:
-    """``path`` as a directory that exists and takes new files; ConfigError otherwise."""
+    """``path`` as a directory that exists and takes new files; OptionError otherwise."""
     if _under_special_root(path):
-        raise ConfigError(
+        raise OptionError(
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
         )
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path}: is a file, expected a directory")
+        raise OptionError(f"{option} {path}: is a file, expected a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
+        raise OptionError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
     probe = path / f".maestro-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -176,38 +193,77 @@ def _usable_dir(option: str, path: Path) -> Path:
         os.unlink(probe)
     except OSError as exc:
         unlink_quietly(probe)
-        raise ConfigError(f"{option} {path}: is not writable: {_reason(exc)}") from None
+        raise OptionError(f"{option} {path}: is not writable: {_reason(exc)}") from None
     return path
 
 
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` (not followed) is the file open as ``fd``."""
+    try:
+        st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _lock(folder: Path) -> int | None:
-    """Hold an exclusive lock on ``folder`` for this process's lifetime (or until closed)."""
+    """Hold an exclusive lock on ``folder`` for this process's lifetime (or until closed).
+
+    The lock file is opened without following a symbolic link (a planted link is refused,
+    its target untouched), and only a regular file is locked.
+    """
     path = folder / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise ConfigError(
-            f"--output-dir {folder}: cannot create {LOCK_NAME}: {_reason(exc)}"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_pid(fd)
-        os.close(fd)
-        raise ConfigError(
-            f"--output-dir: another maestro run is writing to {folder} (pid {holder})"
-        ) from None
-    except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
-        os.close(fd)
-        log.warning(
-            "cannot lock %s (%s): nothing stops another run from writing there at the same time",
-            folder,
-            _reason(exc),
-        )
-        return None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OptionError(_planted(folder, LOCK_NAME)) from None
+            raise OptionError(
+                f"--output-dir {folder}: cannot create {LOCK_NAME}: {_reason(exc)}"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OptionError(f"--output-dir {folder}: {LOCK_NAME} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise OptionError(
+                f"--output-dir: another maestro run is writing to {folder} (pid {holder})"
+            ) from None
+        except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
+            os.close(fd)
+            log.warning(
+                "cannot lock %s (%s): nothing stops another run from writing there at the "
+                "same time",
+                folder,
+                _reason(exc),
+            )
+            return None
+        if _same_file(path, fd):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # the run that held it removed the file as it ended: take a new one
+    raise OptionError(f"--output-dir {folder}: {LOCK_NAME} keeps changing; is a run starting?")
+
+
+def _unlock(folder: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then release it: a run that opened the
+    file meanwhile finds, once it holds the lock, that the name no longer leads to it."""
+    if _same_file(folder / LOCK_NAME, fd):
+        unlink_quietly(folder / LOCK_NAME)
+    os.close(fd)  # releases the flock
+
+
+def _planted(folder: Path, name: str) -> str:
+    return (
+        f"--output-dir {folder}: {name} is a symbolic link; maestro writes that name itself "
+        "and never follows a link there: remove the link, or choose another folder"
+    )
 
 
 def _read_pid(fd: int) -> str:
@@ -222,7 +278,43 @@ def _stale_outputs(folder: Path) -> list[Path]:
     found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
     for pattern in MAESTRO_OUTPUT_GLOBS:
         found += sorted(p for p in folder.glob(pattern) if p.is_file() or p.is_symlink())
+    for path in found:
+        if path.is_symlink():
+            raise OptionError(_planted(folder, path.name))
     return found
+
+
+def _is_output_temporary(name: str) -> bool:
+    match = _TEMPORARY.fullmatch(name)
+    return match is not None and (
+        match["name"] in MAESTRO_OUTPUT_NAMES or match["name"].startswith("plot-")
+    )
+
+
+def _orphaned_metrics_temporary(folder: Path, name: str) -> bool:
+    """A metrics file's temporary whose run is gone (no reservation holds its name)."""
+    match = _TEMPORARY.fullmatch(name)
+    if match is None or not match["name"].startswith(METRICS_PREFIX):
+        return False
+    return not os.path.lexists(folder / f".{match['name']}.reserved")
+
+
+def _remove_temporaries(folder: Path, orphaned: Callable[[Path, str], bool]) -> None:
+    """Remove the temporaries a killed run left in ``folder`` (one log line names them)."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return
+    removed = [name for name in names if orphaned(folder, name)]
+    for name in removed:
+        unlink_quietly(folder / name)
+    if removed:
+        log.info(
+            "removed %d temporary file(s) an interrupted run left in %s: %s",
+            len(removed),
+            folder,
+            ", ".join(removed),
+        )
 
 
 def _exclusive_dir(parent: Path, base: str) -> Path:
@@ -233,11 +325,13 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
         except FileExistsError:
             continue
         return candidate
-    raise ConfigError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
+    raise OptionError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
 
 
 def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
-    """Move an earlier run's files into ``folder/previous-<stamp>``; never deletes anything."""
+    """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
+    a killed run are removed."""
+    _remove_temporaries(folder, lambda _, name: _is_output_temporary(name))
     stale = _stale_outputs(folder)
     if not stale:
         return None, ()
@@ -246,7 +340,7 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
         for path in stale:
             os.rename(path, dest / path.name)
     except OSError as exc:
-        raise ConfigError(
+        raise OptionError(
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
     names = tuple(p.name for p in stale)
@@ -274,7 +368,7 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise ConfigError(
+            raise OptionError(
                 f"--metrics-dir {folder}: cannot reserve a metrics file name: {_reason(exc)}"
             ) from None
         os.close(fd)
@@ -282,7 +376,7 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
             unlink_quietly(reservation)
             continue
         return folder / name, reservation
-    raise ConfigError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
+    raise OptionError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
 
 
 def _reason(exc: OSError) -> str:

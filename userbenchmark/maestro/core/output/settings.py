@@ -1,6 +1,7 @@
 """What a run measured under: the settings two runs must share before their numbers compare.
 
-A run's settings are its metrics file's ``environ`` (also ``run.json`` in ``--output-dir``).
+A run's settings are its metrics file's ``environ`` (also ``run.json`` in ``--output-dir``),
+written by :func:`run_environ` and read back here: the schema lives in this module alone.
 Two kinds of entries matter to ``compare``:
 
 - measurement settings: backend, profiler, world size, hosts, ranks per GPU, the command-line
@@ -13,8 +14,12 @@ Two kinds of entries matter to ``compare``:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from ..config.options import RunOptions
+from ..config.spec import SuiteSpec
 
 RUN_SETTINGS: Final = (
     "backend",
@@ -39,6 +44,85 @@ STACK: Final = (
     "device",
 )
 """What the runs ran on: shown beside a comparison, never a reason to refuse it."""
+
+
+def suite_settings(suite: SuiteSpec) -> dict[str, str]:
+    """What each pattern and block measures, after command-line overrides and --max-size:
+    ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
+    -> op, dtype, team size and parameters."""
+    from ...blocks.registry import resolve_op
+    from ..config.summary import describe_params
+
+    out = {}
+    for p in suite.patterns:
+        out[f"pattern.{p.name}"] = (
+            f"iters={p.num_iters} warmup_iters={p.warmup_iters} sync={p.sync} "
+            f"graph={str(p.graph).lower()}"
+        )
+        for b in p.blocks:
+            team = suite.axes[b.axis].team_size
+            work = describe_params(resolve_op(b.op), b.params)
+            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {work}"
+    return out
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def run_environ(
+    suite: SuiteSpec,
+    options: RunOptions,
+    *,
+    backend: str,
+    profiler: str,
+    hosts: Sequence[str],
+    ranks_per_gpu: int | None,
+    device: Any,
+    calibration: Mapping[str, float],
+) -> dict[str, str]:
+    """The ``environ`` block of the metrics file: what produced these numbers.
+
+    The run's measurement settings (:data:`RUN_SETTINGS`, ``pattern.*``, ``block.*``), its stack
+    (:data:`STACK`), where it ran, ``calibration`` (run-wide measured constants, such as rank
+    0's ``sleep_cycles_per_us``) and the pattern file's ``env`` (``env.<NAME>``).
+    """
+    import torch
+
+    from ... import __version__
+
+    info = {
+        "maestro_version": __version__,
+        "pytorch_version": torch.__version__,
+        "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
+        "backend": backend,
+        "profiler": profiler,
+        "world_size": str(len(hosts)),
+        "num_hosts": str(len(set(hosts)) or 1),
+        "ranks_per_gpu": _text(ranks_per_gpu),
+        "max_size_bytes": _text(options.max_size_bytes),
+        "iters_override": _text(options.iters),
+        "warmup_iters_override": _text(options.warmup_iters),
+        "graph_override": _text(options.graph),
+        "config": suite.source,
+        "suite": suite.name,
+        "hostname": os.uname().nodename if hasattr(os, "uname") else "",
+    }
+    if device.type == "cuda":
+        info["cuda_version"] = str(torch.version.cuda)
+        info["device"] = torch.cuda.get_device_name(device)
+        try:
+            info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL may be absent from a CUDA build
+            pass
+        if profiler == "cupti":
+            from importlib.metadata import version
+
+            info["cupti_python_version"] = version("cupti-python")
+    info.update({key: repr(float(value)) for key, value in calibration.items()})
+    info.update(suite_settings(suite))
+    info.update({f"env.{key}": value for key, value in suite.env.items()})
+    return info
 
 
 def measurement_settings(environ: Mapping[str, object]) -> dict[str, str]:

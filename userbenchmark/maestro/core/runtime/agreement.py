@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ...errors import RunError
+from ...blocks.base import Block
+from ...errors import RunError, cause_of
+from . import supervision
 from .interrupts import PeerExited, exited_peers
 
 log = logging.getLogger("maestro.agreement")
@@ -36,6 +38,8 @@ class RankStatus:
     """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
     interrupted: bool = False
     """True when this rank was interrupted (SIGINT/SIGTERM): the whole run stops."""
+    phase: str = ""
+    """Where this rank failed, when that is not the step's own phase (a pattern's teardown)."""
     exited: tuple[int, ...] = ()
     """Ranks whose process this rank knows has ended (its local launcher said so)."""
 
@@ -57,19 +61,34 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
         return RankStatus(
             rank=rank, ok=False, message="interrupted", contained=False, interrupted=True
         )
-    block = getattr(error, "block", "") or ""
-    message = getattr(error, "detail", None) or f"{type(error).__name__}: {error}"
+    message = getattr(error, "detail", None) or cause_of(error)
     return RankStatus(
         rank=rank,
         ok=False,
         message=str(message),
-        block=block,
+        block=getattr(error, "block", "") or _block_in(error) or _block_in(error.__cause__),
         contained=contained,
+        phase=getattr(error, "phase", ""),
         secondary=_looks_secondary(str(error)),
     )
 
 
+def _block_in(error: BaseException | None) -> str:
+    """The block whose code raised ``error`` (the innermost block method in its traceback),
+    or "": a ``SystemExit`` or any error a block raises past maestro's wrapping is named."""
+    name, tb = "", error and error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, Block):
+            name = owner.spec.name
+        tb = tb.tb_next
+    return name
+
+
+_STUCK = "did not return within timeout_s"
+"""A block that did not return: stuck itself, or waiting on a peer that stopped."""
 _SECONDARY_MARKERS = (
+    _STUCK,
     "Timed out",
     "timed out",
     "device work did not finish",  # CUDA lanes waiting on a collective whose peer stopped
@@ -240,25 +259,50 @@ class EndedWatch:
             return
 
 
-class StoreExchange:
-    """Exchanges statuses through a c10d store, one numbered round per agreement step."""
+STORE_SLACK_S = 5.0
+"""How much longer than its own deadline a wait on the store may take before the store's host
+counts as gone (a call to a store whose host stopped never returns by itself)."""
 
-    def __init__(self, store: Any, *, world_size: int, timeout_s: float) -> None:
+
+class StoreExchange:
+    """Exchanges statuses through a c10d store, one numbered round per agreement step.
+
+    ``owner`` names who hosts the store (``rank 0 at HOST:PORT``): the one a wait that outlasts
+    its deadline names as no longer answering.
+    """
+
+    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str = "") -> None:
         self.store = store
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.owner = owner
         self.round = 0
+
+    def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
+        """A deadline on store calls expected to last at most ``seconds`` (see
+        :func:`supervision.deadline`); past it the rank exits naming the store's host."""
+        owner = self.owner or "the rendezvous store's host"
+        return supervision.deadline(
+            seconds + STORE_SLACK_S,
+            f"{owner}, which hosts the rendezvous store, stopped answering",
+            rank=rank,
+            status=status,
+        )
 
     def __call__(self, status: RankStatus) -> tuple[list[RankStatus], list[int]]:
         """Every rank's status that arrived in time, and the ranks that did not arrive."""
-        self.round += 1
-        prefix = f"agree/{self.round}/"
-        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
         wait_s = (
-            grace_s(self.timeout_s) if status.secondary else (agreement_timeout_s(self.timeout_s))
+            grace_s(self.timeout_s) if status.secondary else agreement_timeout_s(self.timeout_s)
         )
         if status.exited:
             wait_s = min(wait_s, ENDING_WAIT_S)
+        with self.waiting(wait_s, status.rank):
+            return self._exchange(status, wait_s)
+
+    def _exchange(self, status: RankStatus, wait_s: float) -> tuple[list[RankStatus], list[int]]:
+        self.round += 1
+        prefix = f"agree/{self.round}/"
+        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
         deadline = time.monotonic() + wait_s
         pending = list(range(self.world_size))
         arrived: list[int] = []
@@ -266,9 +310,11 @@ class StoreExchange:
             while pending and self.store.check([prefix + str(pending[0])]):
                 arrived.append(pending.pop(0))
             now = time.monotonic()
-            if not pending or now >= deadline:
+            # A rank whose process is known to have ended will not come: nobody waits for it.
+            awaited = [r for r in pending if r not in status.exited]
+            if not awaited or now >= deadline:
                 break
-            wait_for_keys(self.store, [prefix + str(pending[0])], deadline - now)
+            wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
         # Past the deadline, a later rank may have arrived while an earlier one is missing.
         arrived += [r for r in pending if self.store.check([prefix + str(r)])]
         missing = [r for r in pending if r not in arrived]
@@ -306,22 +352,22 @@ def agree(
     (so every rank issued the same collectives). ``missing`` lists ranks that never answered.
     """
     status = status_of(rank, error, contained=contained)
-    if not status.ok and not status.exited:
-        # Under the local launcher a failure is often a peer's death seen from here.
+    if not status.exited:  # under the local launcher: the siblings known to have ended
         status = replace(status, exited=exited_peers())
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
+        owner = getattr(exchange, "owner", "") or "rank 0 or the launcher"
         err = RunError(
-            f"could not agree with the other ranks ({type(exc).__name__}: {exc}); "
-            "a rank died or stopped answering (the rendezvous store lives in rank 0 "
-            "or in the launcher)",
+            f"could not agree with the other ranks: the rendezvous store went away "
+            f"({cause_of(exc)}); {owner} hosts it",
             rank=rank,
             phase=phase,
             pattern=pattern,
             interrupted=status.interrupted,
         )
         raise err from (error or exc)
+    supervision.agreed(f"pattern {pattern!r}, phase {phase}" if pattern else f"phase {phase}")
     failed = [s for s in statuses if not s.ok]
     if not failed and not missing:
         return
@@ -339,13 +385,18 @@ def _agreed_error(
 ) -> RunError:
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
-    secondary = sorted((s for s in failed if s.secondary), key=lambda s: s.rank)
+    # A stuck block is nearer the cause than a timeout waiting on it; a missing rank (dead,
+    # stopped) nearer than either: its peers' blocks were waiting on it.
+    secondary = sorted(
+        (s for s in failed if s.secondary), key=lambda s: (_STUCK not in s.message, s.rank)
+    )
     # A rank whose process is known to have ended is the cause, before ranks only late.
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
     if primary:
         first = primary[0]
         rank, block, detail = first.rank, first.block, first.message
+        phase = first.phase or phase
         if first.interrupted:
             detail = "interrupted (SIGINT/SIGTERM); the run stops"
         rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]

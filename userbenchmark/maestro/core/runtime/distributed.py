@@ -19,20 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EXIT_FAILED, ConfigError, LaunchError, OptionError, RunError
-from ..analysis.aggregate import Reducer
-from . import interrupts
-from .agreement import (
-    EndedWatch,
-    StoreExchange,
-    agreement_timeout_s,
-    wait_for_keys,
-    watchdog_timeout_s,
+from ...errors import (
+    EXIT_FAILED,
+    ConfigError,
+    LaunchError,
+    MaestroError,
+    OptionError,
+    RunError,
+    cause_of,
 )
+from ..analysis.aggregate import Reducer
+from . import interrupts, supervision
+from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
+from .preflight import SHARED_GPU_VARIABLE, resolve_backend
 
 log = logging.getLogger("maestro.dist")
-
-BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,7 @@ def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = Non
     (see :func:`rendezvous_store`); without them every rank would fail at its first step.
     """
     env = os.environ if env is None else env
+    _check_interfaces(env)
     if launch.launcher == "none" or launch.world_size == 1:
         return
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
@@ -133,15 +135,20 @@ def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = Non
         raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
 
 
-def resolve_backend(requested: str, cuda_available: bool) -> str:
-    """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an error."""
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}; valid: {', '.join(BACKENDS)}")
-    if requested == "auto":
-        return "nccl" if cuda_available else "gloo"
-    if requested == "nccl" and not cuda_available:
-        raise RunError("backend nccl needs CUDA, and torch sees no GPU; use --backend gloo")
-    return requested
+def _check_interfaces(env: Mapping[str, str]) -> None:
+    """``GLOO_SOCKET_IFNAME`` must name interfaces of this machine (gloo fails on every rank
+    otherwise, at its first group)."""
+    names = [n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if not names or not hasattr(socket, "if_nameindex"):
+        return
+    known = [name for _, name in socket.if_nameindex()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise LaunchError(
+            f"GLOO_SOCKET_IFNAME={env['GLOO_SOCKET_IFNAME']} names no network interface of "
+            f"this machine ({', '.join(unknown)}; it has {', '.join(known) or 'none'}): unset "
+            "it, or name one of those"
+        )
 
 
 def apply_env(values: Mapping[str, str]) -> dict[str, str | None]:
@@ -176,8 +183,6 @@ class DistContext:
     backend: str
     device: Any
     """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
-    control: Any
-    """gloo group over all ranks used only by the agreement step (never timed)."""
     timeout_s: float
     agreement: StoreExchange
     """The agreement step's exchange over the rendezvous store (never a timed communicator)."""
@@ -220,16 +225,13 @@ class DistContext:
         return self.device.type == "cuda"
 
 
-SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
-
-
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
     """The GPU of a local rank: its own (``local_rank``), or ``local_rank % device_count`` when
     there are more local ranks than GPUs and NCCL may put several ranks on one GPU
     (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: a correctness mode, not for timings)."""
     env = os.environ if env is None else env
     if device_count < 1:
-        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="setup")
+        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
     if local_rank < device_count:
         return local_rank
     if env.get(SHARED_GPU_VARIABLE) == "1":
@@ -239,7 +241,7 @@ def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None 
         f"start at most {device_count} rank(s) per host, or set {SHARED_GPU_VARIABLE}=1 "
         "(NCCL >= 2.30.7) to let ranks share GPUs for correctness tests (their timings then "
         "describe nothing real)",
-        phase="setup",
+        phase="start-up",
     )
 
 
@@ -251,12 +253,15 @@ def init_distributed(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> DistContext:
-    """Initialise torch.distributed for this rank and create the gloo control group.
+    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks,
+    the default process group, every rank's host and device.
 
     The rendezvous store is created here (not by ``env://``) so that every rank can first
     check that all ranks were started with the same world size, the same pattern text and the
     same options (``shared``: see :func:`check_launch`; ``source`` names the pattern file),
-    and fail promptly if not.
+    and fail promptly if not. Each step waits at most ``timeout_s`` for the others (and a store
+    whose host stopped answering ends the rank, see StoreExchange.waiting); any other failure
+    is a RunError of the phase ``start-up`` saying why.
     """
     import torch
     import torch.distributed as dist
@@ -274,32 +279,37 @@ def init_distributed(
         device = torch.device("cpu")
     # NCCL: torch's watchdog acts only after maestro's own deadline and agreement.
     timeout = timedelta(seconds=watchdog_timeout_s(timeout_s) if backend == "nccl" else timeout_s)
-    store = None
-    if not dist.is_initialized():
-        store = rendezvous_store(launch, timeout_s)
-        check_launch(
-            dist.PrefixStore("maestro/launch/", store),
-            launch,
-            timeout_s,
-            shared=shared,
-            source=source,
-        )
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=launch.rank,
-            world_size=launch.world_size,
-            timeout=timeout,
-        )
-    else:
-        store = dist.distributed_c10d._get_default_store()
-    # The agreement step must outlast a peer's timed-out collective, so it waits longer.
-    control = dist.new_group(
-        backend="gloo", timeout=timedelta(seconds=agreement_timeout_s(timeout_s))
-    )
-    agreement = StoreExchange(
-        dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
-    )
+    exchange = StoreExchange(None, world_size=launch.world_size, timeout_s=timeout_s)
+    exchange.owner = store_owner(launch)
+    try:
+        if not dist.is_initialized():
+            with exchange.waiting(timeout_s, launch.rank):
+                store = rendezvous_store(launch, timeout_s)
+                check_launch(
+                    dist.PrefixStore("maestro/launch/", store),
+                    launch,
+                    timeout_s,
+                    shared=shared,
+                    source=source,
+                )
+            with exchange.waiting(timeout_s, launch.rank):
+                dist.init_process_group(
+                    backend=backend,
+                    store=store,
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=timeout,
+                )
+        else:
+            store = dist.distributed_c10d._get_default_store()
+        exchange.store = dist.PrefixStore("maestro/", store)
+        me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
+        with exchange.waiting(timeout_s, launch.rank):
+            places = _everyones(exchange.store, "places", launch, me, timeout_s)
+    except MaestroError:
+        raise
+    except Exception as exc:  # torch's own start-up: a bad interface, a refused connection
+        raise RunError(cause_of(exc) + _hint(), phase="start-up") from exc
     ended_watch = None
     if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
         ended_watch = EndedWatch(
@@ -308,21 +318,47 @@ def init_distributed(
             leave=_leave_ended(launch.rank),
             holding=interrupts.holding,
         ).start()
-    places: list[Any] = [None] * launch.world_size
-    me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
-    dist.all_gather_object(places, me, group=control)
     return DistContext(
         hosts=tuple(h for h, _ in places),
         devices=tuple(d for _, d in places),
         launch=launch,
         backend=backend,
         device=device,
-        control=control,
         timeout_s=timeout_s,
-        agreement=agreement,
+        agreement=exchange,
         ended_watch=ended_watch,
         hosts_store=store_hosted_here(launch),
     )
+
+
+def _hint() -> str:
+    names = [k for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.environ.get(k)]
+    shown = ", ".join(f"{k}={os.environ[k]}" for k in names)
+    return f" (with {shown})" if shown else ""
+
+
+def _everyones(store: Any, key: str, launch: LaunchInfo, mine: Any, timeout_s: float) -> list:
+    """Every rank's ``mine`` (JSON-able), by rank, through the store."""
+    store.set(f"{key}/{launch.rank}", json.dumps(mine))
+    keys = [f"{key}/{r}" for r in range(launch.world_size)]
+    if not wait_for_keys(store, keys, timeout_s):
+        late = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise RunError(
+            f"rank {', '.join(map(str, late))} stopped answering during start-up (nothing "
+            f"within timeout_s {timeout_s:g} s)",
+            phase="start-up",
+        )
+    return [json.loads(store.get(k)) for k in keys]
+
+
+def store_owner(launch: LaunchInfo) -> str:
+    """Who hosts the rendezvous store, for a message saying it stopped answering."""
+    where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return f"rank 0 at {where}"
+    if supervision.attached():
+        return f"maestro's launcher (pid {os.getppid()}) at {where}"
+    return f"torchrun's agent at {where}"
 
 
 def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
@@ -352,8 +388,7 @@ def _leave_ended(rank: int) -> Callable[[str], None]:
             file=sys.stderr,
             flush=True,
         )
-        sys.stdout.flush()
-        os._exit(EXIT_FAILED)  # the main thread is stuck: nothing else can end this process
+        supervision.hard_exit(EXIT_FAILED, rank)  # the main thread is stuck in a block
 
     return leave
 
@@ -376,7 +411,7 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
         raise RunError(
             "MASTER_ADDR and MASTER_PORT must be set for a multi-rank launch "
             "without torchrun (e.g. under plain srun)",
-            phase="setup",
+            phase="start-up",
         )
     try:
         return dist.TCPStore(
@@ -393,7 +428,7 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
             f"could not reach the rendezvous store at {host}:{port} within {timeout_s:g} s "
             f"({type(exc).__name__}: {exc}); is rank 0 running, and are MASTER_ADDR and "
             "MASTER_PORT the same on every rank?",
-            phase="setup",
+            phase="start-up",
         ) from exc
 
 
@@ -419,7 +454,7 @@ def check_launch(
         raise RunError(
             f"two processes were started as rank {rank} (RANK={rank}); each rank of a run "
             "needs its own RANK",
-            phase="setup",
+            phase="start-up",
         )
     mine = dict(shared or {})
     store.set(f"shared/{rank}", json.dumps(mine, sort_keys=True))  # before world/{rank}
@@ -433,7 +468,7 @@ def check_launch(
             raise RunError(
                 f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
                 f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
-                phase="setup",
+                phase="start-up",
             )
         theirs = int(store.get(key))
         if rank != 0:
@@ -443,7 +478,7 @@ def check_launch(
                 f"rank {other} was started with WORLD_SIZE={theirs}, but rank {rank} with "
                 f"WORLD_SIZE={world}: every rank of a run needs the same WORLD_SIZE (are two "
                 "launches sharing one MASTER_ADDR:MASTER_PORT?)",
-                phase="setup",
+                phase="start-up",
             )
         peer = json.loads(store.get(f"shared/{other}"))
         first, second = sorted((rank, other))  # name rank 0's side last: it is the reference

@@ -110,14 +110,6 @@ def install() -> Callable[[], None]:
     return restore
 
 
-def message(*, saved: bool) -> str:
-    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
-    finished and was written to a file."""
-    if saved:
-        return "maestro: interrupted; patterns that finished are saved"
-    return "maestro: interrupted"
-
-
 def pending() -> bool:
     """True when a signal arrived that no deliverable region has raised yet."""
     return _state.pending is not None

@@ -8,8 +8,10 @@ still imports torch waits for its handler instead of raising mid-import; the lau
 signals are received by a helper thread and handed to its main thread.
 
 No process outlives the run: workers die with the launcher, and the launcher's watchdog
-(core/runtime/supervision.py) ends the workers that cannot end by themselves. The pattern
-file is read once, here; workers get its text.
+(core/runtime/supervision.py) ends the workers that cannot end by themselves and what each
+worker left behind (its process group). Workers get the suite the command line validated and
+its options; they never read the pattern file. The launcher ends once its workers have, even
+when torch's launcher would wait on one that vanished.
 """
 
 from __future__ import annotations
@@ -19,16 +21,25 @@ import logging
 import math
 import multiprocessing
 import os
+import shutil
 import signal
-import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from ...errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    interrupted_message,
+    say,
+)
+from ..config.options import RunOptions
+from ..config.spec import SuiteSpec
 from . import interrupts, supervision
 
 log = logging.getLogger("maestro.launcher")
@@ -42,13 +53,9 @@ _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
 class _Job:
     """What every worker runs (one object: torch's launcher rewrites string arguments)."""
 
-    source: str
-    """The pattern file's path (it names the file in messages)."""
-    text: str
-    """The pattern file's text, read once by the launcher: workers never read the file."""
-    world_size: int
-    options: dict[str, Any]
-    log_level: str
+    suite: SuiteSpec
+    """The suite the command line validated, with its options applied."""
+    options: RunOptions
     parent_pid: int
     """The launcher's pid: a worker ends when it does."""
 
@@ -62,19 +69,15 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     """
     rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
     supervision.die_with_parent(job.parent_pid)
+    os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
     interrupts.set_exited_peers(supervision.exited_peers)
 
     from .logs import configure_logging
     from .worker import run_worker
 
-    try:
-        configure_logging(job.log_level)
-        status = run_worker(
-            job.source, job.world_size, job.options, world_size_source="--nproc", text=job.text
-        )
-    except KeyboardInterrupt:  # only if this process was not started with signals blocked
-        status = EXIT_INTERRUPTED
+    configure_logging(job.options.log_level)
+    status = run_worker(job.suite, job.options)
     supervision.leave(status, rank)
     if status != EXIT_OK:
         raise SystemExit(status)
@@ -180,30 +183,20 @@ def exit_deadline_s(timeout_s: float) -> float:
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
-def launch_local(
-    source: str,
-    text: str,
-    nproc: int,
-    options: dict[str, Any],
-    log_level: str,
-    *,
-    timeout_s: float = 45.0,
-) -> int:
-    """Run ``nproc`` workers on this machine on the pattern ``text`` (read from ``source``);
-    the worst worker exit status is returned.
+def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
+    """Run ``nproc`` workers of ``suite`` on this machine; returns the run's exit status: the
+    worst a worker reached (130 only when the user interrupted the launcher).
 
-    ``timeout_s`` is the pattern file's: an interrupted worker may need its collective timeout
-    plus the agreement's grace to stop, so the launcher waits that long before killing it.
+    An interrupted worker may need the suite's collective timeout plus the agreement's grace
+    to stop, so the launcher waits that long before killing it.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # As torchrun does: one intra-op thread per worker unless the user chose otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    settings: dict[str, Any] = {}
-    if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:  # newer torch only
-        settings["shutdown_timeout"] = math.ceil(exit_deadline_s(timeout_s))
+    logs = tempfile.mkdtemp(prefix="maestro-launch-")  # torch's per-run folder: removed after
     cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -214,58 +207,67 @@ def launch_local(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        **settings,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+        shutdown_timeout=math.ceil(exit_deadline_s(suite.timeout_s)),
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
-    job = _Job(
-        source=source,
-        text=text,
-        world_size=nproc,
-        options=options,
-        log_level=log_level,
-        parent_pid=os.getpid(),
+    job = _Job(suite=suite, options=options, parent_pid=os.getpid())
+    watchdog = supervision.Watchdog(
+        board,
+        exit_deadline_s=exit_deadline_s(suite.timeout_s),
+        abandon=lambda: _abandon(board, watchdog, logs),
     )
-    watchdog = supervision.Watchdog(board, exit_deadline_s=exit_deadline_s(timeout_s))
-    watchdog.start()
+    exits: dict[int, int] = {}
     try:
         with _quiet_torch_launcher(), _signals_to_main_thread(board):
+            watchdog.start()  # with the signals blocked, as every thread but the router
             results = elastic_launch(cfg, _worker)(job, board)
+        exits = {rank: int(code or 0) for rank, code in results.items()}
     except ChildFailedError as exc:
-        watchdog.stop()
-        _report_kills(watchdog)
-        statuses = _verdicts(board)  # a worker's own status, also when another failed first
-        for rank in range(nproc):
-            if watchdog.killed(rank) and board.stage[rank] < supervision.VERDICT:
-                statuses.append(EXIT_FAILED)
-        for rank, failure in sorted(exc.failures.items()):
-            if watchdog.killed(rank):
-                continue  # reported above, its status counted
-            if failure.exitcode not in _OWN_STATUSES:
-                log.error("rank %d %s", rank, _describe_exit(failure.exitcode))
-            statuses.append(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
-        return max(statuses, default=EXIT_FAILED)
+        exits = {rank: failure.exitcode for rank, failure in exc.failures.items()}
     except (SignalException, KeyboardInterrupt):
-        # The workers were sent the signal and have exited (or were killed at the deadline).
-        watchdog.stop()
-        _report_kills(watchdog)
-        if not board.told.value:
-            print(interrupts.message(saved=False), file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        pass  # the workers were sent the signal and have exited (or were killed at the deadline)
     finally:
         watchdog.stop()
-    _report_kills(watchdog)
-    return max(int(code or 0) for code in results.values())
+        for pid in board.pids:
+            supervision.kill_group(pid)
+        shutil.rmtree(logs, ignore_errors=True)
+    return _outcome(board, watchdog, {**watchdog.exits, **exits})
 
 
-def _verdicts(board: supervision.WorkerBoard) -> list[int]:
-    """The exit statuses of the workers that reached their verdict."""
-    return [
-        int(board.status[r])
-        for r in range(board.num_workers)
-        if board.stage[r] >= supervision.VERDICT
-    ]
-
-
-def _report_kills(watchdog: supervision.Watchdog) -> None:
+def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exits: dict) -> int:
+    """The run's exit status once every worker has ended, and the launcher's lines: a worker
+    killed, or gone without a word; 130 only for the user's interrupt."""
     for kill in watchdog.kills:
         log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)
+    if board.interrupted.value:
+        if not board.told.value:
+            say(interrupted_message(saved=False))
+        return EXIT_INTERRUPTED
+    # A worker's 130 without the user's signal to the launcher is torch's SIGTERM after another
+    # worker failed, unless no worker failed: then the user signalled that worker itself.
+    crashed = any(c not in (EXIT_OK, EXIT_INTERRUPTED) for c in exits.values())
+    statuses = []
+    for rank in range(board.num_workers):
+        code = exits.get(rank)
+        if board.stage[rank] >= supervision.VERDICT:  # its own status, saved and printed
+            code = int(board.status[rank])
+        elif watchdog.killed(rank):
+            code = EXIT_FAILED
+        elif code is not None and code not in (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED):
+            step = board.last_step(rank)
+            after = f" after {step}" if step else " during start-up"
+            how = _describe_exit(code) if code else "exited with status 0"
+            log.error("rank %d %s%s, before the run ended", rank, how, after)
+            code = EXIT_FAILED
+        if code is not None:
+            statuses.append(EXIT_FAILED if code == EXIT_INTERRUPTED and crashed else code)
+    return max(statuses, default=EXIT_FAILED)
+
+
+def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:
+    """Every worker has ended and torch's launcher still waits (on a result a worker that
+    vanished never sent): report and end the launcher here."""
+    status = _outcome(board, watchdog, dict(watchdog.exits))
+    shutil.rmtree(logs, ignore_errors=True)
+    supervision.hard_exit(status, -1)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 
 from ...errors import ConfigError, OptionError
+from ..config.loader import load_suite
+from ..config.options import RunOptions, apply_overrides
 from ..config.spec import SuiteSpec
-from .distributed import SHARED_GPU_VARIABLE, resolve_backend
-from .graphs import graph_refusal
+
+SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
 MAX_LOCAL_WORKERS = 256
 """Most workers ``--nproc`` starts on one machine; more ranks come from torchrun or srun."""
@@ -59,6 +61,62 @@ def check_nproc(nproc: int, *, limit: int | None = None) -> None:
         raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")
 
 
+def _no_gpu() -> str:
+    import torch
+
+    return "torch sees no CUDA device" + (
+        "" if torch.version.cuda else " (this torch is a CPU build)"
+    )
+
+
+def resolve_backend(requested: str, cuda_available: bool) -> str:
+    """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an OptionError."""
+    if requested == "nccl" and not cuda_available:
+        raise OptionError(
+            f"--backend nccl needs CUDA, and {_no_gpu()}; use --backend gloo (or auto, which "
+            "picks gloo without CUDA)"
+        )
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    return requested
+
+
+def resolve_profiler(requested: str, *, on_cuda: bool, backend: str = "auto") -> str:
+    """The profiler a run uses for ``--profiler requested``: ``host`` on CPU lanes, ``cupti``
+    or ``events`` on CUDA (``auto``: cupti when cupti-python works, else events); OptionError
+    for one that cannot time these lanes."""
+    if not on_cuda:
+        if requested in ("cupti", "events"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise OptionError(
+                    f"--profiler {requested} times CUDA work, and {_no_gpu()}; on the CPU use "
+                    "--profiler host (or auto)"
+                )
+            raise OptionError(
+                f"--profiler {requested} times CUDA work, but --backend {backend} runs every "
+                "lane on the CPU; use --backend nccl (or auto), or --profiler host"
+            )
+        return "host"
+    if requested == "host":
+        raise OptionError(
+            "--profiler host times CPU lanes; on CUDA (backend nccl) it would time the "
+            "enqueue, not the GPU work: use --profiler cupti, events or auto"
+        )
+    if requested == "events":
+        return "events"
+    from ..profilers.cupti import cupti_available
+
+    ok, why = cupti_available()
+    if not ok and requested == "cupti":
+        raise OptionError(
+            f"--profiler cupti cannot run: {why}; or use --profiler events (or auto, which "
+            "falls back to CUDA events)"
+        )
+    return "cupti" if ok else "events"
+
+
 def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:
     """Raise OptionError when ``--backend``/``--profiler`` cannot run on this machine.
 
@@ -66,40 +124,8 @@ def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> Non
     """
     import torch
 
-    cuda = torch.cuda.is_available()
-    no_gpu = "torch sees no CUDA device" + (
-        "" if torch.version.cuda else " (this torch is a CPU build)"
-    )
-    if backend == "nccl" and not cuda:
-        raise OptionError(
-            f"--backend nccl needs CUDA, and {no_gpu}; use --backend gloo (or auto, which "
-            "picks gloo without CUDA)"
-        )
-    on_cuda = resolve_backend(backend, cuda) == "nccl"
-    if profiler in ("cupti", "events") and not on_cuda:
-        if not cuda:
-            raise OptionError(
-                f"--profiler {profiler} times CUDA work, and {no_gpu}; on the CPU use "
-                "--profiler host (or auto)"
-            )
-        raise OptionError(
-            f"--profiler {profiler} times CUDA work, but --backend {backend} runs every lane "
-            "on the CPU; use --backend nccl (or auto), or --profiler host"
-        )
-    if profiler == "host" and on_cuda:
-        raise OptionError(
-            "--profiler host times CPU lanes; on CUDA (backend nccl) it would time the "
-            "enqueue, not the GPU work: use --profiler cupti, events or auto"
-        )
-    if profiler == "cupti" and on_cuda:
-        from ..profilers.cupti import cupti_available
-
-        ok, why = cupti_available()
-        if not ok:
-            raise OptionError(
-                f"--profiler cupti cannot run: {why}; or use --profiler events (or auto, "
-                "which falls back to CUDA events)"
-            )
+    on_cuda = resolve_backend(backend, torch.cuda.is_available()) == "nccl"
+    resolve_profiler(profiler, on_cuda=on_cuda, backend=backend)
     if on_cuda and local_workers > 1 and os.environ.get(SHARED_GPU_VARIABLE) != "1":
         gpus = torch.cuda.device_count()
         if local_workers > gpus:
@@ -111,16 +137,52 @@ def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> Non
             )
 
 
-def check_suite(suite: SuiteSpec, *, backend: str) -> None:
-    """Raise ConfigError when a pattern asks for what this machine's backend cannot do (CUDA
-    graphs on gloo), naming the file and the pattern."""
+def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
+    """CUDA-graph mode needs CUDA: ``--graph`` on the CPU is an OptionError, ``graph: true`` in
+    the file a ConfigError naming the pattern."""
     import torch
 
-    resolved = resolve_backend(backend, torch.cuda.is_available())
-    refusal = graph_refusal(resolved)
+    backend = resolve_backend(options.backend, torch.cuda.is_available())
     graphs = [p for p in suite.patterns if p.graph]
-    if refusal and graphs:
-        names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
-        raise ConfigError(
-            f"patterns {names}: {refusal}", file=suite.source, path=graphs[0].yaml_path
-        )
+    if backend == "nccl" or not graphs:
+        return
+    why = f"CUDA graphs need CUDA, and this run uses the {backend} backend on the CPU"
+    if options.graph:
+        raise OptionError(f"--graph: {why}; drop --graph or run on GPUs")
+    names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+    raise ConfigError(
+        f"patterns {names}: graph: true, and {why}; set graph: false or run on GPUs",
+        file=suite.source,
+        path=graphs[0].yaml_path,
+    )
+
+
+def prepare_suite(
+    config: str, options: RunOptions, *, world_size: int, local_workers: int = 1
+) -> SuiteSpec:
+    """Everything checked before any worker starts, in order: ``--nproc`` against this machine
+    (``local_workers`` > 1), the backend, profiler and ``--plot`` against it, the pattern file
+    ``config`` (read and validated once: every rank runs this suite), the options applied to
+    it. ConfigError for the file, OptionError for an option."""
+    if local_workers > 1:
+        check_nproc(local_workers)
+    check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
+    if options.plot:
+        from ..output.plot import MISSING_MATPLOTLIB, matplotlib_available
+
+        if not matplotlib_available():
+            raise OptionError(MISSING_MATPLOTLIB)
+    suite = load_suite(config, world_size=world_size)
+    try:
+        suite = apply_overrides(suite, options)
+    except ConfigError as err:  # the file is fine: the option does not fit it
+        raise OptionError(
+            "; ".join(_placed(i.message, i.file, i.path) for i in err.issues)
+        ) from None
+    check_graphs(suite, options)
+    return suite
+
+
+def _placed(message: str, file: str, path: str) -> str:
+    where = ": ".join(part for part in (file, path) if part)
+    return f"{message} ({where})" if where else message
