@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -80,36 +79,6 @@ def test_unknown_option_through_run_benchmark_exits_2_without_traceback():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "run_benchmark.py maestro" in proc.stderr  # the usage names TorchBench's command
     assert "--no-such-option" in proc.stderr.strip().splitlines()[-1]
-
-
-# ---- --nproc and devices ----
-def test_nproc_beyond_the_machine_exits_2_with_the_reason():
-    proc = run_maestro(["run", "--nproc", "10000"], timeout=QUICK_HANG_S)
-    line = _assert_one_message(proc, "maestro: invalid option: --nproc must be at most 256")
-    assert "got 10000" in line and "torchrun or srun" in line
-
-
-def test_nproc_bounded_by_the_open_file_limit():
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = 200 if hard == resource.RLIM_INFINITY else min(200, hard)
-
-    def lower_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "userbenchmark.maestro", "run", "--nproc", "100"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=QUICK_HANG_S,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=lower_limit,
-    )
-    line = _assert_one_message(proc, "maestro: invalid option: --nproc must be at most ")
-    assert f"may open {limit} (ulimit -n)" in line, line
 
 
 # ---- interrupts ----

@@ -1,11 +1,6 @@
-"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks`` (click).
-
-Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
-2 invalid input (options, launcher variables, pattern file, files to compare), 130
-interrupted. User errors print one message, never a traceback. :func:`main` is the
-programmatic entry (``python -m userbenchmark.maestro``); :func:`run_from_torchbench` runs the
-``run`` command for TorchBench's ``run_benchmark.py maestro ARGS``.
-"""
+"""Command-line interface: ``run``, ``validate``, ``compare`` and ``list-blocks`` (click);
+:func:`main` for ``python -m userbenchmark.maestro``, :func:`run_from_torchbench` for
+TorchBench's ``run_benchmark.py maestro``. Input errors print one line and exit 2."""
 
 from __future__ import annotations
 
@@ -16,8 +11,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -52,47 +46,25 @@ RUN_EXIT_STATUS_HELP = (
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _is_rank_zero() -> bool:
-    """Whether this process speaks for the run (rank 0, or no launcher): one line per run."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops a command as Ctrl-C does (status 130, one line) instead of killing it.
-
-    A run installs its own handlers later (core.runtime.interrupts); this covers start-up.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:  # someone (a test harness, a caller) chose already
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
-    """A command that SIGINT/SIGTERM end with status 130 and one line, no traceback."""
+    """SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
+    and one line (a run installs its own handlers once it starts)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        ours = main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        if ours:
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            with _sigterm_interrupts():
-                return command(*args, **kwargs)
+            return command(*args, **kwargs)
         except KeyboardInterrupt:
-            if _is_rank_zero():
-                say(interrupted_message(saved=False))
+            if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+                say(interrupted_message(saved=False))  # one line per run
             return EXIT_INTERRUPTED
+        finally:
+            if ours:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper
 
@@ -116,31 +88,18 @@ class _SizeType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+_FLAG = {"is_flag": True}
 RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "-c",
         "--config",
         default="quickstart",
-        help="pattern file: a path, or a name from userbenchmark/maestro/configs "
-        "(default: quickstart)",
+        help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
     ),
-    click.option(
-        "--nproc",
-        type=int,
-        default=None,
-        help="start N local workers (without torchrun/srun); default 1",
-    ),
-    click.option(
-        "--output-dir",
-        default=None,
-        help="write results, patterns and pairs (.json and .csv) here",
-    ),
-    click.option(
-        "--metrics-dir",
-        default=None,
-        help="folder of the TorchBench metrics file (default <repo>/.userbenchmark/maestro)",
-    ),
-    click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file"),
+    click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1"),
+    click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here"),
+    click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)"),
+    click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file"),
     click.option(
         "--backend",
         type=click.Choice(("auto", "gloo", "nccl")),
@@ -153,48 +112,35 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default="auto",
         help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
     ),
-    click.option("--iters", type=int, default=None, help="override every pattern's iters"),
-    click.option(
-        "--warmup-iters", type=int, default=None, help="override every pattern's warmup_iters"
-    ),
-    click.option("--check", is_flag=True, help="verify every collective's output after timing"),
-    click.option("--no-baseline", is_flag=True, help="skip the isolated run of each block"),
-    click.option(
-        "--pattern",
-        "patterns",
-        multiple=True,
-        help="run only patterns matching this glob (repeatable)",
-    ),
-    click.option(
-        "--precision",
-        type=int,
-        default=2,
-        help="decimals of printed latencies (small values keep a digit)",
-    ),
+    click.option("--iters", type=int, help="override every pattern's iters"),
+    click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters"),
+    click.option("--check", **_FLAG, help="verify every collective's output after timing"),
+    click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block"),
+    click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB"),
+    click.option("--precision", type=int, default=2, help="decimals of printed latencies"),
     click.option("--seed", type=int, default=0, help="seed of the random inputs"),
     click.option(
         "--trace",
-        is_flag=True,
+        **_FLAG,
         help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
         "in --output-dir",
     ),
     click.option(
         "--plot",
-        is_flag=True,
+        **_FLAG,
         help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
         "in --output-dir; needs matplotlib",
     ),
     click.option(
         "--max-size",
         type=_SizeType(),
-        default=None,
         metavar="SIZE",
         help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
         "sweep points that become identical run once",
     ),
     click.option(
         "--graph",
-        is_flag=True,
+        **_FLAG,
         help="CUDA-graph mode for every pattern: each block's launch captured once and "
         "replayed per iteration (same as graph: true in the file; needs CUDA)",
     ),
@@ -202,7 +148,7 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "--log-level",
         type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
         default="INFO",
-        help="lowest level of log lines shown (default INFO)",
+        help="lowest level of log lines shown",
     ),
 ]
 
@@ -214,8 +160,7 @@ def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
-    """The run's options from the parsed ``run`` command line (OptionError for a value that
-    cannot work: see RunOptions)."""
+    """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
     return RunOptions(
         backend=params["backend"],
         profiler=params["profiler"],
@@ -253,14 +198,9 @@ def _world_size(nproc: int | None, launch: Any) -> int:
 
 
 def cmd_run(params: dict[str, Any]) -> int:
-    """Check everything that can be checked before a worker starts, then run.
-
-    Order: the launcher's variables, the option values, what this machine can run, the
-    pattern file (read and validated once: the workers get this suite; under torchrun/srun
-    every rank validates its own copy and compares it with rank 0's), then the output
-    locations (checked, locked and cleared of an earlier run's files by the process that
-    outlives the run's writer); each failure is one message and exit status 2.
-    """
+    """Check what can be checked before a worker starts (each failure one line, exit 2), in
+    order: the launcher's variables, the options, this machine and the pattern file, validated
+    once (preflight.prepare_suite), then the output locations; then run."""
     from .core.output.locations import metrics_folder, prepare_output_locations
     from .core.runtime import distributed, preflight, supervision
 
@@ -350,7 +290,6 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     summarise it: exit status 0 when it is valid, 2 with every problem found when not."""
     from .core.config.loader import load_suite
     from .core.config.summary import suite_summary
-    from .errors import ConfigError
 
     configure_logging("INFO", ranked=False)
     if world_size is not None and world_size < 1:

@@ -84,30 +84,19 @@ class RunError(MaestroError, RuntimeError):
         missing: tuple[int, ...] | None = None,
         interrupted: bool = False,
     ) -> None:
-        self.rank = rank
-        self.phase = phase
-        self.pattern = pattern
-        self.block = block
+        self.rank, self.phase, self.pattern, self.block = rank, phase, pattern, block
         self.detail = message
         self.contained = contained
-        """Every communicator is still usable: every rank stopped at the same point, having
-        issued the same collectives (set by the agreement step; False when unknown)."""
+        """Every communicator is still usable (the agreement step says; False when unknown)."""
         self.missing = missing
-        """Ranks that never reached the agreement step (died or hung); ``()`` when every
-        rank answered; None when no agreement took place (nobody knows)."""
+        """Ranks that never reached the agreement step; ``()`` every rank answered; None: no
+        agreement took place."""
         self.interrupted = interrupted
-        """A rank was interrupted (SIGINT/SIGTERM): the whole run stops, exit status 130."""
-        where = []
-        if rank is not None:
-            where.append(f"rank {rank}")
-        if phase:
-            where.append(f"phase {phase}")
-        if pattern:
-            where.append(f"pattern {pattern!r}")
-        if block:
-            where.append(f"block {block!r}")
-        prefix = ", ".join(where)
-        super().__init__(f"{prefix}: {message}" if prefix else message)
+        where = [f"rank {rank}"] if rank is not None else []
+        where += [f"phase {phase}"] if phase else []
+        where += [f"pattern {pattern!r}"] if pattern else []
+        where += [f"block {block!r}"] if block else []
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
     @property
     def everyone_answered(self) -> bool:
@@ -116,11 +105,8 @@ class RunError(MaestroError, RuntimeError):
 
 
 class OptionError(MaestroError, ValueError):
-    """A command-line option is invalid, or cannot work on this machine (exit status 2).
-
-    The message names the option, what was given and what is valid:
-    ``--nproc must be at least 1, got 0``.
-    """
+    """A command-line option is invalid, or cannot work on this machine (exit status 2): the
+    message names the option, what was given and what is valid."""
 
 
 class LaunchError(MaestroError, ValueError):

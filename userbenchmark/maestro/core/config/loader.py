@@ -135,13 +135,9 @@ def load_suite(
     world_size: int | None = None,
     import_ops: bool = True,
 ) -> SuiteSpec:
-    """Load, validate and expand the pattern file ``source`` (a path or a shipped config name).
-
-    ``world_size`` is the size of the run; it must agree with the file's ``world_size``.
-    ``import_ops=False`` checks a custom op's name without importing its module, and leaves its
-    parameters unchecked (a warning says so): for inspecting a file, never for running it.
-    Raises ConfigError carrying every problem found.
-    """
+    """Load, validate and expand the pattern file ``source`` (a path or a shipped config
+    name) for a run of ``world_size`` ranks; ConfigError carries every problem found.
+    ``import_ops=False`` checks a custom op by name only (for inspecting, never running)."""
     path = resolve_config_path(source)
     file = str(path)
     text = read_file_text(path, file)

@@ -41,8 +41,8 @@ class RunOptions:
     graph: bool | None = None
     """``--graph``: every pattern in CUDA-graph mode; None: as each pattern says."""
     metrics_path: str | None = None
-    """The metrics file's path, reserved before the run (``prepare_output_locations``); None:
-    ``metrics-<start time>.json`` in ``metrics_dir``."""
+    """The metrics file's path, reserved in ``metrics_dir`` before the run (the command line
+    calls ``prepare_output_locations``); None: no metrics file."""
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -84,11 +84,8 @@ def shared_options(options: RunOptions) -> dict[str, Any]:
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
-    """The suite with command-line overrides applied and patterns filtered (pure).
-
-    The overrides obey the pattern file's bounds: ``--iters``/``--warmup-iters`` at most
-    MAX_ITERS, and no window of more block launches than a pattern file may ask for.
-    """
+    """The suite with command-line overrides applied and patterns filtered (pure), within
+    the pattern file's bounds (MAX_ITERS, and the launches of one window)."""
     for flag, value in (("--iters", options.iters), ("--warmup-iters", options.warmup_iters)):
         if value is not None and value > MAX_ITERS:
             raise ConfigError(f"{flag} must be at most {MAX_ITERS}, got {value} ({ITERS_WHY})")

@@ -24,10 +24,8 @@ WORLD_AXIS = "world"
 class FrozenMapping(Mapping[str, Any]):
     """A read-only mapping that pickles (``types.MappingProxyType`` does not)."""
 
-    __slots__ = ("_values",)
-
     def __init__(self, values: Mapping[str, Any] | None = None) -> None:
-        object.__setattr__(self, "_values", dict(values or {}))
+        self._values = dict(values or {})
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -38,19 +36,12 @@ class FrozenMapping(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._values)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("a FrozenMapping cannot be changed")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return FrozenMapping, (self._values,)
-
     def __repr__(self) -> str:
         return f"FrozenMapping({self._values!r})"
 
 
-def frozen_mapping(values: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-    """A read-only copy of ``values``."""
-    return FrozenMapping(values)
+frozen_mapping = FrozenMapping
+"""A read-only copy of a mapping."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,6 @@
-"""Atomic file writes: readers see a file's old contents or its new ones, never a part.
-
-A new file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask, and a
-directory's default ACL where there is one); a file that already exists keeps its permission
-bits, as with ``open``. ``tempfile.mkstemp`` is not used because it creates files 0600, which
-would hide every output from dashboards and other users.
-"""
+"""Atomic file writes: readers see a file's old contents or its new ones, never a part. New
+files get the mode ``open(path, "w")`` gives (``mkstemp``'s 0600 would hide them from
+dashboards); existing ones keep theirs."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Where a run writes, checked and claimed before any worker starts.
-
-The command line calls :func:`prepare_output_locations` once, in the process that outlives the
-workers (the one that starts them; under torchrun/srun, rank 0), and keeps the returned
-:class:`PreparedOutputs` open for the whole run: it holds the output directory's lock and the
-name reserved for the metrics file.
-"""
+"""Where a run writes, checked and claimed before any worker starts, by the process that
+outlives the run's writer (the local launcher; under torchrun/srun, rank 0)."""
 
 from __future__ import annotations
 
@@ -16,23 +11,13 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Final
 
 from ...errors import OptionError
 from ..config.options import RunOptions
 from .files import TEMPORARY_SUFFIX, unlink_quietly
-
-__all__ = [
-    "DEFAULT_METRICS_DIR",
-    "LOCK_NAME",
-    "MAESTRO_OUTPUT_NAMES",
-    "PreparedOutputs",
-    "metrics_folder",
-    "prepare_output_locations",
-]
 
 log = logging.getLogger("maestro.output")
 
@@ -63,51 +48,32 @@ _SPECIAL_ROOTS: Final = ("/proc", "/sys")
 _ATTEMPTS: Final = 1000
 
 
+@dataclass
 class PreparedOutputs:
-    """Checked output locations of one run. Keep it open while the run writes; ``close()``
-    (or leaving the ``with`` block) releases the directory lock and the metrics name."""
+    """Checked output locations of one run, kept open while it writes: the output folder
+    (created; None without ``--output-dir``), the metrics file's reserved name (None: no
+    metrics), where an earlier run's files were moved and their names. ``close()`` releases
+    the folder's lock (removing its file) and the metrics name."""
 
-    def __init__(
-        self,
-        *,
-        output_dir: Path | None,
-        metrics_path: Path | None,
-        moved_to: Path | None,
-        moved: tuple[str, ...],
-        lock_fd: int | None,
-        reservation: Path | None,
-    ) -> None:
-        self.output_dir = output_dir
-        """The output directory (created), or None without ``--output-dir``."""
-        self.metrics_path = metrics_path
-        """Where the metrics file goes (a name no other run has), or None for no metrics."""
-        self.moved_to = moved_to
-        """``DIR/previous-<timestamp>`` holding an earlier run's files, or None."""
-        self.moved = moved
-        """Names of the files and folders moved there."""
-        self._lock_fd = lock_fd
-        self._reservation = reservation
+    output_dir: Path | None
+    metrics_path: Path | None
+    moved_to: Path | None
+    moved: tuple[str, ...]
+    _lock_fd: int | None
+    _reservation: Path | None
 
     def close(self) -> None:
-        """Release the lock (and remove its file) and the metrics name's reservation
-        (idempotent)."""
         if self._reservation is not None:
             unlink_quietly(self._reservation)
             self._reservation = None
-        if self._lock_fd is not None:
-            assert self.output_dir is not None
+        if self._lock_fd is not None and self.output_dir is not None:
             _unlock(self.output_dir, self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> PreparedOutputs:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -117,17 +83,9 @@ def prepare_output_locations(
     *,
     now: _dt.datetime | None = None,
 ) -> PreparedOutputs:
-    """Check, create and claim the run's output locations; OptionError (exit status 2) naming
-    the option, the path and why when one cannot be used.
-
-    ``output_dir`` (``--output-dir``) is created, probed for writing, and locked for the run: a
-    second run into it fails with "another maestro run is writing to DIR (pid N)". Files of an
-    earlier run (:data:`MAESTRO_OUTPUT_NAMES`, ``plot-*.png``) are moved, never deleted, into
-    ``DIR/previous-<timestamp>/``; temporaries a killed run left are removed (in the metrics
-    folder, those of no live run); one of these names as a symbolic link is refused; nothing
-    else in the directory is touched. ``metrics_dir`` (:func:`metrics_folder`; None: no
-    metrics file) is created and probed, and a metrics file name no other run has is reserved.
-    """
+    """Check, create and claim the run's output locations (OptionError naming the option,
+    path and reason): the output folder locked, an earlier run's files moved aside, a killed
+    run's temporaries removed, a metrics name reserved (docs/reliability.md)."""
     now = now or _dt.datetime.now()
     stamp = now.strftime("%Y%m%d%H%M%S")
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
@@ -138,21 +96,14 @@ def prepare_output_locations(
         moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
         metrics_path = None
         if metrics is not None:
-            _remove_temporaries(metrics, _orphaned_metrics_temporary)
+            _remove_temporaries(metrics)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
         if lock_fd is not None:
             assert out is not None
             _unlock(out, lock_fd)
         raise
-    return PreparedOutputs(
-        output_dir=out,
-        metrics_path=metrics_path,
-        moved_to=moved_to,
-        moved=moved,
-        lock_fd=lock_fd,
-        reservation=reservation,
-    )
+    return PreparedOutputs(out, metrics_path, moved_to, moved, lock_fd, reservation)
 
 
 def metrics_folder(options: RunOptions) -> Path | None:
@@ -207,11 +158,8 @@ def _same_file(path: Path, fd: int) -> bool:
 
 
 def _lock(folder: Path) -> int | None:
-    """Hold an exclusive lock on ``folder`` for this process's lifetime (or until closed).
-
-    The lock file is opened without following a symbolic link (a planted link is refused,
-    its target untouched), and only a regular file is locked.
-    """
+    """Hold an exclusive lock on ``folder`` until closed: a regular file, opened without
+    following a link (a planted link is refused, its target untouched)."""
     path = folder / LOCK_NAME
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     for _ in range(_ATTEMPTS):
@@ -237,10 +185,7 @@ def _lock(folder: Path) -> int | None:
         except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
             os.close(fd)
             log.warning(
-                "cannot lock %s (%s): nothing stops another run from writing there at the "
-                "same time",
-                folder,
-                _reason(exc),
+                "cannot lock %s (%s): another run may write there too", folder, _reason(exc)
             )
             return None
         if _same_file(path, fd):
@@ -284,37 +229,26 @@ def _stale_outputs(folder: Path) -> list[Path]:
     return found
 
 
-def _is_output_temporary(name: str) -> bool:
-    match = _TEMPORARY.fullmatch(name)
-    return match is not None and (
-        match["name"] in MAESTRO_OUTPUT_NAMES or match["name"].startswith("plot-")
-    )
-
-
-def _orphaned_metrics_temporary(folder: Path, name: str) -> bool:
-    """A metrics file's temporary whose run is gone (no reservation holds its name)."""
-    match = _TEMPORARY.fullmatch(name)
-    if match is None or not match["name"].startswith(METRICS_PREFIX):
-        return False
-    return not os.path.lexists(folder / f".{match['name']}.reserved")
-
-
-def _remove_temporaries(folder: Path, orphaned: Callable[[Path, str], bool]) -> None:
-    """Remove the temporaries a killed run left in ``folder`` (one log line names them)."""
+def _remove_temporaries(folder: Path) -> None:
+    """Remove the temporaries of maestro's files a killed run left in ``folder`` (a metrics
+    file's only when no live run reserved its name), naming them in one log line."""
     try:
         names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
     except OSError:
         return
-    removed = [name for name in names if orphaned(folder, name)]
-    for name in removed:
-        unlink_quietly(folder / name)
+    removed = []
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        target = match["name"] if match else ""
+        if (
+            target in MAESTRO_OUTPUT_NAMES
+            or target.startswith("plot-")
+            or (target.startswith(METRICS_PREFIX) and not (folder / f".{target}.reserved").exists())
+        ):
+            unlink_quietly(folder / name)
+            removed.append(name)
     if removed:
-        log.info(
-            "removed %d temporary file(s) an interrupted run left in %s: %s",
-            len(removed),
-            folder,
-            ", ".join(removed),
-        )
+        log.info("removed temporary files a killed run left in %s: %s", folder, ", ".join(removed))
 
 
 def _exclusive_dir(parent: Path, base: str) -> Path:
@@ -331,7 +265,7 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
 def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
     """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
     a killed run are removed."""
-    _remove_temporaries(folder, lambda _, name: _is_output_temporary(name))
+    _remove_temporaries(folder)
     stale = _stale_outputs(folder)
     if not stale:
         return None, ()
@@ -344,22 +278,13 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
     names = tuple(p.name for p in stale)
-    log.info(
-        "moved %d file(s) of an earlier run from %s to %s: %s",
-        len(names),
-        folder,
-        dest,
-        ", ".join(names),
-    )
+    log.info("moved the files of an earlier run from %s to %s: %s", folder, dest, ", ".join(names))
     return dest, names
 
 
 def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
-    """``folder/metrics-<stamp>[-N].json`` that no file and no other run's reservation holds.
-
-    The reservation is a hidden file created with O_EXCL, so two runs started in the same
-    second never get the same name, and TorchBench's ``metrics-*.json`` glob never sees it.
-    """
+    """``folder/metrics-<stamp>[-N].json`` that no file and no other run's reservation holds
+    (a hidden file created with O_EXCL, which TorchBench's ``metrics-*.json`` never sees)."""
     for n in range(1, _ATTEMPTS + 1):
         name = f"{METRICS_PREFIX}{stamp}{'' if n == 1 else f'-{n}'}.json"
         reservation = folder / f".{name}.reserved"

@@ -1,14 +1,9 @@
-"""Rank 0's side of a run: the progress line, the tables, the files and the closing lines.
-
-Everything a run shows or saves goes through here: :class:`Reporter` on rank 0 (which owns
-the writer, where the metrics file goes and what its ``environ`` holds, see settings.py). A
-closed standard output (``maestro run ... | head -1``) costs the tables printed after it,
-never a file.
-"""
+"""Rank 0's side of a run, in one place: the progress line, the tables, the writer, where the
+metrics file goes and its ``environ`` (settings.py), the closing lines. A closed standard
+output (``| head -1``) costs the tables printed after it, never a file."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import sys
 from collections.abc import Callable, Mapping
@@ -20,7 +15,6 @@ from ...errors import EXIT_INTERRUPTED, STREAM_GONE, detach_stream, interrupted_
 from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
-from .locations import metrics_folder
 from .progress import Progress
 from .table import Tables
 from .writer import OutputWriter
@@ -29,12 +23,9 @@ log = logging.getLogger("maestro")
 
 
 class Reporter:
-    """Prints each pattern's table and rewrites every output file after each pattern (rank 0).
-
-    ``guard()`` wraps every file update (the runtime passes one that holds SIGINT/SIGTERM
-    until the files agree again). The writer starts with :meth:`start`, once the run's
-    ``environ`` is known; until then only messages can be printed.
-    """
+    """Prints each pattern's table and rewrites every output file after it; ``guard()`` wraps
+    each update (the runtime holds SIGINT/SIGTERM meanwhile). Files start with :meth:`start`,
+    once the ``environ`` is known."""
 
     def __init__(
         self,
@@ -59,21 +50,12 @@ class Reporter:
         """Open the writer: ``environ`` is the metrics file's (settings.run_environ)."""
         self.writer = OutputWriter(
             output_dir=Path(self.options.output_dir) if self.options.output_dir else None,
-            metrics_path=self._metrics_path(),
+            metrics_path=Path(self.options.metrics_path) if self.options.metrics_path else None,
             environ=environ,
             trace=self.options.trace,
             plot=self.options.plot,
             guard=self._guard,
         )
-
-    def _metrics_path(self) -> Path | None:
-        """The name reserved before the run (prepare_output_locations), else one stamped now."""
-        if self.options.metrics_path and self.options.write_metrics:
-            return Path(self.options.metrics_path)
-        folder = metrics_folder(self.options)
-        if folder is None:
-            return None
-        return folder / f"metrics-{_dt.datetime.now().strftime('%Y%m%d%H%M%S')}.json"
 
     def _print(self, text: str = "") -> None:
         if self._stdout_lost:

@@ -1,16 +1,6 @@
-"""What a run measured under: the settings two runs must share before their numbers compare.
-
-A run's settings are its metrics file's ``environ`` (also ``run.json`` in ``--output-dir``),
-written by :func:`run_environ` and read back here: the schema lives in this module alone.
-Two kinds of entries matter to ``compare``:
-
-- measurement settings: backend, profiler, world size, hosts, ranks per GPU, the command-line
-  overrides of sizes and iterations, and per pattern (``pattern.<name>``: iterations, warmup,
-  sync, graph mode) and per block (``block.<pattern>/<block>``: op, dtype, team size,
-  parameters after --max-size). Runs that differ here measured different things;
-- the stack (maestro, torch, CUDA, NCCL, cupti-python versions, device): what an A/B
-  comparison usually changes on purpose; shown, never refused.
-"""
+"""A run's ``environ`` (metrics file, ``run.json``), written by :func:`run_environ` and read
+back here: the measurement settings two runs must share before their numbers compare, and the
+stack (versions, device), which an A/B comparison changes on purpose: shown, never refused."""
 
 from __future__ import annotations
 
@@ -21,29 +11,16 @@ from typing import Any, Final
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 
-RUN_SETTINGS: Final = (
-    "backend",
-    "profiler",
-    "world_size",
-    "num_hosts",
-    "ranks_per_gpu",
-    "max_size_bytes",
-    "iters_override",
-    "warmup_iters_override",
-    "graph_override",
-)
+RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
+                       "max_size_bytes", "iters_override", "warmup_iters_override",
+                       "graph_override")  # fmt: skip
 """Run-wide measurement settings (environ keys)."""
 SETTING_PREFIXES: Final = ("pattern.", "block.")
 """Per-pattern and per-block measurement settings (environ keys with these prefixes)."""
-STACK: Final = (
-    "maestro_version",
-    "pytorch_version",
-    "cuda_version",
-    "nccl_version",
-    "cupti_python_version",
-    "device",
-)
-"""What the runs ran on: shown beside a comparison, never a reason to refuse it."""
+STACK: Final = {"maestro_version": "maestro", "pytorch_version": "torch", "cuda_version": "CUDA",
+                "nccl_version": "NCCL", "cupti_python_version": "cupti-python",
+                "device": "device"}  # fmt: skip
+"""What the runs ran on (environ key: label): shown beside a comparison, never refused."""
 
 
 def suite_settings(suite: SuiteSpec) -> dict[str, str]:
@@ -81,12 +58,9 @@ def run_environ(
     device: Any,
     calibration: Mapping[str, float],
 ) -> dict[str, str]:
-    """The ``environ`` block of the metrics file: what produced these numbers.
-
-    The run's measurement settings (:data:`RUN_SETTINGS`, ``pattern.*``, ``block.*``), its stack
-    (:data:`STACK`), where it ran, ``calibration`` (run-wide measured constants, such as rank
-    0's ``sleep_cycles_per_us``) and the pattern file's ``env`` (``env.<NAME>``).
-    """
+    """The metrics file's ``environ``: the measurement settings (:data:`RUN_SETTINGS`,
+    ``pattern.*``, ``block.*``), the :data:`STACK`, the host, ``calibration`` (measured
+    constants such as ``sleep_cycles_per_us``) and the file's ``env`` (``env.<NAME>``)."""
     import torch
 
     from ... import __version__
@@ -135,11 +109,8 @@ def measurement_settings(environ: Mapping[str, object]) -> dict[str, str]:
 
 
 def setting_differences(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
-    """One line per measurement setting that both runs record with different values.
-
-    A pattern or block that only one run has is not a difference here (compare reports its
-    metrics as only in A or only in B).
-    """
+    """One line per measurement setting both runs record with different values (a pattern
+    or block only one run has is not a difference: compare reports it as only in A or B)."""
     sa, sb = measurement_settings(a), measurement_settings(b)
     return [
         f"{key}: A {sa[key]!r}, B {sb[key]!r}"
@@ -150,13 +121,5 @@ def setting_differences(a: Mapping[str, object], b: Mapping[str, object]) -> lis
 
 def stack_line(environ: Mapping[str, object]) -> str:
     """``torch 2.11.0+cu130, CUDA 13.0, NCCL 2.28.9, ...`` (what the run ran on)."""
-    labels = {
-        "maestro_version": "maestro",
-        "pytorch_version": "torch",
-        "cuda_version": "CUDA",
-        "nccl_version": "NCCL",
-        "cupti_python_version": "cupti-python",
-        "device": "device",
-    }
-    parts = [f"{labels[key]} {environ[key]}" for key in STACK if environ.get(key)]
+    parts = [f"{label} {environ[key]}" for key, label in STACK.items() if environ.get(key)]
     return ", ".join(parts) or "unknown"

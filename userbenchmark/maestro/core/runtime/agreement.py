@@ -1,10 +1,6 @@
-"""The agreement step: at each phase boundary every rank says whether it succeeded.
-
-Statuses go through the rendezvous store (never the timed communicators), each rank waiting
-with its own deadline, so when one rank fails every rank learns which rank failed, in which
-phase, pattern and block, and raises the same error; a rank that died or hung is named as the
-one that did not arrive.
-"""
+"""The agreement step: at each phase boundary every rank says, through the rendezvous store
+(never a timed communicator), whether it succeeded; every rank then raises the same error,
+naming the rank, phase, pattern and block, or the rank that did not arrive."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from typing import Any
 from ...blocks.base import Block
 from ...errors import RunError, cause_of
 from . import supervision
-from .interrupts import PeerExited, exited_peers
+from .interrupts import PeerExited
 
 log = logging.getLogger("maestro.agreement")
 
@@ -37,9 +33,8 @@ class RankStatus:
     secondary: bool = False
     """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
     interrupted: bool = False
-    """True when this rank was interrupted (SIGINT/SIGTERM): the whole run stops."""
     phase: str = ""
-    """Where this rank failed, when that is not the step's own phase (a pattern's teardown)."""
+    """Where this rank failed, when not the step's own phase (a pattern's teardown)."""
     exited: tuple[int, ...] = ()
     """Ranks whose process this rank knows has ended (its local launcher said so)."""
 
@@ -49,23 +44,16 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
     if error is None:
         return RankStatus(rank=rank, ok=True)
     if isinstance(error, PeerExited):  # the launcher ends the run: a peer failed, not this rank
-        return RankStatus(
-            rank=rank,
-            ok=False,
-            message=f"another rank stopped: {error}",
-            contained=False,
-            secondary=True,
-            exited=tuple(error.ranks),
-        )
+        message, exited = f"another rank stopped: {error}", tuple(error.ranks)
+        return RankStatus(rank=rank, ok=False, message=message, contained=False, exited=exited,
+                          secondary=True)  # fmt: skip
     if isinstance(error, KeyboardInterrupt):
-        return RankStatus(
-            rank=rank, ok=False, message="interrupted", contained=False, interrupted=True
-        )
-    message = getattr(error, "detail", None) or cause_of(error)
+        return RankStatus(rank=rank, ok=False, message="interrupted", contained=False,
+                          interrupted=True)  # fmt: skip
     return RankStatus(
         rank=rank,
         ok=False,
-        message=str(message),
+        message=str(getattr(error, "detail", None) or cause_of(error)),
         block=getattr(error, "block", "") or _block_in(error) or _block_in(error.__cause__),
         contained=contained,
         phase=getattr(error, "phase", ""),
@@ -74,8 +62,8 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
 
 
 def _block_in(error: BaseException | None) -> str:
-    """The block whose code raised ``error`` (the innermost block method in its traceback),
-    or "": a ``SystemExit`` or any error a block raises past maestro's wrapping is named."""
+    """The block whose method raised ``error`` (innermost in its traceback), or "": names the
+    block of a ``SystemExit`` or any error raised past maestro's wrapping."""
     name, tb = "", error and error.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
@@ -105,62 +93,42 @@ def _looks_secondary(text: str) -> bool:
 
 
 def grace_s(timeout_s: float) -> float:
-    """How long a rank that already timed out waits at the agreement for the missing ranks.
-
-    A rank that failed first arrived long before; ranks that timed out on it arrive within a
-    few seconds of each other. Whoever is still missing after this died or hung.
-    """
+    """How long a rank that already timed out waits at the agreement for the others (ranks
+    that timed out on one failure arrive within seconds); whoever is missing then is gone."""
     return 5.0 + 0.25 * timeout_s
 
 
 def agreement_timeout_s(timeout_s: float) -> float:
-    """How long a rank that succeeded (or failed first) waits for the others.
-
-    Peers blocked in a collective on the failed rank arrive up to ``timeout_s`` later.
-    """
+    """How long a rank that succeeded (or failed first) waits: peers blocked in a collective
+    on a failed rank arrive up to ``timeout_s`` later."""
     return timeout_s + grace_s(timeout_s)
 
 
 def abort_wait_s(timeout_s: float) -> float:
-    """How long a rank waits for its NCCL communicators to abort after an agreed failure,
-    and then again for the device to finish the pattern's work.
-
-    An abort can hang while the collectives' kernels still hold the GPU (seen with ranks
-    sharing one GPU); past either wait the rank leaves without tearing NCCL down.
-    """
+    """How long a rank waits for its NCCL communicators to abort, then for the device to
+    drain (either can hang while kernels hold the GPU: the rank then leaves without them)."""
     return grace_s(timeout_s)
 
 
 def watchdog_timeout_s(timeout_s: float) -> float:
-    """The timeout of NCCL process groups: torch's watchdog must not act before maestro does.
-
-    maestro stops waiting for device work after ``timeout_s``, agrees with the other ranks
-    (up to :func:`agreement_timeout_s`), then aborts every communicator and waits for the
-    device to drain (up to :func:`abort_wait_s` each). A watchdog that fired first would end
-    the process (torch's watchdog raises on a timed-out collective) before the failure is
-    agreed, reported and saved, so it waits for all of that and a grace on top.
-    """
+    """The timeout of NCCL process groups: torch's watchdog (which ends the process) acts
+    only after maestro's device wait, agreement, abort and drain, plus a grace."""
     wait_s = abort_wait_s(timeout_s)
     return timeout_s + agreement_timeout_s(timeout_s) + 2 * wait_s + grace_s(timeout_s)
 
 
 ENDING_WAIT_S = 20.0
-"""Longest wait at the agreement once the local launcher is ending the run: torch's launcher
-kills its workers 30 s after it terminated them, and rank 0 must save and print before."""
-
-
+"""Longest wait once the local launcher ends the run (torch kills its workers 30 s later)."""
 SLOW_POLL_AFTER_S = 5.0
-"""A wait polls every 10 ms at most for this long, then every 100 ms (a rank that late is
-rarely on time, and the store serves every waiting rank)."""
+"""A wait polls every 10 ms at most for this long, then every 100 ms."""
+STORE_SLACK_S = 5.0
+"""How much longer than its own deadline a store wait may take before the store's host counts
+as gone (a call to a store whose host stopped never returns by itself)."""
 
 
 def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
-    """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False).
-
-    Polling ``check`` rather than a timed ``wait``: a ``wait`` that times out prints two
-    lines of C++ warnings on stderr, and a missing rank is an expected outcome here. Ranks
-    arriving apart (rank 0 writes files between patterns) are seen within 10 ms.
-    """
+    """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False); a timed
+    ``wait`` would print C++ warnings for a missing rank, an expected outcome here."""
     start = time.monotonic()
     deadline = start + timeout_s
     pause = 0.001
@@ -174,21 +142,15 @@ def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
 
 
 ENDED_PREFIX = "ended/"
-"""Store keys ``ended/<rank>``: a verdict gave up on that rank (it never reached an agreement
-step); the value is the verdict."""
+"""Store keys ``ended/<rank>``: the verdict that gave up on that rank."""
 ENDED_POLL_S = 0.5
-"""How often each rank looks for its ``ended/<rank>`` key."""
 ENDED_ACK_WAIT_S = 2.0
-"""How long a rank that posts ``ended/<rank>`` waits for those ranks to see it (the store may
-live in its process)."""
+"""How long the poster waits for those ranks to see it (the store may live in its process)."""
 
 
 def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> bool:
-    """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict).
-
-    ``wait``: the store lives in this process, so wait up to :data:`ENDED_ACK_WAIT_S` for
-    them to see it before this process ends; True when every one of them did.
-    """
+    """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict);
+    ``wait`` (the store lives here): True once every one of them saw it."""
     for rank in missing:
         store.set(f"{ENDED_PREFIX}{rank}", message)
     if not wait:
@@ -198,15 +160,9 @@ def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = Tru
 
 
 class EndedWatch:
-    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone.
-
-    A rank stuck in a block that never returns (its main thread in user code) cannot reach
-    the agreement; the ranks that did post ``ended/<rank>``, and this thread ends it,
-    under srun and hand-started ranks too, where no launcher would. ``connect()`` opens the
-    watch's own store client (a client shared with a main thread blocked in a store call
-    would block this thread too); ``holding()`` is True while output files are written, which
-    the watch waits for.
-    """
+    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone:
+    a rank stuck in a block ends under any launcher. ``connect()`` opens its own store client
+    (the main thread's may be blocked); it waits while ``holding()`` (files being written)."""
 
     def __init__(
         self,
@@ -259,17 +215,9 @@ class EndedWatch:
             return
 
 
-STORE_SLACK_S = 5.0
-"""How much longer than its own deadline a wait on the store may take before the store's host
-counts as gone (a call to a store whose host stopped never returns by itself)."""
-
-
 class StoreExchange:
-    """Exchanges statuses through a c10d store, one numbered round per agreement step.
-
-    ``owner`` names who hosts the store (``rank 0 at HOST:PORT``): the one a wait that outlasts
-    its deadline names as no longer answering.
-    """
+    """Exchanges statuses through a c10d store, one numbered round per agreement step;
+    ``owner`` (``rank 0 at HOST:PORT``) is named when the store stops answering."""
 
     def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str = "") -> None:
         self.store = store
@@ -279,8 +227,8 @@ class StoreExchange:
         self.round = 0
 
     def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
-        """A deadline on store calls expected to last at most ``seconds`` (see
-        :func:`supervision.deadline`); past it the rank exits naming the store's host."""
+        """A deadline on store calls that should end within ``seconds``: past it (and
+        :data:`STORE_SLACK_S`) the rank exits naming the store's host."""
         owner = self.owner or "the rendezvous store's host"
         return supervision.deadline(
             seconds + STORE_SLACK_S,
@@ -344,16 +292,12 @@ def agree(
     error: BaseException | None,
     contained: bool = True,
 ) -> None:
-    """Raise the same RunError on every rank when any rank failed this phase.
-
-    ``contained`` says whether a failure in this phase leaves the communicators usable; the
-    agreed error's ``contained`` is True only when no rank is missing, interrupted or waiting
-    on a peer, and either every failure is contained or every rank failed at the same block
-    (so every rank issued the same collectives). ``missing`` lists ranks that never answered.
-    """
+    """Raise the same RunError on every rank when any rank failed this phase. It is
+    ``contained`` (communicators reusable) only when nobody is missing, interrupted or waiting
+    on a peer, and every failure is contained or every rank failed at the same block."""
     status = status_of(rank, error, contained=contained)
     if not status.exited:  # under the local launcher: the siblings known to have ended
-        status = replace(status, exited=exited_peers())
+        status = replace(status, exited=supervision.exited_peers())
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
@@ -385,12 +329,11 @@ def _agreed_error(
 ) -> RunError:
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
-    # A stuck block is nearer the cause than a timeout waiting on it; a missing rank (dead,
-    # stopped) nearer than either: its peers' blocks were waiting on it.
+    # Nearest the cause first: a missing rank (its peers waited on it), then a stuck block,
+    # then a timeout; among missing ranks, one whose process is known to have ended.
     secondary = sorted(
         (s for s in failed if s.secondary), key=lambda s: (_STUCK not in s.message, s.rank)
     )
-    # A rank whose process is known to have ended is the cause, before ranks only late.
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
     if primary:

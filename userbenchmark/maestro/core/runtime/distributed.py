@@ -1,8 +1,6 @@
-"""Distributed runtime: who am I (rank/world/local rank), process-group start-up, control group.
-
-Rank and world come from torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then from SLURM's
-SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (plain srun); without either the world is one rank.
-"""
+"""Distributed start-up: this process's place (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else
+srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else one rank), the rendezvous store and its
+start-up checks, the default process group."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ from ...errors import (
     OptionError,
     RunError,
     cause_of,
+    say,
 )
 from ..analysis.aggregate import Reducer
 from . import interrupts, supervision
@@ -45,13 +43,6 @@ class LaunchInfo:
     local_rank: int
     launcher: str
     """``torchrun`` (RANK set), ``slurm`` (only SLURM_* set) or ``none``."""
-
-
-def _env_int(env: Mapping[str, str], key: str) -> int:
-    try:
-        return int(env[key])
-    except ValueError as exc:
-        raise RunError(f"environment variable {key}={env[key]!r} is not an integer") from exc
 
 
 # The variables each launcher sets: (rank, world size, local rank), and who sets them.
@@ -100,10 +91,7 @@ def _launch_info(env: Mapping[str, str], launcher: str) -> LaunchInfo:
 
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Rank, world size and local rank; RANK beats SLURM_PROCID (srun starting torchrun).
-
-    Raises LaunchError when the variables cannot describe a run (not integers, a rank outside
-    the world, a multi-rank launch without MASTER_ADDR/MASTER_PORT).
-    """
+    LaunchError when the variables cannot describe a run."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         return _launch_info(env, "torchrun")
@@ -113,11 +101,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
 
 
 def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = None) -> None:
-    """Raise LaunchError unless a multi-rank launch names where its ranks meet.
-
-    Ranks started by a launcher other than maestro's own meet at ``MASTER_ADDR:MASTER_PORT``
-    (see :func:`rendezvous_store`); without them every rank would fail at its first step.
-    """
+    """LaunchError unless a multi-rank launch names where its ranks meet (MASTER_ADDR and
+    MASTER_PORT) and GLOO_SOCKET_IFNAME names interfaces this machine has."""
     env = os.environ if env is None else env
     _check_interfaces(env)
     if launch.launcher == "none" or launch.world_size == 1:
@@ -136,8 +121,6 @@ def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = Non
 
 
 def _check_interfaces(env: Mapping[str, str]) -> None:
-    """``GLOO_SOCKET_IFNAME`` must name interfaces of this machine (gloo fails on every rank
-    otherwise, at its first group)."""
     names = [n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
     if not names or not hasattr(socket, "if_nameindex"):
         return
@@ -153,10 +136,7 @@ def _check_interfaces(env: Mapping[str, str]) -> None:
 
 def apply_env(values: Mapping[str, str]) -> dict[str, str | None]:
     """Set process-wide variables (before the first communicator); returns previous values.
-
-    Only the named keys are touched: the environment is never cleared wholesale, because
-    library threads may read it concurrently.
-    """
+    Only the named keys: library threads may read the environment concurrently."""
     previous: dict[str, str | None] = {}
     for key, value in values.items():
         previous[key] = os.environ.get(key)
@@ -183,18 +163,14 @@ class DistContext:
     backend: str
     device: Any
     """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
-    timeout_s: float
     agreement: StoreExchange
-    """The agreement step's exchange over the rendezvous store (never a timed communicator)."""
     hosts: tuple[str, ...] = ()
     """Host name of every rank, by rank."""
     devices: tuple[int, ...] = ()
     """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
     ended_watch: EndedWatch | None = None
-    """Ends this rank when a verdict names it as gone (see :class:`EndedWatch`)."""
     hosts_store: bool = False
-    """The rendezvous store lives in this process (rank 0 without torchrun's agent): it
-    goes away when this process ends."""
+    """The rendezvous store lives in this process: it goes away when this process ends."""
 
     @property
     def one_host(self) -> bool:
@@ -203,8 +179,8 @@ class DistContext:
 
     @property
     def ranks_per_gpu(self) -> int | None:
-        """Most ranks that share one GPU (1 normally; more only in the multi-rank test mode
-        of NCCL >= 2.30.7); None on CPU."""
+        """Most ranks that share one GPU (more than 1 only in NCCL's multi-rank test mode);
+        None on CPU."""
         if not self.is_cuda:
             return None
         counts: dict[tuple[str, int], int] = {}
@@ -226,9 +202,8 @@ class DistContext:
 
 
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
-    """The GPU of a local rank: its own (``local_rank``), or ``local_rank % device_count`` when
-    there are more local ranks than GPUs and NCCL may put several ranks on one GPU
-    (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: a correctness mode, not for timings)."""
+    """The GPU of a local rank: its own, or ``local_rank % device_count`` when ranks may share
+    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only)."""
     env = os.environ if env is None else env
     if device_count < 1:
         raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
@@ -253,16 +228,10 @@ def init_distributed(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> DistContext:
-    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks,
-    the default process group, every rank's host and device.
-
-    The rendezvous store is created here (not by ``env://``) so that every rank can first
-    check that all ranks were started with the same world size, the same pattern text and the
-    same options (``shared``: see :func:`check_launch`; ``source`` names the pattern file),
-    and fail promptly if not. Each step waits at most ``timeout_s`` for the others (and a store
-    whose host stopped answering ends the rank, see StoreExchange.waiting); any other failure
-    is a RunError of the phase ``start-up`` saying why.
-    """
+    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks
+    (:func:`check_launch`, with ``shared`` and ``source``), the default process group, every
+    rank's host and device. Each step waits at most ``timeout_s``; any failure of torch's is a
+    RunError of the phase ``start-up``."""
     import torch
     import torch.distributed as dist
 
@@ -324,7 +293,6 @@ def init_distributed(
         launch=launch,
         backend=backend,
         device=device,
-        timeout_s=timeout_s,
         agreement=exchange,
         ended_watch=ended_watch,
         hosts_store=store_hosted_here(launch),
@@ -367,14 +335,8 @@ def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
     def connect() -> Any:
         import torch.distributed as dist
 
-        client = dist.TCPStore(
-            host,
-            port,
-            None,
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        timeout = timedelta(seconds=timeout_s)
+        client = dist.TCPStore(host, port, None, False, timeout, wait_for_workers=False)
         return dist.PrefixStore("maestro/", client)
 
     return connect
@@ -382,11 +344,9 @@ def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
 
 def _leave_ended(rank: int) -> Callable[[str], None]:
     def leave(verdict: str) -> None:
-        print(
+        say(
             f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
-            f"never reached their agreement step ({verdict}); exiting",
-            file=sys.stderr,
-            flush=True,
+            f"never reached their agreement step ({verdict}); exiting"
         )
         supervision.hard_exit(EXIT_FAILED, rank)  # the main thread is stuck in a block
 
@@ -394,8 +354,7 @@ def _leave_ended(rank: int) -> Callable[[str], None]:
 
 
 def store_hosted_here(launch: LaunchInfo) -> bool:
-    """Whether this rank hosts the rendezvous store: rank 0, unless torchrun's agent (or
-    maestro's local launcher, which runs torch's agent) hosts it."""
+    """Whether this rank hosts the rendezvous store: rank 0, unless a launcher's agent does."""
     return launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
@@ -404,7 +363,7 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
     import torch.distributed as dist
 
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        host, port = os.environ["MASTER_ADDR"], _env_int(os.environ, "MASTER_PORT")
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     elif launch.world_size == 1:
         host, port = "127.0.0.1", free_port()
     else:
@@ -441,14 +400,9 @@ def check_launch(
     source: str = "",
 ) -> None:
     """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
-    or ranks run different pattern texts or options than rank 0.
-
-    ``shared``: what every rank must agree on, JSON-able: ``pattern_sha256`` (the text's
-    digest; a difference is a ConfigError naming ``source``) and ``options`` (the options
-    every rank uses; a difference is an OptionError). Ranks other than 0 read rank 0's values
-    before writing their world size, so whichever side sees a mismatch first, the other has
-    already read what it needs (rank 0 may exit at once).
-    """
+    or a rank runs another ``shared["pattern_sha256"]`` (ConfigError naming ``source``) or
+    other ``shared["options"]`` (OptionError) than rank 0. A rank reads the other side's
+    values before writing its world size, so both sides always see the mismatch."""
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
         raise RunError(
@@ -489,9 +443,9 @@ def check_launch(
 def _compare_shared(
     theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
 ) -> None:
-    """Raise when rank ``their_rank`` runs another pattern text or other options than rank
-    ``our_rank`` (rank 0 where it is one of them)."""
+    """Raise when rank ``their_rank`` runs another text or options than ``our_rank``."""
     digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
+    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     if digest and reference and digest != reference:
         raise ConfigError(
             f"rank {their_rank} runs a different pattern text than rank {our_rank}: sha256 "
@@ -500,11 +454,8 @@ def _compare_shared(
             "run starts)",
             file=source,
         )
-    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     differ = sorted(
-        k
-        for k in set(options) | set(reference_options)
-        if options.get(k) != reference_options.get(k)
+        k for k in {*options, *reference_options} if options.get(k) != reference_options.get(k)
     )
     if differ:
         shown = "; ".join(
@@ -540,8 +491,7 @@ def torch_reducer(group: object) -> Reducer:
         import torch.distributed as dist
 
         ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        # float64 or int64 (exact instants): the dtype is kept.
-        array = np.asarray(values)
+        array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
         dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
         dist.all_reduce(tensor, op=ops[op], group=group)

@@ -1,17 +1,9 @@
 """Start N local workers through torch's own launcher API when no launcher started us.
 
-Exit status: the worst of the workers' (each leaves with its own); 130 when the launcher was
-interrupted. Interrupts: torch's agent turns SIGINT/SIGTERM into a SignalException and
-forwards the signal to the workers, which stop through their agreement step (rank 0 prints
-the verdict). Workers start with SIGINT/SIGTERM blocked, so a signal that arrives while one
-still imports torch waits for its handler instead of raising mid-import; the launcher's own
-signals are received by a helper thread and handed to its main thread.
-
-No process outlives the run: workers die with the launcher, and the launcher's watchdog
-(core/runtime/supervision.py) ends the workers that cannot end by themselves and what each
-worker left behind (its process group). Workers get the suite the command line validated and
-its options; they never read the pattern file. The launcher ends once its workers have, even
-when torch's launcher would wait on one that vanished.
+Workers get the suite the command line validated, and start with SIGINT/SIGTERM blocked (a
+signal during torch's import waits for their handler); torch's agent forwards the launcher's
+signal. They die with the launcher; its watchdog (supervision.py) ends what cannot end by
+itself, and the launcher ends once its workers have, whatever they left behind.
 """
 
 from __future__ import annotations
@@ -40,7 +32,7 @@ from ...errors import (
 )
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
-from . import interrupts, supervision
+from . import supervision
 
 log = logging.getLogger("maestro.launcher")
 
@@ -54,24 +46,17 @@ class _Job:
     """What every worker runs (one object: torch's launcher rewrites string arguments)."""
 
     suite: SuiteSpec
-    """The suite the command line validated, with its options applied."""
     options: RunOptions
     parent_pid: int
-    """The launcher's pid: a worker ends when it does."""
 
 
 def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
-    """Entry point of one worker process (module level so it can be pickled).
-
-    A non-zero status leaves as SystemExit, so torch's launcher sees it as the process's exit
-    status: a success returned as a value would make that worker wait for every other, and an
-    interrupted launcher, which no longer collects values, would wait for it in turn.
-    """
+    """One worker process. A failure leaves as SystemExit: torch's launcher sees the exit
+    status at once, instead of waiting for a returned value after every other worker."""
     rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
     supervision.die_with_parent(job.parent_pid)
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
-    interrupts.set_exited_peers(supervision.exited_peers)
 
     from .logs import configure_logging
     from .worker import run_worker
@@ -86,14 +71,9 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
 
 @contextmanager
 def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
-    """Block SIGINT/SIGTERM in this thread (workers inherit it: see :func:`_worker`), receive
-    them in a helper thread and run this thread's handler for the first one.
-
-    The handler is looked up when a signal comes, because torch's agent installs its own while
-    it starts the workers. Later signals are dropped so that they cannot break torch's
-    shutdown of the workers half-way; Ctrl-C reaches the workers directly anyway, and the
-    shutdown has a deadline.
-    """
+    """Block SIGINT/SIGTERM in this thread (workers inherit it), receive them in a helper
+    thread and run this thread's handler, looked up then (torch's agent installs its own), for
+    the first one; later ones would cut torch's shutdown of the workers short."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(
         signal, "sigtimedwait"
     ):
@@ -144,8 +124,7 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
 
 @contextmanager
 def _quiet_torch_launcher() -> Iterator[None]:
-    """Silence torch's launcher logs (start-up details, the workers' exit codes, the signal it
-    forwards): the workers and this launcher report what happened in maestro's own words."""
+    """Silence torch's launcher logs: the workers and this launcher say what happened."""
     names = [
         name
         for name in logging.root.manager.loggerDict
@@ -176,20 +155,16 @@ def _describe_exit(exitcode: int) -> str:
 
 
 def exit_deadline_s(timeout_s: float) -> float:
-    """Longest a worker may run on after another worker exited: the agreement step's longest
-    wait, then :data:`supervision.EXIT_GRACE_S` to leave."""
+    """Longest a worker may run on after another exited: the longest agreement wait, then
+    :data:`supervision.EXIT_GRACE_S` to leave."""
     from .agreement import agreement_timeout_s
 
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
 def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
-    """Run ``nproc`` workers of ``suite`` on this machine; returns the run's exit status: the
-    worst a worker reached (130 only when the user interrupted the launcher).
-
-    An interrupted worker may need the suite's collective timeout plus the agreement's grace
-    to stop, so the launcher waits that long before killing it.
-    """
+    """Run ``nproc`` workers of ``suite`` here; returns the run's exit status: the worst a
+    worker reached (130 only when the user interrupted the launcher)."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -236,8 +211,8 @@ def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
 
 
 def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exits: dict) -> int:
-    """The run's exit status once every worker has ended, and the launcher's lines: a worker
-    killed, or gone without a word; 130 only for the user's interrupt."""
+    """The run's exit status once every worker has ended; says which worker was killed, or
+    ended without a word. 130 only for the user's interrupt."""
     for kill in watchdog.kills:
         log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)
     if board.interrupted.value:
@@ -254,7 +229,7 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
             code = int(board.status[rank])
         elif watchdog.killed(rank):
             code = EXIT_FAILED
-        elif code is not None and code not in (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED):
+        elif code is not None and code not in _OWN_STATUSES:
             step = board.last_step(rank)
             after = f" after {step}" if step else " during start-up"
             how = _describe_exit(code) if code else "exited with status 0"
@@ -266,8 +241,8 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
 
 
 def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:
-    """Every worker has ended and torch's launcher still waits (on a result a worker that
-    vanished never sent): report and end the launcher here."""
+    """Every worker ended and torch's launcher still waits (for the result of a worker that
+    vanished): report and end the launcher here."""
     status = _outcome(board, watchdog, dict(watchdog.exits))
     shutil.rmtree(logs, ignore_errors=True)
     supervision.hard_exit(status, -1)

@@ -1,8 +1,6 @@
-"""Checks of a run's options against this machine, made before any worker starts.
-
-Each failure is an OptionError (exit status 2) that says what was asked, why this machine
-cannot do it and what would work, instead of a failure on every rank after start-up.
-"""
+"""Checks made before any worker starts: the options against this machine (OptionError
+saying what was asked, why it cannot work here and what would), and the one validation of
+the pattern file with the options applied."""
 
 from __future__ import annotations
 
@@ -18,45 +16,34 @@ SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 MAX_LOCAL_WORKERS = 256
 """Most workers ``--nproc`` starts on one machine; more ranks come from torchrun or srun."""
 FILES_PER_WORKER = 8
-"""Open files the local launcher holds per worker (pipes to it, its store connection: about
-five measured on Linux, rounded up for those open while a worker starts)."""
+"""Open files the local launcher holds per worker (about five measured on Linux)."""
 FILES_RESERVED = 64
 """Open files the launcher needs for itself (Python, torch, the rendezvous store)."""
 
 
-def open_file_limit() -> int | None:
-    """This process's soft limit on open files (``ulimit -n``); None when unlimited or unknown."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft < 0:
-        return None
-    return int(soft)
-
-
-def max_local_workers(limit: int | None = None) -> tuple[int, str]:
-    """How many workers ``--nproc`` may start here, and why that many (for the message).
-
-    ``limit`` is the open-file limit to assume (default: this process's).
-    """
-    limit = open_file_limit() if limit is None else limit
-    if limit is not None:
-        by_files = max(1, (limit - FILES_RESERVED) // FILES_PER_WORKER)
-        if by_files < MAX_LOCAL_WORKERS:
-            return by_files, (
-                f"the launcher holds about {FILES_PER_WORKER} open files per worker and may "
-                f"open {limit} (ulimit -n); raise the limit or start fewer workers"
-            )
-    return MAX_LOCAL_WORKERS, (
-        "maestro's limit for one machine; start more ranks with torchrun or srun across machines"
-    )
-
-
 def check_nproc(nproc: int, *, limit: int | None = None) -> None:
-    """Raise OptionError when ``--nproc`` is more workers than this machine can start."""
-    most, why = max_local_workers(limit)
+    """OptionError when ``--nproc`` is more workers than this machine can start: maestro's
+    limit, or what the open-file limit (``limit``, default ``ulimit -n``) leaves."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit
+    by_files = max(1, (soft - FILES_RESERVED) // FILES_PER_WORKER)
+    if soft != resource.RLIM_INFINITY and soft >= 0 and by_files < MAX_LOCAL_WORKERS:
+        most, why = (
+            by_files,
+            (
+                f"the launcher holds about {FILES_PER_WORKER} open files per worker and may open "
+                f"{soft} (ulimit -n); raise the limit or start fewer workers"
+            ),
+        )
+    else:
+        most, why = (
+            MAX_LOCAL_WORKERS,
+            (
+                "maestro's limit for one machine; start more ranks with torchrun or srun across "
+                "machines"
+            ),
+        )
     if nproc > most:
         raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")
 
@@ -118,10 +105,8 @@ def resolve_profiler(requested: str, *, on_cuda: bool, backend: str = "auto") ->
 
 
 def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:
-    """Raise OptionError when ``--backend``/``--profiler`` cannot run on this machine.
-
-    ``local_workers`` is how many ranks share this machine's GPUs (``--nproc``).
-    """
+    """OptionError when ``--backend``/``--profiler`` cannot run on this machine, where
+    ``local_workers`` ranks share its GPUs (``--nproc``)."""
     import torch
 
     on_cuda = resolve_backend(backend, torch.cuda.is_available()) == "nccl"
@@ -160,10 +145,9 @@ def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
 def prepare_suite(
     config: str, options: RunOptions, *, world_size: int, local_workers: int = 1
 ) -> SuiteSpec:
-    """Everything checked before any worker starts, in order: ``--nproc`` against this machine
-    (``local_workers`` > 1), the backend, profiler and ``--plot`` against it, the pattern file
-    ``config`` (read and validated once: every rank runs this suite), the options applied to
-    it. ConfigError for the file, OptionError for an option."""
+    """Everything checked before any worker starts: ``--nproc``, the backend, profiler and
+    ``--plot`` against this machine, then the pattern file ``config``, validated once with the
+    options applied (every rank runs this suite). ConfigError or OptionError."""
     if local_workers > 1:
         check_nproc(local_workers)
     check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)

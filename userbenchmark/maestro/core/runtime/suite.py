@@ -1,8 +1,6 @@
-"""One rank's whole run: start the runtime, measure every pattern, report and save.
-
-Rank 0 alone prints tables and writes files; the metrics timestamp is taken once on rank 0
-and broadcast. Patterns that finished are saved before the next one starts.
-"""
+"""One rank's whole run and its failure protocol: start the runtime, measure every pattern,
+agree on each outcome; rank 0 hands each pattern to its reporter (core/output/reporter.py)
+before the next one starts."""
 
 from __future__ import annotations
 
@@ -161,18 +159,16 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
 
 @dataclass
 class _Ending:
-    """How this rank's run ends, as far as it knows (the failure protocol's state)."""
+    """How this rank's run ends, as far as it knows: the status, whether every rank answered
+    (nobody waits again for one that died or hung), the ranks a verdict named as gone and that
+    verdict, a signal after the last agreement (no closing round to hold)."""
 
     rank: int
     status: int = EXIT_OK
     everyone_answered: bool = True
-    """False once a rank died or hung: nobody waits for it again."""
     missing: set[int] = field(default_factory=set)
-    """Ranks a verdict named as gone (they never reached an agreement step)."""
     verdict: str = ""
-    """The agreed error that named them."""
     late_interrupt: bool = False
-    """A signal after the last pattern's agreement: no closing round to hold."""
 
     def failed(self, err: RunError) -> None:
         self.everyone_answered = err.everyone_answered
@@ -182,13 +178,9 @@ class _Ending:
 
 
 def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
-    """Run every pattern of ``suite`` on this rank; returns the process exit status.
-
-    0: every pattern finished; 1: a pattern failed (every rank agrees on the error); 130: a
-    rank was interrupted (SIGINT/SIGTERM). Rank 0 saves each pattern as it finishes. Raises
-    ConfigError/OptionError when the ranks were started inconsistently, RunError when the
-    rank cannot join the others.
-    """
+    """Run every pattern of ``suite`` on this rank; returns the exit status (0, 1 a pattern
+    failed, 130 interrupted). Raises ConfigError/OptionError when the ranks were started
+    inconsistently, RunError when this rank cannot join the others."""
     launch = launch or detect_launch()
     if launch.world_size != suite.world_size:
         raise ConfigError(
@@ -257,13 +249,12 @@ def _environ(rt: Any, options: RunOptions) -> dict[str, str]:
 
 
 def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> None:
-    """Measure each pattern; rank 0 reports it (an error writing its files is agreed on like
-    a pattern's failure, in the phase ``output``)."""
+    """Measure each pattern and agree that it was torn down and reported (phase ``output``:
+    a teardown's error, or rank 0's files that cannot be written, stop every rank)."""
     from .pattern import measure_pattern
 
     for pattern in rt.suite.patterns:
-        failure: RunError | None = None
-        error: RunError | None = None
+        outcome, failure, error = None, None, None
         try:
             outcome = measure_pattern(rt, pattern)
         except RunError as err:
@@ -274,14 +265,14 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
         except Exception as exc:  # the pattern's teardown (its phases were agreed): said below
             error = RunError(cause_of(exc), phase="teardown")
             error.__cause__ = exc
-        if failure is None and outcome.check_failed:
+        if outcome is not None and outcome.check_failed:
             end.status = max(end.status, EXIT_FAILED)  # wrong results fail; numbers are saved
         stop = failure is not None and (
             end.status != EXIT_FAILED or rt.suite.stop_on_error or not failure.contained
         )
         if report is not None and error is None:
             try:
-                if failure is None:
+                if outcome is not None:
                     report.finished(pattern, outcome)
                 else:
                     report.failed(pattern.name, str(failure))
@@ -317,8 +308,8 @@ def _output_error(exc: Exception, report: Reporter) -> RunError:
 
 
 def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) -> None:
-    """Rank 0 closes its report; the ranks the verdict gave up on are told, the others leave
-    together, and the runtime is torn down."""
+    """Rank 0 closes its report, the ranks a verdict gave up on are told, the others leave
+    together (a launcher that sees one fail kills the rest), the runtime is torn down."""
     if report is not None:
         report.close(end.status)
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
@@ -351,15 +342,12 @@ def _post_ended(dist: DistContext, missing: list[int], verdict: str, status: int
 
 
 def _leave_wedged(status: int, rank: int) -> None:
-    """NCCL could not be aborted (its kernels still hold the GPU): destroying the groups, or
-    detaching CUPTI under those kernels, would hang as well. Everything is saved and printed,
-    so the process ends here."""
+    """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
+    everything is saved and printed, so the process ends here."""
     supervision.hard_exit(status or EXIT_FAILED, rank)
 
 
 def _closing_round(dist: DistContext) -> None:
-    """After an agreed failure, leave together: a launcher that sees one worker fail kills
-    the others, which must not happen before rank 0 has saved the failure and printed it."""
     try:
         _agree_run_wide(dist, "exit", None)
     except Exception as exc:  # the run already failed; this is only about timing
@@ -369,8 +357,9 @@ def _closing_round(dist: DistContext) -> None:
 def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
     rt = None
     error: BaseException | None = None
+    groups = len(suite.axes) + 2  # each new group may wait timeout_s for its peers
     try:
-        with interrupts.deliverable():
+        with interrupts.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
             rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc

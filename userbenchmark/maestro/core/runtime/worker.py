@@ -28,14 +28,9 @@ LINGER_S = 1.0
 
 
 def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
-    """Run ``suite`` (validated, options applied) on this rank; returns its exit status.
-
-    Errors before the run's own protocol takes over (ranks started inconsistently, a rank that
-    cannot join the others, an interrupt during start-up, anything torch raises there) are
-    said here in one line. A block may not end the process (``os._exit`` fails the block), and
-    what blocks leave behind cannot hold the exit: their children are ended, their threads get
-    :data:`LINGER_S`.
-    """
+    """Run ``suite`` on this rank; returns its exit status. What ends the run before its own
+    protocol takes over is said here in one line; what blocks leave behind cannot hold the
+    exit (children ended, threads given :data:`LINGER_S`)."""
     rank = detect_launch().rank
     status = EXIT_FAILED
     try:
