@@ -543,21 +543,19 @@ def test_nproc_sigstop_of_a_worker(tmp_path):
     _assert_gone_in_time("SIGSTOP of rank 1", "--nproc 2", gone, [run.proc.returncode])
 
 
-@pytest.mark.parametrize("when", ["setup", "launch"])
-def test_nproc_block_that_never_returns(tmp_path, when):
-    run = LocalRun(tmp_path, suite(f"rank: 1, when: {when}, how: hang, after: 3"))
+def test_nproc_block_that_never_returns(tmp_path):
+    """The lane's thread is stuck: the rank itself reports its block. (Stuck in setup, in the
+    main thread, it is as a stopped worker: test_nproc_sigstop_of_a_worker.)"""
+    run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: hang, after: 3"))
     fault = run.fault_at(1)
     gone = run.all_gone() - fault
     err = run.stderr()
     assert run.proc.returncode == 1, err[-3000:]
-    if when == "launch":  # the lane's thread is stuck: the rank itself reports its block
-        _assert_verdict(err, rank=1, phase="measure")
-        assert "block 'bad': block did not return within timeout_s 3 s" in err, err[-3000:]
-    else:  # the main thread is stuck: the others report it, and it is ended
-        _assert_verdict(err, rank=1, phase="setup")
+    _assert_verdict(err, rank=1, phase="measure")
+    assert "block 'bad': block did not return within timeout_s 3 s" in err, err[-3000:]
     assert_first_saved(tmp_path)
     _assert_gone_in_time(
-        f"block that never returns on rank 1 ({when})", "--nproc 2", gone, [run.proc.returncode]
+        "block that never returns on rank 1 (launch)", "--nproc 2", gone, [run.proc.returncode]
     )
 
 
@@ -608,21 +606,29 @@ def test_nproc_ctrl_c(tmp_path):
     _assert_gone_in_time("Ctrl-C (SIGINT to the process group)", "--nproc 2", gone, [130])
 
 
-def test_nproc_sigkill_of_a_worker_during_start_up_is_a_failure_not_an_interrupt(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP])
+def test_nproc_a_worker_killed_or_stopped_during_start_up(tmp_path, signum):
+    """A failure named as such, not an interrupt; a stopped worker that never said its pid is
+    found and ended as soon as the others give up on it."""
     run = LocalRun(tmp_path, SLOW)
 
     def a_worker() -> list[int]:
         return [p for p in child_pids(run.proc.pid) if "spawn_main" in _cmdline(p)]
 
     run.wait_for(a_worker, "worker process")
-    killed = time.monotonic()
-    os.kill(max(a_worker()), signal.SIGKILL)  # the later one: still importing torch
-    gone = run.all_gone() - killed
+    sent = time.monotonic()
+    os.kill(max(a_worker()), signum)  # the later one: still importing torch
+    gone = run.all_gone() - sent
     err = run.stderr()
     assert run.proc.returncode == 1, err[-3000:]
-    assert "was killed (SIGKILL: out of memory?)" in err and "interrupted" not in err, err
-    assert "Traceback" not in err, err[-3000:]
-    _assert_gone_in_time("SIGKILL of a worker during start-up", "--nproc 2", gone, [1])
+    assert "interrupted" not in err and "Traceback" not in err, err[-3000:]
+    if signum == signal.SIGKILL:
+        assert "was killed (SIGKILL: out of memory?) during start-up" in err, err
+    else:
+        assert "did not start within 3 s" in err, err[-3000:]
+        assert "never started (stopped or hung): ended it with SIGKILL" in err, err[-3000:]
+    name = signal.Signals(signum).name
+    _assert_gone_in_time(f"{name} of a worker during start-up", "--nproc 2", gone, [1])
 
 
 def _cmdline(pid: int) -> str:

@@ -85,6 +85,14 @@ def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict():
     assert m.at(10.0 + EXIT_GRACE_S) == [1]
 
 
+def test_a_rank_named_as_gone_before_it_said_its_pid_is_found_and_killed():
+    m = Machine(2)
+    m.board.pids[1] = 0
+    m.watchdog._unattached = lambda board: [1001]  # the worker spawned, stopped at import
+    m.board.missing[1] = 1
+    assert m.at(1.0) == [1] and "never started" in m.watchdog.kills[0].reason
+
+
 def test_workers_still_starting_are_left_alone():
     m = Machine(2)
     m.board.pids[1] = 0  # not started yet

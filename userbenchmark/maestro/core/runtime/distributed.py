@@ -315,6 +315,7 @@ def _everyones(store: Any, key: str, launch: LaunchInfo, mine: Any, timeout_s: f
             f"rank {', '.join(map(str, late))} stopped answering during start-up (nothing "
             f"within timeout_s {timeout_s:g} s)",
             phase="start-up",
+            missing=tuple(late),
         )
     return [json.loads(store.get(k)) for k in keys]
 
@@ -423,6 +424,7 @@ def check_launch(
                 f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
                 f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
                 phase="start-up",
+                missing=(other,),
             )
         theirs = int(store.get(key))
         if rank != 0:

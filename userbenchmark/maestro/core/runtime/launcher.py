@@ -219,9 +219,9 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
         if not board.told.value:
             say(interrupted_message(saved=False))
         return EXIT_INTERRUPTED
-    # A worker's 130 without the user's signal to the launcher is torch's SIGTERM after another
-    # worker failed, unless no worker failed: then the user signalled that worker itself.
-    crashed = any(c not in (EXIT_OK, EXIT_INTERRUPTED) for c in exits.values())
+    # A worker's 130 without the user's signal to the launcher is the user's signal to that
+    # worker, unless a worker crashed before: then it is torch's SIGTERM ending the run.
+    crashed = any(c not in (EXIT_OK, *_OWN_STATUSES) for c in exits.values())
     statuses = []
     for rank in range(board.num_workers):
         code = exits.get(rank)
@@ -230,14 +230,21 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
         elif watchdog.killed(rank):
             code = EXIT_FAILED
         elif code is not None and code not in _OWN_STATUSES:
-            step = board.last_step(rank)
-            after = f" after {step}" if step else " during start-up"
             how = _describe_exit(code) if code else "exited with status 0"
-            log.error("rank %d %s%s, before the run ended", rank, how, after)
+            log.error("rank %d %s%s, before the run ended", rank, how, _after(board, rank))
             code = EXIT_FAILED
+        if code == EXIT_INTERRUPTED and crashed:
+            code = EXIT_FAILED
+        elif code == EXIT_INTERRUPTED and not board.last_step(rank):  # it said nothing yet
+            say(f"maestro: rank {rank}: interrupted (a signal sent to it) during start-up")
         if code is not None:
-            statuses.append(EXIT_FAILED if code == EXIT_INTERRUPTED and crashed else code)
+            statuses.append(code)
     return max(statuses, default=EXIT_FAILED)
+
+
+def _after(board: supervision.WorkerBoard, rank: int) -> str:
+    step = board.last_step(rank)
+    return f" after {step}" if step else " during start-up"
 
 
 def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:

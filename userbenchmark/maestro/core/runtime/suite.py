@@ -284,14 +284,14 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
             return
         try:
             _agree_run_wide(rt.dist, "output", error, pattern=pattern.name)
-        except RunError as err:  # a teardown, or rank 0's files: the run stops here
+        except RunError as err:  # a teardown, or rank 0's files
             end.failed(err)
-            if report is not None:
+            if report is not None and err.phase == "teardown":
                 try:
                     report.failed(pattern.name, str(err))
                 except Exception as exc:
                     say(f"maestro: rank 0: cannot save the failure: {cause_of(exc)}")
-            elif not end.everyone_answered:
+            elif report is not None or not end.everyone_answered:
                 say(f"maestro: {err}")
             if err.phase != "teardown" or rt.suite.stop_on_error or not err.contained:
                 return

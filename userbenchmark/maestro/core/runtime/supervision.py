@@ -131,9 +131,9 @@ def forwarded() -> bool:
 
 
 def exited_peers() -> tuple[int, ...]:
-    """Ranks of sibling workers whose process ended, is leaving or never started: a SIGTERM
-    then comes from torch's launcher ending the run, not from the user. Empty outside a local
-    launch, and while the launcher forwards the user's signal."""
+    """Ranks of sibling workers whose process ended or is leaving: a SIGTERM then comes from
+    torch's launcher ending the run, not from the user. Empty outside a local launch, and
+    while the launcher forwards the user's signal."""
     if _attached is None or _attached.board.interrupted.value:
         return ()
     board = _attached.board
@@ -141,7 +141,8 @@ def exited_peers() -> tuple[int, ...]:
         rank
         for rank in range(board.num_workers)
         if rank != _attached.rank
-        and (not board.pids[rank] or board.stage[rank] == LEAVING or not _runs(board.pids[rank]))
+        and board.pids[rank]
+        and (board.stage[rank] == LEAVING or not _runs(board.pids[rank]))
     )
 
 
@@ -260,6 +261,20 @@ def child_exit(pid: int) -> int | None:
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
+def unattached_workers(board: WorkerBoard) -> list[int]:
+    """Workers this launcher spawned that have not written their pid on the board yet."""
+    known = set(board.pids)
+    found = []
+    for pid in _children(os.getpid()):
+        try:
+            spawned = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if spawned and pid not in known:
+            found.append(pid)
+    return found
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL the process group the worker ``pid`` leads (the launcher makes it lead one)."""
     try:
@@ -279,8 +294,8 @@ class Kill:
 
 class Watchdog:
     """The launcher's thread that ends, with SIGKILL, what cannot end by itself: at once, a
-    worker a verdict named as gone (stopped, hung) and the process group of a worker that
-    ended; a worker still running :data:`EXIT_GRACE_S` after every worker had its verdict, or
+    worker a verdict named as gone (stopped, hung; one that never said its pid: the spawned
+    workers missing from the board) and the process group of a worker that ended; a worker still running :data:`EXIT_GRACE_S` after every worker had its verdict, or
     ``exit_deadline_s`` after another worker exited. ``abandon()`` is called when torch's
     launcher still waits :data:`EXIT_GRACE_S` after every worker ended."""
 
@@ -294,6 +309,7 @@ class Watchdog:
         kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
         kill_group: Callable[[int], None] = kill_group,
         abandon: Callable[[], None] = lambda: None,
+        unattached: Callable[[WorkerBoard], list[int]] = unattached_workers,
     ) -> None:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
@@ -301,7 +317,7 @@ class Watchdog:
         self.exits: dict[int, int] = {}
         """Each ended worker's status (negative: the signal), by rank."""
         self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
-        self._kill, self._kill_group = kill, kill_group
+        self._kill, self._kill_group, self._unattached = kill, kill_group, unattached
         self._since: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
@@ -344,6 +360,10 @@ class Watchdog:
         for r in ranks:
             if board.missing[r] and running[r]:
                 self._end(r, "did not reach the run's agreement step (stopped or hung)")
+            elif board.missing[r] and not board.pids[r] and not self.killed(r):
+                for pid in self._unattached(board):  # stopped before it said its pid
+                    self._kill(pid)
+                    self.kills.append(Kill(r, "never started (stopped or hung)"))
         known = all(r in self.exits or board.stage[r] >= VERDICT or board.missing[r] for r in ranks)
         if self._for("known", known, now) >= EXIT_GRACE_S:
             for r in ranks:

@@ -42,13 +42,12 @@ def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
         status = EXIT_USAGE
     except RunError as err:
         say(f"maestro: rank {rank}: {err}")
+        supervision.reached_verdict(EXIT_FAILED, err.missing or ())  # the launcher ends them
     except interrupts.PeerExited:
         pass  # another worker ended before the run began: the launcher says which
     except KeyboardInterrupt:
-        if rank == 0:
+        if rank == 0 and supervision.forwarded():  # else the local launcher knows who and why
             say(interrupted_message(saved=False))
-        elif not supervision.forwarded():  # this rank alone was signalled: it says so
-            say(f"maestro: rank {rank}: interrupted during start-up")
         status = EXIT_INTERRUPTED
     except BaseException as exc:  # torch or the machine, before the run's own protocol
         say(f"maestro: rank {rank}, phase start-up: {cause_of(exc)}")
