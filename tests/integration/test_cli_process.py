@@ -24,7 +24,6 @@ from .helpers import (
     alive,
     child_pids,
     nap_sweep,
-    read_records,
     run_maestro,
     subprocess_env,
 )
@@ -168,19 +167,6 @@ def _assert_interrupted(status: int, err: str, last_line: str) -> None:
     for line in lines[:-1]:
         warning = re.match(r"\[maestro r\d+\] WARNING ", line)
         assert line.startswith("maestro: pattern ") or warning, err[-3000:]
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
-def test_sigterm_mid_run_under_nproc(tmp_path):
-    """(Ctrl-C, SIGINT to the whole process group: test_faults.py.)"""
-    run = _run_slow(tmp_path)
-    results = tmp_path / "out" / "results.json"
-    run.wait_for(results.exists, RUN_HANG_S, "finished pattern")
-    status, err = run.interrupt(signal.SIGTERM)
-    _assert_interrupted(status, err, INTERRUPTED_SAVED)
-    finished = {r["pattern"] for r in read_records(tmp_path / "out")}
-    assert 1 <= len(finished) < 60
-    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")] == []
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")

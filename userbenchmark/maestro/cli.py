@@ -368,12 +368,7 @@ def list_blocks_command() -> int:
         ("axis", "str", "world", "axis whose teams run the block"),
         ("lane", "str", "the axis", "in-order queue the block is issued on"),
         ("dtype", "str", "defaults.dtype", " | ".join(DTYPES)),
-        (
-            "register_buffers",
-            "bool",
-            "defaults.register_buffers",
-            "buffers from the communicator's registered memory (NCCL)",
-        ),
+        ("register_buffers", "bool", "defaults.register_buffers", "registered NCCL buffers"),
     ]
     print("Keys of every block:")
     print(tabulate(common, headers=["key", "type", "default", "meaning"]))

@@ -121,7 +121,7 @@ ENDING_WAIT_S = 20.0
 """Longest wait once the local launcher ends the run (torch kills its workers 30 s later)."""
 SLOW_POLL_AFTER_S = 5.0
 """A wait polls every 10 ms at most for this long, then every 100 ms."""
-STORE_SLACK_S = 5.0
+STORE_SLACK_S = 2.0
 """How much longer than its own deadline a store wait may take before the store's host counts
 as gone (a call to a store whose host stopped never returns by itself)."""
 
@@ -173,11 +173,8 @@ class EndedWatch:
         holding: Callable[[], bool] = lambda: False,
         poll_s: float = ENDED_POLL_S,
     ) -> None:
-        self._connect = connect
-        self._rank = rank
-        self._leave = leave
-        self._holding = holding
-        self._poll_s = poll_s
+        self._connect, self._key, self._leave = connect, f"{ENDED_PREFIX}{rank}", leave
+        self._holding, self._poll_s = holding, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="maestro-ended-watch", daemon=True)
 
@@ -191,28 +188,21 @@ class EndedWatch:
     def _run(self) -> None:
         try:
             store = self._connect()
-        except Exception as exc:  # the run goes on without the watch
-            log.debug("ended watch: cannot connect: %s", exc)
-            return
-        key = f"{ENDED_PREFIX}{self._rank}"
-        while not self._stop.wait(self._poll_s):
-            try:
-                if not store.check([key]):
-                    continue
-                verdict = store.get(key).decode("utf-8", "replace")
-            except Exception as exc:  # the store went away: the agreement reports it
-                log.debug("ended watch: %s", exc)
+            while not self._stop.wait(self._poll_s):
+                if store.check([self._key]):
+                    verdict = store.get(self._key).decode("utf-8", "replace")
+                    break
+            else:
                 return
             while self._holding() and not self._stop.is_set():
                 time.sleep(0.05)  # never leave half-written files
             if self._stop.is_set():
                 return
-            try:
-                store.set(f"{key}/ack", "1")
-            except Exception as exc:
-                log.debug("ended watch: %s", exc)
-            self._leave(verdict)
+            store.set(f"{self._key}/ack", "1")
+        except Exception as exc:  # no store (any more): the agreement step reports it
+            log.debug("ended watch: %s", exc)
             return
+        self._leave(verdict)
 
 
 class StoreExchange:

@@ -125,22 +125,16 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
 @contextmanager
 def _quiet_torch_launcher() -> Iterator[None]:
     """Silence torch's launcher logs: the workers and this launcher say what happened."""
-    names = [
-        name
-        for name in logging.root.manager.loggerDict
-        if name.startswith(
-            ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-        )
-    ]
-    loggers = [logging.getLogger(name) for name in names]
-    previous = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    previous = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, previous, strict=True):
-            logger.setLevel(level)
+        for name, level in previous.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _describe_exit(exitcode: int) -> str:

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ...errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -31,6 +33,7 @@ from .distributed import (
     detect_launch,
     init_distributed,
     shutdown_distributed,
+    torch_reducer,
 )
 from .preflight import resolve_profiler
 
@@ -74,13 +77,8 @@ def _device_alignment(dist: DistContext, comms: Any) -> Any:
     import torch
     import torch.distributed as tdist
 
-    group = comms.gate_group()
-    one = torch.zeros(1, device=dist.device)
-
-    def align() -> None:
-        tdist.all_reduce(one, group=group)
-
-    return align
+    group, one = comms.gate_group(), torch.zeros(1, device=dist.device)
+    return lambda: tdist.all_reduce(one, group=group)
 
 
 def _start_agreement(dist: DistContext, group: Any) -> Any:
@@ -88,15 +86,8 @@ def _start_agreement(dist: DistContext, group: Any) -> Any:
     share no clock (several hosts) or there is nobody to agree with."""
     if dist.world_size == 1 or not dist.one_host:
         return None
-    import torch
-    import torch.distributed as tdist
-
-    def agree_start(proposal_ns: int) -> int:
-        box = torch.tensor([proposal_ns], dtype=torch.int64)
-        tdist.all_reduce(box, op=tdist.ReduceOp.MAX, group=group)
-        return int(box.item())
-
-    return agree_start
+    reduce = torch_reducer(group)
+    return lambda proposal_ns: int(reduce(np.array([proposal_ns], dtype=np.int64), "max")[0])
 
 
 def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
