@@ -278,7 +278,10 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
     names = tuple(p.name for p in stale)
-    log.info("moved the files of an earlier run from %s to %s: %s", folder, dest, ", ".join(names))
+    shown = ", ".join(names)
+    log.info(
+        "moved %d file(s) of an earlier run from %s to %s: %s", len(names), folder, dest, shown
+    )
     return dest, names
 
 
