@@ -21,14 +21,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.gpu.test_multi_gpu import runnable  # noqa: E402
+from tests.integration.fault_blocks import fault_moment  # noqa: E402
 from tests.integration.helpers import REPO_ROOT, subprocess_env  # noqa: E402
 from tests.integration.test_faults import (  # noqa: E402
     EXIT_DEADLINE_S,
+    LocalRun,
     assert_all_failed,
     assert_first_saved,
     run_ranks,
+    start_ranks,
     suite,
+    wait_ranks,
 )
+from userbenchmark.maestro.core.runtime.agreement import grace_s  # noqa: E402
+from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,7 +44,9 @@ WORLD = 4
 KEEP = os.environ.get("MAESTRO_GPU_OUT")
 
 
-def _record(case: str, launcher: str, elapsed_s: float, statuses: list[int]) -> None:
+def _record(
+    case: str, launcher: str, elapsed_s: float, statuses: list[int], limit_s: float | None = None
+) -> None:
     print(f"{case}: {launcher}, all gone after {elapsed_s:.1f} s, exit statuses {statuses}")
     if KEEP:
         path = Path(KEEP) / "faults.json"
@@ -50,7 +58,7 @@ def _record(case: str, launcher: str, elapsed_s: float, statuses: list[int]) -> 
                 "backend": "nccl",
                 "timeout_s": NCCL_TIMEOUT_S,
                 "all_gone_s": elapsed_s,
-                "limit_s": EXIT_DEADLINE_S,
+                "limit_s": EXIT_DEADLINE_S if limit_s is None else limit_s,
                 "exit": statuses,
             }
         )
@@ -60,6 +68,8 @@ def _record(case: str, launcher: str, elapsed_s: float, statuses: list[int]) -> 
 
 NCCL_TIMEOUT_S = 20.0
 """Generous collective timeout: NCCL communicators of ranks sharing a GPU start slowly."""
+GONE_LIMIT_S = NCCL_TIMEOUT_S + grace_s(NCCL_TIMEOUT_S) + EXIT_GRACE_S
+"""The documented deadline (docs/reliability.md) at this timeout_s."""
 
 
 def _nccl(text: str) -> str:
@@ -154,3 +164,48 @@ def test_sigint_to_the_launcher(tmp_path):
     records = json.loads((out / "results.json").read_text())
     assert records and all(r["pattern"].startswith("p[") for r in records)
     _record("SIGINT to the launcher", "--nproc", gone, [proc.returncode])
+
+
+def test_a_frozen_store_host(tmp_path):
+    """Rank 0 hosts the rendezvous store and stops (SIGSTOP) mid-collective: every other rank
+    ends with status 1 naming it, within the deadline; rank 0 is then killed."""
+    procs, start = start_ranks(
+        tmp_path, _nccl(suite("rank: 0, how: stop, after_launches: 3")), [WORLD] * WORLD
+    )
+    try:
+        others = wait_ranks(procs[1:], start)
+        fault = fault_moment(tmp_path / "marks", 0)
+        assert fault is not None, others[0].stderr[-3000:]
+        for r in others:
+            assert r.returncode == 1, r.stderr[-3000:]
+            assert "which hosts the rendezvous store, stopped answering" in r.stderr, r.stderr
+        gone = max(r.ended_at for r in others) - fault
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    _record(
+        "SIGSTOP of rank 0, the store's host (the others)",
+        "per-rank processes",
+        round(gone, 1),
+        [r.returncode for r in others],
+        GONE_LIMIT_S,
+    )
+    assert gone <= GONE_LIMIT_S
+
+
+def test_sigstop_of_a_worker(tmp_path):
+    run = LocalRun(
+        tmp_path, _nccl(suite("rank: 1, when: launch, how: stop, after_launches: 3")), nproc=WORLD,
+        backend="nccl",
+    )  # fmt: skip
+    fault = run.fault_at(1)
+    gone = run.all_gone() - fault
+    err = run.stderr()
+    assert run.proc.returncode == 1, err[-3000:]
+    assert "rank 1 did not reach the run's agreement step (stopped or hung)" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert_first_saved(tmp_path)
+    _record("SIGSTOP of rank 1", "--nproc", round(gone, 1), [run.proc.returncode], GONE_LIMIT_S)
+    assert gone <= GONE_LIMIT_S

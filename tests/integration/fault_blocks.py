@@ -2,19 +2,25 @@
 
 When ``MAESTRO_TEST_FAULT_MARK`` names a folder, the failing rank writes the moment of its
 fault there (``fault-<rank>``: ``time.monotonic()``, one clock for every process of a host),
-so a test can time every process's end from the fault itself.
+so a test can time every process's end from the fault itself. ``how: remove_output`` removes
+the folder ``MAESTRO_TEST_OUTPUT`` names.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 from userbenchmark.maestro.blocks.base import Block, Param
 
 MARK_VARIABLE = "MAESTRO_TEST_FAULT_MARK"
+OUTPUT_VARIABLE = "MAESTRO_TEST_OUTPUT"
 
 
 def fault_moment(folder: Path, rank: int) -> float | None:
@@ -26,8 +32,8 @@ def fault_moment(folder: Path, rank: int) -> float | None:
 
 
 class FailOnRank(Block):
-    """Raises, kills or stops its process, or hangs, on one rank or every rank, in setup or in
-    launch."""
+    """Raises, kills or stops its process, hangs, leaves (sys.exit, os._exit) or leaves things
+    behind, on one rank or every rank, in setup, launch or teardown."""
 
     category = "other"
     params = (
@@ -36,15 +42,26 @@ class FailOnRank(Block):
             name="when",
             kind="str",
             default="launch",
-            choices=("setup", "launch"),
+            choices=("setup", "launch", "teardown"),
             doc="phase in which it fails",
         ),
         Param(
             name="how",
             kind="str",
             default="raise",
-            choices=("raise", "kill", "stop", "hang"),
-            doc="raise an exception, SIGKILL or SIGSTOP the process, or never return",
+            choices=(
+                "raise",
+                "kill",
+                "stop",
+                "hang",
+                "exit",
+                "os_exit",
+                "leave_behind",
+                "remove_output",
+            ),
+            doc="raise an exception, SIGKILL or SIGSTOP the process, never return, "
+            "sys.exit(0), os._exit(0), start a child, a forked copy and a thread that never "
+            "end, or remove the output folder",
         ),
         Param(
             name="after_launches",
@@ -76,11 +93,29 @@ class FailOnRank(Block):
         if how == "hang":
             while True:  # a block that never returns; only the end of its process stops it
                 time.sleep(3600)
+        if how == "exit":
+            sys.exit(0)
+        if how == "os_exit":
+            os._exit(0)
+        if how == "leave_behind":
+            subprocess.Popen(["sleep", "3000"], stdin=subprocess.DEVNULL)
+            if os.fork() == 0:  # a copy of this process, holding every descriptor it had
+                time.sleep(3000)
+                os._exit(0)
+            threading.Thread(target=time.sleep, args=(3000,), name="left-behind").start()
+            return
+        if how == "remove_output":
+            shutil.rmtree(os.environ[OUTPUT_VARIABLE])
+            return
         raise RuntimeError(f"injected failure on rank {self.ctx.rank}")
 
     def setup(self) -> None:
         self.calls = 0
         if self.spec.params["when"] == "setup":
+            self._fail()
+
+    def teardown(self) -> None:
+        if self.spec.params["when"] == "teardown":
             self._fail()
 
     def launch(self) -> None:

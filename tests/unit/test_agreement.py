@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from userbenchmark.maestro.blocks.base import Block
+from userbenchmark.maestro.core.config.spec import BlockSpec
 from userbenchmark.maestro.core.runtime.agreement import (
     RankStatus,
     _agreed_error,
@@ -40,6 +42,41 @@ def test_a_missing_rank_is_named_and_nothing_is_contained():
     err = _agree(failed, missing=[2])
     assert err.rank == 2 and "died or hung" in str(err)
     assert not err.contained and err.missing == (2,) and not err.everyone_answered
+
+
+def test_a_stopped_rank_is_named_before_the_blocks_stuck_waiting_on_it():
+    """Rank 1 stopped mid-collective: rank 0's all_reduce did not return, and waits only the
+    grace for rank 1 (it already waited timeout_s), which is named as the cause."""
+    stuck = status_of(0, RunError("block did not return within timeout_s 3 s", block="ar"))
+    assert stuck.secondary and stuck.block == "ar"
+    err = _agree([stuck], missing=[1])
+    assert err.rank == 1 and "died or hung" in str(err) and "also failed" in str(err)
+
+
+def test_a_stuck_block_is_named_before_the_timeouts_it_caused():
+    timed_out = status_of(0, RunError("iteration barrier failed (Timed out); another rank"))
+    stuck = status_of(3, RunError("block did not return within timeout_s 3 s", block="bad"))
+    err = _agree([timed_out, stuck])
+    assert (err.rank, err.block) == (3, "bad")
+
+
+class _Exiting(Block):
+    category = "other"
+    params = ()
+
+    def setup(self) -> None:
+        raise SystemExit(0)
+
+
+def test_a_block_leaving_with_sys_exit_is_named():
+    spec = BlockSpec(name="quitter", op="x:Y", axis="world", lane="world", dtype="fp32")
+    block = _Exiting.__new__(_Exiting)
+    block.spec = spec
+    try:
+        block.setup()
+    except SystemExit as exc:
+        status = status_of(2, exc)
+    assert (status.block, status.message, status.secondary) == ("quitter", "sys.exit(0)", False)
 
 
 def test_an_interrupt_stops_the_run():
@@ -124,10 +161,11 @@ def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
 
 
 def test_leaving_wedged_saves_the_status_and_skips_teardown(monkeypatch):
-    from userbenchmark.maestro.core.runtime import suite
+    from userbenchmark.maestro.core.runtime import suite, supervision
 
     codes = []
-    monkeypatch.setattr(suite.os, "_exit", lambda code: codes.append(code))
+    monkeypatch.setattr(supervision, "_real_exit", lambda code: codes.append(code))
+    monkeypatch.setattr(supervision, "end_children", lambda: None)
     suite._leave_wedged(0, rank=1)  # a failed run always exits non-zero
     suite._leave_wedged(130, rank=0)
     assert codes == [1, 130]

@@ -15,6 +15,7 @@ from userbenchmark.maestro.errors import ConfigError
 from userbenchmark.maestro.run import run
 
 LAUNCH_VARS = (
+    "GLOO_SOCKET_IFNAME",
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -97,16 +98,16 @@ def test_run_keeps_todays_options_and_defaults():
     ctx = cli.run_command.make_context("run", [])
     for opt, default in expected.items():
         assert ctx.params[params[opt].name] == default, opt
-    options = cli._options(ctx.params)
+    options = cli._options_of(ctx.params)
     # Flags not given leave the pattern file's settings alone.
-    assert options["check"] is None and options["baseline"] is None
-    given = cli._options(
+    assert options.check is None and options.baseline is None
+    given = cli._options_of(
         cli.run_command.make_context(
             "run", ["--check", "--no-baseline", "--pattern", "a*", "--pattern", "b"]
         ).params
     )
-    assert given["check"] is True and given["baseline"] is False
-    assert given["patterns"] == ("a*", "b")
+    assert given.check is True and given.baseline is False
+    assert given.patterns == ("a*", "b")
 
 
 def test_validate_and_compare_options():
@@ -139,13 +140,50 @@ def test_usage_errors_exit_2_with_clicks_message(argv, fragments, capsys):
         assert fragment in last, (fragment, err)
 
 
+# ---- launcher variables ----
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK=5 is outside the world"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 must be between"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "one"}, "LOCAL_RANK='one' is not an"),
+        ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not an integer"),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "2"}, "SLURM_PROCID=3 is outside the world"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM_NTASKS=0 must be at least 1"),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "-2"},
+            "SLURM_LOCALID=-2 must be between",
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "WORLD_SIZE=2 ranks meet at MASTER_ADDR:MASTER_PORT"),
+        (
+            {"GLOO_SOCKET_IFNAME": "nonexistent0"},
+            "GLOO_SOCKET_IFNAME=nonexistent0 names no network interface of this machine",
+        ),
+    ],
+)
+def test_invalid_launch_variables_exit_2_before_any_worker(env, message, monkeypatch, capsys):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["run", "-c", "quickstart", "--no-metrics"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maestro: invalid launch environment: ") and err.count("\n") == 1
+    assert message in err, err
+
+
 # ---- option errors: labelled as options, one line, exit status 2 ----
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
         (["--iters", "0"], "--iters must be at least 1, got 0"),
-        (["--warmup-iters", "-1"], "--warmup-iters must be 0 or more, got -1"),
+        (["--warmup-iters", "-1"], "--warmup-iters must be at least 0, got -1"),
+        (["--seed", "18446744073709551616"], "--seed must be between 0 and 4294967295, got"),
+        (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
+        (["--output-dir", ""], "--output-dir is empty: give a folder"),
+        (["--metrics-dir", " "], "--metrics-dir is empty: give a folder"),
         (["--precision", "10"], "--precision must be between 0 and 9, got 10"),
         (["--precision", "-1"], "--precision must be between 0 and 9, got -1"),
         (["--trace"], "--trace writes into --output-dir: give --output-dir DIR"),
@@ -194,19 +232,15 @@ def test_validate_world_size_must_be_positive(capsys):
     )
 
 
-# ---- validate passes --no-import and the world size's source to the loader ----
-def _recording_loader(calls: list[dict]):
+# ---- validate passes --no-import to the loader; run validates once, with the world size ----
+def _recording_loader(calls: list[dict], *, fail: bool = False):
     real = loader.load_suite
 
-    def load_suite(source, *, world_size=None, import_ops=True, world_size_source=""):
-        calls.append(
-            {
-                "world_size": world_size,
-                "import_ops": import_ops,
-                "world_size_source": world_size_source,
-            }
-        )
-        return real(source, world_size=world_size)
+    def load_suite(source, *, world_size=None, import_ops=True):
+        calls.append({"world_size": world_size, "import_ops": import_ops})
+        if fail:
+            raise ConfigError("stop here", file=str(source))
+        return real(source, world_size=world_size, import_ops=import_ops)
 
     return load_suite
 
@@ -215,42 +249,46 @@ def test_validate_passes_no_import_to_the_loader(monkeypatch, capsys):
     calls: list[dict] = []
     monkeypatch.setattr(loader, "load_suite", _recording_loader(calls))
     assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 0
-    assert calls == [{"world_size": 2, "import_ops": False, "world_size_source": "--world-size"}]
+    assert calls == [{"world_size": 2, "import_ops": False}]
     calls.clear()
     assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
     assert calls[0]["import_ops"] is True
     assert "suite quickstart" in capsys.readouterr().out
 
 
-def _failing_loader(calls: list[dict]):
-    def load_suite(source, *, world_size=None, world_size_source=""):
-        calls.append({"world_size": world_size, "world_size_source": world_size_source})
-        raise ConfigError("stop here", file=str(source))
+def test_run_validates_the_file_once_with_the_runs_world_size(monkeypatch, capsys):
+    from userbenchmark.maestro.core.runtime import preflight
 
-    return load_suite
-
-
-def _failing_text_loader(calls: list[dict]):
-    def load_suite_text(text, *, file="", world_size=None, world_size_source="", **_):
-        calls.append({"world_size": world_size, "world_size_source": world_size_source})
-        raise ConfigError("stop here", file=file)
-
-    return load_suite_text
-
-
-def test_run_names_where_the_world_size_came_from(monkeypatch, capsys):
     calls: list[dict] = []
-    # run reads the pattern file once and loads its text (every rank then runs that text).
-    monkeypatch.setattr(loader, "load_suite_text", _failing_text_loader(calls))
+    monkeypatch.setattr(preflight, "load_suite", _recording_loader(calls, fail=True))
     assert cli.main(["run", "--nproc", "3", "--backend", "gloo"]) == 2
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cli.main(["run"]) == 2
-    assert calls == [
-        {"world_size": 3, "world_size_source": "--nproc"},
-        {"world_size": 1, "world_size_source": "the launcher's WORLD_SIZE"},
-    ]
+    assert calls == [{"world_size": 3, "import_ops": True}, {"world_size": 1, "import_ops": True}]
     assert capsys.readouterr().err.count("maestro: invalid configuration:") == 2
+
+
+def test_graph_on_the_cpu_is_an_option_error_and_graph_in_the_file_a_config_error(
+    monkeypatch, tmp_path, capsys
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["run", "--graph", "--no-metrics"]) == 2
+    assert capsys.readouterr().err == (
+        "maestro: invalid option: --graph: CUDA graphs need CUDA, and this run uses the gloo "
+        "backend on the CPU; drop --graph or run on GPUs\n"
+    )
+    config = tmp_path / "g.yaml"
+    config.write_text(
+        "name: g\nworld_size: 1\npatterns:\n  - name: captured\n    graph: true\n"
+        "    blocks: [{name: s, op: sleep, duration_us: 1}]\n"
+    )
+    assert cli.main(["run", "-c", str(config), "--no-metrics"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maestro: invalid configuration:\n") and "patterns[0]" in err
+    assert "patterns captured: graph: true, and CUDA graphs need CUDA" in err
 
 
 # ---- TorchBench's run(args) ----

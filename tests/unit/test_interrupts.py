@@ -136,13 +136,14 @@ def test_interrupt_while_files_are_written_leaves_them_in_agreement(
 
 
 @pytest.fixture
-def peers_exited():
+def peers_exited(monkeypatch):
     """As in a worker of the local launcher whose sibling (rank 1) has exited."""
-    interrupts.set_exited_peers(lambda: (1,))
+    from userbenchmark.maestro.core.runtime import supervision
+
+    monkeypatch.setattr(supervision, "exited_peers", lambda: (1,))
     restore = interrupts.install()
     yield
     restore()
-    interrupts.set_exited_peers(None)
 
 
 def test_sigterm_after_a_sibling_exited_is_the_launcher_ending_the_run(peers_exited):

@@ -71,9 +71,9 @@ BAD = [
     ("world_size string", "name: t\nworld_size: '4'\n" + pat(AR), None, "world_size",
      "expected an integer, got '4'", []),
     ("world_size mismatch", HEAD + pat(AR), 8, "world_size",
-     "sets world_size 4 but the run has world size 8", []),
+     "sets world_size 4 but the run has 8 rank(s)", []),
     ("no world size at all", "name: t\n" + pat(AR), None, "world_size", "--world-size", []),
-    ("bad --world-size", "name: t\n" + pat(AR), 0, "--world-size", "at least 1", []),
+    ("bad --world-size", "name: t\n" + pat(AR), 0, "world size", "at least 1", []),
     ("mesh product mismatch", HEAD + "mesh: {dp: 2, tp: 4}\n" + pat(AR), None, "mesh",
      "multiply to 8", []),
     ("mesh non-int", HEAD + "mesh: {dp: two, tp: 2}\n" + pat(AR), None, "mesh.dp",
@@ -295,9 +295,10 @@ BAD = [
      "patterns[0].blocks[0].op", "names a __main__ module, which runs a program", []),
     ("custom op not dotted names", HEAD + pat("{name: a, op: 'my-pkg.mod:X'}"), None,
      "patterns[0].blocks[0].op", "dotted Python names", []),
-    # The world size names where the run's size came from.
+    # The world size names where a run's size may come from.
     ("world_size from --world-size", HEAD + pat(AR), 3, "world_size",
-     "the run has world size 3 (--world-size); they must agree", []),
+     "the run has 3 rank(s) (--nproc, --world-size or the launcher's world size); they must "
+     "agree", []),
 ]
 # fmt: on
 

@@ -243,24 +243,24 @@ def test_other_variables_are_fine():
 
 
 # ---------------------------------------------------------------------------------------------
-# The world size names its source
+# The world size of the run
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source", ["--nproc", "the launcher's WORLD_SIZE", "--world-size"])
-def test_world_size_mismatch_names_where_the_size_came_from(source):
-    issues = problems(HEAD + pat(AR), world_size=3, world_size_source=source)
+def test_world_size_mismatch_names_both_sizes():
+    issues = problems(HEAD + pat(AR), world_size=3)
     assert issues == [
         (
             2,
             "world_size",
-            f"the file sets world_size 4 but the run has world size 3 ({source}); they must agree",
+            "the file sets world_size 4 but the run has 3 rank(s) (--nproc, --world-size or "
+            "the launcher's world size); they must agree",
         )
     ]
 
 
-def test_a_bad_run_size_is_reported_under_its_source():
-    issues = problems("name: t\n" + pat(AR), world_size=0, world_size_source="--nproc")
+def test_a_bad_run_size_is_reported():
+    issues = problems("name: t\n" + pat(AR), world_size=0)
     assert [(path, message) for _, path, message in issues] == [
-        ("--nproc", "must be at least 1, got 0")
+        ("world size", "must be at least 1, got 0")
     ]
 
 
@@ -363,5 +363,5 @@ def test_load_suite_passes_the_options_through(tmp_path):
     assert load_suite(path, import_ops=False).patterns[0].blocks[0].op == "no_such_pkg_q.m:C"
     with pytest.raises(ConfigError, match="cannot import module 'no_such_pkg_q.m'"):
         load_suite(path)
-    with pytest.raises(ConfigError, match=r"world size 4 \(--nproc\)"):
-        load_suite(path, world_size=4, world_size_source="--nproc", import_ops=False)
+    with pytest.raises(ConfigError, match=r"the run has 4 rank\(s\)"):
+        load_suite(path, world_size=4, import_ops=False)

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
-from userbenchmark.maestro.core.output.files import atomic_write_files, atomic_write_text
+from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
 
 
@@ -36,11 +36,14 @@ def _plain_open_mode(folder) -> int:
 @pytest.mark.parametrize(("mask", "expected"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
 def test_new_files_get_the_mode_of_a_plain_open(tmp_path, umask, mask, expected):
     umask(mask)
-    path = tmp_path / "sub" / "f.json"  # the folder is created as well
-    atomic_write_text(path, "new")
+    path = tmp_path / "f.json"
+    atomic_write_bytes(path, b"new")
     assert path.read_text() == "new"
     assert _mode(path) == expected == _plain_open_mode(tmp_path)
-    assert stat.S_IMODE(os.stat(tmp_path / "sub").st_mode) == 0o777 & ~mask
+    # A folder removed during a run is never created again: the write fails instead.
+    with pytest.raises(FileNotFoundError):
+        atomic_write_bytes(tmp_path / "gone" / "f.json", b"new")
+    assert not (tmp_path / "gone").exists()
 
 
 def test_rewriting_keeps_the_existing_permissions_like_open_does(tmp_path, umask):
@@ -48,7 +51,7 @@ def test_rewriting_keeps_the_existing_permissions_like_open_does(tmp_path, umask
     path = tmp_path / "f.json"
     path.write_text("old")
     path.chmod(0o640)
-    atomic_write_text(path, "new")
+    atomic_write_bytes(path, b"new")
     assert path.read_text() == "new" and _mode(path) == 0o640
 
 

@@ -19,7 +19,7 @@ from userbenchmark.maestro.core.output.locations import (
     PreparedOutputs,
     prepare_output_locations,
 )
-from userbenchmark.maestro.errors import ConfigError
+from userbenchmark.maestro.errors import OptionError
 
 NOW = dt.datetime(2025, 3, 4, 5, 6, 7)
 STAMP = "20250304050607"
@@ -37,7 +37,7 @@ def test_a_file_is_refused(tmp_path, option):
     path = tmp_path / "taken"
     path.write_text("user data")
     args = (path, None) if option == "--output-dir" else (None, path)
-    with pytest.raises(ConfigError, match=f"{option} {path}: is a file, expected a directory"):
+    with pytest.raises(OptionError, match=f"{option} {path}: is a file, expected a directory"):
         prepare_output_locations(*args, now=NOW)
     assert path.read_text() == "user data"
 
@@ -47,22 +47,22 @@ def test_a_folder_that_cannot_be_created_is_refused(tmp_path, option):
     (tmp_path / "file").write_text("x")
     path = tmp_path / "file" / "sub"
     args = (path, None) if option == "--output-dir" else (None, path)
-    with pytest.raises(ConfigError, match=f"{option} {path}: cannot be created: Not a directory"):
+    with pytest.raises(OptionError, match=f"{option} {path}: cannot be created: Not a directory"):
         prepare_output_locations(*args, now=NOW)
 
 
 @pytest.mark.parametrize("path", ["/proc/self", "/sys/kernel", "/proc", "/sys/x/new"])
 def test_proc_and_sys_are_refused(path):
-    with pytest.raises(ConfigError, match=r"is under /proc or /sys"):
+    with pytest.raises(OptionError, match=r"is under /proc or /sys"):
         _prepare(path)
-    with pytest.raises(ConfigError, match=r"--metrics-dir .*is under /proc or /sys"):
+    with pytest.raises(OptionError, match=r"--metrics-dir .*is under /proc or /sys"):
         _prepare(None, path)
 
 
 def test_a_link_into_proc_is_refused(tmp_path):
     link = tmp_path / "link"
     link.symlink_to("/proc/self")
-    with pytest.raises(ConfigError, match=f"--output-dir {link}: is under /proc or /sys"):
+    with pytest.raises(OptionError, match=f"--output-dir {link}: is under /proc or /sys"):
         _prepare(link)
 
 
@@ -72,7 +72,7 @@ def test_a_read_only_folder_is_refused(tmp_path):
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        with pytest.raises(ConfigError, match=f"--output-dir {folder}: is not writable"):
+        with pytest.raises(OptionError, match=f"--output-dir {folder}: is not writable"):
             _prepare(folder)
     finally:
         folder.chmod(0o755)
@@ -89,7 +89,7 @@ def test_a_refused_probe_file_is_reported_and_not_left(tmp_path, monkeypatch):
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr(locations.os, "open", refuse_probe)
-    with pytest.raises(ConfigError, match=f"--metrics-dir {tmp_path}: is not writable: Perm"):
+    with pytest.raises(OptionError, match=f"--metrics-dir {tmp_path}: is not writable: Perm"):
         _prepare(None, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -106,15 +106,72 @@ def test_the_probe_file_is_removed(tmp_path):
 
 def test_a_second_run_into_the_same_directory_is_refused_until_the_first_ends(tmp_path):
     first = _prepare(tmp_path)
-    assert first.locked
-    with pytest.raises(ConfigError) as info:
+    assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    with pytest.raises(OptionError) as info:
         _prepare(tmp_path)
     assert f"another maestro run is writing to {tmp_path} (pid {os.getpid()})" in str(info.value)
     first.close()
     first.close()  # idempotent
-    with _prepare(tmp_path) as again:
-        assert again.locked
-    assert (tmp_path / LOCK_NAME).exists()  # kept: removing a lock file would race
+    assert not (tmp_path / LOCK_NAME).exists()  # a clean run leaves no lock file behind
+    with _prepare(tmp_path), pytest.raises(OptionError, match="another maestro run"):
+        _prepare(tmp_path)
+
+
+def test_a_lock_file_removed_while_a_run_waited_for_it_is_taken_anew(tmp_path, monkeypatch):
+    """The run that held the lock removed its file as it ended, after this run had opened it:
+    the lock of the removed file means nothing, so this run takes a new file."""
+    real_flock = locations.fcntl.flock
+    calls = []
+
+    def flock(fd, operation):
+        if not calls:  # the holder ends between our open and our lock
+            (tmp_path / LOCK_NAME).unlink()
+        calls.append(fd)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(locations.fcntl, "flock", flock)
+    with _prepare(tmp_path):
+        assert len(calls) == 2 and (tmp_path / LOCK_NAME).exists()
+        monkeypatch.setattr(locations.fcntl, "flock", real_flock)
+        with pytest.raises(OptionError, match="another maestro run"):
+            _prepare(tmp_path)
+
+
+def test_a_planted_lock_link_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(target)
+    with pytest.raises(OptionError, match=f"--output-dir {out}: {LOCK_NAME} is a symbolic link"):
+        _prepare(out)
+    assert target.read_text() == "keep me"
+    (out / LOCK_NAME).unlink()
+    (out / "results.json").symlink_to(target)  # any name maestro writes
+    with pytest.raises(OptionError, match="results.json is a symbolic link"):
+        _prepare(out)
+    assert target.read_text() == "keep me" and not (out / LOCK_NAME).exists()
+
+
+def test_temporaries_of_a_killed_run_are_removed_and_named(tmp_path, caplog):
+    out, metrics = tmp_path / "out", tmp_path / "metrics"
+    for folder in (out, metrics):
+        folder.mkdir()
+    stale = [".results.json.0123abcd.tmp", ".plot-p.png.89abcdef.tmp"]
+    mine = [".notes.txt.0123abcd.tmp", "x.tmp"]  # not names maestro writes
+    for name in stale + mine:
+        (out / name).write_text("part")
+    (metrics / ".metrics-1.json.0123abcd.tmp").write_text("killed run")
+    (metrics / ".metrics-2.json.0123abcd.tmp").write_text("live run")
+    (metrics / ".metrics-2.json.reserved").write_text("")
+    with caplog.at_level(logging.INFO, logger="maestro.output"), _prepare(out, metrics):
+        pass
+    assert sorted(p.name for p in out.iterdir()) == sorted(mine)
+    assert sorted(p.name for p in metrics.iterdir()) == [
+        ".metrics-2.json.0123abcd.tmp",
+        ".metrics-2.json.reserved",
+    ]
+    assert ".results.json.0123abcd.tmp" in caplog.text and ".metrics-1.json" in caplog.text
 
 
 def test_the_lock_names_the_other_process_and_dies_with_it(tmp_path):
@@ -139,13 +196,13 @@ def test_the_lock_names_the_other_process_and_dies_with_it(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(
-            ConfigError, match=rf"another maestro run is writing to .* \(pid {holder.pid}\)"
+            OptionError, match=rf"another maestro run is writing to .* \(pid {holder.pid}\)"
         ):
             _prepare(tmp_path)
     finally:
         holder.communicate("\n", timeout=300)  # a hang: it exits on this newline
-    with _prepare(tmp_path) as prepared:  # the process ended: its lock went with it
-        assert prepared.locked
+    with _prepare(tmp_path):  # the process ended: its lock went with it
+        pass
 
 
 def test_a_file_system_without_locks_warns_and_goes_on(tmp_path, monkeypatch, caplog):
@@ -155,7 +212,7 @@ def test_a_file_system_without_locks_warns_and_goes_on(tmp_path, monkeypatch, ca
     monkeypatch.setattr(locations.fcntl, "flock", no_locks)
     with caplog.at_level(logging.WARNING, logger="maestro.output"):
         prepared = _prepare(tmp_path)
-    assert not prepared.locked
+    assert prepared._lock_fd is None
     assert "cannot lock" in caplog.text and "Function not implemented" in caplog.text
 
 
@@ -210,13 +267,13 @@ def test_nothing_to_move_makes_no_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with _prepare(tmp_path) as prepared:
         assert prepared.moved_to is None and prepared.moved == ()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_files_of_a_running_run_are_not_moved(tmp_path):
     with _prepare(tmp_path):
         (tmp_path / "results.json").write_text("live")  # the running run writes
-        with pytest.raises(ConfigError, match="another maestro run"):
+        with pytest.raises(OptionError, match="another maestro run"):
             _prepare(tmp_path)
     assert (tmp_path / "results.json").read_text() == "live"
     assert not list(tmp_path.glob("previous-*"))
@@ -272,4 +329,4 @@ def test_no_metrics_dir_means_no_metrics_file(tmp_path):
     with _prepare(tmp_path / "out", None) as prepared:
         assert prepared.metrics_path is None
     with prepare_output_locations(None, None) as nothing:
-        assert nothing.output_dir is None and nothing.metrics_path is None and not nothing.locked
+        assert nothing.output_dir is None and nothing.metrics_path is None

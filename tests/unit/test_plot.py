@@ -147,6 +147,7 @@ def mpl():
 
 
 def test_plot_pattern_writes_png(mpl, tmp_path):
+    (tmp_path / "out").mkdir()  # the writer creates its folder once, before any plot
     path = plot_pattern(make_outcome(), tmp_path / "out" / "p.png")
     assert path == tmp_path / "out" / "p.png"
     data = path.read_bytes()

@@ -20,12 +20,13 @@ from userbenchmark.maestro.core.config.spec import (
     SuiteSpec,
     frozen_mapping,
 )
-from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_write_text
+from userbenchmark.maestro.core.output.files import atomic_write_bytes
 from userbenchmark.maestro.core.output.results import metrics_from_results, results_of
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.output.writer import OutputWriter
-from userbenchmark.maestro.core.runtime.distributed import apply_env, detect_launch, resolve_backend
-from userbenchmark.maestro.errors import LaunchError, RunError
+from userbenchmark.maestro.core.runtime.distributed import apply_env, detect_launch
+from userbenchmark.maestro.core.runtime.preflight import resolve_backend
+from userbenchmark.maestro.errors import LaunchError, OptionError
 
 
 def test_rank_beats_slurm_procid():
@@ -58,7 +59,7 @@ def test_bad_rank_variable_is_a_clear_error():
 def test_backend_auto():
     assert resolve_backend("auto", False) == "gloo"
     assert resolve_backend("auto", True) == "nccl"
-    with pytest.raises(RunError):
+    with pytest.raises(OptionError, match="--backend nccl needs CUDA"):
         resolve_backend("nccl", False)
 
 
@@ -357,7 +358,7 @@ def test_outputs_are_complete_after_each_pattern(tmp_path):
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     path = tmp_path / "f.json"
-    atomic_write_text(path, "old")
+    atomic_write_bytes(path, b"old")
     with pytest.raises(TypeError):
         atomic_write_bytes(path, 123)  # type: ignore[arg-type]  (fails inside the write)
     assert path.read_text() == "old"

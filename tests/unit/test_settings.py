@@ -17,8 +17,8 @@ from userbenchmark.maestro.core.output.settings import (
     measurement_settings,
     setting_differences,
     stack_line,
+    suite_settings,
 )
-from userbenchmark.maestro.core.runtime.suite import suite_settings
 
 SUITE = """
 name: s

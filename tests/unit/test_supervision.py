@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,13 +38,20 @@ class Machine:
             self.board.pids[rank] = 1000 + rank
             self.board.stage[rank] = RUNNING
             self.running.add(1000 + rank)
+        self.groups: list[int] = []
+        self.abandoned = 0
         self.watchdog = Watchdog(
             self.board,
             exit_deadline_s=20.0,
             clock=lambda: self.now,
-            running=lambda pid: pid in self.running,
+            exit_status=lambda pid: None if pid in self.running else 0,
             kill=self._kill,
+            kill_group=lambda pid: self.groups.append(pid - 1000),
+            abandon=self._abandon,
         )
+
+    def _abandon(self) -> None:
+        self.abandoned += 1
 
     def _kill(self, pid: int) -> None:
         self.killed.append(pid - 1000)
@@ -77,6 +85,21 @@ def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict():
     assert m.at(10.0 + EXIT_GRACE_S) == [1]
 
 
+def test_a_rank_named_as_gone_before_it_said_its_pid_is_found_and_killed():
+    m = Machine(2)
+    m.board.pids[1] = 0
+    m.watchdog._unattached = lambda board: [1001]  # the worker spawned, stopped at import
+    m.board.missing[1] = 1
+    assert m.at(1.0) == [1] and "never started" in m.watchdog.kills[0].reason
+
+
+def test_workers_still_starting_are_left_alone():
+    m = Machine(2)
+    m.board.pids[1] = 0  # not started yet
+    m.board.stage[0] = VERDICT
+    assert m.at(1.0) == [] and m.at(1.0 + EXIT_GRACE_S) == []
+
+
 def test_a_rank_still_working_after_another_finished_is_left_alone():
     """Rank 1 finished; rank 0 still writes its files (nobody exited yet: success)."""
     m = Machine(2)
@@ -92,6 +115,18 @@ def test_everyone_still_running_long_after_a_worker_exited_is_killed():
     assert sorted(m.at(5.0 + 20.0)) == [0, 1]
 
 
+def test_what_an_exited_worker_left_is_ended_and_a_launch_stuck_after_all_exited_abandoned():
+    m = Machine(2)
+    m.exit(1)
+    m.at(1.0)
+    assert m.groups == [1] and m.watchdog.exits == {1: 0}
+    m.exit(0)
+    m.at(2.0)
+    assert m.groups == [1, 0] and m.abandoned == 0
+    m.at(2.0 + EXIT_GRACE_S)  # torch's launcher still waits on a worker that vanished
+    assert m.abandoned == 1 and m.killed == []
+
+
 def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
     board = WorkerBoard(3, multiprocessing.get_context("spawn"))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -100,23 +135,63 @@ def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
     board.pids[1] = gone.pid
     board.pids[2] = os.getppid()
     board.stage[2] = LEAVING
-    try:
-        supervision.attach(board, 0)
-        assert supervision.exited_peers() == (1, 2)
-        board.interrupted.value = 1  # the launcher forwards a user's signal: an interrupt
-        assert supervision.exited_peers() == ()
-    finally:
-        supervision.detach()
-    assert supervision.exited_peers() == ()  # not a local worker
+    monkeypatch.setattr(supervision, "_attached", None)
+    assert supervision.exited_peers() == () and supervision.forwarded()  # not a local worker
+    supervision.attach(board, 0)
+    assert supervision.exited_peers() == (1, 2) and not supervision.forwarded()
+    board.interrupted.value = 1  # the launcher forwards a user's signal: an interrupt
+    assert supervision.exited_peers() == () and supervision.forwarded()
+
+
+def test_a_wait_past_its_deadline_ends_the_process_naming_the_cause(monkeypatch, capsys):
+    ended = threading.Event()
+    codes = []
+    monkeypatch.setattr(supervision, "_real_exit", lambda code: (codes.append(code), ended.set()))
+    monkeypatch.setattr(supervision, "end_children", lambda: None)
+    with supervision.deadline(60.0, "never", rank=1):
+        pass  # returned in time: nothing happens
+    with supervision.deadline(0.05, "rank 0 at h:1, which hosts the store, stopped", rank=1):
+        assert ended.wait(30)
+    assert codes == [1]
+    assert capsys.readouterr().err == (
+        "maestro: rank 1: rank 0 at h:1, which hosts the store, stopped: no answer within "
+        "0.05 s; exiting\n"
+    )
+
+
+def test_a_blocks_os_exit_is_refused_while_the_rank_runs():
+    real = os._exit
+    with supervision.exits_refused(), pytest.raises(supervision.ExitCalled, match=r"_exit\(0\)"):
+        os._exit(0)
+    assert os._exit is real
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_children_a_process_left_are_ended(tmp_path):
+    script = (
+        "import subprocess, sys, time\n"
+        "from userbenchmark.maestro.core.runtime import supervision\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "print(child.pid, flush=True)\n"
+        "supervision.end_children()\n"
+        "print(child.wait(), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
+    assert out[1] == "-9", out
 
 
 CHILD = """
 import sys, time
 from pathlib import Path
 from userbenchmark.maestro.core.runtime.supervision import die_with_parent
-if sys.argv[2] == "watch":
-    sys.platform = "elsewhere"  # as where prctl does not exist
-Path(sys.argv[3]).write_text(die_with_parent(int(sys.argv[1])))
+die_with_parent(int(sys.argv[1]))
+Path(sys.argv[2]).write_text("bound")
 time.sleep(120)
 """
 PARENT = """
@@ -128,11 +203,10 @@ child.wait()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="follows processes through /proc")
-@pytest.mark.parametrize("how", ["prctl", "watch"])
-def test_a_worker_dies_with_its_parent(tmp_path, how):
+def test_a_worker_dies_with_its_parent(tmp_path):
     bound = tmp_path / "bound"
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, CHILD, how, str(bound)],
+        [sys.executable, "-c", PARENT, CHILD, str(bound)],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
         text=True,
@@ -143,7 +217,6 @@ def test_a_worker_dies_with_its_parent(tmp_path, how):
         while not bound.exists() or not bound.read_text():
             assert time.monotonic() < deadline, "the child never bound itself to its parent"
             time.sleep(0.05)
-        assert bound.read_text() == how
         parent.kill()
         parent.wait()
         killed = time.monotonic()

@@ -1,29 +1,35 @@
 """Command-line interface: ``run``, ``validate``, ``compare``, ``list-blocks`` and
-``import-trace`` (click).
-
-Exit status: 0 success, 1 a run or comparison failed (a regression, a rank's error),
-2 invalid input (options, launcher variables, pattern file, files to compare), 130
-interrupted. User errors print one message, never a traceback. :func:`main` is the
-programmatic entry (``python -m userbenchmark.maestro``); :func:`run_from_torchbench` runs the
-``run`` command for TorchBench's ``run_benchmark.py maestro ARGS``.
-"""
+``import-trace`` (click); :func:`main` for ``python -m userbenchmark.maestro``, :func:`run_from_torchbench` for
+TorchBench's ``run_benchmark.py maestro``. Input errors print one line and exit 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 from .blocks.dtypes import DTYPES
+from .core.config.options import RunOptions
 from .core.runtime.logs import configure_logging
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    LaunchError,
+    OptionError,
+    interrupted_message,
+    say,
+    user_error_message,
+)
 
 PROG = "python -m userbenchmark.maestro"
 TORCHBENCH_PROG = "run_benchmark.py maestro"
@@ -40,52 +46,25 @@ RUN_EXIT_STATUS_HELP = (
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _say(kind: str, message: object) -> None:
-    """One error message on stderr: ``maestro: invalid option: ...``."""
-    print(f"maestro: {kind}: {message}", file=sys.stderr, flush=True)
-
-
-def _is_rank_zero() -> bool:
-    """Whether this process speaks for the run (rank 0, or no launcher): one line per run."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops a command as Ctrl-C does (status 130, one line) instead of killing it.
-
-    A run installs its own handlers later (core.runtime.interrupts); this covers start-up.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:  # someone (a test harness, a caller) chose already
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
-    """A command that SIGINT/SIGTERM end with status 130 and one line, no traceback."""
+    """SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
+    and one line (a run installs its own handlers once it starts)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        ours = main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        if ours:
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            with _sigterm_interrupts():
-                return command(*args, **kwargs)
+            return command(*args, **kwargs)
         except KeyboardInterrupt:
-            if _is_rank_zero():
-                print("maestro: interrupted", file=sys.stderr, flush=True)
+            if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+                say(interrupted_message(saved=False))  # one line per run
             return EXIT_INTERRUPTED
+        finally:
+            if ours:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper
 
@@ -109,31 +88,18 @@ class _SizeType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+_FLAG = {"is_flag": True}
 RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "-c",
         "--config",
         default="quickstart",
-        help="pattern file: a path, or a name from userbenchmark/maestro/configs "
-        "(default: quickstart)",
+        help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
     ),
-    click.option(
-        "--nproc",
-        type=int,
-        default=None,
-        help="start N local workers (without torchrun/srun); default 1",
-    ),
-    click.option(
-        "--output-dir",
-        default=None,
-        help="write results, patterns and pairs (.json and .csv) here",
-    ),
-    click.option(
-        "--metrics-dir",
-        default=None,
-        help="folder of the TorchBench metrics file (default <repo>/.userbenchmark/maestro)",
-    ),
-    click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file"),
+    click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1"),
+    click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here"),
+    click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)"),
+    click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file"),
     click.option(
         "--backend",
         type=click.Choice(("auto", "gloo", "nccl")),
@@ -146,48 +112,35 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default="auto",
         help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
     ),
-    click.option("--iters", type=int, default=None, help="override every pattern's iters"),
-    click.option(
-        "--warmup-iters", type=int, default=None, help="override every pattern's warmup_iters"
-    ),
-    click.option("--check", is_flag=True, help="verify every collective's output after timing"),
-    click.option("--no-baseline", is_flag=True, help="skip the isolated run of each block"),
-    click.option(
-        "--pattern",
-        "patterns",
-        multiple=True,
-        help="run only patterns matching this glob (repeatable)",
-    ),
-    click.option(
-        "--precision",
-        type=int,
-        default=2,
-        help="decimals of printed latencies (small values keep a digit)",
-    ),
+    click.option("--iters", type=int, help="override every pattern's iters"),
+    click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters"),
+    click.option("--check", **_FLAG, help="verify every collective's output after timing"),
+    click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block"),
+    click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB"),
+    click.option("--precision", type=int, default=2, help="decimals of printed latencies"),
     click.option("--seed", type=int, default=0, help="seed of the random inputs"),
     click.option(
         "--trace",
-        is_flag=True,
+        **_FLAG,
         help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
         "in --output-dir",
     ),
     click.option(
         "--plot",
-        is_flag=True,
+        **_FLAG,
         help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
         "in --output-dir; needs matplotlib",
     ),
     click.option(
         "--max-size",
         type=_SizeType(),
-        default=None,
         metavar="SIZE",
         help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
         "sweep points that become identical run once",
     ),
     click.option(
         "--graph",
-        is_flag=True,
+        **_FLAG,
         help="CUDA-graph mode for every pattern: each block's launch captured once and "
         "replayed per iteration (same as graph: true in the file; needs CUDA)",
     ),
@@ -195,7 +148,7 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "--log-level",
         type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
         default="INFO",
-        help="lowest level of log lines shown (default INFO)",
+        help="lowest level of log lines shown",
     ),
 ]
 
@@ -206,158 +159,93 @@ def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-def _options(params: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of RunOptions from the parsed ``run`` options."""
-    return {
-        "backend": params["backend"],
-        "profiler": params["profiler"],
-        "output_dir": params["output_dir"],
-        "metrics_dir": params["metrics_dir"],
-        "write_metrics": not params["no_metrics"],
-        "precision": params["precision"],
-        "iters": params["iters"],
-        "warmup_iters": params["warmup_iters"],
+def _options_of(params: dict[str, Any]) -> RunOptions:
+    """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
+    return RunOptions(
+        backend=params["backend"],
+        profiler=params["profiler"],
+        output_dir=params["output_dir"],
+        metrics_dir=params["metrics_dir"],
+        write_metrics=not params["no_metrics"],
+        precision=params["precision"],
+        iters=params["iters"],
+        warmup_iters=params["warmup_iters"],
         # Flags override the pattern file only when given.
-        "check": True if params["check"] else None,
-        "baseline": False if params["no_baseline"] else None,
-        "patterns": tuple(params["patterns"]),
-        "seed": params["seed"],
-        "trace": params["trace"],
-        "plot": params["plot"],
-        "max_size_bytes": params["max_size"],
-        "graph": True if params["graph"] else None,
-    }
+        check=True if params["check"] else None,
+        baseline=False if params["no_baseline"] else None,
+        patterns=tuple(params["patterns"]),
+        seed=params["seed"],
+        trace=params["trace"],
+        plot=params["plot"],
+        max_size_bytes=params["max_size"],
+        graph=True if params["graph"] else None,
+        log_level=params["log_level"],
+    )
 
 
-def _check_numbers(params: dict[str, Any]) -> None:
-    """Option values that no machine or file can make valid (OptionError)."""
-    from .errors import OptionError
-
-    for name in ("nproc", "iters"):
-        value = params[name]
-        if value is not None and value < 1:
-            raise OptionError(f"--{name} must be at least 1, got {value}")
-    if params["warmup_iters"] is not None and params["warmup_iters"] < 0:
-        raise OptionError(f"--warmup-iters must be 0 or more, got {params['warmup_iters']}")
-    if not 0 <= params["precision"] <= 9:
-        raise OptionError(f"--precision must be between 0 and 9, got {params['precision']}")
-    for flag in ("trace", "plot"):
-        if params[flag] and not params["output_dir"]:
-            raise OptionError(f"--{flag} writes into --output-dir: give --output-dir DIR")
-    if params["plot"]:
-        from .core.output.plot import MISSING_MATPLOTLIB, matplotlib_available
-
-        if not matplotlib_available():
-            raise OptionError(MISSING_MATPLOTLIB)
+def _world_size(nproc: int | None, launch: Any) -> int:
+    """The run's world size: the launcher's, else ``--nproc`` (OptionError when they clash)."""
+    if nproc is not None and nproc < 1:
+        raise OptionError(f"--nproc must be at least 1, got {nproc}")
+    if launch.launcher == "none":
+        return nproc or 1
+    if nproc is not None and nproc != launch.world_size:
+        raise OptionError(
+            f"--nproc {nproc} conflicts with the launcher's world size {launch.world_size}; "
+            "drop --nproc under torchrun/srun"
+        )
+    return int(launch.world_size)
 
 
 def cmd_run(params: dict[str, Any]) -> int:
-    """Check everything that can be checked before a worker starts, then run.
-
-    Order: the launcher's variables, the option values, what this machine can run, the
-    pattern file (read once: every rank runs this text), then the output locations (checked,
-    locked and cleared of an earlier run's files by the process that outlives the run's
-    writer); each failure is one message and exit status 2.
-    """
-    from .core.runtime.distributed import check_rendezvous_env, detect_launch
-    from .errors import ConfigError, LaunchError, OptionError
+    """Check what can be checked before a worker starts (each failure one line, exit 2), in
+    order: the launcher's variables, the options, this machine and the pattern file, validated
+    once (preflight.prepare_suite), then the output locations; then run."""
+    from .core.output.locations import metrics_folder, prepare_output_locations
+    from .core.runtime import distributed, preflight, supervision
 
     try:
-        launch = detect_launch()
-        check_rendezvous_env(launch)
+        launch = distributed.detect_launch()
+        distributed.check_rendezvous_env(launch)
     except LaunchError as err:  # every process says it: its rank cannot be trusted
-        _say("invalid launch environment", err)
+        say(user_error_message(err))
         return EXIT_USAGE
     if launch.launcher == "torchrun":
-        from .core.runtime.supervision import die_with_torchrun_agent
-
-        die_with_torchrun_agent()  # a killed agent leaves no worker behind
-    local_launch = launch.launcher == "none" and (params["nproc"] or 1) > 1
+        supervision.die_with_torchrun_agent()  # a killed agent leaves no worker behind
+    local = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
-    configure_logging(params["log_level"], ranked=not local_launch)
-    options = _options(params)
-    nproc = params["nproc"]
-    try:
-        _check_numbers(params)
-        if launch.launcher != "none":
-            if nproc is not None and nproc != launch.world_size:
-                raise OptionError(
-                    f"--nproc {nproc} conflicts with the launcher's world size "
-                    f"{launch.world_size}; drop --nproc under torchrun/srun"
-                )
-            world_size = launch.world_size
-            source = (
-                "the launcher's WORLD_SIZE"
-                if launch.launcher == "torchrun"
-                else "the launcher's SLURM_NTASKS"
-            )
-        else:
-            world_size = nproc or 1
-            source = "--nproc"
-        from .core.runtime.preflight import check_devices, check_nproc, check_suite
-
-        if local_launch:
-            check_nproc(world_size)
-        check_devices(
-            backend=options["backend"],
-            profiler=options["profiler"],
-            local_workers=world_size if local_launch else 1,
-        )
-        from .core.runtime.worker import _load, read_pattern
-
-        path, text = read_pattern(params["config"])
-        suite = _load(
-            path,
-            world_size,
-            options,
-            world_size_source=source,
-            quiet=launch.rank != 0,  # one copy of the loader's warnings per run
-            text=text,
-        )
-        check_suite(suite, backend=options["backend"])
-    except OptionError as err:
-        if launch.rank == 0:
-            _say("invalid option", err)
-        return EXIT_USAGE
-    except ConfigError as err:
-        if launch.rank == 0:
-            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
-    # output locations; the other ranks of a torchrun/srun launch do not touch them.
+    configure_logging(params["log_level"], ranked=not local)
+    if launch.rank != 0:  # one copy of the loader's warnings per run
+        logging.getLogger("maestro.config").setLevel(logging.ERROR)
     outputs = None
-    if launch.rank == 0:
-        try:
-            outputs = _prepare_outputs(options)
-        except ConfigError as err:
-            _say("invalid option", "; ".join(issue.message for issue in err.issues))
-            return EXIT_USAGE
-        if outputs.metrics_path is not None:
-            options["metrics_path"] = str(outputs.metrics_path)
     try:
-        if local_launch:
+        world_size = _world_size(params["nproc"], launch)
+        options = _options_of(params)
+        suite = preflight.prepare_suite(
+            params["config"], options, world_size=world_size, local_workers=world_size * local
+        )
+        # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
+        # output locations; the other ranks of a torchrun/srun launch do not touch them.
+        if launch.rank == 0:
+            outputs = prepare_output_locations(options.output_dir, metrics_folder(options))
+            supervision.on_hard_exit(outputs.close)
+            if outputs.metrics_path is not None:
+                options = dataclasses.replace(options, metrics_path=str(outputs.metrics_path))
+    except (OptionError, ConfigError) as err:
+        if launch.rank == 0:
+            say(user_error_message(err))
+        return EXIT_USAGE
+    try:
+        if local:
             from .core.runtime.launcher import launch_local
 
-            return launch_local(
-                path, text, world_size, options, params["log_level"], timeout_s=suite.timeout_s
-            )
+            return launch_local(suite, options, world_size)
         from .core.runtime.worker import run_worker
 
-        return run_worker(path, world_size, options, world_size_source=source, suite=suite)
+        return run_worker(suite, options)
     finally:
         if outputs is not None:
             outputs.close()
-
-
-def _prepare_outputs(options: dict[str, Any]) -> Any:
-    """The run's checked and locked output locations (ConfigError naming the option)."""
-    from .core.output.locations import prepare_output_locations
-    from .core.runtime.suite import REPO_ROOT
-
-    metrics_dir = None
-    if options["write_metrics"]:
-        metrics_dir = options["metrics_dir"] or REPO_ROOT / ".userbenchmark" / "maestro"
-    return prepare_output_locations(options["output_dir"], metrics_dir)
 
 
 RUN_HELP = f"""Run a pattern file and report every block's numbers.
@@ -402,22 +290,16 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     summarise it: exit status 0 when it is valid, 2 with every problem found when not."""
     from .core.config.loader import load_suite
     from .core.config.summary import suite_summary
-    from .errors import ConfigError
 
     configure_logging("INFO", ranked=False)
     if world_size is not None and world_size < 1:
-        _say("invalid option", f"--world-size must be at least 1, got {world_size}")
+        say(user_error_message(OptionError(f"--world-size must be at least 1, got {world_size}")))
         return EXIT_USAGE
     try:
         # --no-import: custom ops are checked by name only, never imported.
-        suite = load_suite(
-            config,
-            world_size=world_size,
-            world_size_source="--world-size",
-            import_ops=not no_import,
-        )
+        suite = load_suite(config, world_size=world_size, import_ops=not no_import)
     except ConfigError as err:
-        print(f"maestro: invalid configuration:\n{err}", file=sys.stderr)
+        say(user_error_message(err))
         return EXIT_USAGE
     print(suite_summary(suite))
     return EXIT_OK
@@ -502,12 +384,7 @@ def list_blocks_command() -> int:
         ("axis", "str", "world", "axis whose teams run the block"),
         ("lane", "str", "the axis", "in-order queue the block is issued on"),
         ("dtype", "str", "defaults.dtype", " | ".join(DTYPES)),
-        (
-            "register_buffers",
-            "bool",
-            "defaults.register_buffers",
-            "buffers from the communicator's registered memory (NCCL)",
-        ),
+        ("register_buffers", "bool", "defaults.register_buffers", "registered NCCL buffers"),
     ]
     print("Keys of every block:")
     print(tabulate(common, headers=["key", "type", "default", "meaning"]))
@@ -583,7 +460,7 @@ def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) 
         err.show()
         return err.exit_code
     except click.exceptions.Abort:  # click's form of an interrupt outside a command
-        print("maestro: interrupted", file=sys.stderr, flush=True)
+        say(interrupted_message(saved=False))
         return EXIT_INTERRUPTED
     return int(status or 0)
 

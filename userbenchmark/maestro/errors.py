@@ -3,7 +3,11 @@ LaunchError for bad launcher variables, RunError for failures while measuring.""
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """Process exit statuses: success, a failed pattern or comparison, invalid input, interrupted."""
@@ -80,30 +84,19 @@ class RunError(MaestroError, RuntimeError):
         missing: tuple[int, ...] | None = None,
         interrupted: bool = False,
     ) -> None:
-        self.rank = rank
-        self.phase = phase
-        self.pattern = pattern
-        self.block = block
+        self.rank, self.phase, self.pattern, self.block = rank, phase, pattern, block
         self.detail = message
         self.contained = contained
-        """Every communicator is still usable: every rank stopped at the same point, having
-        issued the same collectives (set by the agreement step; False when unknown)."""
+        """Every communicator is still usable (the agreement step says; False when unknown)."""
         self.missing = missing
-        """Ranks that never reached the agreement step (died or hung); ``()`` when every
-        rank answered; None when no agreement took place (nobody knows)."""
+        """Ranks that never reached the agreement step; ``()`` every rank answered; None: no
+        agreement took place."""
         self.interrupted = interrupted
-        """A rank was interrupted (SIGINT/SIGTERM): the whole run stops, exit status 130."""
-        where = []
-        if rank is not None:
-            where.append(f"rank {rank}")
-        if phase:
-            where.append(f"phase {phase}")
-        if pattern:
-            where.append(f"pattern {pattern!r}")
-        if block:
-            where.append(f"block {block!r}")
-        prefix = ", ".join(where)
-        super().__init__(f"{prefix}: {message}" if prefix else message)
+        where = [f"rank {rank}"] if rank is not None else []
+        where += [f"phase {phase}"] if phase else []
+        where += [f"pattern {pattern!r}"] if pattern else []
+        where += [f"block {block!r}"] if block else []
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
     @property
     def everyone_answered(self) -> bool:
@@ -112,13 +105,61 @@ class RunError(MaestroError, RuntimeError):
 
 
 class OptionError(MaestroError, ValueError):
-    """A command-line option is invalid, or cannot work on this machine (exit status 2).
-
-    The message names the option, what was given and what is valid:
-    ``--nproc must be at least 1, got 0``.
-    """
+    """A command-line option is invalid, or cannot work on this machine (exit status 2): the
+    message names the option, what was given and what is valid."""
 
 
 class LaunchError(MaestroError, ValueError):
     """The launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, SLURM_*, MASTER_*) cannot describe
     a run: not integers, or a rank outside the world (exit status 2, before any worker starts)."""
+
+
+def user_error_message(err: ConfigError | OptionError | LaunchError) -> str:
+    """The one message an input error prints (exit status 2): what kind, then what and where."""
+    if isinstance(err, ConfigError):
+        return f"maestro: invalid configuration:\n{err}"
+    if isinstance(err, LaunchError):
+        return f"maestro: invalid launch environment: {err}"
+    return f"maestro: invalid option: {err}"
+
+
+def cause_of(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line (the first of a long C++ message, without its
+    ``[enforce fail at file:line]`` prefix); ``SystemExit`` says which call raised it."""
+    if isinstance(exc, SystemExit):
+        return f"sys.exit({exc.code!r})"
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[enforce fail at [^\]]*\]\s*", "", lines[0]) if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+STREAM_GONE = (BrokenPipeError, ConnectionResetError, ValueError, OSError)
+"""What writing to a stream whose reader went away raises (ValueError: a closed file)."""
+
+
+def say(line: str) -> None:
+    """Print one message on stderr (``maestro: ...``): every process prints its messages
+    through here. A closed stderr loses the line, nothing else."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except STREAM_GONE:
+        detach_stream(sys.stderr)
+
+
+def detach_stream(stream: Any) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what is still buffered, and the
+    interpreter's last flush, then go nowhere instead of failing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def interrupted_message(*, saved: bool) -> str:
+    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
+    finished and was written to a file."""
+    if saved:
+        return "maestro: interrupted; patterns that finished are saved"
+    return "maestro: interrupted"

@@ -96,21 +96,19 @@ class AxisDraft:
 # ---------------------------------------------------------------------------------------------
 # World size and environment
 # ---------------------------------------------------------------------------------------------
-def check_world_size(
-    p: Problems, file_value: Any, in_file: bool, arg: Any, source: str
-) -> int | None:
-    """The run's world size: the file's ``world_size`` and ``arg`` (given as ``source``, e.g.
-    ``--world-size``, ``--nproc`` or the launcher's WORLD_SIZE) must agree when both are set."""
+def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> int | None:
+    """The run's world size: the file's ``world_size`` and ``arg`` (``--world-size``,
+    ``--nproc`` or the launcher's world size) must agree when both are set."""
     from_file = from_arg = None
     if in_file:
         from_file = p.integer(file_value, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
     if arg is not None:
-        from_arg = p.integer(arg, source, minimum=1, maximum=MAX_WORLD_SIZE)
+        from_arg = p.integer(arg, "world size", minimum=1, maximum=MAX_WORLD_SIZE)
     if from_file is not None and from_arg is not None and from_file != from_arg:
         p.add(
             "world_size",
-            f"the file sets world_size {from_file} but the run has world "
-            f"size {from_arg} ({source}); they must agree",
+            f"the file sets world_size {from_file} but the run has {from_arg} rank(s) "
+            "(--nproc, --world-size or the launcher's world size); they must agree",
         )
         return None
     if from_file is None and from_arg is None and not in_file and arg is None:

@@ -133,17 +133,11 @@ def load_suite(
     source: str | Path,
     *,
     world_size: int | None = None,
-    world_size_source: str = "--world-size",
     import_ops: bool = True,
 ) -> SuiteSpec:
-    """Load, validate and expand the pattern file ``source`` (a path or a shipped config name).
-
-    ``world_size`` is the size of the run; it must agree with the file's ``world_size``, and
-    ``world_size_source`` says where it came from in that message (``--nproc``, ...).
-    ``import_ops=False`` checks a custom op's name without importing its module, and leaves its
-    parameters unchecked (a warning says so): for inspecting a file, never for running it.
-    Raises ConfigError carrying every problem found.
-    """
+    """Load, validate and expand the pattern file ``source`` (a path or a shipped config
+    name) for a run of ``world_size`` ranks; ConfigError carries every problem found.
+    ``import_ops=False`` checks a custom op by name only (for inspecting, never running)."""
     path = resolve_config_path(source)
     file = str(path)
     text = read_file_text(path, file)
@@ -151,7 +145,6 @@ def load_suite(
         text,
         file=file,
         world_size=world_size,
-        world_size_source=world_size_source,
         import_ops=import_ops,
     )
 
@@ -166,7 +159,6 @@ def load_suite_text(
     *,
     file: str = "<string>",
     world_size: int | None = None,
-    world_size_source: str = "--world-size",
     import_ops: bool = True,
 ) -> SuiteSpec:
     """Like :func:`load_suite` for YAML given as a string (``file`` names it in messages)."""
@@ -176,7 +168,7 @@ def load_suite_text(
     data = read_yaml(text, problems)
     ops = OpResolver(import_ops=import_ops)
     try:
-        suite = _suite(problems, data, world_size, world_size_source, ops)
+        suite = _suite(problems, data, world_size, ops)
         return dataclasses.replace(suite, text_sha256=text_sha256(text))
     finally:  # said whether the file is valid or not: those blocks are only partly checked
         for op, op_path in ops.not_imported.items():
@@ -189,9 +181,7 @@ def load_suite_text(
             )
 
 
-def _suite(
-    p: Problems, data: Any, world_size_arg: Any, world_size_source: str, ops: OpResolver
-) -> SuiteSpec:
+def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> SuiteSpec:
     if not isinstance(data, dict):
         raise p.fatal(
             "the file must be a mapping with keys such as name, world_size, mesh, axes "
@@ -205,9 +195,7 @@ def _suite(
         p.add("name", "missing required key 'name' (the suite name, part of every metric key)")
     else:
         name = p.name(data["name"], "name", "name")
-    world_size = check_world_size(
-        p, data.get("world_size"), "world_size" in data, world_size_arg, world_size_source
-    )
+    world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
     timeout_s = DEFAULT_TIMEOUT_S
     if "timeout_s" in data:
         checked = p.number(

@@ -7,9 +7,13 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, OptionError
 from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
 from .spec import SuiteSpec
+
+MAX_SEED = 2**32 - 1
+"""Largest ``--seed``: each rank seeds its generator with ``seed * 1_000_003 + rank``, which
+must fit torch's 64-bit seeds."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +41,34 @@ class RunOptions:
     graph: bool | None = None
     """``--graph``: every pattern in CUDA-graph mode; None: as each pattern says."""
     metrics_path: str | None = None
-    """The metrics file's path, reserved before the run (``prepare_output_locations``); None:
-    ``metrics-<start time>.json`` in ``metrics_dir``."""
+    """The metrics file's path, reserved in ``metrics_dir`` before the run (the command line
+    calls ``prepare_output_locations``); None: no metrics file."""
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        """Values that no machine or pattern file can make valid: OptionError naming the flag."""
+        for flag, value, low, high in (
+            ("--iters", self.iters, 1, None),
+            ("--warmup-iters", self.warmup_iters, 0, None),
+            ("--precision", self.precision, 0, 9),
+            ("--seed", self.seed, 0, MAX_SEED),
+        ):
+            if value is not None and (value < low or (high is not None and value > high)):
+                valid = f"between {low} and {high}" if high is not None else f"at least {low}"
+                raise OptionError(f"{flag} must be {valid}, got {value}")
+        for flag, folder in (
+            ("--output-dir", self.output_dir),
+            ("--metrics-dir", self.metrics_dir),
+        ):
+            if folder is not None and not str(folder).strip():
+                raise OptionError(f"{flag} is empty: give a folder")
+        for flag, wanted in (("--trace", self.trace), ("--plot", self.plot)):
+            if wanted and not self.output_dir:
+                raise OptionError(f"{flag} writes into --output-dir: give --output-dir DIR")
 
 
 RANK_LOCAL_OPTIONS = frozenset(
-    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision"}
+    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision", "log_level"}
 )
 """Options that only rank 0 uses (where it writes, how it prints); every other option changes
 what every rank runs, so the ranks of a run must agree on it."""
@@ -58,11 +84,8 @@ def shared_options(options: RunOptions) -> dict[str, Any]:
 
 
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
-    """The suite with command-line overrides applied and patterns filtered (pure).
-
-    The overrides obey the pattern file's bounds: ``--iters``/``--warmup-iters`` at most
-    MAX_ITERS, and no window of more block launches than a pattern file may ask for.
-    """
+    """The suite with command-line overrides applied and patterns filtered (pure), within
+    the pattern file's bounds (MAX_ITERS, and the launches of one window)."""
     for flag, value in (("--iters", options.iters), ("--warmup-iters", options.warmup_iters)):
         if value is not None and value > MAX_ITERS:
             raise ConfigError(f"{flag} must be at most {MAX_ITERS}, got {value} ({ITERS_WHY})")

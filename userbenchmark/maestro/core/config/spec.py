@@ -1,14 +1,14 @@
 """Typed, frozen objects that a validated pattern file becomes (the loader builds them).
 
 Everything downstream (runtime, profilers, reports) consumes these and never the raw YAML.
-Mappings are read-only views so a spec cannot be changed after validation.
+Mappings are read-only so a spec cannot be changed after validation, and every spec pickles:
+the local launcher hands the validated suite to its workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
@@ -21,9 +21,27 @@ starts differ by the barrier's release skew), ``none`` (no barrier: lanes run on
 WORLD_AXIS = "world"
 
 
-def frozen_mapping(values: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-    """A read-only copy of ``values``."""
-    return MappingProxyType(dict(values or {}))
+class FrozenMapping(Mapping[str, Any]):
+    """A read-only mapping that pickles (``types.MappingProxyType`` does not)."""
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        self._values = dict(values or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._values!r})"
+
+
+frozen_mapping = FrozenMapping
+"""A read-only copy of a mapping."""
 
 
 @dataclass(frozen=True, kw_only=True)

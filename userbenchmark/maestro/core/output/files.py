@@ -1,10 +1,6 @@
-"""Atomic file writes: readers see a file's old contents or its new ones, never a part.
-
-A new file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask, and a
-directory's default ACL where there is one); a file that already exists keeps its permission
-bits, as with ``open``. ``tempfile.mkstemp`` is not used because it creates files 0600, which
-would hide every output from dashboards and other users.
-"""
+"""Atomic file writes: readers see a file's old contents or its new ones, never a part. New
+files get the mode ``open(path, "w")`` gives (``mkstemp``'s 0600 would hide them from
+dashboards); existing ones keep theirs."""
 
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 
 _NEW_FILE_MODE = 0o666
 """What ``open(path, "w")`` asks for; the kernel takes the umask (or default ACL) off."""
 _NAME_ATTEMPTS = 100
+TEMPORARY_SUFFIX = ".tmp"
 
 
 def unlink_quietly(path: str | os.PathLike[str]) -> None:
@@ -32,7 +29,7 @@ def unlink_quietly(path: str | os.PathLike[str]) -> None:
 def _create_temporary(path: Path) -> tuple[int, str]:
     """An exclusive new ``.NAME.<random>.tmp`` next to ``path``: (descriptor, its path)."""
     for _ in range(_NAME_ATTEMPTS):
-        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
         try:
             return os.open(tmp, _CREATE_FLAGS, _NEW_FILE_MODE), tmp
         except FileExistsError:
@@ -50,8 +47,8 @@ def _existing_permissions(path: Path) -> int | None:
 
 
 def _write_temporary(path: Path, data: bytes) -> str:
-    """``data`` in a fsynced temporary file next to ``path``; returns the temporary's path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``data`` in a fsynced temporary file next to ``path`` (whose folder must exist: a
+    folder removed during a run is never created again); returns the temporary's path."""
     fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -87,8 +84,3 @@ def atomic_write_files(files: Mapping[Path, bytes]) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
     atomic_write_files({path: data})
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,10 +1,5 @@
-"""Where a run writes, checked and claimed before any worker starts.
-
-The command line calls :func:`prepare_output_locations` once, in the process that outlives the
-workers (the one that starts them; under torchrun/srun, rank 0), and keeps the returned
-:class:`PreparedOutputs` open for the whole run: it holds the output directory's lock and the
-name reserved for the metrics file.
-"""
+"""Where a run writes, checked and claimed before any worker starts, by the process that
+outlives the run's writer (the local launcher; under torchrun/srun, rank 0)."""
 
 from __future__ import annotations
 
@@ -13,20 +8,16 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
+import stat
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Final
 
-from ...errors import ConfigError
-from .files import unlink_quietly
-
-__all__ = [
-    "LOCK_NAME",
-    "MAESTRO_OUTPUT_NAMES",
-    "PreparedOutputs",
-    "prepare_output_locations",
-]
+from ...errors import OptionError
+from ..config.options import RunOptions
+from .files import TEMPORARY_SUFFIX, unlink_quietly
 
 log = logging.getLogger("maestro.output")
 
@@ -45,7 +36,11 @@ MAESTRO_OUTPUT_NAMES: Final = (
 """What maestro writes into ``--output-dir`` (besides ``plot-*.png``): moved aside at start."""
 MAESTRO_OUTPUT_GLOBS: Final = ("plot-*.png",)
 LOCK_NAME: Final = ".maestro.lock"
-"""Lock file of the output directory; it stays after the run (removing it would race)."""
+"""Lock file of the output directory, removed when the run ends."""
+DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
+"""Where TorchBench looks for metrics files: ``<repo>/.userbenchmark/maestro``."""
+_TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
+"""An atomic write's temporary (``.NAME.<8 hex>.tmp``, see files.py)."""
 PREVIOUS_PREFIX: Final = "previous-"
 METRICS_PREFIX: Final = "metrics-"
 """TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
@@ -53,55 +48,32 @@ _SPECIAL_ROOTS: Final = ("/proc", "/sys")
 _ATTEMPTS: Final = 1000
 
 
+@dataclass
 class PreparedOutputs:
-    """Checked output locations of one run. Keep it open while the run writes; ``close()``
-    (or leaving the ``with`` block) releases the directory lock and the metrics name."""
+    """Checked output locations of one run, kept open while it writes: the output folder
+    (created; None without ``--output-dir``), the metrics file's reserved name (None: no
+    metrics), where an earlier run's files were moved and their names. ``close()`` releases
+    the folder's lock (removing its file) and the metrics name."""
 
-    def __init__(
-        self,
-        *,
-        output_dir: Path | None,
-        metrics_path: Path | None,
-        moved_to: Path | None,
-        moved: tuple[str, ...],
-        lock_fd: int | None,
-        reservation: Path | None,
-    ) -> None:
-        self.output_dir = output_dir
-        """The output directory (created), or None without ``--output-dir``."""
-        self.metrics_path = metrics_path
-        """Where the metrics file goes (a name no other run has), or None for no metrics."""
-        self.moved_to = moved_to
-        """``DIR/previous-<timestamp>`` holding an earlier run's files, or None."""
-        self.moved = moved
-        """Names of the files and folders moved there."""
-        self._lock_fd = lock_fd
-        self._reservation = reservation
-
-    @property
-    def locked(self) -> bool:
-        """Whether the output directory's lock is held (False once closed, or where the file
-        system has no locks)."""
-        return self._lock_fd is not None
+    output_dir: Path | None
+    metrics_path: Path | None
+    moved_to: Path | None
+    moved: tuple[str, ...]
+    _lock_fd: int | None
+    _reservation: Path | None
 
     def close(self) -> None:
-        """Release the lock and the metrics name's reservation (idempotent)."""
         if self._reservation is not None:
             unlink_quietly(self._reservation)
             self._reservation = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+        if self._lock_fd is not None and self.output_dir is not None:
+            _unlock(self.output_dir, self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> PreparedOutputs:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -111,16 +83,9 @@ def prepare_output_locations(
     *,
     now: _dt.datetime | None = None,
 ) -> PreparedOutputs:
-    """Check, create and claim the run's output locations; ConfigError (exit status 2) naming
-    the option, the path and why when one cannot be used.
-
-    ``output_dir`` (``--output-dir``) is created, probed for writing, and locked for the run: a
-    second run into it fails with "another maestro run is writing to DIR (pid N)". Files of an
-    earlier run (:data:`MAESTRO_OUTPUT_NAMES`, ``plot-*.png``) are moved, never deleted, into
-    ``DIR/previous-<timestamp>/``; nothing else in the directory is touched. ``metrics_dir``
-    (``--metrics-dir`` resolved by the caller; None: no metrics file) is created and probed,
-    and a metrics file name no other run has is reserved.
-    """
+    """Check, create and claim the run's output locations (OptionError naming the option,
+    path and reason): the output folder locked, an earlier run's files moved aside, a killed
+    run's temporaries removed, a metrics name reserved (docs/reliability.md)."""
     now = now or _dt.datetime.now()
     stamp = now.strftime("%Y%m%d%H%M%S")
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
@@ -131,19 +96,22 @@ def prepare_output_locations(
         moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
         metrics_path = None
         if metrics is not None:
+            _remove_temporaries(metrics)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
         if lock_fd is not None:
-            os.close(lock_fd)
+            assert out is not None
+            _unlock(out, lock_fd)
         raise
-    return PreparedOutputs(
-        output_dir=out,
-        metrics_path=metrics_path,
-        moved_to=moved_to,
-        moved=moved,
-        lock_fd=lock_fd,
-        reservation=reservation,
-    )
+    return PreparedOutputs(out, metrics_path, moved_to, moved, lock_fd, reservation)
+
+
+def metrics_folder(options: RunOptions) -> Path | None:
+    """Where the run's metrics file goes: ``--metrics-dir``, else :data:`DEFAULT_METRICS_DIR`;
+    None with ``--no-metrics``."""
+    if not options.write_metrics:
+        return None
+    return Path(options.metrics_dir) if options.metrics_dir else DEFAULT_METRICS_DIR
 
 
 def _under_special_root(path: Path) -> bool:
@@ -155,17 +123,17 @@ def _under_special_root(path: Path) -> bool:
 
 
 def _usable_dir(option: str, path: Path) -> Path:
-    """``path`` as a directory that exists and takes new files; ConfigError otherwise."""
+    """``path`` as a directory that exists and takes new files; OptionError otherwise."""
     if _under_special_root(path):
-        raise ConfigError(
+        raise OptionError(
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
         )
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path}: is a file, expected a directory")
+        raise OptionError(f"{option} {path}: is a file, expected a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
+        raise OptionError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
     probe = path / f".maestro-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -176,38 +144,71 @@ def _usable_dir(option: str, path: Path) -> Path:
         os.unlink(probe)
     except OSError as exc:
         unlink_quietly(probe)
-        raise ConfigError(f"{option} {path}: is not writable: {_reason(exc)}") from None
+        raise OptionError(f"{option} {path}: is not writable: {_reason(exc)}") from None
     return path
 
 
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` (not followed) is the file open as ``fd``."""
+    try:
+        st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _lock(folder: Path) -> int | None:
-    """Hold an exclusive lock on ``folder`` for this process's lifetime (or until closed)."""
+    """Hold an exclusive lock on ``folder`` until closed: a regular file, opened without
+    following a link (a planted link is refused, its target untouched)."""
     path = folder / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise ConfigError(
-            f"--output-dir {folder}: cannot create {LOCK_NAME}: {_reason(exc)}"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_pid(fd)
-        os.close(fd)
-        raise ConfigError(
-            f"--output-dir: another maestro run is writing to {folder} (pid {holder})"
-        ) from None
-    except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
-        os.close(fd)
-        log.warning(
-            "cannot lock %s (%s): nothing stops another run from writing there at the same time",
-            folder,
-            _reason(exc),
-        )
-        return None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OptionError(_planted(folder, LOCK_NAME)) from None
+            raise OptionError(
+                f"--output-dir {folder}: cannot create {LOCK_NAME}: {_reason(exc)}"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OptionError(f"--output-dir {folder}: {LOCK_NAME} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise OptionError(
+                f"--output-dir: another maestro run is writing to {folder} (pid {holder})"
+            ) from None
+        except OSError as exc:  # a file system without locks (some NFS or Lustre mounts)
+            os.close(fd)
+            log.warning(
+                "cannot lock %s (%s): another run may write there too", folder, _reason(exc)
+            )
+            return None
+        if _same_file(path, fd):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # the run that held it removed the file as it ended: take a new one
+    raise OptionError(f"--output-dir {folder}: {LOCK_NAME} keeps changing; is a run starting?")
+
+
+def _unlock(folder: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then release it: a run that opened the
+    file meanwhile finds, once it holds the lock, that the name no longer leads to it."""
+    if _same_file(folder / LOCK_NAME, fd):
+        unlink_quietly(folder / LOCK_NAME)
+    os.close(fd)  # releases the flock
+
+
+def _planted(folder: Path, name: str) -> str:
+    return (
+        f"--output-dir {folder}: {name} is a symbolic link; maestro writes that name itself "
+        "and never follows a link there: remove the link, or choose another folder"
+    )
 
 
 def _read_pid(fd: int) -> str:
@@ -222,7 +223,32 @@ def _stale_outputs(folder: Path) -> list[Path]:
     found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
     for pattern in MAESTRO_OUTPUT_GLOBS:
         found += sorted(p for p in folder.glob(pattern) if p.is_file() or p.is_symlink())
+    for path in found:
+        if path.is_symlink():
+            raise OptionError(_planted(folder, path.name))
     return found
+
+
+def _remove_temporaries(folder: Path) -> None:
+    """Remove the temporaries of maestro's files a killed run left in ``folder`` (a metrics
+    file's only when no live run reserved its name), naming them in one log line."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return
+    removed = []
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        target = match["name"] if match else ""
+        if (
+            target in MAESTRO_OUTPUT_NAMES
+            or target.startswith("plot-")
+            or (target.startswith(METRICS_PREFIX) and not (folder / f".{target}.reserved").exists())
+        ):
+            unlink_quietly(folder / name)
+            removed.append(name)
+    if removed:
+        log.info("removed temporary files a killed run left in %s: %s", folder, ", ".join(removed))
 
 
 def _exclusive_dir(parent: Path, base: str) -> Path:
@@ -233,11 +259,13 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
         except FileExistsError:
             continue
         return candidate
-    raise ConfigError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
+    raise OptionError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
 
 
 def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
-    """Move an earlier run's files into ``folder/previous-<stamp>``; never deletes anything."""
+    """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
+    a killed run are removed."""
+    _remove_temporaries(folder)
     stale = _stale_outputs(folder)
     if not stale:
         return None, ()
@@ -246,26 +274,20 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
         for path in stale:
             os.rename(path, dest / path.name)
     except OSError as exc:
-        raise ConfigError(
+        raise OptionError(
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
     names = tuple(p.name for p in stale)
+    shown = ", ".join(names)
     log.info(
-        "moved %d file(s) of an earlier run from %s to %s: %s",
-        len(names),
-        folder,
-        dest,
-        ", ".join(names),
+        "moved %d file(s) of an earlier run from %s to %s: %s", len(names), folder, dest, shown
     )
     return dest, names
 
 
 def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
-    """``folder/metrics-<stamp>[-N].json`` that no file and no other run's reservation holds.
-
-    The reservation is a hidden file created with O_EXCL, so two runs started in the same
-    second never get the same name, and TorchBench's ``metrics-*.json`` glob never sees it.
-    """
+    """``folder/metrics-<stamp>[-N].json`` that no file and no other run's reservation holds
+    (a hidden file created with O_EXCL, which TorchBench's ``metrics-*.json`` never sees)."""
     for n in range(1, _ATTEMPTS + 1):
         name = f"{METRICS_PREFIX}{stamp}{'' if n == 1 else f'-{n}'}.json"
         reservation = folder / f".{name}.reserved"
@@ -274,7 +296,7 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise ConfigError(
+            raise OptionError(
                 f"--metrics-dir {folder}: cannot reserve a metrics file name: {_reason(exc)}"
             ) from None
         os.close(fd)
@@ -282,7 +304,7 @@ def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:
             unlink_quietly(reservation)
             continue
         return folder / name, reservation
-    raise ConfigError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
+    raise OptionError(f"--metrics-dir {folder}: no free metrics file name for {stamp}")
 
 
 def _reason(exc: OSError) -> str:

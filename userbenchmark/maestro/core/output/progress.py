@@ -1,8 +1,5 @@
-"""A one-line progress reporter for rank 0 across patterns and sweep points.
-
-It draws only on an interactive terminal: not when the stream is not a TTY, not under CI
-(``CI`` set and non-empty) and not when ``MAESTRO_NO_PROGRESS`` is set, unless forced.
-"""
+"""A one-line progress reporter for rank 0, drawn only on an interactive terminal (not under
+``CI`` nor with ``MAESTRO_NO_PROGRESS`` set) unless forced."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ from typing import TextIO
 
 
 def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
-    """Seconds left if the remaining items take as long as the finished ones did on average.
-
-    None before the first item has finished; 0.0 once ``done >= total``.
-    """
+    """Seconds left if the remaining items take as long as the finished ones did on average
+    (None before the first finished; 0.0 once ``done >= total``)."""
     if done < 0 or total < 0 or elapsed_s < 0:
         raise ValueError(
             f"estimate_left_s: done, total and elapsed_s must be >= 0, got "
@@ -54,11 +49,8 @@ def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) ->
 
 
 class Progress:
-    """Counts finished items and redraws one line (carriage return) after each of them.
-
-    ``enabled=None`` decides from the stream and the environment (``progress_wanted``);
-    True or False forces it. ``advance(label)`` marks one item finished, named ``label``.
-    """
+    """Counts finished items and redraws one line (carriage return) after each of them;
+    ``enabled=None`` decides from the stream and the environment (``progress_wanted``)."""
 
     def __init__(
         self,

@@ -36,6 +36,9 @@ class OutputWriter:
         until the files of the update agree again."""
         self.output_dir = output_dir
         self.metrics_path = metrics_path
+        for folder in (output_dir, metrics_path and metrics_path.parent):
+            if folder is not None:  # now, never again: a folder removed mid-run stops the run
+                folder.mkdir(parents=True, exist_ok=True)
         self.environ = dict(environ)
         self.trace = trace and output_dir is not None
         self.plot = plot and output_dir is not None
@@ -65,10 +68,13 @@ class OutputWriter:
         """Rewrite every output file from what was collected, all together."""
         with self._guard():
             texts = self._texts()
-            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
             if self.trace:
                 from .kineto import TRACES_DIR, stale_rank_files
 
+                # Never the output folder itself: one removed during the run stays gone.
+                (self.output_dir / TRACES_DIR).mkdir(exist_ok=True)
+            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
+            if self.trace:
                 for path in stale_rank_files(self.output_dir / TRACES_DIR, (p.name for p in texts)):
                     path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
 

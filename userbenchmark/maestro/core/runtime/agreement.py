@@ -1,10 +1,6 @@
-"""The agreement step: at each phase boundary every rank says whether it succeeded.
-
-Statuses go through the rendezvous store (never the timed communicators), each rank waiting
-with its own deadline, so when one rank fails every rank learns which rank failed, in which
-phase, pattern and block, and raises the same error; a rank that died or hung is named as the
-one that did not arrive.
-"""
+"""The agreement step: at each phase boundary every rank says, through the rendezvous store
+(never a timed communicator), whether it succeeded; every rank then raises the same error,
+naming the rank, phase, pattern and block, or the rank that did not arrive."""
 
 from __future__ import annotations
 
@@ -16,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ...errors import RunError
-from .interrupts import PeerExited, exited_peers
+from ...blocks.base import Block
+from ...errors import RunError, cause_of
+from . import supervision
+from .interrupts import PeerExited
 
 log = logging.getLogger("maestro.agreement")
 
@@ -35,7 +33,8 @@ class RankStatus:
     secondary: bool = False
     """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
     interrupted: bool = False
-    """True when this rank was interrupted (SIGINT/SIGTERM): the whole run stops."""
+    phase: str = ""
+    """Where this rank failed, when not the step's own phase (a pattern's teardown)."""
     exited: tuple[int, ...] = ()
     """Ranks whose process this rank knows has ended (its local launcher said so)."""
 
@@ -45,31 +44,39 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
     if error is None:
         return RankStatus(rank=rank, ok=True)
     if isinstance(error, PeerExited):  # the launcher ends the run: a peer failed, not this rank
-        return RankStatus(
-            rank=rank,
-            ok=False,
-            message=f"another rank stopped: {error}",
-            contained=False,
-            secondary=True,
-            exited=tuple(error.ranks),
-        )
+        message, exited = f"another rank stopped: {error}", tuple(error.ranks)
+        return RankStatus(rank=rank, ok=False, message=message, contained=False, exited=exited,
+                          secondary=True)  # fmt: skip
     if isinstance(error, KeyboardInterrupt):
-        return RankStatus(
-            rank=rank, ok=False, message="interrupted", contained=False, interrupted=True
-        )
-    block = getattr(error, "block", "") or ""
-    message = getattr(error, "detail", None) or f"{type(error).__name__}: {error}"
+        return RankStatus(rank=rank, ok=False, message="interrupted", contained=False,
+                          interrupted=True)  # fmt: skip
     return RankStatus(
         rank=rank,
         ok=False,
-        message=str(message),
-        block=block,
+        message=str(getattr(error, "detail", None) or cause_of(error)),
+        block=getattr(error, "block", "") or _block_in(error) or _block_in(error.__cause__),
         contained=contained,
+        phase=getattr(error, "phase", ""),
         secondary=_looks_secondary(str(error)),
     )
 
 
+def _block_in(error: BaseException | None) -> str:
+    """The block whose method raised ``error`` (innermost in its traceback), or "": names the
+    block of a ``SystemExit`` or any error raised past maestro's wrapping."""
+    name, tb = "", error and error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, Block):
+            name = owner.spec.name
+        tb = tb.tb_next
+    return name
+
+
+_STUCK = "did not return within timeout_s"
+"""A block that did not return: stuck itself, or waiting on a peer that stopped."""
 _SECONDARY_MARKERS = (
+    _STUCK,
     "Timed out",
     "timed out",
     "device work did not finish",  # CUDA lanes waiting on a collective whose peer stopped
@@ -86,62 +93,42 @@ def _looks_secondary(text: str) -> bool:
 
 
 def grace_s(timeout_s: float) -> float:
-    """How long a rank that already timed out waits at the agreement for the missing ranks.
-
-    A rank that failed first arrived long before; ranks that timed out on it arrive within a
-    few seconds of each other. Whoever is still missing after this died or hung.
-    """
+    """How long a rank that already timed out waits at the agreement for the others (ranks
+    that timed out on one failure arrive within seconds); whoever is missing then is gone."""
     return 5.0 + 0.25 * timeout_s
 
 
 def agreement_timeout_s(timeout_s: float) -> float:
-    """How long a rank that succeeded (or failed first) waits for the others.
-
-    Peers blocked in a collective on the failed rank arrive up to ``timeout_s`` later.
-    """
+    """How long a rank that succeeded (or failed first) waits: peers blocked in a collective
+    on a failed rank arrive up to ``timeout_s`` later."""
     return timeout_s + grace_s(timeout_s)
 
 
 def abort_wait_s(timeout_s: float) -> float:
-    """How long a rank waits for its NCCL communicators to abort after an agreed failure,
-    and then again for the device to finish the pattern's work.
-
-    An abort can hang while the collectives' kernels still hold the GPU (seen with ranks
-    sharing one GPU); past either wait the rank leaves without tearing NCCL down.
-    """
+    """How long a rank waits for its NCCL communicators to abort, then for the device to
+    drain (either can hang while kernels hold the GPU: the rank then leaves without them)."""
     return grace_s(timeout_s)
 
 
 def watchdog_timeout_s(timeout_s: float) -> float:
-    """The timeout of NCCL process groups: torch's watchdog must not act before maestro does.
-
-    maestro stops waiting for device work after ``timeout_s``, agrees with the other ranks
-    (up to :func:`agreement_timeout_s`), then aborts every communicator and waits for the
-    device to drain (up to :func:`abort_wait_s` each). A watchdog that fired first would end
-    the process (torch's watchdog raises on a timed-out collective) before the failure is
-    agreed, reported and saved, so it waits for all of that and a grace on top.
-    """
+    """The timeout of NCCL process groups: torch's watchdog (which ends the process) acts
+    only after maestro's device wait, agreement, abort and drain, plus a grace."""
     wait_s = abort_wait_s(timeout_s)
     return timeout_s + agreement_timeout_s(timeout_s) + 2 * wait_s + grace_s(timeout_s)
 
 
 ENDING_WAIT_S = 20.0
-"""Longest wait at the agreement once the local launcher is ending the run: torch's launcher
-kills its workers 30 s after it terminated them, and rank 0 must save and print before."""
-
-
+"""Longest wait once the local launcher ends the run (torch kills its workers 30 s later)."""
 SLOW_POLL_AFTER_S = 5.0
-"""A wait polls every 10 ms at most for this long, then every 100 ms (a rank that late is
-rarely on time, and the store serves every waiting rank)."""
+"""A wait polls every 10 ms at most for this long, then every 100 ms."""
+STORE_SLACK_S = 2.0
+"""How much longer than its own deadline a store wait may take before the store's host counts
+as gone (a call to a store whose host stopped never returns by itself)."""
 
 
 def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
-    """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False).
-
-    Polling ``check`` rather than a timed ``wait``: a ``wait`` that times out prints two
-    lines of C++ warnings on stderr, and a missing rank is an expected outcome here. Ranks
-    arriving apart (rank 0 writes files between patterns) are seen within 10 ms.
-    """
+    """Poll ``store`` until every key exists (True) or ``timeout_s`` passed (False); a timed
+    ``wait`` would print C++ warnings for a missing rank, an expected outcome here."""
     start = time.monotonic()
     deadline = start + timeout_s
     pause = 0.001
@@ -155,21 +142,15 @@ def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
 
 
 ENDED_PREFIX = "ended/"
-"""Store keys ``ended/<rank>``: a verdict gave up on that rank (it never reached an agreement
-step); the value is the verdict."""
+"""Store keys ``ended/<rank>``: the verdict that gave up on that rank."""
 ENDED_POLL_S = 0.5
-"""How often each rank looks for its ``ended/<rank>`` key."""
 ENDED_ACK_WAIT_S = 2.0
-"""How long a rank that posts ``ended/<rank>`` waits for those ranks to see it (the store may
-live in its process)."""
+"""How long the poster waits for those ranks to see it (the store may live in its process)."""
 
 
 def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> bool:
-    """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict).
-
-    ``wait``: the store lives in this process, so wait up to :data:`ENDED_ACK_WAIT_S` for
-    them to see it before this process ends; True when every one of them did.
-    """
+    """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict);
+    ``wait`` (the store lives here): True once every one of them saw it."""
     for rank in missing:
         store.set(f"{ENDED_PREFIX}{rank}", message)
     if not wait:
@@ -179,15 +160,9 @@ def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = Tru
 
 
 class EndedWatch:
-    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone.
-
-    A rank stuck in a block that never returns (its main thread in user code) cannot reach
-    the agreement; the ranks that did post ``ended/<rank>``, and this thread ends it,
-    under srun and hand-started ranks too, where no launcher would. ``connect()`` opens the
-    watch's own store client (a client shared with a main thread blocked in a store call
-    would block this thread too); ``holding()`` is True while output files are written, which
-    the watch waits for.
-    """
+    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone:
+    a rank stuck in a block ends under any launcher. ``connect()`` opens its own store client
+    (the main thread's may be blocked); it waits while ``holding()`` (files being written)."""
 
     def __init__(
         self,
@@ -198,11 +173,8 @@ class EndedWatch:
         holding: Callable[[], bool] = lambda: False,
         poll_s: float = ENDED_POLL_S,
     ) -> None:
-        self._connect = connect
-        self._rank = rank
-        self._leave = leave
-        self._holding = holding
-        self._poll_s = poll_s
+        self._connect, self._key, self._leave = connect, f"{ENDED_PREFIX}{rank}", leave
+        self._holding, self._poll_s = holding, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="maestro-ended-watch", daemon=True)
 
@@ -216,49 +188,59 @@ class EndedWatch:
     def _run(self) -> None:
         try:
             store = self._connect()
-        except Exception as exc:  # the run goes on without the watch
-            log.debug("ended watch: cannot connect: %s", exc)
-            return
-        key = f"{ENDED_PREFIX}{self._rank}"
-        while not self._stop.wait(self._poll_s):
-            try:
-                if not store.check([key]):
-                    continue
-                verdict = store.get(key).decode("utf-8", "replace")
-            except Exception as exc:  # the store went away: the agreement reports it
-                log.debug("ended watch: %s", exc)
+            while not self._stop.wait(self._poll_s):
+                if store.check([self._key]):
+                    verdict = store.get(self._key).decode("utf-8", "replace")
+                    break
+            else:
                 return
             while self._holding() and not self._stop.is_set():
                 time.sleep(0.05)  # never leave half-written files
             if self._stop.is_set():
                 return
-            try:
-                store.set(f"{key}/ack", "1")
-            except Exception as exc:
-                log.debug("ended watch: %s", exc)
-            self._leave(verdict)
+            store.set(f"{self._key}/ack", "1")
+        except Exception as exc:  # no store (any more): the agreement step reports it
+            log.debug("ended watch: %s", exc)
             return
+        self._leave(verdict)
 
 
 class StoreExchange:
-    """Exchanges statuses through a c10d store, one numbered round per agreement step."""
+    """Exchanges statuses through a c10d store, one numbered round per agreement step;
+    ``owner`` (``rank 0 at HOST:PORT``) is named when the store stops answering."""
 
-    def __init__(self, store: Any, *, world_size: int, timeout_s: float) -> None:
+    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str = "") -> None:
         self.store = store
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.owner = owner
         self.round = 0
+
+    def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
+        """A deadline on store calls that should end within ``seconds``: past it (and
+        :data:`STORE_SLACK_S`) the rank exits naming the store's host."""
+        owner = self.owner or "the rendezvous store's host"
+        return supervision.deadline(
+            seconds + STORE_SLACK_S,
+            f"{owner}, which hosts the rendezvous store, stopped answering",
+            rank=rank,
+            status=status,
+        )
 
     def __call__(self, status: RankStatus) -> tuple[list[RankStatus], list[int]]:
         """Every rank's status that arrived in time, and the ranks that did not arrive."""
-        self.round += 1
-        prefix = f"agree/{self.round}/"
-        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
         wait_s = (
-            grace_s(self.timeout_s) if status.secondary else (agreement_timeout_s(self.timeout_s))
+            grace_s(self.timeout_s) if status.secondary else agreement_timeout_s(self.timeout_s)
         )
         if status.exited:
             wait_s = min(wait_s, ENDING_WAIT_S)
+        with self.waiting(wait_s, status.rank):
+            return self._exchange(status, wait_s)
+
+    def _exchange(self, status: RankStatus, wait_s: float) -> tuple[list[RankStatus], list[int]]:
+        self.round += 1
+        prefix = f"agree/{self.round}/"
+        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
         deadline = time.monotonic() + wait_s
         pending = list(range(self.world_size))
         arrived: list[int] = []
@@ -266,9 +248,11 @@ class StoreExchange:
             while pending and self.store.check([prefix + str(pending[0])]):
                 arrived.append(pending.pop(0))
             now = time.monotonic()
-            if not pending or now >= deadline:
+            # A rank whose process is known to have ended will not come: nobody waits for it.
+            awaited = [r for r in pending if r not in status.exited]
+            if not awaited or now >= deadline:
                 break
-            wait_for_keys(self.store, [prefix + str(pending[0])], deadline - now)
+            wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
         # Past the deadline, a later rank may have arrived while an earlier one is missing.
         arrived += [r for r in pending if self.store.check([prefix + str(r)])]
         missing = [r for r in pending if r not in arrived]
@@ -298,30 +282,26 @@ def agree(
     error: BaseException | None,
     contained: bool = True,
 ) -> None:
-    """Raise the same RunError on every rank when any rank failed this phase.
-
-    ``contained`` says whether a failure in this phase leaves the communicators usable; the
-    agreed error's ``contained`` is True only when no rank is missing, interrupted or waiting
-    on a peer, and either every failure is contained or every rank failed at the same block
-    (so every rank issued the same collectives). ``missing`` lists ranks that never answered.
-    """
+    """Raise the same RunError on every rank when any rank failed this phase. It is
+    ``contained`` (communicators reusable) only when nobody is missing, interrupted or waiting
+    on a peer, and every failure is contained or every rank failed at the same block."""
     status = status_of(rank, error, contained=contained)
-    if not status.ok and not status.exited:
-        # Under the local launcher a failure is often a peer's death seen from here.
-        status = replace(status, exited=exited_peers())
+    if not status.exited:  # under the local launcher: the siblings known to have ended
+        status = replace(status, exited=supervision.exited_peers())
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
+        owner = getattr(exchange, "owner", "") or "rank 0 or the launcher"
         err = RunError(
-            f"could not agree with the other ranks ({type(exc).__name__}: {exc}); "
-            "a rank died or stopped answering (the rendezvous store lives in rank 0 "
-            "or in the launcher)",
+            f"could not agree with the other ranks: the rendezvous store went away "
+            f"({cause_of(exc)}); {owner} hosts it",
             rank=rank,
             phase=phase,
             pattern=pattern,
             interrupted=status.interrupted,
         )
         raise err from (error or exc)
+    supervision.agreed(f"pattern {pattern!r}, phase {phase}" if pattern else f"phase {phase}")
     failed = [s for s in statuses if not s.ok]
     if not failed and not missing:
         return
@@ -339,13 +319,17 @@ def _agreed_error(
 ) -> RunError:
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
-    secondary = sorted((s for s in failed if s.secondary), key=lambda s: s.rank)
-    # A rank whose process is known to have ended is the cause, before ranks only late.
+    # Nearest the cause first: a missing rank (its peers waited on it), then a stuck block,
+    # then a timeout; among missing ranks, one whose process is known to have ended.
+    secondary = sorted(
+        (s for s in failed if s.secondary), key=lambda s: (_STUCK not in s.message, s.rank)
+    )
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
     if primary:
         first = primary[0]
         rank, block, detail = first.rank, first.block, first.message
+        phase = first.phase or phase
         if first.interrupted:
             detail = "interrupted (SIGINT/SIGTERM); the run stops"
         rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]

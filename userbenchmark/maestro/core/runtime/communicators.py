@@ -1,9 +1,6 @@
-"""Communicators: one process group per team per axis, created once per run and reused.
-
-Every rank calls ``new_group`` for every team of every axis in the same order (torch
-requires it), and keeps the group of the team it belongs to. NCCL per-axis options go
-through a fresh ``ProcessGroupNCCL.Options`` per group (``new_group`` writes into it).
-"""
+"""Communicators: one process group per team per axis, created once per run, in the same
+order on every rank (torch requires it); NCCL options go through a fresh
+``ProcessGroupNCCL.Options`` per group (``new_group`` writes into it)."""
 
 from __future__ import annotations
 
@@ -128,21 +125,12 @@ class Communicators:
         return self._axes[axis].team_of(self.rank)
 
     def abort(self) -> bool:
-        """Abort every communicator after a failure left collectives half-issued.
-
-        NCCL: aborting ends work its peers will never join, where destroying the group would
-        wait on it forever. Every process group of the process (the axes', the gate's
-        alignment group, the default group) is aborted at once inside one NCCL group call, as
-        torch's ``_abort_process_group()`` does: communicators aborted one by one while
-        kernels of another still spin can block each other (pytorch/pytorch#119797). Where
-        that function is missing, each axis group is aborted in turn (``ProcessGroup.abort``).
-        The abort runs in a thread of its own and is waited for at most
-        :func:`abort_wait_s`: it can hang while collective kernels still hold the GPU. Then
-        False is returned, and the caller must leave without tearing NCCL down. Gloo has no
-        abort (its operations already ended at their timeout), so its
-        groups are left for the final ``destroy_process_group``. The groups are unusable
-        afterwards.
-        """
+        """Abort every communicator after a failure left collectives half-issued; False when
+        the abort did not end within :func:`abort_wait_s` (kernels still hold the GPU: the
+        caller leaves without tearing NCCL down). NCCL groups are aborted all at once, as
+        torch's ``_abort_process_group()`` does (one by one they can block each other,
+        pytorch/pytorch#119797), else each in turn; gloo has no abort (its operations ended at
+        their timeout). The groups are unusable afterwards."""
         if self.backend != "nccl":
             self._groups = {name: None for name in self._groups}
             return True

@@ -1,8 +1,6 @@
-"""Distributed runtime: who am I (rank/world/local rank), process-group start-up, control group.
-
-Rank and world come from torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then from SLURM's
-SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (plain srun); without either the world is one rank.
-"""
+"""Distributed start-up: this process's place (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else
+srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else one rank), the rendezvous store and its
+start-up checks, the default process group."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,20 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import EXIT_FAILED, ConfigError, LaunchError, OptionError, RunError
-from ..analysis.aggregate import Reducer
-from . import interrupts
-from .agreement import (
-    EndedWatch,
-    StoreExchange,
-    agreement_timeout_s,
-    wait_for_keys,
-    watchdog_timeout_s,
+from ...errors import (
+    EXIT_FAILED,
+    ConfigError,
+    LaunchError,
+    MaestroError,
+    OptionError,
+    RunError,
+    cause_of,
+    say,
 )
+from ..analysis.aggregate import Reducer
+from . import interrupts, supervision
+from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
+from .preflight import SHARED_GPU_VARIABLE, resolve_backend
 
 log = logging.getLogger("maestro.dist")
-
-BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,13 +43,6 @@ class LaunchInfo:
     local_rank: int
     launcher: str
     """``torchrun`` (RANK set), ``slurm`` (only SLURM_* set) or ``none``."""
-
-
-def _env_int(env: Mapping[str, str], key: str) -> int:
-    try:
-        return int(env[key])
-    except ValueError as exc:
-        raise RunError(f"environment variable {key}={env[key]!r} is not an integer") from exc
 
 
 # The variables each launcher sets: (rank, world size, local rank), and who sets them.
@@ -99,10 +91,7 @@ def _launch_info(env: Mapping[str, str], launcher: str) -> LaunchInfo:
 
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Rank, world size and local rank; RANK beats SLURM_PROCID (srun starting torchrun).
-
-    Raises LaunchError when the variables cannot describe a run (not integers, a rank outside
-    the world, a multi-rank launch without MASTER_ADDR/MASTER_PORT).
-    """
+    LaunchError when the variables cannot describe a run."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         return _launch_info(env, "torchrun")
@@ -112,12 +101,10 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
 
 
 def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = None) -> None:
-    """Raise LaunchError unless a multi-rank launch names where its ranks meet.
-
-    Ranks started by a launcher other than maestro's own meet at ``MASTER_ADDR:MASTER_PORT``
-    (see :func:`rendezvous_store`); without them every rank would fail at its first step.
-    """
+    """LaunchError unless a multi-rank launch names where its ranks meet (MASTER_ADDR and
+    MASTER_PORT) and GLOO_SOCKET_IFNAME names interfaces this machine has."""
     env = os.environ if env is None else env
+    _check_interfaces(env)
     if launch.launcher == "none" or launch.world_size == 1:
         return
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
@@ -133,23 +120,23 @@ def check_rendezvous_env(launch: LaunchInfo, env: Mapping[str, str] | None = Non
         raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
 
 
-def resolve_backend(requested: str, cuda_available: bool) -> str:
-    """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an error."""
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}; valid: {', '.join(BACKENDS)}")
-    if requested == "auto":
-        return "nccl" if cuda_available else "gloo"
-    if requested == "nccl" and not cuda_available:
-        raise RunError("backend nccl needs CUDA, and torch sees no GPU; use --backend gloo")
-    return requested
+def _check_interfaces(env: Mapping[str, str]) -> None:
+    names = [n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if not names or not hasattr(socket, "if_nameindex"):
+        return
+    known = [name for _, name in socket.if_nameindex()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise LaunchError(
+            f"GLOO_SOCKET_IFNAME={env['GLOO_SOCKET_IFNAME']} names no network interface of "
+            f"this machine ({', '.join(unknown)}; it has {', '.join(known) or 'none'}): unset "
+            "it, or name one of those"
+        )
 
 
 def apply_env(values: Mapping[str, str]) -> dict[str, str | None]:
     """Set process-wide variables (before the first communicator); returns previous values.
-
-    Only the named keys are touched: the environment is never cleared wholesale, because
-    library threads may read it concurrently.
-    """
+    Only the named keys: library threads may read the environment concurrently."""
     previous: dict[str, str | None] = {}
     for key, value in values.items():
         previous[key] = os.environ.get(key)
@@ -176,20 +163,14 @@ class DistContext:
     backend: str
     device: Any
     """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
-    control: Any
-    """gloo group over all ranks used only by the agreement step (never timed)."""
-    timeout_s: float
     agreement: StoreExchange
-    """The agreement step's exchange over the rendezvous store (never a timed communicator)."""
     hosts: tuple[str, ...] = ()
     """Host name of every rank, by rank."""
     devices: tuple[int, ...] = ()
     """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
     ended_watch: EndedWatch | None = None
-    """Ends this rank when a verdict names it as gone (see :class:`EndedWatch`)."""
     hosts_store: bool = False
-    """The rendezvous store lives in this process (rank 0 without torchrun's agent): it
-    goes away when this process ends."""
+    """The rendezvous store lives in this process: it goes away when this process ends."""
 
     @property
     def one_host(self) -> bool:
@@ -198,8 +179,8 @@ class DistContext:
 
     @property
     def ranks_per_gpu(self) -> int | None:
-        """Most ranks that share one GPU (1 normally; more only in the multi-rank test mode
-        of NCCL >= 2.30.7); None on CPU."""
+        """Most ranks that share one GPU (more than 1 only in NCCL's multi-rank test mode);
+        None on CPU."""
         if not self.is_cuda:
             return None
         counts: dict[tuple[str, int], int] = {}
@@ -220,16 +201,12 @@ class DistContext:
         return self.device.type == "cuda"
 
 
-SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
-
-
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
-    """The GPU of a local rank: its own (``local_rank``), or ``local_rank % device_count`` when
-    there are more local ranks than GPUs and NCCL may put several ranks on one GPU
-    (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: a correctness mode, not for timings)."""
+    """The GPU of a local rank: its own, or ``local_rank % device_count`` when ranks may share
+    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only)."""
     env = os.environ if env is None else env
     if device_count < 1:
-        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="setup")
+        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
     if local_rank < device_count:
         return local_rank
     if env.get(SHARED_GPU_VARIABLE) == "1":
@@ -239,7 +216,7 @@ def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None 
         f"start at most {device_count} rank(s) per host, or set {SHARED_GPU_VARIABLE}=1 "
         "(NCCL >= 2.30.7) to let ranks share GPUs for correctness tests (their timings then "
         "describe nothing real)",
-        phase="setup",
+        phase="start-up",
     )
 
 
@@ -251,13 +228,10 @@ def init_distributed(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> DistContext:
-    """Initialise torch.distributed for this rank and create the gloo control group.
-
-    The rendezvous store is created here (not by ``env://``) so that every rank can first
-    check that all ranks were started with the same world size, the same pattern text and the
-    same options (``shared``: see :func:`check_launch`; ``source`` names the pattern file),
-    and fail promptly if not.
-    """
+    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks
+    (:func:`check_launch`, with ``shared`` and ``source``), the default process group, every
+    rank's host and device. Each step waits at most ``timeout_s``; any failure of torch's is a
+    RunError of the phase ``start-up``."""
     import torch
     import torch.distributed as dist
 
@@ -274,32 +248,37 @@ def init_distributed(
         device = torch.device("cpu")
     # NCCL: torch's watchdog acts only after maestro's own deadline and agreement.
     timeout = timedelta(seconds=watchdog_timeout_s(timeout_s) if backend == "nccl" else timeout_s)
-    store = None
-    if not dist.is_initialized():
-        store = rendezvous_store(launch, timeout_s)
-        check_launch(
-            dist.PrefixStore("maestro/launch/", store),
-            launch,
-            timeout_s,
-            shared=shared,
-            source=source,
-        )
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=launch.rank,
-            world_size=launch.world_size,
-            timeout=timeout,
-        )
-    else:
-        store = dist.distributed_c10d._get_default_store()
-    # The agreement step must outlast a peer's timed-out collective, so it waits longer.
-    control = dist.new_group(
-        backend="gloo", timeout=timedelta(seconds=agreement_timeout_s(timeout_s))
-    )
-    agreement = StoreExchange(
-        dist.PrefixStore("maestro/", store), world_size=launch.world_size, timeout_s=timeout_s
-    )
+    exchange = StoreExchange(None, world_size=launch.world_size, timeout_s=timeout_s)
+    exchange.owner = store_owner(launch)
+    try:
+        if not dist.is_initialized():
+            with exchange.waiting(timeout_s, launch.rank):
+                store = rendezvous_store(launch, timeout_s)
+                check_launch(
+                    dist.PrefixStore("maestro/launch/", store),
+                    launch,
+                    timeout_s,
+                    shared=shared,
+                    source=source,
+                )
+            with exchange.waiting(timeout_s, launch.rank):
+                dist.init_process_group(
+                    backend=backend,
+                    store=store,
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=timeout,
+                )
+        else:
+            store = dist.distributed_c10d._get_default_store()
+        exchange.store = dist.PrefixStore("maestro/", store)
+        me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
+        with exchange.waiting(timeout_s, launch.rank):
+            places = _everyones(exchange.store, "places", launch, me, timeout_s)
+    except MaestroError:
+        raise
+    except Exception as exc:  # torch's own start-up: a bad interface, a refused connection
+        raise RunError(cause_of(exc) + _hint(), phase="start-up") from exc
     ended_watch = None
     if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
         ended_watch = EndedWatch(
@@ -308,21 +287,47 @@ def init_distributed(
             leave=_leave_ended(launch.rank),
             holding=interrupts.holding,
         ).start()
-    places: list[Any] = [None] * launch.world_size
-    me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
-    dist.all_gather_object(places, me, group=control)
     return DistContext(
         hosts=tuple(h for h, _ in places),
         devices=tuple(d for _, d in places),
         launch=launch,
         backend=backend,
         device=device,
-        control=control,
-        timeout_s=timeout_s,
-        agreement=agreement,
+        agreement=exchange,
         ended_watch=ended_watch,
         hosts_store=store_hosted_here(launch),
     )
+
+
+def _hint() -> str:
+    names = [k for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.environ.get(k)]
+    shown = ", ".join(f"{k}={os.environ[k]}" for k in names)
+    return f" (with {shown})" if shown else ""
+
+
+def _everyones(store: Any, key: str, launch: LaunchInfo, mine: Any, timeout_s: float) -> list:
+    """Every rank's ``mine`` (JSON-able), by rank, through the store."""
+    store.set(f"{key}/{launch.rank}", json.dumps(mine))
+    keys = [f"{key}/{r}" for r in range(launch.world_size)]
+    if not wait_for_keys(store, keys, timeout_s):
+        late = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise RunError(
+            f"rank {', '.join(map(str, late))} stopped answering during start-up (nothing "
+            f"within timeout_s {timeout_s:g} s)",
+            phase="start-up",
+            missing=tuple(late),
+        )
+    return [json.loads(store.get(k)) for k in keys]
+
+
+def store_owner(launch: LaunchInfo) -> str:
+    """Who hosts the rendezvous store, for a message saying it stopped answering."""
+    where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return f"rank 0 at {where}"
+    if supervision.attached():
+        return f"maestro's launcher (pid {os.getppid()}) at {where}"
+    return f"torchrun's agent at {where}"
 
 
 def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
@@ -331,14 +336,8 @@ def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
     def connect() -> Any:
         import torch.distributed as dist
 
-        client = dist.TCPStore(
-            host,
-            port,
-            None,
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        timeout = timedelta(seconds=timeout_s)
+        client = dist.TCPStore(host, port, None, False, timeout, wait_for_workers=False)
         return dist.PrefixStore("maestro/", client)
 
     return connect
@@ -346,21 +345,17 @@ def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
 
 def _leave_ended(rank: int) -> Callable[[str], None]:
     def leave(verdict: str) -> None:
-        print(
+        say(
             f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
-            f"never reached their agreement step ({verdict}); exiting",
-            file=sys.stderr,
-            flush=True,
+            f"never reached their agreement step ({verdict}); exiting"
         )
-        sys.stdout.flush()
-        os._exit(EXIT_FAILED)  # the main thread is stuck: nothing else can end this process
+        supervision.hard_exit(EXIT_FAILED, rank)  # the main thread is stuck in a block
 
     return leave
 
 
 def store_hosted_here(launch: LaunchInfo) -> bool:
-    """Whether this rank hosts the rendezvous store: rank 0, unless torchrun's agent (or
-    maestro's local launcher, which runs torch's agent) hosts it."""
+    """Whether this rank hosts the rendezvous store: rank 0, unless a launcher's agent does."""
     return launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
@@ -369,14 +364,14 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
     import torch.distributed as dist
 
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        host, port = os.environ["MASTER_ADDR"], _env_int(os.environ, "MASTER_PORT")
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     elif launch.world_size == 1:
         host, port = "127.0.0.1", free_port()
     else:
         raise RunError(
             "MASTER_ADDR and MASTER_PORT must be set for a multi-rank launch "
             "without torchrun (e.g. under plain srun)",
-            phase="setup",
+            phase="start-up",
         )
     try:
         return dist.TCPStore(
@@ -393,7 +388,7 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
             f"could not reach the rendezvous store at {host}:{port} within {timeout_s:g} s "
             f"({type(exc).__name__}: {exc}); is rank 0 running, and are MASTER_ADDR and "
             "MASTER_PORT the same on every rank?",
-            phase="setup",
+            phase="start-up",
         ) from exc
 
 
@@ -406,20 +401,15 @@ def check_launch(
     source: str = "",
 ) -> None:
     """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
-    or ranks run different pattern texts or options than rank 0.
-
-    ``shared``: what every rank must agree on, JSON-able: ``pattern_sha256`` (the text's
-    digest; a difference is a ConfigError naming ``source``) and ``options`` (the options
-    every rank uses; a difference is an OptionError). Ranks other than 0 read rank 0's values
-    before writing their world size, so whichever side sees a mismatch first, the other has
-    already read what it needs (rank 0 may exit at once).
-    """
+    or a rank runs another ``shared["pattern_sha256"]`` (ConfigError naming ``source``) or
+    other ``shared["options"]`` (OptionError) than rank 0. A rank reads the other side's
+    values before writing its world size, so both sides always see the mismatch."""
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
         raise RunError(
             f"two processes were started as rank {rank} (RANK={rank}); each rank of a run "
             "needs its own RANK",
-            phase="setup",
+            phase="start-up",
         )
     mine = dict(shared or {})
     store.set(f"shared/{rank}", json.dumps(mine, sort_keys=True))  # before world/{rank}
@@ -433,7 +423,8 @@ def check_launch(
             raise RunError(
                 f"rank {other} did not start within {timeout_s:g} s (this rank {rank} was "
                 f"started with WORLD_SIZE={world}, so it waits for ranks 0 to {world - 1})",
-                phase="setup",
+                phase="start-up",
+                missing=(other,),
             )
         theirs = int(store.get(key))
         if rank != 0:
@@ -443,7 +434,7 @@ def check_launch(
                 f"rank {other} was started with WORLD_SIZE={theirs}, but rank {rank} with "
                 f"WORLD_SIZE={world}: every rank of a run needs the same WORLD_SIZE (are two "
                 "launches sharing one MASTER_ADDR:MASTER_PORT?)",
-                phase="setup",
+                phase="start-up",
             )
         peer = json.loads(store.get(f"shared/{other}"))
         first, second = sorted((rank, other))  # name rank 0's side last: it is the reference
@@ -454,9 +445,9 @@ def check_launch(
 def _compare_shared(
     theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
 ) -> None:
-    """Raise when rank ``their_rank`` runs another pattern text or other options than rank
-    ``our_rank`` (rank 0 where it is one of them)."""
+    """Raise when rank ``their_rank`` runs another text or options than ``our_rank``."""
     digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
+    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     if digest and reference and digest != reference:
         raise ConfigError(
             f"rank {their_rank} runs a different pattern text than rank {our_rank}: sha256 "
@@ -465,11 +456,8 @@ def _compare_shared(
             "run starts)",
             file=source,
         )
-    options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     differ = sorted(
-        k
-        for k in set(options) | set(reference_options)
-        if options.get(k) != reference_options.get(k)
+        k for k in {*options, *reference_options} if options.get(k) != reference_options.get(k)
     )
     if differ:
         shown = "; ".join(
@@ -505,8 +493,7 @@ def torch_reducer(group: object) -> Reducer:
         import torch.distributed as dist
 
         ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        # float64 or int64 (exact instants): the dtype is kept.
-        array = np.asarray(values)
+        array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
         dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
         dist.all_reduce(tensor, op=ops[op], group=group)

@@ -34,16 +34,6 @@ class CapturedBlock:
         self.graph.replay()
 
 
-def graph_refusal(backend: str) -> str | None:
-    """Why patterns cannot run in CUDA-graph mode on ``backend``, or None."""
-    if backend != "nccl":
-        return (
-            f"graph: true needs CUDA graphs, and this run uses the {backend} backend on the CPU "
-            "(there are no CUDA graphs on gloo); set graph: false or run on GPUs"
-        )
-    return None
-
-
 def capture_blocks(
     lanes: Sequence[Any], names: Sequence[str], ops: Sequence[str], device: Any
 ) -> dict[int, CapturedBlock]:

@@ -1,10 +1,6 @@
-"""Host memory a CPU run may still allocate, and the check made before a pattern allocates.
-
-Available memory is the smaller of the kernel's ``MemAvailable`` and what this process's
-memory cgroup leaves (its limit less its usage, for the cgroup and each ancestor: cgroup v2
-``memory.max``/``memory.current``, v1 ``memory.limit_in_bytes``/``memory.usage_in_bytes``).
-Without the check, buffers larger than that get a rank OOM-killed: no message, no files.
-"""
+"""Host memory a CPU run may still allocate (the smaller of ``MemAvailable`` and what the
+memory cgroup and its ancestors leave, v1 or v2), checked before a pattern allocates: an
+OOM-killed rank says nothing."""
 
 from __future__ import annotations
 
@@ -31,28 +27,19 @@ class HostMemory:
 
 def _read_int(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    try:
-        return int(text)
-    except ValueError:  # "max": no limit
+        return int(path.read_text().strip())
+    except (OSError, ValueError):  # unreadable, or "max": no limit
         return None
 
 
 def _meminfo(proc: Path) -> HostMemory | None:
     try:
-        lines = (proc / "meminfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith("MemAvailable:"):
-            fields = line.split()
-            try:
-                kib = int(fields[1])
-            except (IndexError, ValueError):
-                return None
-            return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                kib = int(line.split()[1])
+                return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
+    except (OSError, IndexError, ValueError):
+        pass
     return None
 
 

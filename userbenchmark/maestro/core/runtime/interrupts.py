@@ -1,16 +1,7 @@
-"""Where SIGINT/SIGTERM may stop a rank: inside a phase's work, never while files are written.
-
-An interrupt raised at an arbitrary bytecode can land between two output files (results
-saved, patterns not) or in the agreement step, where it skips the other ranks. So the
-handler raises only inside :func:`deliverable` regions (a phase's work, which reaches the
-agreement); elsewhere it records the signal, and the next deliverable region raises it.
-A second signal outside a region raises at once (the user insists), except inside
-:func:`held`, which defers every signal until output files are consistent again.
-
-Under maestro's local launcher a SIGTERM can also be torch's launcher ending the run because
-another worker exited: with :func:`set_exited_peers` installed, such a SIGTERM raises
-:class:`PeerExited` instead, which the agreement step reports as the peer's failure.
-"""
+"""Where SIGINT/SIGTERM may stop a rank: only inside :func:`deliverable` regions (a phase's
+work, which reaches the agreement step), never between two output files (:func:`held`).
+Elsewhere a signal waits for the next region; a second one outside raises at once. A SIGTERM
+from torch's launcher ending the run (supervision.exited_peers) raises PeerExited."""
 
 from __future__ import annotations
 
@@ -19,6 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from . import supervision
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -45,21 +38,6 @@ class _State:
 
 
 _state = _State()
-_exited_peers: Callable[[], tuple[int, ...]] = tuple
-"""Ranks of sibling workers that exited (empty: a SIGTERM is an interrupt); see
-:func:`set_exited_peers`."""
-
-
-def set_exited_peers(check: Callable[[], tuple[int, ...]] | None) -> None:
-    """Install how a SIGTERM tells the launcher's teardown from an interrupt: ``check()``
-    returns the ranks of sibling workers that exited (None: every SIGTERM interrupts)."""
-    global _exited_peers
-    _exited_peers = check or tuple
-
-
-def exited_peers() -> tuple[int, ...]:
-    """Ranks of sibling workers known to have exited (empty outside a local launch)."""
-    return _exited_peers()
 
 
 def _raise(signum: int) -> None:
@@ -74,7 +52,7 @@ def _raise(signum: int) -> None:
 def _handler(signum: int, frame: Any) -> None:
     repeated = _state.pending is not None
     if not repeated:
-        _state.exited = _exited_peers() if signum == signal.SIGTERM else ()
+        _state.exited = supervision.exited_peers() if signum == signal.SIGTERM else ()
     elif signum == signal.SIGINT:
         _state.exited = ()  # a Ctrl-C after the launcher's SIGTERM is the user's
     _state.pending = signum
@@ -83,11 +61,8 @@ def _handler(signum: int, frame: Any) -> None:
 
 
 def install() -> Callable[[], None]:
-    """Install the handler for SIGINT and SIGTERM; returns a function that restores the old ones.
-
-    Only the main thread may install handlers; elsewhere (a library caller's thread) this
-    changes nothing and the returned function does nothing.
-    """
+    """Install the handler for SIGINT and SIGTERM; returns a function that restores the old
+    ones (outside the main thread nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
@@ -110,14 +85,6 @@ def install() -> Callable[[], None]:
     return restore
 
 
-def message(*, saved: bool) -> str:
-    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
-    finished and was written to a file."""
-    if saved:
-        return "maestro: interrupted; patterns that finished are saved"
-    return "maestro: interrupted"
-
-
 def pending() -> bool:
     """True when a signal arrived that no deliverable region has raised yet."""
     return _state.pending is not None
@@ -135,10 +102,7 @@ def pending_interrupt() -> bool:
 
 @contextmanager
 def deliverable() -> Iterator[None]:
-    """A region an interrupt may stop: a pending one is raised on entry, a new one at once.
-
-    Without :func:`install` nothing is ever pending and this changes nothing.
-    """
+    """A region an interrupt may stop: a pending one is raised on entry, a new one at once."""
     if _state.pending is not None and not _state.held_depth:
         _raise(_state.pending)
     _state.open_depth += 1

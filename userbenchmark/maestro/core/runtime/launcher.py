@@ -1,15 +1,9 @@
 """Start N local workers through torch's own launcher API when no launcher started us.
 
-Exit status: the worst of the workers' (each leaves with its own); 130 when the launcher was
-interrupted. Interrupts: torch's agent turns SIGINT/SIGTERM into a SignalException and
-forwards the signal to the workers, which stop through their agreement step (rank 0 prints
-the verdict). Workers start with SIGINT/SIGTERM blocked, so a signal that arrives while one
-still imports torch waits for its handler instead of raising mid-import; the launcher's own
-signals are received by a helper thread and handed to its main thread.
-
-No process outlives the run: workers die with the launcher, and the launcher's watchdog
-(core/runtime/supervision.py) ends the workers that cannot end by themselves. The pattern
-file is read once, here; workers get its text.
+Workers get the suite the command line validated, and start with SIGINT/SIGTERM blocked (a
+signal during torch's import waits for their handler); torch's agent forwards the launcher's
+signal. They die with the launcher; its watchdog (supervision.py) ends what cannot end by
+itself, and the launcher ends once its workers have, whatever they left behind.
 """
 
 from __future__ import annotations
@@ -19,17 +13,26 @@ import logging
 import math
 import multiprocessing
 import os
+import shutil
 import signal
-import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from . import interrupts, supervision
+from ...errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    interrupted_message,
+    say,
+)
+from ..config.options import RunOptions
+from ..config.spec import SuiteSpec
+from . import supervision
 
 log = logging.getLogger("maestro.launcher")
 
@@ -42,39 +45,24 @@ _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
 class _Job:
     """What every worker runs (one object: torch's launcher rewrites string arguments)."""
 
-    source: str
-    """The pattern file's path (it names the file in messages)."""
-    text: str
-    """The pattern file's text, read once by the launcher: workers never read the file."""
-    world_size: int
-    options: dict[str, Any]
-    log_level: str
+    suite: SuiteSpec
+    options: RunOptions
     parent_pid: int
-    """The launcher's pid: a worker ends when it does."""
 
 
 def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
-    """Entry point of one worker process (module level so it can be pickled).
-
-    A non-zero status leaves as SystemExit, so torch's launcher sees it as the process's exit
-    status: a success returned as a value would make that worker wait for every other, and an
-    interrupted launcher, which no longer collects values, would wait for it in turn.
-    """
+    """One worker process. A failure leaves as SystemExit: torch's launcher sees the exit
+    status at once, instead of waiting for a returned value after every other worker."""
     rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
     supervision.die_with_parent(job.parent_pid)
+    os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
-    interrupts.set_exited_peers(supervision.exited_peers)
 
     from .logs import configure_logging
     from .worker import run_worker
 
-    try:
-        configure_logging(job.log_level)
-        status = run_worker(
-            job.source, job.world_size, job.options, world_size_source="--nproc", text=job.text
-        )
-    except KeyboardInterrupt:  # only if this process was not started with signals blocked
-        status = EXIT_INTERRUPTED
+    configure_logging(job.options.log_level)
+    status = run_worker(job.suite, job.options)
     supervision.leave(status, rank)
     if status != EXIT_OK:
         raise SystemExit(status)
@@ -83,14 +71,9 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
 
 @contextmanager
 def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
-    """Block SIGINT/SIGTERM in this thread (workers inherit it: see :func:`_worker`), receive
-    them in a helper thread and run this thread's handler for the first one.
-
-    The handler is looked up when a signal comes, because torch's agent installs its own while
-    it starts the workers. Later signals are dropped so that they cannot break torch's
-    shutdown of the workers half-way; Ctrl-C reaches the workers directly anyway, and the
-    shutdown has a deadline.
-    """
+    """Block SIGINT/SIGTERM in this thread (workers inherit it), receive them in a helper
+    thread and run this thread's handler, looked up then (torch's agent installs its own), for
+    the first one; later ones would cut torch's shutdown of the workers short."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(
         signal, "sigtimedwait"
     ):
@@ -141,24 +124,17 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
 
 @contextmanager
 def _quiet_torch_launcher() -> Iterator[None]:
-    """Silence torch's launcher logs (start-up details, the workers' exit codes, the signal it
-    forwards): the workers and this launcher report what happened in maestro's own words."""
-    names = [
-        name
-        for name in logging.root.manager.loggerDict
-        if name.startswith(
-            ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-        )
-    ]
-    loggers = [logging.getLogger(name) for name in names]
-    previous = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+    """Silence torch's launcher logs: the workers and this launcher say what happened."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    previous = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, previous, strict=True):
-            logger.setLevel(level)
+        for name, level in previous.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _describe_exit(exitcode: int) -> str:
@@ -173,37 +149,23 @@ def _describe_exit(exitcode: int) -> str:
 
 
 def exit_deadline_s(timeout_s: float) -> float:
-    """Longest a worker may run on after another worker exited: the agreement step's longest
-    wait, then :data:`supervision.EXIT_GRACE_S` to leave."""
+    """Longest a worker may run on after another exited: the longest agreement wait, then
+    :data:`supervision.EXIT_GRACE_S` to leave."""
     from .agreement import agreement_timeout_s
 
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
-def launch_local(
-    source: str,
-    text: str,
-    nproc: int,
-    options: dict[str, Any],
-    log_level: str,
-    *,
-    timeout_s: float = 45.0,
-) -> int:
-    """Run ``nproc`` workers on this machine on the pattern ``text`` (read from ``source``);
-    the worst worker exit status is returned.
-
-    ``timeout_s`` is the pattern file's: an interrupted worker may need its collective timeout
-    plus the agreement's grace to stop, so the launcher waits that long before killing it.
-    """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
+    """Run ``nproc`` workers of ``suite`` here; returns the run's exit status: the worst a
+    worker reached (130 only when the user interrupted the launcher)."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # As torchrun does: one intra-op thread per worker unless the user chose otherwise.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    settings: dict[str, Any] = {}
-    if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:  # newer torch only
-        settings["shutdown_timeout"] = math.ceil(exit_deadline_s(timeout_s))
+    logs = tempfile.mkdtemp(prefix="maestro-launch-")  # torch's per-run folder: removed after
     cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -214,58 +176,74 @@ def launch_local(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        **settings,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+        shutdown_timeout=math.ceil(exit_deadline_s(suite.timeout_s)),
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
-    job = _Job(
-        source=source,
-        text=text,
-        world_size=nproc,
-        options=options,
-        log_level=log_level,
-        parent_pid=os.getpid(),
+    job = _Job(suite=suite, options=options, parent_pid=os.getpid())
+    watchdog = supervision.Watchdog(
+        board,
+        exit_deadline_s=exit_deadline_s(suite.timeout_s),
+        abandon=lambda: _abandon(board, watchdog, logs),
     )
-    watchdog = supervision.Watchdog(board, exit_deadline_s=exit_deadline_s(timeout_s))
-    watchdog.start()
+    exits: dict[int, int] = {}
     try:
         with _quiet_torch_launcher(), _signals_to_main_thread(board):
+            watchdog.start()  # with the signals blocked, as every thread but the router
             results = elastic_launch(cfg, _worker)(job, board)
+        exits = {rank: int(code or 0) for rank, code in results.items()}
     except ChildFailedError as exc:
-        watchdog.stop()
-        _report_kills(watchdog)
-        statuses = _verdicts(board)  # a worker's own status, also when another failed first
-        for rank in range(nproc):
-            if watchdog.killed(rank) and board.stage[rank] < supervision.VERDICT:
-                statuses.append(EXIT_FAILED)
-        for rank, failure in sorted(exc.failures.items()):
-            if watchdog.killed(rank):
-                continue  # reported above, its status counted
-            if failure.exitcode not in _OWN_STATUSES:
-                log.error("rank %d %s", rank, _describe_exit(failure.exitcode))
-            statuses.append(failure.exitcode if failure.exitcode > 0 else EXIT_FAILED)
-        return max(statuses, default=EXIT_FAILED)
+        exits = {rank: failure.exitcode for rank, failure in exc.failures.items()}
     except (SignalException, KeyboardInterrupt):
-        # The workers were sent the signal and have exited (or were killed at the deadline).
-        watchdog.stop()
-        _report_kills(watchdog)
-        if not board.told.value:
-            print(interrupts.message(saved=False), file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        pass  # the workers were sent the signal and have exited (or were killed at the deadline)
     finally:
         watchdog.stop()
-    _report_kills(watchdog)
-    return max(int(code or 0) for code in results.values())
+        for pid in board.pids:
+            supervision.kill_group(pid)
+        shutil.rmtree(logs, ignore_errors=True)
+    return _outcome(board, watchdog, {**watchdog.exits, **exits})
 
 
-def _verdicts(board: supervision.WorkerBoard) -> list[int]:
-    """The exit statuses of the workers that reached their verdict."""
-    return [
-        int(board.status[r])
-        for r in range(board.num_workers)
-        if board.stage[r] >= supervision.VERDICT
-    ]
-
-
-def _report_kills(watchdog: supervision.Watchdog) -> None:
+def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exits: dict) -> int:
+    """The run's exit status once every worker has ended; says which worker was killed, or
+    ended without a word. 130 only for the user's interrupt."""
     for kill in watchdog.kills:
         log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)
+    if board.interrupted.value:
+        if not board.told.value:
+            say(interrupted_message(saved=False))
+        return EXIT_INTERRUPTED
+    # A worker's 130 without the user's signal to the launcher is the user's signal to that
+    # worker, unless a worker crashed before: then it is torch's SIGTERM ending the run.
+    crashed = any(c not in (EXIT_OK, *_OWN_STATUSES) for c in exits.values())
+    statuses = []
+    for rank in range(board.num_workers):
+        code = exits.get(rank)
+        if board.stage[rank] >= supervision.VERDICT:  # its own status, saved and printed
+            code = int(board.status[rank])
+        elif watchdog.killed(rank):
+            code = EXIT_FAILED
+        elif code is not None and code not in _OWN_STATUSES:
+            how = _describe_exit(code) if code else "exited with status 0"
+            log.error("rank %d %s%s, before the run ended", rank, how, _after(board, rank))
+            code = EXIT_FAILED
+        if code == EXIT_INTERRUPTED and crashed:
+            code = EXIT_FAILED
+        elif code == EXIT_INTERRUPTED and not board.last_step(rank):  # it said nothing yet
+            say(f"maestro: rank {rank}: interrupted (a signal sent to it) during start-up")
+        if code is not None:
+            statuses.append(code)
+    return max(statuses, default=EXIT_FAILED)
+
+
+def _after(board: supervision.WorkerBoard, rank: int) -> str:
+    step = board.last_step(rank)
+    return f" after {step}" if step else " during start-up"
+
+
+def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:
+    """Every worker ended and torch's launcher still waits (for the result of a worker that
+    vanished): report and end the launcher here."""
+    status = _outcome(board, watchdog, dict(watchdog.exits))
+    shutil.rmtree(logs, ignore_errors=True)
+    supervision.hard_exit(status, -1)

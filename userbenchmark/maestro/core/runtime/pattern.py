@@ -30,7 +30,7 @@ from . import interrupts
 from .agreement import abort_wait_s, agree
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
-from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks, graph_refusal
+from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
 from .hostmem import available_host_memory, check_host_memory
 from .lanes import (
     DEFAULT_GATE_US,
@@ -92,7 +92,7 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     try:
         with interrupts.deliverable():  # the only place a signal stops a pattern
             value = fn()
-    except (Exception, KeyboardInterrupt) as exc:  # every failure must reach the agreement
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
     agree(
@@ -160,8 +160,6 @@ class PatternRun:
     # ---- phases ----
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
-        if self.pattern.graph and graph_refusal(dist.backend):
-            raise RunError(graph_refusal(dist.backend) or "")
         need = 0
         for i, spec in enumerate(self.pattern.blocks):
             if not self.present[i]:

@@ -1,105 +1,116 @@
-"""Checks of a run's options against this machine, made before any worker starts.
-
-Each failure is an OptionError (exit status 2) that says what was asked, why this machine
-cannot do it and what would work, instead of a failure on every rank after start-up.
-"""
+"""Checks made before any worker starts: the options against this machine (OptionError
+saying what was asked, why it cannot work here and what would), and the one validation of
+the pattern file with the options applied."""
 
 from __future__ import annotations
 
 import os
 
 from ...errors import ConfigError, OptionError
+from ..config.loader import load_suite
+from ..config.options import RunOptions, apply_overrides
 from ..config.spec import SuiteSpec
-from .distributed import SHARED_GPU_VARIABLE, resolve_backend
-from .graphs import graph_refusal
+
+SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
 MAX_LOCAL_WORKERS = 256
 """Most workers ``--nproc`` starts on one machine; more ranks come from torchrun or srun."""
 FILES_PER_WORKER = 8
-"""Open files the local launcher holds per worker (pipes to it, its store connection: about
-five measured on Linux, rounded up for those open while a worker starts)."""
+"""Open files the local launcher holds per worker (about five measured on Linux)."""
 FILES_RESERVED = 64
 """Open files the launcher needs for itself (Python, torch, the rendezvous store)."""
 
 
-def open_file_limit() -> int | None:
-    """This process's soft limit on open files (``ulimit -n``); None when unlimited or unknown."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft < 0:
-        return None
-    return int(soft)
-
-
-def max_local_workers(limit: int | None = None) -> tuple[int, str]:
-    """How many workers ``--nproc`` may start here, and why that many (for the message).
-
-    ``limit`` is the open-file limit to assume (default: this process's).
-    """
-    limit = open_file_limit() if limit is None else limit
-    if limit is not None:
-        by_files = max(1, (limit - FILES_RESERVED) // FILES_PER_WORKER)
-        if by_files < MAX_LOCAL_WORKERS:
-            return by_files, (
-                f"the launcher holds about {FILES_PER_WORKER} open files per worker and may "
-                f"open {limit} (ulimit -n); raise the limit or start fewer workers"
-            )
-    return MAX_LOCAL_WORKERS, (
-        "maestro's limit for one machine; start more ranks with torchrun or srun across machines"
-    )
-
-
 def check_nproc(nproc: int, *, limit: int | None = None) -> None:
-    """Raise OptionError when ``--nproc`` is more workers than this machine can start."""
-    most, why = max_local_workers(limit)
+    """OptionError when ``--nproc`` is more workers than this machine can start: maestro's
+    limit, or what the open-file limit (``limit``, default ``ulimit -n``) leaves."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit
+    by_files = max(1, (soft - FILES_RESERVED) // FILES_PER_WORKER)
+    if soft != resource.RLIM_INFINITY and soft >= 0 and by_files < MAX_LOCAL_WORKERS:
+        most, why = (
+            by_files,
+            (
+                f"the launcher holds about {FILES_PER_WORKER} open files per worker and may open "
+                f"{soft} (ulimit -n); raise the limit or start fewer workers"
+            ),
+        )
+    else:
+        most, why = (
+            MAX_LOCAL_WORKERS,
+            (
+                "maestro's limit for one machine; start more ranks with torchrun or srun across "
+                "machines"
+            ),
+        )
     if nproc > most:
         raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")
 
 
-def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:
-    """Raise OptionError when ``--backend``/``--profiler`` cannot run on this machine.
-
-    ``local_workers`` is how many ranks share this machine's GPUs (``--nproc``).
-    """
+def _no_gpu() -> str:
     import torch
 
-    cuda = torch.cuda.is_available()
-    no_gpu = "torch sees no CUDA device" + (
+    return "torch sees no CUDA device" + (
         "" if torch.version.cuda else " (this torch is a CPU build)"
     )
-    if backend == "nccl" and not cuda:
+
+
+def resolve_backend(requested: str, cuda_available: bool) -> str:
+    """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an OptionError."""
+    if requested == "nccl" and not cuda_available:
         raise OptionError(
-            f"--backend nccl needs CUDA, and {no_gpu}; use --backend gloo (or auto, which "
+            f"--backend nccl needs CUDA, and {_no_gpu()}; use --backend gloo (or auto, which "
             "picks gloo without CUDA)"
         )
-    on_cuda = resolve_backend(backend, cuda) == "nccl"
-    if profiler in ("cupti", "events") and not on_cuda:
-        if not cuda:
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    return requested
+
+
+def resolve_profiler(requested: str, *, on_cuda: bool, backend: str = "auto") -> str:
+    """The profiler a run uses for ``--profiler requested``: ``host`` on CPU lanes, ``cupti``
+    or ``events`` on CUDA (``auto``: cupti when cupti-python works, else events); OptionError
+    for one that cannot time these lanes."""
+    if not on_cuda:
+        if requested in ("cupti", "events"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise OptionError(
+                    f"--profiler {requested} times CUDA work, and {_no_gpu()}; on the CPU use "
+                    "--profiler host (or auto)"
+                )
             raise OptionError(
-                f"--profiler {profiler} times CUDA work, and {no_gpu}; on the CPU use "
-                "--profiler host (or auto)"
+                f"--profiler {requested} times CUDA work, but --backend {backend} runs every "
+                "lane on the CPU; use --backend nccl (or auto), or --profiler host"
             )
-        raise OptionError(
-            f"--profiler {profiler} times CUDA work, but --backend {backend} runs every lane "
-            "on the CPU; use --backend nccl (or auto), or --profiler host"
-        )
-    if profiler == "host" and on_cuda:
+        return "host"
+    if requested == "host":
         raise OptionError(
             "--profiler host times CPU lanes; on CUDA (backend nccl) it would time the "
             "enqueue, not the GPU work: use --profiler cupti, events or auto"
         )
-    if profiler == "cupti" and on_cuda:
-        from ..profilers.cupti import cupti_available
+    if requested == "events":
+        return "events"
+    from ..profilers.cupti import cupti_available
 
-        ok, why = cupti_available()
-        if not ok:
-            raise OptionError(
-                f"--profiler cupti cannot run: {why}; or use --profiler events (or auto, "
-                "which falls back to CUDA events)"
-            )
+    ok, why = cupti_available()
+    if not ok and requested == "cupti":
+        raise OptionError(
+            f"--profiler cupti cannot run: {why}; or use --profiler events (or auto, which "
+            "falls back to CUDA events)"
+        )
+    return "cupti" if ok else "events"
+
+
+def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:
+    """OptionError when ``--backend``/``--profiler`` cannot run on this machine, where
+    ``local_workers`` ranks share its GPUs (``--nproc``)."""
+    import torch
+
+    on_cuda = resolve_backend(backend, torch.cuda.is_available()) == "nccl"
+    resolve_profiler(profiler, on_cuda=on_cuda, backend=backend)
     if on_cuda and local_workers > 1 and os.environ.get(SHARED_GPU_VARIABLE) != "1":
         gpus = torch.cuda.device_count()
         if local_workers > gpus:
@@ -111,16 +122,51 @@ def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> Non
             )
 
 
-def check_suite(suite: SuiteSpec, *, backend: str) -> None:
-    """Raise ConfigError when a pattern asks for what this machine's backend cannot do (CUDA
-    graphs on gloo), naming the file and the pattern."""
+def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
+    """CUDA-graph mode needs CUDA: ``--graph`` on the CPU is an OptionError, ``graph: true`` in
+    the file a ConfigError naming the pattern."""
     import torch
 
-    resolved = resolve_backend(backend, torch.cuda.is_available())
-    refusal = graph_refusal(resolved)
+    backend = resolve_backend(options.backend, torch.cuda.is_available())
     graphs = [p for p in suite.patterns if p.graph]
-    if refusal and graphs:
-        names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
-        raise ConfigError(
-            f"patterns {names}: {refusal}", file=suite.source, path=graphs[0].yaml_path
-        )
+    if backend == "nccl" or not graphs:
+        return
+    why = f"CUDA graphs need CUDA, and this run uses the {backend} backend on the CPU"
+    if options.graph:
+        raise OptionError(f"--graph: {why}; drop --graph or run on GPUs")
+    names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+    raise ConfigError(
+        f"patterns {names}: graph: true, and {why}; set graph: false or run on GPUs",
+        file=suite.source,
+        path=graphs[0].yaml_path,
+    )
+
+
+def prepare_suite(
+    config: str, options: RunOptions, *, world_size: int, local_workers: int = 1
+) -> SuiteSpec:
+    """Everything checked before any worker starts: ``--nproc``, the backend, profiler and
+    ``--plot`` against this machine, then the pattern file ``config``, validated once with the
+    options applied (every rank runs this suite). ConfigError or OptionError."""
+    if local_workers > 1:
+        check_nproc(local_workers)
+    check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
+    if options.plot:
+        from ..output.plot import MISSING_MATPLOTLIB, matplotlib_available
+
+        if not matplotlib_available():
+            raise OptionError(MISSING_MATPLOTLIB)
+    suite = load_suite(config, world_size=world_size)
+    try:
+        suite = apply_overrides(suite, options)
+    except ConfigError as err:  # the file is fine: the option does not fit it
+        raise OptionError(
+            "; ".join(_placed(i.message, i.file, i.path) for i in err.issues)
+        ) from None
+    check_graphs(suite, options)
+    return suite
+
+
+def _placed(message: str, file: str, path: str) -> str:
+    where = ": ".join(part for part in (file, path) if part)
+    return f"{message} ({where})" if where else message

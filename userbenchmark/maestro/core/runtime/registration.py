@@ -1,11 +1,6 @@
-"""``register_buffers``: block buffers from the communicator's NCCL memory allocator.
-
-Buffers come from a ``torch.cuda.MemPool`` over the NCCL backend's ``mem_allocator`` and the
-pool is registered with the communicator, so NCCL can take its registered (zero-copy) paths.
-Support depends on how torch was built against NCCL, and touching ``mem_allocator`` where it
-is unsupported has killed a process later from NCCL's watchdog thread: support is therefore
-probed once in a child process, never in the benchmark process.
-"""
+"""``register_buffers``: block buffers from a ``torch.cuda.MemPool`` over the NCCL backend's
+``mem_allocator``, registered with the communicator (NCCL's zero-copy paths). Support is
+probed in a child process: touching an unsupported allocator killed a process later."""
 
 from __future__ import annotations
 

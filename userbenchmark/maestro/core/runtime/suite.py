@@ -1,21 +1,30 @@
-"""One rank's whole run: start the runtime, measure every pattern, report and save.
-
-Rank 0 alone prints tables and writes files; the metrics timestamp is taken once on rank 0
-and broadcast. Patterns that finished are saved before the next one starts.
-"""
+"""One rank's whole run and its failure protocol: start the runtime, measure every pattern,
+agree on each outcome; rank 0 hands each pattern to its reporter (core/output/reporter.py)
+before the next one starts."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import logging
 import os
-import sys
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, ConfigError, RunError
+import numpy as np
+
+from ...errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ConfigError,
+    RunError,
+    cause_of,
+    say,
+)
 from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
+from ..output.reporter import Reporter
+from ..output.settings import run_environ
 from . import interrupts, supervision
 from .distributed import (
     DistContext,
@@ -24,136 +33,40 @@ from .distributed import (
     detect_launch,
     init_distributed,
     shutdown_distributed,
+    torch_reducer,
 )
+from .preflight import resolve_profiler
 
 log = logging.getLogger("maestro")
 
-PROFILERS = ("auto", "cupti", "events", "host")
-REPO_ROOT = Path(__file__).resolve().parents[4]
-"""The folder holding ``userbenchmark/`` (TorchBench's repo root, or this repo's)."""
 
-
-def make_profiler(name: str, dist: DistContext, *, trace: bool = False) -> Any:
-    """The profiler asked for, or the best available one for ``auto``.
+def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> Any:
+    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler).
 
     ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``).
     """
-    if name not in PROFILERS:
-        raise ConfigError(f"unknown profiler {name!r}; valid: {', '.join(PROFILERS)}")
-    if not dist.is_cuda:
-        if name not in ("auto", "host"):
-            raise RunError(f"profiler {name!r} needs CUDA; CPU lanes use the host profiler")
+    name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
+    if name == "host":
         from ..profilers.host import HostProfiler
 
         return HostProfiler()
-    if name == "host":
-        raise RunError(
-            "the host profiler times CPU lanes; on CUDA it would time the enqueue, "
-            "not the GPU work: use cupti or events"
-        )
-    if name in ("auto", "cupti"):
+    if name == "cupti":
+        from ..profilers.cupti_window import CuptiWindowProfiler
+
+        prof = CuptiWindowProfiler(trace=trace)
+        prof.start()
+        return prof
+    if requested == "auto" and dist.rank == 0:
         from ..profilers.cupti import cupti_available
 
-        ok, why = cupti_available()
-        if ok:
-            from ..profilers.cupti_window import CuptiWindowProfiler
-
-            prof = CuptiWindowProfiler(trace=trace)
-            prof.start()
-            return prof
-        if name == "cupti":
-            raise RunError(f"profiler cupti is not available: {why}")
-        if dist.rank == 0:
-            log.warning(
-                "cupti-python is not usable (%s); timing with CUDA events, which are "
-                "coarser (stream-level)",
-                why,
-            )
+        log.warning(
+            "cupti-python is not usable (%s); timing with CUDA events, which are coarser "
+            "(stream-level)",
+            cupti_available()[1],
+        )
     from ..profilers.events import EventProfiler
 
     return EventProfiler()
-
-
-def suite_settings(suite: SuiteSpec) -> dict[str, str]:
-    """What each pattern and block measures, after command-line overrides and --max-size:
-    ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
-    -> op, dtype, team size and parameters. compare refuses runs where these differ."""
-    from ...blocks.registry import resolve_op
-    from ..config.summary import describe_params
-
-    out = {}
-    for p in suite.patterns:
-        out[f"pattern.{p.name}"] = (
-            f"iters={p.num_iters} warmup_iters={p.warmup_iters} sync={p.sync} "
-            f"graph={str(p.graph).lower()}"
-        )
-        for b in p.blocks:
-            team = suite.axes[b.axis].team_size
-            work = describe_params(resolve_op(b.op), b.params)
-            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {work}"
-    return out
-
-
-def environ_info(
-    dist: DistContext,
-    suite: SuiteSpec,
-    options: RunOptions,
-    calibration: dict[str, float] | None = None,
-    profiler: str = "",
-) -> dict[str, str]:
-    """The ``environ`` block of the metrics file: what produced these numbers.
-
-    The run's measurement settings (backend, profiler, world size, ranks per GPU, the
-    command-line overrides of sizes and iterations) and its stack (versions, device).
-    ``calibration`` holds run-wide measured constants, such as rank 0's
-    ``sleep_cycles_per_us`` (what a ``sleep`` block's duration was turned into).
-    """
-    import torch
-
-    from ... import __version__
-
-    info = {
-        "maestro_version": __version__,
-        "pytorch_version": torch.__version__,
-        "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
-        "backend": dist.backend,
-        "profiler": profiler,
-        "world_size": str(dist.world_size),
-        "num_hosts": str(len(set(dist.hosts)) or 1),
-        "ranks_per_gpu": "" if dist.ranks_per_gpu is None else str(dist.ranks_per_gpu),
-        "max_size_bytes": "" if options.max_size_bytes is None else str(options.max_size_bytes),
-        "iters_override": "" if options.iters is None else str(options.iters),
-        "warmup_iters_override": "" if options.warmup_iters is None else str(options.warmup_iters),
-        "graph_override": "" if options.graph is None else str(options.graph).lower(),
-        "config": suite.source,
-        "suite": suite.name,
-        "hostname": os.uname().nodename if hasattr(os, "uname") else "",
-    }
-    if dist.is_cuda:
-        info["cuda_version"] = str(torch.version.cuda)
-        info["device"] = torch.cuda.get_device_name(dist.device)
-        try:
-            info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # NCCL may be absent from a CUDA build
-            pass
-        if profiler == "cupti":
-            from importlib.metadata import version
-
-            info["cupti_python_version"] = version("cupti-python")
-    for key, value in (calibration or {}).items():
-        info[key] = repr(float(value))
-    info.update(suite_settings(suite))
-    for key, value in suite.env.items():
-        info[f"env.{key}"] = value
-    return info
-
-
-def _broadcast_object(obj: Any, group: Any) -> Any:
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
 
 
 def _device_alignment(dist: DistContext, comms: Any) -> Any:
@@ -164,13 +77,8 @@ def _device_alignment(dist: DistContext, comms: Any) -> Any:
     import torch
     import torch.distributed as tdist
 
-    group = comms.gate_group()
-    one = torch.zeros(1, device=dist.device)
-
-    def align() -> None:
-        tdist.all_reduce(one, group=group)
-
-    return align
+    group, one = comms.gate_group(), torch.zeros(1, device=dist.device)
+    return lambda: tdist.all_reduce(one, group=group)
 
 
 def _start_agreement(dist: DistContext, group: Any) -> Any:
@@ -178,15 +86,8 @@ def _start_agreement(dist: DistContext, group: Any) -> Any:
     share no clock (several hosts) or there is nobody to agree with."""
     if dist.world_size == 1 or not dist.one_host:
         return None
-    import torch
-    import torch.distributed as tdist
-
-    def agree_start(proposal_ns: int) -> int:
-        box = torch.tensor([proposal_ns], dtype=torch.int64)
-        tdist.all_reduce(box, op=tdist.ReduceOp.MAX, group=group)
-        return int(box.item())
-
-    return agree_start
+    reduce = torch_reducer(group)
+    return lambda proposal_ns: int(reduce(np.array([proposal_ns], dtype=np.int64), "max")[0])
 
 
 def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
@@ -247,18 +148,30 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
     )
 
 
+@dataclass
+class _Ending:
+    """How this rank's run ends, as far as it knows: the status, whether every rank answered
+    (nobody waits again for one that died or hung), the ranks a verdict named as gone and that
+    verdict, a signal after the last agreement (no closing round to hold)."""
+
+    rank: int
+    status: int = EXIT_OK
+    everyone_answered: bool = True
+    missing: set[int] = field(default_factory=set)
+    verdict: str = ""
+    late_interrupt: bool = False
+
+    def failed(self, err: RunError) -> None:
+        self.everyone_answered = err.everyone_answered
+        self.missing.update(err.missing or ())
+        self.verdict = self.verdict or (str(err) if err.missing else "")
+        self.status = EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
+
+
 def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
-    """Run every pattern of ``suite`` on this rank; returns the process exit status.
-
-    0: every pattern finished; 1: a pattern failed (every rank agrees on the error); 130: a
-    rank was interrupted (SIGINT/SIGTERM). Finished patterns are saved as they finish.
-    """
-    from ..output.progress import Progress
-    from ..output.table import Tables
-    from ..output.writer import OutputWriter
-    from .agreement import agree
-    from .pattern import measure_pattern
-
+    """Run every pattern of ``suite`` on this rank; returns the exit status (0, 1 a pattern
+    failed, 130 interrupted). Raises ConfigError/OptionError when the ranks were started
+    inconsistently, RunError when this rank cannot join the others."""
     launch = launch or detect_launch()
     if launch.world_size != suite.world_size:
         raise ConfigError(
@@ -274,192 +187,188 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
                 launch,
                 backend=options.backend,
                 timeout_s=suite.timeout_s,
-                shared={
-                    "pattern_sha256": suite.text_sha256,
-                    "options": shared_options(options),
-                },
+                shared={"pattern_sha256": suite.text_sha256, "options": shared_options(options)},
                 source=suite.source,
             )
     except BaseException:
         restore_signals()
         raise
-    rank = dist.rank
+    end = _Ending(dist.rank)
+    report = Reporter(suite, options, guard=interrupts.held) if dist.rank == 0 else None
     rt = None
-    status = 0
-    everyone_answered = True  # False once a rank died or hung: nobody waits for it again
-    late_interrupt = False  # a signal after the last pattern: no closing round to hold
-    saved = False  # rank 0 saved a finished pattern somewhere (for the interrupt message)
-    missing: set[int] = set()  # ranks a verdict named as gone (never reached an agreement)
-    verdict = ""  # the agreed error that named them
     try:
-        rt = _phase_setup(suite, options, dist, agree)
-        stamp = _broadcast_object(
-            _dt.datetime.now().strftime("%Y%m%d%H%M%S") if rank == 0 else None, dist.control
-        )
-        writer = None
-        if rank == 0:
-            metrics_path = None
-            if options.write_metrics and options.metrics_path:
-                metrics_path = Path(options.metrics_path)  # reserved before the run started
-            elif options.write_metrics:
-                folder = (
-                    Path(options.metrics_dir)
-                    if options.metrics_dir
-                    else (REPO_ROOT / ".userbenchmark" / "maestro")
-                )
-                metrics_path = folder / f"metrics-{stamp}.json"
-            writer = OutputWriter(
-                output_dir=Path(options.output_dir) if options.output_dir else None,
-                metrics_path=metrics_path,
-                environ=environ_info(dist, suite, options, rt.calibration, rt.profiler.name),
-                trace=options.trace,
-                plot=options.plot,
-                guard=interrupts.held,
-            )
-            tables = Tables(precision=options.precision)
-            progress = Progress(total=len(suite.patterns))
-            progress.start()
-        for pattern in suite.patterns:
-            try:
-                outcome = measure_pattern(rt, pattern)
-            except RunError as err:
-                everyone_answered = err.everyone_answered
-                missing.update(err.missing or ())
-                verdict = verdict or (str(err) if err.missing else "")
-                status = _failure_status(err)
-                if rank == 0:
-                    print(
-                        f"maestro: pattern {pattern.name} failed: {err}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    writer.add_failure(pattern.name, str(err))
-                    progress.advance(f"pattern {pattern.name} (failed)")
-                elif err.missing and 0 in err.missing:
-                    print(f"maestro: {err}", file=sys.stderr, flush=True)  # rank 0 cannot
-                if status != 1 or suite.stop_on_error or not err.contained:
-                    break
-                continue
-            if rank == 0:
-                progress.clear()
-                for warning in outcome.warnings:
-                    log.warning("%s", warning)
-                print(tables.pattern(pattern, outcome), flush=True)
-                print(flush=True)
-                writer.add(outcome)
-                saved = saved or writer.metrics_path is not None or writer.output_dir is not None
-                progress.advance(f"pattern {pattern.name}")
-            if outcome.check_failed:
-                status = max(status, 1)  # wrong results fail the run; numbers are still saved
-        if rank == 0:
-            progress.close()
-            for summary in tables.closing():
-                print(summary, flush=True)
-                print(flush=True)
-        if status == 0 and interrupts.pending_interrupt():
+        rt = _phase_setup(suite, options, dist)
+        if report is not None:
+            report.start(_environ(rt, options))
+        _measure_every_pattern(rt, end, report)
+        if end.status == EXIT_OK and interrupts.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
             # there is nobody to tell and nothing to wait for; only the exit status says it.
-            late_interrupt = True
-            status = 130
-        if status == 130 and rank == 0:
-            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
-        if rank == 0 and writer is not None:
-            if writer.metrics_path is not None:
-                print(f"maestro: metrics written to {writer.metrics_path}", flush=True)
-            if writer.output_dir is not None:
-                print(f"maestro: results written to {writer.output_dir}", flush=True)
+            end.late_interrupt = True
+            end.status = EXIT_INTERRUPTED
     except RunError as err:
-        everyone_answered = err.everyone_answered
-        missing.update(err.missing or ())
-        verdict = verdict or (str(err) if err.missing else "")
-        status = _failure_status(err)
-        if status == 130 and rank == 0:  # interrupted in a run-wide phase (setup)
-            print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
-        elif rank == 0 or not everyone_answered:
-            print(f"maestro: {err}", file=sys.stderr, flush=True)
+        end.failed(err)
+        if (report is not None or not end.everyone_answered) and not err.interrupted:
+            say(f"maestro: {err}")
     except KeyboardInterrupt as exc:
         # A second signal outside a phase: this rank leaves at once, without the agreement.
-        everyone_answered = False
-        if isinstance(exc, interrupts.PeerExited):  # the launcher reports the worker that exited
-            status = EXIT_FAILED
-        else:
-            status = 130
-            if rank == 0:
-                print(interrupts.message(saved=saved), file=sys.stderr, flush=True)
+        end.everyone_answered = False
+        peer = isinstance(exc, interrupts.PeerExited)  # the launcher reports the exited worker
+        end.status = EXIT_FAILED if peer else EXIT_INTERRUPTED
+    except BaseException as exc:  # SystemExit or a bug: reported, and left to the others
+        end.everyone_answered = False
+        end.status = EXIT_FAILED
+        say(f"maestro: rank {dist.rank}: stopped by {cause_of(exc)}")
     finally:
-        # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
-        # or by their own watch of the store: a rank stuck in a block has no other way out).
-        supervision.reached_verdict(status, missing)
-        if missing - {rank}:
-            _post_ended(dist, sorted(missing - {rank}), verdict)
-        if status and everyone_answered and not late_interrupt:
-            _closing_round(dist, agree)
-        if rt is not None and rt.wedged:
-            _leave_wedged(status, rank)
-        # Communicators first: CUPTI detached while NCCL still held its communicators was
-        # seen to crash the process in destroy_process_group (SIGSEGV after the results).
+        _leave(dist, rt, end, report)
+        restore_signals()
+    return end.status
+
+
+def _environ(rt: Any, options: RunOptions) -> dict[str, str]:
+    dist = rt.dist
+    return run_environ(
+        rt.suite,
+        options,
+        backend=dist.backend,
+        profiler=rt.profiler.name,
+        hosts=dist.hosts,
+        ranks_per_gpu=dist.ranks_per_gpu,
+        device=dist.device,
+        calibration=rt.calibration,
+    )
+
+
+def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> None:
+    """Measure each pattern and agree that it was torn down and reported (phase ``output``:
+    a teardown's error, or rank 0's files that cannot be written, stop every rank)."""
+    from .pattern import measure_pattern
+
+    for pattern in rt.suite.patterns:
+        outcome, failure, error = None, None, None
         try:
-            shutdown_distributed(dist)
-        finally:
+            outcome = measure_pattern(rt, pattern)
+        except RunError as err:
+            failure = err
+            end.failed(err)
+            if report is None and err.missing and 0 in err.missing:
+                say(f"maestro: {err}")  # rank 0 is gone: it cannot say it
+        except Exception as exc:  # the pattern's teardown (its phases were agreed): said below
+            error = RunError(cause_of(exc), phase="teardown")
+            error.__cause__ = exc
+        if outcome is not None and outcome.check_failed:
+            end.status = max(end.status, EXIT_FAILED)  # wrong results fail; numbers are saved
+        stop = failure is not None and (
+            end.status != EXIT_FAILED or rt.suite.stop_on_error or not failure.contained
+        )
+        if report is not None and error is None:
             try:
-                if rt is not None:
-                    rt.profiler.close()
-            finally:
-                restore_signals()
-    return status
+                if outcome is not None:
+                    report.finished(pattern, outcome)
+                else:
+                    report.failed(pattern.name, str(failure))
+            except Exception as exc:  # a full disk, a folder removed: every rank stops
+                error = _output_error(exc, report)
+                if stop:
+                    say(f"maestro: rank 0, phase output, pattern {pattern.name!r}: {error.detail}")
+        if stop:
+            return
+        try:
+            _agree_run_wide(rt.dist, "output", error, pattern=pattern.name)
+        except RunError as err:  # a teardown, or rank 0's files
+            end.failed(err)
+            if report is not None and err.phase == "teardown":
+                try:
+                    report.failed(pattern.name, str(err))
+                except Exception as exc:
+                    say(f"maestro: rank 0: cannot save the failure: {cause_of(exc)}")
+            elif report is not None or not end.everyone_answered:
+                say(f"maestro: {err}")
+            if err.phase != "teardown" or rt.suite.stop_on_error or not err.contained:
+                return
 
 
-def _post_ended(dist: DistContext, missing: list[int], verdict: str) -> None:
+def _output_error(exc: Exception, report: Reporter) -> RunError:
+    """What rank 0 reports when its files cannot be written."""
+    folder = report.options.output_dir
+    if folder and not os.path.isdir(folder):
+        detail = f"the output folder {folder} was removed during the run ({cause_of(exc)})"
+    else:
+        detail = f"cannot write the results: {cause_of(exc)}"
+    return RunError(detail)
+
+
+def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) -> None:
+    """Rank 0 closes its report, the ranks a verdict gave up on are told, the others leave
+    together (a launcher that sees one fail kills the rest), the runtime is torn down."""
+    if report is not None:
+        report.close(end.status)
+    # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
+    # or by their own watch of the store: a rank stuck in a block has no other way out).
+    supervision.reached_verdict(end.status, end.missing)
+    if end.missing - {end.rank}:
+        _post_ended(dist, sorted(end.missing - {end.rank}), end.verdict, end.status)
+    if end.status and end.everyone_answered and not end.late_interrupt:
+        _closing_round(dist)
+    if rt is not None and rt.wedged:
+        _leave_wedged(end.status, end.rank)
+    # Communicators first: CUPTI detached while NCCL still held its communicators was
+    # seen to crash the process in destroy_process_group (SIGSEGV after the results).
+    try:
+        shutdown_distributed(dist)
+    finally:
+        if rt is not None:
+            rt.profiler.close()
+
+
+def _post_ended(dist: DistContext, missing: list[int], verdict: str, status: int) -> None:
     """Tell the ranks a verdict gave up on that the run ended (see agreement.EndedWatch)."""
-    from .agreement import post_ended
+    from .agreement import ENDED_ACK_WAIT_S, post_ended
 
     try:
-        post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
+        with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=status):
+            post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
     except Exception as exc:  # the store went away with its host: nobody left to tell
         log.debug("could not post the end of the run: %s", exc)
 
 
 def _leave_wedged(status: int, rank: int) -> None:
-    """NCCL could not be aborted (its kernels still hold the GPU): destroying the groups, or
-    detaching CUPTI under those kernels, would hang as well. Everything is saved and printed,
-    so the process ends here."""
-    status = status or EXIT_FAILED
-    supervision.leave(status, rank)
-    os._exit(status)
+    """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
+    everything is saved and printed, so the process ends here."""
+    supervision.hard_exit(status or EXIT_FAILED, rank)
 
 
-def _failure_status(err: RunError) -> int:
-    return EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
-
-
-def _closing_round(dist: DistContext, agree: Any) -> None:
-    """After an agreed failure, leave together: a launcher that sees one worker fail kills
-    the others, which must not happen before rank 0 has saved the failure and printed it."""
+def _closing_round(dist: DistContext) -> None:
     try:
-        _agree_run_wide(dist, agree, "exit", None)
+        _agree_run_wide(dist, "exit", None)
     except Exception as exc:  # the run already failed; this is only about timing
         log.debug("closing round: %s", exc)
 
 
-def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext, agree: Any) -> Any:
+def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
     rt = None
     error: BaseException | None = None
+    groups = len(suite.axes) + 2  # each new group may wait timeout_s for its peers
     try:
-        with interrupts.deliverable():
+        with interrupts.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
             rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
-    _agree_run_wide(dist, agree, "setup", error)
+    _agree_run_wide(dist, "setup", error)
     return rt
 
 
-def _agree_run_wide(dist: DistContext, agree: Any, phase: str, error: BaseException | None) -> None:
-    """The agreement step of a phase that belongs to no pattern (setup, exit)."""
+def _agree_run_wide(
+    dist: DistContext, phase: str, error: BaseException | None, *, pattern: str = ""
+) -> None:
+    """The agreement step of a phase that runs no pattern's blocks (setup, output, exit)."""
+    from .agreement import agree
+
     agree(
         dist.agreement,
         rank=dist.rank,
         world_size=dist.world_size,
         phase=phase,
-        pattern="",
+        pattern=pattern,
         error=error,
     )

@@ -1,11 +1,8 @@
-"""Keeping the local launcher and its workers together: no process outlives the run.
+"""Keeping a run's processes together: no process outlives the run, no wait lasts forever.
 
-Workers end with their launcher (``PR_SET_PDEATHSIG`` on Linux, a parent watch elsewhere).
-A :class:`WorkerBoard` in shared memory tells the launcher each worker's pid and how far it
-got, and tells the workers whether the launcher forwards a user's signal. The launcher's
-:class:`Watchdog` ends with SIGKILL the workers that can no longer end by themselves: those a
-verdict named as gone (stopped, hung), and those still running :data:`EXIT_GRACE_S` after
-every worker had its verdict or after a worker exited (see docs/reliability.md).
+The local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends
+what cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`),
+refuses a block's ``os._exit`` and ends its own children (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -17,76 +14,59 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from ...errors import EXIT_FAILED, say
 
 log = logging.getLogger("maestro.launcher")
 
 EXIT_GRACE_S = 10.0
-"""How long a worker may take to leave once the run's outcome is known (the closing round,
-destroying communicators, the interpreter's exit) before the launcher kills it."""
-PARENT_POLL_S = 0.5
-"""How often the fallback parent watch looks at the parent pid."""
+"""How long a worker may take to leave once the run's outcome is known before it is killed."""
 WATCH_POLL_S = 0.05
-"""How often the launcher's watchdog looks at the board."""
-
-# Stages of a worker on the board, in order.
+WHERE_BYTES = 240
+"""Room on the board for each worker's last agreement step."""
 STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
+"""Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome)."""
+
+_real_exit = os._exit
 
 
-def die_with_parent(parent_pid: int) -> str:
-    """End this process with SIGKILL when ``parent_pid``, its parent, ends; returns how.
-
-    ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` where the C library has it (Linux), else a daemon
-    thread that watches the parent pid. A parent already gone ends this process at once.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1: PR_SET_PDEATHSIG
-                if os.getppid() != parent_pid:  # it ended before the call above
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return "prctl"
-        except (OSError, AttributeError) as exc:
-            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="maestro-parent-watch", daemon=True).start()
-    return "watch"
+def die_with_parent(parent_pid: int) -> None:
+    """End this process with SIGKILL when its parent ``parent_pid`` ends (Linux prctl)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0 and os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)  # 1: PR_SET_PDEATHSIG; the parent ended already
 
 
-def die_with_torchrun_agent() -> str | None:
-    """Under torchrun (its agent is this process's parent, ``TORCHELASTIC_RUN_ID`` is set),
-    end this process with the agent, as local workers end with theirs; None elsewhere."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
-        return None
-    return die_with_parent(os.getppid())
+def die_with_torchrun_agent() -> None:
+    """Under torchrun (``TORCHELASTIC_RUN_ID`` set) end this process with its agent."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        die_with_parent(os.getppid())
 
 
 class WorkerBoard:
-    """What the local launcher and its workers share (no locks: each cell has one writer, or
-    writers that all write the same value)."""
+    """What the local launcher and its workers share: each worker's pid, stage, status, last
+    agreement step and whether a verdict named it as gone; whether the launcher forwards the
+    user's signal (``interrupted``) and whether rank 0 printed why the run ended (``told``).
+    No locks: each cell has one writer, or writers that all write the same value."""
 
     def __init__(self, num_workers: int, context: Any) -> None:
         self.num_workers = num_workers
         self.pids = context.Array("q", num_workers, lock=False)
-        """Each worker's pid (0 until it started)."""
         self.stage = context.Array("b", num_workers, lock=False)
-        """STARTING, RUNNING, VERDICT (the run's outcome is known here; rank 0 saved and
-        printed it), LEAVING."""
         self.status = context.Array("i", num_workers, lock=False)
-        """Each worker's exit status, once at VERDICT."""
         self.missing = context.Array("b", num_workers, lock=False)
-        """1 for a rank that a verdict named as gone (it never reached an agreement step)."""
         self.interrupted = context.Value("b", 0, lock=False)
-        """1 once the launcher forwards a user's SIGINT/SIGTERM to the workers."""
         self.told = context.Value("b", 0, lock=False)
-        """1 once rank 0 printed why the run ended."""
+        self.where = context.Array("c", num_workers * WHERE_BYTES, lock=False)
+
+    def last_step(self, rank: int) -> str:
+        raw = self.where[rank * WHERE_BYTES : (rank + 1) * WHERE_BYTES]
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 @dataclass
@@ -106,92 +86,202 @@ def attach(board: WorkerBoard, rank: int) -> None:
     board.stage[rank] = RUNNING
 
 
-def detach() -> None:
-    global _attached
-    _attached = None
+def attached() -> bool:
+    """Whether this process is a worker of maestro's local launcher."""
+    return _attached is not None
+
+
+def agreed(step: str) -> None:
+    """This worker passed the agreement step ``step`` (``pattern 'p', phase setup``)."""
+    if _attached is not None:
+        data = step.encode("utf-8", "replace")[: WHERE_BYTES - 1] + b"\0"
+        start = _attached.rank * WHERE_BYTES
+        _attached.board.where[start : start + len(data)] = data
 
 
 def reached_verdict(status: int, missing: Iterable[int] = ()) -> None:
-    """The run's outcome is known on this worker (files saved, message printed): ``status`` is
-    what it will exit with, ``missing`` the ranks the verdict named as gone."""
-    if _attached is None:
-        return
-    board = _attached.board
-    for rank in missing:
-        if 0 <= rank < board.num_workers:
-            board.missing[rank] = 1
-    board.status[_attached.rank] = status
-    board.stage[_attached.rank] = max(board.stage[_attached.rank], VERDICT)
-
-
-def told_why() -> None:
-    """Rank 0 printed why the run ended (the launcher need not say it again)."""
+    """The outcome is known here (saved, printed): ``status`` is what this worker exits with,
+    ``missing`` the ranks the verdict named as gone."""
     if _attached is not None:
-        _attached.board.told.value = 1
-
-
-def leaving(status: int) -> None:
-    """This worker returns ``status`` and exits."""
-    if _attached is not None:
-        _attached.board.status[_attached.rank] = status
-        _attached.board.stage[_attached.rank] = LEAVING
+        board, rank = _attached.board, _attached.rank
+        for gone in missing:
+            if 0 <= gone < board.num_workers:
+                board.missing[gone] = 1
+        board.status[rank] = status
+        board.stage[rank] = max(board.stage[rank], VERDICT)
 
 
 def leave(status: int, rank: int) -> None:
-    """This worker is about to exit with ``status``: tell the launcher (rank 0 of a failed run
-    has printed why, so the launcher need not say it again) and flush its output."""
-    leaving(status)
-    if status and rank == 0:
-        told_why()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """This process is about to exit with ``status``: tell the launcher, flush the output."""
+    if _attached is not None:
+        _attached.board.status[_attached.rank] = status
+        _attached.board.stage[_attached.rank] = LEAVING
+        if status and rank == 0:  # rank 0 printed why: the launcher need not say it again
+            _attached.board.told.value = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away
+            pass
+
+
+def forwarded() -> bool:
+    """Whether a signal came to every rank (forwarded by a launcher), not to this one alone."""
+    return _attached is None or bool(_attached.board.interrupted.value)
 
 
 def exited_peers() -> tuple[int, ...]:
-    """Ranks of other workers whose process has ended or is leaving.
-
-    Used when SIGTERM arrives: torch's launcher terminates every worker once one exited with
-    a failure, and that SIGTERM is no interrupt. Empty outside a local launch, and while the
-    launcher forwards a user's signal.
-    """
+    """Ranks of sibling workers whose process ended or is leaving: a SIGTERM then comes from
+    torch's launcher ending the run, not from the user. Empty outside a local launch, and
+    while the launcher forwards the user's signal."""
     if _attached is None or _attached.board.interrupted.value:
         return ()
     board = _attached.board
-    gone = []
-    for rank in range(board.num_workers):
-        pid = board.pids[rank]
-        if rank == _attached.rank or not pid:
-            continue
-        if board.stage[rank] == LEAVING or not _process_exists(pid):
-            gone.append(rank)
-    return tuple(gone)
+    return tuple(
+        rank
+        for rank in range(board.num_workers)
+        if rank != _attached.rank
+        and board.pids[rank]
+        and (board.stage[rank] == LEAVING or not _runs(board.pids[rank]))
+    )
 
 
-def _process_exists(pid: int) -> bool:
+def _runs(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie has ended: only its parent's wait is missing)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
-def _child_running(pid: int) -> bool:
-    """Whether the child ``pid`` of this process has not exited (stopped counts as running);
-    never reaps it (torch's launcher does)."""
-    if hasattr(os, "waitid"):
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def on_hard_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` (releasing the output folder's lock) before :func:`hard_exit` ends us."""
+    _exit_hooks.append(hook)
+
+
+def hard_exit(status: int, rank: int) -> None:
+    """End this process now with ``status``: its threads and children cannot hold it."""
+    leave(status, rank)
+    for hook in _exit_hooks:
         try:
-            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-        except ChildProcessError:  # reaped already
-            return False
-    return _process_exists(pid)
+            hook()
+        except Exception as exc:  # leaving regardless
+            log.debug("exit hook: %s", exc)
+    end_children()
+    _real_exit(status)
+
+
+@contextmanager
+def deadline(seconds: float, cause: str, *, rank: int, status: int = EXIT_FAILED) -> Iterator[None]:
+    """Bound a wait nothing else bounds (a store call to a host that stopped answering):
+    past ``seconds`` this process says ``cause`` on one line and exits with ``status``."""
+
+    def expire() -> None:
+        say(f"maestro: rank {rank}: {cause}: no answer within {seconds:g} s; exiting")
+        hard_exit(status, rank)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+class ExitCalled(Exception):
+    """A block called ``os._exit``: refused, it fails the block like any error."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"os._exit({code}) called: a block may not end its rank's process")
+
+
+@contextmanager
+def exits_refused() -> Iterator[None]:
+    """While a rank runs, ``os._exit`` in its process raises :class:`ExitCalled`, so the block
+    is reported through the agreement step (a child the block forked still exits)."""
+    owner = os.getpid()
+
+    def refuse(code: int) -> None:
+        if os.getpid() != owner:
+            _real_exit(code)
+        raise ExitCalled(code)
+
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = _real_exit
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [
+            int(child)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
+    except (OSError, ValueError):
+        return []
+
+
+def end_children() -> None:
+    """SIGKILL every process this one started that still runs, and theirs (what a block left:
+    a ``subprocess.Popen``, a forked copy); each is stopped first, so it starts no more."""
+    todo, seen = _children(os.getpid()), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            _signal(pid, signal.SIGSTOP)
+            todo += _children(pid)
+    for pid in seen:
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def child_exit(pid: int) -> int | None:
+    """The exit status of the child ``pid`` (negative: the signal that ended it), None while it
+    runs; never reaps it (torch's launcher does), and one reaped already counts as 0."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return 0
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def unattached_workers(board: WorkerBoard) -> list[int]:
+    """Workers this launcher spawned that have not written their pid on the board yet."""
+    known = set(board.pids)
+    found = []
+    for pid in _children(os.getpid()):
+        try:
+            spawned = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if spawned and pid not in known:
+            found.append(pid)
+    return found
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group the worker ``pid`` leads (the launcher makes it lead one)."""
+    try:
+        if pid:
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -203,15 +293,11 @@ class Kill:
 
 
 class Watchdog:
-    """The launcher's thread that ends, with SIGKILL, workers that cannot end by themselves.
-
-    - A rank that a verdict named as gone (it never reached an agreement step: stopped,
-      hung) is killed at once: the verdict was printed and saved before it was posted.
-    - Once every worker has its verdict, has exited or was named as gone, a worker still
-      running :data:`EXIT_GRACE_S` later is stuck on its way out.
-    - Once a worker exited, every worker still running ``exit_deadline_s`` later (the
-      agreement step's longest wait plus :data:`EXIT_GRACE_S`) is stuck.
-    """
+    """The launcher's thread that ends, with SIGKILL, what cannot end by itself: at once, a
+    worker a verdict named as gone (stopped, hung; one that never said its pid: the spawned
+    workers missing from the board) and the process group of a worker that ended; a worker still running :data:`EXIT_GRACE_S` after every worker had its verdict, or
+    ``exit_deadline_s`` after another worker exited. ``abandon()`` is called when torch's
+    launcher still waits :data:`EXIT_GRACE_S` after every worker ended."""
 
     def __init__(
         self,
@@ -219,28 +305,29 @@ class Watchdog:
         *,
         exit_deadline_s: float,
         clock: Callable[[], float] = time.monotonic,
-        running: Callable[[int], bool] = _child_running,
+        exit_status: Callable[[int], int | None] = child_exit,
         kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
+        kill_group: Callable[[int], None] = kill_group,
+        abandon: Callable[[], None] = lambda: None,
+        unattached: Callable[[WorkerBoard], list[int]] = unattached_workers,
     ) -> None:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
         self.kills: list[Kill] = []
-        self._clock = clock
-        self._running = running
-        self._kill = kill
-        self._killed: set[int] = set()
-        self._accounted_at: float | None = None
-        self._first_exit_at: float | None = None
+        self.exits: dict[int, int] = {}
+        """Each ended worker's status (negative: the signal), by rank."""
+        self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
+        self._kill, self._kill_group, self._unattached = kill, kill_group, unattached
+        self._since: dict[str, float] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
     def killed(self, rank: int) -> bool:
@@ -254,40 +341,47 @@ class Watchdog:
             except Exception as exc:  # never let the watchdog die silently
                 log.debug("watchdog: %s", exc)
 
+    def _for(self, name: str, holds: bool, now: float) -> float:
+        """How long it is since ``holds`` first held (-1 while it never did)."""
+        if holds:
+            self._since.setdefault(name, now)
+        return now - self._since[name] if name in self._since else -1.0
+
     def check(self) -> None:
         """One look at the board (the thread calls it every :data:`WATCH_POLL_S`)."""
         board, now = self.board, self._clock()
         ranks = range(board.num_workers)
-        pids = [board.pids[r] for r in ranks]
-        # A worker this watchdog killed counts as exited (its pid may already be reused).
-        running = [
-            bool(pids[r]) and r not in self._killed and self._running(pids[r]) for r in ranks
-        ]
-        exited = [bool(pids[r]) and not running[r] for r in ranks]
+        for r in ranks:
+            pid = board.pids[r]
+            if pid and r not in self.exits and (status := self._exit_status(pid)) is not None:
+                self.exits[r] = status
+                self._kill_group(pid)  # whatever its blocks left behind
+        running = [bool(board.pids[r]) and r not in self.exits for r in ranks]
         for r in ranks:
             if board.missing[r] and running[r]:
                 self._end(r, "did not reach the run's agreement step (stopped or hung)")
-        if all(exited[r] or board.stage[r] >= VERDICT or board.missing[r] for r in ranks):
-            if self._accounted_at is None:
-                self._accounted_at = now
-            elif now - self._accounted_at >= EXIT_GRACE_S:
-                for r in ranks:
-                    if running[r] and r not in self._killed:
-                        self._end(r, f"was still running {EXIT_GRACE_S:g} s after the run ended")
-        if any(exited) and self._first_exit_at is None:
-            self._first_exit_at = now
-        if self._first_exit_at is not None and now - self._first_exit_at >= self.exit_deadline_s:
+            elif board.missing[r] and not board.pids[r] and not self.killed(r):
+                for pid in self._unattached(board):  # stopped before it said its pid
+                    self._kill(pid)
+                    self.kills.append(Kill(r, "never started (stopped or hung)"))
+        known = all(r in self.exits or board.stage[r] >= VERDICT or board.missing[r] for r in ranks)
+        if self._for("known", known, now) >= EXIT_GRACE_S:
             for r in ranks:
-                if running[r] and r not in self._killed:
-                    self._end(
-                        r,
-                        f"was still running {self.exit_deadline_s:g} s after another worker exited",
-                    )
+                if running[r]:
+                    self._end(r, f"was still running {EXIT_GRACE_S:g} s after the run ended")
+        if self._for("exit", bool(self.exits), now) >= self.exit_deadline_s:
+            for r in ranks:
+                if running[r]:
+                    late = f"{self.exit_deadline_s:g} s after another worker exited"
+                    self._end(r, f"was still running {late}")
+        if self._for("all", len(self.exits) == board.num_workers, now) >= EXIT_GRACE_S:
+            self._stop.set()
+            self._abandon()
 
     def _end(self, rank: int, reason: str) -> None:
-        self._killed.add(rank)
-        try:
-            self._kill(self.board.pids[rank])
-        except ProcessLookupError:
-            return
-        self.kills.append(Kill(rank, reason))
+        if rank not in (k.rank for k in self.kills):
+            try:
+                self._kill(self.board.pids[rank])
+            except ProcessLookupError:
+                return
+            self.kills.append(Kill(rank, reason))

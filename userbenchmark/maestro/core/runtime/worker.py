@@ -1,124 +1,61 @@
-"""One rank's process: load the pattern file, run the suite, turn failures into exit statuses."""
+"""One rank's process: run the suite, and turn every way that can end into one exit status with
+one line saying why (ranks of the local launcher, of torchrun or srun, or the only process)."""
 
 from __future__ import annotations
 
-import logging
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from typing import Any
+import threading
 
-from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, OptionError
-from . import interrupts
+from ...errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    ConfigError,
+    OptionError,
+    RunError,
+    cause_of,
+    interrupted_message,
+    say,
+    user_error_message,
+)
+from ..config.options import RunOptions
+from ..config.spec import SuiteSpec
+from . import interrupts, supervision
+from .distributed import detect_launch
+from .suite import run_suite
+
+LINGER_S = 1.0
+"""How long a rank's exit waits for threads its blocks left running before it ends anyway."""
 
 
-@contextmanager
-def _quiet_loader() -> Iterator[None]:
-    """Hide the loader's warnings while a file is loaded again (they were shown once)."""
-    logger = logging.getLogger("maestro.config")
-    previous = logger.level
-    logger.setLevel(logging.ERROR)
+def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
+    """Run ``suite`` on this rank; returns its exit status. What ends the run before its own
+    protocol takes over is said here in one line; what blocks leave behind cannot hold the
+    exit (children ended, threads given :data:`LINGER_S`)."""
+    rank = detect_launch().rank
+    status = EXIT_FAILED
     try:
-        yield
-    finally:
-        logger.setLevel(previous)
-
-
-def _with_place(message: str, file: str, path: str) -> str:
-    where = ": ".join(part for part in (file, path) if part)
-    return f"{message} ({where})" if where else message
-
-
-def _load(
-    config: str,
-    world_size: int | None,
-    options: dict[str, Any],
-    *,
-    world_size_source: str = "--nproc",
-    quiet: bool = False,
-    text: str | None = None,
-) -> Any:
-    """The validated suite with the command-line options applied.
-
-    ``text``: the pattern text, already read (``config`` then only names it in messages);
-    None: read the file ``config`` (a path or a shipped config's name). Raises ConfigError
-    for the pattern file and OptionError when an option does not fit it (``--pattern``
-    matching nothing, ``--max-size`` a block cannot take).
-    """
-    from ..config.loader import load_suite, load_suite_text
-    from ..config.options import RunOptions, apply_overrides
-
-    with _quiet_loader() if quiet else nullcontext():
-        if text is None:
-            suite = load_suite(config, world_size=world_size, world_size_source=world_size_source)
-        else:
-            suite = load_suite_text(
-                text, file=config, world_size=world_size, world_size_source=world_size_source
-            )
-    try:
-        return apply_overrides(suite, RunOptions(**options))
-    except ConfigError as err:  # the file is fine: the option does not fit it
-        message = "; ".join(_with_place(i.message, i.file, i.path) for i in err.issues)
-        raise OptionError(message) from None
-
-
-def read_pattern(config: str) -> tuple[str, str]:
-    """``(path, text)`` of the pattern file ``config`` (a path or a shipped config's name),
-    read once: every rank of the run gets this text (ConfigError when it cannot be read)."""
-    from ..config.loader import resolve_config_path
-    from ..config.yaml_reader import read_file_text
-
-    path = resolve_config_path(config)
-    return str(path), read_file_text(path, str(path))
-
-
-def run_worker(
-    config: str,
-    world_size: int,
-    options: dict[str, Any],
-    *,
-    world_size_source: str = "--nproc",
-    text: str | None = None,
-    suite: Any = None,
-) -> int:
-    """One rank's run (in a worker started by the launcher, torchrun or srun).
-
-    ``suite``: the suite this process validated already (torchrun, srun, one process);
-    ``text``: the pattern text the local launcher read (its workers never read the file);
-    neither: read the file ``config``. Loading again shows no warnings: they were shown once.
-    """
-    from ...errors import RunError
-    from ..config.options import RunOptions
-    from .distributed import detect_launch
-    from .suite import run_suite
-
-    launch = detect_launch()
-    try:
-        if suite is None:
-            suite = _load(
-                config,
-                launch.world_size,
-                options,
-                world_size_source=world_size_source,
-                quiet=True,
-                text=text,
-            )
-        return run_suite(suite, RunOptions(**options), launch)
-    except ConfigError as err:
-        if launch.rank == 0:
-            print(f"maestro: invalid configuration:\n{err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except OptionError as err:
-        if launch.rank == 0:
-            print(f"maestro: invalid option: {err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        with supervision.exits_refused():
+            status = run_suite(suite, options)
+    except (ConfigError, OptionError) as err:
+        if rank == 0:  # every rank found it; one says it
+            say(user_error_message(err))
+        status = EXIT_USAGE
     except RunError as err:
-        print(f"maestro: rank {launch.rank}: {err}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        say(f"maestro: rank {rank}: {err}")
+        supervision.reached_verdict(EXIT_FAILED, err.missing or ())  # the launcher ends them
     except interrupts.PeerExited:
-        return EXIT_FAILED  # another worker exited before the run began: the launcher says why
+        pass  # another worker ended before the run began: the launcher says which
     except KeyboardInterrupt:
-        # Only before the run's own handling starts (loading, the rendezvous): nothing ran.
-        if launch.rank == 0:
-            print(interrupts.message(saved=False), file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        if rank == 0 and supervision.forwarded():  # else the local launcher knows who and why
+            say(interrupted_message(saved=False))
+        status = EXIT_INTERRUPTED
+    except BaseException as exc:  # torch or the machine, before the run's own protocol
+        say(f"maestro: rank {rank}, phase start-up: {cause_of(exc)}")
+    supervision.end_children()
+    main = threading.main_thread()
+    if any(t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()):
+        # A block's thread would hold the interpreter's exit forever.
+        timer = threading.Timer(LINGER_S, supervision.hard_exit, (status, rank))
+        timer.daemon = True
+        timer.start()
+    return status

@@ -1,0 +1,112 @@
+"""Rank 0's side of a run, in one place: the progress line, the tables, the writer, where the
+metrics file goes and its ``environ`` (settings.py), the closing lines. A closed standard
+output (``| head -1``) costs the tables printed after it, never a file."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from ...errors import EXIT_INTERRUPTED, STREAM_GONE, detach_stream, interrupted_message, say
+from ..analysis.records import PatternOutcome
+from ..config.options import RunOptions
+from ..config.spec import PatternSpec, SuiteSpec
+from .progress import Progress
+from .table import Tables
+from .writer import OutputWriter
+
+log = logging.getLogger("maestro")
+
+
+class Reporter:
+    """Prints each pattern's table and rewrites every output file after it; ``guard()`` wraps
+    each update (the runtime holds SIGINT/SIGTERM meanwhile). Files start with :meth:`start`,
+    once the ``environ`` is known."""
+
+    def __init__(
+        self,
+        suite: SuiteSpec,
+        options: RunOptions,
+        *,
+        guard: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
+        self.suite = suite
+        self.options = options
+        self.writer: OutputWriter | None = None
+        self.tables = Tables(precision=options.precision)
+        self.progress = Progress(total=len(suite.patterns))
+        self.progress.start()
+        self.saved = False
+        """Some pattern (finished or failed) is in a file."""
+        self._guard = guard
+        self._stdout_lost = ""
+        """Why standard output stopped taking the tables (its reader went away), or ""."""
+
+    def start(self, environ: Mapping[str, str]) -> None:
+        """Open the writer: ``environ`` is the metrics file's (settings.run_environ)."""
+        self.writer = OutputWriter(
+            output_dir=Path(self.options.output_dir) if self.options.output_dir else None,
+            metrics_path=Path(self.options.metrics_path) if self.options.metrics_path else None,
+            environ=environ,
+            trace=self.options.trace,
+            plot=self.options.plot,
+            guard=self._guard,
+        )
+
+    def _print(self, text: str = "") -> None:
+        if self._stdout_lost:
+            return
+        try:
+            print(text, flush=True)
+        except STREAM_GONE as exc:  # the reader went away (| head): the files still get everything
+            self._stdout_lost = f"{type(exc).__name__}: {exc}"
+            detach_stream(sys.stdout)
+
+    def finished(self, pattern: PatternSpec, outcome: PatternOutcome) -> None:
+        """A pattern was measured: its warnings and table, then every file rewritten (an
+        OSError of the files propagates: the runtime reports it to every rank)."""
+        self.progress.clear()
+        for warning in outcome.warnings:
+            log.warning("%s", warning)
+        self._print(self.tables.pattern(pattern, outcome))
+        self._print()
+        assert self.writer is not None, "start() first"
+        self.writer.add(outcome)
+        self._wrote()
+        self.progress.advance(f"pattern {pattern.name}")
+
+    def failed(self, pattern: str, message: str) -> None:
+        """A pattern failed on some rank: the message, and failures.json."""
+        say(f"maestro: pattern {pattern} failed: {message}")
+        self.progress.advance(f"pattern {pattern} (failed)")
+        if self.writer is not None:
+            self.writer.add_failure(pattern, message)
+            self._wrote()
+
+    def _wrote(self) -> None:
+        assert self.writer is not None
+        self.saved = self.writer.metrics_path is not None or self.writer.output_dir is not None
+
+    def close(self, status: int) -> None:
+        """The run ended with ``status``: the sweep summaries, then where the files are and,
+        when interrupted, one line saying so."""
+        self.progress.close()
+        for summary in self.tables.closing():
+            self._print(summary)
+            self._print()
+        if status == EXIT_INTERRUPTED:
+            say(interrupted_message(saved=self.saved))
+        if self.saved and self.writer is not None:
+            if self.writer.metrics_path is not None:
+                self._print(f"maestro: metrics written to {self.writer.metrics_path}")
+            if self.writer.output_dir is not None:
+                self._print(f"maestro: results written to {self.writer.output_dir}")
+        if self._stdout_lost:
+            say(
+                f"maestro: standard output was closed ({self._stdout_lost}); tables were not "
+                "printed from then on, and the files hold every pattern"
+            )
