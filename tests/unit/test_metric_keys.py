@@ -8,11 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from userbenchmark.maestro.core.analysis.records import RECORDS, metrics_of
 from userbenchmark.maestro.core.output.metric_keys import (
-    BLOCK_METRICS,
     METRICS,
-    PAIR_METRICS,
-    PATTERN_METRICS,
     MetricKey,
     check_name,
     metric_key,
@@ -181,13 +179,16 @@ def test_parse_rejects_malformed_pair_keys(key):
 
 
 def test_known_metric_sets_are_disjoint_and_complete():
-    assert set(BLOCK_METRICS).isdisjoint(PATTERN_METRICS)
-    assert set(PAIR_METRICS).isdisjoint(set(BLOCK_METRICS) | set(PATTERN_METRICS))
-    assert set(METRICS) == set(BLOCK_METRICS) | set(PATTERN_METRICS) | set(PAIR_METRICS)
+    block, pattern, pair = (
+        set(metrics_of(RECORDS[level])) for level in ("block", "pattern", "pair")
+    )
+    assert block.isdisjoint(pattern)
+    assert pair.isdisjoint(block | pattern)
+    assert set(METRICS) == block | pattern | pair
     assert set(METRICS) == set(LOWER) | set(HIGHER) | set(TWO_SIDED)
-    assert all(spec.level == "block" for spec in BLOCK_METRICS.values())
-    assert all(spec.level == "pattern" for spec in PATTERN_METRICS.values())
-    assert all(spec.level == "pair" for spec in PAIR_METRICS.values())
+    assert all(METRICS[name].level == "block" for name in block)
+    assert all(METRICS[name].level == "pattern" for name in pattern)
+    assert all(METRICS[name].level == "pair" for name in pair)
     assert [METRICS[m].better for m in TWO_SIDED] == [None] * len(TWO_SIDED)
 
 

@@ -14,7 +14,7 @@ import json
 import math
 import numbers
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -24,39 +24,13 @@ import numpy as np
 import pandas as pd
 
 from ...errors import MaestroError
-from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult
-from .metric_keys import BLOCK_METRICS, BOUNDS, PAIR_METRICS, PATTERN_METRICS, metric_key
-
-__all__ = [
-    "BLOCK_COLUMNS",
-    "PAIR_COLUMNS",
-    "PATTERN_COLUMNS",
-    "TABLE_FILES",
-    "Results",
-    "ResultsError",
-    "csv_text",
-    "describe",
-    "json_text",
-    "load_results",
-    "metrics_from_results",
-    "record_frame",
-    "read_json_file",
-    "read_text_file",
-    "read_table",
-    "records_of",
-    "results_from_records",
-    "results_of",
-]
+from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
+from .metric_keys import BOUNDS, metric_key
 
 Table = Literal["blocks", "patterns", "pairs"]
 
 _INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
-
-_DTYPES: Final[Mapping[str, str]] = MappingProxyType(
-    {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
-)
-
-
+_DTYPES: Final = {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
 _BOUND_DTYPES = (_FLOAT, _FLOAT, _INT)
 
 
@@ -138,13 +112,6 @@ def _column(values: Sequence[Any], dtype: str) -> Any:
     return pd.array(list(values), dtype=_STR)
 
 
-def _frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        {name: _column([row[name] for row in rows], dtype) for name, dtype in columns.items()},
-        columns=list(columns),
-    )
-
-
 def _row(record: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
     intervals = getattr(record, "intervals", {})
@@ -160,8 +127,11 @@ def _row(record: Any) -> dict[str, Any]:
 
 def record_frame(records: Iterable[Any], record_type: type) -> pd.DataFrame:
     """The table of ``records`` (all of ``record_type``), in their order."""
+    rows = [_row(r) for r in records]
     columns = _columns_of(record_type)
-    return _frame([_row(r) for r in records], columns)
+    return pd.DataFrame(
+        {name: _column([row[name] for row in rows], t) for name, t in columns.items()}
+    )
 
 
 def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
@@ -177,26 +147,21 @@ def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
 # --- frames to files ---------------------------------------------------------------------------
 
 
+_PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
+
+
 def _plain(value: Any, dtype: str) -> Any:
-    """A cell as a plain Python value: None for NA/NaN, int, float or str."""
-    if value is pd.NA or value is None:
+    """A cell as a plain Python value: None for NA/NaN, int, float, str or bool."""
+    if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
         return None
-    if dtype == _FLOAT:
-        return None if math.isnan(value) else float(value)
-    if dtype == _INT:
-        return int(value)
-    if dtype == _STR:
-        return str(value)
-    if dtype == _BOOL:
-        return bool(value)
-    return value
+    return _PLAIN[dtype](value) if dtype in _PLAIN else value
 
 
 def _dtype_of(frame: pd.DataFrame, name: str) -> str:
     dtype = frame[name].dtype
     if isinstance(dtype, pd.StringDtype):
         return _STR
-    return str(dtype) if str(dtype) in (_INT, _FLOAT, _BOOL) else "object"
+    return str(dtype) if str(dtype) in _PLAIN else "object"
 
 
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -309,23 +274,38 @@ def read_json_file(path: str | Path) -> Any:
         raise ResultsError(f"{path}: not usable JSON ({exc})") from None
 
 
-def _int_cell(value: Any, text: bool) -> int | None:
+def _cell(value: Any, dtype: str, text: bool) -> Any:
+    """A raw cell (a JSON value, or CSV text when ``text``) as its column's type; None and ""
+    are NA. TypeError or ValueError when it is not of that type, OverflowError out of range."""
     if value is None or value == "":
-        return None
+        return "" if dtype == _STR else None
+    if dtype == _STR:
+        if not isinstance(value, str):
+            raise TypeError
+        return value
     if isinstance(value, str):
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
-        try:
-            return _in_int64(int(value))
-        except ValueError:
-            value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+        if dtype == _BOOL and value in ("true", "false"):
+            return value == "true"
+        if dtype == _FLOAT:
+            return float(value)  # CSV: repr text reads back to the same float
+        if dtype == _INT:
+            try:
+                return _in_int64(int(value))
+            except ValueError:
+                value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+    if dtype == _BOOL:
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError
-    if isinstance(value, numbers.Integral):
+    if dtype == _FLOAT:
+        return float(value)  # OverflowError for an integer beyond float64
+    if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return _in_int64(int(value))
-    if not (math.isfinite(value) and float(value).is_integer()):
-        raise TypeError
-    return _in_int64(int(value))
+    raise TypeError
 
 
 def _in_int64(number: int) -> int:
@@ -334,41 +314,6 @@ def _in_int64(number: int) -> int:
     return number
 
 
-def _float_cell(value: Any, text: bool) -> float:
-    if value is None or value == "":
-        return math.nan
-    if isinstance(value, str):
-        if not text:
-            raise TypeError
-        return float(value)  # CSV: repr text reads back to the same float
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError
-    return float(value)  # OverflowError for an integer beyond float64
-
-
-def _bool_cell(value: Any, text: bool) -> bool | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        if not text or value not in ("true", "false"):
-            raise TypeError
-        return value == "true"
-    if not isinstance(value, bool):
-        raise TypeError
-    return value
-
-
-def _str_cell(value: Any, text: bool) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise TypeError
-    return value
-
-
-_CELL: Final[Mapping[str, Callable[[Any, bool], Any]]] = MappingProxyType(
-    {_INT: _int_cell, _FLOAT: _float_cell, _STR: _str_cell, _BOOL: _bool_cell}
-)
 _EXPECTED: Final[Mapping[str, str]] = MappingProxyType(
     {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false"}
 )
@@ -382,12 +327,11 @@ def _typed_frame(
     columns = _COLUMNS[table]
     data: dict[str, Any] = {}
     for name, dtype in columns.items():
-        convert = _CELL[dtype]
         values = []
         for row, where in zip(rows, wheres, strict=True):
             raw = row.get(name)
             try:
-                value = convert(raw, text)
+                value = _cell(raw, dtype, text)
             except OverflowError:
                 raise ResultsError(
                     f"{where}: column {name!r}: {describe(raw)} is out of range"
@@ -401,21 +345,15 @@ def _typed_frame(
                     f"{where}: needs a non-empty string {name!r} "
                     f"(key columns: {', '.join(_KEY_COLUMNS[table])})"
                 )
-            values.append(None if dtype == _FLOAT and math.isnan(value) else value)
+            values.append(value)
         data[name] = _column(values, dtype)
     frame = pd.DataFrame(data, columns=list(columns))
     extra = [n for row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
-        frame[name] = _object_column([row.get(name) for row in rows])
+        # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
+        cells = (row.get(name) for row in rows)
+        frame[name] = np.fromiter(cells, dtype=object, count=len(rows))
     return frame
-
-
-def _object_column(values: Sequence[Any]) -> np.ndarray:
-    """A 1-D object array holding ``values`` as they are (lists stay cells, never a 2-D array)."""
-    column = np.empty(len(values), dtype=object)
-    for index, value in enumerate(values):
-        column[index] = value
-    return column
 
 
 def _legacy_pair_rows(
@@ -558,9 +496,9 @@ def metrics_from_results(results: Results) -> dict[str, float]:
                 group[key] = float(row[column])
 
     for row in records_of(results.blocks):
-        add(row, BLOCK_METRICS, block=row["block"])
+        add(row, metrics_of(BlockResult), block=row["block"])
     for row in records_of(results.patterns):
-        add(row, PATTERN_METRICS, block=None)
+        add(row, metrics_of(PatternResult), block=None)
     for row in records_of(results.pairs):
-        add(row, PAIR_METRICS, block=None, pair=(row["block_a"], row["block_b"]))
+        add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
     return {key: value for group in groups.values() for key, value in group.items()}
