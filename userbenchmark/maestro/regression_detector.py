@@ -19,8 +19,6 @@ from .core.output.metric_keys import BOUNDS
 from .core.output.settings import setting_differences
 from .core.output.verdicts import judge_all, readings
 
-__all__ = ["TorchBenchABTestMetric", "TorchBenchABTestResult", "run"]
-
 BENCHMARK_NAME = "maestro"
 
 
@@ -49,11 +47,8 @@ class _LocalABTestResult:
 
 
 def _result_types() -> tuple[type, type]:
-    """TorchBench's result types inside a TorchBench checkout, else the local stand-ins.
-
-    Decided by whether ``userbenchmark.utils`` exists, not by catching ImportError, so a
-    TorchBench utils module that fails to import still fails loudly.
-    """
+    """TorchBench's result types inside a TorchBench checkout, else the local stand-ins (by
+    whether ``userbenchmark.utils`` exists: a utils module that fails to import fails loudly)."""
     top_package = (__package__ or "").split(".")[0]
     utils_name = f"{top_package}.utils"
     if top_package and importlib.util.find_spec(utils_name) is not None:
@@ -81,14 +76,17 @@ def run(
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
-    differences = setting_differences(_env_of(control), _env_of(treatment))
+    control_env, treatment_env = _env_of(control), _env_of(treatment)
+    differences = setting_differences(control_env, treatment_env)
     if differences:
         raise ValueError(
             "control and treatment were measured with different settings, so their numbers "
             "do not compare: " + "; ".join(differences)
         )
-    numbers_c = {k: v for k, v in control_metrics.items() if _is_finite_number(v)}
-    numbers_t = {k: v for k, v in treatment_metrics.items() if _is_finite_number(v)}
+    numbers_c, numbers_t = (
+        {k: v for k, v in m.items() if _is_finite_number(v)}
+        for m in (control_metrics, treatment_metrics)
+    )
     details: dict[str, Any] = {}
     for key in sorted(control_metrics.keys() & treatment_metrics.keys()):
         before, after = control_metrics[key], treatment_metrics[key]
@@ -97,18 +95,14 @@ def run(
             details[key] = TorchBenchABTestMetric(
                 control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
-    judged = judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides)
-    for j in judged:
+    for j in judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides):
         if j.verdict in ("regressed", "changed"):
-            details[j.key] = TorchBenchABTestMetric(
-                control=j.control.value,
-                treatment=j.treatment.value,
-                delta=_delta(j.control.value, j.treatment.value),
-            )
+            a, b = j.control.value, j.treatment.value
+            details[j.key] = TorchBenchABTestMetric(control=a, treatment=b, delta=_delta(a, b))
     return TorchBenchABTestResult(
         name=name,
-        control_env=_env_of(control),
-        treatment_env=_env_of(treatment),
+        control_env=control_env,
+        treatment_env=treatment_env,
         details=dict(sorted(details.items())),
         control_only_metrics=_only(control_metrics, treatment_metrics),
         treatment_only_metrics=_only(treatment_metrics, control_metrics),

@@ -51,14 +51,8 @@ def median_makespan_iteration(timeline: Timeline) -> int | None:
     blocks it runs) and the iteration's makespan is the max over ranks, as latency is; no
     timestamps of different ranks are compared. None when no rank has an interval.
     """
-    per_rank = []
-    for rt in timeline.ranks:
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
-        if not present.any() or starts.ndim != 2 or starts.shape[1] == 0:
-            continue
-        per_rank.append(ends[present].max(axis=0) - starts[present].min(axis=0))
+    rows = timeline.rank_arrays()
+    per_rank = [ends[p].max(axis=0) - starts[p].min(axis=0) for _, starts, ends, p in rows]
     if not per_rank:
         return None
     num_iters = min(len(m) for m in per_rank)
@@ -75,6 +69,9 @@ def _block_colors(names: Sequence[str]) -> dict[str, Any]:
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
+_BAR_STYLE = {"height": 0.7, "edgecolor": "black", "linewidth": 0.5}
+
+
 def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -> None:
     """Top panel: one iteration, one row per (rank, lane), times relative to the rank's start."""
     it = median_makespan_iteration(timeline) if timeline is not None else None
@@ -85,19 +82,10 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
     lanes = list(dict.fromkeys(timeline.block_lanes))
     labels: list[str] = []
     drawn: set[str] = set()
-    for rt in sorted(timeline.ranks, key=lambda r: r.rank):
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        if not present.any():
-            continue
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
+    for rt, starts, ends, present in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
         origin_ns = int(starts[present, it].min())
         for lane in lanes:
-            blocks = [
-                b
-                for b, name in enumerate(timeline.block_names)
-                if present[b] and timeline.block_lanes[b] == lane
-            ]
+            blocks = [b for b in np.flatnonzero(present) if timeline.block_lanes[b] == lane]
             if not blocks:
                 continue
             y = len(labels)
@@ -106,15 +94,7 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
                 name = timeline.block_names[b]
                 left_us = (int(starts[b, it]) - origin_ns) / 1000.0
                 width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-                ax.barh(
-                    y,
-                    width_us,
-                    left=left_us,
-                    height=0.7,
-                    color=colors[name],
-                    edgecolor="black",
-                    linewidth=0.5,
-                )
+                ax.barh(y, width_us, left=left_us, color=colors[name], **_BAR_STYLE)
                 drawn.add(name)
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
@@ -137,7 +117,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     width = 0.4
     overlapped = [b.latency_avg_us for b in outcome.blocks]
     isolated = [b.isolated_latency_avg_us for b in outcome.blocks]
-    has_iso = [v is not None and math.isfinite(v) for v in isolated]
+    has_iso = [math.isfinite(v) for v in isolated]
     iso_x = [xi - width / 2 for xi, ok in zip(x, has_iso, strict=True) if ok]
     iso_y = [v for v, ok in zip(isolated, has_iso, strict=True) if ok]
     if iso_x:
@@ -181,11 +161,8 @@ def _count_rows(timeline: Timeline | None) -> int:
     """Rows of the timeline panel: (rank, lane) pairs where the rank runs a block."""
     if timeline is None:
         return 0
-    rows = 0
-    for rt in timeline.ranks:
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        rows += len({lane for lane, p in zip(timeline.block_lanes, present, strict=False) if p})
-    return rows
+    lanes = timeline.block_lanes
+    return sum(len({lanes[b] for b in np.flatnonzero(p)}) for *_, p in timeline.rank_arrays())
 
 
 def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
@@ -203,6 +180,11 @@ def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
     _draw_timeline(top, timeline, colors)
     _draw_latency(bottom, outcome, colors)
     fig.suptitle(f"{outcome.pattern.suite} / {outcome.pattern.pattern}")
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written atomically."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     atomic_write_bytes(path, buf.getvalue())
@@ -259,7 +241,4 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     ax.set_title(title + "\nB in red: regressed beyond noise; green: improved")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(Path(path), buf.getvalue())
-    return Path(path)
+    return _save(fig, Path(path))
