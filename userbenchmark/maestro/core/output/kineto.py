@@ -21,7 +21,7 @@ import numpy as np
 
 from ..analysis import overlap
 from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
-from ..analysis.records import PatternOutcome, RankTimeline
+from ..analysis.records import PatternOutcome
 from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
 TRACES_DIR = "traces"
@@ -59,18 +59,6 @@ def _us(value_ns: float) -> float:
 
 def _finite_or_none(value: float) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
-
-
-def _extent_with_launches(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
-) -> tuple[int, int]:
-    """A rank's first and last instant of a pattern, its CUDA launch calls included."""
-    lo, hi = int(starts[present].min()), int(ends[present].max())
-    acts = rt.activities
-    if acts is not None and len(acts.launches):
-        lo = min(lo, int(acts.launches.start_ns.min()))
-        hi = max(hi, int(acts.launches.end_ns.max()))
-    return lo, hi
 
 
 def _launched(acts: DeviceActivities) -> np.ndarray:
@@ -153,25 +141,14 @@ class _PatternOnRank:
 
     def __init__(self, f: _RankFile, place: Placement, part: RankPart) -> None:
         self.f, self.place, self.part = f, place, part
-        self.timeline = timeline = place.timeline
-        results = {b.block: b for b in place.outcome.blocks}
-        self.block_args = []
-        for b, name in enumerate(timeline.block_names):
-            # The iteration goes in "pattern_iteration" (added per event), not "iteration":
-            # HolisticTraceAnalysis fills an "iteration" column of its own (the ProfilerStep)
-            # and fails to load an arg of that name. A kernel's thread-block dims are
-            # "block dims": "block" is maestro's.
-            result = results.get(name)
-            args = {
-                "pattern": timeline.pattern,
-                "block": name,
-                "op": result.op if result is not None else "block",
-                "lane": timeline.block_lanes[b],
-                "rank": f.rank,
-            }
-            if b < len(timeline.block_categories):
-                args["category"] = timeline.block_categories[b]
-            self.block_args.append(args)
+        self.timeline = place.timeline
+        # The iteration goes in "pattern_iteration" (added per event), not "iteration":
+        # HolisticTraceAnalysis fills an "iteration" column of its own (the ProfilerStep) and
+        # fails to load an arg of that name. A kernel's thread-block dims are "block dims":
+        # "block" is maestro's.
+        self.block_args = place.block_args(f.rank)
+        for args, category in zip(self.block_args, place.timeline.block_categories, strict=False):
+            args["category"] = category
 
     def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
         """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
@@ -217,9 +194,8 @@ class _PatternOnRank:
             s, e = int(acts.start_ns[i]), int(acts.end_ns[i])
             pid = self.f.device(device)
             self.f.thread(pid, stream, f"stream {stream}")
-            args: dict[str, Any] = {"device": device, "stream": stream}
-            args["correlation"] = int(acts.correlation_id[i])
-            args = self.of_block(b, it, **args)
+            correlation = int(acts.correlation_id[i])
+            args = self.of_block(b, it, device=device, stream=stream, correlation=correlation)
             if kind == KIND_KERNEL:
                 args["grid"] = acts.grid[i].tolist()
                 args["block dims"] = acts.block_dims[i].tolist()
@@ -337,7 +313,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     files = {rank: _RankFile(rank) for rank in range(world_size)}
     lane_tids: dict[str, int] = {}
     step, end_us = 0, 0.0
-    for place in place_patterns(outcomes, extent=_extent_with_launches, whole_us=True):
+    for place in place_patterns(outcomes, launches=True, whole_us=True):
         for lane in place.timeline.block_lanes:
             lane_tids.setdefault(lane, LANE_TID_BASE + len(lane_tids))
         for part in place.parts:

@@ -30,15 +30,11 @@ TIME_ALIGNMENT_NOTE = (
 )
 
 
-def _block_args(block: str, lane: str, rank: int, result: BlockResult | None) -> dict[str, Any]:
-    """What a block's slices carry: its names, size and the figures that are numbers (NaN
-    means 'not applicable': left out)."""
-    op = result.op if result is not None else "block"
-    args: dict[str, Any] = {"block": block, "op": op, "lane": lane, "rank": rank}
+def _figures(result: BlockResult | None) -> dict[str, Any]:
+    """A block's size and the figures that are numbers (NaN means 'not applicable': left out)."""
     if result is None:
-        return args
-    if result.size_bytes is not None:
-        args["size_bytes"] = int(result.size_bytes)
+        return {}
+    args = {} if result.size_bytes is None else {"size_bytes": int(result.size_bytes)}
     for name in BLOCK_ARG_METRICS:
         value = getattr(result, name)
         if value is not None and math.isfinite(value):
@@ -63,10 +59,11 @@ def _write_rank(
         {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock},
     )
     results = {b.block: b for b in place.outcome.blocks}
+    names = place.block_args(rank)
     for b in np.flatnonzero(part.present).tolist():
         name, lane = timeline.block_names[b], timeline.block_lanes[b]
         tid = out.thread(pid, lane_tids[lane], lane)
-        args = {"pattern": timeline.pattern, **_block_args(name, lane, rank, results.get(name))}
+        args = {**names[b], **_figures(results.get(name))}
         ends = part.ends[b].tolist()
         for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
             out.complete(
