@@ -280,13 +280,9 @@ def format_compare_table(result: CompareResult) -> str:
 
 
 def _row(j: Judgement) -> list[str]:
-    if math.isnan(j.low):
-        change = _fmt_change(j.change, j.absolute)
-    else:
-        change = (
-            f"{_fmt_change(j.change, j.absolute)} "
-            f"[{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
-        )
+    change = _fmt_change(j.change, j.absolute)
+    if not math.isnan(j.low):
+        change += f" [{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
     floor = "" if j.floor is None else (f"{j.floor:g}" if j.absolute else f"{j.floor * 100:g}%")
     return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", j.verdict]
 
@@ -356,9 +352,8 @@ def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
 
 
 def _checked(metric: str, value: float, where: str) -> float:
-    """``value`` when ``metric`` (or the metric whose interval bound it is) can take it; else
-    CompareError: an impossible value (a NaN, infinite or non-positive latency) is reported
-    as invalid, never judged."""
+    """``value`` when ``metric`` (or the metric whose bound it is) can take it; else CompareError:
+    an impossible value (a NaN, infinite or non-positive latency) is invalid, never judged."""
     problem = metric_value_problem(metric, value)
     if problem is not None:
         raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")

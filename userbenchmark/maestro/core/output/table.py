@@ -205,21 +205,13 @@ def format_sweep_summary(
 ) -> str:
     """One table for every point of a sweep: (point label, outcome) pairs in run order."""
     u = UNIT_LABEL[unit]
-    rows = []
-    for label, outcome in points:
-        for b in outcome.blocks:
-            rows.append(
-                [
-                    label,
-                    b.block,
-                    format_size(b.size_bytes) if b.size_bytes else "-",
-                    format_in_unit(b.latency_avg_us, unit, precision),
-                    _num(b.algbw_gbps),
-                    _num(b.busbw_gbps),
-                    _num(b.tflops),
-                    _num(b.slowdown, 3),
-                ]
-            )
+    rows = [
+        [label, b.block, format_size(b.size_bytes) if b.size_bytes else "-"]
+        + [format_in_unit(b.latency_avg_us, unit, precision), _num(b.algbw_gbps)]
+        + [_num(b.busbw_gbps), _num(b.tflops), _num(b.slowdown, 3)]
+        for label, outcome in points
+        for b in outcome.blocks
+    ]
     headers = ["point", "block", "size", f"avg ({u})", "algbw GB/s", "busbw GB/s"]
     headers += ["TFLOP/s", "slowdown"]
     first = points[0][1].pattern
