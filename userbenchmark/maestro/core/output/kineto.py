@@ -57,10 +57,6 @@ def _us(value_ns: float) -> float:
     return round(value_ns / 1000.0, 3)
 
 
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
 def _launched(acts: DeviceActivities) -> np.ndarray:
     """Per launch call, the index of an activity with its correlation id (there is one)."""
     order = np.argsort(acts.correlation_id, kind="stable")
@@ -155,9 +151,9 @@ class _PatternOnRank:
         ts = round(self.place.at(self.part, start_ns), 3)
         self.f.complete(name, cat, pid, tid, ts, _us(end_ns - start_ns), args)
 
-    def of_block(self, b: int, it: int, **more: Any) -> dict[str, Any]:
-        """The args of an event of block ``b`` in iteration ``it``."""
-        return {**more, **self.block_args[b], "pattern_iteration": it}
+    def of_block(self, b: Any, it: Any, **more: Any) -> dict[str, Any]:
+        """The args of an event of block ``b`` in iteration ``it`` (ints or numpy ints)."""
+        return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:
         """The pattern's span and one ProfilerStep per iteration on the host's step track."""
@@ -177,14 +173,12 @@ class _PatternOnRank:
         """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
-            lane = self.timeline.block_lanes[b]
-            pid = self.f.host(lane_tids[lane], f"lane {lane}")
-            name = self.timeline.block_names[b]
+            lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
+            tid = lane_tids[lane]
+            pid = self.f.host(tid, f"lane {lane}")
             ends = part.ends[b].tolist()
             for it, (s, e) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
-                self.slice(
-                    name, "user_annotation", pid, lane_tids[lane], s, e, self.of_block(b, it)
-                )
+                self.slice(name, "user_annotation", pid, tid, s, e, self.of_block(b, it))
 
     def device_activities(self, acts: DeviceActivities) -> None:
         """CUPTI's records as Kineto writes them, on a track per (GPU, stream)."""
@@ -217,10 +211,7 @@ class _PatternOnRank:
             api = "cuda_driver" if int(calls.api[j]) == API_DRIVER else "cuda_runtime"
             corr = int(calls.correlation_id[j])
             args = self.of_block(
-                int(acts.block[i]),
-                int(acts.iteration[i]),
-                cbid=int(calls.cbid[j]),
-                correlation=corr,
+                acts.block[i], acts.iteration[i], cbid=int(calls.cbid[j]), correlation=corr
             )
             name = acts.names[int(calls.name_index[j])]
             self.slice(name, api, pid, tid, int(calls.start_ns[j]), int(calls.end_ns[j]), args)
@@ -232,9 +223,7 @@ class _PatternOnRank:
         for i in np.sort(np.flatnonzero(missing)[first]).tolist():  # one per correlation id
             c = int(acts.correlation_id[i])
             name = f"{KIND_NAMES[int(acts.kind[i])]} launch (no API record)"
-            args = self.of_block(
-                int(acts.block[i]), int(acts.iteration[i]), correlation=c, synthesised=True
-            )
+            args = self.of_block(acts.block[i], acts.iteration[i], correlation=c, synthesised=True)
             start = int(acts.start_ns[i])
             self.slice(name, "cuda_runtime", pid, tid, start, start, args)
 
@@ -285,6 +274,7 @@ class _PatternOnRank:
             self.cpu_blocks(lane_tids)
         self.overlap()
         by_rank = self.place.outcome.comm_compute_overlap_by_rank
+        mine = by_rank[f.rank] if f.rank < len(by_rank) else math.nan
         f.patterns.append(
             {
                 "pattern": self.timeline.pattern,
@@ -295,9 +285,7 @@ class _PatternOnRank:
                 "num_steps": part.starts.shape[1],
                 "clock": part.rt.clock,
                 "ranks_share_a_clock": self.timeline.shared_clock,
-                "comm_compute_overlap": (
-                    _finite_or_none(by_rank[f.rank]) if f.rank < len(by_rank) else None
-                ),
+                "comm_compute_overlap": float(mine) if math.isfinite(mine) else None,
                 "device_activities": acts is not None,
             }
         )

@@ -102,12 +102,16 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
     ax.set_title(f"Iteration {it} (median makespan), each rank on its own clock")
     ax.grid(axis="x", alpha=0.3)
     if drawn:
-        from matplotlib.patches import Patch
-
         # Legend in the pattern's block order, not in drawing (rank, lane) order.
-        order = [n for n in dict.fromkeys(timeline.block_names) if n in drawn]
-        handles = [Patch(facecolor=colors[n], edgecolor="black", label=n) for n in order]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        _legend(ax, [(colors[n], n) for n in dict.fromkeys(timeline.block_names) if n in drawn])
+
+
+def _legend(ax: Any, entries: Sequence[tuple[Any, str]]) -> None:
+    """A legend of (colour, label) patches beside the panel."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=color, edgecolor="black", label=label) for color, label in entries]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
 def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> None:
@@ -130,12 +134,8 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
         edgecolor="black",
     )
     # The slowdown the run computed (overlapped / isolated), where a baseline exists.
-    ax.bar_label(
-        bars,
-        [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks],
-        padding=2,
-        fontsize="small",
-    )
+    labels = [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks]
+    ax.bar_label(bars, labels, padding=2, fontsize="small")
     ax.margins(y=0.15)
     ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
     ax.set_ylabel("average latency (µs)")
@@ -148,13 +148,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     if names:
-        from matplotlib.patches import Patch
-
-        handles = [
-            Patch(facecolor="lightgray", edgecolor="black", label="isolated (alone)"),
-            Patch(facecolor="white", edgecolor="black", label="overlapped (block colour)"),
-        ]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        _legend(ax, [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")])
 
 
 def _count_rows(timeline: Timeline | None) -> int:
@@ -229,9 +223,7 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
         for yi, j in zip(y, rows, strict=True):
             r = getattr(j, side)
             color = "tab:blue" if side == "control" else _VERDICT_COLORS.get(j.verdict, "gray")
-            err = None
-            if r.has_interval:
-                err = [[r.value - r.low], [r.high - r.value]]
+            err = [[r.value - r.low], [r.high - r.value]] if r.has_interval else None
             ax.errorbar(r.value, yi + offset, xerr=err, fmt="o", color=color, capsize=3)
         ax.plot([], [], "o", color="tab:blue" if label == "A" else "gray", label=label)
     ax.set_yticks(y, [j.key.rsplit("/", 1)[0] for j in rows])

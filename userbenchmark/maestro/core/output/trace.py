@@ -49,15 +49,9 @@ def _write_rank(
     timeline, rank = place.timeline, part.rt.rank
     pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
     out.thread(pid, PATTERN_TRACK_TID, "pattern")
-    out.complete(
-        timeline.pattern,
-        "pattern",
-        pid,
-        PATTERN_TRACK_TID,
-        place.at(part, part.lo_ns),
-        (part.hi_ns - part.lo_ns) / 1000.0,
-        {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock},
-    )
+    start_us, span_us = place.at(part, part.lo_ns), (part.hi_ns - part.lo_ns) / 1000.0
+    span = {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock}
+    out.complete(timeline.pattern, "pattern", pid, PATTERN_TRACK_TID, start_us, span_us, span)
     results = {b.block: b for b in place.outcome.blocks}
     names = place.block_args(rank)
     for b in np.flatnonzero(part.present).tolist():
@@ -66,15 +60,8 @@ def _write_rank(
         args = {**names[b], **_figures(results.get(name))}
         ends = part.ends[b].tolist()
         for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
-            out.complete(
-                name,
-                args["op"],
-                pid,
-                tid,
-                place.at(part, start_ns),
-                (end_ns - start_ns) / 1000.0,
-                {**args, "iteration": it},
-            )
+            ts, dur = place.at(part, start_ns), (end_ns - start_ns) / 1000.0
+            out.complete(name, args["op"], pid, tid, ts, dur, {**args, "iteration": it})
 
 
 def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:

@@ -139,18 +139,8 @@ class TraceEvents:
         self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
     ) -> None:
         """One slice ("X" event); times in microseconds."""
-        self.events.append(
-            {
-                "name": name,
-                "cat": cat,
-                "ph": "X",
-                "ts": ts,
-                "dur": max(dur, 0.0),
-                "pid": pid,
-                "tid": tid,
-                "args": args,
-            }
-        )
+        event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
+        self.events.append({**event, "pid": pid, "tid": tid, "args": args})
 
     def all(self) -> list[dict[str, Any]]:
         """Metadata, then slices."""
