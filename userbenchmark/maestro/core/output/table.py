@@ -43,6 +43,10 @@ def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) 
     return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
 
 
+def _size(size_bytes: int | None) -> str:
+    return format_size(size_bytes) if size_bytes else "-"
+
+
 LATENCY_COLUMNS = (
     "latency_avg_us",
     "latency_min_us",
@@ -68,21 +72,16 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     headers += ["algbw GB/s", "busbw GB/s", "TFLOP/s"]
     headers += [f"alone ({u})", "slowdown [95 % interval]"] if show_iso else []
     headers += ["#wrong"] if show_check else []
+    latencies = LATENCY_COLUMNS[:4] if show_p99 else LATENCY_COLUMNS[:3]
+    fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
     rows = []
     for b in blocks:
-        latencies = ["latency_avg_us", "latency_min_us", "latency_max_us"]
-        latencies += ["latency_p99_us"] if show_p99 else []
-        row = [b.block, b.op, f"{b.axis}({b.team_size})"]
-        row += [format_size(b.size_bytes) if b.size_bytes else "-"]
-        row += [format_in_unit(getattr(b, c), unit, precision) for c in latencies]
+        row = [b.block, b.op, f"{b.axis}({b.team_size})", _size(b.size_bytes)]
+        row += [fmt(getattr(b, c)) for c in latencies]
         row += [_num(b.algbw_gbps), _num(b.busbw_gbps), _num(b.tflops)]
         if show_iso:
-            row += [
-                format_in_unit(b.isolated_latency_avg_us, unit, precision),
-                _with_interval(b, "slowdown", 3),
-            ]
-        if show_check:
-            row += ["-" if b.wrong_elements is None else str(b.wrong_elements)]
+            row += [fmt(b.isolated_latency_avg_us), _with_interval(b, "slowdown", 3)]
+        row += [_num(b.wrong_elements)] if show_check else []  # an int, or "-" for None
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
@@ -159,11 +158,8 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     """
     unit = unit or pattern_unit(outcome)
     p = outcome.pattern
-    title = (
-        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}"
-        + (f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else "")
-        + ")"
-    )
+    gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""
+    title = f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}{gpu})"
     summary = _overlap_lines(outcome, unit, precision) + _timing_lines(p)
     lines = [title, _block_table(outcome, unit, precision)]
     lines += ["  " + s for s in summary]
@@ -206,7 +202,7 @@ def format_sweep_summary(
     """One table for every point of a sweep: (point label, outcome) pairs in run order."""
     u = UNIT_LABEL[unit]
     rows = [
-        [label, b.block, format_size(b.size_bytes) if b.size_bytes else "-"]
+        [label, b.block, _size(b.size_bytes)]
         + [format_in_unit(b.latency_avg_us, unit, precision), _num(b.algbw_gbps)]
         + [_num(b.busbw_gbps), _num(b.tflops), _num(b.slowdown, 3)]
         for label, outcome in points
