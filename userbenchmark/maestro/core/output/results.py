@@ -78,6 +78,10 @@ _MAX_INT_DIGITS = 309
 """No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
 
 
+_Row = tuple[str, Mapping[str, Any]]
+"""A raw row and where it was read (``file: record 3``), for error messages."""
+
+
 class ResultsError(MaestroError, ValueError):
     """A results file cannot be read (missing, not JSON/CSV, wrong shape); names the file."""
 
@@ -319,16 +323,14 @@ _EXPECTED: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-def _typed_frame(
-    rows: Sequence[Mapping[str, Any]], table: Table, wheres: Sequence[str], *, text: bool
-) -> pd.DataFrame:
-    """Checked, typed frame of raw rows (JSON values, or CSV strings when ``text``); a column
-    absent from a row is NA there (files of older or newer versions still load)."""
+def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
+    """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
+    column absent from a row is NA there (files of older or newer versions still load)."""
     columns = _COLUMNS[table]
     data: dict[str, Any] = {}
     for name, dtype in columns.items():
         values = []
-        for row, where in zip(rows, wheres, strict=True):
+        for where, row in rows:
             raw = row.get(name)
             try:
                 value = _cell(raw, dtype, text)
@@ -348,20 +350,18 @@ def _typed_frame(
             values.append(value)
         data[name] = _column(values, dtype)
     frame = pd.DataFrame(data, columns=list(columns))
-    extra = [n for row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
+    extra = [n for _, row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
         # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
-        cells = (row.get(name) for row in rows)
+        cells = (row.get(name) for _, row in rows)
         frame[name] = np.fromiter(cells, dtype=object, count=len(rows))
     return frame
 
 
-def _legacy_pair_rows(
-    rows: Sequence[Mapping[str, Any]], wheres: Sequence[str]
-) -> list[dict[str, Any]]:
-    """Pair rows from an older patterns file's ``pairwise_overlap`` column."""
+def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
+    """Pair rows from the ``pairwise_overlap`` column of an older patterns file, ``source``."""
     pairs = []
-    for row, where in zip(rows, wheres, strict=True):
+    for where, row in rows:
         cell = row.get(_LEGACY_PAIRS_COLUMN)
         if cell in (None, ""):
             continue
@@ -382,15 +382,9 @@ def _legacy_pair_rows(
                     f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: pair name {name!r} is not "
                     "'block_a|block_b'"
                 )
-            pairs.append(
-                {
-                    "suite": row.get("suite"),
-                    "pattern": row.get("pattern"),
-                    "block_a": a,
-                    "block_b": b,
-                    "pairwise_overlap": fraction,
-                }
-            )
+            names = {"suite": row.get("suite"), "pattern": row.get("pattern")}
+            pair = {**names, "block_a": a, "block_b": b, "pairwise_overlap": fraction}
+            pairs.append((f"{source}: column {_LEGACY_PAIRS_COLUMN!r}", pair))
     return pairs
 
 
@@ -409,21 +403,15 @@ def results_from_records(
     ``text``: the cells are CSV strings (numbers are parsed from text)."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
-    rows: dict[Table, list[Mapping[str, Any]]] = {"blocks": [], "patterns": [], "pairs": []}
-    wheres: dict[Table, list[str]] = {"blocks": [], "patterns": [], "pairs": []}
+    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise ResultsError(
                 f"{where}: record {index}: expected an object, got {describe(record)}"
             )
-        kind = table or _table_of_row(record)
-        rows[kind].append(record)
-        wheres[kind].append(f"{where}: record {index}")
-    legacy = _legacy_pair_rows(rows["patterns"], wheres["patterns"])
-    rows["pairs"] += legacy
-    wheres["pairs"] += [f"{where}: column {_LEGACY_PAIRS_COLUMN!r}"] * len(legacy)
-    frames = {kind: _typed_frame(rows[kind], kind, wheres[kind], text=text) for kind in rows}
-    return Results(**frames)
+        rows[table or _table_of_row(record)].append((f"{where}: record {index}", record))
+    rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
+    return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
 
 
 def _read_csv_rows(path: Path) -> list[dict[str, str]]:
