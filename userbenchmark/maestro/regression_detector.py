@@ -1,9 +1,5 @@
-"""TorchBench A/B regression detector for maestro: ``run(control, treatment)``.
-
-TorchBench's ``regression_detector.py`` imports this module and calls ``run`` with two parsed
-metrics files; ``details`` lists every metric that got worse beyond the noise both runs
-measured and past its floor (the same verdicts as ``compare``: core/output/verdicts.py).
-"""
+"""TorchBench's A/B hook: its ``regression_detector.py`` calls ``run(control, treatment)`` with
+two parsed metrics files, judged as ``compare`` judges them (core/output/verdicts.py)."""
 
 from __future__ import annotations
 
@@ -66,13 +62,9 @@ def run(
     *,
     threshold_overrides: Mapping[str, float] | None = None,
 ) -> Any:
-    """Compare two metrics files' contents; returns a TorchBenchABTestResult.
-
-    ``details`` holds metrics that regressed (or, for a descriptive metric, changed) beyond
-    noise and past their floor (``threshold_overrides`` maps metric names to other floors);
-    improvements are left out. ValueError when the runs' measurement settings differ (they
-    measured different things). Neither input is modified.
-    """
+    """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed,
+    for a descriptive one) beyond noise and past their floor (``threshold_overrides``: other
+    floors by name); ValueError when the runs' settings differ. The inputs are not modified."""
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)

@@ -1,11 +1,6 @@
-"""``compare``'s library side: two runs' files, metric by metric.
-
-Each side (a metrics JSON, a results.json / patterns.json / pairs.json, or an ``--output-dir``
-read through core/output/results.py) becomes ``{metric key: float}`` with its intervals, and
-every common key is judged against the noise both runs measured (core/output/verdicts.py). A
-treatment that lacks a pattern or block of the control, or recorded failures, fails. Any file,
-however malformed, ends in CompareError naming it, never in another exception.
-"""
+"""``compare``: two runs' files (metrics JSON, result records or an ``--output-dir``) as
+``{metric key: float}``, every common key judged against both runs' noise (verdicts.py). Any
+file, however malformed, ends in CompareError naming it, never in another exception."""
 
 from __future__ import annotations
 
@@ -197,11 +192,8 @@ def compare_files(
     threshold_overrides: Mapping[str, float] | None = None,
     force: bool = False,
 ) -> CompareResult:
-    """Load both files and compare B (treatment) against A (control).
-
-    CompareError when they share no metric key; SettingsDiffer when their measurement
-    settings differ, unless ``force`` (then the result lists the differences).
-    """
+    """B (treatment) against A (control); CompareError when they share no metric key,
+    SettingsDiffer when their measurement settings differ, unless ``force``."""
     a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
     differences = []
     if a.settings is not None and b.settings is not None:

@@ -1,12 +1,8 @@
-"""Kineto-style trace files, one per rank, that HolisticTraceAnalysis and Perfetto both read.
-
-``traces/rank<r>.json`` holds rank r's patterns one after another, a ``ProfilerStep#<k>`` per
-measured iteration (numbered across the file) and an empty last step that only marks the end
-(HolisticTraceAnalysis drops a file's last step). On CUDA with the cupti profiler and
-``--trace``, the device events are CUPTI's own records (kernel names, streams, correlation
-ids) with their launching runtime/driver calls; otherwise each (block, iteration) is a CPU
-``user_annotation`` with no stream, so no tool counts it as GPU work.
-"""
+"""Kineto-style trace files, one per rank (``traces/rank<r>.json``), that HolisticTraceAnalysis
+and Perfetto read: the rank's patterns one after another, a ``ProfilerStep#<k>`` per measured
+iteration and an empty last step (HolisticTraceAnalysis drops a file's last step). With CUPTI and
+``--trace`` the device events are CUPTI's records with their launching API calls; otherwise each
+(block, iteration) is a CPU ``user_annotation`` with no stream: no tool counts it as GPU work."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Metric keys of maestro's TorchBench metrics file, and what each metric is.
+"""Metric keys, and what each metric is (read from its record field, core/analysis/records.py).
 
-Key syntax: ``suite/pattern/block/metric``, ``suite/pattern/metric``, and
-``suite/pattern/a+b/metric`` for a pair of blocks; a metric's 95 % interval is three more keys
-(``<metric>_ci_low``, ``_ci_high``, ``_ci_df``). What a metric is (direction, domain, floor)
-comes from its record field (core/analysis/records.py).
-"""
+A key is ``suite/pattern/block/metric``, ``suite/pattern/metric`` or ``suite/pattern/a+b/metric``
+(a pair of blocks); a metric's 95 % interval is ``<metric>_ci_low``, ``_ci_high``, ``_ci_df``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""PNG per pattern: one iteration's timeline per rank and lane, and latency alone vs overlapped;
-and ``compare --plot``'s PNG of each block's latency in two runs.
-
-matplotlib is optional (``pip install matplotlib``); it is imported only when a plot is drawn,
-through the object-oriented API with the Agg canvas, so no global backend state is touched.
-"""
+"""PNGs: per pattern, one iteration's timeline per rank and lane and latency alone vs
+overlapped; ``compare --plot``'s latency of each block in two runs. matplotlib (optional) is
+imported only to draw, with the Agg canvas: no global backend state is touched."""
 
 from __future__ import annotations
 
@@ -45,12 +42,9 @@ def _matplotlib() -> tuple[Any, Any]:
 
 
 def median_makespan_iteration(timeline: Timeline) -> int | None:
-    """Iteration whose makespan is the median (lower median; ties: earliest iteration).
-
-    A makespan is taken per rank from that rank's own clock (last end - first start over the
-    blocks it runs) and the iteration's makespan is the max over ranks, as latency is; no
-    timestamps of different ranks are compared. None when no rank has an interval.
-    """
+    """Iteration of the (lower) median makespan, ties to the earliest; an iteration's makespan
+    is the max over ranks of each rank's own (last end - first start on its clock, never
+    compared across ranks). None when no rank has an interval."""
     rows = timeline.rank_arrays()
     per_rank = [ends[p].max(axis=0) - starts[p].min(axis=0) for _, starts, ends, p in rows]
     if not per_rank:
@@ -192,10 +186,8 @@ def plot_file_name(pattern: str) -> str:
 
 
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken; records it in ``used``.
-
-    Two names that sanitise alike (a@b, a_b) must not overwrite each other.
-    """
+    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken (a@b and a_b sanitise
+    alike and must not overwrite each other); records it in ``used``."""
     name = plot_file_name(pattern)
     stem, n = name[: -len(".png")], 2
     while name in used:

@@ -1,10 +1,6 @@
-"""Result tables as pandas DataFrames: the API behind results.*, patterns.* and pairs.*.
-
-Three tables: one row per (pattern, block), one per pattern, one per pair of blocks of a
-pattern (their overlap). The files of ``--output-dir`` are written from these frames and
-:func:`load_results` reads them back into the same frames, bit for bit, from the JSON files
-(the default) or the CSV files. ``compare`` and the metrics file are built on them too.
-"""
+"""Result tables as pandas DataFrames (one row per block, pattern, pair of blocks): the files
+of ``--output-dir`` are written from them, :func:`load_results` reads them back bit for bit
+from JSON or CSV, and ``compare`` and the metrics file are built on them."""
 
 from __future__ import annotations
 
@@ -397,10 +393,9 @@ def _table_of_row(row: Mapping[str, Any]) -> Table:
 def results_from_records(
     records: Any, where: str, *, table: Table | None = None, text: bool = False
 ) -> Results:
-    """Tables from a list of JSON records: rows go to the table given, or, without ``table``,
-    to the one their columns say (``block_a``: pairs; a non-empty ``block``: blocks; else
-    patterns). An older patterns file's ``pairwise_overlap`` column becomes pair rows.
-    ``text``: the cells are CSV strings (numbers are parsed from text)."""
+    """Tables from JSON records (CSV strings when ``text``), each row in ``table`` or where its
+    columns say (``block_a``: pairs; a ``block``: blocks; else patterns); an older patterns
+    file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
     rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
@@ -437,12 +432,9 @@ def read_table(path: str | Path, table: Table) -> pd.DataFrame:
 
 
 def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
-    """The block, pattern and pair tables of an ``--output-dir``, from its JSON files (or
-    its CSV files with ``format="csv"``), exactly as they were written.
-
-    A folder written before pairs.* existed gets its pair table from the patterns file.
-    ResultsError (naming the file) when a file is missing or malformed.
-    """
+    """The tables of an ``--output-dir`` from its JSON (or CSV) files, exactly as written (a
+    folder from before pairs.* gets its pairs from the patterns file); ResultsError, naming
+    the file, when one is missing or malformed."""
     if format not in ("json", "csv"):
         raise ValueError(f"format must be 'json' or 'csv', got {format!r}")
     folder = Path(directory)
@@ -462,11 +454,9 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
-    """Flat ``{metric key: float}`` of the known metrics (see metric_keys), grouped by pattern
-    in order of first appearance: its blocks' metrics, its own, then its pairs'; each followed
-    by its interval's bounds where it has one; NA cells are left out. ValueError for a name
-    that cannot be part of a key, or a key met twice.
-    """
+    """``{metric key: float}`` of the records' metrics (NA left out), pattern by pattern: its
+    blocks', its own, its pairs', each followed by its interval's bounds; ValueError for a name
+    that cannot be part of a key, or a key met twice."""
     groups: dict[tuple[str, str], dict[str, float]] = {}
 
     def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:

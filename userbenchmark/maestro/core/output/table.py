@@ -1,10 +1,6 @@
-"""The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end.
-
-One latency unit per table, and per sweep (every point of a sweep uses its first point's
-unit); p99 is shown only when the iteration count makes it differ from the max. Derived
-figures (slowdown, efficiency, shared busbw, comm/compute overlap) print with their 95 %
-interval.
-"""
+"""The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end, in
+one latency unit per table and per sweep; p99 only where it differs from the max; derived
+figures with their 95 % interval."""
 
 from __future__ import annotations
 
@@ -152,10 +148,8 @@ def _timing_lines(p: PatternResult) -> list[str]:
 
 
 def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | None = None) -> str:
-    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's).
-
-    The pattern's warnings are not repeated here: the caller logs them.
-    """
+    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's);
+    not its warnings: the caller logs them."""
     unit = unit or pattern_unit(outcome)
     p = outcome.pattern
     gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""

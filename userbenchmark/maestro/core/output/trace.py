@@ -1,8 +1,6 @@
-"""Chrome Trace Event Format (Perfetto-readable) JSON of every rank's measured intervals.
-
-One process per rank, one track per lane, one complete event per (block, iteration); patterns
-are laid out one after another on a shared time axis, each with a span on a "pattern" track.
-"""
+"""Chrome Trace Event Format (Perfetto-readable) JSON of every rank's measured intervals: a
+process per rank, a track per lane, an event per (block, iteration), patterns one after another
+on a shared time axis, each with a span on a "pattern" track."""
 
 from __future__ import annotations
 
@@ -65,11 +63,8 @@ def _write_rank(
 
 
 def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
-    """Trace Event Format dict of every outcome that has a timeline (others are skipped).
-
-    Times are microseconds (floats) from the start of the first pattern; see
-    ``TIME_ALIGNMENT_NOTE`` for what cross-rank alignment means.
-    """
+    """Trace Event Format dict of every outcome that has a timeline, in microseconds from the
+    first pattern's start (``TIME_ALIGNMENT_NOTE`` says what cross-rank alignment means)."""
     out = TraceEvents()
     lane_tids: dict[str, int] = {}
     patterns_meta: list[dict[str, Any]] = []

@@ -80,11 +80,8 @@ def place_patterns(
     launches: bool = False,
     whole_us: bool = False,
 ) -> Iterator[Placement]:
-    """Every outcome whose timeline some rank ran, each placed after the previous one.
-
-    ``launches``: a rank's extent includes its CUDA launch calls; ``whole_us`` starts every
-    pattern on a whole microsecond.
-    """
+    """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
+    a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
     start_us = 0.0
     for outcome in outcomes:
         timeline = outcome.timeline

@@ -1,19 +1,12 @@
 """The noise model behind every A/B verdict (``compare`` and the TorchBench detector).
 
-Each run carries a 95 % interval for each metric it can (``<metric>_ci_low``/``_ci_high``: a
-bootstrap over its iterations, core/analysis/stats.py). A metric regressed or improved only
-when both hold:
-
-- beyond noise: the change exceeds ``t`` combined standard errors of the two runs (each read
-  from its interval, on the side facing the change, with its degrees of freedom), where ``t``
-  is Student's quantile (Welch's degrees of freedom) that keeps the chance of any false alarm
-  among all the metrics judged at once at 5 % (Bonferroni); and
-- beyond the metric's floor: the smallest change that counts, for the drift between runs that
-  one run cannot see (5 % for averages and rates, 10 % for tails, 5 µs for skews, ...).
-
-Relative metrics are judged on the log of the ratio, absolute ones (fractions, efficiency,
-skews) on the difference. A metric without an interval on both sides is not judged; a count
-without noise (wrong elements) is judged exactly.
+A metric regressed or improved only when its change is beyond noise, more than ``t`` combined
+standard errors of the two runs (each read from its run's 95 % bootstrap interval, on the side
+facing the change; ``t`` is Student's at Welch's degrees of freedom, Bonferroni over all the
+metrics judged at once so that any false alarm stays at 5 %), and past the metric's floor (the
+drift between runs that one run cannot see). Relative metrics are judged on the log of the
+ratio, absolute ones (fractions, efficiency, skews) on the difference. A metric without an
+interval on both sides is not judged; a count without noise (wrong elements) is judged exactly.
 """
 
 from __future__ import annotations
