@@ -49,10 +49,6 @@ OVERLAP_NOTE = (
 )
 
 
-def _us(value_ns: float) -> float:
-    return round(value_ns / 1000.0, 3)
-
-
 def _launched(acts: DeviceActivities) -> np.ndarray:
     """Per launch call, the index of an activity with its correlation id (there is one)."""
     order = np.argsort(acts.correlation_id, kind="stable")
@@ -145,7 +141,7 @@ class _PatternOnRank:
     def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
         """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
         ts = round(self.place.at(self.part, start_ns), 3)
-        self.f.complete(name, cat, pid, tid, ts, _us(end_ns - start_ns), args)
+        self.f.complete(name, cat, pid, tid, ts, round((end_ns - start_ns) / 1000.0, 3), args)
 
     def of_block(self, b: Any, it: Any, **more: Any) -> dict[str, Any]:
         """The args of an event of block ``b`` in iteration ``it`` (ints or numpy ints)."""

@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 from ..analysis.records import RECORDS, Direction, Domain, Level, Metric, metrics_of
 
-NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
+NamePart = Literal["suite", "pattern", "block", "metric"]
 
 PAIR_SEPARATOR: Final = "+"
 """Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
@@ -31,7 +31,6 @@ _PARTS: Final[dict[str, tuple[re.Pattern[str], str]]] = {
         f"{_NAME_HINT}, optionally followed by a sweep suffix like [size=4M]",
     ),
     "block": (re.compile(_NAME), _NAME_HINT),
-    "pair": (re.compile(rf"{_NAME}\+{_NAME}"), "two block names joined by +, like ag+rs"),
     "metric": (re.compile(_NAME), _NAME_HINT),
 }
 
@@ -98,9 +97,6 @@ class MetricKey:
     block: str | None
     metric: str
     pair: tuple[str, str] | None = None
-
-    def __str__(self) -> str:
-        return metric_key(self.suite, self.pattern, self.block, self.metric, pair=self.pair)
 
     @property
     def level(self) -> Level:

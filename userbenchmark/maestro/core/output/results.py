@@ -53,9 +53,7 @@ PAIR_COLUMNS: Final = _columns_of(PairResult)
 """Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
 pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
-_COLUMNS: Final[Mapping[Table, Mapping[str, str]]] = MappingProxyType(
-    {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
-)
+_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
 _KEY_COLUMNS: Final[Mapping[Table, tuple[str, ...]]] = MappingProxyType(
     {
         "blocks": ("suite", "pattern", "block"),

@@ -85,23 +85,18 @@ def judge_all(
     floors: Mapping[str, float] | None = None,
 ) -> list[Judgement]:
     """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors."""
+    floors = floors or {}
     keys = sorted(control.keys() & treatment.keys())
     metric = {key: key.rsplit("/", 1)[-1] for key in keys}  # a key's last part is its metric
     count = sum(_has_noise(control[k], treatment[k], metric[k], floors) for k in keys)
     p = 1 - FAMILY_ALPHA / (2 * max(count, 1))
-    return [_judge(key, control[key], treatment[key], metric[key], p, floors or {}) for key in keys]
+    return [_judge(key, control[key], treatment[key], metric[key], p, floors) for key in keys]
 
 
-def _floor(metric: str, floors: Mapping[str, float] | None) -> float | None:
-    if floors and metric in floors:
-        return floors[metric]
-    return spec_of(metric).floor
-
-
-def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float] | None) -> bool:
+def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float]) -> bool:
     spec = spec_of(metric)
     return (
-        _floor(metric, floors) is not None
+        floors.get(metric, spec.floor) is not None
         and not spec.exact
         and a.has_interval
         and b.has_interval
@@ -113,7 +108,7 @@ def _judge(
     key: str, a: Reading, b: Reading, metric: str, p: float, floors: Mapping[str, float]
 ) -> Judgement:
     spec = spec_of(metric)
-    floor = _floor(metric, floors)
+    floor = floors.get(metric, spec.floor)
     change = b.value - a.value if spec.absolute else _relative(a.value, b.value)
     low = high = math.nan
     verdict: Verdict = "not judged"
