@@ -187,15 +187,9 @@ def _csv_cell(value: Any, dtype: str) -> str:
 
 def csv_text(frame: pd.DataFrame) -> str:
     """The CSV file of a table: empty cells for 'not applicable', floats as ``repr`` (exact)."""
-    columns = {name: _dtype_of(frame, name) for name in frame.columns}
-    text = pd.DataFrame(
-        {
-            name: [_csv_cell(_plain(v, dtype), dtype) for v in frame[name].tolist()]
-            for name, dtype in columns.items()
-        },
-        columns=list(columns),
-        dtype=object,
-    )
+    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
+    rows = [[_csv_cell(v, dtypes[n]) for n, v in row.items()] for row in records_of(frame)]
+    text = pd.DataFrame(rows, columns=list(dtypes), dtype=object)
     return text.to_csv(index=False, lineterminator="\n")
 
 

@@ -164,9 +164,7 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
 
 def _replay_row(name: str, op: str, *figures: Any) -> list[str]:
     traced, replayed, ratio, low, high = figures
-    bounds = (
-        f" [{_num(low, 3)}, {_num(high, 3)}]" if low is not None and not math.isnan(low) else ""
-    )
+    bounds = "" if low is None or math.isnan(low) else f" [{_num(low, 3)}, {_num(high, 3)}]"
     return [name, op, _num(traced, 1), _num(replayed, 1), _num(ratio, 3) + bounds]
 
 
