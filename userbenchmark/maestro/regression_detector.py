@@ -1,9 +1,5 @@
-"""TorchBench A/B regression detector for maestro: ``run(control, treatment)``.
-
-TorchBench's ``regression_detector.py`` imports this module and calls ``run`` with two parsed
-metrics files; ``details`` lists every metric that got worse beyond the noise both runs
-measured and past its floor (the same verdicts as ``compare``: core/output/verdicts.py).
-"""
+"""TorchBench's A/B hook: its ``regression_detector.py`` calls ``run(control, treatment)`` with
+two parsed metrics files, judged as ``compare`` judges them (core/output/verdicts.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,6 @@ from typing import Any
 from .core.output.metric_keys import BOUNDS
 from .core.output.settings import setting_differences
 from .core.output.verdicts import judge_all, readings
-
-__all__ = ["TorchBenchABTestMetric", "TorchBenchABTestResult", "run"]
 
 BENCHMARK_NAME = "maestro"
 
@@ -49,11 +43,8 @@ class _LocalABTestResult:
 
 
 def _result_types() -> tuple[type, type]:
-    """TorchBench's result types inside a TorchBench checkout, else the local stand-ins.
-
-    Decided by whether ``userbenchmark.utils`` exists, not by catching ImportError, so a
-    TorchBench utils module that fails to import still fails loudly.
-    """
+    """TorchBench's result types inside a TorchBench checkout, else the local stand-ins (by
+    whether ``userbenchmark.utils`` exists: a utils module that fails to import fails loudly)."""
     top_package = (__package__ or "").split(".")[0]
     utils_name = f"{top_package}.utils"
     if top_package and importlib.util.find_spec(utils_name) is not None:
@@ -71,24 +62,23 @@ def run(
     *,
     threshold_overrides: Mapping[str, float] | None = None,
 ) -> Any:
-    """Compare two metrics files' contents; returns a TorchBenchABTestResult.
-
-    ``details`` holds metrics that regressed (or, for a descriptive metric, changed) beyond
-    noise and past their floor (``threshold_overrides`` maps metric names to other floors);
-    improvements are left out. ValueError when the runs' measurement settings differ (they
-    measured different things). Neither input is modified.
-    """
+    """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed,
+    for a descriptive one) beyond noise and past their floor (``threshold_overrides``: other
+    floors by name); ValueError when the runs' settings differ. The inputs are not modified."""
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
-    differences = setting_differences(_env_of(control), _env_of(treatment))
+    control_env, treatment_env = _env_of(control), _env_of(treatment)
+    differences = setting_differences(control_env, treatment_env)
     if differences:
         raise ValueError(
             "control and treatment were measured with different settings, so their numbers "
             "do not compare: " + "; ".join(differences)
         )
-    numbers_c = {k: v for k, v in control_metrics.items() if _is_finite_number(v)}
-    numbers_t = {k: v for k, v in treatment_metrics.items() if _is_finite_number(v)}
+    numbers_c, numbers_t = (
+        {k: v for k, v in m.items() if _is_finite_number(v)}
+        for m in (control_metrics, treatment_metrics)
+    )
     details: dict[str, Any] = {}
     for key in sorted(control_metrics.keys() & treatment_metrics.keys()):
         before, after = control_metrics[key], treatment_metrics[key]
@@ -97,18 +87,14 @@ def run(
             details[key] = TorchBenchABTestMetric(
                 control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
-    judged = judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides)
-    for j in judged:
+    for j in judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides):
         if j.verdict in ("regressed", "changed"):
-            details[j.key] = TorchBenchABTestMetric(
-                control=j.control.value,
-                treatment=j.treatment.value,
-                delta=_delta(j.control.value, j.treatment.value),
-            )
+            a, b = j.control.value, j.treatment.value
+            details[j.key] = TorchBenchABTestMetric(control=a, treatment=b, delta=_delta(a, b))
     return TorchBenchABTestResult(
         name=name,
-        control_env=_env_of(control),
-        treatment_env=_env_of(treatment),
+        control_env=control_env,
+        treatment_env=treatment_env,
         details=dict(sorted(details.items())),
         control_only_metrics=_only(control_metrics, treatment_metrics),
         treatment_only_metrics=_only(treatment_metrics, control_metrics),

@@ -1,12 +1,6 @@
-"""Compare two maestro result files metric by metric (the ``compare`` subcommand's library side).
-
-Reads TorchBench metrics JSON, maestro's results.json / patterns.json / pairs.json records or a
-whole ``--output-dir`` (through the results frames of core/output/results.py), normalises each
-to ``{metric key: float}`` (intervals as ``_ci_low``/``_ci_high`` keys) and judges every common
-key against the noise both runs measured (core/output/verdicts.py). A treatment that lacks a
-pattern or block of the control, or that recorded failures, fails the comparison. Any file,
-however malformed, ends in CompareError naming it, never in another exception.
-"""
+"""``compare``: two runs' files (metrics JSON, result records or an ``--output-dir``) as
+``{metric key: float}``, every common key judged against both runs' noise (verdicts.py). Any
+file, however malformed, ends in CompareError naming it, never in another exception."""
 
 from __future__ import annotations
 
@@ -34,16 +28,6 @@ from .results import (
 from .settings import setting_differences, stack_line
 from .verdicts import Judgement, Reading, judge_all, readings
 
-__all__ = [
-    "CompareError",
-    "CompareResult",
-    "compare_files",
-    "exit_code",
-    "format_compare_table",
-    "load_metrics",
-    "parse_threshold_overrides",
-]
-
 
 class CompareError(MaestroError, ValueError):
     """A file cannot be compared (missing, not JSON, wrong shape, an invalid value, nothing in
@@ -61,7 +45,6 @@ class SettingsDiffer(CompareError):
             "do not compare:\n  " + "\n  ".join(shown) + more + "\nCompare them anyway with "
             "--force (the table then says so)."
         )
-        self.differences = tuple(differences)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,17 +84,14 @@ def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
     floor in its unit) into a dict."""
     overrides: dict[str, float] = {}
     for item in items:
-        metric, sep, text = item.partition("=")
-        metric, text = metric.strip(), text.strip()
+        metric, sep, text = (part.strip() for part in item.partition("="))
         if not sep or not metric or not text:
             raise CompareError(f"--threshold {item!r}: expected METRIC=FLOOR, e.g. busbw_gbps=0.1")
         try:
-            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+            overrides[metric] = float(text[:-1]) / 100 if text.endswith("%") else float(text)
         except ValueError:
             raise CompareError(f"--threshold {item!r}: {text!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise CompareError(f"--threshold {item!r}: expected a finite value >= 0")
-        overrides[metric] = value
+    _check_floors(overrides)
     return overrides
 
 
@@ -179,8 +159,10 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
         results = load_results(path)
     else:
         results = results_from_records(records, str(path))
-    settings = _read_json_beside(folder / "run.json")
-    failures = _read_json_beside(folder / "failures.json")
+    settings, failures = (
+        read_json_file(p) if p.exists() else None
+        for p in (folder / "run.json", folder / "failures.json")
+    )
     if failures is not None and not (
         isinstance(failures, list) and all(isinstance(f, dict) for f in failures)
     ):
@@ -191,8 +173,11 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
             f"{path}: no run.json beside it; only the settings its results record (iterations, "
             "ops, dtypes, sizes) were checked"
         )
+    metrics = metrics_from_results(results)  # a ValueError is named after the file by the caller
+    for key, value in metrics.items():
+        _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
     return _Side(
-        metrics=_from_results(results, path),
+        metrics=metrics,
         settings=settings if isinstance(settings, dict) else None,
         table_settings=_table_settings(results),
         failures=tuple(str(f.get("pattern", "?")) for f in failures or ()),
@@ -207,11 +192,8 @@ def compare_files(
     threshold_overrides: Mapping[str, float] | None = None,
     force: bool = False,
 ) -> CompareResult:
-    """Load both files and compare B (treatment) against A (control).
-
-    CompareError when they share no metric key; SettingsDiffer when their measurement
-    settings differ, unless ``force`` (then the result lists the differences).
-    """
+    """B (treatment) against A (control); CompareError when they share no metric key,
+    SettingsDiffer when their measurement settings differ, unless ``force``."""
     a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
     differences = []
     if a.settings is not None and b.settings is not None:
@@ -230,10 +212,12 @@ def compare_files(
         _check_overrides(threshold_overrides, a.metrics.keys() | b.metrics.keys())
     ra, rb = readings(a.metrics), readings(b.metrics)
     notes = [side.note for side in (a, b) if side.note]
-    if a.settings is None and (a.table_settings is None or b.table_settings is None):
-        notes.append("A records no settings: that both measured the same thing was not checked")
-    if b.settings is None and (a.table_settings is None or b.table_settings is None):
-        notes.append("B records no settings: that both measured the same thing was not checked")
+    if a.table_settings is None or b.table_settings is None:
+        notes += [
+            f"{name} records no settings: that both measured the same thing was not checked"
+            for name, side in (("A", a), ("B", b))
+            if side.settings is None
+        ]
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
@@ -266,16 +250,8 @@ def format_compare_table(result: CompareResult) -> str:
         [k, "", _fmt(Reading(value=v)), "", "", "", "only in B"] for k, v in result.only_b.items()
     ]
     rows.sort(key=lambda row: row[0])
-    headers = [
-        "key",
-        "A [95 %]",
-        "B [95 %]",
-        "change [at the comparison's level]",
-        "floor",
-        "better",
-    ]
-    headers.append("verdict")
-    text = tabulate(rows, headers=headers, disable_numparse=True)
+    headers = ["key", "A [95 %]", "B [95 %]", "change [at the comparison's level]", "floor"]
+    text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
     counts += [f"{len(result.only_a)} only in A"] if result.only_a else []
@@ -296,13 +272,9 @@ def format_compare_table(result: CompareResult) -> str:
 
 
 def _row(j: Judgement) -> list[str]:
-    if math.isnan(j.low):
-        change = _fmt_change(j.change, j.absolute)
-    else:
-        change = (
-            f"{_fmt_change(j.change, j.absolute)} "
-            f"[{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
-        )
+    change = _fmt_change(j.change, j.absolute)
+    if not math.isnan(j.low):
+        change += f" [{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
     floor = "" if j.floor is None else (f"{j.floor:g}" if j.absolute else f"{j.floor * 100:g}%")
     return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", j.verdict]
 
@@ -335,11 +307,6 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
     return (*sorted(lost), *sorted(x for x in ba - bb if x.rsplit("/", 1)[0] not in lost))
 
 
-def _read_json_beside(path: Path) -> Any:
-    """A JSON file next to the results (None when absent)."""
-    return read_json_file(path) if path.exists() else None
-
-
 def _table_settings(found: Results) -> dict[str, str]:
     """What the results tables record about how each pattern and block was measured."""
     out = {}
@@ -364,10 +331,7 @@ def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
         raise CompareError(f"{path}: 'metrics' must be an object mapping metric keys to numbers")
     out: dict[str, float] = {}
     for key, value in metrics.items():
-        try:
-            metric = parse_metric_key(key).metric
-        except ValueError as exc:
-            raise CompareError(_clip(f"{path}: {exc}")) from None
+        metric = parse_metric_key(key).metric  # a ValueError is named after the file by the caller
         where = f"{path}: metrics[{key!r}]"
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise CompareError(f"{where}: expected a number, got {describe(value)}")
@@ -379,22 +343,9 @@ def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
     return out
 
 
-def _from_results(results: Results, path: Path) -> dict[str, float]:
-    """Metrics of result tables: the same keys as the run's metrics file (known metrics only;
-    empty, null or NaN cells are 'not applicable' and left out)."""
-    try:
-        metrics = metrics_from_results(results)
-    except ValueError as exc:
-        raise CompareError(_clip(f"{path}: {exc}")) from None
-    for key, value in metrics.items():
-        _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
-    return metrics
-
-
 def _checked(metric: str, value: float, where: str) -> float:
-    """``value`` when ``metric`` (or the metric whose interval bound it is) can take it; else
-    CompareError: an impossible value (a NaN, infinite or non-positive latency) is reported
-    as invalid, never judged."""
+    """``value`` when ``metric`` (or the metric whose bound it is) can take it; else CompareError:
+    an impossible value (a NaN, infinite or non-positive latency) is invalid, never judged."""
     problem = metric_value_problem(metric, value)
     if problem is not None:
         raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")
@@ -406,12 +357,16 @@ def _clip(message: str, limit: int = 500) -> str:
     return message if len(message) <= limit else message[:limit] + "... (cut)"
 
 
-def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> None:
+def _check_floors(overrides: Mapping[str, float]) -> None:
     for metric, value in overrides.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise CompareError(f"--threshold {metric}: expected a number, got {value!r}")
         if not math.isfinite(value) or value < 0:
             raise CompareError(f"--threshold {metric}: expected a finite value >= 0, got {value}")
+
+
+def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> None:
+    _check_floors(overrides)
     present = {split_bound(parse_metric_key(k).metric)[0] for k in keys}
     unknown = sorted(set(overrides) - present - set(METRICS))
     if unknown:

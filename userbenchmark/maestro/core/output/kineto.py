@@ -1,12 +1,8 @@
-"""Kineto-style trace files, one per rank, that HolisticTraceAnalysis and Perfetto both read.
-
-``traces/rank<r>.json`` holds rank r's patterns one after another, a ``ProfilerStep#<k>`` per
-measured iteration (numbered across the file) and an empty last step that only marks the end
-(HolisticTraceAnalysis drops a file's last step). On CUDA with the cupti profiler and
-``--trace``, the device events are CUPTI's own records (kernel names, streams, correlation
-ids) with their launching runtime/driver calls; otherwise each (block, iteration) is a CPU
-``user_annotation`` with no stream, so no tool counts it as GPU work.
-"""
+"""Kineto-style trace files, one per rank (``traces/rank<r>.json``), that HolisticTraceAnalysis
+and Perfetto read: the rank's patterns one after another, a ``ProfilerStep#<k>`` per measured
+iteration and an empty last step (HolisticTraceAnalysis drops a file's last step). With CUPTI and
+``--trace`` the device events are CUPTI's records with their launching API calls; otherwise each
+(block, iteration) is a CPU ``user_annotation`` with no stream: no tool counts it as GPU work."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ import numpy as np
 
 from ..analysis import overlap
 from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
-from ..analysis.records import PatternOutcome, RankTimeline
+from ..analysis.records import PatternOutcome
 from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
 TRACES_DIR = "traces"
@@ -51,26 +47,6 @@ OVERLAP_NOTE = (
     "pattern of the file (maestroPatterns[] has each pattern's); blocks count by category, "
     "(block, iteration) spans as intervals"
 )
-
-
-def _us(value_ns: float) -> float:
-    return round(value_ns / 1000.0, 3)
-
-
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
-def _extent_with_launches(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
-) -> tuple[int, int]:
-    """A rank's first and last instant of a pattern, its CUDA launch calls included."""
-    lo, hi = int(starts[present].min()), int(ends[present].max())
-    acts = rt.activities
-    if acts is not None and len(acts.launches):
-        lo = min(lo, int(acts.launches.start_ns.min()))
-        hi = max(hi, int(acts.launches.end_ns.max()))
-    return lo, hi
 
 
 def _launched(acts: DeviceActivities) -> np.ndarray:
@@ -153,34 +129,23 @@ class _PatternOnRank:
 
     def __init__(self, f: _RankFile, place: Placement, part: RankPart) -> None:
         self.f, self.place, self.part = f, place, part
-        self.timeline = timeline = place.timeline
-        results = {b.block: b for b in place.outcome.blocks}
-        self.block_args = []
-        for b, name in enumerate(timeline.block_names):
-            # The iteration goes in "pattern_iteration" (added per event), not "iteration":
-            # HolisticTraceAnalysis fills an "iteration" column of its own (the ProfilerStep)
-            # and fails to load an arg of that name. A kernel's thread-block dims are
-            # "block dims": "block" is maestro's.
-            result = results.get(name)
-            args = {
-                "pattern": timeline.pattern,
-                "block": name,
-                "op": result.op if result is not None else "block",
-                "lane": timeline.block_lanes[b],
-                "rank": f.rank,
-            }
-            if b < len(timeline.block_categories):
-                args["category"] = timeline.block_categories[b]
-            self.block_args.append(args)
+        self.timeline = place.timeline
+        # The iteration goes in "pattern_iteration" (added per event), not "iteration":
+        # HolisticTraceAnalysis fills an "iteration" column of its own (the ProfilerStep) and
+        # fails to load an arg of that name. A kernel's thread-block dims are "block dims":
+        # "block" is maestro's.
+        self.block_args = place.block_args(f.rank)
+        for args, category in zip(self.block_args, place.timeline.block_categories, strict=False):
+            args["category"] = category
 
     def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
         """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
         ts = round(self.place.at(self.part, start_ns), 3)
-        self.f.complete(name, cat, pid, tid, ts, _us(end_ns - start_ns), args)
+        self.f.complete(name, cat, pid, tid, ts, round((end_ns - start_ns) / 1000.0, 3), args)
 
-    def of_block(self, b: int, it: int, **more: Any) -> dict[str, Any]:
-        """The args of an event of block ``b`` in iteration ``it``."""
-        return {**more, **self.block_args[b], "pattern_iteration": it}
+    def of_block(self, b: Any, it: Any, **more: Any) -> dict[str, Any]:
+        """The args of an event of block ``b`` in iteration ``it`` (ints or numpy ints)."""
+        return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:
         """The pattern's span and one ProfilerStep per iteration on the host's step track."""
@@ -200,14 +165,12 @@ class _PatternOnRank:
         """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
-            lane = self.timeline.block_lanes[b]
-            pid = self.f.host(lane_tids[lane], f"lane {lane}")
-            name = self.timeline.block_names[b]
+            lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
+            tid = lane_tids[lane]
+            pid = self.f.host(tid, f"lane {lane}")
             ends = part.ends[b].tolist()
             for it, (s, e) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
-                self.slice(
-                    name, "user_annotation", pid, lane_tids[lane], s, e, self.of_block(b, it)
-                )
+                self.slice(name, "user_annotation", pid, tid, s, e, self.of_block(b, it))
 
     def device_activities(self, acts: DeviceActivities) -> None:
         """CUPTI's records as Kineto writes them, on a track per (GPU, stream)."""
@@ -217,9 +180,8 @@ class _PatternOnRank:
             s, e = int(acts.start_ns[i]), int(acts.end_ns[i])
             pid = self.f.device(device)
             self.f.thread(pid, stream, f"stream {stream}")
-            args: dict[str, Any] = {"device": device, "stream": stream}
-            args["correlation"] = int(acts.correlation_id[i])
-            args = self.of_block(b, it, **args)
+            correlation = int(acts.correlation_id[i])
+            args = self.of_block(b, it, device=device, stream=stream, correlation=correlation)
             if kind == KIND_KERNEL:
                 args["grid"] = acts.grid[i].tolist()
                 args["block dims"] = acts.block_dims[i].tolist()
@@ -241,10 +203,7 @@ class _PatternOnRank:
             api = "cuda_driver" if int(calls.api[j]) == API_DRIVER else "cuda_runtime"
             corr = int(calls.correlation_id[j])
             args = self.of_block(
-                int(acts.block[i]),
-                int(acts.iteration[i]),
-                cbid=int(calls.cbid[j]),
-                correlation=corr,
+                acts.block[i], acts.iteration[i], cbid=int(calls.cbid[j]), correlation=corr
             )
             name = acts.names[int(calls.name_index[j])]
             self.slice(name, api, pid, tid, int(calls.start_ns[j]), int(calls.end_ns[j]), args)
@@ -256,9 +215,7 @@ class _PatternOnRank:
         for i in np.sort(np.flatnonzero(missing)[first]).tolist():  # one per correlation id
             c = int(acts.correlation_id[i])
             name = f"{KIND_NAMES[int(acts.kind[i])]} launch (no API record)"
-            args = self.of_block(
-                int(acts.block[i]), int(acts.iteration[i]), correlation=c, synthesised=True
-            )
+            args = self.of_block(acts.block[i], acts.iteration[i], correlation=c, synthesised=True)
             start = int(acts.start_ns[i])
             self.slice(name, "cuda_runtime", pid, tid, start, start, args)
 
@@ -309,6 +266,7 @@ class _PatternOnRank:
             self.cpu_blocks(lane_tids)
         self.overlap()
         by_rank = self.place.outcome.comm_compute_overlap_by_rank
+        mine = by_rank[f.rank] if f.rank < len(by_rank) else math.nan
         f.patterns.append(
             {
                 "pattern": self.timeline.pattern,
@@ -319,9 +277,7 @@ class _PatternOnRank:
                 "num_steps": part.starts.shape[1],
                 "clock": part.rt.clock,
                 "ranks_share_a_clock": self.timeline.shared_clock,
-                "comm_compute_overlap": (
-                    _finite_or_none(by_rank[f.rank]) if f.rank < len(by_rank) else None
-                ),
+                "comm_compute_overlap": float(mine) if math.isfinite(mine) else None,
                 "device_activities": acts is not None,
             }
         )
@@ -337,7 +293,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     files = {rank: _RankFile(rank) for rank in range(world_size)}
     lane_tids: dict[str, int] = {}
     step, end_us = 0, 0.0
-    for place in place_patterns(outcomes, extent=_extent_with_launches, whole_us=True):
+    for place in place_patterns(outcomes, launches=True, whole_us=True):
         for lane in place.timeline.block_lanes:
             lane_tids.setdefault(lane, LANE_TID_BASE + len(lane_tids))
         for part in place.parts:

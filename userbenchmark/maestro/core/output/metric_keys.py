@@ -1,65 +1,37 @@
-"""Metric keys of maestro's TorchBench metrics file, and what each metric is.
+"""Metric keys, and what each metric is (read from its record field, core/analysis/records.py).
 
-The single source of truth for key syntax (``suite/pattern/block/metric``,
-``suite/pattern/metric`` and ``suite/pattern/a+b/metric`` for a pair of blocks; a metric's 95 %
-interval as two more keys, ``<metric>_ci_low`` and ``<metric>_ci_high``). What a metric is
-(direction, domain, floor) comes from its record field (core/analysis/records.py). Pure
-functions.
-"""
+A key is ``suite/pattern/block/metric``, ``suite/pattern/metric`` or ``suite/pattern/a+b/metric``
+(a pair of blocks); a metric's 95 % interval is ``<metric>_ci_low``, ``_ci_high``, ``_ci_df``."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
 from ..analysis.records import RECORDS, Direction, Domain, Level, Metric, metrics_of
 
-__all__ = [
-    "BLOCK_METRICS",
-    "BOUNDS",
-    "METRICS",
-    "PAIR_METRICS",
-    "PAIR_SEPARATOR",
-    "PATTERN_METRICS",
-    "Direction",
-    "Domain",
-    "MetricKey",
-    "MetricSpec",
-    "check_name",
-    "metric_key",
-    "metric_value_problem",
-    "pair_name",
-    "parse_metric_key",
-    "spec_of",
-    "split_bound",
-]
-
-NamePart = Literal["suite", "pattern", "block", "pair", "metric"]
+NamePart = Literal["suite", "pattern", "block", "metric"]
 
 PAIR_SEPARATOR: Final = "+"
 """Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
 
-_NAME_CHARS = r"[A-Za-z0-9_.-]+"
+_NAME = r"[A-Za-z0-9_.-]+"
+_NAME_HINT = "letters, digits and _ . -"
 # A sweep point's suffix, as the loader writes it: "ar_sweep[size=4M]" or "[size=4M,dtype=bf16]".
 _SWEEP_SUFFIX = r"\[[A-Za-z0-9_.,=+-]+\]"
-_PART_RES: Final[dict[str, re.Pattern[str]]] = {
-    "suite": re.compile(_NAME_CHARS),
-    "pattern": re.compile(rf"{_NAME_CHARS}(?:{_SWEEP_SUFFIX})?"),
-    "block": re.compile(_NAME_CHARS),
-    "pair": re.compile(rf"{_NAME_CHARS}\+{_NAME_CHARS}"),
-    "metric": re.compile(_NAME_CHARS),
-}
-_PART_HINTS: Final[dict[str, str]] = {
-    "suite": "letters, digits and _ . -",
-    "pattern": "letters, digits and _ . -, optionally followed by a sweep suffix like [size=4M]",
-    "block": "letters, digits and _ . -",
-    "pair": "two block names joined by +, like ag+rs",
-    "metric": "letters, digits and _ . -",
+_PARTS: Final[dict[str, tuple[re.Pattern[str], str]]] = {
+    "suite": (re.compile(_NAME), _NAME_HINT),
+    "pattern": (
+        re.compile(rf"{_NAME}(?:{_SWEEP_SUFFIX})?"),
+        f"{_NAME_HINT}, optionally followed by a sweep suffix like [size=4M]",
+    ),
+    "block": (re.compile(_NAME), _NAME_HINT),
+    "metric": (re.compile(_NAME), _NAME_HINT),
 }
 
 
@@ -72,25 +44,14 @@ class MetricSpec(Metric):
     """``block``, ``pattern`` or ``pair``; None for a name no record has."""
 
 
-_SPECS: Final[tuple[MetricSpec, ...]] = tuple(
-    MetricSpec(name=name, level=level, **asdict(info))
-    for level, record_type in RECORDS.items()
-    for name, info in metrics_of(record_type).items()
+METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
+    {
+        name: MetricSpec(name=name, level=level, **asdict(info))
+        for level, record_type in RECORDS.items()
+        for name, info in metrics_of(record_type).items()
+    }
 )
-BLOCK_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
-    {s.name: s for s in _SPECS if s.level == "block"}
-)
-"""Known per-block metrics, by name."""
-PATTERN_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
-    {s.name: s for s in _SPECS if s.level == "pattern"}
-)
-"""Known per-pattern metrics, by name."""
-PAIR_METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
-    {s.name: s for s in _SPECS if s.level == "pair"}
-)
-"""Known metrics of a pair of blocks of a pattern, by name."""
-METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType({s.name: s for s in _SPECS})
-"""Every known metric, by name."""
+"""Every metric of the records, by name (no two levels share a name)."""
 
 BOUNDS: Final = ("_ci_low", "_ci_high", "_ci_df")
 """Suffixes of the keys that carry a metric's 95 % interval and its degrees of freedom:
@@ -120,14 +81,9 @@ def spec_of(metric: str) -> MetricSpec:
         direction = "lower"
     elif metric.endswith(("_gbps", "tflops")):
         direction = "higher"
-    noisy = bool(_NOISY_TOKENS.intersection(metric.split("_")))
+    floor = 0.10 if _NOISY_TOKENS.intersection(metric.split("_")) else 0.05
     return MetricSpec(
-        name=metric,
-        level=None,
-        better=direction,
-        domain="finite",
-        meaning="",
-        floor=0.10 if noisy else 0.05,
+        name=metric, level=None, better=direction, domain="finite", meaning="", floor=floor
     )
 
 
@@ -142,9 +98,6 @@ class MetricKey:
     metric: str
     pair: tuple[str, str] | None = None
 
-    def __str__(self) -> str:
-        return metric_key(self.suite, self.pattern, self.block, self.metric, pair=self.pair)
-
     @property
     def level(self) -> Level:
         """``block``, ``pair`` or ``pattern``."""
@@ -154,14 +107,12 @@ class MetricKey:
 
 
 def check_name(part: NamePart, value: object) -> str:
-    """Return ``value`` when it is a valid ``part`` of a metric key; else raise ValueError."""
-    regex = _PART_RES.get(part)
-    if regex is None:
-        raise ValueError(f"unknown key part {part!r}; expected one of {sorted(_PART_RES)}")
+    """``value`` when it is a valid ``part`` of a metric key; else ValueError."""
+    if part not in _PARTS:
+        raise ValueError(f"unknown key part {part!r}; expected one of {sorted(_PARTS)}")
+    regex, hint = _PARTS[part]
     if not isinstance(value, str) or not regex.fullmatch(value):
-        raise ValueError(
-            f"invalid {part} name {value!r} in a metric key: expected {_PART_HINTS[part]}"
-        )
+        raise ValueError(f"invalid {part} name {value!r} in a metric key: expected {hint}")
     return value
 
 
@@ -221,30 +172,21 @@ def parse_metric_key(key: str) -> MetricKey:
     return MetricKey(suite=suite, pattern=pattern, block=block, metric=metric, pair=pair)
 
 
-_DOMAIN_TEXT: Final[Mapping[Domain, str]] = MappingProxyType(
-    {
-        "positive": "must be a finite number > 0",
-        "non_negative": "must be a finite number >= 0",
-        "fraction": "must be a number in [0, 1]",
-        "finite": "must be a finite number",
-    }
-)
+_DOMAINS: Final[dict[Domain, tuple[Callable[[float], bool], str]]] = {
+    "positive": (lambda v: v > 0, "must be a finite number > 0"),
+    "non_negative": (lambda v: v >= 0, "must be a finite number >= 0"),
+    "fraction": (lambda v: 0 <= v <= 1, "must be a number in [0, 1]"),
+    "finite": (lambda v: True, "must be a finite number"),
+}
 
 
 def metric_value_problem(metric: str, value: float) -> str | None:
     """Why ``value`` cannot be a value of ``metric`` (NaN, infinite, or outside the metric's
     domain: a latency <= 0), or None when it can. Unknown metrics need only be finite."""
     base, bound = split_bound(metric)
-    domain = spec_of(base).domain
     if bound == 2:  # degrees of freedom: a count >= 1
         ok = isinstance(value, numbers.Real) and math.isfinite(value) and value >= 1
         return None if ok and float(value).is_integer() else "must be a whole number >= 1"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return _DOMAIN_TEXT[domain]
-    ok = math.isfinite(value) and (
-        domain == "finite"
-        or (domain == "positive" and value > 0)
-        or (domain == "non_negative" and value >= 0)
-        or (domain == "fraction" and 0 <= value <= 1)
-    )
-    return None if ok else _DOMAIN_TEXT[domain]
+    within, text = _DOMAINS[spec_of(base).domain]
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return None if number and math.isfinite(value) and within(value) else text

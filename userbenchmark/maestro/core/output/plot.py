@@ -1,9 +1,6 @@
-"""PNG per pattern: one iteration's timeline per rank and lane, and latency alone vs overlapped;
-and ``compare --plot``'s PNG of each block's latency in two runs.
-
-matplotlib is optional (``pip install matplotlib``); it is imported only when a plot is drawn,
-through the object-oriented API with the Agg canvas, so no global backend state is touched.
-"""
+"""PNGs: per pattern, one iteration's timeline per rank and lane and latency alone vs
+overlapped; ``compare --plot``'s latency of each block in two runs. matplotlib (optional) is
+imported only to draw, with the Agg canvas: no global backend state is touched."""
 
 from __future__ import annotations
 
@@ -45,20 +42,11 @@ def _matplotlib() -> tuple[Any, Any]:
 
 
 def median_makespan_iteration(timeline: Timeline) -> int | None:
-    """Iteration whose makespan is the median (lower median; ties: earliest iteration).
-
-    A makespan is taken per rank from that rank's own clock (last end - first start over the
-    blocks it runs) and the iteration's makespan is the max over ranks, as latency is; no
-    timestamps of different ranks are compared. None when no rank has an interval.
-    """
-    per_rank = []
-    for rt in timeline.ranks:
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
-        if not present.any() or starts.ndim != 2 or starts.shape[1] == 0:
-            continue
-        per_rank.append(ends[present].max(axis=0) - starts[present].min(axis=0))
+    """Iteration of the (lower) median makespan, ties to the earliest; an iteration's makespan
+    is the max over ranks of each rank's own (last end - first start on its clock, never
+    compared across ranks). None when no rank has an interval."""
+    rows = timeline.rank_arrays()
+    per_rank = [ends[p].max(axis=0) - starts[p].min(axis=0) for _, starts, ends, p in rows]
     if not per_rank:
         return None
     num_iters = min(len(m) for m in per_rank)
@@ -75,6 +63,9 @@ def _block_colors(names: Sequence[str]) -> dict[str, Any]:
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
+_BAR_STYLE = {"height": 0.7, "edgecolor": "black", "linewidth": 0.5}
+
+
 def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -> None:
     """Top panel: one iteration, one row per (rank, lane), times relative to the rank's start."""
     it = median_makespan_iteration(timeline) if timeline is not None else None
@@ -85,19 +76,10 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
     lanes = list(dict.fromkeys(timeline.block_lanes))
     labels: list[str] = []
     drawn: set[str] = set()
-    for rt in sorted(timeline.ranks, key=lambda r: r.rank):
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        if not present.any():
-            continue
-        starts = np.asarray(rt.starts_ns, dtype=np.int64)
-        ends = np.asarray(rt.ends_ns, dtype=np.int64)
+    for rt, starts, ends, present in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
         origin_ns = int(starts[present, it].min())
         for lane in lanes:
-            blocks = [
-                b
-                for b, name in enumerate(timeline.block_names)
-                if present[b] and timeline.block_lanes[b] == lane
-            ]
+            blocks = [b for b in np.flatnonzero(present) if timeline.block_lanes[b] == lane]
             if not blocks:
                 continue
             y = len(labels)
@@ -106,15 +88,7 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
                 name = timeline.block_names[b]
                 left_us = (int(starts[b, it]) - origin_ns) / 1000.0
                 width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-                ax.barh(
-                    y,
-                    width_us,
-                    left=left_us,
-                    height=0.7,
-                    color=colors[name],
-                    edgecolor="black",
-                    linewidth=0.5,
-                )
+                ax.barh(y, width_us, left=left_us, color=colors[name], **_BAR_STYLE)
                 drawn.add(name)
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
@@ -122,12 +96,16 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
     ax.set_title(f"Iteration {it} (median makespan), each rank on its own clock")
     ax.grid(axis="x", alpha=0.3)
     if drawn:
-        from matplotlib.patches import Patch
-
         # Legend in the pattern's block order, not in drawing (rank, lane) order.
-        order = [n for n in dict.fromkeys(timeline.block_names) if n in drawn]
-        handles = [Patch(facecolor=colors[n], edgecolor="black", label=n) for n in order]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        _legend(ax, [(colors[n], n) for n in dict.fromkeys(timeline.block_names) if n in drawn])
+
+
+def _legend(ax: Any, entries: Sequence[tuple[Any, str]]) -> None:
+    """A legend of (colour, label) patches beside the panel."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=color, edgecolor="black", label=label) for color, label in entries]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
 def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> None:
@@ -137,7 +115,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     width = 0.4
     overlapped = [b.latency_avg_us for b in outcome.blocks]
     isolated = [b.isolated_latency_avg_us for b in outcome.blocks]
-    has_iso = [v is not None and math.isfinite(v) for v in isolated]
+    has_iso = [math.isfinite(v) for v in isolated]
     iso_x = [xi - width / 2 for xi, ok in zip(x, has_iso, strict=True) if ok]
     iso_y = [v for v, ok in zip(isolated, has_iso, strict=True) if ok]
     if iso_x:
@@ -150,12 +128,8 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
         edgecolor="black",
     )
     # The slowdown the run computed (overlapped / isolated), where a baseline exists.
-    ax.bar_label(
-        bars,
-        [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks],
-        padding=2,
-        fontsize="small",
-    )
+    labels = [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks]
+    ax.bar_label(bars, labels, padding=2, fontsize="small")
     ax.margins(y=0.15)
     ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
     ax.set_ylabel("average latency (µs)")
@@ -168,24 +142,15 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     if names:
-        from matplotlib.patches import Patch
-
-        handles = [
-            Patch(facecolor="lightgray", edgecolor="black", label="isolated (alone)"),
-            Patch(facecolor="white", edgecolor="black", label="overlapped (block colour)"),
-        ]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        _legend(ax, [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")])
 
 
 def _count_rows(timeline: Timeline | None) -> int:
     """Rows of the timeline panel: (rank, lane) pairs where the rank runs a block."""
     if timeline is None:
         return 0
-    rows = 0
-    for rt in timeline.ranks:
-        present = np.asarray(rt.present, dtype=bool).reshape(-1)
-        rows += len({lane for lane, p in zip(timeline.block_lanes, present, strict=False) if p})
-    return rows
+    lanes = timeline.block_lanes
+    return sum(len({lanes[b] for b in np.flatnonzero(p)}) for *_, p in timeline.rank_arrays())
 
 
 def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
@@ -203,6 +168,11 @@ def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
     _draw_timeline(top, timeline, colors)
     _draw_latency(bottom, outcome, colors)
     fig.suptitle(f"{outcome.pattern.suite} / {outcome.pattern.pattern}")
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written atomically."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     atomic_write_bytes(path, buf.getvalue())
@@ -216,10 +186,8 @@ def plot_file_name(pattern: str) -> str:
 
 
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken; records it in ``used``.
-
-    Two names that sanitise alike (a@b, a_b) must not overwrite each other.
-    """
+    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken (a@b and a_b sanitise
+    alike and must not overwrite each other); records it in ``used``."""
     name = plot_file_name(pattern)
     stem, n = name[: -len(".png")], 2
     while name in used:
@@ -247,9 +215,7 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
         for yi, j in zip(y, rows, strict=True):
             r = getattr(j, side)
             color = "tab:blue" if side == "control" else _VERDICT_COLORS.get(j.verdict, "gray")
-            err = None
-            if r.has_interval:
-                err = [[r.value - r.low], [r.high - r.value]]
+            err = [[r.value - r.low], [r.high - r.value]] if r.has_interval else None
             ax.errorbar(r.value, yi + offset, xerr=err, fmt="o", color=color, capsize=3)
         ax.plot([], [], "o", color="tab:blue" if label == "A" else "gray", label=label)
     ax.set_yticks(y, [j.key.rsplit("/", 1)[0] for j in rows])
@@ -259,7 +225,4 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     ax.set_title(title + "\nB in red: regressed beyond noise; green: improved")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(Path(path), buf.getvalue())
-    return Path(path)
+    return _save(fig, Path(path))

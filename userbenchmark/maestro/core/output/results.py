@@ -1,10 +1,6 @@
-"""Result tables as pandas DataFrames: the API behind results.*, patterns.* and pairs.*.
-
-Three tables: one row per (pattern, block), one per pattern, one per pair of blocks of a
-pattern (their overlap). The files of ``--output-dir`` are written from these frames and
-:func:`load_results` reads them back into the same frames, bit for bit, from the JSON files
-(the default) or the CSV files. ``compare`` and the metrics file are built on them too.
-"""
+"""Result tables as pandas DataFrames (one row per block, pattern, pair of blocks): the files
+of ``--output-dir`` are written from them, :func:`load_results` reads them back bit for bit
+from JSON or CSV, and ``compare`` and the metrics file are built on them."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import json
 import math
 import numbers
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -24,39 +20,13 @@ import numpy as np
 import pandas as pd
 
 from ...errors import MaestroError
-from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult
-from .metric_keys import BLOCK_METRICS, BOUNDS, PAIR_METRICS, PATTERN_METRICS, metric_key
-
-__all__ = [
-    "BLOCK_COLUMNS",
-    "PAIR_COLUMNS",
-    "PATTERN_COLUMNS",
-    "TABLE_FILES",
-    "Results",
-    "ResultsError",
-    "csv_text",
-    "describe",
-    "json_text",
-    "load_results",
-    "metrics_from_results",
-    "record_frame",
-    "read_json_file",
-    "read_text_file",
-    "read_table",
-    "records_of",
-    "results_from_records",
-    "results_of",
-]
+from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
+from .metric_keys import BOUNDS, metric_key
 
 Table = Literal["blocks", "patterns", "pairs"]
 
 _INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
-
-_DTYPES: Final[Mapping[str, str]] = MappingProxyType(
-    {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
-)
-
-
+_DTYPES: Final = {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
 _BOUND_DTYPES = (_FLOAT, _FLOAT, _INT)
 
 
@@ -83,9 +53,7 @@ PAIR_COLUMNS: Final = _columns_of(PairResult)
 """Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
 pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
-_COLUMNS: Final[Mapping[Table, Mapping[str, str]]] = MappingProxyType(
-    {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
-)
+_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
 _KEY_COLUMNS: Final[Mapping[Table, tuple[str, ...]]] = MappingProxyType(
     {
         "blocks": ("suite", "pattern", "block"),
@@ -102,6 +70,10 @@ _LEGACY_PAIRS_COLUMN = "pairwise_overlap"
 """Column of patterns.* before pairs.* existed: ``{"a|b": fraction}`` (a JSON text in CSV)."""
 _MAX_INT_DIGITS = 309
 """No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
+
+
+_Row = tuple[str, Mapping[str, Any]]
+"""A raw row and where it was read (``file: record 3``), for error messages."""
 
 
 class ResultsError(MaestroError, ValueError):
@@ -138,13 +110,6 @@ def _column(values: Sequence[Any], dtype: str) -> Any:
     return pd.array(list(values), dtype=_STR)
 
 
-def _frame(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        {name: _column([row[name] for row in rows], dtype) for name, dtype in columns.items()},
-        columns=list(columns),
-    )
-
-
 def _row(record: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
     intervals = getattr(record, "intervals", {})
@@ -160,8 +125,11 @@ def _row(record: Any) -> dict[str, Any]:
 
 def record_frame(records: Iterable[Any], record_type: type) -> pd.DataFrame:
     """The table of ``records`` (all of ``record_type``), in their order."""
+    rows = [_row(r) for r in records]
     columns = _columns_of(record_type)
-    return _frame([_row(r) for r in records], columns)
+    return pd.DataFrame(
+        {name: _column([row[name] for row in rows], t) for name, t in columns.items()}
+    )
 
 
 def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
@@ -177,26 +145,21 @@ def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
 # --- frames to files ---------------------------------------------------------------------------
 
 
+_PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
+
+
 def _plain(value: Any, dtype: str) -> Any:
-    """A cell as a plain Python value: None for NA/NaN, int, float or str."""
-    if value is pd.NA or value is None:
+    """A cell as a plain Python value: None for NA/NaN, int, float, str or bool."""
+    if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
         return None
-    if dtype == _FLOAT:
-        return None if math.isnan(value) else float(value)
-    if dtype == _INT:
-        return int(value)
-    if dtype == _STR:
-        return str(value)
-    if dtype == _BOOL:
-        return bool(value)
-    return value
+    return _PLAIN[dtype](value) if dtype in _PLAIN else value
 
 
 def _dtype_of(frame: pd.DataFrame, name: str) -> str:
     dtype = frame[name].dtype
     if isinstance(dtype, pd.StringDtype):
         return _STR
-    return str(dtype) if str(dtype) in (_INT, _FLOAT, _BOOL) else "object"
+    return str(dtype) if str(dtype) in _PLAIN else "object"
 
 
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -224,15 +187,9 @@ def _csv_cell(value: Any, dtype: str) -> str:
 
 def csv_text(frame: pd.DataFrame) -> str:
     """The CSV file of a table: empty cells for 'not applicable', floats as ``repr`` (exact)."""
-    columns = {name: _dtype_of(frame, name) for name in frame.columns}
-    text = pd.DataFrame(
-        {
-            name: [_csv_cell(_plain(v, dtype), dtype) for v in frame[name].tolist()]
-            for name, dtype in columns.items()
-        },
-        columns=list(columns),
-        dtype=object,
-    )
+    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
+    rows = [[_csv_cell(v, dtypes[n]) for n, v in row.items()] for row in records_of(frame)]
+    text = pd.DataFrame(rows, columns=list(dtypes), dtype=object)
     return text.to_csv(index=False, lineterminator="\n")
 
 
@@ -309,23 +266,38 @@ def read_json_file(path: str | Path) -> Any:
         raise ResultsError(f"{path}: not usable JSON ({exc})") from None
 
 
-def _int_cell(value: Any, text: bool) -> int | None:
+def _cell(value: Any, dtype: str, text: bool) -> Any:
+    """A raw cell (a JSON value, or CSV text when ``text``) as its column's type; None and ""
+    are NA. TypeError or ValueError when it is not of that type, OverflowError out of range."""
     if value is None or value == "":
-        return None
+        return "" if dtype == _STR else None
+    if dtype == _STR:
+        if not isinstance(value, str):
+            raise TypeError
+        return value
     if isinstance(value, str):
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
-        try:
-            return _in_int64(int(value))
-        except ValueError:
-            value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+        if dtype == _BOOL and value in ("true", "false"):
+            return value == "true"
+        if dtype == _FLOAT:
+            return float(value)  # CSV: repr text reads back to the same float
+        if dtype == _INT:
+            try:
+                return _in_int64(int(value))
+            except ValueError:
+                value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+    if dtype == _BOOL:
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError
-    if isinstance(value, numbers.Integral):
+    if dtype == _FLOAT:
+        return float(value)  # OverflowError for an integer beyond float64
+    if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return _in_int64(int(value))
-    if not (math.isfinite(value) and float(value).is_integer()):
-        raise TypeError
-    return _in_int64(int(value))
+    raise TypeError
 
 
 def _in_int64(number: int) -> int:
@@ -334,60 +306,22 @@ def _in_int64(number: int) -> int:
     return number
 
 
-def _float_cell(value: Any, text: bool) -> float:
-    if value is None or value == "":
-        return math.nan
-    if isinstance(value, str):
-        if not text:
-            raise TypeError
-        return float(value)  # CSV: repr text reads back to the same float
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError
-    return float(value)  # OverflowError for an integer beyond float64
-
-
-def _bool_cell(value: Any, text: bool) -> bool | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        if not text or value not in ("true", "false"):
-            raise TypeError
-        return value == "true"
-    if not isinstance(value, bool):
-        raise TypeError
-    return value
-
-
-def _str_cell(value: Any, text: bool) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise TypeError
-    return value
-
-
-_CELL: Final[Mapping[str, Callable[[Any, bool], Any]]] = MappingProxyType(
-    {_INT: _int_cell, _FLOAT: _float_cell, _STR: _str_cell, _BOOL: _bool_cell}
-)
 _EXPECTED: Final[Mapping[str, str]] = MappingProxyType(
     {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false"}
 )
 
 
-def _typed_frame(
-    rows: Sequence[Mapping[str, Any]], table: Table, wheres: Sequence[str], *, text: bool
-) -> pd.DataFrame:
-    """Checked, typed frame of raw rows (JSON values, or CSV strings when ``text``); a column
-    absent from a row is NA there (files of older or newer versions still load)."""
+def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
+    """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
+    column absent from a row is NA there (files of older or newer versions still load)."""
     columns = _COLUMNS[table]
     data: dict[str, Any] = {}
     for name, dtype in columns.items():
-        convert = _CELL[dtype]
         values = []
-        for row, where in zip(rows, wheres, strict=True):
+        for where, row in rows:
             raw = row.get(name)
             try:
-                value = convert(raw, text)
+                value = _cell(raw, dtype, text)
             except OverflowError:
                 raise ResultsError(
                     f"{where}: column {name!r}: {describe(raw)} is out of range"
@@ -401,29 +335,21 @@ def _typed_frame(
                     f"{where}: needs a non-empty string {name!r} "
                     f"(key columns: {', '.join(_KEY_COLUMNS[table])})"
                 )
-            values.append(None if dtype == _FLOAT and math.isnan(value) else value)
+            values.append(value)
         data[name] = _column(values, dtype)
     frame = pd.DataFrame(data, columns=list(columns))
-    extra = [n for row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
+    extra = [n for _, row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
-        frame[name] = _object_column([row.get(name) for row in rows])
+        # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
+        cells = (row.get(name) for _, row in rows)
+        frame[name] = np.fromiter(cells, dtype=object, count=len(rows))
     return frame
 
 
-def _object_column(values: Sequence[Any]) -> np.ndarray:
-    """A 1-D object array holding ``values`` as they are (lists stay cells, never a 2-D array)."""
-    column = np.empty(len(values), dtype=object)
-    for index, value in enumerate(values):
-        column[index] = value
-    return column
-
-
-def _legacy_pair_rows(
-    rows: Sequence[Mapping[str, Any]], wheres: Sequence[str]
-) -> list[dict[str, Any]]:
-    """Pair rows from an older patterns file's ``pairwise_overlap`` column."""
+def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
+    """Pair rows from the ``pairwise_overlap`` column of an older patterns file, ``source``."""
     pairs = []
-    for row, where in zip(rows, wheres, strict=True):
+    for where, row in rows:
         cell = row.get(_LEGACY_PAIRS_COLUMN)
         if cell in (None, ""):
             continue
@@ -444,15 +370,9 @@ def _legacy_pair_rows(
                     f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: pair name {name!r} is not "
                     "'block_a|block_b'"
                 )
-            pairs.append(
-                {
-                    "suite": row.get("suite"),
-                    "pattern": row.get("pattern"),
-                    "block_a": a,
-                    "block_b": b,
-                    "pairwise_overlap": fraction,
-                }
-            )
+            names = {"suite": row.get("suite"), "pattern": row.get("pattern")}
+            pair = {**names, "block_a": a, "block_b": b, "pairwise_overlap": fraction}
+            pairs.append((f"{source}: column {_LEGACY_PAIRS_COLUMN!r}", pair))
     return pairs
 
 
@@ -465,27 +385,20 @@ def _table_of_row(row: Mapping[str, Any]) -> Table:
 def results_from_records(
     records: Any, where: str, *, table: Table | None = None, text: bool = False
 ) -> Results:
-    """Tables from a list of JSON records: rows go to the table given, or, without ``table``,
-    to the one their columns say (``block_a``: pairs; a non-empty ``block``: blocks; else
-    patterns). An older patterns file's ``pairwise_overlap`` column becomes pair rows.
-    ``text``: the cells are CSV strings (numbers are parsed from text)."""
+    """Tables from JSON records (CSV strings when ``text``), each row in ``table`` or where its
+    columns say (``block_a``: pairs; a ``block``: blocks; else patterns); an older patterns
+    file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
-    rows: dict[Table, list[Mapping[str, Any]]] = {"blocks": [], "patterns": [], "pairs": []}
-    wheres: dict[Table, list[str]] = {"blocks": [], "patterns": [], "pairs": []}
+    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise ResultsError(
                 f"{where}: record {index}: expected an object, got {describe(record)}"
             )
-        kind = table or _table_of_row(record)
-        rows[kind].append(record)
-        wheres[kind].append(f"{where}: record {index}")
-    legacy = _legacy_pair_rows(rows["patterns"], wheres["patterns"])
-    rows["pairs"] += legacy
-    wheres["pairs"] += [f"{where}: column {_LEGACY_PAIRS_COLUMN!r}"] * len(legacy)
-    frames = {kind: _typed_frame(rows[kind], kind, wheres[kind], text=text) for kind in rows}
-    return Results(**frames)
+        rows[table or _table_of_row(record)].append((f"{where}: record {index}", record))
+    rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
+    return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
 
 
 def _read_csv_rows(path: Path) -> list[dict[str, str]]:
@@ -511,12 +424,9 @@ def read_table(path: str | Path, table: Table) -> pd.DataFrame:
 
 
 def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
-    """The block, pattern and pair tables of an ``--output-dir``, from its JSON files (or
-    its CSV files with ``format="csv"``), exactly as they were written.
-
-    A folder written before pairs.* existed gets its pair table from the patterns file.
-    ResultsError (naming the file) when a file is missing or malformed.
-    """
+    """The tables of an ``--output-dir`` from its JSON (or CSV) files, exactly as written (a
+    folder from before pairs.* gets its pairs from the patterns file); ResultsError, naming
+    the file, when one is missing or malformed."""
     if format not in ("json", "csv"):
         raise ValueError(f"format must be 'json' or 'csv', got {format!r}")
     folder = Path(directory)
@@ -536,11 +446,9 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
-    """Flat ``{metric key: float}`` of the known metrics (see metric_keys), grouped by pattern
-    in order of first appearance: its blocks' metrics, its own, then its pairs'; each followed
-    by its interval's bounds where it has one; NA cells are left out. ValueError for a name
-    that cannot be part of a key, or a key met twice.
-    """
+    """``{metric key: float}`` of the records' metrics (NA left out), pattern by pattern: its
+    blocks', its own, its pairs', each followed by its interval's bounds; ValueError for a name
+    that cannot be part of a key, or a key met twice."""
     groups: dict[tuple[str, str], dict[str, float]] = {}
 
     def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:
@@ -558,9 +466,9 @@ def metrics_from_results(results: Results) -> dict[str, float]:
                 group[key] = float(row[column])
 
     for row in records_of(results.blocks):
-        add(row, BLOCK_METRICS, block=row["block"])
+        add(row, metrics_of(BlockResult), block=row["block"])
     for row in records_of(results.patterns):
-        add(row, PATTERN_METRICS, block=None)
+        add(row, metrics_of(PatternResult), block=None)
     for row in records_of(results.pairs):
-        add(row, PAIR_METRICS, block=None, pair=(row["block_a"], row["block_b"]))
+        add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
     return {key: value for group in groups.values() for key, value in group.items()}

@@ -1,10 +1,6 @@
-"""The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end.
-
-One latency unit per table, and per sweep (every point of a sweep uses its first point's
-unit); p99 is shown only when the iteration count makes it differ from the max. Derived
-figures (slowdown, efficiency, shared busbw, comm/compute overlap) print with their 95 %
-interval.
-"""
+"""The terminal tables rank 0 prints: one per finished pattern, one per sweep at the end, in
+one latency unit per table and per sweep; p99 only where it differs from the max; derived
+figures with their 95 % interval."""
 
 from __future__ import annotations
 
@@ -43,6 +39,10 @@ def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) 
     return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
 
 
+def _size(size_bytes: int | None) -> str:
+    return format_size(size_bytes) if size_bytes else "-"
+
+
 LATENCY_COLUMNS = (
     "latency_avg_us",
     "latency_min_us",
@@ -68,21 +68,16 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     headers += ["algbw GB/s", "busbw GB/s", "TFLOP/s"]
     headers += [f"alone ({u})", "slowdown [95 % interval]"] if show_iso else []
     headers += ["#wrong"] if show_check else []
+    latencies = LATENCY_COLUMNS[:4] if show_p99 else LATENCY_COLUMNS[:3]
+    fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
     rows = []
     for b in blocks:
-        latencies = ["latency_avg_us", "latency_min_us", "latency_max_us"]
-        latencies += ["latency_p99_us"] if show_p99 else []
-        row = [b.block, b.op, f"{b.axis}({b.team_size})"]
-        row += [format_size(b.size_bytes) if b.size_bytes else "-"]
-        row += [format_in_unit(getattr(b, c), unit, precision) for c in latencies]
+        row = [b.block, b.op, f"{b.axis}({b.team_size})", _size(b.size_bytes)]
+        row += [fmt(getattr(b, c)) for c in latencies]
         row += [_num(b.algbw_gbps), _num(b.busbw_gbps), _num(b.tflops)]
         if show_iso:
-            row += [
-                format_in_unit(b.isolated_latency_avg_us, unit, precision),
-                _with_interval(b, "slowdown", 3),
-            ]
-        if show_check:
-            row += ["-" if b.wrong_elements is None else str(b.wrong_elements)]
+            row += [fmt(b.isolated_latency_avg_us), _with_interval(b, "slowdown", 3)]
+        row += [_num(b.wrong_elements)] if show_check else []  # an int, or "-" for None
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
@@ -153,17 +148,12 @@ def _timing_lines(p: PatternResult) -> list[str]:
 
 
 def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | None = None) -> str:
-    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's).
-
-    The pattern's warnings are not repeated here: the caller logs them.
-    """
+    """A table of the pattern's blocks, then its pattern-level lines (``unit``: the sweep's);
+    not its warnings: the caller logs them."""
     unit = unit or pattern_unit(outcome)
     p = outcome.pattern
-    title = (
-        f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}"
-        + (f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else "")
-        + ")"
-    )
+    gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""
+    title = f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}{gpu})"
     summary = _overlap_lines(outcome, unit, precision) + _timing_lines(p)
     lines = [title, _block_table(outcome, unit, precision)]
     lines += ["  " + s for s in summary]
@@ -174,9 +164,7 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
 
 def _replay_row(name: str, op: str, *figures: Any) -> list[str]:
     traced, replayed, ratio, low, high = figures
-    bounds = (
-        f" [{_num(low, 3)}, {_num(high, 3)}]" if low is not None and not math.isnan(low) else ""
-    )
+    bounds = "" if low is None or math.isnan(low) else f" [{_num(low, 3)}, {_num(high, 3)}]"
     return [name, op, _num(traced, 1), _num(replayed, 1), _num(ratio, 3) + bounds]
 
 
@@ -205,21 +193,13 @@ def format_sweep_summary(
 ) -> str:
     """One table for every point of a sweep: (point label, outcome) pairs in run order."""
     u = UNIT_LABEL[unit]
-    rows = []
-    for label, outcome in points:
-        for b in outcome.blocks:
-            rows.append(
-                [
-                    label,
-                    b.block,
-                    format_size(b.size_bytes) if b.size_bytes else "-",
-                    format_in_unit(b.latency_avg_us, unit, precision),
-                    _num(b.algbw_gbps),
-                    _num(b.busbw_gbps),
-                    _num(b.tflops),
-                    _num(b.slowdown, 3),
-                ]
-            )
+    rows = [
+        [label, b.block, _size(b.size_bytes)]
+        + [format_in_unit(b.latency_avg_us, unit, precision), _num(b.algbw_gbps)]
+        + [_num(b.busbw_gbps), _num(b.tflops), _num(b.slowdown, 3)]
+        for label, outcome in points
+        for b in outcome.blocks
+    ]
     headers = ["point", "block", "size", f"avg ({u})", "algbw GB/s", "busbw GB/s"]
     headers += ["TFLOP/s", "slowdown"]
     first = points[0][1].pattern

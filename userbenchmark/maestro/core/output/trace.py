@@ -1,8 +1,6 @@
-"""Chrome Trace Event Format (Perfetto-readable) JSON of every rank's measured intervals.
-
-One process per rank, one track per lane, one complete event per (block, iteration); patterns
-are laid out one after another on a shared time axis, each with a span on a "pattern" track.
-"""
+"""Chrome Trace Event Format (Perfetto-readable) JSON of every rank's measured intervals: a
+process per rank, a track per lane, an event per (block, iteration), patterns one after another
+on a shared time axis, each with a span on a "pattern" track."""
 
 from __future__ import annotations
 
@@ -30,15 +28,11 @@ TIME_ALIGNMENT_NOTE = (
 )
 
 
-def _block_args(block: str, lane: str, rank: int, result: BlockResult | None) -> dict[str, Any]:
-    """What a block's slices carry: its names, size and the figures that are numbers (NaN
-    means 'not applicable': left out)."""
-    op = result.op if result is not None else "block"
-    args: dict[str, Any] = {"block": block, "op": op, "lane": lane, "rank": rank}
+def _figures(result: BlockResult | None) -> dict[str, Any]:
+    """A block's size and the figures that are numbers (NaN means 'not applicable': left out)."""
     if result is None:
-        return args
-    if result.size_bytes is not None:
-        args["size_bytes"] = int(result.size_bytes)
+        return {}
+    args = {} if result.size_bytes is None else {"size_bytes": int(result.size_bytes)}
     for name in BLOCK_ARG_METRICS:
         value = getattr(result, name)
         if value is not None and math.isfinite(value):
@@ -53,39 +47,24 @@ def _write_rank(
     timeline, rank = place.timeline, part.rt.rank
     pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
     out.thread(pid, PATTERN_TRACK_TID, "pattern")
-    out.complete(
-        timeline.pattern,
-        "pattern",
-        pid,
-        PATTERN_TRACK_TID,
-        place.at(part, part.lo_ns),
-        (part.hi_ns - part.lo_ns) / 1000.0,
-        {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock},
-    )
+    start_us, span_us = place.at(part, part.lo_ns), (part.hi_ns - part.lo_ns) / 1000.0
+    span = {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock}
+    out.complete(timeline.pattern, "pattern", pid, PATTERN_TRACK_TID, start_us, span_us, span)
     results = {b.block: b for b in place.outcome.blocks}
+    names = place.block_args(rank)
     for b in np.flatnonzero(part.present).tolist():
         name, lane = timeline.block_names[b], timeline.block_lanes[b]
         tid = out.thread(pid, lane_tids[lane], lane)
-        args = {"pattern": timeline.pattern, **_block_args(name, lane, rank, results.get(name))}
+        args = {**names[b], **_figures(results.get(name))}
         ends = part.ends[b].tolist()
         for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
-            out.complete(
-                name,
-                args["op"],
-                pid,
-                tid,
-                place.at(part, start_ns),
-                (end_ns - start_ns) / 1000.0,
-                {**args, "iteration": it},
-            )
+            ts, dur = place.at(part, start_ns), (end_ns - start_ns) / 1000.0
+            out.complete(name, args["op"], pid, tid, ts, dur, {**args, "iteration": it})
 
 
 def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
-    """Trace Event Format dict of every outcome that has a timeline (others are skipped).
-
-    Times are microseconds (floats) from the start of the first pattern; see
-    ``TIME_ALIGNMENT_NOTE`` for what cross-rank alignment means.
-    """
+    """Trace Event Format dict of every outcome that has a timeline, in microseconds from the
+    first pattern's start (``TIME_ALIGNMENT_NOTE`` says what cross-rank alignment means)."""
     out = TraceEvents()
     lane_tids: dict[str, int] = {}
     patterns_meta: list[dict[str, Any]] = []

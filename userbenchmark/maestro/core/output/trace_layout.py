@@ -5,7 +5,7 @@ and the Trace Event Format's named tracks and complete events."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +20,18 @@ PATTERN_GAP_MIN_US = 10.0
 PROCESS_ID_OFFSET = 1
 """A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
 
-Extent = Callable[[RankTimeline, np.ndarray, np.ndarray, np.ndarray], tuple[int, int]]
 
-
-def interval_extent(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
+def _extent(
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches: bool
 ) -> tuple[int, int]:
-    """A rank's first start and last end over the blocks it runs."""
-    return int(starts[present].min()), int(ends[present].max())
+    """A rank's first start and last end over the blocks it runs (``launches``: its CUDA
+    launch calls included)."""
+    lo, hi = int(starts[present].min()), int(ends[present].max())
+    acts = rt.activities
+    if launches and acts is not None and len(acts.launches):
+        lo = min(lo, int(acts.launches.start_ns.min()))
+        hi = max(hi, int(acts.launches.end_ns.max()))
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -60,25 +64,31 @@ class Placement:
         """A reading of ``part``'s clock on the trace's axis."""
         return self.start_us + (t_ns - part.origin_ns) / 1000.0
 
+    def block_args(self, rank: int) -> list[dict[str, Any]]:
+        """What every event of each block carries first: its pattern, name, op, lane, rank."""
+        ops = {b.block: b.op for b in self.outcome.blocks}
+        t = self.timeline
+        return [
+            {"pattern": t.pattern, "block": n, "op": ops.get(n, "block"), "lane": ln, "rank": rank}
+            for n, ln in zip(t.block_names, t.block_lanes, strict=True)
+        ]
+
 
 def place_patterns(
     outcomes: Sequence[PatternOutcome],
     *,
-    extent: Extent = interval_extent,
+    launches: bool = False,
     whole_us: bool = False,
 ) -> Iterator[Placement]:
-    """Every outcome whose timeline some rank ran, each placed after the previous one.
-
-    ``extent`` gives a rank's first and last instant of a pattern; ``whole_us`` starts every
-    pattern on a whole microsecond.
-    """
+    """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
+    a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
     start_us = 0.0
     for outcome in outcomes:
         timeline = outcome.timeline
         rows = timeline.rank_arrays() if timeline is not None else []
         if not rows:
             continue
-        extents = [extent(*row) for row in rows]
+        extents = [_extent(*row, launches) for row in rows]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
             RankPart(rt, s, e, p, lo, hi, common_ns if timeline.shared_clock else lo)
@@ -126,18 +136,8 @@ class TraceEvents:
         self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
     ) -> None:
         """One slice ("X" event); times in microseconds."""
-        self.events.append(
-            {
-                "name": name,
-                "cat": cat,
-                "ph": "X",
-                "ts": ts,
-                "dur": max(dur, 0.0),
-                "pid": pid,
-                "tid": tid,
-                "args": args,
-            }
-        )
+        event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
+        self.events.append({**event, "pid": pid, "tid": tid, "args": args})
 
     def all(self) -> list[dict[str, Any]]:
         """Metadata, then slices."""

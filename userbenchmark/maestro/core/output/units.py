@@ -13,32 +13,19 @@ LATENCY_UNIT_SCALE_US: Final[dict[str, float]] = {"us": 1.0, "ms": 1e3, "s": 1e6
 
 
 def choose_latency_unit(values_us: ArrayLike) -> str:
-    """Pick one display unit for a column of latencies given in microseconds.
-
-    Based on the smallest positive finite value: "s" if it is >= 1e6 us, "ms" if >= 1e3 us,
-    else "us" (also when there is no positive finite value), so no entry prints below 1 unit.
-    """
+    """One display unit for a column of latencies in microseconds: the largest unit that the
+    smallest positive finite value fills at least once ("us" when there is none)."""
     arr = np.asarray(values_us, dtype=np.float64).ravel()
     positive = arr[np.isfinite(arr) & (arr > 0)]
-    if positive.size == 0:
-        return "us"
-    smallest = float(positive.min())
-    if smallest >= LATENCY_UNIT_SCALE_US["s"]:
-        return "s"
-    if smallest >= LATENCY_UNIT_SCALE_US["ms"]:
-        return "ms"
-    return "us"
+    smallest = float(positive.min()) if positive.size else 0.0
+    return next((u for u in ("s", "ms") if smallest >= LATENCY_UNIT_SCALE_US[u]), "us")
 
 
 def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
-    """Format a latency given in microseconds in `unit` ("us", "ms" or "s").
-
-    Fixed-point with `precision` decimals, except that a non-zero value never prints as zero:
-    when rounding to `precision` decimals would give 0 (e.g. 0.0004 ms at precision 2), it is
-    printed with the fewest decimals that make it non-zero, i.e. one significant digit
-    ("0.0004"; 0.00096 gives "0.001"). Exact zero prints as zero; NaN prints "n/a"; infinities
-    print "inf"/"-inf". Never scientific notation.
-    """
+    """A latency in microseconds, in ``unit``, fixed-point with ``precision`` decimals, except
+    that a non-zero value never prints as zero: it gets the fewest decimals that show it
+    (0.0004 ms at precision 2: "0.0004"). NaN prints "n/a", infinities "inf"/"-inf"; never
+    scientific notation."""
     if unit not in LATENCY_UNIT_SCALE_US:
         raise ValueError(f"unknown latency unit {unit!r}; valid: {sorted(LATENCY_UNIT_SCALE_US)}")
     if isinstance(precision, bool) or not isinstance(precision, int) or precision < 0:

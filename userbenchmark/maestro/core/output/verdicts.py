@@ -1,19 +1,12 @@
 """The noise model behind every A/B verdict (``compare`` and the TorchBench detector).
 
-Each run carries a 95 % interval for each metric it can (``<metric>_ci_low``/``_ci_high``: a
-bootstrap over its iterations, core/analysis/stats.py). A metric regressed or improved only
-when both hold:
-
-- beyond noise: the change exceeds ``t`` combined standard errors of the two runs (each read
-  from its interval, on the side facing the change, with its degrees of freedom), where ``t``
-  is Student's quantile (Welch's degrees of freedom) that keeps the chance of any false alarm
-  among all the metrics judged at once at 5 % (Bonferroni); and
-- beyond the metric's floor: the smallest change that counts, for the drift between runs that
-  one run cannot see (5 % for averages and rates, 10 % for tails, 5 µs for skews, ...).
-
-Relative metrics are judged on the log of the ratio, absolute ones (fractions, efficiency,
-skews) on the difference. A metric without an interval on both sides is not judged; a count
-without noise (wrong elements) is judged exactly. Pure functions.
+A metric regressed or improved only when its change is beyond noise, more than ``t`` combined
+standard errors of the two runs (each read from its run's 95 % bootstrap interval, on the side
+facing the change; ``t`` is Student's at Welch's degrees of freedom, Bonferroni over all the
+metrics judged at once so that any false alarm stays at 5 %), and past the metric's floor (the
+drift between runs that one run cannot see). Relative metrics are judged on the log of the
+ratio, absolute ones (fractions, efficiency, skews) on the difference. A metric without an
+interval on both sides is not judged; a count without noise (wrong elements) is judged exactly.
 """
 
 from __future__ import annotations
@@ -24,9 +17,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ..analysis.stats import t_quantile
-from .metric_keys import BOUNDS, Direction, parse_metric_key, spec_of, split_bound
-
-__all__ = ["FAMILY_ALPHA", "Judgement", "Reading", "Verdict", "judge_all", "readings"]
+from .metric_keys import BOUNDS, Direction, spec_of, split_bound
 
 Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged", "not judged"]
 FAMILY_ALPHA: Final = 0.05
@@ -94,30 +85,18 @@ def judge_all(
     floors: Mapping[str, float] | None = None,
 ) -> list[Judgement]:
     """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors."""
+    floors = floors or {}
     keys = sorted(control.keys() & treatment.keys())
-    metric = {key: _metric_of(key) for key in keys}
+    metric = {key: key.rsplit("/", 1)[-1] for key in keys}  # a key's last part is its metric
     count = sum(_has_noise(control[k], treatment[k], metric[k], floors) for k in keys)
     p = 1 - FAMILY_ALPHA / (2 * max(count, 1))
-    return [_judge(key, control[key], treatment[key], metric[key], p, floors or {}) for key in keys]
+    return [_judge(key, control[key], treatment[key], metric[key], p, floors) for key in keys]
 
 
-def _metric_of(key: str) -> str:
-    try:
-        return parse_metric_key(key).metric
-    except ValueError:
-        return key.rsplit("/", 1)[-1]
-
-
-def _floor(metric: str, floors: Mapping[str, float] | None) -> float | None:
-    if floors and metric in floors:
-        return floors[metric]
-    return spec_of(metric).floor
-
-
-def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float] | None) -> bool:
+def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float]) -> bool:
     spec = spec_of(metric)
     return (
-        _floor(metric, floors) is not None
+        floors.get(metric, spec.floor) is not None
         and not spec.exact
         and a.has_interval
         and b.has_interval
@@ -129,7 +108,7 @@ def _judge(
     key: str, a: Reading, b: Reading, metric: str, p: float, floors: Mapping[str, float]
 ) -> Judgement:
     spec = spec_of(metric)
-    floor = _floor(metric, floors)
+    floor = floors.get(metric, spec.floor)
     change = b.value - a.value if spec.absolute else _relative(a.value, b.value)
     low = high = math.nan
     verdict: Verdict = "not judged"
@@ -139,8 +118,9 @@ def _judge(
         to = (lambda v: v) if spec.absolute else math.log
         delta = to(b.value) - to(a.value)
         up = delta >= 0  # each run's interval on the side facing the other run
-        se_a = (to(a.high) - to(a.value) if up else to(a.value) - to(a.low)) / _t95(a.df)
-        se_b = (to(b.value) - to(b.low) if up else to(b.high) - to(b.value)) / _t95(b.df)
+        half_a = to(a.high) - to(a.value) if up else to(a.value) - to(a.low)
+        half_b = to(b.value) - to(b.low) if up else to(b.high) - to(b.value)
+        se_a, se_b = half_a / t_quantile(0.975, a.df), half_b / t_quantile(0.975, b.df)
         margin = t_quantile(p, _welch(se_a, a.df, se_b, b.df)) * math.hypot(se_a, se_b)
         back = (lambda d: d) if spec.absolute else (lambda d: math.expm1(min(d, 700.0)))
         low, high = back(delta - margin), back(delta + margin)
@@ -158,10 +138,6 @@ def _judge(
         direction=spec.better,
         verdict=verdict,
     )
-
-
-def _t95(df: float) -> float:
-    return t_quantile(0.975, df)
 
 
 def _welch(se_a: float, df_a: float, se_b: float, df_b: float) -> float:
