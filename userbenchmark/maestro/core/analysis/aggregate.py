@@ -129,11 +129,10 @@ def local_summary(
     out.update(_lane_arrays(starts, present, lane_of_block, gate_open, origin))
     counted = timings.activity_counts is not None
     out["counts"] = timings.activity_counts.astype(np.float64) if counted else np.zeros(num_blocks)
-    out["counted_ranks"] = np.where(present, 1.0 if counted else 0.0, 0.0)
+    out["counted_ranks"] = (present & counted).astype(np.float64)
     out["present_ranks"] = present.astype(np.float64)
-    out["ctas"] = np.full(num_blocks, -np.inf)
-    if timings.kernel_ctas_max is not None:
-        out["ctas"] = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
+    ctas = timings.kernel_ctas_max
+    out["ctas"] = np.full(num_blocks, -np.inf) if ctas is None else np.where(present, ctas, -np.inf)
     out.update(_host_arrays(host, present, num_blocks, num_iters))
     out.update(_instant_arrays(timings, raw_starts, present, gate_open, shared_clock))
     return out
@@ -148,26 +147,21 @@ def _overlap_arrays(
 ) -> dict[str, np.ndarray]:
     """Makespan, pairwise overlap, and communication hidden under compute: over the whole
     window (``cc_window``: hidden, comm) and per iteration (``cc_iter``, for its interval)."""
-    num_blocks, num_iters = starts.shape
+    num_iters = starts.shape[1]
     cc_window = np.zeros(2)
     cc_iter = np.zeros((2, num_iters))
-    if not present.any():
-        return {
-            "makespan": np.full(num_iters, -np.inf),
-            "pair_sum": np.zeros((num_blocks, num_blocks)),
-            "pair_count": np.zeros((num_blocks, num_blocks)),
-            "cc_window": cc_window,
-            "cc_iter": cc_iter,
-        }
-    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
+    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)  # NaN: absent blocks
     if compute.any() and comm.any():  # a rank without compute has no such overlap
         cc_window[:] = overlap.comm_hidden_under_compute_ns(starts, ends, comm, compute)
         cc_iter[0] = overlap.union_intersection_ns(
             starts[comm], ends[comm], starts[compute], ends[compute]
         )
         cc_iter[1] = overlap.union_length_ns(starts[comm], ends[comm])
+    makespan = np.full(num_iters, -np.inf)
+    if present.any():
+        makespan = overlap.makespan_ns(starts, ends, present)
     return {
-        "makespan": overlap.makespan_ns(starts, ends, present),
+        "makespan": makespan,
         "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
         "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
         "cc_window": cc_window,
@@ -229,57 +223,30 @@ def _instant_arrays(
     shared_clock: bool,
 ) -> dict[str, np.ndarray]:
     """Instants for cross-rank comparison, exact in int64 (sentinels where unknown)."""
-    num_blocks, num_iters = raw_starts.shape
-    start_hi = np.full((num_blocks, num_iters), _I64_MIN, dtype=np.int64)
-    start_lo = np.full((num_blocks, num_iters), _I64_MAX, dtype=np.int64)
-    gate_hi = np.full(num_iters, _I64_MIN, dtype=np.int64)
-    gate_lo = np.full(num_iters, _I64_MAX, dtype=np.int64)
-    if shared_clock and timings.clock in SHARED_CLOCKS:
-        start_hi[present] = raw_starts[present]
-        start_lo[present] = raw_starts[present]
-        if gate_open is not None:
-            gate_hi = gate_lo = np.asarray(gate_open, dtype=np.int64).copy()
+    known = shared_clock and timings.clock in SHARED_CLOCKS
+    start = present[:, None] & known
+    gate_known = known and gate_open is not None
+    gate = np.zeros(raw_starts.shape[1], dtype=np.int64)
+    if gate_known:
+        gate = np.asarray(gate_open, dtype=np.int64)
     return {
-        "start_hi": start_hi,
-        "start_lo": start_lo,
-        "gate_hi": gate_hi,
-        "gate_lo": gate_lo,
-        "raw_starts": np.where(present[:, None], raw_starts, _I64_MIN),
+        "start_hi": np.where(start, raw_starts, _I64_MIN),
+        "start_lo": np.where(start, raw_starts, _I64_MAX),
+        "gate_hi": np.where(gate_known, gate, _I64_MIN),
+        "gate_lo": np.where(gate_known, gate, _I64_MAX),
     }
 
 
 _FLOAT_ROUNDS = (
     (
-        (
-            "dur_max",
-            "avg_max",
-            "makespan",
-            "skew",
-            "gate_delay",
-            "launch_avg",
-            "ctas",
-            "enqueue",
-            "late",
-            "late_known",
-            "gate_spin",
-        ),
+        "dur_max avg_max makespan skew gate_delay launch_avg ctas enqueue late late_known "
+        "gate_spin",
         "max",
     ),
-    (("avg_min",), "min"),
-    (
-        (
-            "pair_sum",
-            "pair_count",
-            "cc_by_rank",
-            "cc_iter",
-            "counts",
-            "counted_ranks",
-            "present_ranks",
-        ),
-        "sum",
-    ),
+    ("avg_min", "min"),
+    ("pair_sum pair_count cc_by_rank cc_iter counts counted_ranks present_ranks", "sum"),
 )
-_INT_ROUNDS = ((("start_hi", "gate_hi"), "max"), (("start_lo", "gate_lo"), "min"))
+_INT_ROUNDS = (("start_hi gate_hi", "max"), ("start_lo gate_lo", "min"))
 
 
 def _pack(local: dict[str, np.ndarray], keys: Sequence[str], dtype: type) -> np.ndarray:
@@ -297,8 +264,8 @@ def _unpack(
 
 
 def _rounds() -> list[tuple[Sequence[str], str, type]]:
-    return [(k, op, np.float64) for k, op in _FLOAT_ROUNDS] + [
-        (k, op, np.int64) for k, op in _INT_ROUNDS
+    return [(k.split(), op, np.float64) for k, op in _FLOAT_ROUNDS] + [
+        (k.split(), op, np.int64) for k, op in _INT_ROUNDS
     ]
 
 
@@ -308,7 +275,7 @@ def _last_to_start_candidate(
     """Per block: (iterations in which this rank started last) x world + (world - 1 - rank),
     so that a max over ranks picks the most frequent last rank, ties to the lowest."""
     known = start_hi != _I64_MIN
-    mine = (local["raw_starts"] == start_hi) & known
+    mine = (local["start_hi"] == start_hi) & known
     return mine.sum(axis=1).astype(np.int64) * world_size + (world_size - 1 - rank)
 
 
