@@ -123,38 +123,20 @@ def pairwise_overlap_mean(
     (the full fraction array is blocks^2 x iterations). NaN for pairs with an absent block or
     without iterations.
     """
-    s, e, mask = _masked_intervals(starts, ends, present)
-    num_blocks, num_iters = s.shape
-    out = np.full((num_blocks, num_blocks), np.nan)
-    if not num_iters:
-        return out
-    for i in np.flatnonzero(mask):
-        row = _fraction_rows(s, e, mask, i, i + 1)[0]
-        out[i, mask] = row[mask].mean(axis=1)  # the NaN columns are the absent blocks
-    return out
-
-
-def _masked_intervals(
-    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s, e, mask = _intervals(starts, ends, present)
     # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
-    return np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0), mask
-
-
-def _fraction_rows(
-    s: np.ndarray, e: np.ndarray, mask: np.ndarray, first: int, stop: int
-) -> np.ndarray:
-    """Rows ``first:stop`` of the (blocks, blocks, iters) overlap-fraction array."""
-    rs, re_ = s[first:stop], e[first:stop]
-    inter = intersection_ns(rs[:, None, :], re_[:, None, :], s[None, :, :], e[None, :, :])
-    shorter = np.minimum((re_ - rs)[:, None, :], (e - s)[None, :, :])
-    frac = np.zeros(shorter.shape, dtype=np.float64)
-    np.divide(inter, shorter, out=frac, where=shorter > 0)
-    rows = np.arange(stop - first)
-    frac[rows, rows + first, :] = 1.0
-    frac[~(mask[first:stop, None] & mask[None, :])] = np.nan
-    return frac
+    s, e = np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0)
+    out = np.full((s.shape[0], s.shape[0]), np.nan)
+    if not s.shape[1]:
+        return out
+    for i in np.flatnonzero(mask):
+        inter = intersection_ns(s[i], e[i], s, e)
+        shorter = np.minimum(e[i] - s[i], e - s)
+        frac = np.zeros(shorter.shape, dtype=np.float64)
+        np.divide(inter, shorter, out=frac, where=shorter > 0)
+        frac[i] = 1.0
+        out[i, mask] = frac[mask].mean(axis=1)  # the NaN columns are the absent blocks
+    return out
 
 
 def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
@@ -198,7 +180,10 @@ def comm_hidden_under_compute_ns(
     return float(hidden[0]), comm_len
 
 
-def _scalar_or_array(out: np.ndarray) -> float | np.ndarray:
+def _divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
+    """num / den where ``where`` holds, NaN elsewhere; a float for scalars."""
+    out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
+    np.divide(num, den, out=out, where=where)
     return float(out) if out.ndim == 0 else out
 
 
@@ -228,20 +213,16 @@ def overlap_efficiency(
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(headroom.shape, gained.shape), np.nan)
     with np.errstate(invalid="ignore"):
         meaningful = (headroom > 0) & (headroom >= min_headroom_fraction * serial)
-    np.divide(gained, headroom, out=out, where=meaningful)
-    return _scalar_or_array(out)
+    return _divided(gained, headroom, meaningful)
 
 
 def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
-    """overlapped / isolated latency (> 1: overlap slowed the block). NaN where isolated <= 0/NaN."""
+    """overlapped / isolated latency (> 1: overlap slowed the block); NaN unless isolated > 0."""
     over = np.asarray(overlapped_avg_us, dtype=np.float64)
     iso = np.asarray(isolated_avg_us, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(over.shape, iso.shape), np.nan)
-    np.divide(over, iso, out=out, where=iso > 0)
-    return _scalar_or_array(out)
+    return _divided(over, iso, iso > 0)
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
@@ -252,7 +233,4 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     """
     total = np.asarray(bus_bytes_total, dtype=np.float64)
     span = np.asarray(makespan_s, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(total.shape, span.shape), np.nan)
-    np.divide(total, span, out=out, where=span > 0)
-    out /= 1e9
-    return _scalar_or_array(out)
+    return _divided(total, span, span > 0) / 1e9
