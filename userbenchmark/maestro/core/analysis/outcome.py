@@ -115,12 +115,20 @@ class _Noise:
             self.intervals[name] = (max(low, limits[0]), min(high, limits[1]), df)
         return replicates
 
-    def add_stat(self, name: str, estimate: float, values_ns: np.ndarray, statistic: str) -> None:
-        """Interval of a statistic (``mean``, ``p50``) of a series of the overlapped window, in
-        µs."""
-        if math.isfinite(estimate):
-            replicates = self.over.resample(values_ns, statistic) / 1e3
-            self.add(name, estimate, replicates, degrees_of_freedom(values_ns))
+    def add_stat(
+        self,
+        name: str,
+        estimate: float,
+        values_ns: np.ndarray,
+        statistic: str = "mean",
+        phase: Phase | None = None,
+    ) -> np.ndarray:
+        """Interval of a statistic (``mean``, ``p50``) of a series (ns), in µs, from its window's
+        bootstrap (default: the overlapped window's); returns the replicates (empty: none)."""
+        if not math.isfinite(estimate):
+            return np.empty(0)
+        replicates = (phase or self.over).resample(values_ns, statistic) / 1e3
+        return self.add(name, estimate, replicates, degrees_of_freedom(values_ns))
 
     def take(self) -> dict[str, tuple[float, float, int]]:
         out, self.intervals = self.intervals, {}
@@ -147,7 +155,7 @@ def _block_result(
     lat = agg.latency_ns[b]
     stats = _stats(lat)
     df = degrees_of_freedom(lat)
-    mean = noise.add("latency_avg_us", stats.avg_us, noise.over.resample(lat) / 1e3, df)
+    mean = noise.add_stat("latency_avg_us", stats.avg_us, lat)
     noise.add_stat("latency_p50_us", stats.p50_us, lat, "p50")
     # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/). A team of one
     # rank moves nothing over a bus: its busbw does not apply (NaN, never 0).
@@ -168,14 +176,12 @@ def _block_result(
     alone = isolated.row(b)
     iso_avg = float(alone.mean()) / 1e3 if alone.size else math.nan
     iso_df = degrees_of_freedom(alone)
-    iso_rep = noise.add(
-        "isolated_latency_avg_us", iso_avg, noise.alone[b].resample(alone) / 1e3, iso_df
-    )
+    iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
     slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
     if math.isfinite(slowdown) and iso_rep.size:
         noise.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
     start_skew = _us(agg.start_skew_ns[b], "mean")
-    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b], "mean")
+    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
     notes = _note_if(
@@ -199,12 +205,7 @@ def _block_result(
             size_bytes=size,
             iters=pattern.num_iters,
             work=describe_params(cls, spec.params),
-            latency_avg_us=stats.avg_us,
-            latency_min_us=stats.min_us,
-            latency_max_us=stats.max_us,
-            latency_p50_us=stats.p50_us,
-            latency_p99_us=stats.p99_us,
-            latency_stdev_us=stats.stdev_us,
+            **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
             isolated_latency_avg_us=iso_avg,
             isolated_latency_stdev_us=float(alone.std()) / 1e3 if alone.size else math.nan,
@@ -239,6 +240,7 @@ def build_outcome(
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     noise = _Noise(len(pattern.blocks))
+    run = {"profiler": profiler, "ranks_per_gpu": ranks_per_gpu}
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
         result, iso_rep, bus = _block_result(
@@ -249,18 +251,15 @@ def build_outcome(
                 result,
                 notes="; ".join(n for n in (*(notes[b] if notes else ()), result.notes) if n),
                 wrong_elements=None if wrong is None else int(wrong[b]),
-                profiler=profiler,
-                ranks_per_gpu=ranks_per_gpu,
+                **run,
             )
         )
         iso_reps.append(iso_rep)
         bus_bytes += bus
-    pattern_result = _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise)
     pattern_result = dataclasses.replace(
-        pattern_result,
+        _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise),
         peak_memory_bytes=peak_memory_bytes,
-        profiler=profiler,
-        ranks_per_gpu=ranks_per_gpu,
+        **run,
     )
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
@@ -327,8 +326,8 @@ def _efficiency_notes(efficiency: float, low: float, high: float) -> list[str]:
         "(they slow each other down more than overlap saves)",
     ) + _note_if(
         low > 1,
-        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its "
-        "critical path alone (blocks ran faster together than alone, or the isolated runs were slow)",
+        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its critical "
+        "path alone (blocks ran faster together than alone, or the isolated runs were slow)",
     )
 
 
@@ -345,14 +344,7 @@ def _pattern_result(
     # those copies are left out (one change must count once).
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
-    makespan_rep = np.empty(0)
-    if several:
-        makespan_rep = noise.add(
-            "makespan_avg_us",
-            makespan.avg_us,
-            noise.over.resample(agg.makespan_ns) / 1e3,
-            degrees_of_freedom(agg.makespan_ns),
-        )
+    makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
     figures = _overlap_figures(
         ideal_of(pattern), blocks, iso_reps, makespan.avg_us, makespan_rep, noise
     )
