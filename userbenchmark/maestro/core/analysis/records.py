@@ -80,10 +80,8 @@ def _skew(meaning: str, floor: float | None = 5.0) -> Any:
     )
 
 
-def _fraction(
-    meaning: str, domain: Domain = "fraction", better: Direction | None = "higher"
-) -> Any:
-    return metric(better=better, domain=domain, meaning=meaning, floor=0.05, absolute=True)
+def _fraction(meaning: str, domain: Domain = "fraction") -> Any:
+    return metric(better="higher", domain=domain, meaning=meaning, floor=0.05, absolute=True)
 
 
 @dataclass(frozen=True, kw_only=True)

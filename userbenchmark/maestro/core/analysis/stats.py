@@ -30,20 +30,13 @@ __all__ = [
 class LatencyStats:
     """Summary of one block's latency over the measured iterations, in microseconds."""
 
-    count: int
-    """Number of measured iterations."""
-    avg_us: float
-    """Arithmetic mean."""
+    count: int  # measured iterations
+    avg_us: float  # arithmetic mean
     min_us: float
-    """Smallest latency."""
     max_us: float
-    """Largest latency."""
-    p50_us: float
-    """Median, nearest-rank definition (an observed value, never interpolated)."""
-    p99_us: float
-    """99th percentile, nearest-rank definition."""
-    stdev_us: float
-    """Population standard deviation (ddof=0)."""
+    p50_us: float  # nearest rank: an observed value, never interpolated
+    p99_us: float  # nearest rank
+    stdev_us: float  # population (ddof=0)
 
 
 def _as_1d_finite(values: ArrayLike, what: str) -> np.ndarray:

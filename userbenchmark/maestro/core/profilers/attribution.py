@@ -20,6 +20,7 @@ from ..analysis.activities import (
     KIND_NAMES,
     DeviceActivities,
     LaunchCalls,
+    check_lengths,
 )
 
 # External id layout (63 bits, so every id is also a non-negative int64):
@@ -75,20 +76,9 @@ def _as_int64(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _check_lengths(obj: object, names: tuple[str, ...]) -> int:
-    lengths = set()
-    for name in names:
-        arr = getattr(obj, name)
-        if not isinstance(arr, np.ndarray) or arr.ndim != 1:
-            raise ValueError(f"{type(obj).__name__}.{name} must be a 1-D numpy array")
-        lengths.add(arr.shape[0])
-    if len(lengths) > 1:
-        raise ValueError(f"{type(obj).__name__} arrays differ in length: {sorted(lengths)}")
-    return lengths.pop() if lengths else 0
-
-
-_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
-_OPTIONAL_FIELDS = ("device_id", "size_bytes", *_DIMS)
+KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
+"""Kernel grid and block dims: fields of ActivityRecords as of CUPTI's kernel records."""
+_OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,12 +103,12 @@ class ActivityRecords:
     block_z: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        n = _check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
+        n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
         for name in _OPTIONAL_FIELDS:
             if getattr(self, name) is None:
                 dtype = np.int64 if name == "size_bytes" else np.int32
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
-        _check_lengths(self, ("correlation_id", *_OPTIONAL_FIELDS))
+        check_lengths(self)
 
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
@@ -132,10 +122,7 @@ class ExternalCorrelation:
     external_id: np.ndarray  # uint64
 
     def __post_init__(self) -> None:
-        _check_lengths(self, ("correlation_id", "external_id"))
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
+        check_lengths(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -484,10 +471,7 @@ class ApiRecords:
     api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
 
     def __post_init__(self) -> None:
-        _check_lengths(self, ("correlation_id", "start_ns", "end_ns", "cbid", "thread_id", "api"))
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
+        check_lengths(self)
 
 
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call

@@ -8,7 +8,8 @@ from ..analysis.intervals import WindowTimings
 
 
 class Profiler:
-    """Records when each (block, iteration) ran; subclasses per backend.
+    """Records when each (block, iteration) ran; subclasses per backend. The hooks do nothing
+    here (what an untimed window needs).
 
     ``before``/``after`` bracket one block's enqueue: on CPU they run on the lane thread and
     the block runs synchronously between them; on CUDA they run on the host thread with the
@@ -20,13 +21,13 @@ class Profiler:
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
     ) -> None:
-        raise NotImplementedError
+        pass
 
     def before(self, block: int, iteration: int) -> None:
-        raise NotImplementedError
+        pass
 
     def after(self, block: int, iteration: int) -> None:
-        raise NotImplementedError
+        pass
 
     def gate_begin(self, iteration: int) -> None:
         """Harness work (the gate's spin kernel) follows until ``gate_end``."""
@@ -35,7 +36,7 @@ class Profiler:
         pass
 
     def end_window(self) -> WindowTimings:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no timings")
 
     def close(self) -> None:
         pass
@@ -45,17 +46,3 @@ class NullProfiler(Profiler):
     """Records nothing (check-mode runs, which are not timed)."""
 
     name = "none"
-
-    def begin_window(
-        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
-    ) -> None:
-        pass
-
-    def before(self, block: int, iteration: int) -> None:
-        pass
-
-    def after(self, block: int, iteration: int) -> None:
-        pass
-
-    def end_window(self) -> WindowTimings:
-        raise RuntimeError("NullProfiler has no timings")

@@ -55,10 +55,6 @@ def window_buffer_bytes(num_launches: int, minimum: int = BUFFER_SIZE_BYTES) -> 
     return int(min(max(num_launches * BYTES_PER_LAUNCH, minimum), MAX_BUFFER_SIZE_BYTES))
 
 
-def _install_hint(cuda_major: int) -> str:
-    return f"pip install 'cupti-python>={cuda_major},<{cuda_major + 1}'"
-
-
 def cupti_available() -> tuple[bool, str]:
     """Whether cupti-python imports and matches torch's CUDA major version, and why not."""
     try:
@@ -69,7 +65,7 @@ def cupti_available() -> tuple[bool, str]:
     if not cuda:
         return False, "torch is built without CUDA; the cupti profiler needs a CUDA build"
     major = int(cuda.split(".")[0])
-    hint = _install_hint(major)
+    hint = f"pip install 'cupti-python>={major},<{major + 1}'"
     try:
         version = importlib.metadata.version("cupti-python")
     except importlib.metadata.PackageNotFoundError:
@@ -94,8 +90,6 @@ class CuptiProfiler:
     calls, and keep each window's block activities in ``last_activities``. It costs parsing
     time per record, so it is off unless a trace is wanted.
     """
-
-    name = "cupti"
 
     def __init__(
         self,
@@ -132,7 +126,6 @@ class CuptiProfiler:
         self._api_names: dict[tuple[int, int], str | None] = {}
         self._lock = threading.Lock()
         self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
-        self._ext_chunks: list[np.ndarray] = []
         self._callback_error: BaseException | None = None
         self._enabled: list = []
         self._started = False
@@ -193,7 +186,7 @@ class CuptiProfiler:
         self._window_id = None
 
     def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
-        names = ["kernel", "memcpy", "memset"]
+        names = ["kernel", "memcpy", "memset", "ext"]
         if self.keep_activities:
             names += ["kernel_name", "memcpy_name", "memset_name", "api"]
         return {name: [] for name in names}
@@ -356,8 +349,6 @@ class CuptiProfiler:
                 for name, chunks in self._chunks.items():
                     if rows[name].shape[0]:
                         chunks.append(rows[name])
-                if rows["ext"].shape[0]:
-                    self._ext_chunks.append(rows["ext"])
         except BaseException as exc:  # raised later on the caller's thread, never lost
             if self._callback_error is None:
                 self._callback_error = exc
@@ -367,10 +358,8 @@ class CuptiProfiler:
         third item (with ``keep_activities``): each record's name index, the names, and the
         API calls."""
         with self._lock:
-            chunks, ext_chunks = self._chunks, self._ext_chunks
-            self._chunks = self._empty_chunks()
-            self._ext_chunks = []
+            chunks, self._chunks = self._chunks, self._empty_chunks()
             # Every name a taken chunk refers to was added before the chunk was.
             names = tuple(self._parser.names) if self.keep_activities else ()
-        records, ext = activity_records(chunks), external_correlation(ext_chunks)
+        records, ext = activity_records(chunks), external_correlation(chunks["ext"])
         return records, ext, named_records(chunks, names) if self.keep_activities else None

@@ -15,29 +15,18 @@ from operator import attrgetter
 import numpy as np
 
 from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
-from .attribution import ActivityRecords, ApiRecords, ExternalCorrelation
+from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
 from .demangle import demangle
 
 # The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
 logger = logging.getLogger("maestro.cupti")
 
 
+_COMMON = ("correlation_id", "start", "end", "stream_id", "device_id")
 _FIELDS = {
-    "kernel": (
-        "correlation_id",
-        "start",
-        "end",
-        "stream_id",
-        "device_id",
-        "grid_x",
-        "grid_y",
-        "grid_z",
-        "block_x",
-        "block_y",
-        "block_z",
-    ),
-    "memcpy": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
-    "memset": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "kernel": (*_COMMON, *KERNEL_DIMS),
+    "memcpy": (*_COMMON, "bytes"),
+    "memset": (*_COMMON, "bytes"),
     "ext": ("correlation_id", "external_id"),
 }
 _NAMED_FIELDS = {
@@ -53,16 +42,8 @@ the API calls that launched the activities."""
 # HolisticTraceAnalysis classifies as memory work by their first word.
 _COPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH")
 _COPY_KINDS += ("PtoP",)
-_MEMORY_KINDS = (
-    "Unknown",
-    "Pageable",
-    "Pinned",
-    "Device",
-    "Array",
-    "Managed",
-    "Device Static",
-    "Managed Static",
-)
+_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed")
+_MEMORY_KINDS += ("Device Static", "Managed Static")
 
 
 def _kind_name(table: tuple[str, ...], code: int) -> str:

@@ -42,16 +42,12 @@ class CuptiWindowProfiler(Profiler):
 
     def end_window(self) -> WindowTimings:
         att = self.cupti.end_window()
-        present = self._present
-        gate = att.gate_end_ns
-        if gate is not None and (np.asarray(gate) <= 0).any():
-            gate = None
         return WindowTimings(
             starts_ns=att.start_ns,
             ends_ns=att.end_ns,
-            present=present,
+            present=self._present,
             clock="cupti",
-            gate_open_ns=gate,
+            gate_open_ns=None if (att.gate_end_ns <= 0).any() else att.gate_end_ns,
             activity_counts=att.activity_count.sum(axis=1),
             kernel_ctas_max=att.kernel_ctas_max,
             activities=self.cupti.last_activities,

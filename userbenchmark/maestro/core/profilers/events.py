@@ -52,19 +52,15 @@ class EventProfiler(Profiler):
         import torch
 
         torch.cuda.synchronize()
+        ns = lambda event: round(self._ref.elapsed_time(event) * 1e6)  # noqa: E731
         starts = np.zeros(self._shape, dtype=np.int64)
         ends = np.zeros(self._shape, dtype=np.int64)
-        for b, present in enumerate(self._present):
-            if not present:
-                continue
-            for i in range(self._shape[1]):
-                starts[b, i] = round(self._ref.elapsed_time(self._start_ev[b][i]) * 1e6)
-                ends[b, i] = round(self._ref.elapsed_time(self._end_ev[b][i]) * 1e6)
+        for b in np.flatnonzero(self._present):
+            starts[b] = [ns(e) for e in self._start_ev[b]]
+            ends[b] = [ns(e) for e in self._end_ev[b]]
         gate = None
         if self._gate_seen.all():
-            gate = np.array(
-                [round(self._ref.elapsed_time(e) * 1e6) for e in self._gate_ev], dtype=np.int64
-            )
+            gate = np.array([ns(e) for e in self._gate_ev], dtype=np.int64)
         return WindowTimings(
             starts_ns=starts,
             ends_ns=ends,
