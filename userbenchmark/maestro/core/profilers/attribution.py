@@ -218,17 +218,17 @@ class _Problems:
         self.messages: list[str] = []
         self.counts: dict[str, int] = {}
 
-    def add(self, key: str, num: int, message: str) -> None:
-        if num:
-            self.counts[key] = num
-            self.messages.append(f"{num} {message}")
+    def add(self, key: str, mask: np.ndarray, message: str) -> None:
+        """The records (or cells) under ``mask``, which is not all False, and what is wrong."""
+        self.counts[key] = num = int(np.count_nonzero(mask))
+        self.messages.append(f"{num} {message}")
 
     def of_records(self, key: str, mask: np.ndarray, text: str) -> None:
         """The records under ``mask``, described by their kinds and streams."""
         if mask.any():
             streams = _shown(np.unique(self.records.stream_id[mask]))
             summary = _kind_summary(self.records.kind[mask])
-            self.add(key, int(np.count_nonzero(mask)), f"{text} ({summary}; streams {streams})")
+            self.add(key, mask, f"{text} ({summary}; streams {streams})")
 
     def of_window(
         self, ext_id: np.ndarray, d: _Decoded, window_id: int, shape: tuple[int, int]
@@ -241,14 +241,14 @@ class _Problems:
             bad_iters = _shown(np.unique(d.iteration[d.out_of_range]))
             self.add(
                 "out_of_range",
-                int(np.count_nonzero(d.out_of_range)),
+                d.out_of_range,
                 f"activities map outside {shape[0]} blocks x {shape[1]} iterations "
                 f"(blocks {bad_blocks}; iterations {bad_iters})",
             )
         if d.absent.any():
             self.add(
                 "absent_block",
-                int(np.count_nonzero(d.absent)),
+                d.absent,
                 "activities belong to blocks this rank does not run "
                 f"(blocks {_shown(np.unique(d.block[d.absent]))})",
             )
@@ -285,7 +285,7 @@ class _Problems:
             listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
             self.add(
                 "other_window",
-                int(wcounts.sum()),
+                other,
                 f"activities belong to other windows ({listed}), not window {window_id}: a "
                 "flush was missing before this window began",
             )
@@ -301,9 +301,7 @@ class _Problems:
         )
         if blocks.shape[0] > _SHOWN:
             listed += f"; ... ({blocks.shape[0]} blocks in all)"
-        self.add(
-            "empty_cells", int(per_block.sum()), f"(block, iteration) got no activity: {listed}"
-        )
+        self.add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
 
     def raise_any(self, window_id: int) -> None:
         if self.messages:
@@ -318,8 +316,7 @@ def _checked_present(
     window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None
 ) -> np.ndarray:
     """``present`` as a bool array (default: every block), after checking the window's shape."""
-    if not 0 <= window_id <= MAX_WINDOW_ID:
-        raise ValueError(f"window_id must be in [0, {MAX_WINDOW_ID}], got {window_id}")
+    encode_external_id(window_id, 0, 0)  # checks window_id
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
     if not 1 <= num_iters <= MAX_NUM_ITERS:
@@ -337,13 +334,10 @@ class _Decoded:
     this_window: np.ndarray
     block: np.ndarray
     iteration: np.ndarray
-    mine: np.ndarray
-    """Records of a block (not harness, not the gate) of this window."""
-    gate: np.ndarray
-    """Records of the gate's spin kernel of this window."""
+    mine: np.ndarray  # records of a block (not harness, not the gate) of this window
+    gate: np.ndarray  # records of the gate's spin kernel of this window
     out_of_range: np.ndarray
-    absent: np.ndarray
-    """Records of a block this rank does not run."""
+    absent: np.ndarray  # records of a block this rank does not run
     ambiguous: np.ndarray
     incomplete: np.ndarray
 
