@@ -504,22 +504,17 @@ def _call_names(
     api_name: Callable[[int, int], str | None],
 ) -> np.ndarray:
     """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
-    call_names = np.zeros(chosen.size, dtype=np.int64)
     if not chosen.size:
-        return call_names
+        return np.zeros(0, dtype=np.int64)
     corr_order = np.argsort(corr, kind="stable")
     at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
     launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
-    known: dict[tuple[int, int, int], int] = {}
-    codes, cbids = api.api[chosen].tolist(), api.cbid[chosen].tolist()
-    keys = zip(codes, cbids, launched_kind.tolist(), strict=True)
-    for j, (code, cbid, kind_code) in enumerate(keys):
-        if (code, cbid, kind_code) not in known:
-            name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
-            known[(code, cbid, kind_code)] = len(table)
-            table.append(name)
-        call_names[j] = known[(code, cbid, kind_code)]
-    return call_names
+    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
+    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+    for code, cbid, kind_code in distinct.tolist():  # one name per (API, callback, kind)
+        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
+        table.append(name)
+    return len(table) - len(distinct) + inverse.reshape(-1)
 
 
 def window_activities(
