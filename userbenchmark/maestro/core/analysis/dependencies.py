@@ -13,8 +13,6 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["critical_path"]
-
 
 def critical_path(
     durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]

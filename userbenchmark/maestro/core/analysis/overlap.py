@@ -11,18 +11,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = [
-    "comm_hidden_under_compute_ns",
-    "intersection_ns",
-    "makespan_ns",
-    "overlap_efficiency",
-    "pairwise_overlap_mean",
-    "shared_busbw_gbps",
-    "slowdown",
-    "union_intersection_ns",
-    "union_length_ns",
-]
-
 
 def _intervals(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
@@ -220,9 +208,8 @@ def overlap_efficiency(
 
 def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
     """overlapped / isolated latency (> 1: overlap slowed the block); NaN unless isolated > 0."""
-    over = np.asarray(overlapped_avg_us, dtype=np.float64)
     iso = np.asarray(isolated_avg_us, dtype=np.float64)
-    return _divided(over, iso, iso > 0)
+    return _divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
@@ -231,6 +218,5 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     A block's bus bytes are size_bytes * its Block class's bus_factor; GB = 1e9.
     NaN where makespan_s <= 0 or is NaN.
     """
-    total = np.asarray(bus_bytes_total, dtype=np.float64)
     span = np.asarray(makespan_s, dtype=np.float64)
-    return _divided(total, span, span > 0) / 1e9
+    return _divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9

@@ -13,18 +13,6 @@ from statistics import NormalDist
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = [
-    "LatencyStats",
-    "Phase",
-    "block_length",
-    "degrees_of_freedom",
-    "interval",
-    "latency_stats",
-    "percentile_nearest_rank",
-    "relative_drift",
-    "t_quantile",
-]
-
 
 @dataclass(frozen=True, kw_only=True)
 class LatencyStats:
