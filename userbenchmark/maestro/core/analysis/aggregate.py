@@ -139,11 +139,7 @@ def local_summary(
 
 
 def _overlap_arrays(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    present: np.ndarray,
-    comm: np.ndarray,
-    compute: np.ndarray,
+    starts: np.ndarray, ends: np.ndarray, present: np.ndarray, comm: np.ndarray, compute: np.ndarray
 ) -> dict[str, np.ndarray]:
     """Makespan, pairwise overlap, and communication hidden under compute: over the whole
     window (``cc_window``: hidden, comm) and per iteration (``cc_iter``, for its interval)."""

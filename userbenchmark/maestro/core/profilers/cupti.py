@@ -118,10 +118,7 @@ class CuptiProfiler:
         """What the next buffer request gets (sized per window by begin_window)."""
         self.keep_activities = keep_activities
         self._parser = _RecordParser(
-            cupti,
-            parse,
-            max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES),
-            names=keep_activities,
+            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=keep_activities
         )
         self._api_names: dict[tuple[int, int], str | None] = {}
         self._lock = threading.Lock()

@@ -238,8 +238,7 @@ class _RecordParser:
                 )
             elif name == "memset":
                 out["memset_name"] = self._names_of_codes(
-                    recs["memory_kind"].astype(np.int64).reshape(-1, 1),
-                    lambda c: memset_name(c[0]),
+                    recs["memory_kind"].astype(np.int64).reshape(-1, 1), lambda c: memset_name(c[0])
                 )
         if named:
             api_rows = []
