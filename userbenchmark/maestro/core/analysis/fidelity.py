@@ -45,10 +45,8 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
     starts = np.asarray(timings.starts_ns, dtype=np.int64)
     out = np.zeros((world_size, starts.shape[1]))
     out[rank] = math.nan
-    if present.any():  # rebased in int64 first: CLOCK_REALTIME ns would lose precision
-        origin = int(starts[present].min())
-        ends = np.asarray(timings.ends_ns, dtype=np.int64) - origin
-        out[rank] = overlap.makespan_ns(starts - origin, ends, present)
+    if present.any():  # in int64: CLOCK_REALTIME ns would lose precision as float64
+        out[rank] = overlap.makespan_ns(starts, np.asarray(timings.ends_ns, np.int64), present)
     return out
 
 

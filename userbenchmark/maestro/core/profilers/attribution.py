@@ -533,10 +533,6 @@ def window_activities(
     correlation id of a kept activity is kept (``_launch_calls``). ``api_name(api, cbid)``
     names a call (None: unknown; a generic name of the launch kind is used then).
     """
-    if attribution.activity_block is None or attribution.activity_iteration is None:
-        raise ValueError("window_activities needs attribute(..., per_activity=True)")
-    if name_index.shape != (len(records),):
-        raise ValueError(f"name_index must have shape ({len(records)},), got {name_index.shape}")
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
     chosen = _launch_calls(api, corr)

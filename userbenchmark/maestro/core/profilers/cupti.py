@@ -330,8 +330,7 @@ class CuptiProfiler:
         # running returns incomplete records: synchronize first.
         torch.cuda.synchronize()
         self._cupti.activity_flush_all(self._flush_forced)
-        if self._callback_error is not None:
-            self._require_started()
+        self._require_started()  # raises a callback's error
 
     def _buffer_requested(self) -> tuple[int, int]:
         return self._buffer_size_bytes, 0  # 0: as many records as fit
