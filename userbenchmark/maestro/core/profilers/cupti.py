@@ -57,10 +57,8 @@ def window_buffer_bytes(num_launches: int, minimum: int = BUFFER_SIZE_BYTES) -> 
 
 def cupti_available() -> tuple[bool, str]:
     """Whether cupti-python imports and matches torch's CUDA major version, and why not."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
-        return False, f"torch does not import: {exc}"
+    import torch
+
     cuda = torch.version.cuda
     if not cuda:
         return False, "torch is built without CUDA; the cupti profiler needs a CUDA build"

@@ -63,6 +63,8 @@ def memset_name(memory_kind: int) -> str:
     return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
 
 
+_NAMERS = {"memcpy": memcpy_name, "memset": memset_name}
+"""What names a copy or a set, from the kind codes of ``_NAMED_FIELDS``."""
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 
 
@@ -231,15 +233,9 @@ class _RecordParser:
                 # The name is a pointer into CUPTI's memory: read through the record object.
                 which = np.flatnonzero(kinds == code).tolist()
                 out["kernel_name"] = self._interned([_kernel_name(activities[i]) for i in which])
-            elif name == "memcpy":
-                out["memcpy_name"] = self._names_of_codes(
-                    np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1),
-                    lambda c: memcpy_name(*c),
-                )
-            elif name == "memset":
-                out["memset_name"] = self._names_of_codes(
-                    recs["memory_kind"].astype(np.int64).reshape(-1, 1), lambda c: memset_name(c[0])
-                )
+            elif name in _NAMERS:
+                codes = np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1)
+                out[f"{name}_name"] = self._names_of_codes(codes, _NAMERS[name])
         if named:
             api_rows = []
             for code, api in self.api_codes.items():
@@ -257,7 +253,7 @@ class _RecordParser:
         if not codes.shape[0]:
             return np.zeros(0, dtype=np.int32)
         distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
-        ids = np.array([self._intern(name_of(row)) for row in distinct.tolist()], np.int32)
+        ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
 
     @staticmethod
@@ -271,11 +267,9 @@ class _RecordParser:
 
 def _record_name(kind: str, record) -> str:
     """The name a trace shows for a kernel, memcpy or memset record object."""
-    if kind == "memcpy":
-        return memcpy_name(record.copy_kind, record.src_kind, record.dst_kind)
-    if kind == "memset":
-        return memset_name(record.memory_kind)
-    return _kernel_name(record)
+    if kind == "kernel":
+        return _kernel_name(record)
+    return _NAMERS[kind](*(getattr(record, f) for f in _NAMED_FIELDS[kind]))
 
 
 def _kernel_name(record) -> str:
