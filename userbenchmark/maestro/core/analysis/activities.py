@@ -45,15 +45,11 @@ class LaunchCalls:
 
     correlation_id: np.ndarray
     """int64: CUPTI's correlation id, shared with the activities the call launched."""
-    start_ns: np.ndarray
-    """int64, the rank's clock (CUPTI: CLOCK_REALTIME), as the activities."""
+    start_ns: np.ndarray  # int64, the rank's clock (CUPTI: CLOCK_REALTIME), as the activities
     end_ns: np.ndarray
-    api: np.ndarray
-    """uint8: API_RUNTIME or API_DRIVER."""
-    cbid: np.ndarray
-    """int32: CUPTI's callback id of the function."""
-    thread_id: np.ndarray
-    """int64: the calling thread (CUPTI's threadId)."""
+    api: np.ndarray  # uint8: API_RUNTIME or API_DRIVER
+    cbid: np.ndarray  # int32: CUPTI's callback id of the function
+    thread_id: np.ndarray  # int64: the calling thread (CUPTI's threadId)
     name_index: np.ndarray
     """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
 
@@ -72,27 +68,17 @@ class DeviceActivities:
     belongs to no block. ``launches`` holds at most one API call per correlation id.
     """
 
-    block: np.ndarray
-    """int32: the block's index in the pattern."""
-    iteration: np.ndarray
-    """int32: the measured iteration (0-based)."""
-    kind: np.ndarray
-    """uint8: KIND_KERNEL, KIND_MEMCPY or KIND_MEMSET."""
-    start_ns: np.ndarray
-    """int64, the rank's own clock (CUPTI: CLOCK_REALTIME)."""
+    block: np.ndarray  # int32: the block's index in the pattern
+    iteration: np.ndarray  # int32: the measured iteration (0-based)
+    kind: np.ndarray  # uint8: KIND_KERNEL, KIND_MEMCPY or KIND_MEMSET
+    start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
     end_ns: np.ndarray
-    stream_id: np.ndarray
-    """int64: CUPTI's stream id."""
-    device_id: np.ndarray
-    """int32."""
-    correlation_id: np.ndarray
-    """int64: CUPTI's correlation id of the launching API call."""
-    grid: np.ndarray
-    """int32 (n, 3): kernel grid dims (zeros for memcpy/memset)."""
-    block_dims: np.ndarray
-    """int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)."""
-    size_bytes: np.ndarray
-    """int64: bytes of a memcpy/memset (0 for kernels)."""
+    stream_id: np.ndarray  # int64: CUPTI's stream id
+    device_id: np.ndarray  # int32
+    correlation_id: np.ndarray  # int64: CUPTI's correlation id of the launching API call
+    grid: np.ndarray  # int32 (n, 3): kernel grid dims (zeros for memcpy/memset)
+    block_dims: np.ndarray  # int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)
+    size_bytes: np.ndarray  # int64: bytes of a memcpy/memset (0 for kernels)
     name_index: np.ndarray
     """int32 into ``names``: the kernel's name, or ``Memcpy DtoD (Device -> Device)``-style
     names for copies and sets."""

@@ -48,8 +48,7 @@ def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
 class Isolated:
     """Each block run alone: its latency per iteration (ns, NaN rows: not measured)."""
 
-    latency_ns: np.ndarray
-    """(blocks, iters)."""
+    latency_ns: np.ndarray  # (blocks, iters)
 
     @classmethod
     def unmeasured(cls, num_blocks: int) -> Isolated:
