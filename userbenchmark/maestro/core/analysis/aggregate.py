@@ -292,18 +292,14 @@ def _finish(
     several = out["present_ranks"] >= 2
     spread = np.where(several, out["avg_max"] - out["avg_min"], np.nan)
     known = (out["start_hi"] != _I64_MIN) & several[:, None]
-    start_skew = np.full(out["start_hi"].shape, np.nan)
-    start_skew[known] = (out["start_hi"][known] - out["start_lo"][known]).astype(np.float64)
+    # Unknown entries are sentinels (their difference wraps); only known ones are read.
+    start_skew = np.where(known, out["start_hi"] - out["start_lo"], np.nan)
     last_count = last_candidate // world_size
     last_rank = np.where(
         known.any(axis=1) & (last_count > 0), world_size - 1 - last_candidate % world_size, -1
     )
-    gate_known = out["gate_hi"] != _I64_MIN
-    gate_skew = np.full(out["gate_hi"].shape, np.nan)
-    if world_size >= 2:
-        gate_skew[gate_known] = (out["gate_hi"][gate_known] - out["gate_lo"][gate_known]).astype(
-            np.float64
-        )
+    gate_known = (out["gate_hi"] != _I64_MIN) & (world_size >= 2)
+    gate_skew = np.where(gate_known, out["gate_hi"] - out["gate_lo"], np.nan)
     return WindowAggregate(
         latency_ns=_inf_to_nan(out["dur_max"]),
         duration_spread_ns=_inf_to_nan(spread),

@@ -244,8 +244,7 @@ class CuptiProfiler:
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        if present is None:
-            present = self._present
+        present = self._present if present is None else present
         window_id = self._window_id
         self._window_id = None
         self._flush()
