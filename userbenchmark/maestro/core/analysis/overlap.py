@@ -57,9 +57,8 @@ def intersection_ns(
 
 
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Union length per column of already-validated (num_blocks, num_iters) intervals."""
-    if s.shape[0] == 0:
-        return np.zeros(s.shape[1], dtype=np.result_type(s.dtype, e.dtype))
+    """Union length per column of already-validated (num_blocks, num_iters) intervals (0 for
+    no blocks)."""
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
     order = np.argsort(s, axis=0, kind="stable")

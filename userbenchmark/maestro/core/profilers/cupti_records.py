@@ -317,12 +317,7 @@ def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
         stream_id=column(3),
         device_id=column(4).astype(np.int32),
         size_bytes=size_bytes,
-        grid_x=kernel_only(5),
-        grid_y=kernel_only(6),
-        grid_z=kernel_only(7),
-        block_x=kernel_only(8),
-        block_y=kernel_only(9),
-        block_z=kernel_only(10),
+        **{dim: kernel_only(i) for i, dim in enumerate(KERNEL_DIMS, start=len(_COMMON))},
     )
 
 
