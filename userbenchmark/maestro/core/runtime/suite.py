@@ -43,7 +43,7 @@ def make_profiler(name: str, dist: DistContext, *, trace: bool = False) -> Any:
     if not dist.is_cuda:
         if name not in ("auto", "host"):
             raise RunError(f"profiler {name!r} needs CUDA; CPU lanes use the host profiler")
-        from ..profilers.host import HostProfiler
+        from ..profilers.base import HostProfiler
 
         return HostProfiler()
     if name == "host":
@@ -52,12 +52,10 @@ def make_profiler(name: str, dist: DistContext, *, trace: bool = False) -> Any:
             "not the GPU work: use cupti or events"
         )
     if name in ("auto", "cupti"):
-        from ..profilers.cupti import cupti_available
+        from ..profilers.cupti import CuptiWindowProfiler, cupti_available
 
         ok, why = cupti_available()
         if ok:
-            from ..profilers.cupti_window import CuptiWindowProfiler
-
             prof = CuptiWindowProfiler(trace=trace)
             prof.start()
             return prof
@@ -69,7 +67,7 @@ def make_profiler(name: str, dist: DistContext, *, trace: bool = False) -> Any:
                 "coarser (stream-level)",
                 why,
             )
-    from ..profilers.events import EventProfiler
+    from ..profilers.base import EventProfiler
 
     return EventProfiler()
 
