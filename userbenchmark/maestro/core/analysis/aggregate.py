@@ -259,10 +259,9 @@ def _unpack(
         offset += size
 
 
-def _rounds() -> list[tuple[Sequence[str], str, type]]:
-    return [(k.split(), op, np.float64) for k, op in _FLOAT_ROUNDS] + [
-        (k.split(), op, np.int64) for k, op in _INT_ROUNDS
-    ]
+_ROUNDS = [(k.split(), op, np.float64) for k, op in _FLOAT_ROUNDS] + [
+    (k.split(), op, np.int64) for k, op in _INT_ROUNDS
+]
 
 
 def _last_to_start_candidate(
@@ -328,7 +327,7 @@ def reduce_summaries(
 ) -> WindowAggregate:
     """Combine every rank's :func:`local_summary` with six element-wise reductions."""
     out: dict[str, np.ndarray] = {}
-    for keys, op, dtype in _rounds():
+    for keys, op, dtype in _ROUNDS:
         _unpack(local, keys, reduce(_pack(local, keys, dtype), op), out)
     candidate = _last_to_start_candidate(local, out["start_hi"], rank, world_size)
     return _finish(out, reduce(candidate, "max"), world_size)
@@ -343,7 +342,7 @@ def simulate_ranks(summaries: Sequence[dict[str, np.ndarray]]) -> WindowAggregat
     ops = {"max": np.max, "min": np.min, "sum": np.sum}
     world = len(summaries)
     out: dict[str, np.ndarray] = {}
-    for keys, op, dtype in _rounds():
+    for keys, op, dtype in _ROUNDS:
         flat = ops[op](np.stack([_pack(s, keys, dtype) for s in summaries]), axis=0)
         _unpack(summaries[0], keys, flat, out)
     candidates = np.stack(

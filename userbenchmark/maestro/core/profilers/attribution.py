@@ -83,10 +83,8 @@ _OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 @dataclass(frozen=True, kw_only=True)
 class ActivityRecords:
-    """Device activities (kernels, memcpys, memsets) of one window, one entry per activity.
-
-    Optional arrays left as None become zeros; grid/block dims are 0 for non-kernels.
-    """
+    """Device activities (kernels, memcpys, memsets) of one window, one entry per activity;
+    optional arrays left as None become zeros (grid/block dims are 0 for non-kernels)."""
 
     correlation_id: np.ndarray  # uint64, CUPTI correlation id of the launching API call
     start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
@@ -127,10 +125,8 @@ class ExternalCorrelation:
 
 @dataclass(frozen=True, kw_only=True)
 class Attribution:
-    """Per (block, iteration) timing of one window; arrays are shaped (num_blocks, num_iters).
-
-    Rows of blocks this rank does not run (``present`` False) are zeros.
-    """
+    """Per (block, iteration) timing of one window, arrays shaped (num_blocks, num_iters);
+    rows of blocks this rank does not run (``present`` False) are zeros."""
 
     start_ns: np.ndarray  # earliest activity start
     end_ns: np.ndarray  # latest activity end
@@ -145,7 +141,6 @@ class Attribution:
 
     @property
     def duration_ns(self) -> np.ndarray:
-        """End minus start per (block, iteration)."""
         return self.end_ns - self.start_ns
 
 
@@ -371,10 +366,9 @@ def _decode(
     start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
     # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
     incomplete = (start <= 0) | (end < start)
-    decoded = _Decoded(
+    return ext_id, _Decoded(
         this_window, block, iteration, mine, gate, out_of_range, absent, ambiguous, incomplete
     )
-    return ext_id, decoded
 
 
 def _timings(
@@ -394,7 +388,7 @@ def _timings(
     last = np.zeros(cells + 1, dtype=np.int64)
     np.maximum.at(last, flat, _as_int64(records.end_ns))
     first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
-    gate = d.gate & ~d.incomplete
+    gate = d.gate  # complete: an incomplete record raised
     gate_end = np.zeros(num_iters, dtype=np.int64)
     np.maximum.at(gate_end, d.iteration[gate], _as_int64(records.end_ns)[gate])
     ctas = np.zeros(num_blocks + 1, dtype=np.int64)

@@ -1,10 +1,5 @@
-"""CUPTI activity records read into numpy rows, and the names a trace shows for them.
-
-cupti-python hands each completed buffer over as record objects; :class:`_RecordParser` turns
-them into int64 rows per record kind (kernel, memcpy, memset, external correlation, API call)
-and keeps the names (demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, runtime and
-driver function names without their ``_v2`` suffix) in one table.
-"""
+"""CUPTI's record buffers read into numpy rows per record kind, and the names a trace shows
+for them: demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, API function names."""
 
 from __future__ import annotations
 
@@ -90,7 +85,7 @@ class _RecordParser:
     into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
     correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
     from its record object either way (the buffer holds only a pointer to it); without
-    ``names`` none of this is read and API records are skipped as before.
+    ``names`` none of this is read and API records are skipped.
     """
 
     _VERIFY_BUFFERS = 2
