@@ -350,12 +350,8 @@ def _pattern_result(
     shared = math.nan
     if bus_bytes and several:
         shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
-        noise.add(
-            "shared_busbw_gbps",
-            shared,
-            shared * makespan.avg_us / makespan_rep,
-            degrees_of_freedom(agg.makespan_ns),
-        )
+        replicates = shared * makespan.avg_us / makespan_rep
+        noise.add("shared_busbw_gbps", shared, replicates, degrees_of_freedom(agg.makespan_ns))
     cc = agg.comm_compute_overlap
     if math.isfinite(cc):
         hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
@@ -364,7 +360,6 @@ def _pattern_result(
     intervals = noise.take()
     eff = figures.get("overlap_efficiency", math.nan)
     notes = _efficiency_notes(eff, *intervals.get("overlap_efficiency", (math.nan,) * 3)[:2])
-    enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
     return PatternResult(
         suite=suite.name,
         pattern=pattern.name,
@@ -385,7 +380,7 @@ def _pattern_result(
         gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
         gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
         gate_spin_us=agg.gate_spin_us,
-        enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
+        enqueue_max_us=_us(agg.enqueue_ns, "max"),
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
         notes="; ".join(notes),
         intervals=intervals,

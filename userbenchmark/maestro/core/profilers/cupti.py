@@ -202,10 +202,7 @@ class CuptiProfiler:
         present: np.ndarray | None = None,
     ) -> None:
         """Flush and discard everything captured so far (warmup included); open a window.
-
-        num_blocks/num_iters/present, if given here, are end_window's defaults, and size the
-        buffer that the window's records go to.
-        """
+        num_blocks/num_iters/present, if given, are end_window's defaults and size its buffer."""
         self._require_started()
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
