@@ -78,8 +78,8 @@ def _stats(durations_ns: np.ndarray) -> LatencyStats:
 
 
 def _us(values_ns: np.ndarray, how: str) -> float:
-    """``mean``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or a p99
-    of fewer than MIN_ITERS_FOR_P99 values)."""
+    """``mean``, ``std``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or
+    a p99 of fewer than MIN_ITERS_FOR_P99 values)."""
     finite = values_ns[np.isfinite(values_ns)]
     if not finite.size or (how == "p99" and finite.size < MIN_ITERS_FOR_P99):
         return math.nan
@@ -173,7 +173,7 @@ def _block_result(
         if math.isfinite(value):
             noise.add(name, value, value * stats.avg_us / mean, df)
     alone = isolated.row(b)
-    iso_avg = float(alone.mean()) / 1e3 if alone.size else math.nan
+    iso_avg = _us(alone, "mean")
     iso_df = degrees_of_freedom(alone)
     iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
     slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
@@ -207,7 +207,7 @@ def _block_result(
             **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
             isolated_latency_avg_us=iso_avg,
-            isolated_latency_stdev_us=float(alone.std()) / 1e3 if alone.size else math.nan,
+            isolated_latency_stdev_us=_us(alone, "std"),
             slowdown=slowdown,
             start_skew_us=start_skew,
             last_to_start_rank=last if last >= 0 else None,
