@@ -334,11 +334,8 @@ def reduce_summaries(
 
 
 def simulate_ranks(summaries: Sequence[dict[str, np.ndarray]]) -> WindowAggregate:
-    """The aggregate every rank would get, computed in one process (tests, scale benchmark).
-
-    ``summaries[r]`` is rank r's :func:`local_summary` (made with ``rank=r`` and the world
-    size ``len(summaries)``).
-    """
+    """The aggregate every rank would get, computed in one process (tests, scale benchmark):
+    ``summaries[r]`` is rank r's :func:`local_summary` (``rank=r``, world ``len(summaries)``)."""
     ops = {"max": np.max, "min": np.min, "sum": np.sum}
     world = len(summaries)
     out: dict[str, np.ndarray] = {}

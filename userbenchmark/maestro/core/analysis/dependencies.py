@@ -19,10 +19,8 @@ def critical_path(
     durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]
 ) -> tuple[float, tuple[int, ...]]:
     """Length (µs) of the longest chain of blocks that run one after another, and the chain's
-    blocks, first to last. ``predecessors[i]``: the blocks block ``i`` waits for.
-
-    NaN and () when a duration is not finite (a block not measured); ValueError on a cycle.
-    """
+    blocks, first to last (``predecessors[i]``: the blocks block ``i`` waits for); NaN and ()
+    when a duration is not finite (a block not measured); ValueError on a cycle."""
     durations = np.asarray(durations_us, dtype=np.float64)
     num = durations.size
     if len(predecessors) != num:

@@ -305,10 +305,8 @@ def _overlap_figures(
             efficiency,
             # No headroom guard per resample: a resample with little headroom is part of the
             # noise (a wide interval), not a hole in it.
-            np.asarray(
-                overlap.overlap_efficiency(
-                    serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
-                )
+            overlap.overlap_efficiency(
+                serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
             ),
             df,  # the makespan's window has as many iterations as each block's
             limits=(-math.inf, math.inf),

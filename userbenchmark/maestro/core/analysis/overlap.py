@@ -47,10 +47,8 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
 def intersection_ns(
     a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
 ) -> np.ndarray:
-    """Elementwise length of [a_start, a_end] ∩ [b_start, b_end]: max(0, min(ends) - max(starts)).
-
-    Inputs broadcast against each other.
-    """
+    """Elementwise (inputs broadcast) length of [a_start, a_end] ∩ [b_start, b_end]:
+    max(0, min(ends) - max(starts))."""
     lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
     hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
     return np.maximum(hi - lo, 0)
@@ -73,10 +71,8 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 def union_length_ns(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,).
-
-    The union of no blocks has length 0.
-    """
+    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,);
+    0 for no blocks."""
     s, e, mask = _intervals(starts, ends, present)
     return _union_length(s[mask], e[mask])
 
@@ -127,10 +123,8 @@ def pairwise_overlap_mean(
 
 
 def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
-    """Last end minus first start over the (present) blocks, per iteration: (num_iters,).
-
-    Raises ValueError when no block is present (the span of nothing is undefined).
-    """
+    """Last end minus first start over the (present) blocks, per iteration: (num_iters,);
+    ValueError when no block is present (the span of nothing is undefined)."""
     s, e, mask = _intervals(starts, ends, present)
     if not mask.any():
         raise ValueError("makespan of an empty block set")
@@ -212,10 +206,7 @@ def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float 
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
-    """Bus bytes of all blocks over the pattern's makespan (not the longest block), in GB/s.
-
-    A block's bus bytes are size_bytes * its Block class's bus_factor; GB = 1e9.
-    NaN where makespan_s <= 0 or is NaN.
-    """
+    """Bus bytes of all blocks (size_bytes * the Block class's bus_factor each) over the
+    pattern's makespan (not the longest block), in GB/s (1e9); NaN unless makespan_s > 0."""
     span = np.asarray(makespan_s, dtype=np.float64)
     return _divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
