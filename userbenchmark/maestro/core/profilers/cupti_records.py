@@ -17,6 +17,13 @@ from .demangle import demangle
 logger = logging.getLogger("maestro.cupti")
 
 
+_READ = {
+    "kernel": ("CONCURRENT_KERNEL", "activity_kernel10_dtype"),
+    "memcpy": ("MEMCPY", "activity_memcpy6_dtype"),
+    "memset": ("MEMSET", "activity_memset4_dtype"),
+    "ext": ("EXTERNAL_CORRELATION", "activity_external_correlation_dtype"),
+}
+"""The record kinds read: (CUpti_ActivityKind, cupti-python's dtype of that record)."""
 _COMMON = ("correlation_id", "start", "end", "stream_id", "device_id")
 _FIELDS = {
     "kernel": (*_COMMON, *KERNEL_DIMS),
@@ -94,12 +101,7 @@ class _RecordParser:
         if mode not in ("auto", "numpy", "objects"):
             raise ValueError(f"parse must be 'auto', 'numpy' or 'objects', got {mode!r}")
         kinds = cupti.ActivityKind
-        self.codes = {
-            "kernel": int(kinds.CONCURRENT_KERNEL),
-            "memcpy": int(kinds.MEMCPY),
-            "memset": int(kinds.MEMSET),
-            "ext": int(kinds.EXTERNAL_CORRELATION),
-        }
+        self.codes = {name: int(getattr(kinds, kind)) for name, (kind, _) in _READ.items()}
         self.keep_names = names
         self.api_codes = {int(kinds.RUNTIME): API_RUNTIME, int(kinds.DRIVER): API_DRIVER}
         self.names: list[str] = []
@@ -110,12 +112,7 @@ class _RecordParser:
         self._to_verify = self._VERIFY_BUFFERS if mode == "auto" else 0
         self._buffer_size_bytes = buffer_size_bytes
         try:
-            self._dtypes = {
-                "kernel": cupti.activity_kernel10_dtype,
-                "memcpy": cupti.activity_memcpy6_dtype,
-                "memset": cupti.activity_memset4_dtype,
-                "ext": cupti.activity_external_correlation_dtype,
-            }
+            self._dtypes = {name: getattr(cupti, dtype) for name, (_, dtype) in _READ.items()}
             if names:
                 self._dtypes["api"] = cupti.activity_api_dtype
             for name, dtype in self._dtypes.items():
@@ -150,11 +147,9 @@ class _RecordParser:
             return self.parse_objects(activities)
         try:
             fast = self.parse_numpy(activities)
-        except Exception as exc:
-            fast = None
-            why = repr(exc)
-        else:
             why = "record addresses do not lie in one buffer"
+        except Exception as exc:
+            fast, why = None, repr(exc)
         if fast is None:
             self._fallback(why)
             return self.parse_objects(activities)
