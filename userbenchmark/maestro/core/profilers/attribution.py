@@ -155,8 +155,7 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
     # CUPTI emits one record per API call in call order, so the table is normally strictly
     # increasing: then no correlation id can carry two external ids and the check is free.
     increasing = bool(np.all(ec[1:] > ec[:-1]))
-    lo = int(ec[0]) if increasing else int(ec.min())
-    hi = int(ec[-1]) if increasing else int(ec.max())
+    lo, hi = (int(ec[0]), int(ec[-1])) if increasing else (int(ec.min()), int(ec.max()))
     span = hi - lo + 1
     if span <= 2 * (ec.shape[0] + n) + _DENSE_SLACK:
         # Correlation ids are a per-process counter, so a window's ids are nearly dense:
@@ -168,16 +167,13 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
         vals = table[np.where(inside, ac - lo, 0)]
         vals[~inside] = _MISSING
     else:
-        if increasing:
-            ecs, evs = ec, ev
-            conflict = None
-        else:
+        ecs, evs, conflict = ec, ev, None
+        if not increasing:
             order = np.argsort(ec, kind="stable")
-            ecs = ec[order]
+            ec = ecs = ec[order]
             evs = ev[order]
             conflict = np.zeros(ecs.shape[0], bool)
             conflict[1:] = (ecs[1:] == ecs[:-1]) & (evs[1:] != evs[:-1])
-            ec = ecs
         # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
