@@ -477,12 +477,10 @@ def _launch_calls(api: ApiRecords, corr: np.ndarray) -> np.ndarray:
     tie."""
     api_corr = _as_int64(api.correlation_id)
     chosen = np.flatnonzero(np.isin(api_corr, corr))
-    if chosen.size:
-        chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-        first = np.ones(chosen.size, dtype=bool)
-        first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-        chosen = chosen[first]
-    return chosen
+    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
+    first = np.ones(chosen.size, dtype=bool)
+    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
+    return chosen[first]
 
 
 def _call_names(
@@ -494,8 +492,6 @@ def _call_names(
     api_name: Callable[[int, int], str | None],
 ) -> np.ndarray:
     """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
-    if not chosen.size:
-        return np.zeros(0, dtype=np.int64)
     corr_order = np.argsort(corr, kind="stable")
     at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
     launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
