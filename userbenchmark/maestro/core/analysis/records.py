@@ -319,11 +319,7 @@ class Timeline:
             starts = np.asarray(rt.starts_ns, dtype=np.int64)
             ends = np.asarray(rt.ends_ns, dtype=np.int64)
             present = np.asarray(rt.present, dtype=bool).reshape(-1)
-            if (
-                starts.ndim != 2
-                or starts.shape != ends.shape
-                or present.shape[0] != starts.shape[0]
-            ):
+            if starts.ndim != 2 or starts.shape != ends.shape or present.shape != starts.shape[:1]:
                 raise ValueError(
                     f"timeline of pattern {self.pattern!r}, rank {rt.rank}: starts_ns "
                     f"{starts.shape}, ends_ns {ends.shape} and present {present.shape} do not "

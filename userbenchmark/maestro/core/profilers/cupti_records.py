@@ -240,8 +240,6 @@ class _RecordParser:
 
     def _names_of_codes(self, codes: np.ndarray, name_of) -> np.ndarray:
         """Name indices of rows of kind codes, naming each distinct combination once."""
-        if not codes.shape[0]:
-            return np.zeros(0, dtype=np.int32)
         distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
         ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
