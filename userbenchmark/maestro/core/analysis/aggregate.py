@@ -108,10 +108,9 @@ def local_summary(
     raw_starts = np.asarray(timings.starts_ns, dtype=np.int64)
     origin = int(raw_starts[present].min()) if present.any() else 0
     # Rebase in int64 first: CLOCK_REALTIME ns (~1.7e18) would lose precision as float64.
-    starts = (raw_starts - origin).astype(np.float64)
-    ends = (np.asarray(timings.ends_ns, dtype=np.int64) - origin).astype(np.float64)
-    starts[~present] = 0.0
-    ends[~present] = 0.0
+    runs = present[:, None]
+    starts = np.where(runs, raw_starts - origin, 0).astype(np.float64)
+    ends = np.where(runs, np.asarray(timings.ends_ns, np.int64) - origin, 0).astype(np.float64)
     dur = ends - starts
     avg = dur.mean(axis=1) if num_iters else np.zeros(num_blocks)
     out = {

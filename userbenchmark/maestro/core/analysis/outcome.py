@@ -407,9 +407,8 @@ def _warnings(
     enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
     late = int(np.count_nonzero(agg.host_late))
     if late and enqueue.size:
-        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + (
-            ", ..." if late > 5 else ""
-        )
+        more = ", ..." if late > 5 else ""
+        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + more
         warnings.append(
             f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
             f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
