@@ -60,10 +60,7 @@ class Isolated:
         return values[np.isfinite(values)]
 
 
-_NAN_STATS = LatencyStats(
-    count=0,
-    **dict.fromkeys(("avg_us", "min_us", "max_us", "p50_us", "p99_us", "stdev_us"), math.nan),
-)
+_NAN_STATS = LatencyStats(count=0)
 
 
 def _stats(durations_ns: np.ndarray) -> LatencyStats:

@@ -16,15 +16,16 @@ from numpy.typing import ArrayLike
 
 @dataclass(frozen=True, kw_only=True)
 class LatencyStats:
-    """Summary of one block's latency over the measured iterations, in microseconds."""
+    """Summary of one block's latency over the measured iterations, in microseconds (NaN: not
+    measured)."""
 
     count: int  # measured iterations
-    avg_us: float  # arithmetic mean
-    min_us: float
-    max_us: float
-    p50_us: float  # nearest rank: an observed value, never interpolated
-    p99_us: float  # nearest rank
-    stdev_us: float  # population (ddof=0)
+    avg_us: float = math.nan  # arithmetic mean
+    min_us: float = math.nan
+    max_us: float = math.nan
+    p50_us: float = math.nan  # nearest rank: an observed value, never interpolated
+    p99_us: float = math.nan  # nearest rank
+    stdev_us: float = math.nan  # population (ddof=0)
 
 
 def _as_1d_finite(values: ArrayLike, what: str) -> np.ndarray:
