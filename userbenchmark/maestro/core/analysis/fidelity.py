@@ -79,10 +79,9 @@ def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[
 
 def _with_ratio(record: R, traced_us: float | None, durations_ns: np.ndarray) -> R:
     value, low, high = ratio(durations_ns, traced_us)
-    traced = math.nan if traced_us is None else float(traced_us)
     return dataclasses.replace(
         record,
-        traced_us=traced,
+        traced_us=math.nan if traced_us is None else float(traced_us),
         replay_ratio=value,
         replay_ratio_ci_low=low,
         replay_ratio_ci_high=high,

@@ -42,8 +42,7 @@ class Metric:
 
     @property
     def interval(self) -> bool:
-        """The record carries a 95 % interval for it (``<name>_ci_low``, ``_ci_high``,
-        ``_ci_df``)."""
+        """The record carries a 95 % interval for it (``<name>_ci_low``/``_ci_high``/``_ci_df``)."""
         return self.floor is not None and not self.exact
 
 
@@ -292,10 +291,8 @@ class RankTimeline:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeline:
-    """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``).
-
-    Within a rank, times are exact. Across ranks they compare only when ``shared_clock``.
-    """
+    """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``):
+    exact within a rank; across ranks they compare only when ``shared_clock``."""
 
     pattern: str
     block_names: tuple[str, ...]
