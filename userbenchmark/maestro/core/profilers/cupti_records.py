@@ -210,8 +210,7 @@ class _RecordParser:
         out = {}
         named = self.keep_names
         for name, code in self.codes.items():
-            dtype = self._dtypes[name]
-            recs = gather(dtype, offsets[kinds == code])
+            recs = gather(self._dtypes[name], offsets[kinds == code])
             if name == "ext":
                 recs = recs[recs["external_kind"] == self.custom2]
             target = np.uint64 if name == "ext" else np.int64
@@ -226,16 +225,13 @@ class _RecordParser:
             elif name in _NAMERS:
                 codes = np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1)
                 out[f"{name}_name"] = self._names_of_codes(codes, _NAMERS[name])
-        if named:
-            api_rows = []
-            for code, api in self.api_codes.items():
-                recs = gather(self._dtypes["api"], offsets[kinds == code])
-                cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
-                cols.append(np.full(recs.shape[0], api, dtype=np.int64))
-                api_rows.append((np.flatnonzero(kinds == code), np.stack(cols, axis=1)))
-            # In record order, as parse_objects lists them.
-            order = np.argsort(np.concatenate([at for at, _ in api_rows]), kind="stable")
-            out["api"] = np.concatenate([rows for _, rows in api_rows])[order]
+        if named:  # RUNTIME and DRIVER records share one layout; in record order
+            is_api = np.isin(kinds, list(self.api_codes))
+            recs = gather(self._dtypes["api"], offsets[is_api])
+            cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
+            which = [kinds[is_api] == code for code in self.api_codes]
+            cols.append(np.select(which, list(self.api_codes.values())).astype(np.int64))
+            out["api"] = np.stack(cols, axis=1)
         return out
 
     def _names_of_codes(self, codes: np.ndarray, name_of) -> np.ndarray:
