@@ -122,6 +122,9 @@ class ExternalCorrelation:
     def __post_init__(self) -> None:
         check_lengths(self)
 
+    def __len__(self) -> int:
+        return int(self.correlation_id.shape[0])
+
 
 @dataclass(frozen=True, kw_only=True)
 class Attribution:
