@@ -7,6 +7,7 @@ is imported lazily; never run torch.profiler in the same process (one CUPTI per 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import threading
@@ -120,7 +121,7 @@ class CuptiProfiler:
         self._parser = _RecordParser(
             cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=keep_activities
         )
-        self._api_names: dict[tuple[int, int], str | None] = {}
+        self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
         self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
         self._callback_error: BaseException | None = None
@@ -265,21 +266,18 @@ class CuptiProfiler:
             )
         return att
 
-    def _api_name(self, api: int, cbid: int) -> str | None:
-        """The API function's name from CUPTI (cached); None when CUPTI cannot name it."""
-        key = (api, cbid)
-        if key not in self._api_names:
-            name = None
-            getter = getattr(self._cupti, "get_callback_name", None)
-            domains = getattr(self._cupti, "CallbackDomain", None)
-            if getter is not None and domains is not None:
-                domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
-                try:
-                    name = api_function_name(getter(domain, cbid))
-                except Exception as exc:  # an id this CUPTI does not know: a generic name
-                    logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
-            self._api_names[key] = name
-        return self._api_names[key]
+    def _callback_name(self, api: int, cbid: int) -> str | None:
+        """The API function's name from CUPTI; None when CUPTI cannot name it."""
+        getter = getattr(self._cupti, "get_callback_name", None)
+        domains = getattr(self._cupti, "CallbackDomain", None)
+        if getter is None or domains is None:
+            return None
+        domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
+        try:
+            return api_function_name(getter(domain, cbid))
+        except Exception as exc:  # an id this CUPTI does not know: a generic name
+            logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
+            return None
 
     # -- external ids (on the thread that enqueues) ---------------------------------------
 
