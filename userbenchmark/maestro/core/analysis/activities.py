@@ -7,7 +7,10 @@ per activity (or per launching API call), so memory stays proportional to the wi
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +25,15 @@ API_DRIVER = 2
 """``LaunchCalls.api``: a CUDA driver API call (``cuLaunchKernelEx``: NCCL launches so)."""
 
 
-def _check(obj: object, names: tuple[str, ...], rows: int | None = None) -> int:
-    lengths = {getattr(obj, n).shape[0] for n in names}
-    if rows is not None:
-        lengths.add(rows)
+def check_lengths(obj: Any, names: Sequence[str] = (), rows: int | None = None) -> int:
+    """The one length of the 1-D arrays ``obj.<name>`` (default: every field of the dataclass
+    ``obj``) and of ``rows``; ValueError otherwise."""
+    lengths = set() if rows is None else {rows}
+    for name in names or [f.name for f in dataclasses.fields(obj)]:
+        arr = getattr(obj, name)
+        if not isinstance(arr, np.ndarray) or arr.ndim != 1:
+            raise ValueError(f"{type(obj).__name__}.{name} must be a 1-D numpy array")
+        lengths.add(arr.shape[0])
     if len(lengths) > 1:
         raise ValueError(f"{type(obj).__name__} arrays differ in length: {sorted(lengths)}")
     return lengths.pop() if lengths else 0
@@ -37,23 +45,16 @@ class LaunchCalls:
 
     correlation_id: np.ndarray
     """int64: CUPTI's correlation id, shared with the activities the call launched."""
-    start_ns: np.ndarray
-    """int64, the rank's clock (CUPTI: CLOCK_REALTIME), as the activities."""
+    start_ns: np.ndarray  # int64, the rank's clock (CUPTI: CLOCK_REALTIME), as the activities
     end_ns: np.ndarray
-    api: np.ndarray
-    """uint8: API_RUNTIME or API_DRIVER."""
-    cbid: np.ndarray
-    """int32: CUPTI's callback id of the function."""
-    thread_id: np.ndarray
-    """int64: the calling thread (CUPTI's threadId)."""
+    api: np.ndarray  # uint8: API_RUNTIME or API_DRIVER
+    cbid: np.ndarray  # int32: CUPTI's callback id of the function
+    thread_id: np.ndarray  # int64: the calling thread (CUPTI's threadId)
     name_index: np.ndarray
     """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
 
     def __post_init__(self) -> None:
-        _check(
-            self,
-            ("correlation_id", "start_ns", "end_ns", "api", "cbid", "thread_id", "name_index"),
-        )
+        check_lengths(self)
 
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
@@ -67,27 +68,17 @@ class DeviceActivities:
     belongs to no block. ``launches`` holds at most one API call per correlation id.
     """
 
-    block: np.ndarray
-    """int32: the block's index in the pattern."""
-    iteration: np.ndarray
-    """int32: the measured iteration (0-based)."""
-    kind: np.ndarray
-    """uint8: KIND_KERNEL, KIND_MEMCPY or KIND_MEMSET."""
-    start_ns: np.ndarray
-    """int64, the rank's own clock (CUPTI: CLOCK_REALTIME)."""
+    block: np.ndarray  # int32: the block's index in the pattern
+    iteration: np.ndarray  # int32: the measured iteration (0-based)
+    kind: np.ndarray  # uint8: KIND_KERNEL, KIND_MEMCPY or KIND_MEMSET
+    start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
     end_ns: np.ndarray
-    stream_id: np.ndarray
-    """int64: CUPTI's stream id."""
-    device_id: np.ndarray
-    """int32."""
-    correlation_id: np.ndarray
-    """int64: CUPTI's correlation id of the launching API call."""
-    grid: np.ndarray
-    """int32 (n, 3): kernel grid dims (zeros for memcpy/memset)."""
-    block_dims: np.ndarray
-    """int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)."""
-    size_bytes: np.ndarray
-    """int64: bytes of a memcpy/memset (0 for kernels)."""
+    stream_id: np.ndarray  # int64: CUPTI's stream id
+    device_id: np.ndarray  # int32
+    correlation_id: np.ndarray  # int64: CUPTI's correlation id of the launching API call
+    grid: np.ndarray  # int32 (n, 3): kernel grid dims (zeros for memcpy/memset)
+    block_dims: np.ndarray  # int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)
+    size_bytes: np.ndarray  # int64: bytes of a memcpy/memset (0 for kernels)
     name_index: np.ndarray
     """int32 into ``names``: the kernel's name, or ``Memcpy DtoD (Device -> Device)``-style
     names for copies and sets."""
@@ -95,22 +86,9 @@ class DeviceActivities:
     launches: LaunchCalls
 
     def __post_init__(self) -> None:
-        n = _check(
-            self,
-            (
-                "block",
-                "iteration",
-                "kind",
-                "start_ns",
-                "end_ns",
-                "stream_id",
-                "device_id",
-                "correlation_id",
-                "size_bytes",
-                "name_index",
-            ),
-            self.grid.shape[0],
-        )
+        not_per_activity = ("grid", "block_dims", "names", "launches")
+        fields = [f.name for f in dataclasses.fields(self) if f.name not in not_per_activity]
+        n = check_lengths(self, fields, self.grid.shape[0])
         if self.grid.shape != (n, 3) or self.block_dims.shape != (n, 3):
             raise ValueError(f"grid and block_dims must have shape ({n}, 3)")
         for index in (self.name_index, self.launches.name_index):

@@ -108,10 +108,9 @@ def local_summary(
     raw_starts = np.asarray(timings.starts_ns, dtype=np.int64)
     origin = int(raw_starts[present].min()) if present.any() else 0
     # Rebase in int64 first: CLOCK_REALTIME ns (~1.7e18) would lose precision as float64.
-    starts = (raw_starts - origin).astype(np.float64)
-    ends = (np.asarray(timings.ends_ns, dtype=np.int64) - origin).astype(np.float64)
-    starts[~present] = 0.0
-    ends[~present] = 0.0
+    runs = present[:, None]
+    starts = np.where(runs, raw_starts - origin, 0).astype(np.float64)
+    ends = np.where(runs, np.asarray(timings.ends_ns, np.int64) - origin, 0).astype(np.float64)
     dur = ends - starts
     avg = dur.mean(axis=1) if num_iters else np.zeros(num_blocks)
     out = {
@@ -129,45 +128,35 @@ def local_summary(
     out.update(_lane_arrays(starts, present, lane_of_block, gate_open, origin))
     counted = timings.activity_counts is not None
     out["counts"] = timings.activity_counts.astype(np.float64) if counted else np.zeros(num_blocks)
-    out["counted_ranks"] = np.where(present, 1.0 if counted else 0.0, 0.0)
+    out["counted_ranks"] = (present & counted).astype(np.float64)
     out["present_ranks"] = present.astype(np.float64)
-    out["ctas"] = np.full(num_blocks, -np.inf)
-    if timings.kernel_ctas_max is not None:
-        out["ctas"] = np.where(present, timings.kernel_ctas_max.astype(np.float64), -np.inf)
+    ctas = timings.kernel_ctas_max
+    out["ctas"] = np.full(num_blocks, -np.inf) if ctas is None else np.where(present, ctas, -np.inf)
     out.update(_host_arrays(host, present, num_blocks, num_iters))
     out.update(_instant_arrays(timings, raw_starts, present, gate_open, shared_clock))
     return out
 
 
 def _overlap_arrays(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    present: np.ndarray,
-    comm: np.ndarray,
-    compute: np.ndarray,
+    starts: np.ndarray, ends: np.ndarray, present: np.ndarray, comm: np.ndarray, compute: np.ndarray
 ) -> dict[str, np.ndarray]:
     """Makespan, pairwise overlap, and communication hidden under compute: over the whole
     window (``cc_window``: hidden, comm) and per iteration (``cc_iter``, for its interval)."""
-    num_blocks, num_iters = starts.shape
+    num_iters = starts.shape[1]
     cc_window = np.zeros(2)
     cc_iter = np.zeros((2, num_iters))
-    if not present.any():
-        return {
-            "makespan": np.full(num_iters, -np.inf),
-            "pair_sum": np.zeros((num_blocks, num_blocks)),
-            "pair_count": np.zeros((num_blocks, num_blocks)),
-            "cc_window": cc_window,
-            "cc_iter": cc_iter,
-        }
-    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)
+    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)  # NaN: absent blocks
     if compute.any() and comm.any():  # a rank without compute has no such overlap
         cc_window[:] = overlap.comm_hidden_under_compute_ns(starts, ends, comm, compute)
         cc_iter[0] = overlap.union_intersection_ns(
             starts[comm], ends[comm], starts[compute], ends[compute]
         )
         cc_iter[1] = overlap.union_length_ns(starts[comm], ends[comm])
+    makespan = np.full(num_iters, -np.inf)
+    if present.any():
+        makespan = overlap.makespan_ns(starts, ends, present)
     return {
-        "makespan": overlap.makespan_ns(starts, ends, present),
+        "makespan": makespan,
         "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
         "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
         "cc_window": cc_window,
@@ -229,57 +218,30 @@ def _instant_arrays(
     shared_clock: bool,
 ) -> dict[str, np.ndarray]:
     """Instants for cross-rank comparison, exact in int64 (sentinels where unknown)."""
-    num_blocks, num_iters = raw_starts.shape
-    start_hi = np.full((num_blocks, num_iters), _I64_MIN, dtype=np.int64)
-    start_lo = np.full((num_blocks, num_iters), _I64_MAX, dtype=np.int64)
-    gate_hi = np.full(num_iters, _I64_MIN, dtype=np.int64)
-    gate_lo = np.full(num_iters, _I64_MAX, dtype=np.int64)
-    if shared_clock and timings.clock in SHARED_CLOCKS:
-        start_hi[present] = raw_starts[present]
-        start_lo[present] = raw_starts[present]
-        if gate_open is not None:
-            gate_hi = gate_lo = np.asarray(gate_open, dtype=np.int64).copy()
+    known = shared_clock and timings.clock in SHARED_CLOCKS
+    start = present[:, None] & known
+    gate_known = known and gate_open is not None
+    gate = np.zeros(raw_starts.shape[1], dtype=np.int64)
+    if gate_known:
+        gate = np.asarray(gate_open, dtype=np.int64)
     return {
-        "start_hi": start_hi,
-        "start_lo": start_lo,
-        "gate_hi": gate_hi,
-        "gate_lo": gate_lo,
-        "raw_starts": np.where(present[:, None], raw_starts, _I64_MIN),
+        "start_hi": np.where(start, raw_starts, _I64_MIN),
+        "start_lo": np.where(start, raw_starts, _I64_MAX),
+        "gate_hi": np.where(gate_known, gate, _I64_MIN),
+        "gate_lo": np.where(gate_known, gate, _I64_MAX),
     }
 
 
 _FLOAT_ROUNDS = (
     (
-        (
-            "dur_max",
-            "avg_max",
-            "makespan",
-            "skew",
-            "gate_delay",
-            "launch_avg",
-            "ctas",
-            "enqueue",
-            "late",
-            "late_known",
-            "gate_spin",
-        ),
+        "dur_max avg_max makespan skew gate_delay launch_avg ctas enqueue late late_known "
+        "gate_spin",
         "max",
     ),
-    (("avg_min",), "min"),
-    (
-        (
-            "pair_sum",
-            "pair_count",
-            "cc_by_rank",
-            "cc_iter",
-            "counts",
-            "counted_ranks",
-            "present_ranks",
-        ),
-        "sum",
-    ),
+    ("avg_min", "min"),
+    ("pair_sum pair_count cc_by_rank cc_iter counts counted_ranks present_ranks", "sum"),
 )
-_INT_ROUNDS = ((("start_hi", "gate_hi"), "max"), (("start_lo", "gate_lo"), "min"))
+_INT_ROUNDS = (("start_hi gate_hi", "max"), ("start_lo gate_lo", "min"))
 
 
 def _pack(local: dict[str, np.ndarray], keys: Sequence[str], dtype: type) -> np.ndarray:
@@ -296,10 +258,9 @@ def _unpack(
         offset += size
 
 
-def _rounds() -> list[tuple[Sequence[str], str, type]]:
-    return [(k, op, np.float64) for k, op in _FLOAT_ROUNDS] + [
-        (k, op, np.int64) for k, op in _INT_ROUNDS
-    ]
+_ROUNDS = [(k.split(), op, np.float64) for k, op in _FLOAT_ROUNDS] + [
+    (k.split(), op, np.int64) for k, op in _INT_ROUNDS
+]
 
 
 def _last_to_start_candidate(
@@ -308,7 +269,7 @@ def _last_to_start_candidate(
     """Per block: (iterations in which this rank started last) x world + (world - 1 - rank),
     so that a max over ranks picks the most frequent last rank, ties to the lowest."""
     known = start_hi != _I64_MIN
-    mine = (local["raw_starts"] == start_hi) & known
+    mine = (local["start_hi"] == start_hi) & known
     return mine.sum(axis=1).astype(np.int64) * world_size + (world_size - 1 - rank)
 
 
@@ -329,18 +290,14 @@ def _finish(
     several = out["present_ranks"] >= 2
     spread = np.where(several, out["avg_max"] - out["avg_min"], np.nan)
     known = (out["start_hi"] != _I64_MIN) & several[:, None]
-    start_skew = np.full(out["start_hi"].shape, np.nan)
-    start_skew[known] = (out["start_hi"][known] - out["start_lo"][known]).astype(np.float64)
+    # Unknown entries are sentinels (their difference wraps); only known ones are read.
+    start_skew = np.where(known, out["start_hi"] - out["start_lo"], np.nan)
     last_count = last_candidate // world_size
     last_rank = np.where(
         known.any(axis=1) & (last_count > 0), world_size - 1 - last_candidate % world_size, -1
     )
-    gate_known = out["gate_hi"] != _I64_MIN
-    gate_skew = np.full(out["gate_hi"].shape, np.nan)
-    if world_size >= 2:
-        gate_skew[gate_known] = (out["gate_hi"][gate_known] - out["gate_lo"][gate_known]).astype(
-            np.float64
-        )
+    gate_known = (out["gate_hi"] != _I64_MIN) & (world_size >= 2)
+    gate_skew = np.where(gate_known, out["gate_hi"] - out["gate_lo"], np.nan)
     return WindowAggregate(
         latency_ns=_inf_to_nan(out["dur_max"]),
         duration_spread_ns=_inf_to_nan(spread),
@@ -369,22 +326,19 @@ def reduce_summaries(
 ) -> WindowAggregate:
     """Combine every rank's :func:`local_summary` with six element-wise reductions."""
     out: dict[str, np.ndarray] = {}
-    for keys, op, dtype in _rounds():
+    for keys, op, dtype in _ROUNDS:
         _unpack(local, keys, reduce(_pack(local, keys, dtype), op), out)
     candidate = _last_to_start_candidate(local, out["start_hi"], rank, world_size)
     return _finish(out, reduce(candidate, "max"), world_size)
 
 
 def simulate_ranks(summaries: Sequence[dict[str, np.ndarray]]) -> WindowAggregate:
-    """The aggregate every rank would get, computed in one process (tests, scale benchmark).
-
-    ``summaries[r]`` is rank r's :func:`local_summary` (made with ``rank=r`` and the world
-    size ``len(summaries)``).
-    """
+    """The aggregate every rank would get, computed in one process (tests, scale benchmark):
+    ``summaries[r]`` is rank r's :func:`local_summary` (``rank=r``, world ``len(summaries)``)."""
     ops = {"max": np.max, "min": np.min, "sum": np.sum}
     world = len(summaries)
     out: dict[str, np.ndarray] = {}
-    for keys, op, dtype in _rounds():
+    for keys, op, dtype in _ROUNDS:
         flat = ops[op](np.stack([_pack(s, keys, dtype) for s in summaries]), axis=0)
         _unpack(summaries[0], keys, flat, out)
     candidates = np.stack(

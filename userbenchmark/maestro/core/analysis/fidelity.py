@@ -45,10 +45,8 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
     starts = np.asarray(timings.starts_ns, dtype=np.int64)
     out = np.zeros((world_size, starts.shape[1]))
     out[rank] = math.nan
-    if present.any():  # rebased in int64 first: CLOCK_REALTIME ns would lose precision
-        origin = int(starts[present].min())
-        ends = np.asarray(timings.ends_ns, dtype=np.int64) - origin
-        out[rank] = overlap.makespan_ns(starts - origin, ends, present)
+    if present.any():  # in int64: CLOCK_REALTIME ns would lose precision as float64
+        out[rank] = overlap.makespan_ns(starts, np.asarray(timings.ends_ns, np.int64), present)
     return out
 
 
@@ -81,10 +79,9 @@ def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[
 
 def _with_ratio(record: R, traced_us: float | None, durations_ns: np.ndarray) -> R:
     value, low, high = ratio(durations_ns, traced_us)
-    traced = math.nan if traced_us is None else float(traced_us)
     return dataclasses.replace(
         record,
-        traced_us=traced,
+        traced_us=math.nan if traced_us is None else float(traced_us),
         replay_ratio=value,
         replay_ratio_ci_low=low,
         replay_ratio_ci_high=high,

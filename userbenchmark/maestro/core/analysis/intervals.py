@@ -35,22 +35,17 @@ class HostTimings:
 
 
 def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
-    """(iters,) bool: the host was still enqueueing when the gate could have opened.
-
-    The gate's spin is launched first, so it ends no earlier than ``gate_us`` after the
-    enqueue started; an iteration whose enqueue took less than that was issued in full before
-    any lane could start. Longer ones may have let lanes start early (launch-bound).
-    """
+    """(iters,) bool: the host was still enqueueing when the gate could have opened. The
+    gate's spin is launched first, so an iteration enqueued in less than ``gate_us`` was issued
+    in full before any lane could start; a longer one may have let lanes start early."""
     return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
 
 
 @dataclass(frozen=True, kw_only=True)
 class WindowTimings:
-    """Timings of one measured window (the iterations of one pattern or baseline run).
-
-    ``starts_ns``/``ends_ns`` have shape (num_blocks, num_iters) on this rank's own clock;
-    rows of blocks this rank does not run (``present`` False) are zeros and never read.
-    """
+    """Timings of one measured window (of a pattern or a baseline run): ``starts_ns`` and
+    ``ends_ns`` are (num_blocks, num_iters) on this rank's own clock; rows of blocks this rank
+    does not run (``present`` False) are zeros and never read."""
 
     starts_ns: np.ndarray
     ends_ns: np.ndarray

@@ -48,8 +48,7 @@ def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
 class Isolated:
     """Each block run alone: its latency per iteration (ns, NaN rows: not measured)."""
 
-    latency_ns: np.ndarray
-    """(blocks, iters)."""
+    latency_ns: np.ndarray  # (blocks, iters)
 
     @classmethod
     def unmeasured(cls, num_blocks: int) -> Isolated:
@@ -61,10 +60,7 @@ class Isolated:
         return values[np.isfinite(values)]
 
 
-_NAN_STATS = LatencyStats(
-    count=0,
-    **dict.fromkeys(("avg_us", "min_us", "max_us", "p50_us", "p99_us", "stdev_us"), math.nan),
-)
+_NAN_STATS = LatencyStats(count=0)
 
 
 def _stats(durations_ns: np.ndarray) -> LatencyStats:
@@ -79,8 +75,8 @@ def _stats(durations_ns: np.ndarray) -> LatencyStats:
 
 
 def _us(values_ns: np.ndarray, how: str) -> float:
-    """``mean``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or a p99
-    of fewer than MIN_ITERS_FOR_P99 values)."""
+    """``mean``, ``std``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or
+    a p99 of fewer than MIN_ITERS_FOR_P99 values)."""
     finite = values_ns[np.isfinite(values_ns)]
     if not finite.size or (how == "p99" and finite.size < MIN_ITERS_FOR_P99):
         return math.nan
@@ -115,12 +111,20 @@ class _Noise:
             self.intervals[name] = (max(low, limits[0]), min(high, limits[1]), df)
         return replicates
 
-    def add_stat(self, name: str, estimate: float, values_ns: np.ndarray, statistic: str) -> None:
-        """Interval of a statistic (``mean``, ``p50``) of a series of the overlapped window, in
-        µs."""
-        if math.isfinite(estimate):
-            replicates = self.over.resample(values_ns, statistic) / 1e3
-            self.add(name, estimate, replicates, degrees_of_freedom(values_ns))
+    def add_stat(
+        self,
+        name: str,
+        estimate: float,
+        values_ns: np.ndarray,
+        statistic: str = "mean",
+        phase: Phase | None = None,
+    ) -> np.ndarray:
+        """Interval of a statistic (``mean``, ``p50``) of a series (ns), in µs, from its window's
+        bootstrap (default: the overlapped window's); returns the replicates (empty: none)."""
+        if not math.isfinite(estimate):
+            return np.empty(0)
+        replicates = (phase or self.over).resample(values_ns, statistic) / 1e3
+        return self.add(name, estimate, replicates, degrees_of_freedom(values_ns))
 
     def take(self) -> dict[str, tuple[float, float, int]]:
         out, self.intervals = self.intervals, {}
@@ -147,7 +151,7 @@ def _block_result(
     lat = agg.latency_ns[b]
     stats = _stats(lat)
     df = degrees_of_freedom(lat)
-    mean = noise.add("latency_avg_us", stats.avg_us, noise.over.resample(lat) / 1e3, df)
+    mean = noise.add_stat("latency_avg_us", stats.avg_us, lat)
     noise.add_stat("latency_p50_us", stats.p50_us, lat, "p50")
     # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/). A team of one
     # rank moves nothing over a bus: its busbw does not apply (NaN, never 0).
@@ -166,16 +170,14 @@ def _block_result(
         if math.isfinite(value):
             noise.add(name, value, value * stats.avg_us / mean, df)
     alone = isolated.row(b)
-    iso_avg = float(alone.mean()) / 1e3 if alone.size else math.nan
+    iso_avg = _us(alone, "mean")
     iso_df = degrees_of_freedom(alone)
-    iso_rep = noise.add(
-        "isolated_latency_avg_us", iso_avg, noise.alone[b].resample(alone) / 1e3, iso_df
-    )
+    iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
     slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
     if math.isfinite(slowdown) and iso_rep.size:
         noise.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
     start_skew = _us(agg.start_skew_ns[b], "mean")
-    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b], "mean")
+    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
     notes = _note_if(
@@ -199,15 +201,10 @@ def _block_result(
             size_bytes=size,
             iters=pattern.num_iters,
             work=describe_params(cls, spec.params),
-            latency_avg_us=stats.avg_us,
-            latency_min_us=stats.min_us,
-            latency_max_us=stats.max_us,
-            latency_p50_us=stats.p50_us,
-            latency_p99_us=stats.p99_us,
-            latency_stdev_us=stats.stdev_us,
+            **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
             isolated_latency_avg_us=iso_avg,
-            isolated_latency_stdev_us=float(alone.std()) / 1e3 if alone.size else math.nan,
+            isolated_latency_stdev_us=_us(alone, "std"),
             slowdown=slowdown,
             start_skew_us=start_skew,
             last_to_start_rank=last if last >= 0 else None,
@@ -239,6 +236,7 @@ def build_outcome(
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     noise = _Noise(len(pattern.blocks))
+    run = {"profiler": profiler, "ranks_per_gpu": ranks_per_gpu}
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
         result, iso_rep, bus = _block_result(
@@ -249,18 +247,15 @@ def build_outcome(
                 result,
                 notes="; ".join(n for n in (*(notes[b] if notes else ()), result.notes) if n),
                 wrong_elements=None if wrong is None else int(wrong[b]),
-                profiler=profiler,
-                ranks_per_gpu=ranks_per_gpu,
+                **run,
             )
         )
         iso_reps.append(iso_rep)
         bus_bytes += bus
-    pattern_result = _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise)
     pattern_result = dataclasses.replace(
-        pattern_result,
+        _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise),
         peak_memory_bytes=peak_memory_bytes,
-        profiler=profiler,
-        ranks_per_gpu=ranks_per_gpu,
+        **run,
     )
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
@@ -307,10 +302,8 @@ def _overlap_figures(
             efficiency,
             # No headroom guard per resample: a resample with little headroom is part of the
             # noise (a wide interval), not a hole in it.
-            np.asarray(
-                overlap.overlap_efficiency(
-                    serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
-                )
+            overlap.overlap_efficiency(
+                serial_rep, makespan_rep, ideal_rep, min_headroom_fraction=0.0
             ),
             df,  # the makespan's window has as many iterations as each block's
             limits=(-math.inf, math.inf),
@@ -327,8 +320,8 @@ def _efficiency_notes(efficiency: float, low: float, high: float) -> list[str]:
         "(they slow each other down more than overlap saves)",
     ) + _note_if(
         low > 1,
-        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its "
-        "critical path alone (blocks ran faster together than alone, or the isolated runs were slow)",
+        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its critical "
+        "path alone (blocks ran faster together than alone, or the isolated runs were slow)",
     )
 
 
@@ -345,26 +338,15 @@ def _pattern_result(
     # those copies are left out (one change must count once).
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
-    makespan_rep = np.empty(0)
-    if several:
-        makespan_rep = noise.add(
-            "makespan_avg_us",
-            makespan.avg_us,
-            noise.over.resample(agg.makespan_ns) / 1e3,
-            degrees_of_freedom(agg.makespan_ns),
-        )
+    makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
     figures = _overlap_figures(
         ideal_of(pattern), blocks, iso_reps, makespan.avg_us, makespan_rep, noise
     )
     shared = math.nan
     if bus_bytes and several:
         shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
-        noise.add(
-            "shared_busbw_gbps",
-            shared,
-            shared * makespan.avg_us / makespan_rep,
-            degrees_of_freedom(agg.makespan_ns),
-        )
+        replicates = shared * makespan.avg_us / makespan_rep
+        noise.add("shared_busbw_gbps", shared, replicates, degrees_of_freedom(agg.makespan_ns))
     cc = agg.comm_compute_overlap
     if math.isfinite(cc):
         hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
@@ -373,7 +355,6 @@ def _pattern_result(
     intervals = noise.take()
     eff = figures.get("overlap_efficiency", math.nan)
     notes = _efficiency_notes(eff, *intervals.get("overlap_efficiency", (math.nan,) * 3)[:2])
-    enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
     return PatternResult(
         suite=suite.name,
         pattern=pattern.name,
@@ -394,7 +375,7 @@ def _pattern_result(
         gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
         gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
         gate_spin_us=agg.gate_spin_us,
-        enqueue_max_us=float(enqueue.max()) / 1e3 if enqueue.size else math.nan,
+        enqueue_max_us=_us(agg.enqueue_ns, "max"),
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
         notes="; ".join(notes),
         intervals=intervals,
@@ -423,9 +404,8 @@ def _warnings(
     enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
     late = int(np.count_nonzero(agg.host_late))
     if late and enqueue.size:
-        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + (
-            ", ..." if late > 5 else ""
-        )
+        more = ", ..." if late > 5 else ""
+        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + more
         warnings.append(
             f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
             f"({which}) the host was still enqueueing when the gate opened (enqueue up to "

@@ -11,18 +11,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = [
-    "comm_hidden_under_compute_ns",
-    "intersection_ns",
-    "makespan_ns",
-    "overlap_efficiency",
-    "pairwise_overlap_mean",
-    "shared_busbw_gbps",
-    "slowdown",
-    "union_intersection_ns",
-    "union_length_ns",
-]
-
 
 def _intervals(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
@@ -59,19 +47,16 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
 def intersection_ns(
     a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
 ) -> np.ndarray:
-    """Elementwise length of [a_start, a_end] ∩ [b_start, b_end]: max(0, min(ends) - max(starts)).
-
-    Inputs broadcast against each other.
-    """
+    """Elementwise (inputs broadcast) length of [a_start, a_end] ∩ [b_start, b_end]:
+    max(0, min(ends) - max(starts))."""
     lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
     hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
     return np.maximum(hi - lo, 0)
 
 
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Union length per column of already-validated (num_blocks, num_iters) intervals."""
-    if s.shape[0] == 0:
-        return np.zeros(s.shape[1], dtype=np.result_type(s.dtype, e.dtype))
+    """Union length per column of already-validated (num_blocks, num_iters) intervals (0 for
+    no blocks)."""
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
     order = np.argsort(s, axis=0, kind="stable")
@@ -86,10 +71,8 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 def union_length_ns(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,).
-
-    The union of no blocks has length 0.
-    """
+    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,);
+    0 for no blocks."""
     s, e, mask = _intervals(starts, ends, present)
     return _union_length(s[mask], e[mask])
 
@@ -123,45 +106,25 @@ def pairwise_overlap_mean(
     (the full fraction array is blocks^2 x iterations). NaN for pairs with an absent block or
     without iterations.
     """
-    s, e, mask = _masked_intervals(starts, ends, present)
-    num_blocks, num_iters = s.shape
-    out = np.full((num_blocks, num_blocks), np.nan)
-    if not num_iters:
+    s, e, mask = _intervals(starts, ends, present)
+    # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
+    s, e = np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0)
+    out = np.full((s.shape[0], s.shape[0]), np.nan)
+    if not s.shape[1]:
         return out
     for i in np.flatnonzero(mask):
-        row = _fraction_rows(s, e, mask, i, i + 1)[0]
-        out[i, mask] = row[mask].mean(axis=1)  # the NaN columns are the absent blocks
+        inter = intersection_ns(s[i], e[i], s, e)
+        shorter = np.minimum(e[i] - s[i], e - s)
+        frac = np.zeros(shorter.shape, dtype=np.float64)
+        np.divide(inter, shorter, out=frac, where=shorter > 0)
+        frac[i] = 1.0
+        out[i, mask] = frac[mask].mean(axis=1)  # the NaN columns are the absent blocks
     return out
 
 
-def _masked_intervals(
-    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    s, e, mask = _intervals(starts, ends, present)
-    # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
-    return np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0), mask
-
-
-def _fraction_rows(
-    s: np.ndarray, e: np.ndarray, mask: np.ndarray, first: int, stop: int
-) -> np.ndarray:
-    """Rows ``first:stop`` of the (blocks, blocks, iters) overlap-fraction array."""
-    rs, re_ = s[first:stop], e[first:stop]
-    inter = intersection_ns(rs[:, None, :], re_[:, None, :], s[None, :, :], e[None, :, :])
-    shorter = np.minimum((re_ - rs)[:, None, :], (e - s)[None, :, :])
-    frac = np.zeros(shorter.shape, dtype=np.float64)
-    np.divide(inter, shorter, out=frac, where=shorter > 0)
-    rows = np.arange(stop - first)
-    frac[rows, rows + first, :] = 1.0
-    frac[~(mask[first:stop, None] & mask[None, :])] = np.nan
-    return frac
-
-
 def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
-    """Last end minus first start over the (present) blocks, per iteration: (num_iters,).
-
-    Raises ValueError when no block is present (the span of nothing is undefined).
-    """
+    """Last end minus first start over the (present) blocks, per iteration: (num_iters,);
+    ValueError when no block is present (the span of nothing is undefined)."""
     s, e, mask = _intervals(starts, ends, present)
     if not mask.any():
         raise ValueError("makespan of an empty block set")
@@ -198,7 +161,10 @@ def comm_hidden_under_compute_ns(
     return float(hidden[0]), comm_len
 
 
-def _scalar_or_array(out: np.ndarray) -> float | np.ndarray:
+def _divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
+    """num / den where ``where`` holds, NaN elsewhere; a float for scalars."""
+    out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
+    np.divide(num, den, out=out, where=where)
     return float(out) if out.ndim == 0 else out
 
 
@@ -228,31 +194,19 @@ def overlap_efficiency(
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(headroom.shape, gained.shape), np.nan)
     with np.errstate(invalid="ignore"):
         meaningful = (headroom > 0) & (headroom >= min_headroom_fraction * serial)
-    np.divide(gained, headroom, out=out, where=meaningful)
-    return _scalar_or_array(out)
+    return _divided(gained, headroom, meaningful)
 
 
 def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
-    """overlapped / isolated latency (> 1: overlap slowed the block). NaN where isolated <= 0/NaN."""
-    over = np.asarray(overlapped_avg_us, dtype=np.float64)
+    """overlapped / isolated latency (> 1: overlap slowed the block); NaN unless isolated > 0."""
     iso = np.asarray(isolated_avg_us, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(over.shape, iso.shape), np.nan)
-    np.divide(over, iso, out=out, where=iso > 0)
-    return _scalar_or_array(out)
+    return _divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
-    """Bus bytes of all blocks over the pattern's makespan (not the longest block), in GB/s.
-
-    A block's bus bytes are size_bytes * its Block class's bus_factor; GB = 1e9.
-    NaN where makespan_s <= 0 or is NaN.
-    """
-    total = np.asarray(bus_bytes_total, dtype=np.float64)
+    """Bus bytes of all blocks (size_bytes * the Block class's bus_factor each) over the
+    pattern's makespan (not the longest block), in GB/s (1e9); NaN unless makespan_s > 0."""
     span = np.asarray(makespan_s, dtype=np.float64)
-    out = np.full(np.broadcast_shapes(total.shape, span.shape), np.nan)
-    np.divide(total, span, out=out, where=span > 0)
-    out /= 1e9
-    return _scalar_or_array(out)
+    return _divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9

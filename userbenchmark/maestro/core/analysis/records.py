@@ -42,8 +42,7 @@ class Metric:
 
     @property
     def interval(self) -> bool:
-        """The record carries a 95 % interval for it (``<name>_ci_low``, ``_ci_high``,
-        ``_ci_df``)."""
+        """The record carries a 95 % interval for it (``<name>_ci_low``/``_ci_high``/``_ci_df``)."""
         return self.floor is not None and not self.exact
 
 
@@ -80,10 +79,8 @@ def _skew(meaning: str, floor: float | None = 5.0) -> Any:
     )
 
 
-def _fraction(
-    meaning: str, domain: Domain = "fraction", better: Direction | None = "higher"
-) -> Any:
-    return metric(better=better, domain=domain, meaning=meaning, floor=0.05, absolute=True)
+def _fraction(meaning: str, domain: Domain = "fraction") -> Any:
+    return metric(better="higher", domain=domain, meaning=meaning, floor=0.05, absolute=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,10 +291,8 @@ class RankTimeline:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeline:
-    """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``).
-
-    Within a rank, times are exact. Across ranks they compare only when ``shared_clock``.
-    """
+    """Every rank's intervals of one pattern (gathered on rank 0 for ``--trace``/``--plot``):
+    exact within a rank; across ranks they compare only when ``shared_clock``."""
 
     pattern: str
     block_names: tuple[str, ...]
@@ -321,11 +316,7 @@ class Timeline:
             starts = np.asarray(rt.starts_ns, dtype=np.int64)
             ends = np.asarray(rt.ends_ns, dtype=np.int64)
             present = np.asarray(rt.present, dtype=bool).reshape(-1)
-            if (
-                starts.ndim != 2
-                or starts.shape != ends.shape
-                or present.shape[0] != starts.shape[0]
-            ):
+            if starts.ndim != 2 or starts.shape != ends.shape or present.shape != starts.shape[:1]:
                 raise ValueError(
                     f"timeline of pattern {self.pattern!r}, rank {rt.rank}: starts_ns "
                     f"{starts.shape}, ends_ns {ends.shape} and present {present.shape} do not "

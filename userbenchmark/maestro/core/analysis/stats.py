@@ -13,37 +13,19 @@ from statistics import NormalDist
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = [
-    "LatencyStats",
-    "Phase",
-    "block_length",
-    "degrees_of_freedom",
-    "interval",
-    "latency_stats",
-    "percentile_nearest_rank",
-    "relative_drift",
-    "t_quantile",
-]
-
 
 @dataclass(frozen=True, kw_only=True)
 class LatencyStats:
-    """Summary of one block's latency over the measured iterations, in microseconds."""
+    """Summary of one block's latency over the measured iterations, in microseconds (NaN: not
+    measured)."""
 
-    count: int
-    """Number of measured iterations."""
-    avg_us: float
-    """Arithmetic mean."""
-    min_us: float
-    """Smallest latency."""
-    max_us: float
-    """Largest latency."""
-    p50_us: float
-    """Median, nearest-rank definition (an observed value, never interpolated)."""
-    p99_us: float
-    """99th percentile, nearest-rank definition."""
-    stdev_us: float
-    """Population standard deviation (ddof=0)."""
+    count: int  # measured iterations
+    avg_us: float = math.nan  # arithmetic mean
+    min_us: float = math.nan
+    max_us: float = math.nan
+    p50_us: float = math.nan  # nearest rank: an observed value, never interpolated
+    p99_us: float = math.nan  # nearest rank
+    stdev_us: float = math.nan  # population (ddof=0)
 
 
 def _as_1d_finite(values: ArrayLike, what: str) -> np.ndarray:
@@ -70,10 +52,8 @@ def _nearest_rank_index(q: float, n: int) -> int:
 
 
 def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
-    """Nearest-rank percentile: the ceil(q/100 * N)-th smallest value (rank at least 1).
-
-    `q` is in [0, 100]. The input is not sorted in place. Empty or non-finite input raises.
-    """
+    """Nearest-rank percentile, q in [0, 100]: the ceil(q/100 * N)-th smallest value (rank at
+    least 1). The input is not sorted in place; empty or non-finite input raises."""
     arr = _as_1d_finite(values, "values")
     k = _nearest_rank_index(q, arr.size)
     # np.partition returns a new array; the caller's data keeps its order.
@@ -81,10 +61,8 @@ def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
 
 
 def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
-    """Statistics of per-iteration durations given in nanoseconds, reported in microseconds.
-
-    Raises ValueError for empty input, negative durations, NaN or infinity.
-    """
+    """Statistics of per-iteration durations given in nanoseconds, reported in microseconds;
+    ValueError for empty input, negative durations, NaN or infinity."""
     arr_us = _as_1d_finite(durations_ns, "durations_ns")
     if np.any(arr_us < 0):
         raise ValueError(f"durations_ns contains negative values (min {arr_us.min()} ns)")

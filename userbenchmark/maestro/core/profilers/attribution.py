@@ -20,6 +20,7 @@ from ..analysis.activities import (
     KIND_NAMES,
     DeviceActivities,
     LaunchCalls,
+    check_lengths,
 )
 
 # External id layout (63 bits, so every id is also a non-negative int64):
@@ -75,28 +76,15 @@ def _as_int64(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _check_lengths(obj: object, names: tuple[str, ...]) -> int:
-    lengths = set()
-    for name in names:
-        arr = getattr(obj, name)
-        if not isinstance(arr, np.ndarray) or arr.ndim != 1:
-            raise ValueError(f"{type(obj).__name__}.{name} must be a 1-D numpy array")
-        lengths.add(arr.shape[0])
-    if len(lengths) > 1:
-        raise ValueError(f"{type(obj).__name__} arrays differ in length: {sorted(lengths)}")
-    return lengths.pop() if lengths else 0
-
-
-_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
-_OPTIONAL_FIELDS = ("device_id", "size_bytes", *_DIMS)
+KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
+"""Kernel grid and block dims: fields of ActivityRecords as of CUPTI's kernel records."""
+_OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActivityRecords:
-    """Device activities (kernels, memcpys, memsets) of one window, one entry per activity.
-
-    Optional arrays left as None become zeros; grid/block dims are 0 for non-kernels.
-    """
+    """Device activities (kernels, memcpys, memsets) of one window, one entry per activity;
+    optional arrays left as None become zeros (grid/block dims are 0 for non-kernels)."""
 
     correlation_id: np.ndarray  # uint64, CUPTI correlation id of the launching API call
     start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
@@ -113,12 +101,12 @@ class ActivityRecords:
     block_z: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        n = _check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
+        n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
         for name in _OPTIONAL_FIELDS:
             if getattr(self, name) is None:
                 dtype = np.int64 if name == "size_bytes" else np.int32
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
-        _check_lengths(self, ("correlation_id", *_OPTIONAL_FIELDS))
+        check_lengths(self)
 
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
@@ -132,7 +120,7 @@ class ExternalCorrelation:
     external_id: np.ndarray  # uint64
 
     def __post_init__(self) -> None:
-        _check_lengths(self, ("correlation_id", "external_id"))
+        check_lengths(self)
 
     def __len__(self) -> int:
         return int(self.correlation_id.shape[0])
@@ -140,10 +128,8 @@ class ExternalCorrelation:
 
 @dataclass(frozen=True, kw_only=True)
 class Attribution:
-    """Per (block, iteration) timing of one window; arrays are shaped (num_blocks, num_iters).
-
-    Rows of blocks this rank does not run (``present`` False) are zeros.
-    """
+    """Per (block, iteration) timing of one window, arrays shaped (num_blocks, num_iters);
+    rows of blocks this rank does not run (``present`` False) are zeros."""
 
     start_ns: np.ndarray  # earliest activity start
     end_ns: np.ndarray  # latest activity end
@@ -158,7 +144,6 @@ class Attribution:
 
     @property
     def duration_ns(self) -> np.ndarray:
-        """End minus start per (block, iteration)."""
         return self.end_ns - self.start_ns
 
 
@@ -173,8 +158,7 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
     # CUPTI emits one record per API call in call order, so the table is normally strictly
     # increasing: then no correlation id can carry two external ids and the check is free.
     increasing = bool(np.all(ec[1:] > ec[:-1]))
-    lo = int(ec[0]) if increasing else int(ec.min())
-    hi = int(ec[-1]) if increasing else int(ec.max())
+    lo, hi = (int(ec[0]), int(ec[-1])) if increasing else (int(ec.min()), int(ec.max()))
     span = hi - lo + 1
     if span <= 2 * (ec.shape[0] + n) + _DENSE_SLACK:
         # Correlation ids are a per-process counter, so a window's ids are nearly dense:
@@ -186,16 +170,13 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
         vals = table[np.where(inside, ac - lo, 0)]
         vals[~inside] = _MISSING
     else:
-        if increasing:
-            ecs, evs = ec, ev
-            conflict = None
-        else:
+        ecs, evs, conflict = ec, ev, None
+        if not increasing:
             order = np.argsort(ec, kind="stable")
-            ecs = ec[order]
+            ec = ecs = ec[order]
             evs = ev[order]
             conflict = np.zeros(ecs.shape[0], bool)
             conflict[1:] = (ecs[1:] == ecs[:-1]) & (evs[1:] != evs[:-1])
-            ec = ecs
         # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
@@ -231,17 +212,17 @@ class _Problems:
         self.messages: list[str] = []
         self.counts: dict[str, int] = {}
 
-    def add(self, key: str, num: int, message: str) -> None:
-        if num:
-            self.counts[key] = num
-            self.messages.append(f"{num} {message}")
+    def add(self, key: str, mask: np.ndarray, message: str) -> None:
+        """The records (or cells) under ``mask``, which is not all False, and what is wrong."""
+        self.counts[key] = num = int(np.count_nonzero(mask))
+        self.messages.append(f"{num} {message}")
 
     def of_records(self, key: str, mask: np.ndarray, text: str) -> None:
         """The records under ``mask``, described by their kinds and streams."""
         if mask.any():
             streams = _shown(np.unique(self.records.stream_id[mask]))
             summary = _kind_summary(self.records.kind[mask])
-            self.add(key, int(np.count_nonzero(mask)), f"{text} ({summary}; streams {streams})")
+            self.add(key, mask, f"{text} ({summary}; streams {streams})")
 
     def of_window(
         self, ext_id: np.ndarray, d: _Decoded, window_id: int, shape: tuple[int, int]
@@ -254,14 +235,14 @@ class _Problems:
             bad_iters = _shown(np.unique(d.iteration[d.out_of_range]))
             self.add(
                 "out_of_range",
-                int(np.count_nonzero(d.out_of_range)),
+                d.out_of_range,
                 f"activities map outside {shape[0]} blocks x {shape[1]} iterations "
                 f"(blocks {bad_blocks}; iterations {bad_iters})",
             )
         if d.absent.any():
             self.add(
                 "absent_block",
-                int(np.count_nonzero(d.absent)),
+                d.absent,
                 "activities belong to blocks this rank does not run "
                 f"(blocks {_shown(np.unique(d.block[d.absent]))})",
             )
@@ -298,7 +279,7 @@ class _Problems:
             listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
             self.add(
                 "other_window",
-                int(wcounts.sum()),
+                other,
                 f"activities belong to other windows ({listed}), not window {window_id}: a "
                 "flush was missing before this window began",
             )
@@ -314,9 +295,7 @@ class _Problems:
         )
         if blocks.shape[0] > _SHOWN:
             listed += f"; ... ({blocks.shape[0]} blocks in all)"
-        self.add(
-            "empty_cells", int(per_block.sum()), f"(block, iteration) got no activity: {listed}"
-        )
+        self.add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
 
     def raise_any(self, window_id: int) -> None:
         if self.messages:
@@ -331,8 +310,7 @@ def _checked_present(
     window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None
 ) -> np.ndarray:
     """``present`` as a bool array (default: every block), after checking the window's shape."""
-    if not 0 <= window_id <= MAX_WINDOW_ID:
-        raise ValueError(f"window_id must be in [0, {MAX_WINDOW_ID}], got {window_id}")
+    encode_external_id(window_id, 0, 0)  # checks window_id
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
     if not 1 <= num_iters <= MAX_NUM_ITERS:
@@ -350,13 +328,10 @@ class _Decoded:
     this_window: np.ndarray
     block: np.ndarray
     iteration: np.ndarray
-    mine: np.ndarray
-    """Records of a block (not harness, not the gate) of this window."""
-    gate: np.ndarray
-    """Records of the gate's spin kernel of this window."""
+    mine: np.ndarray  # records of a block (not harness, not the gate) of this window
+    gate: np.ndarray  # records of the gate's spin kernel of this window
     out_of_range: np.ndarray
-    absent: np.ndarray
-    """Records of a block this rank does not run."""
+    absent: np.ndarray  # records of a block this rank does not run
     ambiguous: np.ndarray
     incomplete: np.ndarray
 
@@ -390,10 +365,9 @@ def _decode(
     start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
     # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
     incomplete = (start <= 0) | (end < start)
-    decoded = _Decoded(
+    return ext_id, _Decoded(
         this_window, block, iteration, mine, gate, out_of_range, absent, ambiguous, incomplete
     )
-    return ext_id, decoded
 
 
 def _timings(
@@ -413,7 +387,7 @@ def _timings(
     last = np.zeros(cells + 1, dtype=np.int64)
     np.maximum.at(last, flat, _as_int64(records.end_ns))
     first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
-    gate = d.gate & ~d.incomplete
+    gate = d.gate  # complete: an incomplete record raised
     gate_end = np.zeros(num_iters, dtype=np.int64)
     np.maximum.at(gate_end, d.iteration[gate], _as_int64(records.end_ns)[gate])
     ctas = np.zeros(num_blocks + 1, dtype=np.int64)
@@ -484,10 +458,7 @@ class ApiRecords:
     api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
 
     def __post_init__(self) -> None:
-        _check_lengths(self, ("correlation_id", "start_ns", "end_ns", "cbid", "thread_id", "api"))
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
+        check_lengths(self)
 
 
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call
@@ -509,12 +480,10 @@ def _launch_calls(api: ApiRecords, corr: np.ndarray) -> np.ndarray:
     tie."""
     api_corr = _as_int64(api.correlation_id)
     chosen = np.flatnonzero(np.isin(api_corr, corr))
-    if chosen.size:
-        chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-        first = np.ones(chosen.size, dtype=bool)
-        first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-        chosen = chosen[first]
-    return chosen
+    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
+    first = np.ones(chosen.size, dtype=bool)
+    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
+    return chosen[first]
 
 
 def _call_names(
@@ -526,22 +495,15 @@ def _call_names(
     api_name: Callable[[int, int], str | None],
 ) -> np.ndarray:
     """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
-    call_names = np.zeros(chosen.size, dtype=np.int64)
-    if not chosen.size:
-        return call_names
     corr_order = np.argsort(corr, kind="stable")
     at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
     launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
-    known: dict[tuple[int, int, int], int] = {}
-    codes, cbids = api.api[chosen].tolist(), api.cbid[chosen].tolist()
-    keys = zip(codes, cbids, launched_kind.tolist(), strict=True)
-    for j, (code, cbid, kind_code) in enumerate(keys):
-        if (code, cbid, kind_code) not in known:
-            name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
-            known[(code, cbid, kind_code)] = len(table)
-            table.append(name)
-        call_names[j] = known[(code, cbid, kind_code)]
-    return call_names
+    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
+    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+    for code, cbid, kind_code in distinct.tolist():  # one name per (API, callback, kind)
+        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
+        table.append(name)
+    return len(table) - len(distinct) + inverse.reshape(-1)
 
 
 def window_activities(
@@ -560,10 +522,6 @@ def window_activities(
     correlation id of a kept activity is kept (``_launch_calls``). ``api_name(api, cbid)``
     names a call (None: unknown; a generic name of the launch kind is used then).
     """
-    if attribution.activity_block is None or attribution.activity_iteration is None:
-        raise ValueError("window_activities needs attribute(..., per_activity=True)")
-    if name_index.shape != (len(records),):
-        raise ValueError(f"name_index must have shape ({len(records)},), got {name_index.shape}")
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
     chosen = _launch_calls(api, corr)

@@ -1,6 +1,9 @@
-"""What every profiler returns: per (block, iteration) start and end on one rank's clock."""
+"""What every profiler returns: per (block, iteration) start and end on one rank's clock;
+the profilers without CUPTI: the host's clock (CPU lanes) and CUDA events."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -8,7 +11,8 @@ from ..analysis.intervals import WindowTimings
 
 
 class Profiler:
-    """Records when each (block, iteration) ran; subclasses per backend.
+    """Records when each (block, iteration) ran; subclasses per backend. The hooks do nothing
+    here (what an untimed window needs).
 
     ``before``/``after`` bracket one block's enqueue: on CPU they run on the lane thread and
     the block runs synchronously between them; on CUDA they run on the host thread with the
@@ -20,13 +24,13 @@ class Profiler:
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
     ) -> None:
-        raise NotImplementedError
+        pass
 
     def before(self, block: int, iteration: int) -> None:
-        raise NotImplementedError
+        pass
 
     def after(self, block: int, iteration: int) -> None:
-        raise NotImplementedError
+        pass
 
     def gate_begin(self, iteration: int) -> None:
         """Harness work (the gate's spin kernel) follows until ``gate_end``."""
@@ -35,7 +39,7 @@ class Profiler:
         pass
 
     def end_window(self) -> WindowTimings:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no timings")
 
     def close(self) -> None:
         pass
@@ -46,16 +50,89 @@ class NullProfiler(Profiler):
 
     name = "none"
 
+
+class HostProfiler(Profiler):
+    """CPU lanes: ``time.perf_counter_ns()`` around each block on its lane thread, where the
+    block runs synchronously, so host time is the block's time."""
+
+    name = "host"
+
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
     ) -> None:
-        pass
+        self._starts = np.zeros((num_blocks, num_iters), dtype=np.int64)
+        self._ends = np.zeros((num_blocks, num_iters), dtype=np.int64)
+        self._present = np.asarray(present, dtype=bool).copy()
 
     def before(self, block: int, iteration: int) -> None:
-        pass
+        self._starts[block, iteration] = time.perf_counter_ns()
 
     def after(self, block: int, iteration: int) -> None:
-        pass
+        self._ends[block, iteration] = time.perf_counter_ns()
 
     def end_window(self) -> WindowTimings:
-        raise RuntimeError("NullProfiler has no timings")
+        return WindowTimings(
+            starts_ns=self._starts, ends_ns=self._ends, present=self._present, clock="perf_counter"
+        )
+
+
+class EventProfiler(Profiler):
+    """Start/end CUDA events per (block, iteration), all relative to one reference event.
+
+    Coarser than CUPTI: an event marks when the stream reached that point, not when a kernel
+    started, and has about 0.5 µs resolution; used where cupti-python is missing.
+    """
+
+    name = "events"
+
+    def begin_window(
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
+    ) -> None:
+        import torch
+
+        self._present = np.asarray(present, dtype=bool).copy()
+        self._shape = (num_blocks, num_iters)
+        make = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        self._start_ev = [[make() for _ in range(num_iters)] if p else None for p in self._present]
+        self._end_ev = [[make() for _ in range(num_iters)] if p else None for p in self._present]
+        self._gate_ev = [make() for _ in range(num_iters)]
+        torch.cuda.synchronize()
+        self._ref = make()
+        self._ref.record()
+        self._gate_seen = np.zeros(num_iters, dtype=bool)
+
+    def before(self, block: int, iteration: int) -> None:
+        events = self._start_ev[block]
+        if events is not None:  # a block that runs but is not timed has no events
+            events[iteration].record()
+
+    def after(self, block: int, iteration: int) -> None:
+        events = self._end_ev[block]
+        if events is not None:
+            events[iteration].record()
+
+    def gate_end(self, iteration: int) -> None:
+        # Called with the gate stream current, right after the spin kernel.
+        self._gate_ev[iteration].record()
+        self._gate_seen[iteration] = True
+
+    def end_window(self) -> WindowTimings:
+        import torch
+
+        torch.cuda.synchronize()
+        ns = lambda event: round(self._ref.elapsed_time(event) * 1e6)  # noqa: E731
+        starts = np.zeros(self._shape, dtype=np.int64)
+        ends = np.zeros(self._shape, dtype=np.int64)
+        for b in np.flatnonzero(self._present):
+            starts[b] = [ns(e) for e in self._start_ev[b]]
+            ends[b] = [ns(e) for e in self._end_ev[b]]
+        gate = None
+        if self._gate_seen.all():
+            gate = np.array([ns(e) for e in self._gate_ev], dtype=np.int64)
+        return WindowTimings(
+            starts_ns=starts,
+            ends_ns=ends,
+            present=self._present,
+            clock="cuda_event",
+            gate_open_ns=gate,
+        )

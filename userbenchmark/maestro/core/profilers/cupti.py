@@ -7,6 +7,7 @@ is imported lazily; never run torch.profiler in the same process (one CUPTI per 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import threading
@@ -14,6 +15,7 @@ import threading
 import numpy as np
 
 from ..analysis.activities import API_RUNTIME, DeviceActivities
+from ..analysis.intervals import WindowTimings
 from .attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
@@ -24,6 +26,7 @@ from .attribution import (
     encode_external_id,
     window_activities,
 )
+from .base import Profiler
 from .cupti_records import (
     NamedRecords,
     _RecordParser,
@@ -55,21 +58,15 @@ def window_buffer_bytes(num_launches: int, minimum: int = BUFFER_SIZE_BYTES) -> 
     return int(min(max(num_launches * BYTES_PER_LAUNCH, minimum), MAX_BUFFER_SIZE_BYTES))
 
 
-def _install_hint(cuda_major: int) -> str:
-    return f"pip install 'cupti-python>={cuda_major},<{cuda_major + 1}'"
-
-
 def cupti_available() -> tuple[bool, str]:
     """Whether cupti-python imports and matches torch's CUDA major version, and why not."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
-        return False, f"torch does not import: {exc}"
+    import torch
+
     cuda = torch.version.cuda
     if not cuda:
         return False, "torch is built without CUDA; the cupti profiler needs a CUDA build"
     major = int(cuda.split(".")[0])
-    hint = _install_hint(major)
+    hint = f"pip install 'cupti-python>={major},<{major + 1}'"
     try:
         version = importlib.metadata.version("cupti-python")
     except importlib.metadata.PackageNotFoundError:
@@ -94,8 +91,6 @@ class CuptiProfiler:
     calls, and keep each window's block activities in ``last_activities``. It costs parsing
     time per record, so it is off unless a trace is wanted.
     """
-
-    name = "cupti"
 
     def __init__(
         self,
@@ -124,15 +119,11 @@ class CuptiProfiler:
         """What the next buffer request gets (sized per window by begin_window)."""
         self.keep_activities = keep_activities
         self._parser = _RecordParser(
-            cupti,
-            parse,
-            max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES),
-            names=keep_activities,
+            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=keep_activities
         )
-        self._api_names: dict[tuple[int, int], str | None] = {}
+        self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
         self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
-        self._ext_chunks: list[np.ndarray] = []
         self._callback_error: BaseException | None = None
         self._enabled: list = []
         self._started = False
@@ -193,7 +184,7 @@ class CuptiProfiler:
         self._window_id = None
 
     def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
-        names = ["kernel", "memcpy", "memset"]
+        names = ["kernel", "memcpy", "memset", "ext"]
         if self.keep_activities:
             names += ["kernel_name", "memcpy_name", "memset_name", "api"]
         return {name: [] for name in names}
@@ -212,10 +203,7 @@ class CuptiProfiler:
         present: np.ndarray | None = None,
     ) -> None:
         """Flush and discard everything captured so far (warmup included); open a window.
-
-        num_blocks/num_iters/present, if given here, are end_window's defaults, and size the
-        buffer that the window's records go to.
-        """
+        num_blocks/num_iters/present, if given, are end_window's defaults and size its buffer."""
         self._require_started()
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
@@ -256,8 +244,7 @@ class CuptiProfiler:
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        if present is None:
-            present = self._present
+        present = self._present if present is None else present
         window_id = self._window_id
         self._window_id = None
         self._flush()
@@ -279,21 +266,18 @@ class CuptiProfiler:
             )
         return att
 
-    def _api_name(self, api: int, cbid: int) -> str | None:
-        """The API function's name from CUPTI (cached); None when CUPTI cannot name it."""
-        key = (api, cbid)
-        if key not in self._api_names:
-            name = None
-            getter = getattr(self._cupti, "get_callback_name", None)
-            domains = getattr(self._cupti, "CallbackDomain", None)
-            if getter is not None and domains is not None:
-                domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
-                try:
-                    name = api_function_name(getter(domain, cbid))
-                except Exception as exc:  # an id this CUPTI does not know: a generic name
-                    logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
-            self._api_names[key] = name
-        return self._api_names[key]
+    def _callback_name(self, api: int, cbid: int) -> str | None:
+        """The API function's name from CUPTI; None when CUPTI cannot name it."""
+        getter = getattr(self._cupti, "get_callback_name", None)
+        domains = getattr(self._cupti, "CallbackDomain", None)
+        if getter is None or domains is None:
+            return None
+        domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
+        try:
+            return api_function_name(getter(domain, cbid))
+        except Exception as exc:  # an id this CUPTI does not know: a generic name
+            logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
+            return None
 
     # -- external ids (on the thread that enqueues) ---------------------------------------
 
@@ -340,8 +324,7 @@ class CuptiProfiler:
         # running returns incomplete records: synchronize first.
         torch.cuda.synchronize()
         self._cupti.activity_flush_all(self._flush_forced)
-        if self._callback_error is not None:
-            self._require_started()
+        self._require_started()  # raises a callback's error
 
     def _buffer_requested(self) -> tuple[int, int]:
         return self._buffer_size_bytes, 0  # 0: as many records as fit
@@ -356,8 +339,6 @@ class CuptiProfiler:
                 for name, chunks in self._chunks.items():
                     if rows[name].shape[0]:
                         chunks.append(rows[name])
-                if rows["ext"].shape[0]:
-                    self._ext_chunks.append(rows["ext"])
         except BaseException as exc:  # raised later on the caller's thread, never lost
             if self._callback_error is None:
                 self._callback_error = exc
@@ -367,10 +348,57 @@ class CuptiProfiler:
         third item (with ``keep_activities``): each record's name index, the names, and the
         API calls."""
         with self._lock:
-            chunks, ext_chunks = self._chunks, self._ext_chunks
-            self._chunks = self._empty_chunks()
-            self._ext_chunks = []
+            chunks, self._chunks = self._chunks, self._empty_chunks()
             # Every name a taken chunk refers to was added before the chunk was.
             names = tuple(self._parser.names) if self.keep_activities else ()
-        records, ext = activity_records(chunks), external_correlation(ext_chunks)
+        records, ext = activity_records(chunks), external_correlation(chunks["ext"])
         return records, ext, named_records(chunks, names) if self.keep_activities else None
+
+
+class CuptiWindowProfiler(Profiler):
+    """:class:`CuptiProfiler` as a :class:`Profiler`: every kernel, memcpy and memset of a
+    window attributed to its (block, iteration)."""
+
+    name = "cupti"
+
+    def __init__(self, *, trace: bool = False) -> None:
+        """``trace``: keep each window's named activities and API calls (``--trace``)."""
+        self.cupti = CuptiProfiler(keep_activities=trace)
+
+    def start(self) -> None:
+        self.cupti.start()
+
+    def begin_window(
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
+    ) -> None:
+        # Flushes and discards everything captured before: warmup never reaches the numbers.
+        self._present = np.asarray(present, dtype=bool).copy()
+        self.cupti.begin_window(window_id, num_blocks, num_iters, self._present)
+
+    def before(self, block: int, iteration: int) -> None:
+        self.cupti.push(block, iteration)
+
+    def after(self, block: int, iteration: int) -> None:
+        self.cupti.pop()
+
+    def gate_begin(self, iteration: int) -> None:
+        self.cupti.push_gate(iteration)
+
+    def gate_end(self, iteration: int) -> None:
+        self.cupti.pop()
+
+    def end_window(self) -> WindowTimings:
+        att = self.cupti.end_window()
+        return WindowTimings(
+            starts_ns=att.start_ns,
+            ends_ns=att.end_ns,
+            present=self._present,
+            clock="cupti",
+            gate_open_ns=None if (att.gate_end_ns <= 0).any() else att.gate_end_ns,
+            activity_counts=att.activity_count.sum(axis=1),
+            kernel_ctas_max=att.kernel_ctas_max,
+            activities=self.cupti.last_activities,
+        )
+
+    def close(self) -> None:
+        self.cupti.stop()

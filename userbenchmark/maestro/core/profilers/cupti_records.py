@@ -1,10 +1,5 @@
-"""CUPTI activity records read into numpy rows, and the names a trace shows for them.
-
-cupti-python hands each completed buffer over as record objects; :class:`_RecordParser` turns
-them into int64 rows per record kind (kernel, memcpy, memset, external correlation, API call)
-and keeps the names (demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, runtime and
-driver function names without their ``_v2`` suffix) in one table.
-"""
+"""CUPTI's record buffers read into numpy rows per record kind, and the names a trace shows
+for them: demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, API function names."""
 
 from __future__ import annotations
 
@@ -15,29 +10,25 @@ from operator import attrgetter
 import numpy as np
 
 from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
-from .attribution import ActivityRecords, ApiRecords, ExternalCorrelation
+from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
 from .demangle import demangle
 
 # The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
 logger = logging.getLogger("maestro.cupti")
 
 
+_READ = {
+    "kernel": ("CONCURRENT_KERNEL", "activity_kernel10_dtype"),
+    "memcpy": ("MEMCPY", "activity_memcpy6_dtype"),
+    "memset": ("MEMSET", "activity_memset4_dtype"),
+    "ext": ("EXTERNAL_CORRELATION", "activity_external_correlation_dtype"),
+}
+"""The record kinds read: (CUpti_ActivityKind, cupti-python's dtype of that record)."""
+_COMMON = ("correlation_id", "start", "end", "stream_id", "device_id")
 _FIELDS = {
-    "kernel": (
-        "correlation_id",
-        "start",
-        "end",
-        "stream_id",
-        "device_id",
-        "grid_x",
-        "grid_y",
-        "grid_z",
-        "block_x",
-        "block_y",
-        "block_z",
-    ),
-    "memcpy": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
-    "memset": ("correlation_id", "start", "end", "stream_id", "device_id", "bytes"),
+    "kernel": (*_COMMON, *KERNEL_DIMS),
+    "memcpy": (*_COMMON, "bytes"),
+    "memset": (*_COMMON, "bytes"),
     "ext": ("correlation_id", "external_id"),
 }
 _NAMED_FIELDS = {
@@ -53,16 +44,8 @@ the API calls that launched the activities."""
 # HolisticTraceAnalysis classifies as memory work by their first word.
 _COPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH")
 _COPY_KINDS += ("PtoP",)
-_MEMORY_KINDS = (
-    "Unknown",
-    "Pageable",
-    "Pinned",
-    "Device",
-    "Array",
-    "Managed",
-    "Device Static",
-    "Managed Static",
-)
+_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed")
+_MEMORY_KINDS += ("Device Static", "Managed Static")
 
 
 def _kind_name(table: tuple[str, ...], code: int) -> str:
@@ -82,6 +65,8 @@ def memset_name(memory_kind: int) -> str:
     return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
 
 
+_NAMERS = {"memcpy": memcpy_name, "memset": memset_name}
+"""What names a copy or a set, from the kind codes of ``_NAMED_FIELDS``."""
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 
 
@@ -107,7 +92,7 @@ class _RecordParser:
     into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
     correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
     from its record object either way (the buffer holds only a pointer to it); without
-    ``names`` none of this is read and API records are skipped as before.
+    ``names`` none of this is read and API records are skipped.
     """
 
     _VERIFY_BUFFERS = 2
@@ -116,12 +101,7 @@ class _RecordParser:
         if mode not in ("auto", "numpy", "objects"):
             raise ValueError(f"parse must be 'auto', 'numpy' or 'objects', got {mode!r}")
         kinds = cupti.ActivityKind
-        self.codes = {
-            "kernel": int(kinds.CONCURRENT_KERNEL),
-            "memcpy": int(kinds.MEMCPY),
-            "memset": int(kinds.MEMSET),
-            "ext": int(kinds.EXTERNAL_CORRELATION),
-        }
+        self.codes = {name: int(getattr(kinds, kind)) for name, (kind, _) in _READ.items()}
         self.keep_names = names
         self.api_codes = {int(kinds.RUNTIME): API_RUNTIME, int(kinds.DRIVER): API_DRIVER}
         self.names: list[str] = []
@@ -132,12 +112,7 @@ class _RecordParser:
         self._to_verify = self._VERIFY_BUFFERS if mode == "auto" else 0
         self._buffer_size_bytes = buffer_size_bytes
         try:
-            self._dtypes = {
-                "kernel": cupti.activity_kernel10_dtype,
-                "memcpy": cupti.activity_memcpy6_dtype,
-                "memset": cupti.activity_memset4_dtype,
-                "ext": cupti.activity_external_correlation_dtype,
-            }
+            self._dtypes = {name: getattr(cupti, dtype) for name, (_, dtype) in _READ.items()}
             if names:
                 self._dtypes["api"] = cupti.activity_api_dtype
             for name, dtype in self._dtypes.items():
@@ -172,11 +147,9 @@ class _RecordParser:
             return self.parse_objects(activities)
         try:
             fast = self.parse_numpy(activities)
-        except Exception as exc:
-            fast = None
-            why = repr(exc)
-        else:
             why = "record addresses do not lie in one buffer"
+        except Exception as exc:
+            fast, why = None, repr(exc)
         if fast is None:
             self._fallback(why)
             return self.parse_objects(activities)
@@ -237,8 +210,7 @@ class _RecordParser:
         out = {}
         named = self.keep_names
         for name, code in self.codes.items():
-            dtype = self._dtypes[name]
-            recs = gather(dtype, offsets[kinds == code])
+            recs = gather(self._dtypes[name], offsets[kinds == code])
             if name == "ext":
                 recs = recs[recs["external_kind"] == self.custom2]
             target = np.uint64 if name == "ext" else np.int64
@@ -250,34 +222,22 @@ class _RecordParser:
                 # The name is a pointer into CUPTI's memory: read through the record object.
                 which = np.flatnonzero(kinds == code).tolist()
                 out["kernel_name"] = self._interned([_kernel_name(activities[i]) for i in which])
-            elif name == "memcpy":
-                out["memcpy_name"] = self._names_of_codes(
-                    np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1),
-                    lambda c: memcpy_name(*c),
-                )
-            elif name == "memset":
-                out["memset_name"] = self._names_of_codes(
-                    recs["memory_kind"].astype(np.int64).reshape(-1, 1),
-                    lambda c: memset_name(c[0]),
-                )
-        if named:
-            api_rows = []
-            for code, api in self.api_codes.items():
-                recs = gather(self._dtypes["api"], offsets[kinds == code])
-                cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
-                cols.append(np.full(recs.shape[0], api, dtype=np.int64))
-                api_rows.append((np.flatnonzero(kinds == code), np.stack(cols, axis=1)))
-            # In record order, as parse_objects lists them.
-            order = np.argsort(np.concatenate([at for at, _ in api_rows]), kind="stable")
-            out["api"] = np.concatenate([rows for _, rows in api_rows])[order]
+            elif name in _NAMERS:
+                codes = np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1)
+                out[f"{name}_name"] = self._names_of_codes(codes, _NAMERS[name])
+        if named:  # RUNTIME and DRIVER records share one layout; in record order
+            is_api = np.isin(kinds, list(self.api_codes))
+            recs = gather(self._dtypes["api"], offsets[is_api])
+            cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]
+            which = [kinds[is_api] == code for code in self.api_codes]
+            cols.append(np.select(which, list(self.api_codes.values())).astype(np.int64))
+            out["api"] = np.stack(cols, axis=1)
         return out
 
     def _names_of_codes(self, codes: np.ndarray, name_of) -> np.ndarray:
         """Name indices of rows of kind codes, naming each distinct combination once."""
-        if not codes.shape[0]:
-            return np.zeros(0, dtype=np.int32)
         distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
-        ids = np.array([self._intern(name_of(row)) for row in distinct.tolist()], np.int32)
+        ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
 
     @staticmethod
@@ -291,11 +251,9 @@ class _RecordParser:
 
 def _record_name(kind: str, record) -> str:
     """The name a trace shows for a kernel, memcpy or memset record object."""
-    if kind == "memcpy":
-        return memcpy_name(record.copy_kind, record.src_kind, record.dst_kind)
-    if kind == "memset":
-        return memset_name(record.memory_kind)
-    return _kernel_name(record)
+    if kind == "kernel":
+        return _kernel_name(record)
+    return _NAMERS[kind](*(getattr(record, f) for f in _NAMED_FIELDS[kind]))
 
 
 def _kernel_name(record) -> str:
@@ -343,12 +301,7 @@ def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
         stream_id=column(3),
         device_id=column(4).astype(np.int32),
         size_bytes=size_bytes,
-        grid_x=kernel_only(5),
-        grid_y=kernel_only(6),
-        grid_z=kernel_only(7),
-        block_x=kernel_only(8),
-        block_y=kernel_only(9),
-        block_z=kernel_only(10),
+        **{dim: kernel_only(i) for i, dim in enumerate(KERNEL_DIMS, start=len(_COMMON))},
     )
 
 

@@ -47,11 +47,11 @@ def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> 
     """
     name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
     if name == "host":
-        from ..profilers.host import HostProfiler
+        from ..profilers.base import HostProfiler
 
         return HostProfiler()
     if name == "cupti":
-        from ..profilers.cupti_window import CuptiWindowProfiler
+        from ..profilers.cupti import CuptiWindowProfiler
 
         prof = CuptiWindowProfiler(trace=trace)
         prof.start()
@@ -64,7 +64,7 @@ def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> 
             "(stream-level)",
             cupti_available()[1],
         )
-    from ..profilers.events import EventProfiler
+    from ..profilers.base import EventProfiler
 
     return EventProfiler()
 
