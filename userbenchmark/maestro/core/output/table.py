@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tabulate import tabulate
 
 from ..analysis.outcome import MIN_ITERS_FOR_P99
@@ -82,6 +83,11 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+MAX_PAIRS_SHOWN = 12
+"""Pairs printed under a pattern's table (those that ran together most first); all are in
+``pairs.*``."""
+
+
 def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[str]:
     p = outcome.pattern
     u = UNIT_LABEL[unit]
@@ -101,16 +107,25 @@ def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[s
         )
     if not math.isnan(p.comm_compute_overlap):
         lines.append(f"comm/compute overlap {_with_interval(p, 'comm_compute_overlap', 3)}")
-    if outcome.pairs:
+    # Blocks of one lane run in turn: only pairs of different lanes can run together.
+    lane = {b.block: b.lane for b in outcome.blocks}
+    pairs = [pair for pair in outcome.pairs if lane[pair.blocks[0]] != lane[pair.blocks[1]]]
+    if pairs:
         # Running at the same time is not sharing nothing: the slowdowns beside each pair say
         # whether the two took turns (two GEMMs on all SMs overlap 1.0 and slow down 2x).
         slowdown = {b.block: _num(b.slowdown, 2) for b in outcome.blocks}
-        pairs = ", ".join(
+        shown = pairs  # in block order; when too many, those that ran together most
+        if len(pairs) > MAX_PAIRS_SHOWN:
+            shown = sorted(pairs, key=lambda pair: -np.nan_to_num(pair.pairwise_overlap))
+        text = ", ".join(
             f"{'∩'.join(pair.blocks)} {_num(pair.pairwise_overlap, 2)} "
             f"({', '.join(slowdown[name] for name in pair.blocks)})"
-            for pair in outcome.pairs
+            for pair in shown[:MAX_PAIRS_SHOWN]
         )
-        lines.append(f"ran together (both running / shorter block; their slowdowns): {pairs}")
+        more = len(pairs) - MAX_PAIRS_SHOWN
+        if more > 0:
+            text += f"; {more} more pairs in pairs.json"
+        lines.append(f"ran together (both running / shorter block; their slowdowns): {text}")
     return lines
 
 
