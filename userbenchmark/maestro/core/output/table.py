@@ -28,6 +28,8 @@ def _num(value: float | int | None, digits: int = 2) -> str:
         return str(value)
     if value != 0 and abs(value) < 10**-digits:
         return f"{value:.{digits}g}"
+    if abs(value) >= 1e6:  # an interval bound of a few iterations: 1.76e+08, not 176042000.904
+        return f"{value:.3g}"
     return f"{value:.{digits}f}"
 
 
