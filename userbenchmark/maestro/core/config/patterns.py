@@ -19,6 +19,7 @@ from .problems import Problems, index, join
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
 from .sweep import (
     MAX_SWEEP_POINTS,
+    Point,
     SweepVariable,
     check_references,
     num_points,
@@ -29,30 +30,6 @@ from .sweep import (
     sweep_points,
 )
 
-__all__ = [
-    "DEFAULT_KEYS",
-    "DEFAULT_VALUES",
-    "ITERS_WHY",
-    "MAX_EXPANDED_BLOCKS",
-    "MAX_ITERS",
-    "MAX_WINDOW_LAUNCHES",
-    "PATTERN_KEYS",
-    "check_patterns",
-    "check_settings",
-    "window_launches_problem",
-]
-
-DEFAULT_KEYS: Final = (
-    "dtype",
-    "warmup_iters",
-    "iters",
-    "baseline",
-    "check",
-    "sync",
-    "graph",
-    "register_buffers",
-)
-PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
     "warmup_iters": 5,
@@ -63,6 +40,8 @@ DEFAULT_VALUES: Final = {
     "graph": False,
     "register_buffers": False,
 }
+DEFAULT_KEYS: Final = tuple(DEFAULT_VALUES)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
 MAX_ITERS: Final = 1_000_000
@@ -74,8 +53,6 @@ ITERS_WHY: Final = (
 )
 MAX_WINDOW_LAUNCHES: Final = 10_000_000
 """Most block launches (blocks x iterations) of one measurement window."""
-
-Point = tuple[tuple[str, Any, str], ...]
 
 
 def window_launches_problem(num_blocks: int, num_iters: int) -> str | None:
@@ -260,7 +237,7 @@ def _expand(
     found: dict[tuple[str, str], list[str]] = {}
     specs: list[PatternSpec] = []
     for point in points:
-        problems = p.scoped()
+        problems = Problems(p.file, p.source)  # merged below, once per problem
         spec = _pattern_point(
             problems, substitute(body, point), path, base, point, defaults, axes, ops, elsewhere
         )

@@ -16,19 +16,6 @@ from typing import Any, Final
 
 from ...errors import ConfigError, ConfigIssue
 
-__all__ = [
-    "MAX_ISSUES",
-    "NAME_RE",
-    "Problems",
-    "SourceMap",
-    "YAML11_BOOLEAN_WORDS",
-    "choices",
-    "index",
-    "join",
-    "show",
-    "suggest",
-]
-
 MAX_ISSUES: Final = 100
 """Most problems one ConfigError lists; the rest are counted in a last line."""
 
@@ -115,10 +102,6 @@ class Problems:
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
         self.items.append((path, message, line))
-
-    def scoped(self) -> Problems:
-        """An empty collector over the same file, for problems merged in later (sweep points)."""
-        return Problems(self.file, self.source)
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -275,19 +258,13 @@ class Problems:
             return None
         return value
 
-    def name(
-        self, value: Any, path: str, what: str, pattern: re.Pattern[str] = NAME_RE
-    ) -> str | None:
-        """A non-empty string matching ``pattern`` (NAME_RE: letters, digits and _ . -)."""
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            allowed = (
-                "letters, digits and _ . -"
-                if pattern is NAME_RE
-                else "a letter or _, then letters, digits and _"
-            )
+    def name(self, value: Any, path: str, what: str) -> str | None:
+        """A non-empty string of NAME_RE: letters, digits and _ . -"""
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
             self.add(
                 path,
-                f"{what} must be a non-empty string of {allowed}, got {self.show(path, value)}",
+                f"{what} must be a non-empty string of letters, digits and _ . -, "
+                f"got {self.show(path, value)}",
             )
             return None
         return value
