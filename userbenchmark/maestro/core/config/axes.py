@@ -18,19 +18,6 @@ from typing import Any, Final
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
 from .spec import PRIORITIES, WORLD_AXIS
 
-__all__ = [
-    "AXIS_KEYS",
-    "LAUNCHER_ENV_NAMES",
-    "LAUNCHER_ENV_PREFIXES",
-    "MAX_WORLD_SIZE",
-    "NCCL_OPTIONS",
-    "AxisDraft",
-    "check_axes",
-    "check_env",
-    "check_world_size",
-    "mesh_teams",
-]
-
 logger = logging.getLogger("maestro.config")
 
 MAX_WORLD_SIZE: Final = 1 << 17

@@ -16,8 +16,6 @@ from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
 
-__all__ = ["BLOCK_KEYS", "PARAM_YAML_ALIASES", "OpResolver", "check_block"]
-
 BLOCK_KEYS: Final = (
     "name",
     "op",

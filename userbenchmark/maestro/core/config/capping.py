@@ -15,8 +15,6 @@ from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 
-__all__ = ["apply_max_size"]
-
 
 def _capped_block(
     block: BlockSpec, cls: type[Block], team_size: int, max_size_bytes: int, source: str

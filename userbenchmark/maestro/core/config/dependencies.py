@@ -11,8 +11,6 @@ from typing import Any
 from .problems import Problems, choices, join, suggest
 from .spec import BlockSpec
 
-__all__ = ["after_names", "check_after", "find_cycle", "issue_order", "predecessors"]
-
 
 def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ...] | None:
     """The ``after:`` of block ``raw`` (a name or a list of names, repeats dropped); None after a

@@ -11,8 +11,6 @@ import re
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Final
 
-__all__ = ["MAX_SIZE_BYTES", "UNIT_BYTES", "format_size", "parse_size"]
-
 MAX_SIZE_BYTES: Final = 2**48
 """Largest accepted size: 256 TiB, past the virtual address space of any current machine."""
 

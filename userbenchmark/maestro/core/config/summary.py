@@ -13,8 +13,6 @@ from ...blocks.registry import resolve_op
 from .sizes import format_size
 from .spec import AxisSpec, PatternSpec, SuiteSpec
 
-__all__ = ["human_bytes", "rank_buffer_bytes", "suite_summary"]
-
 _MAX_TEAMS_SHOWN = 8
 _MAX_RANKS_SHOWN = 8
 

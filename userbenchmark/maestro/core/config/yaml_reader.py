@@ -19,8 +19,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ...errors import ConfigError
 from .problems import Problems, index, join
 
-__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "MAX_NODES", "read_file_text", "read_yaml"]
-
 MAX_FILE_BYTES: Final = 4 * 1024 * 1024
 """Largest pattern file read (a pattern file is a few kilobytes)."""
 MAX_NODES: Final = 1_000_000
