@@ -100,7 +100,7 @@ def check_world_size(
             f"size {from_arg} ({source}); they must agree",
         )
         return None
-    if from_file is None and from_arg is None and not in_file and arg is None:
+    if not in_file and arg is None:
         p.add(
             "world_size",
             "the world size is unknown: the file sets no world_size, so "
@@ -373,57 +373,42 @@ def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
 def _axis_env(p: Problems, raw: Any, path: str, axis: str) -> None:
     """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
-    nccl_keys = sorted(k for k in env if k.startswith("NCCL_"))
-    if nccl_keys:
-        logger.warning(
-            "%s: %s: %s not applied: NCCL reads NCCL_* variables once per process, so "
-            "per-axis values cannot take effect on axis %r; move them to the top-level env, "
-            "or use the axis's nccl: options (max_ctas, min_ctas, traffic_class, ...)",
-            p.file,
-            path,
-            ", ".join(nccl_keys),
-            axis,
-        )
-    others = sorted(k for k in env if not k.startswith("NCCL_"))
-    if others:
-        logger.warning(
-            "%s: %s: %s not applied: environment variables are process-wide; "
-            "set them in the top-level env",
-            p.file,
-            path,
-            ", ".join(others),
-        )
+    nccl = sorted(k for k in env if k.startswith("NCCL_"))
+    why_nccl = (
+        f"NCCL reads NCCL_* variables once per process, so per-axis values cannot take effect "
+        f"on axis {axis!r}; move them to the top-level env, or use the axis's nccl: options "
+        "(max_ctas, min_ctas, traffic_class, ...)"
+    )
+    why_others = "environment variables are process-wide; set them in the top-level env"
+    for names, why in ((nccl, why_nccl), (sorted(set(env) - set(nccl)), why_others)):
+        if names:
+            logger.warning("%s: %s: %s not applied: %s", p.file, path, ", ".join(names), why)
 
 
 def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
-    valid = list(axes)
+    """Give each ``like`` axis the teams at the end of its chain; report unknown names and
+    cycles once, at the axis whose own ``like`` is wrong or closes the cycle."""
     for draft in axes.values():
         if draft.like is None:
             continue
-        chain = [draft.name]
-        current = draft
-        while current.like is not None:
-            target_name = current.like
-            like_path = join(current.path, "like")
-            if not isinstance(target_name, str) or target_name not in axes:
+        chain, current = [draft.name], draft
+        while current.like is not None and draft.valid:
+            target, like_path = current.like, join(current.path, "like")
+            if not isinstance(target, str) or target not in axes:
                 if current is draft:
                     p.add(
                         like_path,
-                        f"unknown axis {p.show(like_path, target_name)}"
-                        f"{suggest(target_name, valid)}; valid axes: {choices(valid)}",
+                        f"unknown axis {p.show(like_path, target)}"
+                        f"{suggest(target, axes)}; valid axes: {choices(axes)}",
                     )
                 draft.valid = False
-                break
-            if target_name in chain:
-                if current is draft or draft.name == target_name:
-                    cycle = " -> ".join([*chain, target_name])
+            elif target in chain:
+                if target == draft.name:
+                    cycle = " -> ".join([*chain, target])
                     p.add(join(draft.path, "like"), f"like cycle: {cycle}")
                 draft.valid = False
-                break
-            chain.append(target_name)
-            current = axes[target_name]
-        if draft.valid and current.valid:
-            draft.teams = current.teams
-        else:
-            draft.valid = False
-            draft.teams = None
+            else:
+                chain.append(target)
+                current = axes[target]
+        draft.valid = draft.valid and current.valid
+        draft.teams = current.teams if draft.valid else None
