@@ -11,20 +11,25 @@ from tabulate import tabulate
 from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from .sizes import format_size
-from .spec import AxisSpec, PatternSpec, SuiteSpec
+from .spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
 
 _MAX_TEAMS_SHOWN = 8
 _MAX_RANKS_SHOWN = 8
+_FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
+
+
+def _with_unit(count: int, units: Sequence[str], step: int) -> str:
+    """``count`` in the largest of ``units`` (each ``step`` times the one before) it reaches,
+    to three significant digits; below the first step, exactly."""
+    value, i = float(count), 0
+    while value >= step and i < len(units) - 1:
+        value, i = value / step, i + 1
+    return f"{count} {units[0]}" if i == 0 else f"{value:.3g} {units[i]}"
 
 
 def human_bytes(num_bytes: int) -> str:
     """``num_bytes`` with a binary unit and three significant digits: ``1.50 MiB``."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{num_bytes} B" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    return _with_unit(num_bytes, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
 
 
 def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
@@ -46,15 +51,20 @@ def rank_buffer_bytes(
     """
     per_rank = [0] * suite.world_size
     for block in pattern.blocks:
-        cls = _block_class(block.op, import_ops)
-        axis = suite.axes[block.axis]
-        if cls is None:
-            continue
-        num_bytes = int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
-        for team in axis.teams:
+        num_bytes = _block_bytes(suite, block, import_ops) or 0
+        for team in suite.axes[block.axis].teams:
             for rank in team:
                 per_rank[rank] += num_bytes
     return tuple(per_rank)
+
+
+def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | None:
+    """Bytes one rank allocates for ``block``; None for an op that cannot be resolved here."""
+    cls = _block_class(block.op, import_ops)
+    if cls is None:
+        return None
+    team_size = suite.axes[block.axis].team_size
+    return int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=team_size))
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -92,15 +102,6 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def _flops(count: int) -> str:
-    value = float(count)
-    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
-        if value < 1000 or unit == "PFLOP":
-            return f"{count} FLOP" if unit == "FLOP" else f"{value:.3g} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
-
-
 def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
@@ -125,7 +126,7 @@ def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
         except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
             flops = None
         if isinstance(flops, int) and flops > 0:
-            text += f" ({_flops(flops)})"
+            text += f" ({_with_unit(flops, _FLOP_UNITS, 1000)})"
     return text
 
 
@@ -141,19 +142,8 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     lines = [f"  {pattern.name}  ({', '.join(flags)})"]
     rows = []
     for block in pattern.blocks:
-        cls = _block_class(block.op, import_ops)
-        axis = suite.axes[block.axis]
-        covered = sum(len(t) for t in axis.teams)
-        try:
-            num_bytes = (
-                human_bytes(
-                    int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
-                )
-                if cls
-                else "?"
-            )
-        except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
-            num_bytes = "?"
+        num_bytes = _block_bytes(suite, block, import_ops)
+        covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
         rows.append(
             [
@@ -162,9 +152,9 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
                 block.axis,
                 block.lane,
                 block.dtype,
-                _work(cls, block.params),
+                _work(_block_class(block.op, import_ops), block.params),
                 ranks,
-                num_bytes,
+                "?" if num_bytes is None else human_bytes(num_bytes),
             ]
         )
     table = tabulate(
