@@ -80,9 +80,6 @@ class AxisDraft:
     valid: bool = True
 
 
-# ---------------------------------------------------------------------------------------------
-# World size and environment
-# ---------------------------------------------------------------------------------------------
 def check_world_size(
     p: Problems, file_value: Any, in_file: bool, arg: Any, source: str
 ) -> int | None:
@@ -109,10 +106,6 @@ def check_world_size(
     return from_file if from_file is not None else from_arg
 
 
-def _launcher_owned(name: str) -> bool:
-    return name in LAUNCHER_ENV_NAMES or name.startswith(LAUNCHER_ENV_PREFIXES)
-
-
 def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
     """Environment variables as text; names the launcher owns are refused."""
     if not isinstance(raw, dict):
@@ -122,22 +115,20 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
     for key, value in raw.items():
         sub = join(path, key)
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
-            p.add(
-                sub,
+            problem = (
                 f"{p.show(sub, key)} is not an environment variable name (letters, digits "
-                "and _, not starting with a digit)",
+                "and _, not starting with a digit)"
             )
-            continue
-        if _launcher_owned(key):
-            p.add(
-                sub,
+        elif key in LAUNCHER_ENV_NAMES or key.startswith(LAUNCHER_ENV_PREFIXES):
+            problem = (
                 f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
-                "owns the rendezvous and each rank's place in it; a pattern file may not set it",
+                "owns the rendezvous and each rank's place in it; a pattern file may not set it"
             )
+        else:
+            if (text := _env_value(p, value, sub)) is not None:
+                env[key] = text
             continue
-        text = _env_value(p, value, sub)
-        if text is not None:
-            env[key] = text
+        p.add(sub, problem)
     return env
 
 
@@ -161,9 +152,6 @@ def _env_value(p: Problems, value: Any, path: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Axes
-# ---------------------------------------------------------------------------------------------
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
     """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
     world = AxisDraft(
@@ -291,8 +279,7 @@ def _teams(
         )
         return None
     before = len(p)
-    teams: list[tuple[int, ...]] = []
-    seen: dict[int, str] = {}
+    seen: dict[int, str] = {}  # rank: where it was first
     for i, team in enumerate(raw):
         team_path = index(path, i)
         if not isinstance(team, list) or not team:
@@ -301,39 +288,30 @@ def _teams(
                 f"a team must be a non-empty list of ranks, got {p.show(team_path, team)}",
             )
             continue
-        ranks = []
         for j, rank in enumerate(team):
             rank_path = index(team_path, j)
             if isinstance(rank, bool) or not isinstance(rank, int):
-                p.add(rank_path, f"a rank must be an integer, got {p.show(rank_path, rank)}")
-                continue
-            if rank < 0:
-                p.add(rank_path, f"ranks are 0 or more, got {rank}")
-                continue
-            if world_size is not None and rank >= world_size:
-                p.add(
-                    rank_path,
+                problem = f"a rank must be an integer, got {p.show(rank_path, rank)}"
+            elif rank < 0:
+                problem = f"ranks are 0 or more, got {rank}"
+            elif world_size is not None and rank >= world_size:
+                problem = (
                     f"rank {rank} is out of range: ranks are 0 to "
-                    f"{world_size - 1} for world size {world_size}",
+                    f"{world_size - 1} for world size {world_size}"
                 )
-                continue
-            if rank in seen:
-                p.add(
-                    rank_path,
+            elif rank in seen:
+                problem = (
                     f"rank {rank} appears twice in this axis (also at "
-                    f"{seen[rank]}); a rank may be in at most one team of an axis",
+                    f"{seen[rank]}); a rank may be in at most one team of an axis"
                 )
+            else:
+                seen[rank] = rank_path
                 continue
-            seen[rank] = rank_path
-            ranks.append(rank)
-        teams.append(tuple(ranks))
-    sizes = sorted({len(t) for t in raw if isinstance(t, list) and t})
-    if len(sizes) > 1:
+            p.add(rank_path, problem)
+    if len({len(t) for t in raw if isinstance(t, list) and t}) > 1:
         shown = ", ".join(str(len(t)) if isinstance(t, list) else "?" for t in raw)
         p.add(path, f"teams must all have the same size, got sizes {shown}")
-    if len(p) > before:
-        return None
-    return tuple(teams)
+    return None if len(p) > before else tuple(tuple(team) for team in raw)
 
 
 def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
