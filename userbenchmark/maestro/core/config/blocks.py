@@ -139,16 +139,14 @@ def check_block(
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
     after = after_names(p, raw, path)
     traced_us = traced_duration_us(p, raw, path)
+    params: dict[str, Any] | None = None
     if unchecked:
         # A custom op left unimported: its parameters are kept as written, unchecked.
-        params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
-    elif cls is None:
-        return None
-    else:
+        params = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif cls is not None:
         params = _params(p, cls, op, raw, path)
-        if params is None or len(p) > start or axis is None or dtype is None:
-            return None
-        params = _op_checks(p, cls, op, params, path, dtype, axis)
+        if params is not None and len(p) == start and axis is not None and dtype is not None:
+            params = _op_checks(p, cls, op, params, path, dtype, axis)
     if params is None or len(p) > start or axis is None or dtype is None:
         return None
     assert name is not None and lane is not None and register is not None and after is not None
@@ -230,11 +228,8 @@ def _op_checks(
     keys = {param.name: yaml_key(param) for param in _declared(cls)}
 
     def where(name: Any) -> str:
-        if name in keys:
-            return join(path, keys[name])
-        if name in BLOCK_KEYS:
-            return join(path, name)
-        return path
+        key = keys.get(name, name if name in BLOCK_KEYS else None)
+        return path if key is None else join(path, key)
 
     def report(found: Iterable[Any]) -> bool:
         try:
@@ -287,18 +282,15 @@ def _bound(value: float) -> str:
 def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
     """``value`` checked and converted by the parameter's kind; None after a problem."""
     kind = param.kind
-    if kind == "size":
+    typed = {"int": p.integer, "float": p.number, "bool": p.boolean}
+    if kind in typed:
+        result: Any = typed[kind](value, path)
+    elif kind == "size":
         try:
-            result: Any = parse_size(value)
+            result = parse_size(value)
         except ValueError as exc:
             p.add(path, str(exc))
             return None
-    elif kind == "int":
-        result = p.integer(value, path)
-    elif kind == "float":
-        result = p.number(value, path)
-    elif kind == "bool":
-        result = p.boolean(value, path)
     elif kind == "str":
         if not isinstance(value, str):
             p.add(path, f"expected a string, got {p.show(path, value)}")
