@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
-from ...blocks.base import REQUIRED, Block, Param
+from ...blocks.base import Block, Param
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from ...blocks.registry import BlockImportError, custom_op_problem, registered_ops, resolve_op
 from .axes import AxisDraft
@@ -202,7 +202,7 @@ def _params(
     for key, param in by_key.items():
         sub = join(path, key)
         if key not in raw:
-            if param.default is REQUIRED:
+            if param.required:
                 p.add(sub, f"missing required key {key!r} for op {op!r}: {param.doc}")
                 ok = False
             else:

@@ -94,7 +94,7 @@ def check_after(
 
     ``homes``: {block name: the patterns with a block of that name}; ``pattern``: this one's.
     """
-    unknown = False
+    before = len(p)
     for block in blocks:
         where = join(block.yaml_path, "after")
         for name in block.after:
@@ -103,10 +103,7 @@ def check_after(
             elif name not in declared:
                 others = [q for q in homes.get(name, ()) if q != pattern]
                 p.add(where, _unknown(name, declared, others))
-            else:
-                continue
-            unknown = True
-    cycle = None if unknown else find_cycle(blocks)
+    cycle = None if len(p) > before else find_cycle(blocks)
     if cycle is None:
         return
     steps, named = [], []

@@ -46,11 +46,13 @@ def show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = repr(value)
-    if len(text) <= 60:
-        return text
-    if isinstance(value, dict | list):
+    if len(text) > 60 and isinstance(value, dict | list):
         return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
-    return text[:57] + "..."
+    return _clip(text)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def choices(values: Sequence[Any] | Mapping[Any, Any]) -> str:
@@ -103,9 +105,6 @@ class Problems:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
         self.items.append((path, message, line))
 
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
     def __len__(self) -> int:
         return len(self.items)
 
@@ -148,7 +147,7 @@ class Problems:
                 or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed))
             )
             if same and text != show(value):
-                return text if len(text) <= 60 else text[:57] + "..."
+                return _clip(text)
         return show(value)
 
     @staticmethod

@@ -177,8 +177,6 @@ def geometric_values(
     Exact integers when start and factor are integers; otherwise floats rounded to 12
     significant digits, and whole values given as ints. Raises ValueError past ``limit``.
     """
-    if not (start > 0 and factor > 1):
-        raise ValueError("a geometric sweep needs start > 0 and factor > 1")
     if stop < start:
         raise ValueError(f"a geometric sweep needs to >= from, got from {start} and to {stop}")
     exact = isinstance(start, int) and isinstance(factor, int)

@@ -71,8 +71,6 @@ def read_yaml(text: str, problems: Problems) -> Any:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
-    except RecursionError:  # pragma: no cover - prevented by the depth pass
-        raise ConfigError(f"nesting deeper than {MAX_DEPTH} levels", file=file) from None
     if root is None:
         raise ConfigError(
             "the file is empty; a pattern file is a mapping with at least 'name' and 'patterns'",
