@@ -44,9 +44,8 @@ def read_file_text(path: Path, file: str) -> str:
         with path.open("rb") as handle:
             raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot read the pattern file: {exc.strerror or exc}", file=file
-        ) from exc
+        message = f"cannot read the pattern file: {exc.strerror or exc}"
+        raise ConfigError(message, file=file) from exc
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(_TOO_LARGE, file=file)
     try:
@@ -72,11 +71,10 @@ def read_yaml(text: str, problems: Problems) -> Any:
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
     if root is None:
-        raise ConfigError(
-            "the file is empty; a pattern file is a mapping with at least 'name' and 'patterns'",
-            file=file,
-            line=1,
+        message = (
+            "the file is empty; a pattern file is a mapping with at least 'name' and 'patterns'"
         )
+        raise ConfigError(message, file=file, line=1)
     _measure(root, file)
     return _Converter(problems).convert(root, "")
 
@@ -101,19 +99,13 @@ def _refuse_deep_or_large(events: Any, file: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigError(
-                    f"nesting deeper than {MAX_DEPTH} levels",
-                    file=file,
-                    line=event.start_mark.line + 1,
-                )
+                message = f"nesting deeper than {MAX_DEPTH} levels"
+                raise ConfigError(message, file=file, line=event.start_mark.line + 1)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-        if isinstance(event, yaml.NodeEvent):
-            nodes += 1
-            if nodes > MAX_NODES:
-                raise ConfigError(
-                    f"more than {MAX_NODES} YAML nodes", file=file, line=event.start_mark.line + 1
-                )
+        if isinstance(event, yaml.NodeEvent) and (nodes := nodes + 1) > MAX_NODES:
+            message = f"more than {MAX_NODES} YAML nodes"
+            raise ConfigError(message, file=file, line=event.start_mark.line + 1)
 
 
 def _refuse_deep_flow(text: str, file: str) -> None:
@@ -160,6 +152,7 @@ def _measure(root: Node, file: str) -> None:
     """
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
+    too_deep = f"nesting deeper than {MAX_DEPTH} levels (counting aliases)"
 
     def visit(node: Node, level: int) -> tuple[int, int]:
         key = id(node)
@@ -175,11 +168,7 @@ def _measure(root: Node, file: str) -> None:
             size, height = 1, 0
             for child in _children(node):
                 if level + 1 > MAX_DEPTH:
-                    raise ConfigError(
-                        f"nesting deeper than {MAX_DEPTH} levels (counting aliases)",
-                        file=file,
-                        line=child.start_mark.line + 1,
-                    )
+                    raise ConfigError(too_deep, file=file, line=child.start_mark.line + 1)
                 child_size, child_height = visit(child, level + 1)
                 size += child_size
                 height = max(height, child_height + 1)
@@ -190,9 +179,7 @@ def _measure(root: Node, file: str) -> None:
             active.discard(key)
             memo[key] = (size, height)
         if level + height > MAX_DEPTH:
-            raise ConfigError(
-                f"nesting deeper than {MAX_DEPTH} levels (counting aliases)", file=file, line=line
-            )
+            raise ConfigError(too_deep, file=file, line=line)
         return size, height
 
     visit(root, 0)
@@ -250,12 +237,7 @@ class _Converter:
                     path, "mapping keys must be plain names, not lists or mappings", key_node
                 )
                 continue
-            key = self._scalar(key_node, path, record=False)
-            try:
-                hash(key)
-            except TypeError:
-                self._issue(path, "mapping keys must be plain names", key_node)
-                continue
+            key = self._scalar(key_node, path, record=False)  # safe scalars are all hashable
             sub = join(path, key)
             if key in result:
                 # Reported, and the first value kept, so the rest of the file is still checked.
