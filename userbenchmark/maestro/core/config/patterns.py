@@ -294,23 +294,21 @@ def _pattern_point(
             continue
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
-        if ops.category(spec.op) != "comm":
-            blocks.append(spec)
-            continue
-        if spec.axis in lanes and lanes[spec.axis][0] != spec.lane:
-            lane, other, other_path = lanes[spec.axis]
-            where = "lane" if isinstance(raw, dict) and "lane" in raw else "axis"
-            p.add(
-                join(block_path, where),
-                f"block {spec.name!r} is on lane {spec.lane!r} "
-                f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
-                f"lane {lane!r}: one axis is one communicator, whose operations must be "
-                "issued in one order on every rank, so its blocks must share a lane; to "
-                "overlap them, put one on a second communicator, an axis defined with "
-                f"like: {spec.axis}",
-            )
-            continue
-        lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+        if ops.category(spec.op) == "comm":
+            first = (spec.lane, spec.name, block_path)
+            lane, other, other_path = lanes.setdefault(spec.axis, first)
+            if lane != spec.lane:
+                where = "lane" if "lane" in raw else "axis"
+                p.add(
+                    join(block_path, where),
+                    f"block {spec.name!r} is on lane {spec.lane!r} "
+                    f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
+                    f"lane {lane!r}: one axis is one communicator, whose operations must be "
+                    "issued in one order on every rank, so its blocks must share a lane; to "
+                    "overlap them, put one on a second communicator, an axis defined with "
+                    f"like: {spec.axis}",
+                )
+                continue
         blocks.append(spec)
     names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
     declared = {name: None for name in names_written if isinstance(name, str)}
@@ -328,12 +326,8 @@ def _pattern_point(
         base_name=base,
         sweep_point=tuple((name, label) for name, _, label in point),
         blocks=tuple(blocks),
-        warmup_iters=settings["warmup_iters"],
         num_iters=settings["iters"],
-        baseline=settings["baseline"],
-        check=settings["check"],
-        sync=settings["sync"],
-        graph=settings["graph"],
+        **{key: settings[key] for key in ("warmup_iters", "baseline", "check", "sync", "graph")},
         traced_us=traced_us,
         traced_by_rank_us=traced_by_rank,
         yaml_path=path,
