@@ -157,19 +157,13 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
                 "?" if num_bytes is None else human_bytes(num_bytes),
             ]
         )
-    table = tabulate(
-        rows,
-        headers=["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"],
-        tablefmt="plain",
-        disable_numparse=True,
-    )
-    lines += ["    " + line for line in table.splitlines()]
+    headers = ["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"]
+    lines += _table(rows, headers, "    ")
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
     if waits:
         lines.append("    each iteration: " + "; ".join(waits))
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
-    top = max(per_rank)
-    low = min(per_rank)
+    top, low = max(per_rank), min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
     text = (
         f"    buffers per rank: max {human_bytes(top)} "
@@ -181,6 +175,11 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
         text += "; custom ops not imported, not counted"
     lines.append(text)
     return lines
+
+
+def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
+    table = tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+    return [indent + line for line in table.splitlines()]
 
 
 def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
@@ -196,19 +195,12 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     ]
     if suite.env:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in suite.env.items()))
-    lines.append("")
-    lines.append(f"axes ({len(suite.axes)}):")
+    lines += ["", f"axes ({len(suite.axes)}):"]
     rows = [
         [a.name, f"{a.num_teams} x {a.team_size}", _teams(a), _axis_options(a)]
         for a in suite.axes.values()
     ]
-    table = tabulate(
-        rows,
-        headers=["axis", "teams x size", "teams", "options"],
-        tablefmt="plain",
-        disable_numparse=True,
-    )
-    lines += ["  " + line for line in table.splitlines()]
+    lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")
     lines.append("")
     num_bases = len({p.base_name for p in suite.patterns})
     lines.append(
