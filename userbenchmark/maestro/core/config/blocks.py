@@ -272,13 +272,6 @@ def _op_checks(
     return dict(normalized)
 
 
-def _bound(value: float) -> str:
-    """A bound for a message: 60000000 rather than 6e+07."""
-    if float(value).is_integer() and abs(value) < 1e16:
-        return str(int(value))
-    return f"{value:g}"
-
-
 def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
     """``value`` checked and converted by the parameter's kind; None after a problem."""
     kind = param.kind
@@ -318,16 +311,7 @@ def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
             f"values: {choices(param.choices)}",
         )
         return None
-    if kind in ("int", "float"):
-        if param.minimum is not None and result < param.minimum:
-            p.add(path, f"must be at least {param.minimum:g}, got {p.show(path, value)}")
-            return None
-        maximum = param.maximum
-        if maximum is not None and result > maximum:
-            p.add(
-                path,
-                f"must be at most {_bound(maximum)}, got {p.show(path, value)} "
-                f"({yaml_key(param)}: {param.doc})",
-            )
-            return None
+    bounded, why = kind in ("int", "float"), f"{yaml_key(param)}: {param.doc}"
+    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why_max=why):
+        return None
     return result

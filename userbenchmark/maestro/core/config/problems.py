@@ -51,6 +51,13 @@ def show(value: Any) -> str:
     return _clip(text)
 
 
+def _bound(value: float) -> str:
+    """A bound for a message: 60000000 rather than 6e+07."""
+    if float(value).is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:g}"
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -191,17 +198,7 @@ class Problems:
                 f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
             )
             return None
-        if minimum is not None and value < minimum:
-            self.add(path, f"must be at least {minimum}, got {self.show(path, value)}")
-            return None
-        if maximum is not None and value > maximum:
-            self.add(
-                path,
-                f"must be at most {maximum}, got {self.show(path, value)}"
-                + (f" ({why})" if why else ""),
-            )
-            return None
-        return value
+        return value if self.within(value, value, path, minimum, maximum, why_max=why) else None
 
     def number(
         self,
@@ -223,14 +220,29 @@ class Problems:
         if not math.isfinite(number):
             self.add(path, f"expected a finite number, got {self.show(path, value)}")
             return None
-        reason = f" ({why})" if why else ""
+        return number if self.within(number, value, path, minimum, maximum, why, why) else None
+
+    def within(
+        self,
+        number: float,
+        value: Any,
+        path: str,
+        minimum: float | None,
+        maximum: float | None,
+        why_min: str = "",
+        why_max: str = "",
+    ) -> bool:
+        """Whether ``number`` (``value`` as checked) is in [minimum, maximum]; records why not,
+        with ``why_min`` or ``why_max`` as the reason."""
         if minimum is not None and number < minimum:
-            self.add(path, f"must be at least {minimum:g}, got {self.show(path, value)}{reason}")
-            return None
-        if maximum is not None and number > maximum:
-            self.add(path, f"must be at most {maximum:g}, got {self.show(path, value)}{reason}")
-            return None
-        return number
+            word, bound, why = "least", minimum, why_min
+        elif maximum is not None and number > maximum:
+            word, bound, why = "most", maximum, why_max
+        else:
+            return True
+        reason = f" ({why})" if why else ""
+        self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
+        return False
 
     def boolean(self, value: Any, path: str) -> bool | None:
         """true or false; YAML 1.1's yes/no/on/off (and y/n) get a message saying so."""
