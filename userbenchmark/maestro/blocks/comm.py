@@ -24,12 +24,11 @@ from .data import (
 from .dtypes import DTYPE_SIZES_BYTES
 
 SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
-REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 REDUCE_OP = Param(
     name="reduce_op",
     kind="str",
     default="sum",
-    choices=REDUCE_OPS,
+    choices=("sum", "avg", "max", "min", "prod"),
     doc="reduction operator (avg needs NCCL)",
 )
 ROOT = Param(
@@ -66,11 +65,10 @@ class Collective(Block):
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
-        if backend != "nccl" or team_size != 1:
+        in_place = params.get("in_place", False)
+        if backend != "nccl" or team_size != 1 or (cls.one_rank_copies and not in_place):
             return None
-        if cls.one_rank_copies and not params.get("in_place", False):
-            return None
-        layout = " in place" if params.get("in_place", False) else ""
+        layout = " in place" if in_place else ""
         return (
             f"a 1-rank NCCL {cls.op}{layout} launches no device work, so there is nothing "
             "to time; it needs a team of 2 or more ranks"

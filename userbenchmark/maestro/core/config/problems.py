@@ -107,7 +107,6 @@ class Problems:
         self.items: list[tuple[str, str, int | None]] = []
         """(YAML path, message, explicit line or None: the line of the path)."""
 
-    # ---- recording ----
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
         self.items.append((path, message, line))
@@ -115,7 +114,6 @@ class Problems:
     def __len__(self) -> int:
         return len(self.items)
 
-    # ---- the error ----
     def issues(self) -> list[ConfigIssue]:
         """One ConfigIssue per problem (at most MAX_ISSUES, then a count of the rest)."""
         issues = [
@@ -143,7 +141,6 @@ class Problems:
         self.add(path, message, line=line)
         return ConfigError(self.issues())
 
-    # ---- values as written ----
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
         written = self.source.written.get(path)
