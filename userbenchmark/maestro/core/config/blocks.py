@@ -128,9 +128,7 @@ def check_block(
         )
     else:
         axis = axes[axis_name]
-    lane = raw.get("lane", axis_name)
-    if "lane" in raw:
-        lane = p.name(raw["lane"], join(path, "lane"), "a lane name")
+    lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
     dtype = settings["dtype"]
     if "dtype" in raw:
         dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
@@ -245,9 +243,9 @@ def _op_checks(
         normalized, found = cls.normalize_params(dict(params))
         if report(found):
             return None
-        team_size = len(axis.teams[0]) if axis.teams else None
-        if team_size is None:
+        if not axis.teams:
             return dict(normalized)  # the world size or the axis is invalid: reported
+        team_size = len(axis.teams[0])
         min_team = getattr(cls, "min_team_size", 1)
         if isinstance(min_team, int) and team_size < min_team:
             p.add(
