@@ -154,10 +154,8 @@ def _env_value(p: Problems, value: Any, path: str) -> str | None:
 
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
     """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
-    world = AxisDraft(
-        name=WORLD_AXIS, path="", teams=(tuple(range(world_size)),) if world_size else None
-    )
-    axes: dict[str, AxisDraft] = {WORLD_AXIS: world}
+    world = (tuple(range(world_size)),) if world_size else None
+    axes = {WORLD_AXIS: AxisDraft(name=WORLD_AXIS, path="", teams=world)}
     if "mesh" in data:
         _mesh(p, data["mesh"], world_size, axes)
     raw_axes = data.get("axes", {})
