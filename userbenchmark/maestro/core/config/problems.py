@@ -105,11 +105,11 @@ class Problems:
         self.file = file
         self.source = source if source is not None else SourceMap()
         self.items: list[tuple[str, str, int | None]] = []
-        """(YAML path, message, explicit line or None: the line of the path)."""
+        """(YAML path, message, line)."""
 
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
-        self.items.append((path, message, line))
+        self.items.append((path, message, self.source.line(path) if line is None else line))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -117,12 +117,7 @@ class Problems:
     def issues(self) -> list[ConfigIssue]:
         """One ConfigIssue per problem (at most MAX_ISSUES, then a count of the rest)."""
         issues = [
-            ConfigIssue(
-                message,
-                path=path,
-                file=self.file,
-                line=line if line is not None else self.source.line(path),
-            )
+            ConfigIssue(message, path=path, file=self.file, line=line)
             for path, message, line in self.items[:MAX_ISSUES]
         ]
         if len(self.items) > MAX_ISSUES:
