@@ -215,11 +215,9 @@ def num_points(variables: Sequence[SweepVariable]) -> int:
 
 def sweep_points(variables: Sequence[SweepVariable]) -> Iterator[Point]:
     """Each point as (name, value, label) triples; the first variable varies slowest."""
-    columns = [list(zip(v.values, v.labels, strict=True)) for v in variables]
+    columns = (zip(v.values, v.labels, strict=True) for v in variables)
     for combo in itertools.product(*columns):
-        yield tuple(
-            (v.name, value, label) for v, (value, label) in zip(variables, combo, strict=True)
-        )
+        yield tuple((v.name, *pair) for v, pair in zip(variables, combo, strict=True))
 
 
 def point_label(point: Point) -> str:
