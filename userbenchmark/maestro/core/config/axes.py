@@ -243,9 +243,7 @@ def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDra
                 path,
                 "'world' is the built-in axis of all ranks; name the mesh dimension differently",
             )
-            continue
-        value = p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)
-        if value is not None:
+        elif (value := p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)) is not None:
             dims[name] = value
     if len(dims) != len(raw):
         return
