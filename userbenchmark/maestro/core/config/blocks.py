@@ -119,20 +119,17 @@ def check_block(
         else:
             cls = resolved
     axis_name = raw.get("axis", WORLD_AXIS)
-    axis: AxisDraft | None = None
-    if not isinstance(axis_name, str) or axis_name not in axes:
+    axis = axes.get(axis_name) if isinstance(axis_name, str) else None
+    if axis is None:
         p.add(
             join(path, "axis"),
             f"unknown axis {p.show(join(path, 'axis'), axis_name)}"
             f"{suggest(axis_name, list(axes))}; valid axes: {choices(axes)}",
         )
-    else:
-        axis = axes[axis_name]
     lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
-    dtype = settings["dtype"]
+    dtype, register = settings["dtype"], settings["register_buffers"]
     if "dtype" in raw:
         dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
-    register = settings["register_buffers"]
     if "register_buffers" in raw:
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
     after = after_names(p, raw, path)
