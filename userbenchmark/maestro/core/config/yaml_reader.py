@@ -8,6 +8,7 @@ is refused with maestro's own limits before a tree is built, whatever PyYAML's v
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -122,19 +123,13 @@ def _refuse_deep_flow(text: str, file: str) -> None:
         return
     depth = 0
     for match in _FLOW_BRACKET.finditer(text):
-        if match.group() in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                end = match.end()
-                break
-        elif depth:
-            depth -= 1
-    else:
-        return
-    try:
-        _refuse_deep_or_large(yaml.parse(text[:end], Loader=_LOADER), file)
-    except yaml.YAMLError:
-        pass  # the cut-off prefix ends mid-document; the full parse reports real syntax errors
+        if match.group() not in "[{":
+            depth = max(depth - 1, 0)
+        elif (depth := depth + 1) > MAX_DEPTH:
+            # The cut-off prefix ends mid-document; the full parse reports real syntax errors.
+            with contextlib.suppress(yaml.YAMLError):
+                _refuse_deep_or_large(yaml.parse(text[: match.end()], Loader=_LOADER), file)
+            return
 
 
 def _children(node: Node) -> list[Node]:
