@@ -112,6 +112,7 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
         p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
         return {}
     env: dict[str, str] = {}
+    words = p.source.yaml11_words
     for key, value in raw.items():
         sub = join(path, key)
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
@@ -124,32 +125,19 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
                 f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
                 "owns the rendezvous and each rank's place in it; a pattern file may not set it"
             )
-        else:
-            if (text := _env_value(p, value, sub)) is not None:
-                env[key] = text
+        elif isinstance(value, str) and sub in words and value.lower() in YAML11_BOOLEAN_WORDS:
+            problem = (
+                f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
+                f"'{value}' to set the text"
+            )
+        elif isinstance(value, int | float | str):
+            # A boolean becomes 1 or 0, what NCCL and most tools read as true or false.
+            env[key] = str(int(value)) if isinstance(value, bool) else str(value)
             continue
+        else:
+            problem = f"environment values must be strings or numbers, got {p.show(sub, value)}"
         p.add(sub, problem)
     return env
-
-
-def _env_value(p: Problems, value: Any, path: str) -> str | None:
-    if isinstance(value, bool):
-        return "1" if value else "0"  # what NCCL and most tools read as true/false
-    if (
-        isinstance(value, str)
-        and path in p.source.yaml11_words
-        and value.lower() in YAML11_BOOLEAN_WORDS
-    ):
-        p.add(
-            path,
-            f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
-            f"'{value}' to set the text",
-        )
-        return None
-    if isinstance(value, int | float | str):
-        return str(value)
-    p.add(path, f"environment values must be strings or numbers, got {p.show(path, value)}")
-    return None
 
 
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
