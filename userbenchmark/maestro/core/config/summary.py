@@ -94,7 +94,9 @@ def _axis_options(axis: AxisSpec) -> str:
     return "; ".join(parts)
 
 
-def _value(value: Any) -> str:
+def _value(value: Any, kind: str = "") -> str:
+    if kind == "size" and isinstance(value, int):
+        return format_size(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple | list):
@@ -106,14 +108,7 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
     kinds = {p.name: p.kind for p in getattr(cls, "params", ())}
-    parts = []
-    for name, value in params.items():
-        if value is None:
-            continue
-        if kinds.get(name) == "size" and isinstance(value, int):
-            parts.append(f"{name}={format_size(value)}")
-        else:
-            parts.append(f"{name}={_value(value)}")
+    parts = (f"{k}={_value(v, kinds.get(k, ''))}" for k, v in params.items() if v is not None)
     return " ".join(parts)
 
 
@@ -142,21 +137,12 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     lines = [f"  {pattern.name}  ({', '.join(flags)})"]
     rows = []
     for block in pattern.blocks:
-        num_bytes = _block_bytes(suite, block, import_ops)
         covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
-        rows.append(
-            [
-                block.name,
-                block.op,
-                block.axis,
-                block.lane,
-                block.dtype,
-                _work(_block_class(block.op, import_ops), block.params),
-                ranks,
-                "?" if num_bytes is None else human_bytes(num_bytes),
-            ]
-        )
+        work = _work(_block_class(block.op, import_ops), block.params)
+        num_bytes = _block_bytes(suite, block, import_ops)
+        size = "?" if num_bytes is None else human_bytes(num_bytes)
+        rows.append([block.name, block.op, block.axis, block.lane, block.dtype, work, ranks, size])
     headers = ["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"]
     lines += _table(rows, headers, "    ")
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
