@@ -1,10 +1,6 @@
-"""Collective blocks: each states its byte-count rule, buffers, data init, and launch.
-
-``size`` is the message size S exactly as nccl-tests defines it (all_gather: the gathered
-output; reduce_scatter: the input; all_reduce/broadcast/reduce: the buffer; all_to_all and
-send_recv: the bytes each rank sends). Each class also states nccl-tests' bus factor
-(busbw = algbw x factor, doc/PERFORMANCE.md of nccl-tests) and how ``--max-size`` caps S.
-"""
+"""Collectives: each states S (``size``, as nccl-tests defines it: all_gather's output,
+reduce_scatter's input, all_to_all's and send_recv's bytes sent per rank, else the buffer), its
+buffers, data, launch, nccl-tests' bus factor (busbw = algbw x factor) and its --max-size cap."""
 
 from __future__ import annotations
 

@@ -35,12 +35,9 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
 
 
 def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
-    """Inputs of an in-place reduction that stay finite however often it repeats.
-
-    For sum/avg, team ranks pair up as (+x, -x) (an odd last rank holds 0), so every team sum
-    is exactly 0 and the in-place result never grows; for prod, values are +-1; for max/min
-    any finite values stay finite. Reduction speed does not depend on the values.
-    """
+    """Inputs of an in-place reduction that stay finite however often it repeats: for sum/avg the
+    team's ranks pair up as (+x, -x) (an odd last rank holds 0), for prod values are +-1, for
+    max/min any values stay finite. Reduction speed does not depend on the values."""
     import torch
 
     if not buf.numel():
@@ -81,12 +78,9 @@ def exact_reduction(op: str, team_size: int, numel: int, like: torch.Tensor) -> 
 
 
 def count_wrong(out: torch.Tensor, expected: torch.Tensor, op: str, team_size: int) -> int:
-    """Elements of ``out`` that differ from ``expected`` beyond the op's stated tolerance.
-
-    Copies (gather, scatter, broadcast, send/recv) and sum/max/min of the check values are
-    exact in every dtype for teams up to 32 ranks (|sum| <= 256 is exact in bf16). avg and
-    prod, and larger sums, get a relative tolerance of 2 ulp of the dtype times the team size.
-    """
+    """Elements of ``out`` off ``expected``: exact for copies and for sum/max/min of the check
+    values on teams up to 32 ranks (|sum| <= 256 is exact in bf16); avg, prod and larger sums get
+    a relative tolerance of 2 ulp of the dtype times the team size."""
     import torch
 
     got = out.to(torch.float64)

@@ -1,9 +1,6 @@
 """The ranks' layout of a pattern file: world size, ``mesh``, ``axes`` (teams, like, priority,
-nccl options) and the process environment (``env``, top level and per axis).
-
-Each check records its problems in the file's :class:`Problems` and returns what it could
-still build, so one run reports every problem.
-"""
+nccl options) and ``env`` (top level and per axis). Each check records its problems and returns
+what it could still build, so one run reports every problem."""
 
 from __future__ import annotations
 
@@ -52,11 +49,9 @@ LAUNCHER_ENV_PREFIXES: Final = ("TORCHELASTIC_", "SLURM_")
 
 
 def mesh_teams(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], ...]:
-    """DeviceMesh teams of dimension ``dim``: ranks laid out row-major over ``shape``, each team
-    the ranks that differ only in their index along ``dim``.
-
-    ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))`` and ``mesh_teams([2, 2], 0) == ((0, 2), (1, 3))``.
-    """
+    """DeviceMesh teams of dimension ``dim``: ranks row-major over ``shape``, each team the ranks
+    differing only along ``dim``; ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))``, and dim 0 gives
+    ``((0, 2), (1, 3))``."""
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
     others = [i for i in range(len(shape)) if i != dim]
     teams = []

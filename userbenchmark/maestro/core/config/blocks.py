@@ -34,11 +34,9 @@ _CUSTOM: Final = "a custom 'package.module:ClassName'"
 
 
 class OpResolver:
-    """The block class of each op a file names, resolved once per op.
-
-    With ``import_ops`` False a custom op's module is not imported: its name is checked, and
-    the op is listed in :attr:`not_imported` (its parameters cannot be checked without it).
-    """
+    """The block class of each op a file names, resolved once per op. With ``import_ops`` False a
+    custom op's module is not imported: only its name is checked, and it is listed in
+    :attr:`not_imported` (its parameters cannot be checked without it)."""
 
     def __init__(self, *, import_ops: bool = True) -> None:
         self.import_ops = import_ops

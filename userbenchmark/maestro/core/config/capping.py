@@ -1,8 +1,6 @@
 """Shrink a validated suite for small machines: cap message sizes and GEMM operands (--max-size).
-
-Pure functions on SuiteSpec. Sizes are rounded down to what the op's own validation accepts, so
-a capped suite is one the loader would have accepted as written.
-"""
+Pure functions on SuiteSpec; sizes round down to what the op's own validation accepts, so a
+capped suite is one the loader would have accepted as written."""
 
 from __future__ import annotations
 

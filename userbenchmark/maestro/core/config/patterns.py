@@ -1,10 +1,6 @@
-"""Patterns: run settings (``defaults`` and per-pattern overrides), sweeps expanded into one
-PatternSpec per point, and the blocks of each point.
-
-A pattern's blocks are checked even when its name or sweep has problems (an unused or bad
-variable, a name using ``${var}``); only values that cannot be known without a valid sweep
-are left alone, so one run reports everything else.
-"""
+"""Patterns: run settings (``defaults``, per-pattern overrides), sweeps expanded into one
+PatternSpec per point, and each point's blocks, checked even when the name or sweep has problems:
+only values unknown without a valid sweep are left alone, so one run reports all the rest."""
 
 from __future__ import annotations
 
@@ -173,12 +169,9 @@ def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) ->
 
 
 def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[Point], set[str]]:
-    """The points to check the pattern at, and the paths of values they cannot resolve.
-
-    Points come from the variables that are valid and used ([()] without a sweep); a value
-    referring to a variable without values (bad, undefined) is in the second set: its
-    problems are reported once as sweep problems, not again at every point.
-    """
+    """The points to check the pattern at (from its valid, used variables; [()] without a sweep),
+    and the paths of values referring to a variable without values (bad, undefined): their
+    problems are reported once, as sweep problems, not again at every point."""
     variables: tuple[SweepVariable, ...] = ()
     ok = True
     raw_sweep = entry.get("sweep")

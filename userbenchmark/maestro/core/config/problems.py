@@ -1,9 +1,6 @@
-"""The one problem collector of the loader: (YAML path, message) pairs, found anywhere in a file,
-with the line of each path and the text each value was written as, become one ConfigError.
-
-Validation never stops at the first problem: every check records into a :class:`Problems` and
-goes on, and the loader calls :meth:`Problems.raise_if_any` once the whole file is checked.
-"""
+"""The loader's one problem collector: (YAML path, message) pairs found anywhere in a file, with
+each path's line and each value's text as written, become one ConfigError. Checks record and go
+on; the loader calls :meth:`Problems.raise_if_any` once the whole file is checked."""
 
 from __future__ import annotations
 

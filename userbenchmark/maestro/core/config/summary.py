@@ -44,11 +44,9 @@ def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
 def rank_buffer_bytes(
     suite: SuiteSpec, pattern: PatternSpec, *, import_ops: bool = True
 ) -> tuple[int, ...]:
-    """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks.
-
-    A rank outside every team of a block's axis does not run that block and allocates nothing
-    for it. With ``import_ops`` False, custom ops are not imported and count 0 bytes.
-    """
+    """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks: nothing for a
+    block whose axis has no team holding the rank, and 0 for custom ops left unimported
+    (``import_ops`` False)."""
     per_rank = [0] * suite.world_size
     for block in pattern.blocks:
         num_bytes = _block_bytes(suite, block, import_ops) or 0
@@ -169,11 +167,9 @@ def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
 
 
 def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
-    """A readable summary of a validated suite: what ``validate`` prints on success.
-
-    ``import_ops=False`` (for a suite loaded that way) imports no custom op: their work and
-    bytes show as ``?``.
-    """
+    """A readable summary of a validated suite, what ``validate`` prints on success; with
+    ``import_ops=False`` (for a suite loaded that way) no custom op is imported: their work and
+    bytes show as ``?``."""
     lines = [
         f"suite {suite.name}: {suite.source}",
         f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "

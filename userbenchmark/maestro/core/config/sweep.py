@@ -1,8 +1,6 @@
-"""Sweep expansion: a pattern's ``sweep`` variables, their points, and ``${var}`` substitution.
-
-Pure functions on plain YAML data. Problems come back as (relative path, message) pairs, a
-relative path being a tuple of mapping keys and list indices, so the loader can name the place.
-"""
+"""Sweep expansion: a pattern's ``sweep`` variables, their points, ``${var}`` substitution. Pure
+functions on plain YAML data; problems come back as (relative path, message), a relative path
+being a tuple of mapping keys and list indices, so the loader can name the place."""
 
 from __future__ import annotations
 
@@ -172,11 +170,9 @@ def _positive_number(value: Any) -> int | float:
 def geometric_values(
     start: int | float, stop: int | float, factor: int | float, *, limit: int = MAX_SWEEP_POINTS
 ) -> list[int | float]:
-    """start, start*factor, ... up to stop (included when hit exactly); at most ``limit`` values.
-
-    Exact integers when start and factor are integers; otherwise floats rounded to 12
-    significant digits, and whole values given as ints. Raises ValueError past ``limit``.
-    """
+    """start, start*factor, ... up to stop (included when hit exactly), at most ``limit`` values
+    (ValueError past it): exact integers when start and factor are integers, else floats rounded
+    to 12 significant digits, whole ones given as ints."""
     if stop < start:
         raise ValueError(f"a geometric sweep needs to >= from, got from {start} and to {stop}")
     exact = isinstance(start, int) and isinstance(factor, int)

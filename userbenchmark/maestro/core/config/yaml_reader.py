@@ -1,10 +1,7 @@
-"""Read a pattern file into plain data, safely and within bounds, recording where each YAML path
-is and how each scalar was written.
-
-Only the YAML core types are built (mappings, lists, strings, numbers, booleans, null); any
-language-specific tag is a problem. Hostile input (deep nesting, alias expansion, huge files)
-is refused with maestro's own limits before a tree is built, whatever PyYAML's version.
-"""
+"""Read a pattern file into plain data, safely and within bounds, recording each YAML path's line
+and each scalar as written. Only YAML core types are built (any other tag is a problem); hostile
+input (deep nesting, aliases, huge files) meets maestro's own limits before a tree is built,
+whatever PyYAML's version."""
 
 from __future__ import annotations
 
@@ -56,12 +53,9 @@ def read_file_text(path: Path, file: str) -> str:
 
 
 def read_yaml(text: str, problems: Problems) -> Any:
-    """Plain data of the YAML ``text``; fills ``problems.source`` with lines and written text.
-
-    Problems that leave the rest of the file readable (a duplicate key, an unsupported tag) are
-    recorded and reading goes on; a syntax error, hostile nesting or expansion, or an empty file
-    raise ConfigError at once.
-    """
+    """Plain data of the YAML ``text``, filling ``problems.source``. Problems that leave the rest
+    readable (a duplicate key, an unsupported tag) are recorded and reading goes on; a syntax
+    error, hostile nesting or expansion, or an empty file raise ConfigError at once."""
     file = problems.file
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError(_TOO_LARGE, file=file)
@@ -110,15 +104,10 @@ def _refuse_deep_or_large(events: Any, file: str) -> None:
 
 
 def _refuse_deep_flow(text: str, file: str) -> None:
-    """Refuse flow nesting past MAX_DEPTH before libyaml's own limit can answer instead.
-
-    libyaml (bundled with PyYAML 6.0.4 and later) stops at 1000 flow levels, and a run of
-    brackets on one line reaches that limit before it hands out the first event, so the
-    streaming pass would never see depth MAX_DEPTH + 1 and the user would get libyaml's message.
-    An upper bound of the flow depth is counted over the raw text (every bracket counts, quoted
-    or not); only where it passes MAX_DEPTH is the prefix up to that bracket parsed, which is far
-    below libyaml's limit and ends before any long run, to find the real depth there.
-    """
+    """Refuse flow nesting past MAX_DEPTH before libyaml (PyYAML 6.0.4+) stops at 1000 levels with
+    its own message, which a run of brackets on one line reaches before the first event. Every
+    bracket, quoted or not, counts toward a bound of the depth; past MAX_DEPTH the prefix up to that
+    bracket (far below libyaml's limit) is parsed for the real depth."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return
     depth = 0
@@ -141,10 +130,8 @@ def _children(node: Node) -> list[Node]:
 
 
 def _measure(root: Node, file: str) -> None:
-    """Refuse alias expansion past MAX_NODES or MAX_DEPTH, and recursive aliases.
-
-    Memoized per node, so it costs the size of the file, not of the expansion.
-    """
+    """Refuse alias expansion past MAX_NODES or MAX_DEPTH, and recursive aliases; memoized per
+    node, so it costs the size of the file, not of the expansion."""
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
     too_deep = f"nesting deeper than {MAX_DEPTH} levels (counting aliases)"
