@@ -142,7 +142,7 @@ def _geometric(
     if (
         isinstance(factor, bool)
         or not isinstance(factor, int | float)
-        or not (math.isfinite(factor) and factor > 1)
+        or not 1 < factor < math.inf  # not math.isfinite: an int past float range is fine
     ):
         message = f"factor must be a number greater than 1, got {_show(factor)}"
         found.append((("factor",), message))
@@ -160,7 +160,7 @@ def _geometric(
 
 
 def _positive_number(value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < math.inf:
         raise ValueError(f"expected a positive number or a size such as 4M, got {_show(value)}")
     if value <= 0:
         raise ValueError(f"a geometric sweep needs a positive start and end, got {value}")
