@@ -186,7 +186,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
             elif "teams" in spec:
                 draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
                 draft.valid = draft.teams is not None or world_size is None
-            elif "like" in spec:
+            elif spec.get("like") is not None:  # like: null names no axis
                 draft.like = spec["like"]
             else:
                 p.add(
