@@ -100,6 +100,14 @@ def test_a_pattern_name_problem_still_checks_its_blocks():
     assert paths == ["patterns[0].name", "patterns[0].blocks[0].op"]
 
 
+def test_like_null_is_an_axis_without_teams():
+    # It used to pass validation and leave the axis out of the suite, which then failed later.
+    text = HEAD + "axes:\n  x: {like: null}\n" + pat("{name: a, op: all_reduce, axis: x, size: 4K}")
+    [(_, path, message)] = problems(text)
+    assert path == "axes.x"
+    assert message.startswith("an axis needs teams (a list of lists of ranks) or like: <axis>")
+
+
 def test_problems_past_the_cap_are_counted():
     blocks = [f"{{name: b{i}, op: all_reduce, size: -{i + 1}}}" for i in range(MAX_ISSUES + 7)]
     issues = problems(HEAD + pat(*blocks))

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from userbenchmark.maestro.blocks.base import Block, Param
-from userbenchmark.maestro.blocks.comm import Collective, cap_message_size
+from userbenchmark.maestro.blocks.comm import Collective
 from userbenchmark.maestro.blocks.compute import cap_gemm_dims
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.cli import main, run_command
@@ -81,9 +81,15 @@ def operand_bytes(block):
         (1 << 20, 64 * 1024, 2, 8, True, 64 * 1024),
     ],
 )
-def test_cap_message_size(size, cap, elem, team, divide, expected):
-    got = cap_message_size(size, cap, elem_bytes=elem, team_size=team, divide_by_team=divide)
-    assert got == expected
+def test_capped_message_size(size, cap, elem, team, divide, expected):
+    cls = resolve_op("all_gather" if divide else "all_reduce")  # S split across the team or not
+    params = {"size": size, "reduce_op": "sum", "in_place": False}
+    kwargs = {"max_size_bytes": cap, "dtype": {4: "fp32", 2: "bf16"}[elem], "team_size": team}
+    if expected is None:
+        with pytest.raises(ValueError, match="or more"):
+            cls.capped_params(params, **kwargs)
+    else:
+        assert cls.capped_params(params, **kwargs) == {**params, "size": expected}
 
 
 def test_cap_gemm_dims_keeps_a_gemm_that_fits():

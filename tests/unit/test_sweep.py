@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -61,6 +62,13 @@ def test_geometric_numbers_and_float_factor():
     assert geometric_values(0.1, 0.9, 3) == [0.1, 0.3, 0.9]
 
 
+def test_integers_past_float_range_are_exact_not_a_crash():
+    (var,) = parse_ok({"m": {"from": 10**400, "to": 10**400, "factor": 10**400}})
+    assert var.values == (10**400,)
+    (var,) = parse_ok({"m": {"from": 1, "to": 8, "factor": 10**400}})
+    assert var.values == (1,)
+
+
 def test_geometric_number_of_points_is_bounded():
     with pytest.raises(ValueError, match="more than"):
         geometric_values(1, 2**60, 1.0001)
@@ -92,6 +100,8 @@ def test_geometric_number_of_points_is_bounded():
         ({"size": {"from": 8, "to": 1, "factor": 2}}, ("size",), "to >= from"),
         ({"size": {"from": "1K", "to": "abc", "factor": 2}}, ("size", "to"), "expected a size"),
         ({"size": {"from": 1, "to": 10**9, "factor": 1.001}}, ("size",), "more than"),
+        ({"m": {"from": 1, "to": 10**400, "factor": 1.5}}, ("m",), "too large for floating"),
+        ({"m": {"from": 1, "to": 8, "factor": math.inf}}, ("m", "factor"), "greater than 1"),
         ({"a": list(range(200)), "b": list(range(200))}, (), "40000 points"),
         ({"a": list(range(MAX_SWEEP_POINTS + 1))}, ("a",), "more than the limit"),
     ],

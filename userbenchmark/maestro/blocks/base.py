@@ -1,10 +1,6 @@
-"""The block interface and its parameter declarations (the op registry is `registry.py`).
-
-A block declares its parameters (validated by the config loader before anything runs), the
-bytes it allocates per rank, and at run time allocates buffers in ``setup`` and only enqueues
-work in ``launch``. Custom blocks subclass :class:`Block` and are named in YAML as
-``package.module:ClassName``.
-"""
+"""The block interface (the op registry is registry.py): parameters, declared and checked by the
+config loader before anything runs; bytes per rank; buffers allocated in ``setup``, work only
+enqueued in ``launch``. Custom blocks subclass :class:`Block`, named as package.module:ClassName."""
 
 from __future__ import annotations
 
@@ -67,11 +63,8 @@ class Block:
     def normalize_params(
         cls, params: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """Resolve alternative spellings (e.g. GEMM operand shapes into m/n/k).
-
-        Gets the parameters after type checks and defaults; returns the resolved
-        parameters and a list of (param name, message) problems.
-        """
+        """Resolve alternative spellings (e.g. GEMM operand shapes into m/n/k) of the parameters
+        after type checks and defaults: (resolved parameters, [(param name, message)])."""
         return dict(params), []
 
     @classmethod
@@ -94,11 +87,9 @@ class Block:
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float | None:
-        """nccl-tests' factor turning algbw into busbw on a team of ``team_size`` ranks.
-
-        None for a block without bus bytes: it gets no busbw and adds nothing to the pattern's
-        shared busbw. A custom collective overrides this (or inherits a built-in's).
-        """
+        """nccl-tests' factor turning algbw into busbw on a team of ``team_size`` ranks; None for a
+        block without bus bytes (no busbw, nothing added to the pattern's shared busbw). A custom
+        collective overrides this (or inherits a built-in's)."""
         return None
 
     @classmethod
@@ -110,20 +101,16 @@ class Block:
     def capped_params(
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
-        """``params`` with every byte count at most ``max_size_bytes`` (``--max-size``), still
-        valid for :meth:`check_params`; ValueError saying why when no valid value fits.
-
-        The default has nothing to cap (a sleep); collectives cap S, a GEMM its operands.
-        """
+        """``params`` with every byte count at most ``max_size_bytes`` (``--max-size``), still valid
+        for :meth:`check_params`, or ValueError saying why none fits. Nothing to cap by default (a
+        sleep); collectives cap S, a GEMM its operands."""
         return dict(params)
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
-        """Why ``launch`` enqueues no device work here (the block is then not timed), or None.
-
-        On CUDA every timed (block, iteration) must own device activity; a block known to
-        launch none says so here instead of failing attribution.
-        """
+        """Why ``launch`` enqueues no device work here, or None. On CUDA every timed (block,
+        iteration) must own device activity: a block known to launch none says so here and is not
+        timed, instead of failing attribution."""
         return None
 
     @classmethod

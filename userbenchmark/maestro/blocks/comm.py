@@ -1,15 +1,11 @@
-"""Collective blocks: each states its byte-count rule, buffers, data init, and launch.
-
-``size`` is the message size S exactly as nccl-tests defines it (all_gather: the gathered
-output; reduce_scatter: the input; all_reduce/broadcast/reduce: the buffer; all_to_all and
-send_recv: the bytes each rank sends). Each class also states nccl-tests' bus factor
-(busbw = algbw x factor, doc/PERFORMANCE.md of nccl-tests) and how ``--max-size`` caps S.
-"""
+"""Collectives: each states S (``size``, as nccl-tests defines it: all_gather's output,
+reduce_scatter's input, all_to_all's and send_recv's bytes sent per rank, else the buffer), its
+buffers, data, launch, nccl-tests' bus factor (busbw = algbw x factor) and its --max-size cap."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .base import Block, Param
@@ -24,12 +20,11 @@ from .data import (
 from .dtypes import DTYPE_SIZES_BYTES
 
 SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
-REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 REDUCE_OP = Param(
     name="reduce_op",
     kind="str",
     default="sum",
-    choices=REDUCE_OPS,
+    choices=("sum", "avg", "max", "min", "prod"),
     doc="reduction operator (avg needs NCCL)",
 )
 ROOT = Param(
@@ -47,43 +42,11 @@ IN_PLACE = Param(
 )
 
 
-def cap_message_size(
-    size_bytes: int, max_size_bytes: int, *, elem_bytes: int, team_size: int, divide_by_team: bool
-) -> int | None:
-    """``size_bytes`` capped at ``max_size_bytes``, rounded down to whole elements (and to
-    team_size chunks when the op splits S across the team); None when no valid size fits."""
-    if size_bytes <= max_size_bytes:
-        return size_bytes
-    unit = elem_bytes * (team_size if divide_by_team else 1)
-    capped = max_size_bytes // unit * unit
-    return capped or None
-
-
 def _team(team_size: int) -> int:
-    if isinstance(team_size, bool):
-        raise TypeError(f"team_size must be an int, got {team_size!r}")
-    n = operator.index(team_size)  # numpy ints pass, floats raise TypeError
-    if n < 1:
-        raise ValueError(f"team_size must be >= 1, got {n}")
-    return n
-
-
-def all_reduce_factor(team_size: int) -> float:
-    """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter + all-gather)."""
-    n = _team(team_size)
-    return 2.0 * (n - 1) / n
-
-
-def gather_factor(team_size: int) -> float:
-    """(n-1)/n: each rank receives the n-1 chunks it does not hold (a team of 1 moves nothing)."""
-    n = _team(team_size)
-    return (n - 1) / n
-
-
-def unit_factor(team_size: int) -> float:
-    """1: the root's (or the ring neighbour's) S bytes cross one link."""
-    _team(team_size)
-    return 1.0
+    """``team_size`` as a number of ranks: numpy ints pass; bools, floats and sizes < 1 raise."""
+    if isinstance(team_size, bool) or operator.index(team_size) < 1:
+        raise ValueError(f"team_size must be an int >= 1, got {team_size!r}")
+    return operator.index(team_size)
 
 
 class Collective(Block):
@@ -95,16 +58,13 @@ class Collective(Block):
     """Whether S must split into team_size equal chunks of whole elements."""
     one_rank_copies = False
     """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
-    factor: Callable[[int], float] = staticmethod(unit_factor)
-    """nccl-tests' bus factor of a team size (what :meth:`bus_factor` returns)."""
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
-        if backend != "nccl" or team_size != 1:
+        in_place = params.get("in_place", False)
+        if backend != "nccl" or team_size != 1 or (cls.one_rank_copies and not in_place):
             return None
-        if cls.one_rank_copies and not params.get("in_place", False):
-            return None
-        layout = " in place" if params.get("in_place", False) else ""
+        layout = " in place" if in_place else ""
         return (
             f"a 1-rank NCCL {cls.op}{layout} launches no device work, so there is nothing "
             "to time; it needs a team of 2 or more ranks"
@@ -114,35 +74,24 @@ class Collective(Block):
     def check_params(
         cls, params: Mapping[str, Any], *, dtype: str, team_size: int
     ) -> list[tuple[str, str]]:
-        size = params["size"]
-        elem = DTYPE_SIZES_BYTES[dtype]
-        problems: list[tuple[str, str]] = []
+        size, elem = params["size"], DTYPE_SIZES_BYTES[dtype]
+        problems: dict[str, str] = {}
         if cls.divide_by_team and size % (team_size * elem):
-            problems.append(
-                (
-                    "size",
-                    f"{cls.op} needs a size divisible by team size x element "
-                    f"size ({team_size} x {elem} = {team_size * elem} bytes for "
-                    f"{dtype}), got {size} bytes",
-                )
+            problems["size"] = (
+                f"{cls.op} needs a size divisible by team size x element size ({team_size} x "
+                f"{elem} = {team_size * elem} bytes for {dtype}), got {size} bytes"
             )
         elif size % elem:
-            problems.append(
-                (
-                    "size",
-                    f"size must be a whole number of {dtype} elements "
-                    f"({elem} bytes each), got {size} bytes",
-                )
+            problems["size"] = (
+                f"size must be a whole number of {dtype} elements ({elem} bytes each), got "
+                f"{size} bytes"
             )
-        if "root" in params and params["root"] >= team_size:
-            problems.append(
-                (
-                    "root",
-                    f"root is an index into the team and must be below the "
-                    f"team size {team_size}, got {params['root']}",
-                )
+        if params.get("root", 0) >= team_size:
+            problems["root"] = (
+                "root is an index into the team and must be below the team size "
+                f"{team_size}, got {params['root']}"
             )
-        return problems
+        return list(problems.items())
 
     @classmethod
     def message_size_bytes(cls, params: Mapping[str, Any]) -> int:
@@ -150,7 +99,9 @@ class Collective(Block):
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        return cls.factor(team_size)
+        """1: the root's (or the ring neighbour's) S bytes cross one link."""
+        _team(team_size)
+        return 1.0
 
     @classmethod
     def capped_params(
@@ -158,24 +109,17 @@ class Collective(Block):
     ) -> dict[str, Any]:
         """S capped at ``max_size_bytes``, rounded down to whole elements (whole chunks of
         team_size elements where S splits across the team)."""
-        out = dict(params)
-        elem = DTYPE_SIZES_BYTES[dtype]
-        capped = cap_message_size(
-            int(params["size"]),
-            max_size_bytes,
-            elem_bytes=elem,
-            team_size=team_size,
-            divide_by_team=cls.divide_by_team,
-        )
-        if capped is None:
-            unit = elem * (team_size if cls.divide_by_team else 1)
+        if int(params["size"]) <= max_size_bytes:
+            return dict(params)
+        divide = cls.divide_by_team
+        unit = DTYPE_SIZES_BYTES[dtype] * (team_size if divide else 1)
+        if max_size_bytes < unit:
             raise ValueError(
                 f"its smallest valid size is {unit} bytes "
-                f"({'team size x ' if cls.divide_by_team else ''}{dtype} element size); "
+                f"({'team size x ' if divide else ''}{dtype} element size); "
                 f"use --max-size {unit} or more"
             )
-        out["size"] = capped
-        return out
+        return {**params, "size": max_size_bytes // unit * unit}
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
@@ -192,8 +136,14 @@ class AllReduce(Collective):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
 
     op = "all_reduce"
-    factor = staticmethod(all_reduce_factor)
     params = (SIZE, REDUCE_OP)
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter +
+        all-gather)."""
+        n = _team(team_size)
+        return 2 * (n - 1) / n
 
     def setup(self) -> None:
         self.buf = self.ctx.empty(self.numel())
@@ -209,24 +159,33 @@ class AllReduce(Collective):
         self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
 
     def verify(self) -> int:
-        expected = exact_reduction(
-            self.spec.params["reduce_op"], self.ctx.team_size, self.numel(), self.buf
-        )
-        return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
+        op, n = self.spec.params["reduce_op"], self.ctx.team_size
+        return count_wrong(self.buf, exact_reduction(op, n, self.numel(), self.buf), op, n)
 
 
 class _Chunked(Collective):
     """S split into one chunk per rank (all_gather, reduce_scatter, all_to_all); in place the
     chunk is part of the S-byte buffer, out of place a buffer of its own."""
 
-    factor = staticmethod(gather_factor)
     divide_by_team = True
     one_rank_copies = True
+
+    @classmethod
+    def bus_factor(cls, team_size: int) -> float:
+        """(n-1)/n: each rank receives the n-1 chunks it does not hold (a team of 1 moves
+        nothing)."""
+        n = _team(team_size)
+        return (n - 1) / n
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         size = int(params["size"])
         return size if params.get("in_place") else size + size // team_size
+
+    def own_chunk(self, buf: Any) -> Any:
+        """This rank's chunk of ``buf``, split into one chunk per team rank."""
+        chunk = buf.numel() // self.ctx.team_size
+        return buf[self.ctx.team_rank * chunk : (self.ctx.team_rank + 1) * chunk]
 
 
 class AllGather(_Chunked):
@@ -236,13 +195,11 @@ class AllGather(_Chunked):
     params = (SIZE, IN_PLACE)
 
     def setup(self) -> None:
-        chunk = self.numel() // self.ctx.team_size
         self.out = self.ctx.empty(self.numel())
-        if self.spec.params["in_place"]:
-            start = self.ctx.team_rank * chunk
-            self.inp = self.out[start : start + chunk]
-        else:
-            self.inp = self.ctx.empty(chunk)
+        chunk = self.numel() // self.ctx.team_size
+        self.inp = (
+            self.own_chunk(self.out) if self.spec.params["in_place"] else self.ctx.empty(chunk)
+        )
         fill_random(self.out, self.ctx)
         fill_random(self.inp, self.ctx)
 
@@ -272,15 +229,13 @@ class ReduceScatter(_Chunked):
     params = (SIZE, REDUCE_OP, IN_PLACE)
 
     def setup(self) -> None:
-        chunk = self.numel() // self.ctx.team_size
         self.inp = self.ctx.empty(self.numel())
         if self.spec.params["in_place"]:
-            start = self.ctx.team_rank * chunk
-            self.out = self.inp[start : start + chunk]
+            self.out = self.own_chunk(self.inp)
             # In place, the output chunk is summed into again each time: keep it bounded.
             fill_zero_sum(self.inp, self.ctx, self.spec.params["reduce_op"])
         else:
-            self.out = self.ctx.empty(chunk)
+            self.out = self.ctx.empty(self.numel() // self.ctx.team_size)
             fill_random(self.inp, self.ctx)
             fill_random(self.out, self.ctx)
 
@@ -294,14 +249,9 @@ class ReduceScatter(_Chunked):
         self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
 
     def verify(self) -> int:
-        chunk = self.out.numel()
-        full = exact_reduction(
-            self.spec.params["reduce_op"], self.ctx.team_size, self.inp.numel(), self.out
-        )
-        start = self.ctx.team_rank * chunk
-        return count_wrong(
-            self.out, full[start : start + chunk], self.spec.params["reduce_op"], self.ctx.team_size
-        )
+        op, n = self.spec.params["reduce_op"], self.ctx.team_size
+        full = exact_reduction(op, n, self.inp.numel(), self.out)
+        return count_wrong(self.out, self.own_chunk(full), op, n)
 
 
 class AllToAll(_Chunked):
@@ -332,16 +282,9 @@ class AllToAll(_Chunked):
         import torch
 
         n = self.ctx.team_size
-        chunk = self.numel() // n
-        me = self.ctx.team_rank
-        # Chunk j of my output is chunk `me` of team rank j's input.
-        expected = torch.cat(
-            [
-                check_values(j, self.numel(), self.out)[me * chunk : (me + 1) * chunk]
-                for j in range(n)
-            ]
-        )
-        return count_wrong(self.out, expected, "copy", n)
+        # Chunk j of my output is my chunk of team rank j's input.
+        expected = [self.own_chunk(check_values(j, self.numel(), self.out)) for j in range(n)]
+        return count_wrong(self.out, torch.cat(expected), "copy", n)
 
 
 class Broadcast(Collective):
@@ -393,10 +336,8 @@ class Reduce(Collective):
     def verify(self) -> int:
         if self.ctx.team_rank != self.spec.params["root"]:
             return 0  # only the root's buffer is defined after a reduce
-        expected = exact_reduction(
-            self.spec.params["reduce_op"], self.ctx.team_size, self.numel(), self.buf
-        )
-        return count_wrong(self.buf, expected, self.spec.params["reduce_op"], self.ctx.team_size)
+        op, n = self.spec.params["reduce_op"], self.ctx.team_size
+        return count_wrong(self.buf, exact_reduction(op, n, self.numel(), self.buf), op, n)
 
 
 class SendRecv(Collective):

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .base import Block, Param
+from .data import fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
 
 _BISECT_STEPS: Final = 64
@@ -27,11 +28,8 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
         return m, n, k
 
     def scaled(factor: float) -> tuple[int, int, int]:
-        return (
-            max(1, math.floor(m * factor)),
-            max(1, math.floor(n * factor)),
-            max(1, math.floor(k * factor)),
-        )
+        m2, n2, k2 = (max(1, math.floor(d * factor)) for d in (m, n, k))
+        return m2, n2, k2
 
     # Operand sizes only grow with the factor, so bisect for the largest one that fits. A dim
     # clamped to 1 breaks the closed form sqrt(max / largest operand), hence no closed form.
@@ -53,7 +51,6 @@ class Gemm(Block):
     """C[m, n] = A[m, k] @ B[k, n]; dimensions are element counts, FLOPs = 2mnk."""
 
     op = "gemm"
-
     category = "compute"
     params = (
         Param(name="m", kind="int", minimum=1, default=None, doc="rows of A and C (elements)"),
@@ -76,22 +73,16 @@ class Gemm(Block):
     ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """m/n/k from the explicit dims or the operand shapes; never scaled by dtype size."""
         out = dict(params)
-        a, b = out.pop("a_shape", None), out.pop("b_shape", None)
         problems: list[tuple[str, str]] = []
-        dims: dict[str, list[tuple[str, int]]] = {"m": [], "n": [], "k": []}
-        for d in dims:
-            if out.get(d) is not None:
-                dims[d].append((d, int(out[d])))
-        for shape, name, (first, second) in ((a, "a_shape", "mk"), (b, "b_shape", "kn")):
-            if shape is None:
-                continue
-            if len(shape) != 2:
-                problems.append(
-                    (name, f"expected two dimensions [{first}, {second}], got {list(shape)}")
-                )
-                continue
-            dims[first].append((name, int(shape[0])))
-            dims[second].append((name, int(shape[1])))
+        dims = {d: [(d, int(out[d]))] if out.get(d) is not None else [] for d in "mnk"}
+        for name, (first, second) in (("a_shape", "mk"), ("b_shape", "kn")):
+            shape = out.pop(name, None)
+            if shape is not None and len(shape) != 2:
+                message = f"expected two dimensions [{first}, {second}], got {list(shape)}"
+                problems.append((name, message))
+            elif shape is not None:
+                dims[first].append((name, int(shape[0])))
+                dims[second].append((name, int(shape[1])))
         for d, sources in dims.items():
             if not sources:
                 problems.append(
@@ -128,15 +119,11 @@ class Gemm(Block):
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
         """m, n, k scaled by one factor so that no operand exceeds ``max_size_bytes``."""
-        out = dict(params)
         elem = DTYPE_SIZES_BYTES[dtype]
-        max_elems = max_size_bytes // elem
-        if max_elems < 1:
+        if max_size_bytes < elem:
             raise ValueError(f"it is smaller than one {dtype} element ({elem} bytes)")
-        out["m"], out["n"], out["k"] = cap_gemm_dims(
-            int(params["m"]), int(params["n"]), int(params["k"]), max_elems
-        )
-        return out
+        dims = cap_gemm_dims(*(int(params[d]) for d in "mnk"), max_size_bytes // elem)
+        return {**params, **dict(zip("mnk", dims, strict=True))}
 
     @classmethod
     def notes(cls, params: Mapping[str, Any], *, dtype: str, device: str) -> tuple[str, ...]:
@@ -146,8 +133,6 @@ class Gemm(Block):
 
     def setup(self) -> None:
         import torch
-
-        from .data import fill_random
 
         m, n, k = (self.spec.params[d] for d in ("m", "n", "k"))
         self.a = self.ctx.empty(m * k).view(m, k)
@@ -172,8 +157,6 @@ class Sleep(Block):
     """Occupy the lane for ``duration_us``: a spin kernel on CUDA, a timed wait on CPU."""
 
     op = "sleep"
-
-    category = "other"
     params = (
         Param(
             name="duration_us",

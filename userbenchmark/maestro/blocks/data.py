@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,23 +11,21 @@ if TYPE_CHECKING:
     from .base import BlockContext
 
 
-def _generator(ctx: BlockContext) -> torch.Generator:
+def _generator(ctx: BlockContext, rank: int) -> torch.Generator:
     import torch
 
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(ctx.seed * 1_000_003 + ctx.rank)
-    return gen
+    return torch.Generator(device="cpu").manual_seed(ctx.seed * 1_000_003 + rank)
 
 
 def _random_like(buf: torch.Tensor, ctx: BlockContext, low: float, high: float) -> torch.Tensor:
     import torch
 
     if not buf.dtype.is_floating_point:
-        return torch.randint(-3, 4, (buf.numel(),), generator=_generator(ctx)).to(buf.dtype)
-    vals = torch.empty(buf.numel(), dtype=torch.float32).uniform_(
-        low, high, generator=_generator(ctx)
-    )
-    return vals.to(buf.dtype)
+        return torch.randint(-3, 4, (buf.numel(),), generator=_generator(ctx, ctx.rank)).to(
+            buf.dtype
+        )
+    vals = torch.empty(buf.numel(), dtype=torch.float32)
+    return vals.uniform_(low, high, generator=_generator(ctx, ctx.rank)).to(buf.dtype)
 
 
 def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
@@ -36,12 +35,9 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
 
 
 def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
-    """Inputs of an in-place reduction that stay finite however often it repeats.
-
-    For sum/avg, team ranks pair up as (+x, -x) (an odd last rank holds 0), so every team sum
-    is exactly 0 and the in-place result never grows; for prod, values are +-1; for max/min
-    any finite values stay finite. Reduction speed does not depend on the values.
-    """
+    """Inputs of an in-place reduction that stay finite however often it repeats: for sum/avg the
+    team's ranks pair up as (+x, -x) (an odd last rank holds 0), for prod values are +-1, for
+    max/min any values stay finite. Reduction speed does not depend on the values."""
     import torch
 
     if not buf.numel():
@@ -49,9 +45,7 @@ def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
     if op in ("max", "min"):
         fill_random(buf, ctx)
         return
-    # Every rank of the team draws the same x (seeded by team, not rank).
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(ctx.seed * 1_000_003 + ctx.team[0])
+    gen = _generator(ctx, ctx.team[0])  # every rank of the team draws the same x
     if op == "prod":
         signs = torch.randint(0, 2, (buf.numel(),), generator=gen) * 2 - 1
         buf.copy_(signs.to(buf.dtype))
@@ -77,34 +71,16 @@ def exact_reduction(op: str, team_size: int, numel: int, like: torch.Tensor) -> 
     """Expected result of reducing every team rank's :func:`check_values`, in float64."""
     import torch
 
-    acc: torch.Tensor | None = None
-    for t in range(team_size):
-        v = check_values(t, numel, like).to(torch.float64)
-        if acc is None:
-            acc = v
-        elif op in ("sum", "avg"):
-            acc = acc + v
-        elif op == "max":
-            acc = torch.maximum(acc, v)
-        elif op == "min":
-            acc = torch.minimum(acc, v)
-        elif op == "prod":
-            acc = acc * v
-        else:
-            raise ValueError(f"unknown reduction {op!r}")
-    assert acc is not None
-    if op == "avg":
-        acc = acc / team_size
-    return acc
+    combine = {"max": torch.maximum, "min": torch.minimum, "prod": torch.mul}.get(op, torch.add)
+    values = (check_values(t, numel, like).to(torch.float64) for t in range(team_size))
+    acc = functools.reduce(combine, values)  # sum and avg add
+    return acc / team_size if op == "avg" else acc
 
 
 def count_wrong(out: torch.Tensor, expected: torch.Tensor, op: str, team_size: int) -> int:
-    """Elements of ``out`` that differ from ``expected`` beyond the op's stated tolerance.
-
-    Copies (gather, scatter, broadcast, send/recv) and sum/max/min of the check values are
-    exact in every dtype for teams up to 32 ranks (|sum| <= 256 is exact in bf16). avg and
-    prod, and larger sums, get a relative tolerance of 2 ulp of the dtype times the team size.
-    """
+    """Elements of ``out`` off ``expected``: exact for copies and for sum/max/min of the check
+    values on teams up to 32 ranks (|sum| <= 256 is exact in bf16); avg, prod and larger sums get
+    a relative tolerance of 2 ulp of the dtype times the team size."""
     import torch
 
     got = out.to(torch.float64)
@@ -125,10 +101,4 @@ def torch_reduce_op(name: str, backend: str) -> Any:
         from ..errors import RunError
 
         raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
-    return {
-        "sum": dist.ReduceOp.SUM,
-        "avg": dist.ReduceOp.AVG,
-        "max": dist.ReduceOp.MAX,
-        "min": dist.ReduceOp.MIN,
-        "prod": dist.ReduceOp.PRODUCT,
-    }[name]
+    return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())

@@ -33,11 +33,8 @@ class BlockImportError(LookupError):
 
 
 def custom_op_problem(op: str) -> str | None:
-    """Why ``op`` is not a well-formed ``package.module:ClassName``, or None (nothing imported).
-
-    A module path whose parts include ``__main__`` is refused: importing it runs a program (a
-    package's command line), never a module that defines blocks.
-    """
+    """Why ``op`` is not a well-formed ``package.module:ClassName``, or None (nothing imported). A
+    ``__main__`` module part is refused: importing it runs a program, never a module of blocks."""
     module_name, _, class_name = op.partition(":")
     if not module_name or not class_name:
         return f"custom op {op!r} must be written 'package.module:ClassName'"
@@ -56,13 +53,9 @@ def custom_op_problem(op: str) -> str | None:
 
 
 def resolve_op(op: str) -> type[Block]:
-    """The block class of ``op``: a registry name or ``package.module:ClassName``.
-
-    A custom op imports its module: that runs the module's code (trusted input). Whatever the
-    import raises, SystemExit included, becomes BlockImportError; only KeyboardInterrupt goes
-    through. Raises KeyError for an unknown registry name and BlockImportError for a bad custom
-    op.
-    """
+    """The block class of ``op``: a registry name (else KeyError) or ``package.module:ClassName``,
+    whose import runs the module's code (trusted input); anything it raises, SystemExit included,
+    becomes BlockImportError, and only KeyboardInterrupt goes through."""
     if ":" not in op:
         ops = registered_ops()
         if op not in ops:

@@ -1,9 +1,6 @@
 """The ranks' layout of a pattern file: world size, ``mesh``, ``axes`` (teams, like, priority,
-nccl options) and the process environment (``env``, top level and per axis).
-
-Each check records its problems in the file's :class:`Problems` and returns what it could
-still build, so one run reports every problem.
-"""
+nccl options) and ``env`` (top level and per axis). Each check records its problems and returns
+what it could still build, so one run reports every problem."""
 
 from __future__ import annotations
 
@@ -17,19 +14,6 @@ from typing import Any, Final
 
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
 from .spec import PRIORITIES, WORLD_AXIS
-
-__all__ = [
-    "AXIS_KEYS",
-    "LAUNCHER_ENV_NAMES",
-    "LAUNCHER_ENV_PREFIXES",
-    "MAX_WORLD_SIZE",
-    "NCCL_OPTIONS",
-    "AxisDraft",
-    "check_axes",
-    "check_env",
-    "check_world_size",
-    "mesh_teams",
-]
 
 logger = logging.getLogger("maestro.config")
 
@@ -65,11 +49,9 @@ LAUNCHER_ENV_PREFIXES: Final = ("TORCHELASTIC_", "SLURM_")
 
 
 def mesh_teams(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], ...]:
-    """DeviceMesh teams of dimension ``dim``: ranks laid out row-major over ``shape``, each team
-    the ranks that differ only in their index along ``dim``.
-
-    ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))`` and ``mesh_teams([2, 2], 0) == ((0, 2), (1, 3))``.
-    """
+    """DeviceMesh teams of dimension ``dim``: ranks row-major over ``shape``, each team the ranks
+    differing only along ``dim``; ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))``, and dim 0 gives
+    ``((0, 2), (1, 3))``."""
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
     others = [i for i in range(len(shape)) if i != dim]
     teams = []
@@ -93,9 +75,6 @@ class AxisDraft:
     valid: bool = True
 
 
-# ---------------------------------------------------------------------------------------------
-# World size and environment
-# ---------------------------------------------------------------------------------------------
 def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> int | None:
     """The run's world size: the file's ``world_size`` and ``arg`` (``--world-size``,
     ``--nproc`` or the launcher's world size) must agree when both are set."""
@@ -111,7 +90,7 @@ def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> i
             "(--nproc, --world-size or the launcher's world size); they must agree",
         )
         return None
-    if from_file is None and from_arg is None and not in_file and arg is None:
+    if not in_file and arg is None:
         p.add(
             "world_size",
             "the world size is unknown: the file sets no world_size, so "
@@ -120,67 +99,44 @@ def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> i
     return from_file if from_file is not None else from_arg
 
 
-def _launcher_owned(name: str) -> bool:
-    return name in LAUNCHER_ENV_NAMES or name.startswith(LAUNCHER_ENV_PREFIXES)
-
-
 def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
     """Environment variables as text; names the launcher owns are refused."""
     if not isinstance(raw, dict):
         p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
         return {}
     env: dict[str, str] = {}
+    words = p.source.yaml11_words
     for key, value in raw.items():
         sub = join(path, key)
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
-            p.add(
-                sub,
+            problem = (
                 f"{p.show(sub, key)} is not an environment variable name (letters, digits "
-                "and _, not starting with a digit)",
+                "and _, not starting with a digit)"
             )
-            continue
-        if _launcher_owned(key):
-            p.add(
-                sub,
+        elif key in LAUNCHER_ENV_NAMES or key.startswith(LAUNCHER_ENV_PREFIXES):
+            problem = (
                 f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
-                "owns the rendezvous and each rank's place in it; a pattern file may not set it",
+                "owns the rendezvous and each rank's place in it; a pattern file may not set it"
             )
+        elif isinstance(value, str) and sub in words and value.lower() in YAML11_BOOLEAN_WORDS:
+            problem = (
+                f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
+                f"'{value}' to set the text"
+            )
+        elif isinstance(value, int | float | str):
+            # A boolean becomes 1 or 0, what NCCL and most tools read as true or false.
+            env[key] = str(int(value)) if isinstance(value, bool) else str(value)
             continue
-        text = _env_value(p, value, sub)
-        if text is not None:
-            env[key] = text
+        else:
+            problem = f"environment values must be strings or numbers, got {p.show(sub, value)}"
+        p.add(sub, problem)
     return env
 
 
-def _env_value(p: Problems, value: Any, path: str) -> str | None:
-    if isinstance(value, bool):
-        return "1" if value else "0"  # what NCCL and most tools read as true/false
-    if (
-        isinstance(value, str)
-        and path in p.source.yaml11_words
-        and value.lower() in YAML11_BOOLEAN_WORDS
-    ):
-        p.add(
-            path,
-            f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
-            f"'{value}' to set the text",
-        )
-        return None
-    if isinstance(value, int | float | str):
-        return str(value)
-    p.add(path, f"environment values must be strings or numbers, got {p.show(path, value)}")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Axes
-# ---------------------------------------------------------------------------------------------
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
     """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
-    world = AxisDraft(
-        name=WORLD_AXIS, path="", teams=(tuple(range(world_size)),) if world_size else None
-    )
-    axes: dict[str, AxisDraft] = {WORLD_AXIS: world}
+    world = (tuple(range(world_size)),) if world_size else None
+    axes = {WORLD_AXIS: AxisDraft(name=WORLD_AXIS, path="", teams=world)}
     if "mesh" in data:
         _mesh(p, data["mesh"], world_size, axes)
     raw_axes = data.get("axes", {})
@@ -228,7 +184,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
             elif "teams" in spec:
                 draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
                 draft.valid = draft.teams is not None or world_size is None
-            elif "like" in spec:
+            elif spec.get("like") is not None:  # like: null names no axis
                 draft.like = spec["like"]
             else:
                 p.add(
@@ -268,9 +224,7 @@ def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDra
                 path,
                 "'world' is the built-in axis of all ranks; name the mesh dimension differently",
             )
-            continue
-        value = p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)
-        if value is not None:
+        elif (value := p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)) is not None:
             dims[name] = value
     if len(dims) != len(raw):
         return
@@ -302,8 +256,7 @@ def _teams(
         )
         return None
     before = len(p)
-    teams: list[tuple[int, ...]] = []
-    seen: dict[int, str] = {}
+    seen: dict[int, str] = {}  # rank: where it was first
     for i, team in enumerate(raw):
         team_path = index(path, i)
         if not isinstance(team, list) or not team:
@@ -312,39 +265,30 @@ def _teams(
                 f"a team must be a non-empty list of ranks, got {p.show(team_path, team)}",
             )
             continue
-        ranks = []
         for j, rank in enumerate(team):
             rank_path = index(team_path, j)
             if isinstance(rank, bool) or not isinstance(rank, int):
-                p.add(rank_path, f"a rank must be an integer, got {p.show(rank_path, rank)}")
-                continue
-            if rank < 0:
-                p.add(rank_path, f"ranks are 0 or more, got {rank}")
-                continue
-            if world_size is not None and rank >= world_size:
-                p.add(
-                    rank_path,
+                problem = f"a rank must be an integer, got {p.show(rank_path, rank)}"
+            elif rank < 0:
+                problem = f"ranks are 0 or more, got {rank}"
+            elif world_size is not None and rank >= world_size:
+                problem = (
                     f"rank {rank} is out of range: ranks are 0 to "
-                    f"{world_size - 1} for world size {world_size}",
+                    f"{world_size - 1} for world size {world_size}"
                 )
-                continue
-            if rank in seen:
-                p.add(
-                    rank_path,
+            elif rank in seen:
+                problem = (
                     f"rank {rank} appears twice in this axis (also at "
-                    f"{seen[rank]}); a rank may be in at most one team of an axis",
+                    f"{seen[rank]}); a rank may be in at most one team of an axis"
                 )
+            else:
+                seen[rank] = rank_path
                 continue
-            seen[rank] = rank_path
-            ranks.append(rank)
-        teams.append(tuple(ranks))
-    sizes = sorted({len(t) for t in raw if isinstance(t, list) and t})
-    if len(sizes) > 1:
+            p.add(rank_path, problem)
+    if len({len(t) for t in raw if isinstance(t, list) and t}) > 1:
         shown = ", ".join(str(len(t)) if isinstance(t, list) else "?" for t in raw)
         p.add(path, f"teams must all have the same size, got sizes {shown}")
-    if len(p) > before:
-        return None
-    return tuple(teams)
+    return None if len(p) > before else tuple(tuple(team) for team in raw)
 
 
 def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
@@ -384,57 +328,42 @@ def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
 def _axis_env(p: Problems, raw: Any, path: str, axis: str) -> None:
     """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
-    nccl_keys = sorted(k for k in env if k.startswith("NCCL_"))
-    if nccl_keys:
-        logger.warning(
-            "%s: %s: %s not applied: NCCL reads NCCL_* variables once per process, so "
-            "per-axis values cannot take effect on axis %r; move them to the top-level env, "
-            "or use the axis's nccl: options (max_ctas, min_ctas, traffic_class, ...)",
-            p.file,
-            path,
-            ", ".join(nccl_keys),
-            axis,
-        )
-    others = sorted(k for k in env if not k.startswith("NCCL_"))
-    if others:
-        logger.warning(
-            "%s: %s: %s not applied: environment variables are process-wide; "
-            "set them in the top-level env",
-            p.file,
-            path,
-            ", ".join(others),
-        )
+    nccl = sorted(k for k in env if k.startswith("NCCL_"))
+    why_nccl = (
+        f"NCCL reads NCCL_* variables once per process, so per-axis values cannot take effect "
+        f"on axis {axis!r}; move them to the top-level env, or use the axis's nccl: options "
+        "(max_ctas, min_ctas, traffic_class, ...)"
+    )
+    why_others = "environment variables are process-wide; set them in the top-level env"
+    for names, why in ((nccl, why_nccl), (sorted(set(env) - set(nccl)), why_others)):
+        if names:
+            logger.warning("%s: %s: %s not applied: %s", p.file, path, ", ".join(names), why)
 
 
 def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
-    valid = list(axes)
+    """Give each ``like`` axis the teams at the end of its chain; report unknown names and
+    cycles once, at the axis whose own ``like`` is wrong or closes the cycle."""
     for draft in axes.values():
         if draft.like is None:
             continue
-        chain = [draft.name]
-        current = draft
-        while current.like is not None:
-            target_name = current.like
-            like_path = join(current.path, "like")
-            if not isinstance(target_name, str) or target_name not in axes:
+        chain, current = [draft.name], draft
+        while current.like is not None and draft.valid:
+            target, like_path = current.like, join(current.path, "like")
+            if not isinstance(target, str) or target not in axes:
                 if current is draft:
                     p.add(
                         like_path,
-                        f"unknown axis {p.show(like_path, target_name)}"
-                        f"{suggest(target_name, valid)}; valid axes: {choices(valid)}",
+                        f"unknown axis {p.show(like_path, target)}"
+                        f"{suggest(target, axes)}; valid axes: {choices(axes)}",
                     )
                 draft.valid = False
-                break
-            if target_name in chain:
-                if current is draft or draft.name == target_name:
-                    cycle = " -> ".join([*chain, target_name])
+            elif target in chain:
+                if target == draft.name:
+                    cycle = " -> ".join([*chain, target])
                     p.add(join(draft.path, "like"), f"like cycle: {cycle}")
                 draft.valid = False
-                break
-            chain.append(target_name)
-            current = axes[target_name]
-        if draft.valid and current.valid:
-            draft.teams = current.teams
-        else:
-            draft.valid = False
-            draft.teams = None
+            else:
+                chain.append(target)
+                current = axes[target]
+        draft.valid = draft.valid and current.valid
+        draft.teams = current.teams if draft.valid else None

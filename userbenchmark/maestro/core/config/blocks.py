@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
-from ...blocks.base import REQUIRED, Block, Param
+from ...blocks.base import Block, Param
 from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from ...blocks.registry import BlockImportError, custom_op_problem, registered_ops, resolve_op
 from .axes import AxisDraft
@@ -15,8 +15,6 @@ from .dependencies import after_names
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
-
-__all__ = ["BLOCK_KEYS", "PARAM_YAML_ALIASES", "OpResolver", "check_block"]
 
 BLOCK_KEYS: Final = (
     "name",
@@ -36,11 +34,9 @@ _CUSTOM: Final = "a custom 'package.module:ClassName'"
 
 
 class OpResolver:
-    """The block class of each op a file names, resolved once per op.
-
-    With ``import_ops`` False a custom op's module is not imported: its name is checked, and
-    the op is listed in :attr:`not_imported` (its parameters cannot be checked without it).
-    """
+    """The block class of each op a file names, resolved once per op. With ``import_ops`` False a
+    custom op's module is not imported: only its name is checked, and it is listed in
+    :attr:`not_imported` (its parameters cannot be checked without it)."""
 
     def __init__(self, *, import_ops: bool = True) -> None:
         self.import_ops = import_ops
@@ -121,36 +117,29 @@ def check_block(
         else:
             cls = resolved
     axis_name = raw.get("axis", WORLD_AXIS)
-    axis: AxisDraft | None = None
-    if not isinstance(axis_name, str) or axis_name not in axes:
+    axis = axes.get(axis_name) if isinstance(axis_name, str) else None
+    if axis is None:
         p.add(
             join(path, "axis"),
             f"unknown axis {p.show(join(path, 'axis'), axis_name)}"
             f"{suggest(axis_name, list(axes))}; valid axes: {choices(axes)}",
         )
-    else:
-        axis = axes[axis_name]
-    lane = raw.get("lane", axis_name)
-    if "lane" in raw:
-        lane = p.name(raw["lane"], join(path, "lane"), "a lane name")
-    dtype = settings["dtype"]
+    lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
+    dtype, register = settings["dtype"], settings["register_buffers"]
     if "dtype" in raw:
         dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
-    register = settings["register_buffers"]
     if "register_buffers" in raw:
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
     after = after_names(p, raw, path)
     traced_us = traced_duration_us(p, raw, path)
+    params: dict[str, Any] | None = None
     if unchecked:
         # A custom op left unimported: its parameters are kept as written, unchecked.
-        params: dict[str, Any] | None = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
-    elif cls is None:
-        return None
-    else:
+        params = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif cls is not None:
         params = _params(p, cls, op, raw, path)
-        if params is None or len(p) > start or axis is None or dtype is None:
-            return None
-        params = _op_checks(p, cls, op, params, path, dtype, axis)
+        if params is not None and len(p) == start and axis is not None and dtype is not None:
+            params = _op_checks(p, cls, op, params, path, dtype, axis)
     if params is None or len(p) > start or axis is None or dtype is None:
         return None
     assert name is not None and lane is not None and register is not None and after is not None
@@ -206,7 +195,7 @@ def _params(
     for key, param in by_key.items():
         sub = join(path, key)
         if key not in raw:
-            if param.default is REQUIRED:
+            if param.required:
                 p.add(sub, f"missing required key {key!r} for op {op!r}: {param.doc}")
                 ok = False
             else:
@@ -232,11 +221,8 @@ def _op_checks(
     keys = {param.name: yaml_key(param) for param in _declared(cls)}
 
     def where(name: Any) -> str:
-        if name in keys:
-            return join(path, keys[name])
-        if name in BLOCK_KEYS:
-            return join(path, name)
-        return path
+        key = keys.get(name, name if name in BLOCK_KEYS else None)
+        return path if key is None else join(path, key)
 
     def report(found: Iterable[Any]) -> bool:
         try:
@@ -252,9 +238,9 @@ def _op_checks(
         normalized, found = cls.normalize_params(dict(params))
         if report(found):
             return None
-        team_size = len(axis.teams[0]) if axis.teams else None
-        if team_size is None:
+        if not axis.teams:
             return dict(normalized)  # the world size or the axis is invalid: reported
+        team_size = len(axis.teams[0])
         min_team = getattr(cls, "min_team_size", 1)
         if isinstance(min_team, int) and team_size < min_team:
             p.add(
@@ -279,28 +265,18 @@ def _op_checks(
     return dict(normalized)
 
 
-def _bound(value: float) -> str:
-    """A bound for a message: 60000000 rather than 6e+07."""
-    if float(value).is_integer() and abs(value) < 1e16:
-        return str(int(value))
-    return f"{value:g}"
-
-
 def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
     """``value`` checked and converted by the parameter's kind; None after a problem."""
     kind = param.kind
-    if kind == "size":
+    typed = {"int": p.integer, "float": p.number, "bool": p.boolean}
+    if kind in typed:
+        result: Any = typed[kind](value, path)
+    elif kind == "size":
         try:
-            result: Any = parse_size(value)
+            result = parse_size(value)
         except ValueError as exc:
             p.add(path, str(exc))
             return None
-    elif kind == "int":
-        result = p.integer(value, path)
-    elif kind == "float":
-        result = p.number(value, path)
-    elif kind == "bool":
-        result = p.boolean(value, path)
     elif kind == "str":
         if not isinstance(value, str):
             p.add(path, f"expected a string, got {p.show(path, value)}")
@@ -328,16 +304,7 @@ def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
             f"values: {choices(param.choices)}",
         )
         return None
-    if kind in ("int", "float"):
-        if param.minimum is not None and result < param.minimum:
-            p.add(path, f"must be at least {param.minimum:g}, got {p.show(path, value)}")
-            return None
-        maximum = param.maximum
-        if maximum is not None and result > maximum:
-            p.add(
-                path,
-                f"must be at most {_bound(maximum)}, got {p.show(path, value)} "
-                f"({yaml_key(param)}: {param.doc})",
-            )
-            return None
+    bounded, why = kind in ("int", "float"), f"{yaml_key(param)}: {param.doc}"
+    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why_max=why):
+        return None
     return result

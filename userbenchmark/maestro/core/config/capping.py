@@ -1,21 +1,16 @@
-"""Shrink a validated suite for small machines: cap message sizes and GEMM operands (``--max-size``).
-
-Pure functions on SuiteSpec. Sizes are rounded down to what the op's own validation accepts, so
-a capped suite is one the loader would have accepted as written.
-"""
+"""Shrink a validated suite for small machines: cap message sizes and GEMM operands (--max-size).
+Pure functions on SuiteSpec; sizes round down to what the op's own validation accepts, so a
+capped suite is one the loader would have accepted as written."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
-
-__all__ = ["apply_max_size"]
 
 
 def _capped_block(
@@ -62,13 +57,9 @@ def _content(spec: Any) -> tuple[Any, ...]:
         if f.name == "blocks":
             value = tuple(_content(b) for b in value)
         elif f.name == "params":
-            value = tuple(sorted(_items(value)))
+            value = tuple(sorted((key, repr(v)) for key, v in value.items()))
         values.append((f.name, value))
     return tuple(values)
-
-
-def _items(params: Mapping[str, Any]) -> list[tuple[str, str]]:
-    return [(key, repr(value)) for key, value in params.items()]
 
 
 def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
@@ -79,18 +70,14 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
         raise ConfigError(f"--max-size must be a whole number of bytes, got {max_size_bytes!r}")
     if max_size_bytes < 1:
         raise ConfigError(f"--max-size must be positive, got {max_size_bytes}")
-    classes: dict[str, type[Block]] = {}
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:
         blocks = []
         for block in pattern.blocks:
-            if block.op not in classes:
-                classes[block.op] = resolve_op(block.op)  # validated already: resolves
+            cls = resolve_op(block.op)  # validated already: resolves
             team_size = suite.axes[block.axis].team_size
-            blocks.append(
-                _capped_block(block, classes[block.op], team_size, max_size_bytes, suite.source)
-            )
+            blocks.append(_capped_block(block, cls, team_size, max_size_bytes, suite.source))
         capped = dataclasses.replace(pattern, blocks=tuple(blocks))
         key = _content(capped)
         if pattern.sweep_point and key in seen:

@@ -11,8 +11,6 @@ from typing import Any
 from .problems import Problems, choices, join, suggest
 from .spec import BlockSpec
 
-__all__ = ["after_names", "check_after", "find_cycle", "issue_order", "predecessors"]
-
 
 def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ...] | None:
     """The ``after:`` of block ``raw`` (a name or a list of names, repeats dropped); None after a
@@ -45,13 +43,10 @@ def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
 
 
 def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
-    """The blocks, each after the blocks it waits for: lane by lane (in order of first use),
-    each lane as far as its waits allow, round after round; blocks in a cycle are left out.
-
-    The CUDA host enqueues in this order, so every event a block waits for is recorded first;
-    it is the same on every rank (a rank skips what it does not run), so collectives of
-    different communicators are enqueued in one order everywhere.
-    """
+    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
+    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
+    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
+    different communicators in one order."""
     waits = predecessors(blocks)
     queues: dict[str, deque[int]] = {}
     for i, block in enumerate(blocks):
@@ -70,11 +65,9 @@ def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
 
 
 def find_cycle(blocks: Sequence[BlockSpec]) -> list[int] | None:
-    """A cycle of waits (indices, each waiting for the next, the last for the first), or None.
-
-    Every block :func:`issue_order` leaves out waits for another one it leaves out (the block
-    before it on its lane, or one it names), so following those waits must come back.
-    """
+    """A cycle of waits (indices, each waiting for the next, the last for the first), or None. Every
+    block :func:`issue_order` leaves out waits for another one left out (its lane predecessor or
+    one it names), so following those waits must come back."""
     waits, left = predecessors(blocks), set(range(len(blocks))) - set(issue_order(blocks))
     if not left:
         return None
@@ -91,12 +84,10 @@ def check_after(
     homes: Mapping[str, Sequence[str]],
     pattern: Any,
 ) -> None:
-    """Record every ``after:`` name of ``blocks`` that is not another block of the same pattern
-    (``declared``: its block names as written), then any cycle of waits, lane order included.
-
-    ``homes``: {block name: the patterns with a block of that name}; ``pattern``: this one's.
-    """
-    unknown = False
+    """Record every ``after:`` name that is not another block of this pattern (``declared``: its
+    block names as written; ``homes``: {block name: patterns with such a block}; ``pattern``: this
+    one's name), then any cycle of waits, lane order included."""
+    before = len(p)
     for block in blocks:
         where = join(block.yaml_path, "after")
         for name in block.after:
@@ -105,10 +96,7 @@ def check_after(
             elif name not in declared:
                 others = [q for q in homes.get(name, ()) if q != pattern]
                 p.add(where, _unknown(name, declared, others))
-            else:
-                continue
-            unknown = True
-    cycle = None if unknown else find_cycle(blocks)
+    cycle = None if len(p) > before else find_cycle(blocks)
     if cycle is None:
         return
     steps, named = [], []

@@ -1,10 +1,6 @@
-"""Patterns: run settings (``defaults`` and per-pattern overrides), sweeps expanded into one
-PatternSpec per point, and the blocks of each point.
-
-A pattern's blocks are checked even when its name or sweep has problems (an unused or bad
-variable, a name using ``${var}``); only values that cannot be known without a valid sweep
-are left alone, so one run reports everything else.
-"""
+"""Patterns: run settings (``defaults``, per-pattern overrides), sweeps expanded into one
+PatternSpec per point, and each point's blocks, checked even when the name or sweep has problems:
+only values unknown without a valid sweep are left alone, so one run reports all the rest."""
 
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ from .problems import Problems, index, join
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
 from .sweep import (
     MAX_SWEEP_POINTS,
+    Point,
     SweepVariable,
     check_references,
     num_points,
@@ -29,30 +26,6 @@ from .sweep import (
     sweep_points,
 )
 
-__all__ = [
-    "DEFAULT_KEYS",
-    "DEFAULT_VALUES",
-    "ITERS_WHY",
-    "MAX_EXPANDED_BLOCKS",
-    "MAX_ITERS",
-    "MAX_WINDOW_LAUNCHES",
-    "PATTERN_KEYS",
-    "check_patterns",
-    "check_settings",
-    "window_launches_problem",
-]
-
-DEFAULT_KEYS: Final = (
-    "dtype",
-    "warmup_iters",
-    "iters",
-    "baseline",
-    "check",
-    "sync",
-    "graph",
-    "register_buffers",
-)
-PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
     "warmup_iters": 5,
@@ -63,6 +36,8 @@ DEFAULT_VALUES: Final = {
     "graph": False,
     "register_buffers": False,
 }
+DEFAULT_KEYS: Final = tuple(DEFAULT_VALUES)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
 MAX_ITERS: Final = 1_000_000
@@ -74,8 +49,6 @@ ITERS_WHY: Final = (
 )
 MAX_WINDOW_LAUNCHES: Final = 10_000_000
 """Most block launches (blocks x iterations) of one measurement window."""
-
-Point = tuple[tuple[str, Any, str], ...]
 
 
 def window_launches_problem(num_blocks: int, num_iters: int) -> str | None:
@@ -196,12 +169,9 @@ def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) ->
 
 
 def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[Point], set[str]]:
-    """The points to check the pattern at, and the paths of values they cannot resolve.
-
-    Points come from the variables that are valid and used ([()] without a sweep); a value
-    referring to a variable without values (bad, undefined) is in the second set: its
-    problems are reported once as sweep problems, not again at every point.
-    """
+    """The points to check the pattern at (from its valid, used variables; [()] without a sweep),
+    and the paths of values referring to a variable without values (bad, undefined): their
+    problems are reported once, as sweep problems, not again at every point."""
     variables: tuple[SweepVariable, ...] = ()
     ok = True
     raw_sweep = entry.get("sweep")
@@ -260,7 +230,7 @@ def _expand(
     found: dict[tuple[str, str], list[str]] = {}
     specs: list[PatternSpec] = []
     for point in points:
-        problems = p.scoped()
+        problems = Problems(p.file, p.source)  # merged below, once per problem
         spec = _pattern_point(
             problems, substitute(body, point), path, base, point, defaults, axes, ops, elsewhere
         )
@@ -317,23 +287,21 @@ def _pattern_point(
             continue
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
-        if ops.category(spec.op) != "comm":
-            blocks.append(spec)
-            continue
-        if spec.axis in lanes and lanes[spec.axis][0] != spec.lane:
-            lane, other, other_path = lanes[spec.axis]
-            where = "lane" if isinstance(raw, dict) and "lane" in raw else "axis"
-            p.add(
-                join(block_path, where),
-                f"block {spec.name!r} is on lane {spec.lane!r} "
-                f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
-                f"lane {lane!r}: one axis is one communicator, whose operations must be "
-                "issued in one order on every rank, so its blocks must share a lane; to "
-                "overlap them, put one on a second communicator, an axis defined with "
-                f"like: {spec.axis}",
-            )
-            continue
-        lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+        if ops.category(spec.op) == "comm":
+            first = (spec.lane, spec.name, block_path)
+            lane, other, other_path = lanes.setdefault(spec.axis, first)
+            if lane != spec.lane:
+                where = "lane" if "lane" in raw else "axis"
+                p.add(
+                    join(block_path, where),
+                    f"block {spec.name!r} is on lane {spec.lane!r} "
+                    f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
+                    f"lane {lane!r}: one axis is one communicator, whose operations must be "
+                    "issued in one order on every rank, so its blocks must share a lane; to "
+                    "overlap them, put one on a second communicator, an axis defined with "
+                    f"like: {spec.axis}",
+                )
+                continue
         blocks.append(spec)
     names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
     declared = {name: None for name in names_written if isinstance(name, str)}
@@ -351,12 +319,8 @@ def _pattern_point(
         base_name=base,
         sweep_point=tuple((name, label) for name, _, label in point),
         blocks=tuple(blocks),
-        warmup_iters=settings["warmup_iters"],
         num_iters=settings["iters"],
-        baseline=settings["baseline"],
-        check=settings["check"],
-        sync=settings["sync"],
-        graph=settings["graph"],
+        **{key: settings[key] for key in ("warmup_iters", "baseline", "check", "sync", "graph")},
         traced_us=traced_us,
         traced_by_rank_us=traced_by_rank,
         yaml_path=path,

@@ -1,9 +1,6 @@
-"""The one problem collector of the loader: (YAML path, message) pairs, found anywhere in a file,
-with the line of each path and the text each value was written as, become one ConfigError.
-
-Validation never stops at the first problem: every check records into a :class:`Problems` and
-goes on, and the loader calls :meth:`Problems.raise_if_any` once the whole file is checked.
-"""
+"""The loader's one problem collector: (YAML path, message) pairs found anywhere in a file, with
+each path's line and each value's text as written, become one ConfigError. Checks record and go
+on; the loader calls :meth:`Problems.raise_if_any` once the whole file is checked."""
 
 from __future__ import annotations
 
@@ -15,19 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ...errors import ConfigError, ConfigIssue
-
-__all__ = [
-    "MAX_ISSUES",
-    "NAME_RE",
-    "Problems",
-    "SourceMap",
-    "YAML11_BOOLEAN_WORDS",
-    "choices",
-    "index",
-    "join",
-    "show",
-    "suggest",
-]
 
 MAX_ISSUES: Final = 100
 """Most problems one ConfigError lists; the rest are counted in a last line."""
@@ -59,11 +43,20 @@ def show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = repr(value)
-    if len(text) <= 60:
-        return text
-    if isinstance(value, dict | list):
+    if len(text) > 60 and isinstance(value, dict | list):
         return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
-    return text[:57] + "..."
+    return _clip(text)
+
+
+def _bound(value: float) -> str:
+    """A bound for a message: 60000000 rather than 6e+07."""
+    if float(value).is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def choices(values: Sequence[Any] | Mapping[Any, Any]) -> str:
@@ -109,33 +102,19 @@ class Problems:
         self.file = file
         self.source = source if source is not None else SourceMap()
         self.items: list[tuple[str, str, int | None]] = []
-        """(YAML path, message, explicit line or None: the line of the path)."""
+        """(YAML path, message, line)."""
 
-    # ---- recording ----
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
-        self.items.append((path, message, line))
-
-    def scoped(self) -> Problems:
-        """An empty collector over the same file, for problems merged in later (sweep points)."""
-        return Problems(self.file, self.source)
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
+        self.items.append((path, message, self.source.line(path) if line is None else line))
 
     def __len__(self) -> int:
         return len(self.items)
 
-    # ---- the error ----
     def issues(self) -> list[ConfigIssue]:
         """One ConfigIssue per problem (at most MAX_ISSUES, then a count of the rest)."""
         issues = [
-            ConfigIssue(
-                message,
-                path=path,
-                file=self.file,
-                line=line if line is not None else self.source.line(path),
-            )
+            ConfigIssue(message, path=path, file=self.file, line=line)
             for path, message, line in self.items[:MAX_ISSUES]
         ]
         if len(self.items) > MAX_ISSUES:
@@ -154,7 +133,6 @@ class Problems:
         self.add(path, message, line=line)
         return ConfigError(self.issues())
 
-    # ---- values as written ----
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
         written = self.source.written.get(path)
@@ -165,7 +143,7 @@ class Problems:
                 or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed))
             )
             if same and text != show(value):
-                return text if len(text) <= 60 else text[:57] + "..."
+                return _clip(text)
         return show(value)
 
     @staticmethod
@@ -209,17 +187,7 @@ class Problems:
                 f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
             )
             return None
-        if minimum is not None and value < minimum:
-            self.add(path, f"must be at least {minimum}, got {self.show(path, value)}")
-            return None
-        if maximum is not None and value > maximum:
-            self.add(
-                path,
-                f"must be at most {maximum}, got {self.show(path, value)}"
-                + (f" ({why})" if why else ""),
-            )
-            return None
-        return value
+        return value if self.within(value, value, path, minimum, maximum, why_max=why) else None
 
     def number(
         self,
@@ -241,14 +209,29 @@ class Problems:
         if not math.isfinite(number):
             self.add(path, f"expected a finite number, got {self.show(path, value)}")
             return None
-        reason = f" ({why})" if why else ""
+        return number if self.within(number, value, path, minimum, maximum, why, why) else None
+
+    def within(
+        self,
+        number: float,
+        value: Any,
+        path: str,
+        minimum: float | None,
+        maximum: float | None,
+        why_min: str = "",
+        why_max: str = "",
+    ) -> bool:
+        """Whether ``number`` (``value`` as checked) is in [minimum, maximum]; records why not,
+        with ``why_min`` or ``why_max`` as the reason."""
         if minimum is not None and number < minimum:
-            self.add(path, f"must be at least {minimum:g}, got {self.show(path, value)}{reason}")
-            return None
-        if maximum is not None and number > maximum:
-            self.add(path, f"must be at most {maximum:g}, got {self.show(path, value)}{reason}")
-            return None
-        return number
+            word, bound, why = "least", minimum, why_min
+        elif maximum is not None and number > maximum:
+            word, bound, why = "most", maximum, why_max
+        else:
+            return True
+        reason = f" ({why})" if why else ""
+        self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
+        return False
 
     def boolean(self, value: Any, path: str) -> bool | None:
         """true or false; YAML 1.1's yes/no/on/off (and y/n) get a message saying so."""
@@ -275,19 +258,13 @@ class Problems:
             return None
         return value
 
-    def name(
-        self, value: Any, path: str, what: str, pattern: re.Pattern[str] = NAME_RE
-    ) -> str | None:
-        """A non-empty string matching ``pattern`` (NAME_RE: letters, digits and _ . -)."""
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            allowed = (
-                "letters, digits and _ . -"
-                if pattern is NAME_RE
-                else "a letter or _, then letters, digits and _"
-            )
+    def name(self, value: Any, path: str, what: str) -> str | None:
+        """A non-empty string of NAME_RE: letters, digits and _ . -"""
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
             self.add(
                 path,
-                f"{what} must be a non-empty string of {allowed}, got {self.show(path, value)}",
+                f"{what} must be a non-empty string of letters, digits and _ . -, "
+                f"got {self.show(path, value)}",
             )
             return None
         return value

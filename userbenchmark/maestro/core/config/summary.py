@@ -11,22 +11,25 @@ from tabulate import tabulate
 from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from .sizes import format_size
-from .spec import AxisSpec, PatternSpec, SuiteSpec
-
-__all__ = ["human_bytes", "rank_buffer_bytes", "suite_summary"]
+from .spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
 
 _MAX_TEAMS_SHOWN = 8
 _MAX_RANKS_SHOWN = 8
+_FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
+
+
+def _with_unit(count: int, units: Sequence[str], step: int) -> str:
+    """``count`` in the largest of ``units`` (each ``step`` times the one before) it reaches,
+    to three significant digits; below the first step, exactly."""
+    value, i = float(count), 0
+    while value >= step and i < len(units) - 1:
+        value, i = value / step, i + 1
+    return f"{count} {units[0]}" if i == 0 else f"{value:.3g} {units[i]}"
 
 
 def human_bytes(num_bytes: int) -> str:
     """``num_bytes`` with a binary unit and three significant digits: ``1.50 MiB``."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{num_bytes} B" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    return _with_unit(num_bytes, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
 
 
 def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
@@ -41,22 +44,25 @@ def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
 def rank_buffer_bytes(
     suite: SuiteSpec, pattern: PatternSpec, *, import_ops: bool = True
 ) -> tuple[int, ...]:
-    """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks.
-
-    A rank outside every team of a block's axis does not run that block and allocates nothing
-    for it. With ``import_ops`` False, custom ops are not imported and count 0 bytes.
-    """
+    """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks: nothing for a
+    block whose axis has no team holding the rank, and 0 for custom ops left unimported
+    (``import_ops`` False)."""
     per_rank = [0] * suite.world_size
     for block in pattern.blocks:
-        cls = _block_class(block.op, import_ops)
-        axis = suite.axes[block.axis]
-        if cls is None:
-            continue
-        num_bytes = int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
-        for team in axis.teams:
+        num_bytes = _block_bytes(suite, block, import_ops) or 0
+        for team in suite.axes[block.axis].teams:
             for rank in team:
                 per_rank[rank] += num_bytes
     return tuple(per_rank)
+
+
+def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | None:
+    """Bytes one rank allocates for ``block``; None for an op that cannot be resolved here."""
+    cls = _block_class(block.op, import_ops)
+    if cls is None:
+        return None
+    team_size = suite.axes[block.axis].team_size
+    return int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=team_size))
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -86,7 +92,9 @@ def _axis_options(axis: AxisSpec) -> str:
     return "; ".join(parts)
 
 
-def _value(value: Any) -> str:
+def _value(value: Any, kind: str = "") -> str:
+    if kind == "size" and isinstance(value, int):
+        return format_size(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple | list):
@@ -94,27 +102,11 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def _flops(count: int) -> str:
-    value = float(count)
-    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
-        if value < 1000 or unit == "PFLOP":
-            return f"{count} FLOP" if unit == "FLOP" else f"{value:.3g} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
-
-
 def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
     kinds = {p.name: p.kind for p in getattr(cls, "params", ())}
-    parts = []
-    for name, value in params.items():
-        if value is None:
-            continue
-        if kinds.get(name) == "size" and isinstance(value, int):
-            parts.append(f"{name}={format_size(value)}")
-        else:
-            parts.append(f"{name}={_value(value)}")
+    parts = (f"{k}={_value(v, kinds.get(k, ''))}" for k, v in params.items() if v is not None)
     return " ".join(parts)
 
 
@@ -127,7 +119,7 @@ def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
         except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
             flops = None
         if isinstance(flops, int) and flops > 0:
-            text += f" ({_flops(flops)})"
+            text += f" ({_with_unit(flops, _FLOP_UNITS, 1000)})"
     return text
 
 
@@ -143,45 +135,19 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     lines = [f"  {pattern.name}  ({', '.join(flags)})"]
     rows = []
     for block in pattern.blocks:
-        cls = _block_class(block.op, import_ops)
-        axis = suite.axes[block.axis]
-        covered = sum(len(t) for t in axis.teams)
-        try:
-            num_bytes = (
-                human_bytes(
-                    int(cls.buffer_bytes(block.params, dtype=block.dtype, team_size=axis.team_size))
-                )
-                if cls
-                else "?"
-            )
-        except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
-            num_bytes = "?"
+        covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
-        rows.append(
-            [
-                block.name,
-                block.op,
-                block.axis,
-                block.lane,
-                block.dtype,
-                _work(cls, block.params),
-                ranks,
-                num_bytes,
-            ]
-        )
-    table = tabulate(
-        rows,
-        headers=["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"],
-        tablefmt="plain",
-        disable_numparse=True,
-    )
-    lines += ["    " + line for line in table.splitlines()]
+        work = _work(_block_class(block.op, import_ops), block.params)
+        num_bytes = _block_bytes(suite, block, import_ops)
+        size = "?" if num_bytes is None else human_bytes(num_bytes)
+        rows.append([block.name, block.op, block.axis, block.lane, block.dtype, work, ranks, size])
+    headers = ["block", "op", "axis", "lane", "dtype", "work", "ranks", "bytes/rank"]
+    lines += _table(rows, headers, "    ")
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
     if waits:
         lines.append("    each iteration: " + "; ".join(waits))
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
-    top = max(per_rank)
-    low = min(per_rank)
+    top, low = max(per_rank), min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
     text = (
         f"    buffers per rank: max {human_bytes(top)} "
@@ -195,12 +161,15 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     return lines
 
 
-def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
-    """A readable summary of a validated suite: what ``validate`` prints on success.
+def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
+    table = tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+    return [indent + line for line in table.splitlines()]
 
-    ``import_ops=False`` (for a suite loaded that way) imports no custom op: their work and
-    bytes show as ``?``.
-    """
+
+def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
+    """A readable summary of a validated suite, what ``validate`` prints on success; with
+    ``import_ops=False`` (for a suite loaded that way) no custom op is imported: their work and
+    bytes show as ``?``."""
     lines = [
         f"suite {suite.name}: {suite.source}",
         f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "
@@ -208,19 +177,12 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     ]
     if suite.env:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in suite.env.items()))
-    lines.append("")
-    lines.append(f"axes ({len(suite.axes)}):")
+    lines += ["", f"axes ({len(suite.axes)}):"]
     rows = [
         [a.name, f"{a.num_teams} x {a.team_size}", _teams(a), _axis_options(a)]
         for a in suite.axes.values()
     ]
-    table = tabulate(
-        rows,
-        headers=["axis", "teams x size", "teams", "options"],
-        tablefmt="plain",
-        disable_numparse=True,
-    )
-    lines += ["  " + line for line in table.splitlines()]
+    lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")
     lines.append("")
     num_bases = len({p.base_name for p in suite.patterns})
     lines.append(

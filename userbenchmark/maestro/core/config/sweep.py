@@ -1,8 +1,6 @@
-"""Sweep expansion: a pattern's ``sweep`` variables, their points, and ``${var}`` substitution.
-
-Pure functions on plain YAML data. Problems come back as (relative path, message) pairs, a
-relative path being a tuple of mapping keys and list indices, so the loader can name the place.
-"""
+"""Sweep expansion: a pattern's ``sweep`` variables, their points, ``${var}`` substitution. Pure
+functions on plain YAML data; problems come back as (relative path, message), a relative path
+being a tuple of mapping keys and list indices, so the loader can name the place."""
 
 from __future__ import annotations
 
@@ -13,27 +11,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .problems import show
 from .sizes import format_size, parse_size
-
-__all__ = [
-    "MAX_SWEEP_POINTS",
-    "Problem",
-    "SweepVariable",
-    "check_references",
-    "geometric_values",
-    "num_points",
-    "parse_sweep",
-    "point_label",
-    "point_name",
-    "substitute",
-    "sweep_points",
-]
 
 MAX_SWEEP_POINTS: Final = 10_000
 """Most points one pattern may expand to (the product over its variables)."""
 
 RelPath = tuple[Any, ...]
 Problem = tuple[RelPath, str]
+Point = tuple[tuple[str, Any, str], ...]
+"""One sweep point: a (variable, value, label) triple per variable."""
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -56,87 +43,67 @@ class SweepVariable:
 def parse_sweep(raw: Any) -> tuple[tuple[SweepVariable, ...], list[Problem]]:
     """The variables of a ``sweep:`` mapping, in declaration order, and any problems."""
     if not isinstance(raw, Mapping) or not raw:
-        return (), [
-            (
-                (),
-                "sweep must be a mapping of variable names to a list of values or "
-                "{from, to, factor}, e.g. sweep: {size: [1K, 4M]}",
-            )
-        ]
+        message = (
+            "sweep must be a mapping of variable names to a list of values or "
+            "{from, to, factor}, e.g. sweep: {size: [1K, 4M]}"
+        )
+        return (), [((), message)]
     variables: list[SweepVariable] = []
     problems: list[Problem] = []
     for name, spec in raw.items():
+        found: list[Problem] = []  # paths below the variable
         if not isinstance(name, str) or not _VAR_NAME.fullmatch(name):
-            problems.append(
-                (
-                    (name,),
-                    f"sweep variable name {name!r} must be a letter or _ "
-                    "followed by letters, digits or _",
-                )
+            message = (
+                f"sweep variable name {name!r} must be a letter or _ "
+                "followed by letters, digits or _"
             )
-            continue
-        if isinstance(spec, Mapping):
-            values, labels, found = _geometric(spec)
+            found.append(((), message))
+        elif isinstance(spec, Mapping):
+            values, labels = _geometric(spec, found)
         elif isinstance(spec, list):
-            values, labels, found = _listed(spec)
+            values, labels = _listed(spec, found)
         else:
-            values, labels, found = (
-                (),
-                (),
-                [((), f"expected a list of values or {{from, to, factor}}, got {_show(spec)}")],
-            )
-        problems.extend(((name, *path), message) for path, message in found)
+            message = f"expected a list of values or {{from, to, factor}}, got {_show(spec)}"
+            found.append(((), message))
+        problems += [((name, *path), message) for path, message in found]
         if not found:
             variables.append(SweepVariable(name=name, values=values, labels=labels))
-    if not problems:
-        total = num_points(variables)
-        if total > MAX_SWEEP_POINTS:
-            problems.append(
-                (
-                    (),
-                    f"sweep expands to {total} points, more than the limit of "
-                    f"{MAX_SWEEP_POINTS} per pattern",
-                )
-            )
+    if not problems and (total := num_points(variables)) > MAX_SWEEP_POINTS:
+        message = (
+            f"sweep expands to {total} points, more than the limit of "
+            f"{MAX_SWEEP_POINTS} per pattern"
+        )
+        problems.append(((), message))
     return tuple(variables), problems
 
 
-def _listed(spec: list[Any]) -> tuple[tuple[Any, ...], tuple[str, ...], list[Problem]]:
+def _listed(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     if not spec:
-        return (), (), [((), "a sweep list needs at least one value")]
+        found.append(((), "a sweep list needs at least one value"))
+        return (), ()
     if len(spec) > MAX_SWEEP_POINTS:
-        return (
-            (),
-            (),
-            [
-                (
-                    (),
-                    f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} "
-                    "points per pattern",
-                )
-            ],
+        message = (
+            f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
         )
-    problems: list[Problem] = []
+        found.append(((), message))
+        return (), ()
     labels: list[str] = []
     for i, value in enumerate(spec):
         label = _label(value)
         if label is None:
-            problems.append(
-                ((i,), f"sweep values must be strings, numbers or booleans, got {_show(value)}")
-            )
+            message = f"sweep values must be strings, numbers or booleans, got {_show(value)}"
         elif not _VALUE_TEXT.fullmatch(label):
-            problems.append(
-                (
-                    (i,),
-                    f"sweep value {label!r} becomes part of the pattern name and "
-                    "may only contain letters, digits and _ . + -",
-                )
+            message = (
+                f"sweep value {label!r} becomes part of the pattern name and "
+                "may only contain letters, digits and _ . + -"
             )
         elif label in labels:
-            problems.append(((i,), f"sweep value {label!r} is listed twice"))
+            message = f"sweep value {label!r} is listed twice"
         else:
             labels.append(label)
-    return tuple(spec), tuple(labels), problems
+            continue
+        found.append(((i,), message))
+    return tuple(spec), tuple(labels)
 
 
 def _label(value: Any) -> str | None:
@@ -149,19 +116,21 @@ def _label(value: Any) -> str | None:
     return None
 
 
-def _geometric(spec: Mapping[Any, Any]) -> tuple[tuple[Any, ...], tuple[str, ...], list[Problem]]:
-    problems: list[Problem] = [
+def _geometric(
+    spec: Mapping[Any, Any], found: list[Problem]
+) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    found.extend(
         ((key,), f"unknown key {key!r} in a geometric sweep; valid keys: from, to, factor")
         for key in spec
         if key not in _GEOMETRIC_KEYS
-    ]
-    problems += [
+    )
+    found.extend(
         ((), f"a geometric sweep needs {key!r} (keys: from, to, factor)")
         for key in _GEOMETRIC_KEYS
         if key not in spec
-    ]
-    if problems:
-        return (), (), problems
+    )
+    if found:
+        return (), ()
     start, stop, factor = spec["from"], spec["to"], spec["factor"]
     sizes = isinstance(start, str) or isinstance(stop, str)
     bounds: list[float | int] = []
@@ -169,30 +138,29 @@ def _geometric(spec: Mapping[Any, Any]) -> tuple[tuple[Any, ...], tuple[str, ...
         try:
             bounds.append(parse_size(value) if sizes else _positive_number(value))
         except ValueError as exc:
-            problems.append(((key,), str(exc)))
+            found.append(((key,), str(exc)))
     if (
         isinstance(factor, bool)
         or not isinstance(factor, int | float)
-        or not math.isfinite(factor)
-        or factor <= 1
+        or not 1 < factor < math.inf  # not math.isfinite: an int past float range is fine
     ):
-        problems.append(
-            (("factor",), f"factor must be a number greater than 1, got {_show(factor)}")
-        )
-    if problems:
-        return (), (), problems
+        message = f"factor must be a number greater than 1, got {_show(factor)}"
+        found.append((("factor",), message))
+    if found:
+        return (), ()
     try:
         values = geometric_values(bounds[0], bounds[1], factor)
     except ValueError as exc:
-        return (), (), [((), str(exc))]
-    labels = tuple(
+        found.append(((), str(exc)))
+        return (), ()
+    labels = (
         format_size(v) if sizes and isinstance(v, int) else _label(v) or repr(v) for v in values
     )
-    return tuple(values), labels, []
+    return tuple(values), tuple(labels)
 
 
 def _positive_number(value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < math.inf:
         raise ValueError(f"expected a positive number or a size such as 4M, got {_show(value)}")
     if value <= 0:
         raise ValueError(f"a geometric sweep needs a positive start and end, got {value}")
@@ -202,13 +170,9 @@ def _positive_number(value: Any) -> int | float:
 def geometric_values(
     start: int | float, stop: int | float, factor: int | float, *, limit: int = MAX_SWEEP_POINTS
 ) -> list[int | float]:
-    """start, start*factor, ... up to stop (included when hit exactly); at most ``limit`` values.
-
-    Exact integers when start and factor are integers; otherwise floats rounded to 12
-    significant digits, and whole values given as ints. Raises ValueError past ``limit``.
-    """
-    if not (start > 0 and factor > 1):
-        raise ValueError("a geometric sweep needs start > 0 and factor > 1")
+    """start, start*factor, ... up to stop (included when hit exactly), at most ``limit`` values
+    (ValueError past it): exact integers when start and factor are integers, else floats rounded
+    to 12 significant digits, whole ones given as ints."""
     if stop < start:
         raise ValueError(f"a geometric sweep needs to >= from, got from {start} and to {stop}")
     exact = isinstance(start, int) and isinstance(factor, int)
@@ -245,21 +209,19 @@ def num_points(variables: Sequence[SweepVariable]) -> int:
     return math.prod(len(v.values) for v in variables)
 
 
-def sweep_points(variables: Sequence[SweepVariable]) -> Iterator[tuple[tuple[str, Any, str], ...]]:
+def sweep_points(variables: Sequence[SweepVariable]) -> Iterator[Point]:
     """Each point as (name, value, label) triples; the first variable varies slowest."""
-    columns = [list(zip(v.values, v.labels, strict=True)) for v in variables]
+    columns = (zip(v.values, v.labels, strict=True) for v in variables)
     for combo in itertools.product(*columns):
-        yield tuple(
-            (v.name, value, label) for v, (value, label) in zip(variables, combo, strict=True)
-        )
+        yield tuple((v.name, *pair) for v, pair in zip(variables, combo, strict=True))
 
 
-def point_label(point: Sequence[tuple[str, Any, str]]) -> str:
+def point_label(point: Point) -> str:
     """``size=4M,dtype=bf16`` for a point."""
     return ",".join(f"{name}={label}" for name, _, label in point)
 
 
-def point_name(base: str, point: Sequence[tuple[str, Any, str]]) -> str:
+def point_name(base: str, point: Point) -> str:
     """Stable pattern name of a point: ``base[size=4M,dtype=bf16]`` (just ``base`` without one)."""
     return f"{base}[{point_label(point)}]" if point else base
 
@@ -273,13 +235,10 @@ def check_references(data: Any, names: Sequence[str]) -> tuple[set[str], list[Pr
         for match in _REFERENCE.finditer(text):
             name = match.group(1)
             if not _VAR_NAME.fullmatch(name):
-                problems.append(
-                    (
-                        path,
-                        f"bad sweep reference {match.group(0)!r}: write "
-                        "${name} with a variable name",
-                    )
+                message = (
+                    f"bad sweep reference {match.group(0)!r}: write ${{name}} with a variable name"
                 )
+                problems.append((path, message))
             elif name not in names:
                 problems.append((path, f"undefined sweep variable {name!r} (defined: {defined})"))
             else:
@@ -287,7 +246,7 @@ def check_references(data: Any, names: Sequence[str]) -> tuple[set[str], list[Pr
     return used, problems
 
 
-def substitute(data: Any, point: Sequence[tuple[str, Any, str]]) -> Any:
+def substitute(data: Any, point: Point) -> Any:
     """A copy of ``data`` with ``"${var}"`` replaced by the point's value (typed) and ``${var}``
     inside a longer string by its label; mapping keys are left alone."""
     if not point:
@@ -323,13 +282,6 @@ def _strings(node: Any, path: RelPath) -> Iterator[tuple[RelPath, str]]:
 
 
 def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(value, Mapping | list):
+        return "a mapping" if isinstance(value, Mapping) else "a list"
+    return show(value)

@@ -1,13 +1,11 @@
-"""Read a pattern file into plain data, safely and within bounds, recording where each YAML path
-is and how each scalar was written.
-
-Only the YAML core types are built (mappings, lists, strings, numbers, booleans, null); any
-language-specific tag is a problem. Hostile input (deep nesting, alias expansion, huge files)
-is refused with maestro's own limits before a tree is built, whatever PyYAML's version.
-"""
+"""Read a pattern file into plain data, safely and within bounds, recording each YAML path's line
+and each scalar as written. Only YAML core types are built (any other tag is a problem); hostile
+input (deep nesting, aliases, huge files) meets maestro's own limits before a tree is built,
+whatever PyYAML's version."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -18,8 +16,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from ...errors import ConfigError
 from .problems import Problems, index, join
-
-__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "MAX_NODES", "read_file_text", "read_yaml"]
 
 MAX_FILE_BYTES: Final = 4 * 1024 * 1024
 """Largest pattern file read (a pattern file is a few kilobytes)."""
@@ -46,9 +42,8 @@ def read_file_text(path: Path, file: str) -> str:
         with path.open("rb") as handle:
             raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot read the pattern file: {exc.strerror or exc}", file=file
-        ) from exc
+        message = f"cannot read the pattern file: {exc.strerror or exc}"
+        raise ConfigError(message, file=file) from exc
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(_TOO_LARGE, file=file)
     try:
@@ -58,12 +53,9 @@ def read_file_text(path: Path, file: str) -> str:
 
 
 def read_yaml(text: str, problems: Problems) -> Any:
-    """Plain data of the YAML ``text``; fills ``problems.source`` with lines and written text.
-
-    Problems that leave the rest of the file readable (a duplicate key, an unsupported tag) are
-    recorded and reading goes on; a syntax error, hostile nesting or expansion, or an empty file
-    raise ConfigError at once.
-    """
+    """Plain data of the YAML ``text``, filling ``problems.source``. Problems that leave the rest
+    readable (a duplicate key, an unsupported tag) are recorded and reading goes on; a syntax
+    error, hostile nesting or expansion, or an empty file raise ConfigError at once."""
     file = problems.file
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError(_TOO_LARGE, file=file)
@@ -73,14 +65,11 @@ def read_yaml(text: str, problems: Problems) -> Any:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, file) from None
-    except RecursionError:  # pragma: no cover - prevented by the depth pass
-        raise ConfigError(f"nesting deeper than {MAX_DEPTH} levels", file=file) from None
     if root is None:
-        raise ConfigError(
-            "the file is empty; a pattern file is a mapping with at least 'name' and 'patterns'",
-            file=file,
-            line=1,
+        message = (
+            "the file is empty; a pattern file is a mapping with at least 'name' and 'patterns'"
         )
+        raise ConfigError(message, file=file, line=1)
     _measure(root, file)
     return _Converter(problems).convert(root, "")
 
@@ -105,48 +94,31 @@ def _refuse_deep_or_large(events: Any, file: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigError(
-                    f"nesting deeper than {MAX_DEPTH} levels",
-                    file=file,
-                    line=event.start_mark.line + 1,
-                )
+                message = f"nesting deeper than {MAX_DEPTH} levels"
+                raise ConfigError(message, file=file, line=event.start_mark.line + 1)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-        if isinstance(event, yaml.NodeEvent):
-            nodes += 1
-            if nodes > MAX_NODES:
-                raise ConfigError(
-                    f"more than {MAX_NODES} YAML nodes", file=file, line=event.start_mark.line + 1
-                )
+        if isinstance(event, yaml.NodeEvent) and (nodes := nodes + 1) > MAX_NODES:
+            message = f"more than {MAX_NODES} YAML nodes"
+            raise ConfigError(message, file=file, line=event.start_mark.line + 1)
 
 
 def _refuse_deep_flow(text: str, file: str) -> None:
-    """Refuse flow nesting past MAX_DEPTH before libyaml's own limit can answer instead.
-
-    libyaml (bundled with PyYAML 6.0.4 and later) stops at 1000 flow levels, and a run of
-    brackets on one line reaches that limit before it hands out the first event, so the
-    streaming pass would never see depth MAX_DEPTH + 1 and the user would get libyaml's message.
-    An upper bound of the flow depth is counted over the raw text (every bracket counts, quoted
-    or not); only where it passes MAX_DEPTH is the prefix up to that bracket parsed, which is far
-    below libyaml's limit and ends before any long run, to find the real depth there.
-    """
+    """Refuse flow nesting past MAX_DEPTH before libyaml (PyYAML 6.0.4+) stops at 1000 levels with
+    its own message, which a run of brackets on one line reaches before the first event. Every
+    bracket, quoted or not, counts toward a bound of the depth; past MAX_DEPTH the prefix up to that
+    bracket (far below libyaml's limit) is parsed for the real depth."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return
     depth = 0
     for match in _FLOW_BRACKET.finditer(text):
-        if match.group() in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                end = match.end()
-                break
-        elif depth:
-            depth -= 1
-    else:
-        return
-    try:
-        _refuse_deep_or_large(yaml.parse(text[:end], Loader=_LOADER), file)
-    except yaml.YAMLError:
-        pass  # the cut-off prefix ends mid-document; the full parse reports real syntax errors
+        if match.group() not in "[{":
+            depth = max(depth - 1, 0)
+        elif (depth := depth + 1) > MAX_DEPTH:
+            # The cut-off prefix ends mid-document; the full parse reports real syntax errors.
+            with contextlib.suppress(yaml.YAMLError):
+                _refuse_deep_or_large(yaml.parse(text[: match.end()], Loader=_LOADER), file)
+            return
 
 
 def _children(node: Node) -> list[Node]:
@@ -158,12 +130,11 @@ def _children(node: Node) -> list[Node]:
 
 
 def _measure(root: Node, file: str) -> None:
-    """Refuse alias expansion past MAX_NODES or MAX_DEPTH, and recursive aliases.
-
-    Memoized per node, so it costs the size of the file, not of the expansion.
-    """
+    """Refuse alias expansion past MAX_NODES or MAX_DEPTH, and recursive aliases; memoized per
+    node, so it costs the size of the file, not of the expansion."""
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
+    too_deep = f"nesting deeper than {MAX_DEPTH} levels (counting aliases)"
 
     def visit(node: Node, level: int) -> tuple[int, int]:
         key = id(node)
@@ -179,11 +150,7 @@ def _measure(root: Node, file: str) -> None:
             size, height = 1, 0
             for child in _children(node):
                 if level + 1 > MAX_DEPTH:
-                    raise ConfigError(
-                        f"nesting deeper than {MAX_DEPTH} levels (counting aliases)",
-                        file=file,
-                        line=child.start_mark.line + 1,
-                    )
+                    raise ConfigError(too_deep, file=file, line=child.start_mark.line + 1)
                 child_size, child_height = visit(child, level + 1)
                 size += child_size
                 height = max(height, child_height + 1)
@@ -194,9 +161,7 @@ def _measure(root: Node, file: str) -> None:
             active.discard(key)
             memo[key] = (size, height)
         if level + height > MAX_DEPTH:
-            raise ConfigError(
-                f"nesting deeper than {MAX_DEPTH} levels (counting aliases)", file=file, line=line
-            )
+            raise ConfigError(too_deep, file=file, line=line)
         return size, height
 
     visit(root, 0)
@@ -254,12 +219,7 @@ class _Converter:
                     path, "mapping keys must be plain names, not lists or mappings", key_node
                 )
                 continue
-            key = self._scalar(key_node, path, record=False)
-            try:
-                hash(key)
-            except TypeError:
-                self._issue(path, "mapping keys must be plain names", key_node)
-                continue
+            key = self._scalar(key_node, path, record=False)  # safe scalars are all hashable
             sub = join(path, key)
             if key in result:
                 # Reported, and the first value kept, so the rest of the file is still checked.
