@@ -5,7 +5,7 @@ stack (versions, device), which an A/B comparison changes on purpose: shown, nev
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from ..config.options import RunOptions
@@ -50,30 +50,28 @@ def _text(value: object) -> str:
 def run_environ(
     suite: SuiteSpec,
     options: RunOptions,
-    *,
-    backend: str,
+    dist: Any,
     profiler: str,
-    hosts: Sequence[str],
-    ranks_per_gpu: int | None,
-    device: Any,
     calibration: Mapping[str, float],
 ) -> dict[str, str]:
     """The metrics file's ``environ``: the measurement settings (:data:`RUN_SETTINGS`,
     ``pattern.*``, ``block.*``), the :data:`STACK`, the host, ``calibration`` (measured
-    constants such as ``sleep_cycles_per_us``) and the file's ``env`` (``env.<NAME>``)."""
+    constants such as ``sleep_cycles_per_us``) and the file's ``env`` (``env.<NAME>``).
+    ``dist``: the rank's runtime (its backend, every rank's host, ranks per GPU, device)."""
     import torch
 
     from ... import __version__
 
+    hosts, device = dist.hosts, dist.device
     info = {
         "maestro_version": __version__,
         "pytorch_version": torch.__version__,
         "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
-        "backend": backend,
+        "backend": dist.backend,
         "profiler": profiler,
         "world_size": str(len(hosts)),
         "num_hosts": str(len(set(hosts)) or 1),
-        "ranks_per_gpu": _text(ranks_per_gpu),
+        "ranks_per_gpu": _text(dist.ranks_per_gpu),
         "max_size_bytes": _text(options.max_size_bytes),
         "iters_override": _text(options.iters),
         "warmup_iters_override": _text(options.warmup_iters),

@@ -94,7 +94,9 @@ def _looks_secondary(text: str) -> bool:
 
 def grace_s(timeout_s: float) -> float:
     """How long a rank that already timed out waits at the agreement for the others (ranks
-    that timed out on one failure arrive within seconds); whoever is missing then is gone."""
+    that timed out on one failure arrive within seconds); whoever is missing then is gone.
+    Also how long it waits for its NCCL communicators to abort, then for the device to drain
+    (either can hang while kernels hold the GPU: the rank then leaves without them)."""
     return 5.0 + 0.25 * timeout_s
 
 
@@ -104,17 +106,10 @@ def agreement_timeout_s(timeout_s: float) -> float:
     return timeout_s + grace_s(timeout_s)
 
 
-def abort_wait_s(timeout_s: float) -> float:
-    """How long a rank waits for its NCCL communicators to abort, then for the device to
-    drain (either can hang while kernels hold the GPU: the rank then leaves without them)."""
-    return grace_s(timeout_s)
-
-
 def watchdog_timeout_s(timeout_s: float) -> float:
     """The timeout of NCCL process groups: torch's watchdog (which ends the process) acts
     only after maestro's device wait, agreement, abort and drain, plus a grace."""
-    wait_s = abort_wait_s(timeout_s)
-    return timeout_s + agreement_timeout_s(timeout_s) + 2 * wait_s + grace_s(timeout_s)
+    return timeout_s + agreement_timeout_s(timeout_s) + 3 * grace_s(timeout_s)
 
 
 ENDING_WAIT_S = 20.0
@@ -274,12 +269,11 @@ def _decode(raw: bytes) -> RankStatus:
 
 def agree(
     exchange: StoreExchange,
-    *,
     rank: int,
-    world_size: int,
     phase: str,
-    pattern: str,
     error: BaseException | None,
+    *,
+    pattern: str = "",
     contained: bool = True,
 ) -> None:
     """Raise the same RunError on every rank when any rank failed this phase. It is
@@ -291,7 +285,7 @@ def agree(
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
-        owner = getattr(exchange, "owner", "") or "rank 0 or the launcher"
+        owner = exchange.owner or "rank 0 or the launcher"
         err = RunError(
             f"could not agree with the other ranks: the rendezvous store went away "
             f"({cause_of(exc)}); {owner} hosts it",
@@ -305,7 +299,9 @@ def agree(
     failed = [s for s in statuses if not s.ok]
     if not failed and not missing:
         return
-    err = _agreed_error(failed, missing, phase=phase, pattern=pattern, world_size=world_size)
+    err = _agreed_error(
+        failed, missing, phase=phase, pattern=pattern, world_size=exchange.world_size
+    )
     raise err from error
 
 

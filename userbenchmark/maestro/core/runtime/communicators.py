@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import RunError
 from ..config.spec import AxisSpec
-from .agreement import abort_wait_s, watchdog_timeout_s
+from .agreement import grace_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
@@ -126,7 +126,7 @@ class Communicators:
 
     def abort(self) -> bool:
         """Abort every communicator after a failure left collectives half-issued; False when
-        the abort did not end within :func:`abort_wait_s` (kernels still hold the GPU: the
+        the abort did not end within :func:`agreement.grace_s` (kernels still hold the GPU: the
         caller leaves without tearing NCCL down). NCCL groups are aborted all at once, as
         torch's ``_abort_process_group()`` does (one by one they can block each other,
         pytorch/pytorch#119797), else each in turn; gloo has no abort (its operations ended at
@@ -146,7 +146,7 @@ class Communicators:
                 finished.set()
 
         threading.Thread(target=work, name="maestro-nccl-abort", daemon=True).start()
-        wait_s = abort_wait_s(self.timeout_s)
+        wait_s = grace_s(self.timeout_s)
         if finished.wait(wait_s):
             return True
         log.error(

@@ -27,7 +27,7 @@ from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
-from .agreement import abort_wait_s, agree
+from .agreement import grace_s
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
@@ -82,11 +82,8 @@ class Runtime:
 
 
 def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them.
-
-    An interrupt (SIGINT) is reported through the agreement too, so that every rank stops
-    with the same message instead of waiting on the interrupted one.
-    """
+    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them. An
+    interrupt is reported through the agreement too: every rank stops with the same message."""
     error: BaseException | None = None
     value = None
     try:
@@ -95,16 +92,8 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
-    agree(
-        rt.dist.agreement,
-        rank=rt.dist.rank,
-        world_size=rt.dist.world_size,
-        phase=phase,
-        pattern=pattern,
-        error=error,
-        # Phases that issue collectives leave them half-done when one rank stops early.
-        contained=phase == "setup",
-    )
+    # Phases that issue collectives leave them half-done when one rank stops early.
+    rt.dist.agree(phase, error, pattern=pattern, contained=phase == "setup")
     return value
 
 
@@ -397,7 +386,7 @@ class PatternRun:
         """Free the pattern's graphs, blocks and buffers once the device is done with them.
 
         After a success every window already waited for its work: a synchronize returns at
-        once. After a failure the device gets :func:`abort_wait_s` to finish (an aborted
+        once. After a failure the device gets :func:`agreement.grace_s` to finish (an aborted
         collective ends at once). Work still running then (collective kernels an abort could
         not stop) keeps its buffers: nothing is freed, the runtime is marked wedged and the
         rank leaves after saving (a synchronize would never return).
@@ -407,7 +396,7 @@ class PatternRun:
         cuda = self.rt.dist.is_cuda
         # Nothing may still use the buffers when their pools are deregistered and freed.
         if cuda and failed:
-            drain_s = abort_wait_s(self.rt.suite.timeout_s)
+            drain_s = grace_s(self.rt.suite.timeout_s)
             if not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
                 self.rt.wedged = True
                 log.error(

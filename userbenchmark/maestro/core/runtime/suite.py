@@ -199,7 +199,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     try:
         rt = _phase_setup(suite, options, dist)
         if report is not None:
-            report.start(_environ(rt, options))
+            report.start(run_environ(suite, options, dist, rt.profiler.name, rt.calibration))
         _measure_every_pattern(rt, end, report)
         if end.status == EXIT_OK and interrupts.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
@@ -223,20 +223,6 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
         _leave(dist, rt, end, report)
         restore_signals()
     return end.status
-
-
-def _environ(rt: Any, options: RunOptions) -> dict[str, str]:
-    dist = rt.dist
-    return run_environ(
-        rt.suite,
-        options,
-        backend=dist.backend,
-        profiler=rt.profiler.name,
-        hosts=dist.hosts,
-        ranks_per_gpu=dist.ranks_per_gpu,
-        device=dist.device,
-        calibration=rt.calibration,
-    )
 
 
 def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> None:
@@ -274,7 +260,7 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
         if stop:
             return
         try:
-            _agree_run_wide(rt.dist, "output", error, pattern=pattern.name)
+            rt.dist.agree("output", error, pattern=pattern.name)
         except RunError as err:  # a teardown, or rank 0's files
             end.failed(err)
             if report is not None and err.phase == "teardown":
@@ -309,7 +295,10 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
     if end.missing - {end.rank}:
         _post_ended(dist, sorted(end.missing - {end.rank}), end.verdict, end.status)
     if end.status and end.everyone_answered and not end.late_interrupt:
-        _closing_round(dist)
+        try:
+            dist.agree("exit", None)  # the closing round: leave together
+        except Exception as exc:  # the run already failed; this is only about timing
+            log.debug("closing round: %s", exc)
     if rt is not None and rt.wedged:
         _leave_wedged(end.status, end.rank)
     # Communicators first: CUPTI detached while NCCL still held its communicators was
@@ -338,13 +327,6 @@ def _leave_wedged(status: int, rank: int) -> None:
     supervision.hard_exit(status or EXIT_FAILED, rank)
 
 
-def _closing_round(dist: DistContext) -> None:
-    try:
-        _agree_run_wide(dist, "exit", None)
-    except Exception as exc:  # the run already failed; this is only about timing
-        log.debug("closing round: %s", exc)
-
-
 def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
     rt = None
     error: BaseException | None = None
@@ -354,21 +336,5 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
             rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
-    _agree_run_wide(dist, "setup", error)
+    dist.agree("setup", error)
     return rt
-
-
-def _agree_run_wide(
-    dist: DistContext, phase: str, error: BaseException | None, *, pattern: str = ""
-) -> None:
-    """The agreement step of a phase that runs no pattern's blocks (setup, output, exit)."""
-    from .agreement import agree
-
-    agree(
-        dist.agreement,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        phase=phase,
-        pattern=pattern,
-        error=error,
-    )
