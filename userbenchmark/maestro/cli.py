@@ -26,6 +26,7 @@ from .errors import (
     ConfigError,
     LaunchError,
     OptionError,
+    RunError,
     interrupted_message,
     say,
     user_error_message,
@@ -69,9 +70,15 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
-# ---------------------------------------------------------------------------------------------
-# run
-# ---------------------------------------------------------------------------------------------
+@click.group(
+    context_settings=CONTEXT,
+    no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
+    epilog=EXIT_STATUS_HELP,
+)
+def cli() -> None:
+    """Maestro: overlap benchmark for collectives and compute."""
+
+
 class _SizeType(click.ParamType):
     """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
 
@@ -161,26 +168,17 @@ def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
     """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
-    return RunOptions(
-        backend=params["backend"],
-        profiler=params["profiler"],
-        output_dir=params["output_dir"],
-        metrics_dir=params["metrics_dir"],
+    given = {f.name: params[f.name] for f in dataclasses.fields(RunOptions) if f.name in params}
+    given.update(
         write_metrics=not params["no_metrics"],
-        precision=params["precision"],
-        iters=params["iters"],
-        warmup_iters=params["warmup_iters"],
         # Flags override the pattern file only when given.
-        check=True if params["check"] else None,
+        check=params["check"] or None,
         baseline=False if params["no_baseline"] else None,
+        graph=params["graph"] or None,
         patterns=tuple(params["patterns"]),
-        seed=params["seed"],
-        trace=params["trace"],
-        plot=params["plot"],
         max_size_bytes=params["max_size"],
-        graph=True if params["graph"] else None,
-        log_level=params["log_level"],
     )
+    return RunOptions(**given)
 
 
 def _world_size(nproc: int | None, launch: Any) -> int:
@@ -256,20 +254,15 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 {RUN_EXIT_STATUS_HELP}"""
 
 
-@click.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
+@cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
 @_run_options
 @_interruptible
 def run_command(**params: Any) -> int:
     return cmd_run(params)
 
 
-# ---------------------------------------------------------------------------------------------
-# validate, compare, list-blocks
-# ---------------------------------------------------------------------------------------------
-@click.command(
-    "validate",
-    context_settings=CONTEXT,
-    short_help="check a pattern file and summarise it",
+@cli.command(
+    "validate", context_settings=CONTEXT, short_help="check a pattern file and summarise it"
 )
 @click.argument("config")
 @click.option(
@@ -305,11 +298,7 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     return EXIT_OK
 
 
-@click.command(
-    "compare",
-    context_settings=CONTEXT,
-    short_help="compare two results or metrics files",
-)
+@cli.command("compare", context_settings=CONTEXT, short_help="compare two results or metrics files")
 @click.argument("a")
 @click.argument("b")
 @click.option(
@@ -348,7 +337,6 @@ def compare_command(
         format_compare_table,
         parse_threshold_overrides,
     )
-    from .errors import RunError
 
     configure_logging("INFO", ranked=False)
     try:
@@ -365,11 +353,7 @@ def compare_command(
     return exit_code(result)
 
 
-@click.command(
-    "list-blocks",
-    context_settings=CONTEXT,
-    short_help="every op with its parameters",
-)
+@cli.command("list-blocks", context_settings=CONTEXT, short_help="every op with its parameters")
 @_interruptible
 def list_blocks_command() -> int:
     """List every op a block may name, with its parameters, types and defaults."""
@@ -401,7 +385,7 @@ def list_blocks_command() -> int:
     return EXIT_OK
 
 
-@click.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
+@cli.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
 @click.option(
@@ -426,28 +410,6 @@ def import_trace_command(**params: Any) -> int:
     return run_command(**params)
 
 
-@click.group(
-    context_settings=CONTEXT,
-    no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
-    epilog=EXIT_STATUS_HELP,
-)
-def cli() -> None:
-    """Maestro: overlap benchmark for collectives and compute."""
-
-
-for _command in (
-    run_command,
-    validate_command,
-    compare_command,
-    list_blocks_command,
-    import_trace_command,
-):
-    cli.add_command(_command)
-
-
-# ---------------------------------------------------------------------------------------------
-# entry points
-# ---------------------------------------------------------------------------------------------
 def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
     """Run a click command without click's own ``sys.exit``; returns the exit status."""
     try:
