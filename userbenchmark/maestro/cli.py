@@ -208,8 +208,8 @@ def cmd_run(params: dict[str, Any]) -> int:
     except LaunchError as err:  # every process says it: its rank cannot be trusted
         say(user_error_message(err))
         return EXIT_USAGE
-    if launch.launcher == "torchrun":
-        supervision.die_with_torchrun_agent()  # a killed agent leaves no worker behind
+    if launch.launcher == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID"):
+        supervision.die_with_parent(os.getppid())  # a killed agent leaves no worker behind
     local = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
     configure_logging(params["log_level"], ranked=not local)

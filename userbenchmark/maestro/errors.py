@@ -50,23 +50,8 @@ class ConfigError(MaestroError, ValueError):
             issues = [ConfigIssue(issues, path=path, file=file, line=line)]
         elif isinstance(issues, ConfigIssue):
             issues = [issues]
-        if not issues:
-            raise ValueError("ConfigError needs at least one issue")
         self.issues: tuple[ConfigIssue, ...] = tuple(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
-
-    @property
-    def path(self) -> str:
-        """YAML path of the first issue (e.g. ``patterns[1].blocks[0].size``)."""
-        return self.issues[0].path
-
-    @property
-    def file(self) -> str:
-        return self.issues[0].file
-
-    @property
-    def line(self) -> int | None:
-        return self.issues[0].line
 
 
 class RunError(MaestroError, RuntimeError):

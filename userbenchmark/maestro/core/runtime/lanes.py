@@ -58,12 +58,9 @@ def issue_runs(
 
 
 class _CpuWindow:
-    """The threads' shared state of one CPU window: the gate and end-of-iteration barriers,
-    how many iterations each block finished (what ``after`` waits on), the failures.
-
-    A lane stuck in a block (a custom block that never returns) or in a wait must not hold the
-    rank forever: past ``timeout_s`` the barriers and waits break and the rank reports it.
-    """
+    """The lane threads' shared state in one CPU window: barriers, how many iterations each
+    block finished (what ``after`` waits on), failures. Past ``timeout_s`` the barriers and
+    waits break: a lane stuck in a block or a wait cannot hold the rank forever."""
 
     def __init__(self, lanes: Sequence[Lane], num_blocks: int, timeout_s: float) -> None:
         self.gate = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
@@ -130,12 +127,9 @@ MAX_GATE_US = 100_000.0
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a window, as ``timeit`` does.
-
-    A collection pauses every thread of the process for up to tens of ms (with torch and
-    pandas loaded); inside a window it would land in a host enqueue or a CPU lane's block.
-    Reference counting still frees what a window drops.
-    """
+    """Python's cyclic garbage collector off for a window, as ``timeit`` does: a collection
+    pauses every thread for up to tens of ms (torch and pandas loaded), which would land in an
+    enqueue or a CPU lane's block. Reference counting still frees what a window drops."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -148,8 +142,11 @@ def gc_paused() -> Iterator[None]:
 def _twice_the_slowest_us(
     samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
 ) -> float:
-    """2x the slowest sample + ``pad_us``, clamped to [low_us, high_us]; the first sample is
-    left out when there are others (it pays one-time costs); ``default_us`` without samples."""
+    """2x the slowest warmup sample + ``pad_us``, clamped to [low_us, high_us]; ``default_us``
+    without samples. The first sample is left out when there are others: it pays one-time
+    costs (on an H200 the first launch of a GEMM new to the process blocked the host for the
+    whole gate spin, with lazy and eager module loading alike: ``bench/fidelity_gpu.py
+    --first-launch-probe``; counted, every pattern's gate was twice the previous one's)."""
     samples = np.asarray(samples_ns, dtype=np.float64)
     if samples.size > 1:
         samples = samples[1:]
@@ -159,15 +156,8 @@ def _twice_the_slowest_us(
 
 
 def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
-    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs.
-
-    The first iteration is left out when there are others: it pays one-time costs. On an
-    H200 the first launch of a GEMM new to the process blocked the host until the device was
-    idle, i.e. for the whole gate spin, with CUDA_MODULE_LOADING=LAZY and EAGER alike
-    (``bench/fidelity_gpu.py --first-launch-probe``); counting it made every pattern's gate
-    twice the previous one's. Clamped to [MIN_GATE_US, MAX_GATE_US]; a slower host shows up as
-    launch-bound iterations.
-    """
+    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs, in
+    [MIN_GATE_US, MAX_GATE_US] (a slower host shows up as launch-bound iterations)."""
     return _twice_the_slowest_us(
         enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
     )
@@ -184,10 +174,7 @@ MAX_START_MARGIN_US = 200_000.0
 
 def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
     """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
-    agreement + 100 µs, so the instant is still ahead when the last rank learns it.
-
-    The first iteration is left out when there are others (it pays one-time costs).
-    """
+    agreement + 100 µs, so the instant is still ahead when the last rank learns it."""
     return _twice_the_slowest_us(
         agree_ns,
         pad_us=100.0,
@@ -312,12 +299,9 @@ class CpuLanes:
 
 
 def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
-    """Return once every CUDA event has completed; RunError past ``timeout_s``.
-
-    Unlike ``torch.cuda.synchronize``, which waits forever for a collective whose peer died,
-    this lets the rank reach the agreement step (and abort its communicators) in time. An
-    event never recorded counts as completed.
-    """
+    """Return once every CUDA event (one never recorded counts) completed; RunError past
+    ``timeout_s``. ``torch.cuda.synchronize`` would wait forever for a collective whose peer
+    died: this lets the rank reach the agreement step (and abort its communicators) in time."""
     deadline = time.monotonic() + timeout_s
     pending = list(events)
     polls = 0
@@ -461,11 +445,9 @@ class CudaLanes:
 
 
 def calibrate_sleep_cycles_per_us(device: Any) -> float:
-    """Cycles of ``torch.cuda._sleep`` per µs, measured with events once the clocks are up.
-
-    The first spin on an idle GPU runs far slower than later ones (clock ramp-up), so spin
-    ~50 ms first, then fit the slope between two lengths (removing launch offsets).
-    """
+    """Cycles of ``torch.cuda._sleep`` per µs, measured with events: a ~50 ms spin first (the
+    first spin on an idle GPU runs far slower: clock ramp-up), then the slope between two
+    lengths (removing launch offsets)."""
     import torch
 
     with torch.cuda.device(device):

@@ -225,7 +225,9 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
             code = EXIT_FAILED
         elif code is not None and code not in _OWN_STATUSES:
             how = _describe_exit(code) if code else "exited with status 0"
-            log.error("rank %d %s%s, before the run ended", rank, how, _after(board, rank))
+            step = board.last_step(rank)
+            when = f" after {step}" if step else " during start-up"
+            log.error("rank %d %s%s, before the run ended", rank, how, when)
             code = EXIT_FAILED
         if code == EXIT_INTERRUPTED and crashed:
             code = EXIT_FAILED
@@ -234,11 +236,6 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
         if code is not None:
             statuses.append(code)
     return max(statuses, default=EXIT_FAILED)
-
-
-def _after(board: supervision.WorkerBoard, rank: int) -> str:
-    step = board.last_step(rank)
-    return f" after {step}" if step else " during start-up"
 
 
 def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:

@@ -42,12 +42,6 @@ def die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # 1: PR_SET_PDEATHSIG; the parent ended already
 
 
-def die_with_torchrun_agent() -> None:
-    """Under torchrun (``TORCHELASTIC_RUN_ID`` set) end this process with its agent."""
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        die_with_parent(os.getppid())
-
-
 class WorkerBoard:
     """What the local launcher and its workers share: each worker's pid, stage, status, last
     agreement step and whether a verdict named it as gone; whether the launcher forwards the
