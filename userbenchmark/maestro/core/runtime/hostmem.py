@@ -43,39 +43,27 @@ def _meminfo(proc: Path) -> HostMemory | None:
     return None
 
 
-def _cgroup_dirs(proc: Path, cgroup_root: Path) -> list[tuple[Path, str, str, Path]]:
-    """(this process's memory cgroup folder, limit file, usage file, hierarchy root) of each
-    hierarchy that has a memory controller."""
+def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+    """The least room left by this process's memory cgroups and their ancestors (each
+    hierarchy with a memory controller: v2's unified one, v1's ``memory``)."""
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        return []
-    found = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
+        return None
+    best: HostMemory | None = None
+    for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
         if controllers == "":  # cgroup v2 (unified)
             unified = cgroup_root / "unified"
             root = unified if (unified / "cgroup.controllers").exists() else cgroup_root
-            found.append((root, "memory.max", "memory.current", path))
+            limit_name, usage_name = "memory.max", "memory.current"
         elif "memory" in controllers.split(","):
-            v1 = (cgroup_root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
-            found.append((*v1, path))
-    dirs = []
-    for root, limit, usage, path in found:
-        folder = root / path.lstrip("/")
-        if not folder.is_dir():  # a cgroup namespace: this process's cgroup is the root
-            folder = root
-        dirs.append((folder, limit, usage, root))
-    return dirs
-
-
-def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
-    best: HostMemory | None = None
-    for folder, limit_name, usage_name, root in _cgroup_dirs(proc, cgroup_root):
-        current = folder
+            root = cgroup_root / "memory"
+            limit_name, usage_name = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        current = root / path.lstrip("/")
+        if not current.is_dir():  # a cgroup namespace: this process's cgroup is the root
+            current = root
         while True:
             limit = _read_int(current / limit_name)
             usage = _read_int(current / usage_name)

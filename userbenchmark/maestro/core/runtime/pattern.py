@@ -53,7 +53,6 @@ class Runtime:
     comms: Communicators
     profiler: Profiler
     executor: Any
-    barrier: Callable[[], None]
     sync_group: Any
     """gloo group for iteration barriers and result reductions; the agreement step has its
     own (the control group), so a failed rank's agreement call can never be matched with a
@@ -67,10 +66,6 @@ class Runtime:
     wedged: bool = False
     """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
     torn down any more; the rank leaves once the failure is saved and printed."""
-
-    def next_window(self) -> int:
-        self.window_id += 1
-        return self.window_id
 
     def lane_stream(self, name: str, priority: str) -> Any:
         if not self.dist.is_cuda:
@@ -248,7 +243,8 @@ class PatternRun:
     def _issue(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
     ) -> HostTimings:
-        profiler.begin_window(self.rt.next_window(), len(self.names), num_iters, present)
+        self.rt.window_id += 1
+        profiler.begin_window(self.rt.window_id, len(self.names), num_iters, present)
         with gc_paused():
             return self.rt.executor.run_window(
                 lanes,
@@ -267,12 +263,9 @@ class PatternRun:
         return (prof.end_window() if timed else None), stats
 
     def warmup(self, lanes: Sequence[Lane], present: np.ndarray) -> None:
-        """Run the warmup iterations (never timed) and size the gate from their enqueue.
-
-        Every pattern starts from the default gate, so no pattern inherits another's. Ranks
-        agree on the longest gate: ranks whose gates opened at different times would start
-        their collectives apart and time each other's delay.
-        """
+        """Run the warmup iterations (never timed) and size the gate from their enqueue, from
+        the default gate (no pattern inherits another's). Ranks agree on the longest gate: ranks
+        whose gates opened apart would start their collectives apart and time each other."""
         cuda = self.rt.dist.is_cuda
         if cuda:
             self.rt.executor.gate_us = DEFAULT_GATE_US
@@ -383,14 +376,10 @@ class PatternRun:
         )
 
     def teardown(self, *, failed: bool) -> None:
-        """Free the pattern's graphs, blocks and buffers once the device is done with them.
-
-        After a success every window already waited for its work: a synchronize returns at
-        once. After a failure the device gets :func:`agreement.grace_s` to finish (an aborted
-        collective ends at once). Work still running then (collective kernels an abort could
-        not stop) keeps its buffers: nothing is freed, the runtime is marked wedged and the
-        rank leaves after saving (a synchronize would never return).
-        """
+        """Free the pattern's graphs, blocks and buffers once the device is done with them (after
+        a failure within :func:`agreement.grace_s`: an aborted collective ends at once). Work
+        still running then keeps its buffers; the runtime is marked wedged (a synchronize would
+        never return) and the rank leaves after saving."""
         if self.rt.wedged:
             return  # NCCL kernels still hold the buffers; the process leaves without freeing
         cuda = self.rt.dist.is_cuda

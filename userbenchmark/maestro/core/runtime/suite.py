@@ -5,6 +5,7 @@ before the next one starts."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -16,7 +17,6 @@ from ...errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    ConfigError,
     RunError,
     cause_of,
     say,
@@ -30,7 +30,6 @@ from .distributed import (
     DistContext,
     LaunchInfo,
     apply_env,
-    detect_launch,
     init_distributed,
     shutdown_distributed,
     torch_reducer,
@@ -115,9 +114,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             ", ".join(registered),
         )
 
-    def barrier() -> None:
-        tdist.barrier(group=sync_group)
-
+    barrier = functools.partial(tdist.barrier, group=sync_group)
     calibration: dict[str, float] = {}
     if dist.is_cuda:
         calibration["sleep_cycles_per_us"] = calibrate_sleep_cycles_per_us(dist.device)
@@ -140,7 +137,6 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
         comms=comms,
         profiler=profiler,
         executor=executor,
-        barrier=barrier,
         sync_group=sync_group,
         seed=options.seed,
         calibration=calibration,
@@ -168,17 +164,10 @@ class _Ending:
         self.status = EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
 
 
-def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
-    """Run every pattern of ``suite`` on this rank; returns the exit status (0, 1 a pattern
-    failed, 130 interrupted). Raises ConfigError/OptionError when the ranks were started
-    inconsistently, RunError when this rank cannot join the others."""
-    launch = launch or detect_launch()
-    if launch.world_size != suite.world_size:
-        raise ConfigError(
-            f"the launch has {launch.world_size} rank(s) but the suite is "
-            f"configured for world_size {suite.world_size}",
-            file=suite.source,
-        )
+def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo) -> int:
+    """Run every pattern of ``suite`` (validated for this launch) on this rank; returns the exit
+    status (0, 1 a pattern failed, 130 interrupted). ConfigError/OptionError: ranks started
+    inconsistently; RunError: this rank cannot join the others."""
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
     restore_signals = interrupts.install()
     try:
