@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
+
 from ...errors import RunError
 from ..config.spec import AxisSpec
 from .agreement import grace_s, watchdog_timeout_s
@@ -22,8 +24,6 @@ GATE_GROUP = "(gate)"
 
 def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
     """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
-    import torch.distributed as dist
-
     options_cls = getattr(dist, "ProcessGroupNCCL", None)
     if options_cls is None:
         raise RunError("this torch build has no NCCL backend")
@@ -68,8 +68,6 @@ class Communicators:
             self._create(self._axes[name])
 
     def _create(self, axis: AxisSpec) -> None:
-        import torch.distributed as dist
-
         if axis.nccl and self.backend != "nccl":
             log.warning(
                 "axis %r: nccl options %s have no effect on the %s backend",
@@ -106,8 +104,6 @@ class Communicators:
     def gate_group(self) -> Any:
         """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
         aborted after a failure) with the axes' groups, under the same watchdog timeout."""
-        import torch.distributed as dist
-
         group = dist.new_group(
             backend="nccl", timeout=timedelta(seconds=watchdog_timeout_s(self.timeout_s))
         )
@@ -174,8 +170,6 @@ class Communicators:
     @staticmethod
     def _abort_all() -> bool:
         """Abort every process group of this process; False where torch cannot."""
-        import torch.distributed as dist
-
         abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort_all is None or not dist.is_initialized():
             return False

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ...errors import RunError
 
 GRAPH_MEMORY_MARGIN_BYTES = 64 << 20
@@ -43,8 +45,6 @@ def capture_blocks(
     records only the blocks' own work). A block that cannot be captured raises a RunError
     naming its op and the reason.
     """
-    import torch
-
     pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
     captured: dict[int, CapturedBlock] = {}
     torch.cuda.synchronize(device)

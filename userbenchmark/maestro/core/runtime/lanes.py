@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from ...errors import RunError
 from ..analysis.intervals import HostTimings
@@ -247,10 +248,6 @@ class CpuLanes:
             agree_ns=np.zeros(num_iters, dtype=np.int64),
             start_late=np.zeros(num_iters, dtype=bool),
         )
-        if not lanes:
-            for it in range(num_iters):
-                self._open_gate(sync, it, out)
-            return out
         window = _CpuWindow(lanes, len(block_names), self._timeout_s)
         threads = [
             threading.Thread(
@@ -337,8 +334,6 @@ class CudaLanes:
         timeout_s: float,
         align: Callable[[], None] | None = None,
     ) -> None:
-        import torch
-
         self._barrier = barrier
         self._timeout_s = timeout_s
         self._align = align
@@ -350,8 +345,6 @@ class CudaLanes:
         """Spin length; set per pattern from its warmup (:func:`calibrated_gate_us`)."""
 
     def make_stream(self, priority: str) -> Any:
-        import torch
-
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
         low, high = torch.cuda.Stream.priority_range()
         return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
@@ -367,8 +360,6 @@ class CudaLanes:
         order: Sequence[int] = (),
     ) -> HostTimings:
         """Enqueue the window; ``order``: the blocks' issue order (lane by lane when empty)."""
-        import torch
-
         enqueue = np.zeros(num_iters, dtype=np.int64)
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
@@ -430,8 +421,6 @@ class CudaLanes:
         """Whether the gate stream, ``streams`` and the current stream finished their work
         within ``timeout_s`` (a bounded ``torch.cuda.synchronize``: a collective that never
         ends must not hold the rank forever once the failure is agreed)."""
-        import torch
-
         events = []
         for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
             event = torch.cuda.Event()
@@ -448,8 +437,6 @@ def calibrate_sleep_cycles_per_us(device: Any) -> float:
     """Cycles of ``torch.cuda._sleep`` per µs, measured with events: a ~50 ms spin first (the
     first spin on an idle GPU runs far slower: clock ramp-up), then the slope between two
     lengths (removing launch offsets)."""
-    import torch
-
     with torch.cuda.device(device):
         torch.cuda._sleep(100_000_000)
         torch.cuda.synchronize()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as tdist
 
 from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
@@ -144,25 +146,21 @@ class PatternRun:
     # ---- phases ----
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
+        here = [i for i in range(len(self.names)) if self.present[i]]
         need = 0
-        for i, spec in enumerate(self.pattern.blocks):
-            if not self.present[i]:
-                continue
-            axis = rt.comms.axis(spec.axis)
-            need += self.classes[i].buffer_bytes(
-                spec.params, dtype=spec.dtype, team_size=axis.team_size
-            )
+        for i in here:
+            spec = self.pattern.blocks[i]
+            team_size = rt.comms.axis(spec.axis).team_size
+            need += self.classes[i].buffer_bytes(spec.params, dtype=spec.dtype, team_size=team_size)
             if self.pattern.graph:
                 need += GRAPH_MEMORY_MARGIN_BYTES
         if dist.is_cuda:
-            import torch
-
             free, _ = torch.cuda.mem_get_info(dist.device)
             if need > free:
-                names = ", ".join(n for n, p in zip(self.names, self.present, strict=True) if p)
                 raise RunError(
-                    f"blocks {names} need {need / 2**30:.2f} GiB of device memory "
-                    f"on this rank, only {free / 2**30:.2f} GiB is free"
+                    f"blocks {', '.join(self.names[i] for i in here)} need "
+                    f"{need / 2**30:.2f} GiB of device memory on this rank, only "
+                    f"{free / 2**30:.2f} GiB is free"
                 )
             torch.cuda.reset_peak_memory_stats(dist.device)
         else:
@@ -172,12 +170,11 @@ class PatternRun:
             check_host_memory(
                 need,
                 local_ranks=max(1, sum(1 for h in dist.hosts if h == mine)),
-                blocks=[n for n, p in zip(self.names, self.present, strict=True) if p],
+                blocks=[self.names[i] for i in here],
                 memory=available_host_memory(),
             )
-        for i, spec in enumerate(self.pattern.blocks):
-            if not self.present[i]:
-                continue
+        for i in here:
+            spec = self.pattern.blocks[i]
             allocator = None
             if spec.register_buffers and dist.is_cuda:
                 allocator = self._pool(spec.axis).allocator()
@@ -318,8 +315,6 @@ class PatternRun:
         agg = self.aggregate(timings, host)
         if not self.rt.collect_timeline:
             return agg, None
-        import torch.distributed as tdist
-
         mine = RankTimeline(
             rank=self.rt.dist.rank,
             starts_ns=np.asarray(timings.starts_ns, dtype=np.int64),
@@ -356,8 +351,6 @@ class PatternRun:
                 block.prepare_check()
         self.window(self.lanes(), 1, self.present, timed=False)
         if self.rt.dist.is_cuda:
-            import torch
-
             torch.cuda.synchronize(self.rt.dist.device)
         for i, block in enumerate(self.blocks):
             if block is not None:
@@ -397,8 +390,6 @@ class PatternRun:
                 )
                 return
         elif cuda:
-            import torch
-
             torch.cuda.synchronize(self.rt.dist.device)  # every stream, NCCL's own too
         self.captured = {}  # graphs first: they hold the blocks' buffers
         for block in self.blocks:
@@ -409,8 +400,6 @@ class PatternRun:
             pool.release()
         self.pools = {}
         if cuda:
-            import torch
-
             torch.cuda.empty_cache()
 
 
@@ -464,8 +453,6 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
             wrong = _phase(rt, "check", name, run.check)
         peak = None
         if rt.dist.is_cuda:
-            import torch
-
             peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
             peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
     except RunError as err:
