@@ -414,9 +414,7 @@ def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) 
     """Run a click command without click's own ``sys.exit``; returns the exit status."""
     try:
         status = command.main(
-            args=None if argv is None else list(argv),
-            prog_name=prog_name,
-            standalone_mode=False,
+            args=None if argv is None else list(argv), prog_name=prog_name, standalone_mode=False
         )
     except click.ClickException as err:  # usage errors (status 2): click's message, no trace
         err.show()

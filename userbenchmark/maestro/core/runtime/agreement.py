@@ -306,12 +306,7 @@ def agree(
 
 
 def _agreed_error(
-    failed: list[RankStatus],
-    missing: list[int],
-    *,
-    phase: str,
-    pattern: str,
-    world_size: int,
+    failed: list[RankStatus], missing: list[int], *, phase: str, pattern: str, world_size: int
 ) -> RunError:
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)

@@ -91,11 +91,7 @@ def available_host_memory(
 
 
 def check_host_memory(
-    need_bytes: int,
-    *,
-    local_ranks: int,
-    blocks: Sequence[str],
-    memory: HostMemory | None,
+    need_bytes: int, *, local_ranks: int, blocks: Sequence[str], memory: HostMemory | None
 ) -> None:
     """RunError when ``local_ranks`` ranks of ``need_bytes`` each do not fit in ``memory``."""
     if memory is None or need_bytes <= 0:

@@ -85,8 +85,7 @@ class _CpuWindow:
     def _wait_for(self, indices: Sequence[int], it: int) -> None:
         with self._changed:
             ok = self._changed.wait_for(
-                lambda: self._aborted or all(self._count[j] > it for j in indices),
-                self._timeout_s,
+                lambda: self._aborted or all(self._count[j] > it for j in indices), self._timeout_s
             )
         if self._aborted or not ok:
             raise threading.BrokenBarrierError

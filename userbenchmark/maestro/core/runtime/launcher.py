@@ -22,14 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ...errors import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    interrupted_message,
-    say,
-)
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, interrupted_message, say
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision

@@ -12,20 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as tdist
 
-from ...errors import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    RunError,
-    cause_of,
-    say,
-)
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
 from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
 from . import interrupts, supervision
+from .communicators import Communicators
 from .distributed import (
     DistContext,
     LaunchInfo,
@@ -34,6 +30,8 @@ from .distributed import (
     shutdown_distributed,
     torch_reducer,
 )
+from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
+from .pattern import Runtime, measure_pattern
 from .preflight import resolve_profiler
 
 log = logging.getLogger("maestro")
@@ -73,9 +71,6 @@ def _device_alignment(dist: DistContext, comms: Any) -> Any:
     a one-element all_reduce on a communicator of its own (None for one rank)."""
     if dist.world_size == 1:
         return None
-    import torch
-    import torch.distributed as tdist
-
     group, one = comms.gate_group(), torch.zeros(1, device=dist.device)
     return lambda: tdist.all_reduce(one, group=group)
 
@@ -89,13 +84,7 @@ def _start_agreement(dist: DistContext, group: Any) -> Any:
     return lambda proposal_ns: int(reduce(np.array([proposal_ns], dtype=np.int64), "max")[0])
 
 
-def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
-    import torch.distributed as tdist
-
-    from .communicators import Communicators
-    from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
-    from .pattern import Runtime
-
+def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Runtime:
     used = {b.axis for p in suite.patterns for b in p.blocks}
     sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
     comms = Communicators(
@@ -217,8 +206,6 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo) -> int:
 def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> None:
     """Measure each pattern and agree that it was torn down and reported (phase ``output``:
     a teardown's error, or rank 0's files that cannot be written, stop every rank)."""
-    from .pattern import measure_pattern
-
     for pattern in rt.suite.patterns:
         outcome, failure, error = None, None, None
         try:
