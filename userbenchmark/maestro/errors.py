@@ -40,7 +40,7 @@ class ConfigError(MaestroError, ValueError):
 
     def __init__(
         self,
-        issues: list[ConfigIssue] | ConfigIssue | str,
+        issues: list[ConfigIssue] | str,
         *,
         path: str = "",
         file: str = "",
@@ -48,8 +48,6 @@ class ConfigError(MaestroError, ValueError):
     ) -> None:
         if isinstance(issues, str):
             issues = [ConfigIssue(issues, path=path, file=file, line=line)]
-        elif isinstance(issues, ConfigIssue):
-            issues = [issues]
         self.issues: tuple[ConfigIssue, ...] = tuple(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
 

@@ -22,12 +22,7 @@ from .files import TEMPORARY_SUFFIX, unlink_quietly
 log = logging.getLogger("maestro.output")
 
 MAESTRO_OUTPUT_NAMES: Final = (
-    "results.json",
-    "results.csv",
-    "patterns.json",
-    "patterns.csv",
-    "pairs.json",
-    "pairs.csv",
+    *(f"{stem}.{ext}" for stem in ("results", "patterns", "pairs") for ext in ("json", "csv")),
     "failures.json",
     "run.json",
     "trace.json",

@@ -34,7 +34,6 @@ class Reporter:
         *,
         guard: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
-        self.suite = suite
         self.options = options
         self.writer: OutputWriter | None = None
         self.tables = Tables(precision=options.precision)

@@ -1,11 +1,7 @@
-"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON.
-
-Every file is rewritten after each finished pattern, atomically (a temporary file in the same
-folder, then ``os.replace``), so a run killed at any moment leaves complete files holding every
-pattern that finished and never a partial file. The files of one update are all written to
-temporaries first and renamed together, with SIGINT/SIGTERM held meanwhile, so an interrupted
-run leaves files that agree with each other.
-"""
+"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, all
+rewritten after each finished pattern, together and atomically (files.py) with SIGINT/SIGTERM
+held meanwhile: a run killed or interrupted at any moment leaves complete files that agree
+with each other and hold every pattern that finished."""
 
 from __future__ import annotations
 
@@ -52,13 +48,10 @@ class OutputWriter:
             self.outcomes.append(outcome)
             self.flush()
             if self.plot and outcome.timeline is not None:
-                self._write_plot(outcome)
+                from .plot import plot_pattern, unique_plot_name
 
-    def _write_plot(self, outcome: PatternOutcome) -> None:
-        from .plot import plot_pattern, unique_plot_name
-
-        name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
-        plot_pattern(outcome, self.output_dir / name)
+                name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
+                plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:
         self.failures.append({"pattern": pattern, "error": message})

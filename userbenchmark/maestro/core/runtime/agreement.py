@@ -57,7 +57,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
         block=getattr(error, "block", "") or _block_in(error) or _block_in(error.__cause__),
         contained=contained,
         phase=getattr(error, "phase", ""),
-        secondary=_looks_secondary(str(error)),
+        secondary=any(marker in str(error) for marker in _SECONDARY_MARKERS),
     )
 
 
@@ -75,7 +75,7 @@ def _block_in(error: BaseException | None) -> str:
 
 _STUCK = "did not return within timeout_s"
 """A block that did not return: stuck itself, or waiting on a peer that stopped."""
-_SECONDARY_MARKERS = (
+_SECONDARY_MARKERS = (  # an error with one of these only says that a peer stopped answering
     _STUCK,
     "Timed out",
     "timed out",
@@ -85,11 +85,6 @@ _SECONDARY_MARKERS = (
     "Broken pipe",
     "another rank stopped",
 )
-
-
-def _looks_secondary(text: str) -> bool:
-    """Whether an error only says that a peer stopped answering."""
-    return any(marker in text for marker in _SECONDARY_MARKERS)
 
 
 def grace_s(timeout_s: float) -> float:

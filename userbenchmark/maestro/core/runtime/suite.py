@@ -21,6 +21,7 @@ from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
 from . import interrupts, supervision
+from .agreement import ENDED_ACK_WAIT_S, post_ended
 from .communicators import Communicators
 from .distributed import (
     DistContext,
@@ -288,8 +289,6 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
 
 def _post_ended(dist: DistContext, missing: list[int], verdict: str, status: int) -> None:
     """Tell the ranks a verdict gave up on that the run ended (see agreement.EndedWatch)."""
-    from .agreement import ENDED_ACK_WAIT_S, post_ended
-
     try:
         with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=status):
             post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
