@@ -96,74 +96,6 @@ class _SizeType(click.ParamType):
 
 
 _FLAG = {"is_flag": True}
-RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option(
-        "-c",
-        "--config",
-        default="quickstart",
-        help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
-    ),
-    click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1"),
-    click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here"),
-    click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)"),
-    click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file"),
-    click.option(
-        "--backend",
-        type=click.Choice(("auto", "gloo", "nccl")),
-        default="auto",
-        help="auto: NCCL when CUDA is available, else gloo",
-    ),
-    click.option(
-        "--profiler",
-        type=click.Choice(("auto", "cupti", "events", "host")),
-        default="auto",
-        help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
-    ),
-    click.option("--iters", type=int, help="override every pattern's iters"),
-    click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters"),
-    click.option("--check", **_FLAG, help="verify every collective's output after timing"),
-    click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block"),
-    click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB"),
-    click.option("--precision", type=int, default=2, help="decimals of printed latencies"),
-    click.option("--seed", type=int, default=0, help="seed of the random inputs"),
-    click.option(
-        "--trace",
-        **_FLAG,
-        help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
-        "in --output-dir",
-    ),
-    click.option(
-        "--plot",
-        **_FLAG,
-        help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
-        "in --output-dir; needs matplotlib",
-    ),
-    click.option(
-        "--max-size",
-        type=_SizeType(),
-        metavar="SIZE",
-        help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
-        "sweep points that become identical run once",
-    ),
-    click.option(
-        "--graph",
-        **_FLAG,
-        help="CUDA-graph mode for every pattern: each block's launch captured once and "
-        "replayed per iteration (same as graph: true in the file; needs CUDA)",
-    ),
-    click.option(
-        "--log-level",
-        type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
-        default="INFO",
-        help="lowest level of log lines shown",
-    ),
-]
-
-
-def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(RUN_OPTIONS):
-        function = option(function)
-    return function
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
@@ -255,7 +187,65 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 
 
 @cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
-@_run_options
+@click.option(
+    "-c",
+    "--config",
+    default="quickstart",
+    help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
+)
+@click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
+@click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
+@click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
+@click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file")
+@click.option(
+    "--backend",
+    type=click.Choice(("auto", "gloo", "nccl")),
+    default="auto",
+    help="auto: NCCL when CUDA is available, else gloo",
+)
+@click.option(
+    "--profiler",
+    type=click.Choice(("auto", "cupti", "events", "host")),
+    default="auto",
+    help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
+)
+@click.option("--iters", type=int, help="override every pattern's iters")
+@click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")
+@click.option("--check", **_FLAG, help="verify every collective's output after timing")
+@click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block")
+@click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB")
+@click.option("--precision", type=int, default=2, help="decimals of printed latencies")
+@click.option("--seed", type=int, default=0, help="seed of the random inputs")
+@click.option(
+    "--trace",
+    **_FLAG,
+    help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) in --output-dir",
+)
+@click.option(
+    "--plot",
+    **_FLAG,
+    help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
+    "in --output-dir; needs matplotlib",
+)
+@click.option(
+    "--max-size",
+    type=_SizeType(),
+    metavar="SIZE",
+    help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
+    "sweep points that become identical run once",
+)
+@click.option(
+    "--graph",
+    **_FLAG,
+    help="CUDA-graph mode for every pattern: each block's launch captured once and "
+    "replayed per iteration (same as graph: true in the file; needs CUDA)",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
+    default="INFO",
+    help="lowest level of log lines shown",
+)
 @_interruptible
 def run_command(**params: Any) -> int:
     return cmd_run(params)
