@@ -30,7 +30,7 @@ from ...errors import (
 )
 from ..analysis.aggregate import Reducer
 from . import interrupts, supervision
-from .agreement import EndedWatch, StoreExchange, agree, wait_for_keys, watchdog_timeout_s
+from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
 from .preflight import SHARED_GPU_VARIABLE, resolve_backend
 
 log = logging.getLogger("maestro.dist")
@@ -198,12 +198,6 @@ class DistContext:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    def agree(
-        self, phase: str, error: BaseException | None, *, pattern: str = "", contained: bool = True
-    ) -> None:
-        """The agreement step at the end of ``phase`` (agreement.agree)."""
-        agree(self.agreement, self.rank, phase, error, pattern=pattern, contained=contained)
 
 
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:

@@ -29,7 +29,7 @@ from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
-from .agreement import grace_s
+from .agreement import agree, grace_s
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
@@ -90,7 +90,9 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
     # Phases that issue collectives leave them half-done when one rank stops early.
-    rt.dist.agree(phase, error, pattern=pattern, contained=phase == "setup")
+    agree(
+        rt.dist.agreement, rt.dist.rank, phase, error, pattern=pattern, contained=phase == "setup"
+    )
     return value
 
 

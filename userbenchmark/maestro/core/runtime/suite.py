@@ -21,7 +21,7 @@ from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
 from . import interrupts, supervision
-from .agreement import ENDED_ACK_WAIT_S, post_ended
+from .agreement import ENDED_ACK_WAIT_S, agree, post_ended
 from .communicators import Communicators
 from .distributed import (
     DistContext,
@@ -237,7 +237,7 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
         if stop:
             return
         try:
-            rt.dist.agree("output", error, pattern=pattern.name)
+            agree(rt.dist.agreement, rt.dist.rank, "output", error, pattern=pattern.name)
         except RunError as err:  # a teardown, or rank 0's files
             end.failed(err)
             if report is not None and err.phase == "teardown":
@@ -273,7 +273,7 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
         _post_ended(dist, sorted(end.missing - {end.rank}), end.verdict, end.status)
     if end.status and end.everyone_answered and not end.late_interrupt:
         try:
-            dist.agree("exit", None)  # the closing round: leave together
+            agree(dist.agreement, dist.rank, "exit", None)  # the closing round: leave together
         except Exception as exc:  # the run already failed; this is only about timing
             log.debug("closing round: %s", exc)
     if rt is not None and rt.wedged:
@@ -311,5 +311,5 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
             rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
-    dist.agree("setup", error)
+    agree(dist.agreement, dist.rank, "setup", error)
     return rt
