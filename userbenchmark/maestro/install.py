@@ -1,12 +1,10 @@
 """Install maestro's dependencies into the running Python environment.
 
-Run as ``python install.py`` in this folder, or ``python userbenchmark/maestro/install.py`` from
-the repository; TorchBench's ``python install.py --userbenchmark maestro`` runs this file the same
-way. An installed torch is never touched: maestro's requirements are installed around it, plus
-the cupti-python of its CUDA major version for a CUDA build. Only where torch is missing (a fresh
-environment) is it installed: the CPU build from PyTorch's CPU index when this machine has no
-NVIDIA driver, else PyPI's (CUDA) build; then this file runs again with torch in place.
-"""
+Run as ``python install.py`` in this folder, ``python userbenchmark/maestro/install.py`` from the
+repository, or by TorchBench's ``python install.py --userbenchmark maestro``. An installed torch
+is never touched: the requirements are installed around it, plus the cupti-python of its CUDA
+major version. Only where torch is missing is it installed (the CPU build from PyTorch's CPU
+index without an NVIDIA driver, else PyPI's CUDA build), then this file runs again."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Lanes and the start gate: how one window of iterations is issued.
-
-CPU: one worker thread per lane; a ``threading.Barrier`` releases all lanes at once each
-iteration. CUDA: one stream per lane; a spin kernel on a gate stream, an event recorded after
-it, every lane waits on that event, and only then does the host enqueue the blocks, so every
-lane starts when the spin ends, not when the host got to it.
-"""
+"""Lanes and the start gate: how one window of iterations is issued. CPU: one thread per lane,
+a ``threading.Barrier`` releases every lane at once each iteration. CUDA: one stream per lane;
+a spin kernel on a gate stream, then an event every lane waits on, and only then does the host
+enqueue the blocks: every lane starts when the spin ends, not when the host got to it."""
 
 from __future__ import annotations
 
@@ -195,14 +192,10 @@ def wait_until_ns(deadline_ns: int) -> None:
 
 
 class CpuLanes:
-    """Runs each lane on its own thread; a ``threading.Barrier`` is the gate.
-
-    Ranks start each iteration together: with ``sync: barrier`` every rank proposes
-    ``now + margin`` on the host clock, an all_reduce MAX makes the latest proposal the agreed
-    instant, and every rank opens its gate at that instant (``perf_counter`` is CLOCK_MONOTONIC,
-    one clock for every process of a host). Without a shared clock (ranks on several hosts)
-    or with ``sync: barrier-only``, a rank opens its gate when it leaves the host barrier.
-    """
+    """Each lane on its own thread; a ``threading.Barrier`` is the gate. With ``sync: barrier``
+    every rank proposes ``now + margin`` (``perf_counter``: CLOCK_MONOTONIC, one clock per host),
+    an all_reduce MAX agrees on the latest, and every rank opens its gate then; without a shared
+    clock (several hosts) or with ``sync: barrier-only`` a rank opens it leaving the barrier."""
 
     def __init__(
         self,
@@ -316,13 +309,10 @@ def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
 
 
 class CudaLanes:
-    """Issues lanes on CUDA streams behind a GPU-side start gate.
-
-    Ranks start each iteration together: with ``sync: barrier``, after the host barrier a
-    one-element all_reduce on a communicator of its own runs on the gate stream before the
-    spin, so every rank's spin starts when the last rank joined it (on the device, not when
-    each host left the barrier). ``sync: barrier-only`` skips it.
-    """
+    """Lanes on CUDA streams behind a GPU-side start gate. With ``sync: barrier``, after the host
+    barrier a one-element all_reduce on a communicator of its own runs on the gate stream before
+    the spin: every rank's spin starts when the last rank joined it, on the device, not when
+    each host left the barrier (``sync: barrier-only`` skips it)."""
 
     def __init__(
         self,

@@ -1,10 +1,8 @@
-"""Start N local workers through torch's own launcher API when no launcher started us.
-
-Workers get the suite the command line validated, and start with SIGINT/SIGTERM blocked (a
-signal during torch's import waits for their handler); torch's agent forwards the launcher's
-signal. They die with the launcher; its watchdog (supervision.py) ends what cannot end by
-itself, and the launcher ends once its workers have, whatever they left behind.
-"""
+"""Start N local workers through torch's own launcher API when no launcher started us. Workers
+get the suite the command line validated and start with SIGINT/SIGTERM blocked (a signal during
+torch's import waits for their handler); torch's agent forwards the launcher's signal. They die
+with the launcher; its watchdog (supervision.py) ends what cannot end by itself, and the
+launcher ends once its workers have, whatever they left behind."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The measurement protocol for one rank: set up, warm up, measure, baseline, check, aggregate.
-
-Every rank runs the same sequence of phases; an agreement step at each boundary makes a
-failure on one rank end the phase on every rank with the same error (core/agreement.py).
-"""
+Every rank runs the same phases; an agreement step at each boundary ends a failure on one rank
+with the same error on every rank (agreement.py)."""
 
 from __future__ import annotations
 
@@ -56,9 +54,8 @@ class Runtime:
     profiler: Profiler
     executor: Any
     sync_group: Any
-    """gloo group for iteration barriers and result reductions; the agreement step has its
-    own (the control group), so a failed rank's agreement call can never be matched with a
-    peer's barrier or reduction."""
+    """gloo group for iteration barriers and result reductions; the agreement step goes through
+    the store, so a failed rank's agreement never meets a peer's barrier or reduction."""
     seed: int = 0
     calibration: dict[str, float] = field(default_factory=dict)
     streams: dict[str, Any] = field(default_factory=dict)

@@ -39,10 +39,8 @@ log = logging.getLogger("maestro")
 
 
 def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> Any:
-    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler).
-
-    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``).
-    """
+    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler);
+    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``)."""
     name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
     if name == "host":
         from ..profilers.host import HostProfiler

@@ -1,12 +1,11 @@
-"""Keeping a run's processes together: no process outlives the run, no wait lasts forever.
-
-The local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends
-what cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`),
-refuses a block's ``os._exit`` and ends its own children (docs/reliability.md).
-"""
+"""Keeping a run's processes together: no process outlives the run, no wait lasts forever. The
+local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends what
+cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`), refuses a
+block's ``os._exit`` and ends its own children (docs/reliability.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -237,10 +236,8 @@ def end_children() -> None:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, signum)
-    except OSError:
-        pass
 
 
 def child_exit(pid: int) -> int | None:
@@ -271,11 +268,9 @@ def unattached_workers(board: WorkerBoard) -> list[int]:
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group the worker ``pid`` leads (the launcher makes it lead one)."""
-    try:
-        if pid:
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @dataclass(frozen=True)
@@ -287,11 +282,11 @@ class Kill:
 
 
 class Watchdog:
-    """The launcher's thread that ends, with SIGKILL, what cannot end by itself: at once, a
-    worker a verdict named as gone (stopped, hung; one that never said its pid: the spawned
-    workers missing from the board) and the process group of a worker that ended; a worker still running :data:`EXIT_GRACE_S` after every worker had its verdict, or
-    ``exit_deadline_s`` after another worker exited. ``abandon()`` is called when torch's
-    launcher still waits :data:`EXIT_GRACE_S` after every worker ended."""
+    """The launcher's thread that SIGKILLs what cannot end by itself: at once, a worker a verdict
+    named as gone (stopped, hung; one that never said its pid: a spawned worker missing from the
+    board) and the process group of a worker that ended; a worker still running
+    :data:`EXIT_GRACE_S` after every worker had its verdict, or ``exit_deadline_s`` after another
+    exited. ``abandon()``: torch's launcher still waits :data:`EXIT_GRACE_S` after all ended."""
 
     def __init__(
         self,
