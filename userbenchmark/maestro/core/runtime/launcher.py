@@ -24,6 +24,7 @@ from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, interr
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision
+from .agreement import agreement_timeout_s
 
 log = logging.getLogger("maestro.launcher")
 
@@ -142,8 +143,6 @@ def _describe_exit(exitcode: int) -> str:
 def exit_deadline_s(timeout_s: float) -> float:
     """Longest a worker may run on after another exited: the longest agreement wait, then
     :data:`supervision.EXIT_GRACE_S` to leave."""
-    from .agreement import agreement_timeout_s
-
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 

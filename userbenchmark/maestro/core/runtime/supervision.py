@@ -62,55 +62,50 @@ class WorkerBoard:
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-@dataclass
-class _Attached:
-    board: WorkerBoard
-    rank: int
-
-
-_attached: _Attached | None = None
+_board: WorkerBoard | None = None
+"""The board of the local launcher this process is a worker of (None: no such launcher)."""
+_rank = -1
 
 
 def attach(board: WorkerBoard, rank: int) -> None:
     """This process is worker ``rank`` of ``board`` (called first thing in a worker)."""
-    global _attached
-    _attached = _Attached(board, rank)
+    global _board, _rank
+    _board, _rank = board, rank
     board.pids[rank] = os.getpid()
     board.stage[rank] = RUNNING
 
 
 def attached() -> bool:
     """Whether this process is a worker of maestro's local launcher."""
-    return _attached is not None
+    return _board is not None
 
 
 def agreed(step: str) -> None:
     """This worker passed the agreement step ``step`` (``pattern 'p', phase setup``)."""
-    if _attached is not None:
+    if _board is not None:
         data = step.encode("utf-8", "replace")[: WHERE_BYTES - 1] + b"\0"
-        start = _attached.rank * WHERE_BYTES
-        _attached.board.where[start : start + len(data)] = data
+        start = _rank * WHERE_BYTES
+        _board.where[start : start + len(data)] = data
 
 
 def reached_verdict(status: int, missing: Iterable[int] = ()) -> None:
     """The outcome is known here (saved, printed): ``status`` is what this worker exits with,
     ``missing`` the ranks the verdict named as gone."""
-    if _attached is not None:
-        board, rank = _attached.board, _attached.rank
+    if _board is not None:
         for gone in missing:
-            if 0 <= gone < board.num_workers:
-                board.missing[gone] = 1
-        board.status[rank] = status
-        board.stage[rank] = max(board.stage[rank], VERDICT)
+            if 0 <= gone < _board.num_workers:
+                _board.missing[gone] = 1
+        _board.status[_rank] = status
+        _board.stage[_rank] = max(_board.stage[_rank], VERDICT)
 
 
 def leave(status: int, rank: int) -> None:
     """This process is about to exit with ``status``: tell the launcher, flush the output."""
-    if _attached is not None:
-        _attached.board.status[_attached.rank] = status
-        _attached.board.stage[_attached.rank] = LEAVING
+    if _board is not None:
+        _board.status[_rank] = status
+        _board.stage[_rank] = LEAVING
         if status and rank == 0:  # rank 0 printed why: the launcher need not say it again
-            _attached.board.told.value = 1
+            _board.told.value = 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -120,22 +115,21 @@ def leave(status: int, rank: int) -> None:
 
 def forwarded() -> bool:
     """Whether a signal came to every rank (forwarded by a launcher), not to this one alone."""
-    return _attached is None or bool(_attached.board.interrupted.value)
+    return _board is None or bool(_board.interrupted.value)
 
 
 def exited_peers() -> tuple[int, ...]:
     """Ranks of sibling workers whose process ended or is leaving: a SIGTERM then comes from
     torch's launcher ending the run, not from the user. Empty outside a local launch, and
     while the launcher forwards the user's signal."""
-    if _attached is None or _attached.board.interrupted.value:
+    if _board is None or _board.interrupted.value:
         return ()
-    board = _attached.board
     return tuple(
         rank
-        for rank in range(board.num_workers)
-        if rank != _attached.rank
-        and board.pids[rank]
-        and (board.stage[rank] == LEAVING or not _runs(board.pids[rank]))
+        for rank in range(_board.num_workers)
+        if rank != _rank
+        and _board.pids[rank]
+        and (_board.stage[rank] == LEAVING or not _runs(_board.pids[rank]))
     )
 
 
