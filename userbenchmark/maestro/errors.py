@@ -3,6 +3,7 @@ LaunchError for bad launcher variables, RunError for failures while measuring.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -132,12 +133,10 @@ def say(line: str) -> None:
 def detach_stream(stream: Any) -> None:
     """Point ``stream``'s descriptor at /dev/null: what is still buffered, and the
     interpreter's last flush, then go nowhere instead of failing."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def interrupted_message(*, saved: bool) -> str:

@@ -4,6 +4,7 @@ dashboards); existing ones keep theirs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -20,10 +21,8 @@ TEMPORARY_SUFFIX = ".tmp"
 
 def unlink_quietly(path: str | os.PathLike[str]) -> None:
     """Remove ``path``; one already gone (or not removable) is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _create_temporary(path: Path) -> tuple[int, str]:

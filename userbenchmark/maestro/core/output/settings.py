@@ -4,6 +4,7 @@ stack (versions, device), which an A/B comparison changes on purpose: shown, nev
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any, Final
@@ -83,10 +84,8 @@ def run_environ(
     if device.type == "cuda":
         info["cuda_version"] = str(torch.version.cuda)
         info["device"] = torch.cuda.get_device_name(device)
-        try:
+        with contextlib.suppress(Exception):  # NCCL may be absent from a CUDA build
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # NCCL may be absent from a CUDA build
-            pass
         if profiler == "cupti":
             from importlib.metadata import version
 

@@ -94,10 +94,8 @@ def check_host_memory(
     need_bytes: int, *, local_ranks: int, blocks: Sequence[str], memory: HostMemory | None
 ) -> None:
     """RunError when ``local_ranks`` ranks of ``need_bytes`` each do not fit in ``memory``."""
-    if memory is None or need_bytes <= 0:
-        return
     total = need_bytes * local_ranks
-    if total <= memory.available_bytes:
+    if memory is None or total <= memory.available_bytes:  # needing nothing always fits
         return
     gib = 2**30
     ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"

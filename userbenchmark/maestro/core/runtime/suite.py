@@ -267,8 +267,12 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
     # or by their own watch of the store: a rank stuck in a block has no other way out).
     supervision.reached_verdict(end.status, end.missing)
-    if end.missing - {end.rank}:
-        _post_ended(dist, sorted(end.missing - {end.rank}), end.verdict, end.status)
+    if gone := sorted(end.missing - {end.rank}):  # told the run ended (agreement.EndedWatch)
+        try:
+            with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=end.status):
+                post_ended(dist.agreement.store, gone, end.verdict, wait=dist.hosts_store)
+        except Exception as exc:  # the store went away with its host: nobody left to tell
+            log.debug("could not post the end of the run: %s", exc)
     if end.status and end.everyone_answered and not end.late_interrupt:
         try:
             agree(dist.agreement, dist.rank, "exit", None)  # the closing round: leave together
@@ -283,15 +287,6 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
     finally:
         if rt is not None:
             rt.profiler.close()
-
-
-def _post_ended(dist: DistContext, missing: list[int], verdict: str, status: int) -> None:
-    """Tell the ranks a verdict gave up on that the run ended (see agreement.EndedWatch)."""
-    try:
-        with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=status):
-            post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
-    except Exception as exc:  # the store went away with its host: nobody left to tell
-        log.debug("could not post the end of the run: %s", exc)
 
 
 def _leave_wedged(status: int, rank: int) -> None:

@@ -107,10 +107,8 @@ def leave(status: int, rank: int) -> None:
         if status and rank == 0:  # rank 0 printed why: the launcher need not say it again
             _board.told.value = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away
             stream.flush()
-        except (OSError, ValueError):  # a reader that went away
-            pass
 
 
 def forwarded() -> bool:
