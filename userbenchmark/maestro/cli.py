@@ -259,7 +259,6 @@ def run_command(**params: Any) -> int:
 @click.option(
     "--world-size",
     type=int,
-    default=None,
     help="world size to validate against (when the file does not fix it)",
 )
 @click.option(
@@ -280,7 +279,6 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
         say(user_error_message(OptionError(f"--world-size must be at least 1, got {world_size}")))
         return EXIT_USAGE
     try:
-        # --no-import: custom ops are checked by name only, never imported.
         suite = load_suite(config, world_size=world_size, import_ops=not no_import)
     except ConfigError as err:
         say(user_error_message(err))

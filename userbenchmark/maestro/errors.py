@@ -28,12 +28,8 @@ class ConfigIssue:
     line: int | None = None
 
     def __str__(self) -> str:
-        where = self.file or "<config>"
-        if self.line is not None:
-            where += f":{self.line}"
-        if self.path:
-            return f"{where}: {self.path}: {self.message}"
-        return f"{where}: {self.message}"
+        where = (self.file or "<config>") + ("" if self.line is None else f":{self.line}")
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
 class ConfigError(MaestroError, ValueError):

@@ -34,12 +34,9 @@ def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) ->
     env = os.environ if environ is None else environ
     if env.get("CI") or env.get("MAESTRO_NO_PROGRESS"):
         return False
-    isatty = getattr(stream, "isatty", None)
-    if isatty is None:
-        return False
     try:
-        return bool(isatty())
-    except (OSError, ValueError):  # a closed or detached stream
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # no isatty, or a closed or detached stream
         return False
 
 

@@ -9,8 +9,10 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ...blocks.registry import resolve_op
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
+from ..config.summary import describe_params
 
 RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
                        "max_size_bytes", "iters_override", "warmup_iters_override",
@@ -28,9 +30,6 @@ def suite_settings(suite: SuiteSpec) -> dict[str, str]:
     """What each pattern and block measures, after command-line overrides and --max-size:
     ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
     -> op, dtype, team size and parameters."""
-    from ...blocks.registry import resolve_op
-    from ..config.summary import describe_params
-
     out = {}
     for p in suite.patterns:
         out[f"pattern.{p.name}"] = (

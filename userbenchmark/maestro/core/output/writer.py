@@ -89,8 +89,6 @@ class OutputWriter:
             if self.trace:
                 from .trace import trace_text
 
-                # Rewritten after every pattern, like the other files: a killed run keeps a
-                # valid trace of what finished.
                 texts[out / "trace.json"] = trace_text(self.outcomes)
                 from .kineto import TRACES_DIR, rank_trace_texts
 

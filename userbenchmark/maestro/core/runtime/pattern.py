@@ -142,7 +142,6 @@ class PatternRun:
             for cls, b, r in zip(self.classes, specs, self.idle, strict=True)
         ]
 
-    # ---- phases ----
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
         here = [i for i in range(len(self.names)) if self.present[i]]
