@@ -275,12 +275,11 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     from .core.config.summary import suite_summary
 
     configure_logging("INFO", ranked=False)
-    if world_size is not None and world_size < 1:
-        say(user_error_message(OptionError(f"--world-size must be at least 1, got {world_size}")))
-        return EXIT_USAGE
     try:
+        if world_size is not None and world_size < 1:
+            raise OptionError(f"--world-size must be at least 1, got {world_size}")
         suite = load_suite(config, world_size=world_size, import_ops=not no_import)
-    except ConfigError as err:
+    except (ConfigError, OptionError) as err:
         say(user_error_message(err))
         return EXIT_USAGE
     print(suite_summary(suite))

@@ -13,6 +13,8 @@ from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
+from .kineto import TRACES_DIR, rank_trace_texts, stale_rank_files
+from .trace import trace_text
 
 
 class OutputWriter:
@@ -62,8 +64,6 @@ class OutputWriter:
         with self._guard():
             texts = self._texts()
             if self.trace:
-                from .kineto import TRACES_DIR, stale_rank_files
-
                 # Never the output folder itself: one removed during the run stays gone.
                 (self.output_dir / TRACES_DIR).mkdir(exist_ok=True)
             atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
@@ -87,11 +87,7 @@ class OutputWriter:
             # What produced these numbers (the metrics file's environ): compare reads it.
             texts[out / "run.json"] = json.dumps(self.environ, indent=1, sort_keys=True) + "\n"
             if self.trace:
-                from .trace import trace_text
-
                 texts[out / "trace.json"] = trace_text(self.outcomes)
-                from .kineto import TRACES_DIR, rank_trace_texts
-
                 for name, text in rank_trace_texts(self.outcomes).items():
                     texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
         if self.metrics_path is not None:
