@@ -29,10 +29,8 @@ def _create_temporary(path: Path) -> tuple[int, str]:
     """An exclusive new ``.NAME.<random>.tmp`` next to ``path``: (descriptor, its path)."""
     for _ in range(_NAME_ATTEMPTS):
         tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
-        try:
+        with contextlib.suppress(FileExistsError):
             return os.open(tmp, _CREATE_FLAGS, _NEW_FILE_MODE), tmp
-        except FileExistsError:
-            continue
     raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
 
 

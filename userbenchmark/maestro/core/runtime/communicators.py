@@ -127,23 +127,19 @@ class Communicators:
         torch's ``_abort_process_group()`` does (one by one they can block each other,
         pytorch/pytorch#119797), else each in turn; gloo has no abort (its operations ended at
         their timeout). The groups are unusable afterwards."""
-        if self.backend != "nccl":
-            self._groups = {name: None for name in self._groups}
-            return True
         groups = dict(self._groups)
         self._groups = {name: None for name in self._groups}
-        finished = threading.Event()
+        if self.backend != "nccl":
+            return True
 
         def work() -> None:
-            try:
-                if not self._abort_all():
-                    self._abort_each(groups)
-            finally:
-                finished.set()
+            if not self._abort_all():
+                self._abort_each(groups)
 
-        threading.Thread(target=work, name="maestro-nccl-abort", daemon=True).start()
-        wait_s = grace_s(self.timeout_s)
-        if finished.wait(wait_s):
+        thread = threading.Thread(target=work, name="maestro-nccl-abort", daemon=True)
+        thread.start()
+        thread.join(wait_s := grace_s(self.timeout_s))
+        if not thread.is_alive():
             return True
         log.error(
             "rank %d: the NCCL communicators did not abort within %g s (collective kernels "

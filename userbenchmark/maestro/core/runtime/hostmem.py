@@ -4,6 +4,7 @@ OOM-killed rank says nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,11 @@ def _read_int(path: Path) -> int | None:
 
 
 def _meminfo(proc: Path) -> HostMemory | None:
-    try:
+    with contextlib.suppress(OSError, IndexError, ValueError):
         for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 kib = int(line.split()[1])
                 return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
-    except (OSError, IndexError, ValueError):
-        pass
     return None
 
 
