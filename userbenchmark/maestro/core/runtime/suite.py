@@ -20,6 +20,10 @@ from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
+from ..profilers.cupti import cupti_available
+from ..profilers.cupti_window import CuptiWindowProfiler
+from ..profilers.events import EventProfiler
+from ..profilers.host import HostProfiler
 from . import interrupts, supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, post_ended
 from .communicators import Communicators
@@ -43,25 +47,17 @@ def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> 
     ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``)."""
     name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
     if name == "host":
-        from ..profilers.host import HostProfiler
-
         return HostProfiler()
     if name == "cupti":
-        from ..profilers.cupti_window import CuptiWindowProfiler
-
         prof = CuptiWindowProfiler(trace=trace)
         prof.start()
         return prof
     if requested == "auto" and dist.rank == 0:
-        from ..profilers.cupti import cupti_available
-
         log.warning(
             "cupti-python is not usable (%s); timing with CUDA events, which are coarser "
             "(stream-level)",
             cupti_available()[1],
         )
-    from ..profilers.events import EventProfiler
-
     return EventProfiler()
 
 
