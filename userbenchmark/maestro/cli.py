@@ -1,7 +1,6 @@
-"""Command-line interface: ``run``, ``validate``, ``compare``, ``list-blocks`` and
-``import-trace`` (click); :func:`main` for ``python -m userbenchmark.maestro``,
-:func:`run_from_torchbench` for TorchBench's ``run_benchmark.py maestro``. Input errors print
-one line and exit 2."""
+"""The click commands ``run``, ``validate``, ``compare``, ``list-blocks`` and ``import-trace``;
+:func:`main` for ``python -m userbenchmark.maestro``, :func:`run_from_torchbench` for
+TorchBench's ``run_benchmark.py maestro``. Input errors print one line and exit 2."""
 
 from __future__ import annotations
 

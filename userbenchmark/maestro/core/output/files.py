@@ -62,9 +62,8 @@ def _write_temporary(path: Path, data: bytes) -> str:
 
 
 def atomic_write_files(files: Mapping[Path, bytes]) -> None:
-    """Write every file so readers see old or new contents, never a part; all temporaries
-    are complete before the first rename, so the files change together. On failure no
-    temporary is left behind."""
+    """Write every file so readers see old or new contents, never a part, all together (every
+    temporary is complete before the first rename); a failure leaves no temporary behind."""
     written: dict[Path, str] = {}
     try:
         for path, data in files.items():

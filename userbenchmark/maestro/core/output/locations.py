@@ -45,10 +45,9 @@ _ATTEMPTS: Final = 1000
 
 @dataclass
 class PreparedOutputs:
-    """Checked output locations of one run, kept open while it writes: the output folder
-    (created; None without ``--output-dir``), the metrics file's reserved name (None: no
-    metrics), where an earlier run's files were moved and their names. ``close()`` releases
-    the folder's lock (removing its file) and the metrics name."""
+    """One run's checked output locations, held while it writes: the output folder (None without
+    ``--output-dir``), the reserved metrics file name (None: no metrics), where an earlier run's
+    files went and their names. ``close()`` releases the folder's lock and the metrics name."""
 
     output_dir: Path | None
     metrics_path: Path | None

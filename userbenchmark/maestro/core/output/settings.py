@@ -54,10 +54,9 @@ def run_environ(
     profiler: str,
     calibration: Mapping[str, float],
 ) -> dict[str, str]:
-    """The metrics file's ``environ``: the measurement settings (:data:`RUN_SETTINGS`,
-    ``pattern.*``, ``block.*``), the :data:`STACK`, the host, ``calibration`` (measured
-    constants such as ``sleep_cycles_per_us``) and the file's ``env`` (``env.<NAME>``).
-    ``dist``: the rank's runtime (its backend, every rank's host, ranks per GPU, device)."""
+    """The metrics file's ``environ`` from the rank's ``dist`` (backend, hosts, ranks per GPU,
+    device): the settings (:data:`RUN_SETTINGS`, ``pattern.*``, ``block.*``), the :data:`STACK`,
+    the host, ``calibration`` (``sleep_cycles_per_us``...) and the file's ``env.<NAME>``."""
     import torch
 
     from ... import __version__

@@ -121,12 +121,11 @@ class Communicators:
         return self._axes[axis].team_of(self.rank)
 
     def abort(self) -> bool:
-        """Abort every communicator after a failure left collectives half-issued; False when
-        the abort did not end within :func:`agreement.grace_s` (kernels still hold the GPU: the
-        caller leaves without tearing NCCL down). NCCL groups are aborted all at once, as
-        torch's ``_abort_process_group()`` does (one by one they can block each other,
-        pytorch/pytorch#119797), else each in turn; gloo has no abort (its operations ended at
-        their timeout). The groups are unusable afterwards."""
+        """Abort every communicator (unusable afterwards) after a failure left collectives
+        half-issued; False when it did not end within :func:`agreement.grace_s` (kernels hold the
+        GPU: the caller leaves without tearing NCCL down). NCCL groups all at once, as torch's
+        ``_abort_process_group()`` does (one by one they can block each other:
+        pytorch/pytorch#119797), else each in turn; gloo has none (its operations timed out)."""
         groups = dict(self._groups)
         self._groups = {name: None for name in self._groups}
         if self.backend != "nccl":

@@ -30,7 +30,6 @@ class Lane:
 
     name: str
     blocks: list[tuple[int, Any]]
-    priority: str = "normal"
     stream: Any = None
     after: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """{block index: blocks of other lanes of this window it waits for in each iteration}."""

@@ -66,15 +66,11 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
     """Block SIGINT/SIGTERM in this thread (workers inherit it), receive them in a helper
     thread and run this thread's handler, looked up then (torch's agent installs its own), for
     the first one; later ones would cut torch's shutdown of the workers short."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "sigtimedwait"
-    ):
+    main = threading.current_thread() is threading.main_thread()
+    if not main or not hasattr(signal, "sigtimedwait"):
         yield
         return
-    handlers = {
-        s: signal.getsignal(s)
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-    }
+    handlers = {s: signal.getsignal(s) for s in (*_ROUTED, signal.SIGHUP, signal.SIGQUIT)}
     # Python's resource tracker (started with the first spawned process) unblocks both signals
     # after starting itself, the way this function blocks them (bpo-33613): start it first.
     from multiprocessing import resource_tracker

@@ -217,14 +217,10 @@ class PatternRun:
                 continue
             block = self.captured.get(i, block)  # CUDA-graph mode: replay the capture
             li = self.lane_of_block[i]
-            if li not in lanes:
-                axis = self.rt.comms.axis(self.pattern.blocks[i].axis)
-                lanes[li] = Lane(
-                    name=names[li],
-                    blocks=[],
-                    priority=axis.priority,
-                    stream=self.rt.lane_stream(names[li], axis.priority),
-                )
+            if li not in lanes:  # its stream has its axis's priority
+                priority = self.rt.comms.axis(self.pattern.blocks[i].axis).priority
+                stream = self.rt.lane_stream(names[li], priority)
+                lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
             lanes[li].blocks.append((i, block))
             waits = tuple(j for j in self.after[i] if self._runs(j, only))
             if waits:
