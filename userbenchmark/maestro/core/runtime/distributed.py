@@ -181,8 +181,7 @@ class DistContext:
 
     @property
     def ranks_per_gpu(self) -> int | None:
-        """Most ranks that share one GPU (more than 1 only in NCCL's multi-rank test mode);
-        None on CPU."""
+        """Most ranks sharing one GPU (over 1 only in NCCL's multi-rank test mode); None on CPU."""
         if not self.is_cuda:
             return None
         return max(Counter(zip(self.hosts, self.devices, strict=True)).values(), default=1)
@@ -254,13 +253,8 @@ def init_distributed(
         if not dist.is_initialized():
             with exchange.waiting(timeout_s, launch.rank):
                 store = rendezvous_store(launch, timeout_s)
-                check_launch(
-                    dist.PrefixStore("maestro/launch/", store),
-                    launch,
-                    timeout_s,
-                    shared=shared,
-                    source=source,
-                )
+                launch_store = dist.PrefixStore("maestro/launch/", store)
+                check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
             with exchange.waiting(timeout_s, launch.rank):
                 dist.init_process_group(
                     backend=backend,

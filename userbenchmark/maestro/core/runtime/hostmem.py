@@ -22,8 +22,7 @@ class HostMemory:
 
     available_bytes: int
     source: str
-    """e.g. ``MemAvailable in /proc/meminfo`` or ``the cgroup's memory.max less memory.current
-    (/sys/fs/cgroup/job)``."""
+    """``MemAvailable in /proc/meminfo``, or a cgroup's limit less its usage (and the cgroup)."""
 
 
 def _read_int(path: Path) -> int | None:

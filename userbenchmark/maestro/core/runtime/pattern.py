@@ -295,12 +295,8 @@ class PatternRun:
             shared_clock=dist.one_host,
             host=host,
         )
-        return reduce_summaries(
-            local,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            reduce=torch_reducer(self.rt.sync_group),
-        )
+        reduce = torch_reducer(self.rt.sync_group)
+        return reduce_summaries(local, rank=dist.rank, world_size=dist.world_size, reduce=reduce)
 
     def analyse(
         self, timings: WindowTimings, host: HostTimings

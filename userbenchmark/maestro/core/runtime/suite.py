@@ -110,11 +110,8 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             align=_device_alignment(dist, comms),
         )
     else:
-        executor = CpuLanes(
-            barrier=barrier,
-            agree_start=_start_agreement(dist, sync_group),
-            timeout_s=suite.timeout_s,
-        )
+        agree_start = _start_agreement(dist, sync_group)
+        executor = CpuLanes(barrier=barrier, agree_start=agree_start, timeout_s=suite.timeout_s)
     return Runtime(
         suite=suite,
         dist=dist,
