@@ -120,8 +120,11 @@ def _plan(args: argparse.Namespace) -> list[list[str]] | None:
         why = "--torch-build" if args.torch_build else found
         where = f"from {CPU_INDEX_URL}" if build == "cpu" else "from PyPI"
         log.info(
-            f"torch is not installed: installing torch {TESTED_TORCH_VERSION}, the "
-            f"{build.upper()} build ({why}), {where}"
+            "torch is not installed: installing torch %s, the %s build (%s), %s",
+            TESTED_TORCH_VERSION,
+            build.upper(),
+            why,
+            where,
         )
         return torch_commands(build, ["--no-cupti"] if args.no_cupti else [])
     try:

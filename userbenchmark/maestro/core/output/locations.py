@@ -109,11 +109,8 @@ def metrics_folder(options: RunOptions) -> Path | None:
 
 
 def _under_special_root(path: Path) -> bool:
-    for candidate in {os.path.abspath(path), os.path.realpath(path)}:
-        for root in _SPECIAL_ROOTS:
-            if candidate == root or candidate.startswith(root + os.sep):
-                return True
-    return False
+    candidates = {os.path.abspath(path), os.path.realpath(path)}
+    return any(c == r or c.startswith(r + os.sep) for c in candidates for r in _SPECIAL_ROOTS)
 
 
 def _usable_dir(option: str, path: Path) -> Path:

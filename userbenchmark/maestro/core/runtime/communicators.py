@@ -86,15 +86,12 @@ class Communicators:
         # gloo: its operations end at the timeout. NCCL: the watchdog's timeout, after
         # maestro's own deadline on device work (which aborts the communicators itself).
         timeout_s = watchdog_timeout_s(self.timeout_s) if self.backend == "nccl" else self.timeout_s
+        timeout = timedelta(seconds=timeout_s)
         for team in axis.teams:
-            kwargs: dict[str, Any] = {
-                "ranks": list(team),
-                "backend": self.backend,
-                "timeout": timedelta(seconds=timeout_s),
-            }
+            kwargs = {"ranks": list(team), "backend": self.backend, "timeout": timeout}
             if self.backend == "nccl":
                 # A fresh object per group: new_group writes into it.
-                kwargs["pg_options"] = nccl_options(axis, kwargs["timeout"])
+                kwargs["pg_options"] = nccl_options(axis, timeout)
             group = dist.new_group(**kwargs)
             if self.rank in team:
                 mine = group

@@ -82,9 +82,8 @@ def available_host_memory(
 ) -> HostMemory | None:
     """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
     read (not Linux)."""
-    readings = [
-        r for r in (_meminfo(Path(proc)), _cgroup(Path(proc), Path(cgroup_root))) if r is not None
-    ]
+    proc, cgroup_root = Path(proc), Path(cgroup_root)
+    readings = [r for r in (_meminfo(proc), _cgroup(proc, cgroup_root)) if r is not None]
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 

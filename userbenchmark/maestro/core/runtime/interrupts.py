@@ -38,9 +38,7 @@ _state = _State()
 
 
 def _raise(signum: int) -> None:
-    exited = _state.exited
-    _state.pending = None
-    _state.exited = ()
+    exited, _state.pending, _state.exited = _state.exited, None, ()
     if exited:
         raise PeerExited(exited)
     raise KeyboardInterrupt(f"signal {signum}")
