@@ -312,24 +312,19 @@ def _agreed_error(
     )
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
-    if primary:
-        first = primary[0]
-        rank, block, detail = first.rank, first.block, first.message
-        phase = first.phase or phase
-        if first.interrupted:
-            detail = "interrupted (SIGINT/SIGTERM); the run stops"
-        rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]
-    elif missing:
-        rank, block = missing[0], ""
-        if rank in exited:
-            detail = "its process ended before the agreement step at the end of the phase"
-        else:
-            detail = "did not reach the agreement step at the end of the phase: it died or hung"
-        rest = missing[1:] + [s.rank for s in secondary]
+    rank, *rest = [s.rank for s in primary] + missing + [s.rank for s in secondary]
+    if primary or not missing:  # the first rank named failed (or only waited) itself
+        first = (primary or secondary)[0]
+        block, detail = first.block, first.message
+        if primary:
+            phase = first.phase or phase
+            if first.interrupted:
+                detail = "interrupted (SIGINT/SIGTERM); the run stops"
+    elif rank in exited:
+        block, detail = "", "its process ended before the agreement step at the end of the phase"
     else:
-        first = secondary[0]
-        rank, block, detail = first.rank, first.block, first.message
-        rest = [s.rank for s in secondary[1:]]
+        block = ""
+        detail = "did not reach the agreement step at the end of the phase: it died or hung"
     if rest:
         detail += f" (also failed or stopped waiting: rank {', '.join(map(str, rest))})"
     same_block = (
