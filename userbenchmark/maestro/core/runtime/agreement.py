@@ -225,35 +225,32 @@ class StoreExchange:
         if status.exited:
             wait_s = min(wait_s, ENDING_WAIT_S)
         with self.waiting(wait_s, status.rank):
-            return self._exchange(status, wait_s)
-
-    def _exchange(self, status: RankStatus, wait_s: float) -> tuple[list[RankStatus], list[int]]:
-        self.round += 1
-        prefix = f"agree/{self.round}/"
-        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
-        deadline = time.monotonic() + wait_s
-        pending = list(range(self.world_size))
-        arrived: list[int] = []
-        while pending:
-            while pending and self.store.check([prefix + str(pending[0])]):
-                arrived.append(pending.pop(0))
-            now = time.monotonic()
-            # A rank whose process is known to have ended will not come: nobody waits for it.
-            awaited = [r for r in pending if r not in status.exited]
-            if not awaited or now >= deadline:
-                break
-            wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
-        # Past the deadline, a later rank may have arrived while an earlier one is missing.
-        arrived += [r for r in pending if self.store.check([prefix + str(r)])]
-        missing = [r for r in pending if r not in arrived]
-        statuses = [_decode(self.store.get(prefix + str(r))) for r in arrived]
-        if self.round > 2:
-            # Every rank finished reading round n-2 before it posted round n-1.
-            try:
-                self.store.delete_key(f"agree/{self.round - 2}/{status.rank}")
-            except Exception as exc:  # only housekeeping
-                log.debug("could not delete an old agreement key: %s", exc)
-        return statuses, missing
+            self.round += 1
+            prefix = f"agree/{self.round}/"
+            self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
+            deadline = time.monotonic() + wait_s
+            pending = list(range(self.world_size))
+            arrived: list[int] = []
+            while pending:
+                while pending and self.store.check([prefix + str(pending[0])]):
+                    arrived.append(pending.pop(0))
+                now = time.monotonic()
+                # A rank whose process is known to have ended will not come: nobody waits for it.
+                awaited = [r for r in pending if r not in status.exited]
+                if not awaited or now >= deadline:
+                    break
+                wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
+            # Past the deadline, a later rank may have arrived while an earlier one is missing.
+            arrived += [r for r in pending if self.store.check([prefix + str(r)])]
+            missing = [r for r in pending if r not in arrived]
+            statuses = [_decode(self.store.get(prefix + str(r))) for r in arrived]
+            if self.round > 2:
+                # Every rank finished reading round n-2 before it posted round n-1.
+                try:
+                    self.store.delete_key(f"agree/{self.round - 2}/{status.rank}")
+                except Exception as exc:  # only housekeeping
+                    log.debug("could not delete an old agreement key: %s", exc)
+            return statuses, missing
 
 
 def _decode(raw: bytes) -> RankStatus:

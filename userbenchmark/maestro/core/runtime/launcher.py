@@ -25,6 +25,7 @@ from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision
 from .agreement import agreement_timeout_s
+from .logs import configure_logging
 
 log = logging.getLogger("maestro.launcher")
 
@@ -50,8 +51,7 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
 
-    from .logs import configure_logging
-    from .worker import run_worker
+    from .worker import run_worker  # a running rank's modules: imported in the worker only
 
     configure_logging(job.options.log_level)
     status = run_worker(job.suite, job.options)

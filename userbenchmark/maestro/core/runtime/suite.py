@@ -246,10 +246,8 @@ def _output_error(exc: Exception, report: Reporter) -> RunError:
     """What rank 0 reports when its files cannot be written."""
     folder = report.options.output_dir
     if folder and not os.path.isdir(folder):
-        detail = f"the output folder {folder} was removed during the run ({cause_of(exc)})"
-    else:
-        detail = f"cannot write the results: {cause_of(exc)}"
-    return RunError(detail)
+        return RunError(f"the output folder {folder} was removed during the run ({cause_of(exc)})")
+    return RunError(f"cannot write the results: {cause_of(exc)}")
 
 
 def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) -> None:

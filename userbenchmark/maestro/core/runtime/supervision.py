@@ -249,12 +249,9 @@ def unattached_workers(board: WorkerBoard) -> list[int]:
     known = set(board.pids)
     found = []
     for pid in _children(os.getpid()):
-        try:
-            spawned = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if spawned and pid not in known:
-            found.append(pid)
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if pid not in known and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 
