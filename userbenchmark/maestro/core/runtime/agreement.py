@@ -138,15 +138,13 @@ ENDED_ACK_WAIT_S = 2.0
 """How long the poster waits for those ranks to see it (the store may live in its process)."""
 
 
-def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> bool:
+def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> None:
     """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict);
-    ``wait`` (the store lives here): True once every one of them saw it."""
+    ``wait`` (the store lives here): until every one of them saw it (:data:`ENDED_ACK_WAIT_S`)."""
     for rank in missing:
         store.set(f"{ENDED_PREFIX}{rank}", message)
-    if not wait:
-        return False
-    acks = [f"{ENDED_PREFIX}{rank}/ack" for rank in missing]
-    return wait_for_keys(store, acks, ENDED_ACK_WAIT_S)
+    if wait:
+        wait_for_keys(store, [f"{ENDED_PREFIX}{rank}/ack" for rank in missing], ENDED_ACK_WAIT_S)
 
 
 class EndedWatch:

@@ -325,7 +325,6 @@ def store_owner(launch: LaunchInfo) -> str:
 
 
 def _store_client(host: str, port: int, timeout_s: float) -> Any:
-    """Another client of the rendezvous store (under the ``maestro/`` prefix)."""
     import torch.distributed as dist
 
     timeout = timedelta(seconds=timeout_s)
