@@ -12,8 +12,8 @@ from userbenchmark.maestro.core.config.spec import BlockSpec
 from userbenchmark.maestro.core.runtime.agreement import (
     RankStatus,
     _agreed_error,
-    abort_wait_s,
     agreement_timeout_s,
+    grace_s,
     status_of,
     watchdog_timeout_s,
 )
@@ -93,7 +93,7 @@ def test_a_run_error_made_outside_the_agreement_knows_nobody_answered():
 def test_torch_watchdog_acts_only_after_maestro_reported(timeout_s):
     # maestro: device deadline, then the agreement (which may wait for a missing rank), then
     # its own abort. torch's watchdog ends the process when it fires, so it must come last.
-    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + 2 * abort_wait_s(timeout_s)
+    maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + 2 * grace_s(timeout_s)
     assert watchdog_timeout_s(timeout_s) > maestro_done_s + 1.0
     assert agreement_timeout_s(timeout_s) > timeout_s
 
@@ -151,7 +151,7 @@ def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
     monkeypatch.setattr(
         dist.distributed_c10d, "_abort_process_group", lambda: never.wait(), raising=False
     )
-    monkeypatch.setattr(communicators, "abort_wait_s", lambda timeout_s: 0.2)
+    monkeypatch.setattr(communicators, "grace_s", lambda timeout_s: 0.2)
     comms = _communicators("nccl", {"tp": _FakeGroup()})
     start = time.monotonic()
     assert comms.abort() is False

@@ -334,7 +334,8 @@ def test_yaml_syntax_error_has_its_line():
     with pytest.raises(ConfigError) as info:
         load_suite_text(text, file="syntax.yaml")
     assert "YAML syntax error" in str(info.value)
-    assert info.value.line is not None and info.value.line >= 5
+    line = info.value.issues[0].line
+    assert line is not None and line >= 5
     assert "syntax.yaml:" in str(info.value)
 
 

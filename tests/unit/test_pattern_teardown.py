@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from userbenchmark.maestro.core.runtime.agreement import abort_wait_s
+from userbenchmark.maestro.core.runtime.agreement import grace_s
 from userbenchmark.maestro.core.runtime.pattern import PatternRun
 
 
@@ -53,7 +53,7 @@ def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
     run, waits = _run(drains=False)
     block, pool = run.blocks[0], run.pools["x"]
     run.teardown(failed=True)
-    assert waits == [abort_wait_s(40.0)]  # short: an aborted collective ends at once
+    assert waits == [grace_s(40.0)]  # short: an aborted collective ends at once
     assert run.rt.wedged
     assert block.torn_down == 0 and pool.released == 0 and run.captured
 
@@ -73,7 +73,7 @@ def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeyp
     run, waits = _run(drains=True)
     block, pool = run.blocks[0], run.pools["x"]
     run.teardown(failed=True)
-    assert waits == [abort_wait_s(40.0)] and not run.rt.wedged
+    assert waits == [grace_s(40.0)] and not run.rt.wedged
     assert block.torn_down == 1 and pool.released == 1 and run.captured == {}
     assert calls == ["empty"]
     run, waits = _run(drains=True)

@@ -135,7 +135,7 @@ def test_exited_peers_names_siblings_whose_process_ended(monkeypatch):
     board.pids[1] = gone.pid
     board.pids[2] = os.getppid()
     board.stage[2] = LEAVING
-    monkeypatch.setattr(supervision, "_attached", None)
+    monkeypatch.setattr(supervision, "_board", None)
     assert supervision.exited_peers() == () and supervision.forwarded()  # not a local worker
     supervision.attach(board, 0)
     assert supervision.exited_peers() == (1, 2) and not supervision.forwarded()

@@ -1,5 +1,5 @@
-"""Command-line interface: ``run``, ``validate``, ``compare``, ``list-blocks`` and
-``import-trace`` (click); :func:`main` for ``python -m userbenchmark.maestro``, :func:`run_from_torchbench` for
+"""The click commands ``run``, ``validate``, ``compare``, ``list-blocks`` and ``import-trace``;
+:func:`main` for ``python -m userbenchmark.maestro``, :func:`run_from_torchbench` for
 TorchBench's ``run_benchmark.py maestro``. Input errors print one line and exit 2."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .errors import (
     ConfigError,
     LaunchError,
     OptionError,
+    RunError,
     interrupted_message,
     say,
     user_error_message,
@@ -69,9 +70,15 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
-# ---------------------------------------------------------------------------------------------
-# run
-# ---------------------------------------------------------------------------------------------
+@click.group(
+    context_settings=CONTEXT,
+    no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
+    epilog=EXIT_STATUS_HELP,
+)
+def cli() -> None:
+    """Maestro: overlap benchmark for collectives and compute."""
+
+
 class _SizeType(click.ParamType):
     """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
 
@@ -89,98 +96,21 @@ class _SizeType(click.ParamType):
 
 
 _FLAG = {"is_flag": True}
-RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option(
-        "-c",
-        "--config",
-        default="quickstart",
-        help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
-    ),
-    click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1"),
-    click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here"),
-    click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)"),
-    click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file"),
-    click.option(
-        "--backend",
-        type=click.Choice(("auto", "gloo", "nccl")),
-        default="auto",
-        help="auto: NCCL when CUDA is available, else gloo",
-    ),
-    click.option(
-        "--profiler",
-        type=click.Choice(("auto", "cupti", "events", "host")),
-        default="auto",
-        help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
-    ),
-    click.option("--iters", type=int, help="override every pattern's iters"),
-    click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters"),
-    click.option("--check", **_FLAG, help="verify every collective's output after timing"),
-    click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block"),
-    click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB"),
-    click.option("--precision", type=int, default=2, help="decimals of printed latencies"),
-    click.option("--seed", type=int, default=0, help="seed of the random inputs"),
-    click.option(
-        "--trace",
-        **_FLAG,
-        help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) "
-        "in --output-dir",
-    ),
-    click.option(
-        "--plot",
-        **_FLAG,
-        help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
-        "in --output-dir; needs matplotlib",
-    ),
-    click.option(
-        "--max-size",
-        type=_SizeType(),
-        metavar="SIZE",
-        help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
-        "sweep points that become identical run once",
-    ),
-    click.option(
-        "--graph",
-        **_FLAG,
-        help="CUDA-graph mode for every pattern: each block's launch captured once and "
-        "replayed per iteration (same as graph: true in the file; needs CUDA)",
-    ),
-    click.option(
-        "--log-level",
-        type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
-        default="INFO",
-        help="lowest level of log lines shown",
-    ),
-]
-
-
-def _run_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(RUN_OPTIONS):
-        function = option(function)
-    return function
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
     """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
-    return RunOptions(
-        backend=params["backend"],
-        profiler=params["profiler"],
-        output_dir=params["output_dir"],
-        metrics_dir=params["metrics_dir"],
+    given = {f.name: params[f.name] for f in dataclasses.fields(RunOptions) if f.name in params}
+    given.update(
         write_metrics=not params["no_metrics"],
-        precision=params["precision"],
-        iters=params["iters"],
-        warmup_iters=params["warmup_iters"],
         # Flags override the pattern file only when given.
-        check=True if params["check"] else None,
+        check=params["check"] or None,
         baseline=False if params["no_baseline"] else None,
+        graph=params["graph"] or None,
         patterns=tuple(params["patterns"]),
-        seed=params["seed"],
-        trace=params["trace"],
-        plot=params["plot"],
         max_size_bytes=params["max_size"],
-        graph=True if params["graph"] else None,
-        log_level=params["log_level"],
     )
+    return RunOptions(**given)
 
 
 def _world_size(nproc: int | None, launch: Any) -> int:
@@ -210,8 +140,8 @@ def cmd_run(params: dict[str, Any]) -> int:
     except LaunchError as err:  # every process says it: its rank cannot be trusted
         say(user_error_message(err))
         return EXIT_USAGE
-    if launch.launcher == "torchrun":
-        supervision.die_with_torchrun_agent()  # a killed agent leaves no worker behind
+    if launch.launcher == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID"):
+        supervision.die_with_parent(os.getppid())  # a killed agent leaves no worker behind
     local = launch.launcher == "none" and (params["nproc"] or 1) > 1
     # The local launcher is no rank; every process below it is one.
     configure_logging(params["log_level"], ranked=not local)
@@ -256,26 +186,78 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 {RUN_EXIT_STATUS_HELP}"""
 
 
-@click.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
-@_run_options
+@cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
+@click.option(
+    "-c",
+    "--config",
+    default="quickstart",
+    help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
+)
+@click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
+@click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
+@click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
+@click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file")
+@click.option(
+    "--backend",
+    type=click.Choice(("auto", "gloo", "nccl")),
+    default="auto",
+    help="auto: NCCL when CUDA is available, else gloo",
+)
+@click.option(
+    "--profiler",
+    type=click.Choice(("auto", "cupti", "events", "host")),
+    default="auto",
+    help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
+)
+@click.option("--iters", type=int, help="override every pattern's iters")
+@click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")
+@click.option("--check", **_FLAG, help="verify every collective's output after timing")
+@click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block")
+@click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB")
+@click.option("--precision", type=int, default=2, help="decimals of printed latencies")
+@click.option("--seed", type=int, default=0, help="seed of the random inputs")
+@click.option(
+    "--trace",
+    **_FLAG,
+    help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) in --output-dir",
+)
+@click.option(
+    "--plot",
+    **_FLAG,
+    help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
+    "in --output-dir; needs matplotlib",
+)
+@click.option(
+    "--max-size",
+    type=_SizeType(),
+    metavar="SIZE",
+    help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
+    "sweep points that become identical run once",
+)
+@click.option(
+    "--graph",
+    **_FLAG,
+    help="CUDA-graph mode for every pattern: each block's launch captured once and "
+    "replayed per iteration (same as graph: true in the file; needs CUDA)",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
+    default="INFO",
+    help="lowest level of log lines shown",
+)
 @_interruptible
 def run_command(**params: Any) -> int:
     return cmd_run(params)
 
 
-# ---------------------------------------------------------------------------------------------
-# validate, compare, list-blocks
-# ---------------------------------------------------------------------------------------------
-@click.command(
-    "validate",
-    context_settings=CONTEXT,
-    short_help="check a pattern file and summarise it",
+@cli.command(
+    "validate", context_settings=CONTEXT, short_help="check a pattern file and summarise it"
 )
 @click.argument("config")
 @click.option(
     "--world-size",
     type=int,
-    default=None,
     help="world size to validate against (when the file does not fix it)",
 )
 @click.option(
@@ -292,24 +274,18 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     from .core.config.summary import suite_summary
 
     configure_logging("INFO", ranked=False)
-    if world_size is not None and world_size < 1:
-        say(user_error_message(OptionError(f"--world-size must be at least 1, got {world_size}")))
-        return EXIT_USAGE
     try:
-        # --no-import: custom ops are checked by name only, never imported.
+        if world_size is not None and world_size < 1:
+            raise OptionError(f"--world-size must be at least 1, got {world_size}")
         suite = load_suite(config, world_size=world_size, import_ops=not no_import)
-    except ConfigError as err:
+    except (ConfigError, OptionError) as err:
         say(user_error_message(err))
         return EXIT_USAGE
     print(suite_summary(suite))
     return EXIT_OK
 
 
-@click.command(
-    "compare",
-    context_settings=CONTEXT,
-    short_help="compare two results or metrics files",
-)
+@cli.command("compare", context_settings=CONTEXT, short_help="compare two results or metrics files")
 @click.argument("a")
 @click.argument("b")
 @click.option(
@@ -348,7 +324,6 @@ def compare_command(
         format_compare_table,
         parse_threshold_overrides,
     )
-    from .errors import RunError
 
     configure_logging("INFO", ranked=False)
     try:
@@ -365,11 +340,7 @@ def compare_command(
     return exit_code(result)
 
 
-@click.command(
-    "list-blocks",
-    context_settings=CONTEXT,
-    short_help="every op with its parameters",
-)
+@cli.command("list-blocks", context_settings=CONTEXT, short_help="every op with its parameters")
 @_interruptible
 def list_blocks_command() -> int:
     """List every op a block may name, with its parameters, types and defaults."""
@@ -401,7 +372,7 @@ def list_blocks_command() -> int:
     return EXIT_OK
 
 
-@click.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
+@cli.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
 @click.option(
@@ -426,35 +397,11 @@ def import_trace_command(**params: Any) -> int:
     return run_command(**params)
 
 
-@click.group(
-    context_settings=CONTEXT,
-    no_args_is_help=False,  # a missing command is a usage error (status 2) on every click 8.x
-    epilog=EXIT_STATUS_HELP,
-)
-def cli() -> None:
-    """Maestro: overlap benchmark for collectives and compute."""
-
-
-for _command in (
-    run_command,
-    validate_command,
-    compare_command,
-    list_blocks_command,
-    import_trace_command,
-):
-    cli.add_command(_command)
-
-
-# ---------------------------------------------------------------------------------------------
-# entry points
-# ---------------------------------------------------------------------------------------------
 def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
     """Run a click command without click's own ``sys.exit``; returns the exit status."""
     try:
         status = command.main(
-            args=None if argv is None else list(argv),
-            prog_name=prog_name,
-            standalone_mode=False,
+            args=None if argv is None else list(argv), prog_name=prog_name, standalone_mode=False
         )
     except click.ClickException as err:  # usage errors (status 2): click's message, no trace
         err.show()

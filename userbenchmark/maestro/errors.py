@@ -3,6 +3,7 @@ LaunchError for bad launcher variables, RunError for failures while measuring.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -27,12 +28,8 @@ class ConfigIssue:
     line: int | None = None
 
     def __str__(self) -> str:
-        where = self.file or "<config>"
-        if self.line is not None:
-            where += f":{self.line}"
-        if self.path:
-            return f"{where}: {self.path}: {self.message}"
-        return f"{where}: {self.message}"
+        where = (self.file or "<config>") + ("" if self.line is None else f":{self.line}")
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
 class ConfigError(MaestroError, ValueError):
@@ -40,7 +37,7 @@ class ConfigError(MaestroError, ValueError):
 
     def __init__(
         self,
-        issues: list[ConfigIssue] | ConfigIssue | str,
+        issues: list[ConfigIssue] | str,
         *,
         path: str = "",
         file: str = "",
@@ -48,25 +45,8 @@ class ConfigError(MaestroError, ValueError):
     ) -> None:
         if isinstance(issues, str):
             issues = [ConfigIssue(issues, path=path, file=file, line=line)]
-        elif isinstance(issues, ConfigIssue):
-            issues = [issues]
-        if not issues:
-            raise ValueError("ConfigError needs at least one issue")
         self.issues: tuple[ConfigIssue, ...] = tuple(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
-
-    @property
-    def path(self) -> str:
-        """YAML path of the first issue (e.g. ``patterns[1].blocks[0].size``)."""
-        return self.issues[0].path
-
-    @property
-    def file(self) -> str:
-        return self.issues[0].file
-
-    @property
-    def line(self) -> int | None:
-        return self.issues[0].line
 
 
 class RunError(MaestroError, RuntimeError):
@@ -149,12 +129,10 @@ def say(line: str) -> None:
 def detach_stream(stream: Any) -> None:
     """Point ``stream``'s descriptor at /dev/null: what is still buffered, and the
     interpreter's last flush, then go nowhere instead of failing."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def interrupted_message(*, saved: bool) -> str:

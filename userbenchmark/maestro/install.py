@@ -1,12 +1,10 @@
 """Install maestro's dependencies into the running Python environment.
 
-Run as ``python install.py`` in this folder, or ``python userbenchmark/maestro/install.py`` from
-the repository; TorchBench's ``python install.py --userbenchmark maestro`` runs this file the same
-way. An installed torch is never touched: maestro's requirements are installed around it, plus
-the cupti-python of its CUDA major version for a CUDA build. Only where torch is missing (a fresh
-environment) is it installed: the CPU build from PyTorch's CPU index when this machine has no
-NVIDIA driver, else PyPI's (CUDA) build; then this file runs again with torch in place.
-"""
+Run as ``python install.py`` in this folder, ``python userbenchmark/maestro/install.py`` from the
+repository, or by TorchBench's ``python install.py --userbenchmark maestro``. An installed torch
+is never touched: the requirements are installed around it, plus the cupti-python of its CUDA
+major version. Only where torch is missing is it installed (the CPU build from PyTorch's CPU
+index without an NVIDIA driver, else PyPI's CUDA build), then this file runs again."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ import sys
 from pathlib import Path
 
 # Run as a script from this folder (no package context), so only absolute stdlib imports here.
-HERE = Path(__file__).resolve().parent
-REQUIREMENTS = HERE / "requirements.txt"
+REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
 
 # The torch a fresh environment gets: the release maestro's CI tests (.ci/run pins the same, and
 # a test checks that the two agree). An environment that has torch keeps its own.
@@ -38,10 +35,8 @@ log = logging.getLogger("maestro.install")
 
 
 def cupti_requirement(cuda_version: str | None) -> str | None:
-    """The cupti-python requirement matching torch's CUDA (``13.0`` -> ``cupti-python>=13,<14``).
-
-    None for a build without CUDA. cupti-python's major version must match the CUDA runtime's.
-    """
+    """The cupti-python requirement matching torch's CUDA (``13.0`` -> ``cupti-python>=13,<14``:
+    its major version must match the CUDA runtime's); None for a build without CUDA."""
     if not cuda_version:
         return None
     major_text = cuda_version.split(".")[0]
@@ -84,12 +79,8 @@ def numpy_constraint() -> str | None:
 
 def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
     """The commands that install torch's ``build`` into a fresh environment, then run this file
-    again (now with torch in place: requirements and cupti-python for its CUDA).
-
-    The CPU build comes from PyTorch's CPU index, the torch wheel alone (``--no-deps``); its
-    dependencies come in the second command from the indexes pip is configured with, so that
-    index serves one file. Any index or wheel folder in pip's own configuration still applies.
-    """
+    again with torch in place. The CPU build's wheel alone (``--no-deps``) comes from PyTorch's
+    CPU index, its dependencies from the indexes pip is configured with (which still apply)."""
     if build not in TORCH_BUILDS:
         raise ValueError(f"unknown torch build {build!r}; valid builds: {', '.join(TORCH_BUILDS)}")
     pip = [sys.executable, "-m", "pip", "install"]
@@ -101,12 +92,9 @@ def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
 
 
 def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[str]]:
-    """The pip invocations to run, in order, in an environment that has torch.
-
-    The numpy pin is a requirement on the command line rather than a ``-c`` constraints file:
-    it names the numpy already installed, so pip keeps it and resolves the rest around it (what
-    a constraint would do), and the printed command needs no file to run again.
-    """
+    """The pip invocations to run, in order, in an environment that has torch. The numpy pin
+    (the numpy installed) is a requirement, not a ``-c`` constraints file: pip keeps it and
+    resolves the rest around it all the same, and the printed command needs no file."""
     base = [sys.executable, "-m", "pip", "install"]
     if numpy_pin is not None:
         base.append(numpy_pin)
@@ -115,11 +103,6 @@ def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[s
     if cupti is not None:
         commands.append([*base, cupti])
     return commands
-
-
-def shell_line(command: list[str]) -> str:
-    """``command`` quoted for a POSIX shell (``cupti-python>=13,<14`` must not redirect)."""
-    return shlex.join(command)
 
 
 def _plan(args: argparse.Namespace) -> list[list[str]] | None:
@@ -133,12 +116,8 @@ def _plan(args: argparse.Namespace) -> list[list[str]] | None:
         return None
     if not torch_installed():
         build = args.torch_build or ("cuda" if nvidia_driver_present() else "cpu")
-        if args.torch_build:
-            why = "--torch-build"
-        elif build == "cuda":
-            why = "an NVIDIA driver was found"
-        else:
-            why = "no NVIDIA driver was found"
+        found = "an NVIDIA driver was found" if build == "cuda" else "no NVIDIA driver was found"
+        why = "--torch-build" if args.torch_build else found
         where = f"from {CPU_INDEX_URL}" if build == "cpu" else "from PyPI"
         log.info(
             "torch is not installed: installing torch %s, the %s build (%s), %s",
@@ -188,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     if commands is None:
         return 1
     for command in commands:
-        if args.dry_run:
-            print(shell_line(command))
+        if args.dry_run:  # quoted for a POSIX shell: cupti-python>=13,<14 must not redirect
+            print(shlex.join(command))
             continue
-        log.info("running: %s", shell_line(command))
+        log.info("running: %s", shlex.join(command))
         status = subprocess.run(command, check=False).returncode
         if status != 0:
-            log.error("failed with exit status %d: %s", status, shell_line(command))
+            log.error("failed with exit status %d: %s", status, shlex.join(command))
             if CPU_INDEX_URL in command:
                 log.error(
                     "the CPU build of torch comes from %s: where that index cannot be reached, "

@@ -4,6 +4,7 @@ dashboards); existing ones keep theirs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -20,20 +21,16 @@ TEMPORARY_SUFFIX = ".tmp"
 
 def unlink_quietly(path: str | os.PathLike[str]) -> None:
     """Remove ``path``; one already gone (or not removable) is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _create_temporary(path: Path) -> tuple[int, str]:
     """An exclusive new ``.NAME.<random>.tmp`` next to ``path``: (descriptor, its path)."""
     for _ in range(_NAME_ATTEMPTS):
         tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
-        try:
+        with contextlib.suppress(FileExistsError):
             return os.open(tmp, _CREATE_FLAGS, _NEW_FILE_MODE), tmp
-        except FileExistsError:
-            continue
     raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
 
 
@@ -65,9 +62,8 @@ def _write_temporary(path: Path, data: bytes) -> str:
 
 
 def atomic_write_files(files: Mapping[Path, bytes]) -> None:
-    """Write every file so readers see old or new contents, never a part; all temporaries
-    are complete before the first rename, so the files change together. On failure no
-    temporary is left behind."""
+    """Write every file so readers see old or new contents, never a part, all together (every
+    temporary is complete before the first rename); a failure leaves no temporary behind."""
     written: dict[Path, str] = {}
     try:
         for path, data in files.items():

@@ -22,12 +22,7 @@ from .files import TEMPORARY_SUFFIX, unlink_quietly
 log = logging.getLogger("maestro.output")
 
 MAESTRO_OUTPUT_NAMES: Final = (
-    "results.json",
-    "results.csv",
-    "patterns.json",
-    "patterns.csv",
-    "pairs.json",
-    "pairs.csv",
+    *(f"{stem}.{ext}" for stem in ("results", "patterns", "pairs") for ext in ("json", "csv")),
     "failures.json",
     "run.json",
     "trace.json",
@@ -50,10 +45,9 @@ _ATTEMPTS: Final = 1000
 
 @dataclass
 class PreparedOutputs:
-    """Checked output locations of one run, kept open while it writes: the output folder
-    (created; None without ``--output-dir``), the metrics file's reserved name (None: no
-    metrics), where an earlier run's files were moved and their names. ``close()`` releases
-    the folder's lock (removing its file) and the metrics name."""
+    """One run's checked output locations, held while it writes: the output folder (None without
+    ``--output-dir``), the reserved metrics file name (None: no metrics), where an earlier run's
+    files went and their names. ``close()`` releases the folder's lock and the metrics name."""
 
     output_dir: Path | None
     metrics_path: Path | None
@@ -115,11 +109,8 @@ def metrics_folder(options: RunOptions) -> Path | None:
 
 
 def _under_special_root(path: Path) -> bool:
-    for candidate in {os.path.abspath(path), os.path.realpath(path)}:
-        for root in _SPECIAL_ROOTS:
-            if candidate == root or candidate.startswith(root + os.sep):
-                return True
-    return False
+    candidates = {os.path.abspath(path), os.path.realpath(path)}
+    return any(c == r or c.startswith(r + os.sep) for c in candidates for r in _SPECIAL_ROOTS)
 
 
 def _usable_dir(option: str, path: Path) -> Path:

@@ -13,11 +13,6 @@ from typing import TextIO
 def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
     """Seconds left if the remaining items take as long as the finished ones did on average
     (None before the first finished; 0.0 once ``done >= total``)."""
-    if done < 0 or total < 0 or elapsed_s < 0:
-        raise ValueError(
-            f"estimate_left_s: done, total and elapsed_s must be >= 0, got "
-            f"done={done}, total={total}, elapsed_s={elapsed_s}"
-        )
     if done == 0:
         return None
     if done >= total:
@@ -39,12 +34,9 @@ def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) ->
     env = os.environ if environ is None else environ
     if env.get("CI") or env.get("MAESTRO_NO_PROGRESS"):
         return False
-    isatty = getattr(stream, "isatty", None)
-    if isatty is None:
-        return False
     try:
-        return bool(isatty())
-    except (OSError, ValueError):  # a closed or detached stream
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # no isatty, or a closed or detached stream
         return False
 
 
@@ -60,8 +52,6 @@ class Progress:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if total < 0:
-            raise ValueError(f"Progress: total must be >= 0, got {total}")
         self.total = total
         # Resolved at call time, not import time, so redirected stderr (pytest, tools) counts.
         self.stream = sys.stderr if stream is None else stream
@@ -109,10 +99,3 @@ class Progress:
         if self._printed_width:
             self.stream.write("\n")
             self.stream.flush()
-
-    def __enter__(self) -> Progress:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -34,7 +34,6 @@ class Reporter:
         *,
         guard: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
-        self.suite = suite
         self.options = options
         self.writer: OutputWriter | None = None
         self.tables = Tables(precision=options.precision)
@@ -42,6 +41,7 @@ class Reporter:
         self.progress.start()
         self.saved = False
         """Some pattern (finished or failed) is in a file."""
+        self._has_files = bool(options.output_dir or options.metrics_path)
         self._guard = guard
         self._stdout_lost = ""
         """Why standard output stopped taking the tables (its reader went away), or ""."""
@@ -76,7 +76,7 @@ class Reporter:
         self._print()
         assert self.writer is not None, "start() first"
         self.writer.add(outcome)
-        self._wrote()
+        self.saved = self._has_files
         self.progress.advance(f"pattern {pattern.name}")
 
     def failed(self, pattern: str, message: str) -> None:
@@ -85,11 +85,7 @@ class Reporter:
         self.progress.advance(f"pattern {pattern} (failed)")
         if self.writer is not None:
             self.writer.add_failure(pattern, message)
-            self._wrote()
-
-    def _wrote(self) -> None:
-        assert self.writer is not None
-        self.saved = self.writer.metrics_path is not None or self.writer.output_dir is not None
+            self.saved = self._has_files
 
     def close(self, status: int) -> None:
         """The run ended with ``status``: the sweep summaries, then where the files are and,

@@ -4,12 +4,15 @@ stack (versions, device), which an A/B comparison changes on purpose: shown, nev
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
+from ...blocks.registry import resolve_op
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
+from ..config.summary import describe_params
 
 RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
                        "max_size_bytes", "iters_override", "warmup_iters_override",
@@ -27,9 +30,6 @@ def suite_settings(suite: SuiteSpec) -> dict[str, str]:
     """What each pattern and block measures, after command-line overrides and --max-size:
     ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
     -> op, dtype, team size and parameters."""
-    from ...blocks.registry import resolve_op
-    from ..config.summary import describe_params
-
     out = {}
     for p in suite.patterns:
         out[f"pattern.{p.name}"] = (
@@ -50,30 +50,27 @@ def _text(value: object) -> str:
 def run_environ(
     suite: SuiteSpec,
     options: RunOptions,
-    *,
-    backend: str,
+    dist: Any,
     profiler: str,
-    hosts: Sequence[str],
-    ranks_per_gpu: int | None,
-    device: Any,
     calibration: Mapping[str, float],
 ) -> dict[str, str]:
-    """The metrics file's ``environ``: the measurement settings (:data:`RUN_SETTINGS`,
-    ``pattern.*``, ``block.*``), the :data:`STACK`, the host, ``calibration`` (measured
-    constants such as ``sleep_cycles_per_us``) and the file's ``env`` (``env.<NAME>``)."""
+    """The metrics file's ``environ`` from the rank's ``dist`` (backend, hosts, ranks per GPU,
+    device): the settings (:data:`RUN_SETTINGS`, ``pattern.*``, ``block.*``), the :data:`STACK`,
+    the host, ``calibration`` (``sleep_cycles_per_us``...) and the file's ``env.<NAME>``."""
     import torch
 
     from ... import __version__
 
+    hosts, device = dist.hosts, dist.device
     info = {
         "maestro_version": __version__,
         "pytorch_version": torch.__version__,
         "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
-        "backend": backend,
+        "backend": dist.backend,
         "profiler": profiler,
         "world_size": str(len(hosts)),
         "num_hosts": str(len(set(hosts)) or 1),
-        "ranks_per_gpu": _text(ranks_per_gpu),
+        "ranks_per_gpu": _text(dist.ranks_per_gpu),
         "max_size_bytes": _text(options.max_size_bytes),
         "iters_override": _text(options.iters),
         "warmup_iters_override": _text(options.warmup_iters),
@@ -85,10 +82,8 @@ def run_environ(
     if device.type == "cuda":
         info["cuda_version"] = str(torch.version.cuda)
         info["device"] = torch.cuda.get_device_name(device)
-        try:
+        with contextlib.suppress(Exception):  # NCCL may be absent from a CUDA build
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # NCCL may be absent from a CUDA build
-            pass
         if profiler == "cupti":
             from importlib.metadata import version
 

@@ -1,11 +1,7 @@
-"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON.
-
-Every file is rewritten after each finished pattern, atomically (a temporary file in the same
-folder, then ``os.replace``), so a run killed at any moment leaves complete files holding every
-pattern that finished and never a partial file. The files of one update are all written to
-temporaries first and renamed together, with SIGINT/SIGTERM held meanwhile, so an interrupted
-run leaves files that agree with each other.
-"""
+"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, all
+rewritten after each finished pattern, together and atomically (files.py) with SIGINT/SIGTERM
+held meanwhile: a run killed or interrupted at any moment leaves complete files that agree
+with each other and hold every pattern that finished."""
 
 from __future__ import annotations
 
@@ -17,6 +13,8 @@ from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
+from .kineto import TRACES_DIR, rank_trace_texts, stale_rank_files
+from .trace import trace_text
 
 
 class OutputWriter:
@@ -52,13 +50,10 @@ class OutputWriter:
             self.outcomes.append(outcome)
             self.flush()
             if self.plot and outcome.timeline is not None:
-                self._write_plot(outcome)
+                from .plot import plot_pattern, unique_plot_name
 
-    def _write_plot(self, outcome: PatternOutcome) -> None:
-        from .plot import plot_pattern, unique_plot_name
-
-        name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
-        plot_pattern(outcome, self.output_dir / name)
+                name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
+                plot_pattern(outcome, self.output_dir / name)
 
     def add_failure(self, pattern: str, message: str) -> None:
         self.failures.append({"pattern": pattern, "error": message})
@@ -69,8 +64,6 @@ class OutputWriter:
         with self._guard():
             texts = self._texts()
             if self.trace:
-                from .kineto import TRACES_DIR, stale_rank_files
-
                 # Never the output folder itself: one removed during the run stays gone.
                 (self.output_dir / TRACES_DIR).mkdir(exist_ok=True)
             atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
@@ -94,13 +87,7 @@ class OutputWriter:
             # What produced these numbers (the metrics file's environ): compare reads it.
             texts[out / "run.json"] = json.dumps(self.environ, indent=1, sort_keys=True) + "\n"
             if self.trace:
-                from .trace import trace_text
-
-                # Rewritten after every pattern, like the other files: a killed run keeps a
-                # valid trace of what finished.
                 texts[out / "trace.json"] = trace_text(self.outcomes)
-                from .kineto import TRACES_DIR, rank_trace_texts
-
                 for name, text in rank_trace_texts(self.outcomes).items():
                     texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
         if self.metrics_path is not None:

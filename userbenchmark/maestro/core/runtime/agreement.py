@@ -57,7 +57,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
         block=getattr(error, "block", "") or _block_in(error) or _block_in(error.__cause__),
         contained=contained,
         phase=getattr(error, "phase", ""),
-        secondary=_looks_secondary(str(error)),
+        secondary=any(marker in str(error) for marker in _SECONDARY_MARKERS),
     )
 
 
@@ -75,7 +75,7 @@ def _block_in(error: BaseException | None) -> str:
 
 _STUCK = "did not return within timeout_s"
 """A block that did not return: stuck itself, or waiting on a peer that stopped."""
-_SECONDARY_MARKERS = (
+_SECONDARY_MARKERS = (  # an error with one of these only says that a peer stopped answering
     _STUCK,
     "Timed out",
     "timed out",
@@ -87,14 +87,11 @@ _SECONDARY_MARKERS = (
 )
 
 
-def _looks_secondary(text: str) -> bool:
-    """Whether an error only says that a peer stopped answering."""
-    return any(marker in text for marker in _SECONDARY_MARKERS)
-
-
 def grace_s(timeout_s: float) -> float:
     """How long a rank that already timed out waits at the agreement for the others (ranks
-    that timed out on one failure arrive within seconds); whoever is missing then is gone."""
+    that timed out on one failure arrive within seconds); whoever is missing then is gone.
+    Also how long it waits for its NCCL communicators to abort, then for the device to drain
+    (either can hang while kernels hold the GPU: the rank then leaves without them)."""
     return 5.0 + 0.25 * timeout_s
 
 
@@ -104,17 +101,10 @@ def agreement_timeout_s(timeout_s: float) -> float:
     return timeout_s + grace_s(timeout_s)
 
 
-def abort_wait_s(timeout_s: float) -> float:
-    """How long a rank waits for its NCCL communicators to abort, then for the device to
-    drain (either can hang while kernels hold the GPU: the rank then leaves without them)."""
-    return grace_s(timeout_s)
-
-
 def watchdog_timeout_s(timeout_s: float) -> float:
     """The timeout of NCCL process groups: torch's watchdog (which ends the process) acts
     only after maestro's device wait, agreement, abort and drain, plus a grace."""
-    wait_s = abort_wait_s(timeout_s)
-    return timeout_s + agreement_timeout_s(timeout_s) + 2 * wait_s + grace_s(timeout_s)
+    return timeout_s + agreement_timeout_s(timeout_s) + 3 * grace_s(timeout_s)
 
 
 ENDING_WAIT_S = 20.0
@@ -148,15 +138,13 @@ ENDED_ACK_WAIT_S = 2.0
 """How long the poster waits for those ranks to see it (the store may live in its process)."""
 
 
-def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> bool:
+def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> None:
     """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict);
-    ``wait`` (the store lives here): True once every one of them saw it."""
+    ``wait`` (the store lives here): until every one of them saw it (:data:`ENDED_ACK_WAIT_S`)."""
     for rank in missing:
         store.set(f"{ENDED_PREFIX}{rank}", message)
-    if not wait:
-        return False
-    acks = [f"{ENDED_PREFIX}{rank}/ack" for rank in missing]
-    return wait_for_keys(store, acks, ENDED_ACK_WAIT_S)
+    if wait:
+        wait_for_keys(store, [f"{ENDED_PREFIX}{rank}/ack" for rank in missing], ENDED_ACK_WAIT_S)
 
 
 class EndedWatch:
@@ -235,35 +223,32 @@ class StoreExchange:
         if status.exited:
             wait_s = min(wait_s, ENDING_WAIT_S)
         with self.waiting(wait_s, status.rank):
-            return self._exchange(status, wait_s)
-
-    def _exchange(self, status: RankStatus, wait_s: float) -> tuple[list[RankStatus], list[int]]:
-        self.round += 1
-        prefix = f"agree/{self.round}/"
-        self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
-        deadline = time.monotonic() + wait_s
-        pending = list(range(self.world_size))
-        arrived: list[int] = []
-        while pending:
-            while pending and self.store.check([prefix + str(pending[0])]):
-                arrived.append(pending.pop(0))
-            now = time.monotonic()
-            # A rank whose process is known to have ended will not come: nobody waits for it.
-            awaited = [r for r in pending if r not in status.exited]
-            if not awaited or now >= deadline:
-                break
-            wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
-        # Past the deadline, a later rank may have arrived while an earlier one is missing.
-        arrived += [r for r in pending if self.store.check([prefix + str(r)])]
-        missing = [r for r in pending if r not in arrived]
-        statuses = [_decode(self.store.get(prefix + str(r))) for r in arrived]
-        if self.round > 2:
-            # Every rank finished reading round n-2 before it posted round n-1.
-            try:
-                self.store.delete_key(f"agree/{self.round - 2}/{status.rank}")
-            except Exception as exc:  # only housekeeping
-                log.debug("could not delete an old agreement key: %s", exc)
-        return statuses, missing
+            self.round += 1
+            prefix = f"agree/{self.round}/"
+            self.store.set(prefix + str(status.rank), json.dumps(asdict(status)))
+            deadline = time.monotonic() + wait_s
+            pending = list(range(self.world_size))
+            arrived: list[int] = []
+            while pending:
+                while pending and self.store.check([prefix + str(pending[0])]):
+                    arrived.append(pending.pop(0))
+                now = time.monotonic()
+                # A rank whose process is known to have ended will not come: nobody waits for it.
+                awaited = [r for r in pending if r not in status.exited]
+                if not awaited or now >= deadline:
+                    break
+                wait_for_keys(self.store, [prefix + str(awaited[0])], deadline - now)
+            # Past the deadline, a later rank may have arrived while an earlier one is missing.
+            arrived += [r for r in pending if self.store.check([prefix + str(r)])]
+            missing = [r for r in pending if r not in arrived]
+            statuses = [_decode(self.store.get(prefix + str(r))) for r in arrived]
+            if self.round > 2:
+                # Every rank finished reading round n-2 before it posted round n-1.
+                try:
+                    self.store.delete_key(f"agree/{self.round - 2}/{status.rank}")
+                except Exception as exc:  # only housekeeping
+                    log.debug("could not delete an old agreement key: %s", exc)
+            return statuses, missing
 
 
 def _decode(raw: bytes) -> RankStatus:
@@ -274,12 +259,11 @@ def _decode(raw: bytes) -> RankStatus:
 
 def agree(
     exchange: StoreExchange,
-    *,
     rank: int,
-    world_size: int,
     phase: str,
-    pattern: str,
     error: BaseException | None,
+    *,
+    pattern: str = "",
     contained: bool = True,
 ) -> None:
     """Raise the same RunError on every rank when any rank failed this phase. It is
@@ -291,7 +275,7 @@ def agree(
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
-        owner = getattr(exchange, "owner", "") or "rank 0 or the launcher"
+        owner = exchange.owner or "rank 0 or the launcher"
         err = RunError(
             f"could not agree with the other ranks: the rendezvous store went away "
             f"({cause_of(exc)}); {owner} hosts it",
@@ -305,17 +289,14 @@ def agree(
     failed = [s for s in statuses if not s.ok]
     if not failed and not missing:
         return
-    err = _agreed_error(failed, missing, phase=phase, pattern=pattern, world_size=world_size)
+    err = _agreed_error(
+        failed, missing, phase=phase, pattern=pattern, world_size=exchange.world_size
+    )
     raise err from error
 
 
 def _agreed_error(
-    failed: list[RankStatus],
-    missing: list[int],
-    *,
-    phase: str,
-    pattern: str,
-    world_size: int,
+    failed: list[RankStatus], missing: list[int], *, phase: str, pattern: str, world_size: int
 ) -> RunError:
     """The one error every rank raises (pure: same inputs, same message on every rank)."""
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
@@ -326,24 +307,19 @@ def _agreed_error(
     )
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
-    if primary:
-        first = primary[0]
-        rank, block, detail = first.rank, first.block, first.message
-        phase = first.phase or phase
-        if first.interrupted:
-            detail = "interrupted (SIGINT/SIGTERM); the run stops"
-        rest = [s.rank for s in primary[1:]] + missing + [s.rank for s in secondary]
-    elif missing:
-        rank, block = missing[0], ""
-        if rank in exited:
-            detail = "its process ended before the agreement step at the end of the phase"
-        else:
-            detail = "did not reach the agreement step at the end of the phase: it died or hung"
-        rest = missing[1:] + [s.rank for s in secondary]
+    rank, *rest = [s.rank for s in primary] + missing + [s.rank for s in secondary]
+    if primary or not missing:  # the first rank named failed (or only waited) itself
+        first = (primary or secondary)[0]
+        block, detail = first.block, first.message
+        if primary:
+            phase = first.phase or phase
+            if first.interrupted:
+                detail = "interrupted (SIGINT/SIGTERM); the run stops"
+    elif rank in exited:
+        block, detail = "", "its process ended before the agreement step at the end of the phase"
     else:
-        first = secondary[0]
-        rank, block, detail = first.rank, first.block, first.message
-        rest = [s.rank for s in secondary[1:]]
+        block = ""
+        detail = "did not reach the agreement step at the end of the phase: it died or hung"
     if rest:
         detail += f" (also failed or stopped waiting: rank {', '.join(map(str, rest))})"
     same_block = (

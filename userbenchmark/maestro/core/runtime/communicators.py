@@ -10,9 +10,11 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
+
 from ...errors import RunError
 from ..config.spec import AxisSpec
-from .agreement import abort_wait_s, watchdog_timeout_s
+from .agreement import grace_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
@@ -22,8 +24,6 @@ GATE_GROUP = "(gate)"
 
 def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
     """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
-    import torch.distributed as dist
-
     options_cls = getattr(dist, "ProcessGroupNCCL", None)
     if options_cls is None:
         raise RunError("this torch build has no NCCL backend")
@@ -68,8 +68,6 @@ class Communicators:
             self._create(self._axes[name])
 
     def _create(self, axis: AxisSpec) -> None:
-        import torch.distributed as dist
-
         if axis.nccl and self.backend != "nccl":
             log.warning(
                 "axis %r: nccl options %s have no effect on the %s backend",
@@ -88,15 +86,12 @@ class Communicators:
         # gloo: its operations end at the timeout. NCCL: the watchdog's timeout, after
         # maestro's own deadline on device work (which aborts the communicators itself).
         timeout_s = watchdog_timeout_s(self.timeout_s) if self.backend == "nccl" else self.timeout_s
+        timeout = timedelta(seconds=timeout_s)
         for team in axis.teams:
-            kwargs: dict[str, Any] = {
-                "ranks": list(team),
-                "backend": self.backend,
-                "timeout": timedelta(seconds=timeout_s),
-            }
+            kwargs = {"ranks": list(team), "backend": self.backend, "timeout": timeout}
             if self.backend == "nccl":
                 # A fresh object per group: new_group writes into it.
-                kwargs["pg_options"] = nccl_options(axis, kwargs["timeout"])
+                kwargs["pg_options"] = nccl_options(axis, timeout)
             group = dist.new_group(**kwargs)
             if self.rank in team:
                 mine = group
@@ -106,8 +101,6 @@ class Communicators:
     def gate_group(self) -> Any:
         """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
         aborted after a failure) with the axes' groups, under the same watchdog timeout."""
-        import torch.distributed as dist
-
         group = dist.new_group(
             backend="nccl", timeout=timedelta(seconds=watchdog_timeout_s(self.timeout_s))
         )
@@ -125,29 +118,24 @@ class Communicators:
         return self._axes[axis].team_of(self.rank)
 
     def abort(self) -> bool:
-        """Abort every communicator after a failure left collectives half-issued; False when
-        the abort did not end within :func:`abort_wait_s` (kernels still hold the GPU: the
-        caller leaves without tearing NCCL down). NCCL groups are aborted all at once, as
-        torch's ``_abort_process_group()`` does (one by one they can block each other,
-        pytorch/pytorch#119797), else each in turn; gloo has no abort (its operations ended at
-        their timeout). The groups are unusable afterwards."""
-        if self.backend != "nccl":
-            self._groups = {name: None for name in self._groups}
-            return True
+        """Abort every communicator (unusable afterwards) after a failure left collectives
+        half-issued; False when it did not end within :func:`agreement.grace_s` (kernels hold the
+        GPU: the caller leaves without tearing NCCL down). NCCL groups all at once, as torch's
+        ``_abort_process_group()`` does (one by one they can block each other:
+        pytorch/pytorch#119797), else each in turn; gloo has none (its operations timed out)."""
         groups = dict(self._groups)
         self._groups = {name: None for name in self._groups}
-        finished = threading.Event()
+        if self.backend != "nccl":
+            return True
 
         def work() -> None:
-            try:
-                if not self._abort_all():
-                    self._abort_each(groups)
-            finally:
-                finished.set()
+            if not self._abort_all():
+                self._abort_each(groups)
 
-        threading.Thread(target=work, name="maestro-nccl-abort", daemon=True).start()
-        wait_s = abort_wait_s(self.timeout_s)
-        if finished.wait(wait_s):
+        thread = threading.Thread(target=work, name="maestro-nccl-abort", daemon=True)
+        thread.start()
+        thread.join(wait_s := grace_s(self.timeout_s))
+        if not thread.is_alive():
             return True
         log.error(
             "rank %d: the NCCL communicators did not abort within %g s (collective kernels "
@@ -174,8 +162,6 @@ class Communicators:
     @staticmethod
     def _abort_all() -> bool:
         """Abort every process group of this process; False where torch cannot."""
-        import torch.distributed as dist
-
         abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort_all is None or not dist.is_initialized():
             return False

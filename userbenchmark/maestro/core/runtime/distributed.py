@@ -9,9 +9,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -179,14 +181,10 @@ class DistContext:
 
     @property
     def ranks_per_gpu(self) -> int | None:
-        """Most ranks that share one GPU (more than 1 only in NCCL's multi-rank test mode);
-        None on CPU."""
+        """Most ranks sharing one GPU (over 1 only in NCCL's multi-rank test mode); None on CPU."""
         if not self.is_cuda:
             return None
-        counts: dict[tuple[str, int], int] = {}
-        for key in zip(self.hosts, self.devices, strict=True):
-            counts[key] = counts.get(key, 0) + 1
-        return max(counts.values(), default=1)
+        return max(Counter(zip(self.hosts, self.devices, strict=True)).values(), default=1)
 
     @property
     def rank(self) -> int:
@@ -248,19 +246,15 @@ def init_distributed(
         device = torch.device("cpu")
     # NCCL: torch's watchdog acts only after maestro's own deadline and agreement.
     timeout = timedelta(seconds=watchdog_timeout_s(timeout_s) if backend == "nccl" else timeout_s)
-    exchange = StoreExchange(None, world_size=launch.world_size, timeout_s=timeout_s)
-    exchange.owner = store_owner(launch)
+    exchange = StoreExchange(
+        None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
+    )
     try:
         if not dist.is_initialized():
             with exchange.waiting(timeout_s, launch.rank):
                 store = rendezvous_store(launch, timeout_s)
-                check_launch(
-                    dist.PrefixStore("maestro/launch/", store),
-                    launch,
-                    timeout_s,
-                    shared=shared,
-                    source=source,
-                )
+                launch_store = dist.PrefixStore("maestro/launch/", store)
+                check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
             with exchange.waiting(timeout_s, launch.rank):
                 dist.init_process_group(
                     backend=backend,
@@ -282,9 +276,9 @@ def init_distributed(
     ended_watch = None
     if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
         ended_watch = EndedWatch(
-            _store_client(store.host, store.port, timeout_s),
+            partial(_store_client, store.host, store.port, timeout_s),
             rank=launch.rank,
-            leave=_leave_ended(launch.rank),
+            leave=partial(_leave_ended, launch.rank),
             holding=interrupts.holding,
         ).start()
     return DistContext(
@@ -330,28 +324,20 @@ def store_owner(launch: LaunchInfo) -> str:
     return f"torchrun's agent at {where}"
 
 
-def _store_client(host: str, port: int, timeout_s: float) -> Callable[[], Any]:
-    """Opens another client of the rendezvous store (under the ``maestro/`` prefix)."""
+def _store_client(host: str, port: int, timeout_s: float) -> Any:
+    import torch.distributed as dist
 
-    def connect() -> Any:
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=timeout_s)
-        client = dist.TCPStore(host, port, None, False, timeout, wait_for_workers=False)
-        return dist.PrefixStore("maestro/", client)
-
-    return connect
+    timeout = timedelta(seconds=timeout_s)
+    client = dist.TCPStore(host, port, None, False, timeout, wait_for_workers=False)
+    return dist.PrefixStore("maestro/", client)
 
 
-def _leave_ended(rank: int) -> Callable[[str], None]:
-    def leave(verdict: str) -> None:
-        say(
-            f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
-            f"never reached their agreement step ({verdict}); exiting"
-        )
-        supervision.hard_exit(EXIT_FAILED, rank)  # the main thread is stuck in a block
-
-    return leave
+def _leave_ended(rank: int, verdict: str) -> None:
+    say(
+        f"maestro: rank {rank}: the other ranks ended the run without this rank, which "
+        f"never reached their agreement step ({verdict}); exiting"
+    )
+    supervision.hard_exit(EXIT_FAILED, rank)  # the main thread is stuck in a block
 
 
 def store_hosted_here(launch: LaunchInfo) -> bool:
@@ -365,14 +351,8 @@ def rendezvous_store(launch: LaunchInfo, timeout_s: float) -> Any:
 
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    elif launch.world_size == 1:
+    else:  # one rank: check_rendezvous_env (the CLI) requires both for more
         host, port = "127.0.0.1", free_port()
-    else:
-        raise RunError(
-            "MASTER_ADDR and MASTER_PORT must be set for a multi-rank launch "
-            "without torchrun (e.g. under plain srun)",
-            phase="start-up",
-        )
     try:
         return dist.TCPStore(
             host,

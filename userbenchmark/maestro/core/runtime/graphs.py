@@ -1,19 +1,19 @@
 """CUDA-graph mode: each block's launch captured once into a graph of its own, then replayed.
 
-One graph per block (not one per iteration): replaying it on the block's lane stream, after
-the gate event, with the block's external correlation id pushed around ``replay()``, gives
-every kernel of the replay that id, so CUPTI attributes per block and iteration exactly as in
-eager mode (seen on an H200 with torch 2.11 and cupti-python 13.0.1). A graph holding a whole
-iteration would give every kernel of every lane the one id pushed around its replay; telling
-the blocks apart there would need graph node ids. The gate, the lanes, the ``after:`` events
-(recorded and waited between replays, outside the graphs) and the profilers are the same in
-both modes; only what ``launch`` does changes.
-"""
+One graph per block: replayed on the block's lane stream after the gate event, with the block's
+external correlation id pushed around ``replay()``, every kernel of the replay carries that id,
+so CUPTI attributes per block and iteration as in eager mode (H200, torch 2.11, cupti-python
+13.0.1). A graph of a whole iteration would give every kernel of every lane the one id pushed
+around its replay (telling blocks apart would need graph node ids). Gate, lanes, ``after:``
+events (between replays, outside the graphs) and profilers are eager mode's: only ``launch``
+changes."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from ...errors import RunError
 
@@ -37,14 +37,9 @@ class CapturedBlock:
 def capture_blocks(
     lanes: Sequence[Any], names: Sequence[str], ops: Sequence[str], device: Any
 ) -> dict[int, CapturedBlock]:
-    """Capture every block of ``lanes`` on its lane stream; {block index: captured block}.
-
-    Called after the eager warmup (communicators and library handles exist, so the capture
-    records only the blocks' own work). A block that cannot be captured raises a RunError
-    naming its op and the reason.
-    """
-    import torch
-
+    """Capture every block of ``lanes`` on its lane stream, after the eager warmup (communicators
+    and library handles exist: the capture records only the blocks' own work); {block index:
+    captured block}. A block that cannot be captured is a RunError naming its op and why."""
     pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
     captured: dict[int, CapturedBlock] = {}
     torch.cuda.synchronize(device)

@@ -4,6 +4,7 @@ OOM-killed rank says nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,7 @@ class HostMemory:
 
     available_bytes: int
     source: str
-    """e.g. ``MemAvailable in /proc/meminfo`` or ``the cgroup's memory.max less memory.current
-    (/sys/fs/cgroup/job)``."""
+    """``MemAvailable in /proc/meminfo``, or a cgroup's limit less its usage (and the cgroup)."""
 
 
 def _read_int(path: Path) -> int | None:
@@ -33,49 +33,35 @@ def _read_int(path: Path) -> int | None:
 
 
 def _meminfo(proc: Path) -> HostMemory | None:
-    try:
+    with contextlib.suppress(OSError, IndexError, ValueError):
         for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 kib = int(line.split()[1])
                 return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
-    except (OSError, IndexError, ValueError):
-        pass
     return None
 
 
-def _cgroup_dirs(proc: Path, cgroup_root: Path) -> list[tuple[Path, str, str, Path]]:
-    """(this process's memory cgroup folder, limit file, usage file, hierarchy root) of each
-    hierarchy that has a memory controller."""
+def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+    """The least room left by this process's memory cgroups and their ancestors (each
+    hierarchy with a memory controller: v2's unified one, v1's ``memory``)."""
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        return []
-    found = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
+        return None
+    best: HostMemory | None = None
+    for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
         if controllers == "":  # cgroup v2 (unified)
             unified = cgroup_root / "unified"
             root = unified if (unified / "cgroup.controllers").exists() else cgroup_root
-            found.append((root, "memory.max", "memory.current", path))
+            limit_name, usage_name = "memory.max", "memory.current"
         elif "memory" in controllers.split(","):
-            v1 = (cgroup_root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
-            found.append((*v1, path))
-    dirs = []
-    for root, limit, usage, path in found:
-        folder = root / path.lstrip("/")
-        if not folder.is_dir():  # a cgroup namespace: this process's cgroup is the root
-            folder = root
-        dirs.append((folder, limit, usage, root))
-    return dirs
-
-
-def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
-    best: HostMemory | None = None
-    for folder, limit_name, usage_name, root in _cgroup_dirs(proc, cgroup_root):
-        current = folder
+            root = cgroup_root / "memory"
+            limit_name, usage_name = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        current = root / path.lstrip("/")
+        if not current.is_dir():  # a cgroup namespace: this process's cgroup is the root
+            current = root
         while True:
             limit = _read_int(current / limit_name)
             usage = _read_int(current / usage_name)
@@ -96,24 +82,17 @@ def available_host_memory(
 ) -> HostMemory | None:
     """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
     read (not Linux)."""
-    readings = [
-        r for r in (_meminfo(Path(proc)), _cgroup(Path(proc), Path(cgroup_root))) if r is not None
-    ]
+    proc, cgroup_root = Path(proc), Path(cgroup_root)
+    readings = [r for r in (_meminfo(proc), _cgroup(proc, cgroup_root)) if r is not None]
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 
 def check_host_memory(
-    need_bytes: int,
-    *,
-    local_ranks: int,
-    blocks: Sequence[str],
-    memory: HostMemory | None,
+    need_bytes: int, *, local_ranks: int, blocks: Sequence[str], memory: HostMemory | None
 ) -> None:
     """RunError when ``local_ranks`` ranks of ``need_bytes`` each do not fit in ``memory``."""
-    if memory is None or need_bytes <= 0:
-        return
     total = need_bytes * local_ranks
-    if total <= memory.available_bytes:
+    if memory is None or total <= memory.available_bytes:  # needing nothing always fits
         return
     gib = 2**30
     ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"

@@ -21,12 +21,9 @@ class PeerExited(KeyboardInterrupt):
     user's interrupt. ``ranks``: the workers known to have exited."""
 
     def __init__(self, ranks: tuple[int, ...]) -> None:
-        super().__init__(f"the launcher is ending the run: worker {_ranks(ranks)} exited")
+        shown = ", ".join(map(str, ranks))
+        super().__init__(f"the launcher is ending the run: worker {shown} exited")
         self.ranks = ranks
-
-
-def _ranks(ranks: tuple[int, ...]) -> str:
-    return ", ".join(map(str, ranks))
 
 
 class _State:
@@ -41,9 +38,7 @@ _state = _State()
 
 
 def _raise(signum: int) -> None:
-    exited = _state.exited
-    _state.pending = None
-    _state.exited = ()
+    exited, _state.pending, _state.exited = _state.exited, None, ()
     if exited:
         raise PeerExited(exited)
     raise KeyboardInterrupt(f"signal {signum}")

@@ -1,10 +1,7 @@
-"""Lanes and the start gate: how one window of iterations is issued.
-
-CPU: one worker thread per lane; a ``threading.Barrier`` releases all lanes at once each
-iteration. CUDA: one stream per lane; a spin kernel on a gate stream, an event recorded after
-it, every lane waits on that event, and only then does the host enqueue the blocks, so every
-lane starts when the spin ends, not when the host got to it.
-"""
+"""Lanes and the start gate: how one window of iterations is issued. CPU: one thread per lane,
+a ``threading.Barrier`` releases every lane at once each iteration. CUDA: one stream per lane;
+a spin kernel on a gate stream, then an event every lane waits on, and only then does the host
+enqueue the blocks: every lane starts when the spin ends, not when the host got to it."""
 
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from ...errors import RunError
 from ..analysis.intervals import HostTimings
@@ -32,7 +30,6 @@ class Lane:
 
     name: str
     blocks: list[tuple[int, Any]]
-    priority: str = "normal"
     stream: Any = None
     after: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """{block index: blocks of other lanes of this window it waits for in each iteration}."""
@@ -58,12 +55,9 @@ def issue_runs(
 
 
 class _CpuWindow:
-    """The threads' shared state of one CPU window: the gate and end-of-iteration barriers,
-    how many iterations each block finished (what ``after`` waits on), the failures.
-
-    A lane stuck in a block (a custom block that never returns) or in a wait must not hold the
-    rank forever: past ``timeout_s`` the barriers and waits break and the rank reports it.
-    """
+    """The lane threads' shared state in one CPU window: barriers, how many iterations each
+    block finished (what ``after`` waits on), failures. Past ``timeout_s`` the barriers and
+    waits break: a lane stuck in a block or a wait cannot hold the rank forever."""
 
     def __init__(self, lanes: Sequence[Lane], num_blocks: int, timeout_s: float) -> None:
         self.gate = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
@@ -87,8 +81,7 @@ class _CpuWindow:
     def _wait_for(self, indices: Sequence[int], it: int) -> None:
         with self._changed:
             ok = self._changed.wait_for(
-                lambda: self._aborted or all(self._count[j] > it for j in indices),
-                self._timeout_s,
+                lambda: self._aborted or all(self._count[j] > it for j in indices), self._timeout_s
             )
         if self._aborted or not ok:
             raise threading.BrokenBarrierError
@@ -130,12 +123,9 @@ MAX_GATE_US = 100_000.0
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a window, as ``timeit`` does.
-
-    A collection pauses every thread of the process for up to tens of ms (with torch and
-    pandas loaded); inside a window it would land in a host enqueue or a CPU lane's block.
-    Reference counting still frees what a window drops.
-    """
+    """Python's cyclic garbage collector off for a window, as ``timeit`` does: a collection
+    pauses every thread for up to tens of ms (torch and pandas loaded), which would land in an
+    enqueue or a CPU lane's block. Reference counting still frees what a window drops."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -148,8 +138,11 @@ def gc_paused() -> Iterator[None]:
 def _twice_the_slowest_us(
     samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
 ) -> float:
-    """2x the slowest sample + ``pad_us``, clamped to [low_us, high_us]; the first sample is
-    left out when there are others (it pays one-time costs); ``default_us`` without samples."""
+    """2x the slowest warmup sample + ``pad_us``, clamped to [low_us, high_us]; ``default_us``
+    without samples. The first sample is left out when there are others: it pays one-time
+    costs (on an H200 the first launch of a GEMM new to the process blocked the host for the
+    whole gate spin, with lazy and eager module loading alike: ``bench/fidelity_gpu.py
+    --first-launch-probe``; counted, every pattern's gate was twice the previous one's)."""
     samples = np.asarray(samples_ns, dtype=np.float64)
     if samples.size > 1:
         samples = samples[1:]
@@ -159,15 +152,8 @@ def _twice_the_slowest_us(
 
 
 def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
-    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs.
-
-    The first iteration is left out when there are others: it pays one-time costs. On an
-    H200 the first launch of a GEMM new to the process blocked the host until the device was
-    idle, i.e. for the whole gate spin, with CUDA_MODULE_LOADING=LAZY and EAGER alike
-    (``bench/fidelity_gpu.py --first-launch-probe``); counting it made every pattern's gate
-    twice the previous one's. Clamped to [MIN_GATE_US, MAX_GATE_US]; a slower host shows up as
-    launch-bound iterations.
-    """
+    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs, in
+    [MIN_GATE_US, MAX_GATE_US] (a slower host shows up as launch-bound iterations)."""
     return _twice_the_slowest_us(
         enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
     )
@@ -184,10 +170,7 @@ MAX_START_MARGIN_US = 200_000.0
 
 def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
     """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
-    agreement + 100 µs, so the instant is still ahead when the last rank learns it.
-
-    The first iteration is left out when there are others (it pays one-time costs).
-    """
+    agreement + 100 µs, so the instant is still ahead when the last rank learns it."""
     return _twice_the_slowest_us(
         agree_ns,
         pad_us=100.0,
@@ -208,14 +191,10 @@ def wait_until_ns(deadline_ns: int) -> None:
 
 
 class CpuLanes:
-    """Runs each lane on its own thread; a ``threading.Barrier`` is the gate.
-
-    Ranks start each iteration together: with ``sync: barrier`` every rank proposes
-    ``now + margin`` on the host clock, an all_reduce MAX makes the latest proposal the agreed
-    instant, and every rank opens its gate at that instant (``perf_counter`` is CLOCK_MONOTONIC,
-    one clock for every process of a host). Without a shared clock (ranks on several hosts)
-    or with ``sync: barrier-only``, a rank opens its gate when it leaves the host barrier.
-    """
+    """Each lane on its own thread; a ``threading.Barrier`` is the gate. With ``sync: barrier``
+    every rank proposes ``now + margin`` (``perf_counter``: CLOCK_MONOTONIC, one clock per host),
+    an all_reduce MAX agrees on the latest, and every rank opens its gate then; without a shared
+    clock (several hosts) or with ``sync: barrier-only`` a rank opens it leaving the barrier."""
 
     def __init__(
         self,
@@ -260,10 +239,6 @@ class CpuLanes:
             agree_ns=np.zeros(num_iters, dtype=np.int64),
             start_late=np.zeros(num_iters, dtype=bool),
         )
-        if not lanes:
-            for it in range(num_iters):
-                self._open_gate(sync, it, out)
-            return out
         window = _CpuWindow(lanes, len(block_names), self._timeout_s)
         threads = [
             threading.Thread(
@@ -312,12 +287,9 @@ class CpuLanes:
 
 
 def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
-    """Return once every CUDA event has completed; RunError past ``timeout_s``.
-
-    Unlike ``torch.cuda.synchronize``, which waits forever for a collective whose peer died,
-    this lets the rank reach the agreement step (and abort its communicators) in time. An
-    event never recorded counts as completed.
-    """
+    """Return once every CUDA event (one never recorded counts) completed; RunError past
+    ``timeout_s``. ``torch.cuda.synchronize`` would wait forever for a collective whose peer
+    died: this lets the rank reach the agreement step (and abort its communicators) in time."""
     deadline = time.monotonic() + timeout_s
     pending = list(events)
     polls = 0
@@ -336,13 +308,10 @@ def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
 
 
 class CudaLanes:
-    """Issues lanes on CUDA streams behind a GPU-side start gate.
-
-    Ranks start each iteration together: with ``sync: barrier``, after the host barrier a
-    one-element all_reduce on a communicator of its own runs on the gate stream before the
-    spin, so every rank's spin starts when the last rank joined it (on the device, not when
-    each host left the barrier). ``sync: barrier-only`` skips it.
-    """
+    """Lanes on CUDA streams behind a GPU-side start gate. With ``sync: barrier``, after the host
+    barrier a one-element all_reduce on a communicator of its own runs on the gate stream before
+    the spin: every rank's spin starts when the last rank joined it, on the device, not when
+    each host left the barrier (``sync: barrier-only`` skips it)."""
 
     def __init__(
         self,
@@ -353,8 +322,6 @@ class CudaLanes:
         timeout_s: float,
         align: Callable[[], None] | None = None,
     ) -> None:
-        import torch
-
         self._barrier = barrier
         self._timeout_s = timeout_s
         self._align = align
@@ -366,8 +333,6 @@ class CudaLanes:
         """Spin length; set per pattern from its warmup (:func:`calibrated_gate_us`)."""
 
     def make_stream(self, priority: str) -> Any:
-        import torch
-
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
         low, high = torch.cuda.Stream.priority_range()
         return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
@@ -383,8 +348,6 @@ class CudaLanes:
         order: Sequence[int] = (),
     ) -> HostTimings:
         """Enqueue the window; ``order``: the blocks' issue order (lane by lane when empty)."""
-        import torch
-
         enqueue = np.zeros(num_iters, dtype=np.int64)
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
@@ -446,8 +409,6 @@ class CudaLanes:
         """Whether the gate stream, ``streams`` and the current stream finished their work
         within ``timeout_s`` (a bounded ``torch.cuda.synchronize``: a collective that never
         ends must not hold the rank forever once the failure is agreed)."""
-        import torch
-
         events = []
         for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
             event = torch.cuda.Event()
@@ -461,13 +422,9 @@ class CudaLanes:
 
 
 def calibrate_sleep_cycles_per_us(device: Any) -> float:
-    """Cycles of ``torch.cuda._sleep`` per µs, measured with events once the clocks are up.
-
-    The first spin on an idle GPU runs far slower than later ones (clock ramp-up), so spin
-    ~50 ms first, then fit the slope between two lengths (removing launch offsets).
-    """
-    import torch
-
+    """Cycles of ``torch.cuda._sleep`` per µs, measured with events: a ~50 ms spin first (the
+    first spin on an idle GPU runs far slower: clock ramp-up), then the slope between two
+    lengths (removing launch offsets)."""
     with torch.cuda.device(device):
         torch.cuda._sleep(100_000_000)
         torch.cuda.synchronize()

@@ -1,10 +1,8 @@
-"""Start N local workers through torch's own launcher API when no launcher started us.
-
-Workers get the suite the command line validated, and start with SIGINT/SIGTERM blocked (a
-signal during torch's import waits for their handler); torch's agent forwards the launcher's
-signal. They die with the launcher; its watchdog (supervision.py) ends what cannot end by
-itself, and the launcher ends once its workers have, whatever they left behind.
-"""
+"""Start N local workers through torch's own launcher API when no launcher started us. Workers
+get the suite the command line validated and start with SIGINT/SIGTERM blocked (a signal during
+torch's import waits for their handler); torch's agent forwards the launcher's signal. They die
+with the launcher; its watchdog (supervision.py) ends what cannot end by itself, and the
+launcher ends once its workers have, whatever they left behind."""
 
 from __future__ import annotations
 
@@ -22,17 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ...errors import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    interrupted_message,
-    say,
-)
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, interrupted_message, say
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision
+from .agreement import agreement_timeout_s
+from .logs import configure_logging
 
 log = logging.getLogger("maestro.launcher")
 
@@ -58,8 +51,7 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
 
-    from .logs import configure_logging
-    from .worker import run_worker
+    from .worker import run_worker  # a running rank's modules: imported in the worker only
 
     configure_logging(job.options.log_level)
     status = run_worker(job.suite, job.options)
@@ -74,15 +66,11 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
     """Block SIGINT/SIGTERM in this thread (workers inherit it), receive them in a helper
     thread and run this thread's handler, looked up then (torch's agent installs its own), for
     the first one; later ones would cut torch's shutdown of the workers short."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "sigtimedwait"
-    ):
+    main = threading.current_thread() is threading.main_thread()
+    if not main or not hasattr(signal, "sigtimedwait"):
         yield
         return
-    handlers = {
-        s: signal.getsignal(s)
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-    }
+    handlers = {s: signal.getsignal(s) for s in (*_ROUTED, signal.SIGHUP, signal.SIGQUIT)}
     # Python's resource tracker (started with the first spawned process) unblocks both signals
     # after starting itself, the way this function blocks them (bpo-33613): start it first.
     from multiprocessing import resource_tracker
@@ -151,8 +139,6 @@ def _describe_exit(exitcode: int) -> str:
 def exit_deadline_s(timeout_s: float) -> float:
     """Longest a worker may run on after another exited: the longest agreement wait, then
     :data:`supervision.EXIT_GRACE_S` to leave."""
-    from .agreement import agreement_timeout_s
-
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
@@ -225,7 +211,9 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
             code = EXIT_FAILED
         elif code is not None and code not in _OWN_STATUSES:
             how = _describe_exit(code) if code else "exited with status 0"
-            log.error("rank %d %s%s, before the run ended", rank, how, _after(board, rank))
+            step = board.last_step(rank)
+            when = f" after {step}" if step else " during start-up"
+            log.error("rank %d %s%s, before the run ended", rank, how, when)
             code = EXIT_FAILED
         if code == EXIT_INTERRUPTED and crashed:
             code = EXIT_FAILED
@@ -234,11 +222,6 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
         if code is not None:
             statuses.append(code)
     return max(statuses, default=EXIT_FAILED)
-
-
-def _after(board: supervision.WorkerBoard, rank: int) -> str:
-    step = board.last_step(rank)
-    return f" after {step}" if step else " during start-up"
 
 
 def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:

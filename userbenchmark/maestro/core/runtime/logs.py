@@ -9,12 +9,6 @@ import os
 import sys
 
 
-class _RankFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-        return True
-
-
 class _PlainFormatter(logging.Formatter):
     """``maestro: warning: message``, as the command line prints its own messages."""
 
@@ -26,9 +20,10 @@ def configure_logging(level: str = "INFO", *, ranked: bool = True) -> None:
     """Log to stderr at ``level``; ``ranked`` lines carry the rank (``[maestro r1] WARNING``),
     the others read ``maestro: warning: ...`` (a process that is no rank)."""
     handler = logging.StreamHandler(sys.stderr)
-    if ranked:
-        handler.addFilter(_RankFilter())
-        handler.setFormatter(logging.Formatter("[maestro r%(rank)s] %(levelname)s %(message)s"))
+    if ranked:  # the launcher set RANK (or SLURM_PROCID) before this process configured logging
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+        fmt = "[maestro r%(rank)s] %(levelname)s %(message)s"
+        handler.setFormatter(logging.Formatter(fmt, defaults={"rank": rank}))
     else:
         handler.setFormatter(_PlainFormatter("%(message)s"))
     root = logging.getLogger("maestro")

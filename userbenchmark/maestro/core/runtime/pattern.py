@@ -1,8 +1,6 @@
 """The measurement protocol for one rank: set up, warm up, measure, baseline, check, aggregate.
-
-Every rank runs the same sequence of phases; an agreement step at each boundary makes a
-failure on one rank end the phase on every rank with the same error (core/agreement.py).
-"""
+Every rank runs the same phases; an agreement step at each boundary ends a failure on one rank
+with the same error on every rank (agreement.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as tdist
 
 from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
@@ -27,7 +27,7 @@ from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
-from .agreement import abort_wait_s, agree
+from .agreement import agree, grace_s
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
@@ -53,11 +53,9 @@ class Runtime:
     comms: Communicators
     profiler: Profiler
     executor: Any
-    barrier: Callable[[], None]
     sync_group: Any
-    """gloo group for iteration barriers and result reductions; the agreement step has its
-    own (the control group), so a failed rank's agreement call can never be matched with a
-    peer's barrier or reduction."""
+    """gloo group for iteration barriers and result reductions; the agreement step goes through
+    the store, so a failed rank's agreement never meets a peer's barrier or reduction."""
     seed: int = 0
     calibration: dict[str, float] = field(default_factory=dict)
     streams: dict[str, Any] = field(default_factory=dict)
@@ -67,10 +65,6 @@ class Runtime:
     wedged: bool = False
     """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
     torn down any more; the rank leaves once the failure is saved and printed."""
-
-    def next_window(self) -> int:
-        self.window_id += 1
-        return self.window_id
 
     def lane_stream(self, name: str, priority: str) -> Any:
         if not self.dist.is_cuda:
@@ -82,11 +76,8 @@ class Runtime:
 
 
 def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them.
-
-    An interrupt (SIGINT) is reported through the agreement too, so that every rank stops
-    with the same message instead of waiting on the interrupted one.
-    """
+    """Run ``fn`` then agree with every rank; re-raise the agreed error on all of them. An
+    interrupt is reported through the agreement too: every rank stops with the same message."""
     error: BaseException | None = None
     value = None
     try:
@@ -95,15 +86,9 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", rt.dist.rank, phase, exc, exc_info=True)
+    # Phases that issue collectives leave them half-done when one rank stops early.
     agree(
-        rt.dist.agreement,
-        rank=rt.dist.rank,
-        world_size=rt.dist.world_size,
-        phase=phase,
-        pattern=pattern,
-        error=error,
-        # Phases that issue collectives leave them half-done when one rank stops early.
-        contained=phase == "setup",
+        rt.dist.agreement, rt.dist.rank, phase, error, pattern=pattern, contained=phase == "setup"
     )
     return value
 
@@ -157,28 +142,23 @@ class PatternRun:
             for cls, b, r in zip(self.classes, specs, self.idle, strict=True)
         ]
 
-    # ---- phases ----
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
+        here = [i for i in range(len(self.names)) if self.present[i]]
         need = 0
-        for i, spec in enumerate(self.pattern.blocks):
-            if not self.present[i]:
-                continue
-            axis = rt.comms.axis(spec.axis)
-            need += self.classes[i].buffer_bytes(
-                spec.params, dtype=spec.dtype, team_size=axis.team_size
-            )
+        for i in here:
+            spec = self.pattern.blocks[i]
+            team_size = rt.comms.axis(spec.axis).team_size
+            need += self.classes[i].buffer_bytes(spec.params, dtype=spec.dtype, team_size=team_size)
             if self.pattern.graph:
                 need += GRAPH_MEMORY_MARGIN_BYTES
         if dist.is_cuda:
-            import torch
-
             free, _ = torch.cuda.mem_get_info(dist.device)
             if need > free:
-                names = ", ".join(n for n, p in zip(self.names, self.present, strict=True) if p)
                 raise RunError(
-                    f"blocks {names} need {need / 2**30:.2f} GiB of device memory "
-                    f"on this rank, only {free / 2**30:.2f} GiB is free"
+                    f"blocks {', '.join(self.names[i] for i in here)} need "
+                    f"{need / 2**30:.2f} GiB of device memory on this rank, only "
+                    f"{free / 2**30:.2f} GiB is free"
                 )
             torch.cuda.reset_peak_memory_stats(dist.device)
         else:
@@ -188,12 +168,11 @@ class PatternRun:
             check_host_memory(
                 need,
                 local_ranks=max(1, sum(1 for h in dist.hosts if h == mine)),
-                blocks=[n for n, p in zip(self.names, self.present, strict=True) if p],
+                blocks=[self.names[i] for i in here],
                 memory=available_host_memory(),
             )
-        for i, spec in enumerate(self.pattern.blocks):
-            if not self.present[i]:
-                continue
+        for i in here:
+            spec = self.pattern.blocks[i]
             allocator = None
             if spec.register_buffers and dist.is_cuda:
                 allocator = self._pool(spec.axis).allocator()
@@ -238,14 +217,10 @@ class PatternRun:
                 continue
             block = self.captured.get(i, block)  # CUDA-graph mode: replay the capture
             li = self.lane_of_block[i]
-            if li not in lanes:
-                axis = self.rt.comms.axis(self.pattern.blocks[i].axis)
-                lanes[li] = Lane(
-                    name=names[li],
-                    blocks=[],
-                    priority=axis.priority,
-                    stream=self.rt.lane_stream(names[li], axis.priority),
-                )
+            if li not in lanes:  # its stream has its axis's priority
+                priority = self.rt.comms.axis(self.pattern.blocks[i].axis).priority
+                stream = self.rt.lane_stream(names[li], priority)
+                lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
             lanes[li].blocks.append((i, block))
             waits = tuple(j for j in self.after[i] if self._runs(j, only))
             if waits:
@@ -259,7 +234,8 @@ class PatternRun:
     def _issue(
         self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
     ) -> HostTimings:
-        profiler.begin_window(self.rt.next_window(), len(self.names), num_iters, present)
+        self.rt.window_id += 1
+        profiler.begin_window(self.rt.window_id, len(self.names), num_iters, present)
         with gc_paused():
             return self.rt.executor.run_window(
                 lanes,
@@ -278,12 +254,9 @@ class PatternRun:
         return (prof.end_window() if timed else None), stats
 
     def warmup(self, lanes: Sequence[Lane], present: np.ndarray) -> None:
-        """Run the warmup iterations (never timed) and size the gate from their enqueue.
-
-        Every pattern starts from the default gate, so no pattern inherits another's. Ranks
-        agree on the longest gate: ranks whose gates opened at different times would start
-        their collectives apart and time each other's delay.
-        """
+        """Run the warmup iterations (never timed) and size the gate from their enqueue, from
+        the default gate (no pattern inherits another's). Ranks agree on the longest gate: ranks
+        whose gates opened apart would start their collectives apart and time each other."""
         cuda = self.rt.dist.is_cuda
         if cuda:
             self.rt.executor.gate_us = DEFAULT_GATE_US
@@ -322,12 +295,8 @@ class PatternRun:
             shared_clock=dist.one_host,
             host=host,
         )
-        return reduce_summaries(
-            local,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            reduce=torch_reducer(self.rt.sync_group),
-        )
+        reduce = torch_reducer(self.rt.sync_group)
+        return reduce_summaries(local, rank=dist.rank, world_size=dist.world_size, reduce=reduce)
 
     def analyse(
         self, timings: WindowTimings, host: HostTimings
@@ -336,8 +305,6 @@ class PatternRun:
         agg = self.aggregate(timings, host)
         if not self.rt.collect_timeline:
             return agg, None
-        import torch.distributed as tdist
-
         mine = RankTimeline(
             rank=self.rt.dist.rank,
             starts_ns=np.asarray(timings.starts_ns, dtype=np.int64),
@@ -374,8 +341,6 @@ class PatternRun:
                 block.prepare_check()
         self.window(self.lanes(), 1, self.present, timed=False)
         if self.rt.dist.is_cuda:
-            import torch
-
             torch.cuda.synchronize(self.rt.dist.device)
         for i, block in enumerate(self.blocks):
             if block is not None:
@@ -394,20 +359,16 @@ class PatternRun:
         )
 
     def teardown(self, *, failed: bool) -> None:
-        """Free the pattern's graphs, blocks and buffers once the device is done with them.
-
-        After a success every window already waited for its work: a synchronize returns at
-        once. After a failure the device gets :func:`abort_wait_s` to finish (an aborted
-        collective ends at once). Work still running then (collective kernels an abort could
-        not stop) keeps its buffers: nothing is freed, the runtime is marked wedged and the
-        rank leaves after saving (a synchronize would never return).
-        """
+        """Free the pattern's graphs, blocks and buffers once the device is done with them (after
+        a failure within :func:`agreement.grace_s`: an aborted collective ends at once). Work
+        still running then keeps its buffers; the runtime is marked wedged (a synchronize would
+        never return) and the rank leaves after saving."""
         if self.rt.wedged:
             return  # NCCL kernels still hold the buffers; the process leaves without freeing
         cuda = self.rt.dist.is_cuda
         # Nothing may still use the buffers when their pools are deregistered and freed.
         if cuda and failed:
-            drain_s = abort_wait_s(self.rt.suite.timeout_s)
+            drain_s = grace_s(self.rt.suite.timeout_s)
             if not self.rt.executor.drained(list(self.rt.streams.values()), drain_s):
                 self.rt.wedged = True
                 log.error(
@@ -419,8 +380,6 @@ class PatternRun:
                 )
                 return
         elif cuda:
-            import torch
-
             torch.cuda.synchronize(self.rt.dist.device)  # every stream, NCCL's own too
         self.captured = {}  # graphs first: they hold the blocks' buffers
         for block in self.blocks:
@@ -431,8 +390,6 @@ class PatternRun:
             pool.release()
         self.pools = {}
         if cuda:
-            import torch
-
             torch.cuda.empty_cache()
 
 
@@ -486,8 +443,6 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
             wrong = _phase(rt, "check", name, run.check)
         peak = None
         if rt.dist.is_cuda:
-            import torch
-
             peak_local = np.array([float(torch.cuda.max_memory_allocated(rt.dist.device))])
             peak = int(torch_reducer(rt.sync_group)(peak_local, "max")[0])
     except RunError as err:

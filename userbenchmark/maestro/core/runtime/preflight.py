@@ -28,21 +28,15 @@ def check_nproc(nproc: int, *, limit: int | None = None) -> None:
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit
     by_files = max(1, (soft - FILES_RESERVED) // FILES_PER_WORKER)
+    most, why = (
+        MAX_LOCAL_WORKERS,
+        "maestro's limit for one machine; start more ranks with torchrun or srun across machines",
+    )
     if soft != resource.RLIM_INFINITY and soft >= 0 and by_files < MAX_LOCAL_WORKERS:
-        most, why = (
-            by_files,
-            (
-                f"the launcher holds about {FILES_PER_WORKER} open files per worker and may open "
-                f"{soft} (ulimit -n); raise the limit or start fewer workers"
-            ),
-        )
-    else:
-        most, why = (
-            MAX_LOCAL_WORKERS,
-            (
-                "maestro's limit for one machine; start more ranks with torchrun or srun across "
-                "machines"
-            ),
+        most = by_files
+        why = (
+            f"the launcher holds about {FILES_PER_WORKER} open files per worker and may open "
+            f"{soft} (ulimit -n); raise the limit or start fewer workers"
         )
     if nproc > most:
         raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")

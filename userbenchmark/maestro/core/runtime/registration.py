@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ...errors import RunError
 
 log = logging.getLogger("maestro.registration")
@@ -67,8 +69,6 @@ def _last_error_line(stderr: str) -> str:
 
 def require_support(device_index: int) -> None:
     """Raise a RunError naming torch and NCCL when registered buffers are unavailable."""
-    import torch
-
     ok, detail = probe_mem_allocator(device_index)
     if ok:
         return
@@ -88,8 +88,6 @@ class RegisteredPool:
     """One MemPool per communicator; blocks allocate from it, then it is registered."""
 
     def __init__(self, group: Any, device: Any) -> None:
-        import torch
-
         self.device = device
         self.backend = group._get_backend(device)
         self.pool = torch.cuda.MemPool(self.backend.mem_allocator)
@@ -97,7 +95,6 @@ class RegisteredPool:
 
     def allocator(self) -> Callable[[int, Any], Any]:
         """An ``empty``-like allocator drawing from the pool (for BlockContext.allocator)."""
-        import torch
 
         def empty(numel: int, dtype: Any) -> Any:
             with torch.cuda.use_mem_pool(self.pool, device=self.device):

@@ -5,67 +5,57 @@ before the next one starts."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as tdist
 
-from ...errors import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    ConfigError,
-    RunError,
-    cause_of,
-    say,
-)
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
 from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
+from ..profilers.base import EventProfiler, HostProfiler
+from ..profilers.cupti import CuptiWindowProfiler, cupti_available
 from . import interrupts, supervision
+from .agreement import ENDED_ACK_WAIT_S, agree, post_ended
+from .communicators import Communicators
 from .distributed import (
     DistContext,
     LaunchInfo,
     apply_env,
-    detect_launch,
     init_distributed,
     shutdown_distributed,
     torch_reducer,
 )
+from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
+from .pattern import Runtime, measure_pattern
 from .preflight import resolve_profiler
 
 log = logging.getLogger("maestro")
 
 
 def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> Any:
-    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler).
-
-    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``).
-    """
+    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler);
+    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``)."""
     name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
     if name == "host":
-        from ..profilers.base import HostProfiler
-
         return HostProfiler()
     if name == "cupti":
-        from ..profilers.cupti import CuptiWindowProfiler
-
         prof = CuptiWindowProfiler(trace=trace)
         prof.start()
         return prof
     if requested == "auto" and dist.rank == 0:
-        from ..profilers.cupti import cupti_available
-
         log.warning(
             "cupti-python is not usable (%s); timing with CUDA events, which are coarser "
             "(stream-level)",
             cupti_available()[1],
         )
-    from ..profilers.base import EventProfiler
-
     return EventProfiler()
 
 
@@ -74,9 +64,6 @@ def _device_alignment(dist: DistContext, comms: Any) -> Any:
     a one-element all_reduce on a communicator of its own (None for one rank)."""
     if dist.world_size == 1:
         return None
-    import torch
-    import torch.distributed as tdist
-
     group, one = comms.gate_group(), torch.zeros(1, device=dist.device)
     return lambda: tdist.all_reduce(one, group=group)
 
@@ -90,13 +77,7 @@ def _start_agreement(dist: DistContext, group: Any) -> Any:
     return lambda proposal_ns: int(reduce(np.array([proposal_ns], dtype=np.int64), "max")[0])
 
 
-def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
-    import torch.distributed as tdist
-
-    from .communicators import Communicators
-    from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
-    from .pattern import Runtime
-
+def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Runtime:
     used = {b.axis for p in suite.patterns for b in p.blocks}
     sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
     comms = Communicators(
@@ -115,9 +96,7 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             ", ".join(registered),
         )
 
-    def barrier() -> None:
-        tdist.barrier(group=sync_group)
-
+    barrier = functools.partial(tdist.barrier, group=sync_group)
     calibration: dict[str, float] = {}
     if dist.is_cuda:
         calibration["sleep_cycles_per_us"] = calibrate_sleep_cycles_per_us(dist.device)
@@ -129,18 +108,14 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
             align=_device_alignment(dist, comms),
         )
     else:
-        executor = CpuLanes(
-            barrier=barrier,
-            agree_start=_start_agreement(dist, sync_group),
-            timeout_s=suite.timeout_s,
-        )
+        agree_start = _start_agreement(dist, sync_group)
+        executor = CpuLanes(barrier=barrier, agree_start=agree_start, timeout_s=suite.timeout_s)
     return Runtime(
         suite=suite,
         dist=dist,
         comms=comms,
         profiler=profiler,
         executor=executor,
-        barrier=barrier,
         sync_group=sync_group,
         seed=options.seed,
         calibration=calibration,
@@ -168,17 +143,10 @@ class _Ending:
         self.status = EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
 
 
-def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None = None) -> int:
-    """Run every pattern of ``suite`` on this rank; returns the exit status (0, 1 a pattern
-    failed, 130 interrupted). Raises ConfigError/OptionError when the ranks were started
-    inconsistently, RunError when this rank cannot join the others."""
-    launch = launch or detect_launch()
-    if launch.world_size != suite.world_size:
-        raise ConfigError(
-            f"the launch has {launch.world_size} rank(s) but the suite is "
-            f"configured for world_size {suite.world_size}",
-            file=suite.source,
-        )
+def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo) -> int:
+    """Run every pattern of ``suite`` (validated for this launch) on this rank; returns the exit
+    status (0, 1 a pattern failed, 130 interrupted). ConfigError/OptionError: ranks started
+    inconsistently; RunError: this rank cannot join the others."""
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
     restore_signals = interrupts.install()
     try:
@@ -199,7 +167,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     try:
         rt = _phase_setup(suite, options, dist)
         if report is not None:
-            report.start(_environ(rt, options))
+            report.start(run_environ(suite, options, dist, rt.profiler.name, rt.calibration))
         _measure_every_pattern(rt, end, report)
         if end.status == EXIT_OK and interrupts.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
@@ -225,25 +193,9 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo | None =
     return end.status
 
 
-def _environ(rt: Any, options: RunOptions) -> dict[str, str]:
-    dist = rt.dist
-    return run_environ(
-        rt.suite,
-        options,
-        backend=dist.backend,
-        profiler=rt.profiler.name,
-        hosts=dist.hosts,
-        ranks_per_gpu=dist.ranks_per_gpu,
-        device=dist.device,
-        calibration=rt.calibration,
-    )
-
-
 def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> None:
     """Measure each pattern and agree that it was torn down and reported (phase ``output``:
     a teardown's error, or rank 0's files that cannot be written, stop every rank)."""
-    from .pattern import measure_pattern
-
     for pattern in rt.suite.patterns:
         outcome, failure, error = None, None, None
         try:
@@ -274,7 +226,7 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
         if stop:
             return
         try:
-            _agree_run_wide(rt.dist, "output", error, pattern=pattern.name)
+            agree(rt.dist.agreement, rt.dist.rank, "output", error, pattern=pattern.name)
         except RunError as err:  # a teardown, or rank 0's files
             end.failed(err)
             if report is not None and err.phase == "teardown":
@@ -292,10 +244,8 @@ def _output_error(exc: Exception, report: Reporter) -> RunError:
     """What rank 0 reports when its files cannot be written."""
     folder = report.options.output_dir
     if folder and not os.path.isdir(folder):
-        detail = f"the output folder {folder} was removed during the run ({cause_of(exc)})"
-    else:
-        detail = f"cannot write the results: {cause_of(exc)}"
-    return RunError(detail)
+        return RunError(f"the output folder {folder} was removed during the run ({cause_of(exc)})")
+    return RunError(f"cannot write the results: {cause_of(exc)}")
 
 
 def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) -> None:
@@ -306,10 +256,17 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
     # or by their own watch of the store: a rank stuck in a block has no other way out).
     supervision.reached_verdict(end.status, end.missing)
-    if end.missing - {end.rank}:
-        _post_ended(dist, sorted(end.missing - {end.rank}), end.verdict, end.status)
+    if gone := sorted(end.missing - {end.rank}):  # told the run ended (agreement.EndedWatch)
+        try:
+            with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=end.status):
+                post_ended(dist.agreement.store, gone, end.verdict, wait=dist.hosts_store)
+        except Exception as exc:  # the store went away with its host: nobody left to tell
+            log.debug("could not post the end of the run: %s", exc)
     if end.status and end.everyone_answered and not end.late_interrupt:
-        _closing_round(dist)
+        try:
+            agree(dist.agreement, dist.rank, "exit", None)  # the closing round: leave together
+        except Exception as exc:  # the run already failed; this is only about timing
+            log.debug("closing round: %s", exc)
     if rt is not None and rt.wedged:
         _leave_wedged(end.status, end.rank)
     # Communicators first: CUPTI detached while NCCL still held its communicators was
@@ -321,28 +278,10 @@ def _leave(dist: DistContext, rt: Any, end: _Ending, report: Reporter | None) ->
             rt.profiler.close()
 
 
-def _post_ended(dist: DistContext, missing: list[int], verdict: str, status: int) -> None:
-    """Tell the ranks a verdict gave up on that the run ended (see agreement.EndedWatch)."""
-    from .agreement import ENDED_ACK_WAIT_S, post_ended
-
-    try:
-        with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=status):
-            post_ended(dist.agreement.store, missing, verdict, wait=dist.hosts_store)
-    except Exception as exc:  # the store went away with its host: nobody left to tell
-        log.debug("could not post the end of the run: %s", exc)
-
-
 def _leave_wedged(status: int, rank: int) -> None:
     """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
     everything is saved and printed, so the process ends here."""
     supervision.hard_exit(status or EXIT_FAILED, rank)
-
-
-def _closing_round(dist: DistContext) -> None:
-    try:
-        _agree_run_wide(dist, "exit", None)
-    except Exception as exc:  # the run already failed; this is only about timing
-        log.debug("closing round: %s", exc)
 
 
 def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
@@ -354,21 +293,5 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
             rt = _setup_runtime(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
-    _agree_run_wide(dist, "setup", error)
+    agree(dist.agreement, dist.rank, "setup", error)
     return rt
-
-
-def _agree_run_wide(
-    dist: DistContext, phase: str, error: BaseException | None, *, pattern: str = ""
-) -> None:
-    """The agreement step of a phase that runs no pattern's blocks (setup, output, exit)."""
-    from .agreement import agree
-
-    agree(
-        dist.agreement,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        phase=phase,
-        pattern=pattern,
-        error=error,
-    )

@@ -1,12 +1,11 @@
-"""Keeping a run's processes together: no process outlives the run, no wait lasts forever.
-
-The local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends
-what cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`),
-refuses a block's ``os._exit`` and ends its own children (docs/reliability.md).
-"""
+"""Keeping a run's processes together: no process outlives the run, no wait lasts forever. The
+local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends what
+cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`), refuses a
+block's ``os._exit`` and ends its own children (docs/reliability.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -42,12 +41,6 @@ def die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # 1: PR_SET_PDEATHSIG; the parent ended already
 
 
-def die_with_torchrun_agent() -> None:
-    """Under torchrun (``TORCHELASTIC_RUN_ID`` set) end this process with its agent."""
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        die_with_parent(os.getppid())
-
-
 class WorkerBoard:
     """What the local launcher and its workers share: each worker's pid, stage, status, last
     agreement step and whether a verdict named it as gone; whether the launcher forwards the
@@ -69,80 +62,72 @@ class WorkerBoard:
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-@dataclass
-class _Attached:
-    board: WorkerBoard
-    rank: int
-
-
-_attached: _Attached | None = None
+_board: WorkerBoard | None = None
+"""The board of the local launcher this process is a worker of (None: no such launcher)."""
+_rank = -1
 
 
 def attach(board: WorkerBoard, rank: int) -> None:
     """This process is worker ``rank`` of ``board`` (called first thing in a worker)."""
-    global _attached
-    _attached = _Attached(board, rank)
+    global _board, _rank
+    _board, _rank = board, rank
     board.pids[rank] = os.getpid()
     board.stage[rank] = RUNNING
 
 
 def attached() -> bool:
     """Whether this process is a worker of maestro's local launcher."""
-    return _attached is not None
+    return _board is not None
 
 
 def agreed(step: str) -> None:
     """This worker passed the agreement step ``step`` (``pattern 'p', phase setup``)."""
-    if _attached is not None:
+    if _board is not None:
         data = step.encode("utf-8", "replace")[: WHERE_BYTES - 1] + b"\0"
-        start = _attached.rank * WHERE_BYTES
-        _attached.board.where[start : start + len(data)] = data
+        start = _rank * WHERE_BYTES
+        _board.where[start : start + len(data)] = data
 
 
 def reached_verdict(status: int, missing: Iterable[int] = ()) -> None:
     """The outcome is known here (saved, printed): ``status`` is what this worker exits with,
     ``missing`` the ranks the verdict named as gone."""
-    if _attached is not None:
-        board, rank = _attached.board, _attached.rank
+    if _board is not None:
         for gone in missing:
-            if 0 <= gone < board.num_workers:
-                board.missing[gone] = 1
-        board.status[rank] = status
-        board.stage[rank] = max(board.stage[rank], VERDICT)
+            if 0 <= gone < _board.num_workers:
+                _board.missing[gone] = 1
+        _board.status[_rank] = status
+        _board.stage[_rank] = max(_board.stage[_rank], VERDICT)
 
 
 def leave(status: int, rank: int) -> None:
     """This process is about to exit with ``status``: tell the launcher, flush the output."""
-    if _attached is not None:
-        _attached.board.status[_attached.rank] = status
-        _attached.board.stage[_attached.rank] = LEAVING
+    if _board is not None:
+        _board.status[_rank] = status
+        _board.stage[_rank] = LEAVING
         if status and rank == 0:  # rank 0 printed why: the launcher need not say it again
-            _attached.board.told.value = 1
+            _board.told.value = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away
             stream.flush()
-        except (OSError, ValueError):  # a reader that went away
-            pass
 
 
 def forwarded() -> bool:
     """Whether a signal came to every rank (forwarded by a launcher), not to this one alone."""
-    return _attached is None or bool(_attached.board.interrupted.value)
+    return _board is None or bool(_board.interrupted.value)
 
 
 def exited_peers() -> tuple[int, ...]:
     """Ranks of sibling workers whose process ended or is leaving: a SIGTERM then comes from
     torch's launcher ending the run, not from the user. Empty outside a local launch, and
     while the launcher forwards the user's signal."""
-    if _attached is None or _attached.board.interrupted.value:
+    if _board is None or _board.interrupted.value:
         return ()
-    board = _attached.board
     return tuple(
         rank
-        for rank in range(board.num_workers)
-        if rank != _attached.rank
-        and board.pids[rank]
-        and (board.stage[rank] == LEAVING or not _runs(board.pids[rank]))
+        for rank in range(_board.num_workers)
+        if rank != _rank
+        and _board.pids[rank]
+        and (_board.stage[rank] == LEAVING or not _runs(_board.pids[rank]))
     )
 
 
@@ -243,10 +228,8 @@ def end_children() -> None:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, signum)
-    except OSError:
-        pass
 
 
 def child_exit(pid: int) -> int | None:
@@ -266,22 +249,17 @@ def unattached_workers(board: WorkerBoard) -> list[int]:
     known = set(board.pids)
     found = []
     for pid in _children(os.getpid()):
-        try:
-            spawned = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if spawned and pid not in known:
-            found.append(pid)
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if pid not in known and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group the worker ``pid`` leads (the launcher makes it lead one)."""
-    try:
-        if pid:
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @dataclass(frozen=True)
@@ -293,11 +271,11 @@ class Kill:
 
 
 class Watchdog:
-    """The launcher's thread that ends, with SIGKILL, what cannot end by itself: at once, a
-    worker a verdict named as gone (stopped, hung; one that never said its pid: the spawned
-    workers missing from the board) and the process group of a worker that ended; a worker still running :data:`EXIT_GRACE_S` after every worker had its verdict, or
-    ``exit_deadline_s`` after another worker exited. ``abandon()`` is called when torch's
-    launcher still waits :data:`EXIT_GRACE_S` after every worker ended."""
+    """The launcher's thread that SIGKILLs what cannot end by itself: at once, a worker a verdict
+    named as gone (stopped, hung; one that never said its pid: a spawned worker missing from the
+    board) and the process group of a worker that ended; a worker still running
+    :data:`EXIT_GRACE_S` after every worker had its verdict, or ``exit_deadline_s`` after another
+    exited. ``abandon()``: torch's launcher still waits :data:`EXIT_GRACE_S` after all ended."""
 
     def __init__(
         self,

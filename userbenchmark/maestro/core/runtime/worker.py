@@ -31,11 +31,11 @@ def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
     """Run ``suite`` on this rank; returns its exit status. What ends the run before its own
     protocol takes over is said here in one line; what blocks leave behind cannot hold the
     exit (children ended, threads given :data:`LINGER_S`)."""
-    rank = detect_launch().rank
-    status = EXIT_FAILED
+    launch = detect_launch()
+    rank, status = launch.rank, EXIT_FAILED
     try:
         with supervision.exits_refused():
-            status = run_suite(suite, options)
+            status = run_suite(suite, options, launch)
     except (ConfigError, OptionError) as err:
         if rank == 0:  # every rank found it; one says it
             say(user_error_message(err))
