@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", type=Path, default=TRACE, help="folder of per-rank traces of a one-rank step"
     )
+    parser.add_argument(
+        "--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="eager and/or graph"
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
     info = machine_info()
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = {
                 mode: replay(step, Path(tmp) / mode, extra, args.iters, args.warmup_iters)
                 for mode, extra in MODES.items()
+                if mode in args.modes
             }
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"replay_gpu: {exc}", file=sys.stderr)
