@@ -1,6 +1,7 @@
 """Blocks that wait for blocks (``after:``) end to end on gloo: a chain across two lanes runs
 one block after the other, each block's latency is its own run, and a file whose dependencies
-cannot hold is refused before any worker starts."""
+cannot hold is refused before any worker starts (through the command line's entry point, in
+this process: a refusal starts no process)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ import json
 
 import pytest
 
-from tests.integration.helpers import (
-    QUICK_HANG_S,
-    pair_overlaps,
-    read_records,
-    run_maestro,
-    run_pattern,
-)
+from tests.integration.helpers import pair_overlaps, read_records, run_pattern
+from userbenchmark.maestro import cli
 
 pytestmark = pytest.mark.integration
 
@@ -67,24 +63,26 @@ def test_a_chain_across_two_lanes_runs_in_order_and_each_latency_is_its_own(tmp_
     ],
     ids=["unknown", "cycle"],
 )
-def test_an_unknown_name_and_a_cycle_are_refused_with_exit_2(tmp_path, after, message):
+def test_an_unknown_name_and_a_cycle_are_refused_with_exit_2(
+    tmp_path, after, message, capsys, cli_here
+):
     config = tmp_path / "bad.yaml"
     config.write_text(
         CHAIN.replace("duration_us: 10000}", f"duration_us: 10000, after: {after}}}", 1)
     )
     for args in (["validate", str(config)], ["run", "-c", str(config), "--nproc", "2"]):
-        proc = run_maestro(args, timeout=QUICK_HANG_S)
-        assert proc.returncode == 2, proc.stderr
-        assert f"bad.yaml:10: {message}" in proc.stderr
-        assert "Traceback" not in proc.stderr
+        assert cli.main(args) == 2
+        stderr = capsys.readouterr().err
+        assert f"bad.yaml:10: {message}" in stderr
+        assert "Traceback" not in stderr
 
 
-def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path):
+def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path, capsys, cli_here):
     config = tmp_path / "graph.yaml"
     config.write_text(CHAIN.replace("baseline: true}", "baseline: true, graph: true}"))
-    proc = run_maestro(["run", "-c", str(config), "--nproc", "1"], timeout=QUICK_HANG_S)
-    assert proc.returncode == 2, proc.stderr
-    assert "CUDA graphs" in proc.stderr and "gloo" in proc.stderr
+    assert cli.main(["run", "-c", str(config), "--nproc", "1"]) == 2
+    stderr = capsys.readouterr().err
+    assert "CUDA graphs" in stderr and "gloo" in stderr
 
 
 SOLO = """
