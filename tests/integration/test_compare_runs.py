@@ -3,7 +3,9 @@
 iterations is refused with the difference named, and compared with a warning under --force.
 
 Sleeps, not collectives: on a busy 2-core host, gloo collectives move between identical runs by
-more than one run can see (docs/recipes.md), which would make this test flaky."""
+more than one run can see (docs/recipes.md), which would make this test flaky. One rank: what is
+compared does not depend on the world size, and a run of one rank needs no launcher. The
+comparisons run through the command line's entry point in this process."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import json
 import pytest
 
 from bench.noise_blocks import FACTOR_VARIABLE
-from userbenchmark.maestro import regression_detector
+from userbenchmark.maestro import cli, regression_detector
 
 from .helpers import run_maestro
 
@@ -20,8 +22,8 @@ pytestmark = pytest.mark.integration
 
 PATTERN = """
 name: cmp
-world_size: 2
-defaults: {warmup_iters: 10, iters: 50}
+world_size: 1
+defaults: {warmup_iters: 3, iters: 30}
 axes:
   a: {like: world}
   b: {like: world}
@@ -38,7 +40,7 @@ def _run(tmp_path, name, *extra, factor=1.0):
     config = tmp_path / "cmp.yaml"
     config.write_text(PATTERN)
     out = tmp_path / name
-    command = ["run", "-c", str(config), "--nproc", "2", "--output-dir", str(out)]
+    command = ["run", "-c", str(config), "--nproc", "1", "--output-dir", str(out)]
     command += ["--metrics-dir", str(out / "metrics"), *extra]
     proc = run_maestro(
         command,
@@ -49,31 +51,40 @@ def _run(tmp_path, name, *extra, factor=1.0):
     return out
 
 
+def _compare(capsys, *args):
+    """``maestro compare ARGS``: (exit status, stdout, stderr)."""
+    status = cli.main(["compare", *(str(a) for a in args)])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def _metrics(folder):
     return json.loads(next((folder / "metrics").glob("metrics-*.json")).read_text())
 
 
-def test_identical_runs_compare_clean_and_a_slower_block_is_flagged_alone(tmp_path):
+def test_identical_runs_compare_clean_and_a_slower_block_is_flagged_alone(
+    tmp_path, capsys, cli_here
+):
     full = _run(tmp_path, "full")
     again = _run(tmp_path, "again")
     slower = _run(tmp_path, "slower", factor=1.15)
-    same = run_maestro(["compare", str(full), str(again)])
-    assert same.returncode == 0, same.stdout[-3000:]
-    assert not any(f" {verdict}" in same.stdout for verdict in FLAGGED[:2])
+    status, out, _ = _compare(capsys, full, again)
+    assert status == 0, out[-3000:]
+    assert not any(f" {verdict}" in out for verdict in FLAGGED[:2])
     assert regression_detector.run(_metrics(full), _metrics(again)).details == {}
-    changed = run_maestro(["compare", str(full), str(slower)])
-    assert changed.returncode == 1, changed.stdout[-3000:]
-    flagged = [line.split()[0] for line in changed.stdout.splitlines() if line.endswith(FLAGGED)]
-    assert any(key.startswith("cmp/p/slow/") for key in flagged), changed.stdout
-    assert not any("/fast/" in key for key in flagged), changed.stdout
+    status, out, _ = _compare(capsys, full, slower)
+    assert status == 1, out[-3000:]
+    flagged = [line.split()[0] for line in out.splitlines() if line.endswith(FLAGGED)]
+    assert any(key.startswith("cmp/p/slow/") for key in flagged), out
+    assert not any("/fast/" in key for key in flagged), out
     details = regression_detector.run(_metrics(full), _metrics(slower)).details
     assert any(key.startswith("cmp/p/slow/") for key in details), details
     assert not any("/fast/" in key for key in details), details
-    shorter = _run(tmp_path, "shorter", "--iters", "20")
-    refused = run_maestro(["compare", str(full), str(shorter)])
-    assert refused.returncode == 2
-    assert "iters_override" in refused.stderr and "pattern.p" in refused.stderr
-    assert "--force" in refused.stderr and "Traceback" not in refused.stderr
-    forced = run_maestro(["compare", str(full), str(shorter), "--force"])
-    assert forced.returncode in (0, 1), forced.stderr
-    assert "WARNING: compared with --force" in forced.stdout
+    shorter = _run(tmp_path, "shorter", "--iters", "5")
+    status, _, err = _compare(capsys, full, shorter)
+    assert status == 2
+    assert "iters_override" in err and "pattern.p" in err
+    assert "--force" in err and "Traceback" not in err
+    status, out, err = _compare(capsys, full, shorter, "--force")
+    assert status in (0, 1), err
+    assert "WARNING: compared with --force" in out
