@@ -33,12 +33,15 @@ README = ROOT / "README.md"
 SETUP_HANG_S = 1800
 RUN_HANG_S = 900
 # pip's own settings for the set-up (a user's pip configuration may hold the same): no byte-code
-# compiled at install time (Python compiles what it imports; compiling all of torch, sympy and
-# pandas up front costs more than the run's imports), and no retry of an index that cannot be
-# reached (pip then takes torch from the wheel folders and mirrors of its configuration, as the
-# README says). PIP_NO_COMPILE is pip's --no-compile, whose value is inverted: "0" turns
-# compiling off. Neither changes what is installed.
+# compiled at install time (Python compiles what it imports, and caches it; compiling all of
+# torch, sympy and pandas up front costs more than the run's imports), and no retry of an index
+# that cannot be reached (pip then takes torch from the wheel folders and mirrors of its
+# configuration, as the README says). PIP_NO_COMPILE is pip's --no-compile, whose value is
+# inverted: "0" turns compiling off. Neither changes what is installed.
 PIP_SETTINGS = {"PIP_NO_COMPILE": "0", "PIP_RETRIES": "0"}
+# Python's own default in a user's shell: byte-code cached as it is imported (a test machine
+# may turn that off, which makes every process of the set-up compile torch again).
+NOT_A_USERS_DEFAULT = ("PYTHONDONTWRITEBYTECODE",)
 # The environment is written to memory where the machine has room: torch unpacks to about 1 GB
 # of small files, which a slow disk takes several times as long to write.
 MEMORY_FS = Path("/dev/shm")
@@ -124,6 +127,8 @@ def test_readme_setup_from_a_fresh_virtual_environment(scratch):
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
     env = fresh_venv(scratch / "venv") | PIP_SETTINGS
+    for name in NOT_A_USERS_DEFAULT:
+        env.pop(name, None)
     setup, main_job = readme_commands("## Set-up in two commands")
     run_commands((setup,), checkout, env, SETUP_HANG_S)
 
