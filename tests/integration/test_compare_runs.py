@@ -4,12 +4,15 @@ iterations is refused with the difference named, and compared with a warning und
 
 Sleeps, not collectives: on a busy 2-core host, gloo collectives move between identical runs by
 more than one run can see (docs/recipes.md), which would make this test flaky. One rank: what is
-compared does not depend on the world size, and a run of one rank needs no launcher. The
-comparisons run through the command line's entry point in this process."""
+compared does not depend on the world size, and a run of one rank needs no launcher. The two
+identical runs are made at the same time, as are the slower one and the shorter one (sleeps
+leave the cores free). The comparisons run through the command line's entry point in this
+process."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -36,19 +39,26 @@ patterns:
 FLAGGED = ("regressed", "improved", "changed")
 
 
-def _run(tmp_path, name, *extra, factor=1.0):
+def _runs(tmp_path, *runs):
+    """Each run of PATTERN, given as (name, sleep factor, *run options), all at the same time;
+    their output folders."""
     config = tmp_path / "cmp.yaml"
     config.write_text(PATTERN)
-    out = tmp_path / name
-    command = ["run", "-c", str(config), "--nproc", "1", "--output-dir", str(out)]
-    command += ["--metrics-dir", str(out / "metrics"), *extra]
-    proc = run_maestro(
-        command,
-        env={FACTOR_VARIABLE: str(factor)},
-        timeout=300,  # a hang, not speed: each run takes seconds
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+
+    def run(name, factor, *extra):
+        out = tmp_path / name
+        command = ["run", "-c", str(config), "--nproc", "1", "--output-dir", str(out)]
+        command += ["--metrics-dir", str(out / "metrics"), *extra]
+        proc = run_maestro(
+            command,
+            env={FACTOR_VARIABLE: str(factor)},
+            timeout=300,  # a hang, not speed: each run takes seconds
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return out
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda spec: run(*spec), runs))
 
 
 def _compare(capsys, *args):
@@ -65,9 +75,8 @@ def _metrics(folder):
 def test_identical_runs_compare_clean_and_a_slower_block_is_flagged_alone(
     tmp_path, capsys, cli_here
 ):
-    full = _run(tmp_path, "full")
-    again = _run(tmp_path, "again")
-    slower = _run(tmp_path, "slower", factor=1.15)
+    full, again = _runs(tmp_path, ("full", 1.0), ("again", 1.0))
+    slower, shorter = _runs(tmp_path, ("slower", 1.15), ("shorter", 1.0, "--iters", "5"))
     status, out, _ = _compare(capsys, full, again)
     assert status == 0, out[-3000:]
     assert not any(f" {verdict}" in out for verdict in FLAGGED[:2])
@@ -80,7 +89,6 @@ def test_identical_runs_compare_clean_and_a_slower_block_is_flagged_alone(
     details = regression_detector.run(_metrics(full), _metrics(slower)).details
     assert any(key.startswith("cmp/p/slow/") for key in details), details
     assert not any("/fast/" in key for key in details), details
-    shorter = _run(tmp_path, "shorter", "--iters", "5")
     status, _, err = _compare(capsys, full, shorter)
     assert status == 2
     assert "iters_override" in err and "pattern.p" in err
