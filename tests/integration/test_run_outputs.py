@@ -7,11 +7,19 @@ from __future__ import annotations
 import pytest
 
 from .helpers import read_records, run_maestro
-from .test_faults import EXIT_DEADLINE_S, ONE, start_ranks, wait_ranks
+from .test_faults import EXIT_DEADLINE_S, start_ranks, wait_ranks
 
 pytestmark = pytest.mark.integration
 
 QUICK = ["--iters", "2", "--warmup-iters", "0", "--no-baseline", "--pattern", "ag_rs"]
+ONE = """
+name: outputs
+timeout_s: 1
+defaults: {warmup_iters: 0, iters: 2, baseline: false}
+patterns:
+  - {name: p, blocks: [{name: ar, op: all_reduce, axis: world, size: 4K}]}
+"""
+"""A pattern whose ranks wait for each other at most 1 s (the shortest ``timeout_s``)."""
 
 
 def test_an_earlier_runs_files_are_moved_aside_and_the_metrics_name_is_reserved(tmp_path):
@@ -45,9 +53,7 @@ def test_under_per_rank_launch_rank_0_checks_the_outputs(tmp_path):
     rendezvous without it."""
     (tmp_path / "a_file").write_text("")
     bad = str(tmp_path / "a_file")
-    procs, start = start_ranks(
-        tmp_path, ONE.replace("NAME", "p"), [2, 2], extra=[["--output-dir", bad]] * 2
-    )
+    procs, start = start_ranks(tmp_path, ONE, [2, 2], extra=[["--output-dir", bad]] * 2)
     ranks = wait_ranks(procs, start)
     assert ranks[0].returncode == 2, ranks[0].stderr[-2000:]
     assert ranks[0].stderr.strip() == (
