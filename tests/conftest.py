@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -29,3 +30,26 @@ def cli_here(monkeypatch):
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
     assert signal.getsignal(signal.SIGTERM) == sigterm
+
+
+@pytest.fixture(scope="session")
+def shipped_run(tmp_path_factory):
+    """One run that two test files read: the shipped ``fsdp`` file on 2 gloo ranks at CPU sizes
+    (``--max-size 64K``, 2 iterations after 1 warmup, no baseline), into an output folder that
+    holds an earlier run's files (``results.json``, ``failures.json``, ``trace.json`` reading
+    "stale") and a file of the user's (``notes.txt``). test_shipped_configs.py checks what ran,
+    test_run_outputs.py what became of the folders. A namespace: ``config``, ``nproc``,
+    ``proc`` (the finished process), ``out`` and ``metrics`` (the folders)."""
+    from tests.integration.helpers import RUN_HANG_S, run_maestro
+
+    tmp = tmp_path_factory.mktemp("shipped_run")
+    run = SimpleNamespace(config="fsdp", nproc=2, out=tmp / "out", metrics=tmp / "metrics")
+    run.out.mkdir()
+    for name in ("results.json", "failures.json", "trace.json"):
+        (run.out / name).write_text("stale")
+    (run.out / "notes.txt").write_text("mine")
+    args = ["run", "-c", run.config, "--nproc", str(run.nproc), "--max-size", "64K"]
+    args += ["--iters", "2", "--warmup-iters", "1", "--no-baseline"]
+    args += ["--output-dir", str(run.out), "--metrics-dir", str(run.metrics)]
+    run.proc = run_maestro(args, timeout=RUN_HANG_S)
+    return run
