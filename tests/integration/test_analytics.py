@@ -27,6 +27,8 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 
+NAP_US = 5000
+"""Every sleep's duration."""
 SLEEPS = """
 name: sleeps
 world_size: 2
@@ -37,13 +39,13 @@ axes:
 patterns:
   - name: apart
     blocks:
-      - {name: s1, op: sleep, axis: x, duration_us: 20000}
-      - {name: s2, op: sleep, axis: y, duration_us: 20000}
+      - {name: s1, op: sleep, axis: x, duration_us: NAP_US}
+      - {name: s2, op: sleep, axis: y, duration_us: NAP_US}
   - name: together
     blocks:
-      - {name: s1, op: sleep, axis: x, duration_us: 20000}
-      - {name: s2, op: sleep, axis: x, duration_us: 20000}
-"""
+      - {name: s1, op: sleep, axis: x, duration_us: NAP_US}
+      - {name: s2, op: sleep, axis: x, duration_us: NAP_US}
+""".replace("NAP_US", str(NAP_US))
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +63,11 @@ def test_sleeps_on_two_axes_overlap_and_on_one_axis_run_in_turn(sleeps):
     blocks = {(r["pattern"], r["block"]): r for r in read_records(sleeps)}
     apart, together = patterns["apart"], patterns["together"]
     for rec in blocks.values():
-        assert rec["latency_min_us"] >= 20000, rec
-        assert rec["isolated_latency_avg_us"] >= 20000, rec
-    assert apart["makespan_avg_us"] >= 20000
-    assert together["makespan_avg_us"] >= 40000  # one lane: one sleep after the other
-    assert apart["serial_us"] >= 40000 and apart["ideal_us"] >= 20000
+        assert rec["latency_min_us"] >= NAP_US, rec
+        assert rec["isolated_latency_avg_us"] >= NAP_US, rec
+    assert apart["makespan_avg_us"] >= NAP_US
+    assert together["makespan_avg_us"] >= 2 * NAP_US  # one lane: one sleep after the other
+    assert apart["serial_us"] >= 2 * NAP_US and apart["ideal_us"] >= NAP_US
     # One lane runs its blocks in order: the critical path is both, so no overlap is possible.
     assert together["ideal_us"] == together["serial_us"]
     assert together["overlap_efficiency"] is None
@@ -80,7 +82,7 @@ def test_trace_and_plot_files_of_a_run(sleeps):
     # 2 patterns x 2 blocks x 8 iterations x 2 ranks, one slice each.
     assert len(slices) == 2 * 2 * 8 * 2
     assert {e["pid"] for e in slices} == {1, 2}  # a process per rank
-    assert all(e["dur"] >= 20000 for e in slices)
+    assert all(e["dur"] >= NAP_US for e in slices)
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert names == {"rank 0", "rank 1"}
     pngs = sorted(p.name for p in sleeps.glob("plot-*.png"))

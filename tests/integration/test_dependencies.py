@@ -1,6 +1,7 @@
 """Blocks that wait for blocks (``after:``) end to end on gloo: a chain across two lanes runs
 one block after the other, each block's latency is its own run, and a file whose dependencies
-cannot hold is refused before any worker starts."""
+cannot hold is refused before any worker starts (through the command line's entry point, in
+this process: a refusal starts no process)."""
 
 from __future__ import annotations
 
@@ -8,43 +9,52 @@ import json
 
 import pytest
 
-from tests.integration.helpers import (
-    QUICK_HANG_S,
-    pair_overlaps,
-    read_records,
-    run_maestro,
-    run_pattern,
-)
+from tests.integration.helpers import pair_overlaps, read_records, run_pattern
+from userbenchmark.maestro import cli
 
 pytestmark = pytest.mark.integration
 
 CHAIN = """
 name: chain
-world_size: 1
+world_size: 2
 defaults: {warmup_iters: 2, iters: 8, baseline: true}
 axes:
-  x: {like: world}
+  x: {teams: [[0]]}
 patterns:
   - name: chain
     blocks:
       - {name: first, op: sleep, axis: x, duration_us: 10000}
-      - {name: second, op: sleep, lane: other, duration_us: 10000, after: first}
+      - {name: second, op: sleep, axis: x, lane: other, duration_us: 10000, after: first}
+  - name: solo
+    warmup_iters: 1
+    iters: 4
+    baseline: false
+    blocks:
+      - {name: a, op: sleep, axis: x, duration_us: 5000}
+      - {name: b, op: sleep, lane: other, duration_us: 1000, after: a}
 """
+"""Two ranks; rank 0 alone runs the chain (rank 1 is in no team of ``x``), and in ``solo``
+rank 1 runs b without a."""
 
 
-def test_a_chain_across_two_lanes_runs_in_order_and_each_latency_is_its_own(tmp_path):
-    proc, out = run_pattern(tmp_path, CHAIN, nproc=1)
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The output folder of CHAIN run on 2 ranks with --trace."""
+    proc, out = run_pattern(tmp_path_factory.mktemp("chain"), CHAIN, nproc=2, extra=["--trace"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    print(proc.stdout)
-    (pattern,) = read_records(out, "patterns.json")
-    blocks = {r["block"]: r for r in read_records(out)}
+    return out
+
+
+def test_a_chain_across_two_lanes_runs_in_order_and_each_latency_is_its_own(chain):
+    pattern = next(p for p in read_records(chain, "patterns.json") if p["pattern"] == "chain")
+    blocks = {r["block"]: r for r in read_records(chain) if r["pattern"] == "chain"}
     first, second = blocks["first"]["latency_avg_us"], blocks["second"]["latency_avg_us"]
     # Every sleep lasts at least its duration, and second starts when first has ended: the
     # makespan holds both. Were the wait inside second's latency, second alone would span
     # nearly the whole makespan and the two latencies would add up to more than it.
     assert first >= 10000 and second >= 10000
     assert pattern["makespan_avg_us"] >= first + second
-    assert pair_overlaps(out)[("chain", "first", "second")] == 0
+    assert pair_overlaps(chain)[("chain", "first", "second")] == 0
     # Ideal is the critical path: both blocks, one after the other; nothing can overlap.
     assert pattern["ideal_us"] == pytest.approx(pattern["serial_us"])
     assert pattern["overlap_efficiency"] is None
@@ -67,49 +77,35 @@ def test_a_chain_across_two_lanes_runs_in_order_and_each_latency_is_its_own(tmp_
     ],
     ids=["unknown", "cycle"],
 )
-def test_an_unknown_name_and_a_cycle_are_refused_with_exit_2(tmp_path, after, message):
+def test_an_unknown_name_and_a_cycle_are_refused_with_exit_2(
+    tmp_path, after, message, capsys, cli_here
+):
     config = tmp_path / "bad.yaml"
     config.write_text(
         CHAIN.replace("duration_us: 10000}", f"duration_us: 10000, after: {after}}}", 1)
     )
     for args in (["validate", str(config)], ["run", "-c", str(config), "--nproc", "2"]):
-        proc = run_maestro(args, timeout=QUICK_HANG_S)
-        assert proc.returncode == 2, proc.stderr
-        assert f"bad.yaml:10: {message}" in proc.stderr
-        assert "Traceback" not in proc.stderr
+        assert cli.main(args) == 2
+        stderr = capsys.readouterr().err
+        assert f"bad.yaml:10: {message}" in stderr
+        assert "Traceback" not in stderr
 
 
-def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path):
+def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path, capsys, cli_here):
     config = tmp_path / "graph.yaml"
     config.write_text(CHAIN.replace("baseline: true}", "baseline: true, graph: true}"))
-    proc = run_maestro(["run", "-c", str(config), "--nproc", "1"], timeout=QUICK_HANG_S)
-    assert proc.returncode == 2, proc.stderr
-    assert "CUDA graphs" in proc.stderr and "gloo" in proc.stderr
+    assert cli.main(["run", "-c", str(config), "--nproc", "2"]) == 2
+    stderr = capsys.readouterr().err
+    assert "CUDA graphs" in stderr and "gloo" in stderr
 
 
-SOLO = """
-name: solo
-world_size: 2
-defaults: {warmup_iters: 1, iters: 4, baseline: false}
-axes:
-  solo: {teams: [[0]]}
-patterns:
-  - name: p
-    blocks:
-      - {name: a, op: sleep, axis: solo, duration_us: 5000}
-      - {name: b, op: sleep, lane: other, duration_us: 1000, after: a}
-"""
-
-
-def test_a_rank_that_does_not_run_the_awaited_block_does_not_wait_for_it(tmp_path):
-    # Rank 1 is in no team of `solo`: it runs b without a (each rank waits for its own work).
-    proc, out = run_pattern(tmp_path, SOLO, nproc=2, extra=["--trace"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads((out / "trace.json").read_text())
+def test_a_rank_that_does_not_run_the_awaited_block_does_not_wait_for_it(chain):
+    # Rank 1 is in no team of `x`: it runs b without a (each rank waits for its own work).
+    doc = json.loads((chain / "trace.json").read_text())
     spans = {
         (e["args"]["rank"], e["name"], e["args"]["iteration"]): (e["ts"], e["ts"] + e["dur"])
         for e in doc["traceEvents"]
-        if e.get("ph") == "X" and e["cat"] == "sleep"
+        if e.get("ph") == "X" and e["cat"] == "sleep" and e["args"]["pattern"] == "solo"
     }
     for it in range(4):
         assert spans[(0, "b", it)][0] >= spans[(0, "a", it)][1]

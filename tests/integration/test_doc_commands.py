@@ -5,11 +5,13 @@ Blocks run in a copy of the files a user runs from (``run_benchmark.py`` writes 
 beside itself), with ``python`` and ``torchrun`` of this interpreter's environment. Blocks
 marked as needing a GPU, a cluster or a TorchBench checkout, or as run by another test, are
 not run here (each marker must say why); usage lines with placeholders (synopses) have each
-option they name checked against the command's ``--help``.
+option they name checked against the command's ``--help`` (made in this process).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+import run_benchmark
+from userbenchmark.maestro import cli
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
 from ..docblocks import PAGES, ROOT, BashBlock, bash_blocks, run_documented, with_options
@@ -111,19 +115,22 @@ def test_documented_commands_run_as_written(block, tmp_path):
 
 
 @cache
-def _help(*argv: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, *argv, "--help"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=QUICK_HANG_S,
-    )
-    assert done.returncode == 0, f"{' '.join(argv)} --help: {done.stderr[-2000:]}"
-    return done.stdout
+def _help(*target: str) -> str:
+    """The ``--help`` of ``python TARGET``: ``-m userbenchmark.maestro COMMAND``,
+    ``run_benchmark.py maestro`` or ``-m torch.distributed.run``."""
+    if target == ("-m", "torch.distributed.run"):
+        from torch.distributed.run import get_args_parser
+
+        return get_args_parser().format_help()
+    if target[0] == "run_benchmark.py":
+        call = lambda: run_benchmark.main([*target[1:], "--help"])  # noqa: E731
+    else:
+        assert target[:2] == ("-m", "userbenchmark.maestro"), target
+        call = lambda: cli.main([*target[2:], "--help"])  # noqa: E731
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        status = call()
+    assert status == 0, f"{' '.join(target)} --help exited {status}"
+    return out.getvalue()
 
 
 def synopsis_options(command: str) -> list[tuple[tuple[str, ...], list[str]]]:

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,20 @@ README = ROOT / "README.md"
 # Hang limits, not speed checks: the set-up unpacks torch and resolves from the package index.
 SETUP_HANG_S = 1800
 RUN_HANG_S = 900
+# pip's own settings for the set-up (a user's pip configuration may hold the same): no byte-code
+# compiled at install time (Python compiles what it imports, and caches it; compiling all of
+# torch, sympy and pandas up front costs more than the run's imports), and no retry of an index
+# that cannot be reached (pip then takes torch from the wheel folders and mirrors of its
+# configuration, as the README says). PIP_NO_COMPILE is pip's --no-compile, whose value is
+# inverted: "0" turns compiling off. Neither changes what is installed.
+PIP_SETTINGS = {"PIP_NO_COMPILE": "0", "PIP_RETRIES": "0"}
+# Python's own default in a user's shell: byte-code cached as it is imported (a test machine
+# may turn that off, which makes every process of the set-up compile torch again).
+NOT_A_USERS_DEFAULT = ("PYTHONDONTWRITEBYTECODE",)
+# The environment is written to memory where the machine has room: torch unpacks to about 1 GB
+# of small files, which a slow disk takes several times as long to write.
+MEMORY_FS = Path("/dev/shm")
+MEMORY_FS_MIN_FREE_BYTES = 4 * 1024**3
 
 
 def readme_commands(heading: str) -> tuple[str, ...]:
@@ -73,6 +89,21 @@ def run_commands(commands: tuple[str, ...], cwd: Path, env: dict[str, str], hang
     ]
 
 
+@pytest.fixture
+def scratch(tmp_path) -> Iterator[Path]:
+    """An empty folder for a checkout and a virtual environment: in memory where there is room,
+    else ``tmp_path``."""
+    try:
+        roomy = shutil.disk_usage(MEMORY_FS).free >= MEMORY_FS_MIN_FREE_BYTES
+    except OSError:
+        roomy = False
+    if not (roomy and os.access(MEMORY_FS, os.W_OK)):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="maestro-setup-", dir=MEMORY_FS) as folder:
+        yield Path(folder)
+
+
 def test_the_readme_sets_up_in_two_commands():
     commands = readme_commands("## Set-up in two commands")
     assert len(commands) == 2, commands
@@ -84,10 +115,10 @@ def test_the_readme_sets_up_in_two_commands():
     reason="with an NVIDIA driver the set-up installs a CUDA build of torch (GBs); this test "
     "runs the CPU path",
 )
-def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
+def test_readme_setup_from_a_fresh_virtual_environment(scratch):
     # A checkout of the files a user runs, outside this repository: the run writes
     # .userbenchmark/ beside run_benchmark.py.
-    checkout = tmp_path / "maestro"
+    checkout = scratch / "maestro"
     checkout.mkdir()
     shutil.copy2(ROOT / "run_benchmark.py", checkout)
     shutil.copytree(
@@ -95,8 +126,9 @@ def test_readme_setup_from_a_fresh_virtual_environment(tmp_path):
         checkout / "userbenchmark",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
-    venv = tmp_path / "venv"
-    env = fresh_venv(venv)
+    env = fresh_venv(scratch / "venv") | PIP_SETTINGS
+    for name in NOT_A_USERS_DEFAULT:
+        env.pop(name, None)
     setup, main_job = readme_commands("## Set-up in two commands")
     run_commands((setup,), checkout, env, SETUP_HANG_S)
 

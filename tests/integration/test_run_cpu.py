@@ -1,5 +1,6 @@
-"""End-to-end runs on gloo through the real launcher: every op checked under overlap, meshes,
-sweeps, the isolated baseline, a failing rank."""
+"""One end-to-end run of four gloo ranks through the real launcher: every op checked under
+overlap, meshes, sweeps, the isolated baseline, then a rank failing, which ends the run with
+what was measured before it saved."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 
 from .helpers import (
     NCCL_TESTS_BUS_FACTOR,
-    RUN_HANG_S,
     by_block,
     read_records,
     run_pattern,
@@ -60,17 +60,23 @@ patterns:
     sweep: {size: [4K, 16K]}
     blocks:
       - {name: ar, op: all_reduce, axis: tp, size: "${size}"}
+  - name: boom
+    blocks:
+      - {name: ar, op: all_reduce, axis: world, size: 4K}
+      - {name: bad, op: "tests.integration.fault_blocks:FailOnRank", axis: world, rank: 1,
+         when: setup}
 """
+MEASURED = {"all", "fsdp", "ar_sweep[size=4K]", "ar_sweep[size=16K]"}
+"""The patterns before the failing one."""
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    """(run folder, output folder) of FOUR_RANKS run on 4 gloo ranks."""
+    """(run folder, output folder, process) of FOUR_RANKS run on 4 gloo ranks."""
     tmp = tmp_path_factory.mktemp("four_ranks")
     proc, out = run_pattern(tmp, FOUR_RANKS, nproc=4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "== four_ranks / all" in proc.stdout
-    return tmp, out
+    assert "== four_ranks / all" in proc.stdout, proc.stderr[-3000:]
+    return tmp, out, proc
 
 
 def _check_sane(rec: dict) -> None:
@@ -85,7 +91,7 @@ def _check_sane(rec: dict) -> None:
 def test_every_op_runs_checked_under_overlap_with_sane_numbers(four_ranks):
     # Every op on a lane of its own, so they all run at once; 4 ranks, where every bus factor
     # differs from 1 and the roots are not rank 0.
-    tmp, out = four_ranks
+    tmp, out, _ = four_ranks
     nproc = 4
     blocks = by_block(read_records(out), "all")
     assert set(blocks) == {"ar", "ag", "rs", "a2a", "bc", "rd", "sr", "mm", "nap"}
@@ -124,7 +130,7 @@ def test_every_op_runs_checked_under_overlap_with_sane_numbers(four_ranks):
 
 
 def test_mesh_like_axis_and_sweep_on_four_ranks(four_ranks):
-    _, out = four_ranks
+    _, out, _ = four_ranks
     records = [r for r in read_records(out) if r["pattern"] != "all"]
     names = sorted({r["pattern"] for r in records})
     assert names == ["ar_sweep[size=16K]", "ar_sweep[size=4K]", "fsdp"]
@@ -147,29 +153,13 @@ def test_mesh_like_axis_and_sweep_on_four_ranks(four_ranks):
     )
 
 
-FAILING = """
-name: failing
-world_size: 2
-timeout_s: 3
-defaults: {warmup_iters: 1, iters: 5, baseline: false}
-patterns:
-  - name: ok_first
-    blocks:
-      - {name: ar, op: all_reduce, axis: world, size: 4K}
-  - name: boom
-    blocks:
-      - {name: ar, op: all_reduce, axis: world, size: 4K}
-      - {name: bad, op: "tests.integration.fault_blocks:FailOnRank", axis: world, rank: 1,
-         when: setup}
-"""
-
-
-def test_runtime_error_on_one_rank_ends_every_rank(tmp_path):
+def test_runtime_error_on_one_rank_ends_every_rank(four_ranks):
     # Under the --nproc launcher; a failure in setup, so that no rank waits out a collective
     # (tests/integration/test_faults.py fails every phase, under every launcher).
-    proc, out = run_pattern(tmp_path, FAILING, nproc=2, timeout=RUN_HANG_S)
+    _, out, proc = four_ranks
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rank 1" in proc.stderr and "'bad'" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    # The pattern that finished before the failure is saved.
-    assert {r["pattern"] for r in read_records(out)} == {"ok_first"}
+    # The patterns that finished before the failure are saved.
+    assert {r["pattern"] for r in read_records(out)} == MEASURED
+    assert [f["pattern"] for f in read_records(out, "failures.json")] == ["boom"]

@@ -3,8 +3,9 @@ CPU sizes, and one of them runs on CPU.
 
 Each file in ``configs/`` must have a header line ``# World size: N (also runs at: A, B)``
 (the part in parentheses only where other sizes work). The files share one code path, so one
-run stands for all (``fsdp`` at 2 ranks: ``like`` axes, collectives beside GEMMs; meshes and
-every op run in test_run_cpu.py); the documented commands run more of them
+run stands for all (``fsdp`` at 2 ranks: ``like`` axes, collectives beside GEMMs; the
+``shipped_run`` fixture of tests/conftest.py, whose folders test_run_outputs.py checks too;
+meshes and every op run in test_run_cpu.py); the documented commands run more of them
 (``docs/recipes.md``: ``nccl_algo_compare`` and ``data_parallel``; the README and
 ``docs/outputs-trace-plot.md``: ``quickstart``).
 """
@@ -20,14 +21,13 @@ from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite
 
-from .helpers import RUN_HANG_S, read_records, run_maestro
+from .helpers import read_records
 
 pytestmark = pytest.mark.integration
 
 MAX_SIZE_BYTES = 64 * 1024
 _HEADER_RE = re.compile(r"^# World size: (\d+)(?: \(also runs at: ([0-9, ]+))?", re.MULTILINE)
 CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
-RUN = "fsdp"
 
 
 def stated_world_sizes(path: Path) -> tuple[int, ...]:
@@ -90,17 +90,14 @@ def test_moe_capacity_factor_changes_the_shapes():
             assert other.params[key] * 4 == block.params[key] * 5, (name, block.name)
 
 
-def test_a_shipped_config_runs_on_cpu(tmp_path):
+def test_a_shipped_config_runs_on_cpu(shipped_run):
     # The documented CPU smoke run of a shipped file: capped sizes, few iterations.
-    path = CONFIGS_DIR / f"{RUN}.yaml"
-    nproc = 2
+    path = CONFIGS_DIR / f"{shipped_run.config}.yaml"
+    nproc = shipped_run.nproc
     assert nproc in stated_world_sizes(path)
-    args = ["run", "-c", RUN, "--nproc", str(nproc), "--max-size", "64K", "--iters", "2"]
-    args += ["--warmup-iters", "1", "--no-baseline", "--output-dir", str(tmp_path), "--no-metrics"]
-    proc = run_maestro(args, timeout=RUN_HANG_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert shipped_run.proc.returncode == 0, shipped_run.proc.stderr[-3000:]
     expected = apply_max_size(load_suite(path, world_size=nproc), MAX_SIZE_BYTES)
-    records = read_records(tmp_path)
+    records = read_records(shipped_run.out)
     got = {(r["pattern"], r["block"]) for r in records}
     assert got == {(p.name, b.name) for p in expected.patterns for b in p.blocks}
     for record in records:
