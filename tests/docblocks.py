@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,3 +135,16 @@ def with_options(command: str, options: str) -> str:
         else:
             words += [name, value]
     return shlex.join(words) + (f" {hash_}{comment}" if hash_ else "")
+
+
+def launchers_here(bin_dir: Path) -> None:
+    """``python`` and ``torchrun`` in ``bin_dir`` that run this interpreter, in its environment:
+    scripts that exec it by the path it was started as (a symlink would not do: a virtual
+    environment's python found through a link from elsewhere no longer sees its packages).
+    ``torchrun`` is ``python -m torch.distributed.run``, the program its console script starts,
+    so a console script whose first line names an interpreter that is gone (a Python image
+    whose packages were installed elsewhere) does not decide what the docs' commands do."""
+    python = shlex.quote(sys.executable)
+    for name, argv in (("python", python), ("torchrun", f"{python} -m torch.distributed.run")):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
+        (bin_dir / name).chmod(0o755)

@@ -18,9 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 from functools import cache
-from pathlib import Path
 
 import pytest
 
@@ -28,21 +26,21 @@ import run_benchmark
 from userbenchmark.maestro import cli
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
-from ..docblocks import PAGES, ROOT, BashBlock, bash_blocks, run_documented, with_options
+from ..docblocks import (
+    PAGES,
+    ROOT,
+    BashBlock,
+    bash_blocks,
+    launchers_here,
+    run_documented,
+    with_options,
+)
 from .helpers import QUICK_HANG_S, RUN_HANG_S
 
 pytestmark = pytest.mark.integration
 
 BLOCKS = [block for page in PAGES for block in bash_blocks(page)]
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
-
-
-def python_here(path: Path) -> None:
-    """A ``python`` at ``path`` that runs this interpreter, in its environment: a script that
-    execs it by the path it was started as. A symlink would not do: a virtual environment's
-    python found through a link from elsewhere no longer sees its environment's packages."""
-    path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    path.chmod(0o755)
 
 
 def _ids(blocks: list[BashBlock]) -> list[str]:
@@ -66,15 +64,21 @@ def test_the_pages_have_commands_and_every_marker_says_why():
             assert f'"{page}"' in runner.read_text(), f"{block.text} does not read {page}"
 
 
-def test_commands_run_with_this_environments_python(tmp_path):
-    python_here(tmp_path / "python")
-    done = subprocess.run(
-        [str(tmp_path / "python"), "-c", "import sys; print(sys.prefix)"],
-        capture_output=True,
-        text=True,
-        timeout=QUICK_HANG_S,
-    )
-    assert done.stdout.strip() == sys.prefix, done.stderr[-2000:]
+def test_commands_run_with_this_environments_python_and_torchrun(tmp_path):
+    launchers_here(tmp_path)
+    for argv, expected in (
+        (["python", "-c", "import sys; print(sys.prefix)"], sys.prefix),
+        (["torchrun", "--help"], None),
+    ):
+        done = subprocess.run(
+            [str(tmp_path / argv[0]), *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=QUICK_HANG_S,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        if expected is not None:
+            assert done.stdout.strip() == expected, done.stderr[-2000:]
 
 
 RUNNABLE = [b for b in BLOCKS if b.kind in ("run", "run with")]
@@ -90,10 +94,10 @@ def test_documented_commands_run_as_written(block, tmp_path):
         checkout / "userbenchmark",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".userbenchmark"),
     )
-    # `python` is this interpreter; `torchrun` comes from its environment's scripts.
+    # `python` and `torchrun` are this interpreter, in its environment.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    python_here(bin_dir / "python")
+    launchers_here(bin_dir)
     env = {
         k: v
         for k, v in os.environ.items()
@@ -101,8 +105,7 @@ def test_documented_commands_run_as_written(block, tmp_path):
         and k != "MASTER_PORT"
         and not k.startswith(("TORCHELASTIC_", "SLURM_"))
     }
-    scripts = sysconfig.get_path("scripts")
-    env["PATH"] = os.pathsep.join([str(bin_dir), scripts, env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun's own rendezvous port (default 29500) might be taken on a shared machine.
     env["PET_MASTER_PORT"] = str(free_port())

@@ -16,7 +16,7 @@ import pytest
 
 from userbenchmark.maestro.core.runtime.distributed import free_port
 
-from ..docblocks import ROOT, bash_blocks, with_options
+from ..docblocks import ROOT, bash_blocks, launchers_here, with_options
 from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records, subprocess_env
 
 pytestmark = pytest.mark.integration
@@ -132,6 +132,7 @@ def test_two_torchrun_nodes_on_loopback(tmp_path):
 def test_sbatch_script_runs_two_nodes_with_stand_ins(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    launchers_here(bin_dir)  # the script's `torchrun` and `python`: this interpreter
     for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
