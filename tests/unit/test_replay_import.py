@@ -13,7 +13,8 @@ import yaml
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
-from userbenchmark.maestro.replay.kineto import TraceError
+from userbenchmark.maestro.replay.kineto import GemmOp, TraceError
+from userbenchmark.maestro.replay.ops import gemm
 
 from .replay_scenarios import (
     batched_ring_rank,
@@ -401,3 +402,57 @@ def test_pg_config_decides_a_groups_ranks_over_its_records(tmp_path):
     record["args"]["Process Group Ranks"] = "[0, 1]"
     _, _, data = imported(tmp_path / "cut", [b])
     assert by_op(data, "all_reduce")[0]["size"] == 2048 and data["world_size"] == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "strides", "layout"),
+    [
+        # x @ W.T: the weight [n, k] contiguous is B read transposed
+        ("aten::linear", [[64, 32], [16, 32]], [[32, 1], [32, 1]], (False, True)),
+        # backward's grad_x = grad_y @ W: both row-major
+        ("aten::mm", [[64, 16], [16, 32]], [[16, 1], [32, 1]], (False, False)),
+        # backward's grad_W = grad_y.T @ x: A is a column-major view
+        ("aten::mm", [[16, 64], [64, 32]], [[1, 16], [32, 1]], (True, False)),
+        ("aten::addmm", [[32], [64, 16], [16, 32]], [[1], [16, 1], [1, 16]], (False, True)),
+        # no strides recorded: row-major, as before
+        ("aten::mm", [[64, 16], [16, 32]], [], (False, False)),
+        # a one-row operand is contiguous either way: not transposed
+        ("aten::mm", [[1, 16], [16, 32]], [[16, 1], [32, 1]], (False, False)),
+    ],
+)
+def test_gemm_layouts_come_from_the_input_strides(name, dims, strides, layout):
+    op = GemmOp(
+        ext=1,
+        name=name,
+        dims=tuple(map(tuple, dims)),
+        types=("c10::BFloat16",) * len(dims),
+        strides=tuple(map(tuple, strides)),
+    )
+    g = gemm(op)
+    assert g is not None and (g.a_transposed, g.b_transposed) == layout
+
+
+def test_a_transposed_gemm_runs_on_column_major_operands():
+    import torch
+
+    from userbenchmark.maestro.blocks.base import BlockContext
+    from userbenchmark.maestro.blocks.compute import Gemm
+    from userbenchmark.maestro.core.config.summary import describe_params
+
+    text = (
+        "name: t\nworld_size: 1\npatterns:\n  - name: p\n    blocks:\n"
+        "      - {name: g, op: gemm, m: 8, n: 4, k: 6, a_transposed: true, b_transposed: true}\n"
+    )
+    spec = load_suite_text(text, file="ok").patterns[0].blocks[0]
+    block = Gemm(
+        spec, BlockContext(rank=0, device=torch.device("cpu"), dtype=torch.float32, team=(0,))
+    )
+    block.setup()
+    assert block.a.shape == (8, 6) and block.a.stride() == (1, 8)
+    assert block.b.shape == (6, 4) and block.b.stride() == (1, 6)
+    block.launch()
+    assert torch.allclose(block.c, block.a @ block.b)
+    # Described (results, compare) when set; left out at their default, as before they existed.
+    assert "a_transposed=true b_transposed=true" in describe_params(Gemm, spec.params)
+    plain = {**spec.params, "a_transposed": False, "b_transposed": False}
+    assert describe_params(Gemm, plain) == "m=8 n=4 k=6 tf32=false"

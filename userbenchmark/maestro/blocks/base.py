@@ -39,6 +39,9 @@ class Param:
     """Smallest allowed value for int/float (inclusive)."""
     maximum: float | None = None
     """Largest allowed value for int/float (inclusive); ``doc`` should say why."""
+    described_at_default: bool = True
+    """False: left out of the block's described settings (results, ``compare``) while it has
+    its default, so that runs made before the parameter existed still compare."""
 
     def __post_init__(self) -> None:
         if self.kind not in PARAM_KINDS:

@@ -59,6 +59,21 @@ class Gemm(Block):
         Param(name="a_shape", kind="shape", default=None, doc="[m, k]: A's shape, instead of m/k"),
         Param(name="b_shape", kind="shape", default=None, doc="[k, n]: B's shape, instead of k/n"),
         Param(
+            name="a_transposed",
+            kind="bool",
+            default=False,
+            doc="A stored transposed (column-major, an [k, m] buffer read as A): cuBLAS "
+            "picks its kernel by layout (import-trace keeps a traced GEMM's)",
+            described_at_default=False,
+        ),
+        Param(
+            name="b_transposed",
+            kind="bool",
+            default=False,
+            doc="B stored transposed (an [n, k] buffer read as B, as x @ W.T reads a weight)",
+            described_at_default=False,
+        ),
+        Param(
             name="tf32",
             kind="bool",
             default=False,
@@ -135,8 +150,8 @@ class Gemm(Block):
         import torch
 
         m, n, k = (self.spec.params[d] for d in ("m", "n", "k"))
-        self.a = self.ctx.empty(m * k).view(m, k)
-        self.b = self.ctx.empty(k * n).view(k, n)
+        self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
+        self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
         fill_random(self.a, self.ctx)
         fill_random(self.b, self.ctx)
@@ -144,6 +159,11 @@ class Gemm(Block):
         # user code) cannot change this block's math between iterations.
         self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
         self.tf32 = bool(self.spec.params.get("tf32", False))
+
+    def _operand(self, rows: int, cols: int, transposed: bool) -> Any:
+        """A [rows, cols] operand, stored column-major when ``transposed``."""
+        flat = self.ctx.empty(rows * cols)
+        return flat.view(cols, rows).t() if transposed else flat.view(rows, cols)
 
     def launch(self) -> None:
         import torch

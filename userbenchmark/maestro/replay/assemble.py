@@ -246,7 +246,8 @@ def _compute_block(rb: RoleBlock) -> PatternBlock:
         g = rb.first.gemm
         assert g is not None
         notes = [g.note] if g.note else []
-        params = {"m": g.m, "n": g.n, "k": g.k, **({"tf32": True} if g.tf32 else {})}
+        params = {"m": g.m, "n": g.n, "k": g.k}
+        params |= {key: True for key in ("a_transposed", "b_transposed", "tf32") if getattr(g, key)}
         return PatternBlock(
             members=[rb],
             kind="gemm",

@@ -196,8 +196,8 @@ def _approximations(imp: Imported) -> list[str]:
         out.append("lane idle time (host launch gaps) dropped (--no-idle)")
     if kinds["gemm"]:
         out.append(
-            "GEMM layouts (transposes) and bias/activation epilogues not kept: maestro "
-            "runs C = A[m,k] @ B[k,n]"
+            "GEMM bias/activation epilogues not kept: maestro runs C = A[m,k] @ B[k,n], with "
+            "each operand's layout (transposed or not) from the trace's Input Strides"
         )
     stand_in_gemms = sum(
         1 for role in imp.roles for it in role.ref.items if it.note == "gemm-shapes"

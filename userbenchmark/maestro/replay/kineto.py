@@ -138,6 +138,8 @@ class GemmOp:
     name: str
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
+    strides: tuple[tuple[int, ...], ...] = ()
+    """``Input Strides``, one per entry of ``dims`` (empty when the trace has none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,15 +343,13 @@ class _Collector:
             return
         self.t.op_names[ext] = self.intern(name)
         if name in GEMM_OPS:
-            dims = args.get("Input Dims")
             types = args.get("Input type")
             self.t.gemms[ext] = GemmOp(
                 ext=ext,
                 name=self.intern(name),
-                dims=tuple(tuple(d) for d in dims if isinstance(d, list))
-                if isinstance(dims, list)
-                else (),
+                dims=_shapes(args.get("Input Dims")),
                 types=tuple(str(t) for t in types) if isinstance(types, list) else (),
+                strides=_shapes(args.get("Input Strides")),
             )
 
     def comm(self, ev: dict[str, Any], args: dict[str, Any], ext: int) -> None:
@@ -507,3 +507,10 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
             yield from found
         else:
             yield path
+
+
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """A list of per-input shapes (or strides) as tuples; () when the trace has none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(tuple(d) for d in value if isinstance(d, list))

@@ -138,6 +138,21 @@ class Gemm:
     note: str | None = None
     tf32: bool = False
     """An fp32 GEMM whose kernel used TF32 tensor cores (its name says so)."""
+    a_transposed: bool = False
+    b_transposed: bool = False
+    """The operand was stored transposed (column-major), from the trace's ``Input Strides``:
+    cuBLAS picks its kernel by layout, so the replay keeps it."""
+
+
+def _transposed(shape: Sequence[int], stride: Sequence[int] | None) -> bool:
+    """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
+    return (
+        bool(stride)
+        and len(shape) == 2
+        and len(stride) == 2
+        and stride[0] == 1 < shape[0]
+        and stride[1] != 1
+    )
 
 
 def _prod(dims: Sequence[int]) -> int:
@@ -147,9 +162,15 @@ def _prod(dims: Sequence[int]) -> int:
 def gemm(op: GemmOp) -> Gemm | None:
     """m, n, k and dtype of a GEMM op from its ``Input Dims``; None when the shapes are not
     recorded or not a GEMM's (the kernels are then replayed as a compute stand-in)."""
-    dims = [d for d in op.dims if d]
+    pairs = [(d, op.strides[i] if i < len(op.strides) else None) for i, d in enumerate(op.dims)]
+    pairs = [(d, s) for d, s in pairs if d]
+    dims = [d for d, _ in pairs]
     name = op.name.removeprefix("aten::")
+    layout = {"a_transposed": False, "b_transposed": False}
     try:
+        if name in ("mm", "addmm", "_addmm_activation", "matmul") and len(dims[-1]) == 2:
+            (a, sa), (b, sb) = pairs[-2], pairs[-1]
+            layout = {"a_transposed": _transposed(a, sa), "b_transposed": _transposed(b, sb)}
         if name in ("mm", "addmm", "_addmm_activation"):
             a, b = dims[-2], dims[-1]
             m, k, n, note = a[0], a[1], b[1], None
@@ -158,9 +179,11 @@ def gemm(op: GemmOp) -> Gemm | None:
             m, k, n = a[0] * a[1], a[2], b[2]
             note = f"{name} of {a[0]} batches replayed as one GEMM of m = {a[0]} x {a[1]}"
         elif name == "linear":
-            x, w = dims[0], dims[1]
+            (x, sx), (w, sw) = pairs[0], pairs[1]
             m, k, n = _prod(x[:-1]), x[-1], w[0]
             note = None
+            # x @ W.T: B is the weight read transposed, unless the weight itself is.
+            layout = {"a_transposed": _transposed(x, sx), "b_transposed": not _transposed(w, sw)}
         elif name == "matmul":
             a, b = dims[0], dims[1]
             m, k, n = _prod(a[:-1]), a[-1], b[-1]
@@ -173,7 +196,7 @@ def gemm(op: GemmOp) -> Gemm | None:
     dtype, _, dtype_note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
     if dtype not in ("fp32", "fp16", "bf16", "fp64") or min(m, n, k) < 1:
         return None
-    return Gemm(m=int(m), n=int(n), k=int(k), dtype=dtype, note=note or dtype_note)
+    return Gemm(m=int(m), n=int(n), k=int(k), dtype=dtype, note=note or dtype_note, **layout)
 
 
 def dtype_bytes(name: str) -> int:

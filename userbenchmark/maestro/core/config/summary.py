@@ -105,8 +105,16 @@ def _value(value: Any, kind: str = "") -> str:
 def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
-    kinds = {p.name: p.kind for p in getattr(cls, "params", ())}
-    parts = (f"{k}={_value(v, kinds.get(k, ''))}" for k, v in params.items() if v is not None)
+    declared = {p.name: p for p in getattr(cls, "params", ())}
+    kinds = {name: p.kind for name, p in declared.items()}
+    hidden = {
+        n for n, p in declared.items() if not p.described_at_default and p.default is not None
+    }
+    parts = (
+        f"{k}={_value(v, kinds.get(k, ''))}"
+        for k, v in params.items()
+        if v is not None and not (k in hidden and v == declared[k].default)
+    )
     return " ".join(parts)
 
 
