@@ -103,8 +103,9 @@ def run_once(case: Case, folder: Path, factor: float, iters: int) -> tuple[Path,
     return folder / "out", metrics
 
 
-def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Tally) -> None:
-    """Compare one pair both ways maestro offers and count what they called."""
+def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Tally) -> set[str]:
+    """Compare one pair both ways maestro offers and count what they called; the keys
+    ``compare`` flagged."""
     result = compare_files(a[0], b[0])
     flagged = {j.key for j in result.judgements if j.verdict in FLAGGED}
     detector = regression_detector.run(a[1], b[1])
@@ -121,6 +122,7 @@ def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Ta
         tally.detected += any(
             case.target in j.key and j.verdict == "regressed" for j in result.judgements
         )
+    return flagged
 
 
 def measure(cases: Sequence[Case], pairs: int, iters: int, log: Callable[[str], None]) -> dict:
@@ -132,10 +134,11 @@ def measure(cases: Sequence[Case], pairs: int, iters: int, log: Callable[[str], 
                 base = Path(tmp) / case.name.replace(" ", "_") / str(index)
                 a = run_once(case, base / "a", 1.0, iters)
                 b = run_once(case, base / "b", case.treatment_factor, iters)
-                judge_pair(case, a, b, tally)
+                flagged = judge_pair(case, a, b, tally)
                 log(
                     f"{case.name}: pair {index + 1}/{pairs}: "
                     f"{tally.compare_alarms} false alarms, {tally.detected} detected"
+                    + (f" (flagged: {', '.join(sorted(flagged))})" if flagged else "")
                 )
     return tallies
 

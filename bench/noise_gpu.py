@@ -7,10 +7,13 @@ give R - 1 back-to-back pairs; each pair compares run i's ``d0`` with run i+1's 
 a verdict is a false alarm) and with its larger variants (a regression of the average or median
 latency is a detection), with the default floors (5 %), a 2 % floor, and none (the noise model
 alone). Prints a markdown table and the smallest step found in 95 % of pairs or more. Each run
-measures 11 one-block patterns of 220 iterations (not yet timed on a GPU). Run from the
-repository root on one GPU (torch with CUDA; cupti-python for the default profiler)::
+measures 11 one-block patterns of 220 iterations: 50-70 s a run on an H200 (2026-12-02), so 21
+runs take longer than one sitting may allow. ``--keep DIR`` saves each run's metrics there as it
+finishes and first reads the runs already in DIR: call it again to add runs, ``--runs 0`` to
+report on what DIR holds. Run from the repository root on one GPU (torch with CUDA;
+cupti-python for the default profiler)::
 
-    python -m bench.noise_gpu [--runs 21] [--json out.json]
+    python -m bench.noise_gpu [--runs 21] [--keep DIR] [--json out.json]
 
 Without CUDA it says so and exits 0.
 """
@@ -124,27 +127,43 @@ def report(counts: dict[tuple[str, str], list[int]], pairs: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=21, help="runs of the file (pairs + 1)")
+    parser.add_argument("--runs", type=int, default=21, help="runs of the file to add (pairs + 1)")
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--keep", type=Path, help="folder of run metrics: read, then added to")
     parser.add_argument("--json", help="also write the counts to this JSON file")
     args = parser.parse_args(argv)
-    import torch
+    runs = kept_runs(args.keep, args.iters)
+    if args.runs > 0:
+        import torch
 
-    if not torch.cuda.is_available():
-        print("bench/noise_gpu.py needs a CUDA GPU; none here")
-        return 0
+        if not torch.cuda.is_available():
+            print("bench/noise_gpu.py needs a CUDA GPU; none here")
+            return 0
     with tempfile.TemporaryDirectory(prefix="maestro-noise-gpu-") as tmp:
         config = Path(tmp) / "noise_gpu.yaml"
         config.write_text(pattern_text(args.iters))
-        runs = []
         for index in range(args.runs):
             runs.append(run_once(config, Path(tmp) / f"run{index}"))
-            print(f"run {index + 1}/{args.runs} done", file=sys.stderr)
+            if args.keep is not None:
+                name = f"run{len(runs) - 1:03d}-iters{args.iters}.json"
+                (args.keep / name).write_text(json.dumps(runs[-1]))
+            print(f"run {index + 1}/{args.runs} done ({len(runs)} in all)", file=sys.stderr)
+    if len(runs) < 2:
+        print(f"bench/noise_gpu.py: {len(runs)} run(s); a pair needs 2")
+        return 0
     counts = tally(runs)
-    print(report(counts, args.runs - 1))
+    print(report(counts, len(runs) - 1))
     payload = {"machine": machine_info(), "counts": {json.dumps(k): v for k, v in counts.items()}}
     write_json(args.json, payload)
     return 0
+
+
+def kept_runs(folder: Path | None, iters: int) -> list[dict[str, float]]:
+    """The runs of ``iters`` iterations saved in ``folder`` (created if missing), oldest first."""
+    if folder is None:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    return [json.loads(f.read_text()) for f in sorted(folder.glob(f"run*-iters{iters}.json"))]
 
 
 if __name__ == "__main__":
