@@ -182,3 +182,23 @@ def test_blocks_that_cannot_affect_each_other_are_not_called_faster_overlapped()
             <= slowdown.intervals["slowdown"][1]
         )
     assert notes <= 2
+
+
+def test_a_change_within_the_spread_of_a_runs_window_means_is_within_noise():
+    """+8 % is 5 standard errors of two runs whose 31 windows each spread by 10 %: within the
+    drift a run showed from window to window, so within noise; the same change between runs
+    whose windows spread by 2 % is a regression."""
+
+    def run(value, se, df=30.0):
+        half = se * t_quantile(0.975, df)
+        return {
+            "s/p/b/latency_avg_us": Reading(
+                value=value, low=value * math.exp(-half), high=value * math.exp(half), df=df
+            )
+        }
+
+    se_wide, se_narrow = 0.10 / math.sqrt(31), 0.02 / math.sqrt(31)
+    (wide,) = judge_all(run(100.0, se_wide), run(108.0, se_wide))
+    assert wide.verdict == "within noise" and abs(wide.floor - 0.105) < 0.001
+    (narrow,) = judge_all(run(100.0, se_narrow), run(108.0, se_narrow))
+    assert narrow.verdict == "regressed" and narrow.floor == 0.05

@@ -4,15 +4,18 @@ A metric regressed or improved only when its change is beyond noise, more than `
 standard errors of the two runs (each read from its run's 95 % bootstrap interval, on the side
 facing the change; ``t`` is Student's at Welch's degrees of freedom, Bonferroni over all the
 metrics judged at once so that any false alarm stays at 5 %), and past the metric's floor (the
-drift between runs that one run cannot see). Relative metrics are judged on the log of the
-ratio, absolute ones (fractions, efficiency, skews) on the difference. A metric without an
-interval on both sides is not judged; a count without noise (wrong elements) is judged exactly.
+drift between runs that one run cannot see). The floor is the metric's fixed one or, when
+larger, :data:`WINDOW_SPREADS` times how far the run's window means spread (the windows are the
+bootstrap's blocks of iterations): a block whose level wanders inside a run is taken to move as
+far between runs. Relative metrics are judged on the log of the ratio, absolute ones
+(fractions, efficiency, skews) on the difference. A metric without an interval on both sides is
+not judged; a count without noise (wrong elements) is judged exactly.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -22,6 +25,12 @@ from .metric_keys import BOUNDS, Direction, spec_of, split_bound
 Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged", "not judged"]
 FAMILY_ALPHA: Final = 0.05
 """Chance of at least one false alarm among all the metrics of one comparison."""
+WINDOW_SPREADS: Final = 1.0
+"""A change smaller than this many window spreads (the standard deviation of a run's window
+means, whichever run's is larger) is within noise. On a 2-core CPU (gloo), identical runs moved
+collectives and GEMMs between runs by up to 3x their fixed floors while their window means
+spread as widely; sleeps' windows spread by 1-3 %, so a 10 % change stays found
+(BENCHMARKS.md, noise)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +133,8 @@ def _judge(
         margin = t_quantile(p, _welch(se_a, a.df, se_b, b.df)) * math.hypot(se_a, se_b)
         back = (lambda d: d) if spec.absolute else (lambda d: math.expm1(min(d, 700.0)))
         low, high = back(delta - margin), back(delta + margin)
+        spread = WINDOW_SPREADS * max(_window_spread(a, to), _window_spread(b, to))
+        floor = max(floor, back(spread))
         beyond = abs(delta) > margin and abs(change) > floor
         verdict = _way(spec.better, change) if beyond else "within noise"
     return Judgement(
@@ -138,6 +149,14 @@ def _judge(
         direction=spec.better,
         verdict=verdict,
     )
+
+
+def _window_spread(r: Reading, to: Callable[[float], float]) -> float:
+    """The standard deviation of a run's window means, on the judged scale: its interval's
+    standard error times the square root of its windows (degrees of freedom + 1)."""
+    if not math.isfinite(r.df):
+        return 0.0
+    return (to(r.high) - to(r.low)) / 2 / t_quantile(0.975, r.df) * math.sqrt(r.df + 1)
 
 
 def _welch(se_a: float, df_a: float, se_b: float, df_b: float) -> float:
