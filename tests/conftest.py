@@ -15,6 +15,7 @@ settings.register_profile("maestro", deadline=None)
 settings.load_profile("maestro")
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+SLURM_RANK_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def cli_here(monkeypatch):
     """For a test that calls maestro's command line (``cli.main``) in this process, as a user's
     shell would start it: no launcher variables; the 'maestro' logger, which a command points
     at the stderr of its call, and SIGTERM as they were afterwards."""
-    for key in (*LAUNCH_VARIABLES, "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
+    for key in (*LAUNCH_VARIABLES, "MASTER_PORT", "GLOO_SOCKET_IFNAME", *SLURM_RANK_VARIABLES):
         monkeypatch.delenv(key, raising=False)
     logger = logging.getLogger("maestro")
     saved = (logger.handlers[:], logger.level, logger.propagate)

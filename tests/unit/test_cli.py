@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
 
 import click
 import pytest
@@ -14,18 +12,6 @@ from userbenchmark.maestro.core.config import loader
 from userbenchmark.maestro.errors import ConfigError
 from userbenchmark.maestro.run import run
 
-LAUNCH_VARS = (
-    "GLOO_SOCKET_IFNAME",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-)
 COMMANDS = {
     "run": cli.run_command,
     "validate": cli.validate_command,
@@ -34,18 +20,7 @@ COMMANDS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def no_launcher_and_logging_restored(monkeypatch):
-    """No launcher variables; the 'maestro' logger and SIGTERM as they were (other tests read
-    log records through pytest's handlers)."""
-    for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
-    logger = logging.getLogger("maestro")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    sigterm = signal.getsignal(signal.SIGTERM)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-    assert signal.getsignal(signal.SIGTERM) == sigterm
+pytestmark = pytest.mark.usefixtures("cli_here")  # tests/conftest.py
 
 
 def _opts(command: click.Command) -> list[str]:

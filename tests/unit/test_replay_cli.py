@@ -4,10 +4,8 @@ imported pattern run on CPU."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,20 +19,10 @@ from ..docblocks import bash_blocks
 from .replay_scenarios import compute_rank, ddp_rank
 from .replay_traces import write_all
 
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def no_launcher_and_logging_restored(monkeypatch):
-    for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
-    logger = logging.getLogger("maestro")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    sigterm = signal.getsignal(signal.SIGTERM)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
-    assert signal.getsignal(signal.SIGTERM) == sigterm
+pytestmark = pytest.mark.usefixtures("cli_here")  # tests/conftest.py
 
 
 def test_import_writes_the_pattern_and_says_what_it_holds(tmp_path, capsys):
