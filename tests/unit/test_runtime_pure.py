@@ -450,3 +450,19 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
     assert "not timed" in table
     metrics = metrics_from_results(results_of([out]))
     assert not any(k.startswith("s/p/ar/") and "latency" in k for k in metrics)
+
+
+def test_a_rank_runs_one_intra_op_thread_unless_the_user_chose():
+    import torch
+
+    from userbenchmark.maestro.core.runtime.worker import one_intra_op_thread_unless_chosen
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        one_intra_op_thread_unless_chosen({"OMP_NUM_THREADS": "2"})
+        assert torch.get_num_threads() == 2
+        one_intra_op_thread_unless_chosen({})
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
