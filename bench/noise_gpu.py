@@ -5,8 +5,8 @@ each unchanged (``d0``) and made larger by known steps: the GEMM's m by 0.78 %, 
 6.3 %, the all_gather's size by 0.5 %, 1 %, 2 %, 3 % and 6 %. ``--runs R`` runs of that file
 give R - 1 back-to-back pairs; each pair compares run i's ``d0`` with run i+1's ``d0`` (identical:
 a verdict is a false alarm) and with its larger variants (a regression of the average or median
-latency is a detection), with the default floors (5 %), a 2 % floor, and none (the noise model
-alone). Prints a markdown table and the smallest step found in 95 % of pairs or more. Each run
+latency is a detection), with the default floors (5 %), a 2 % floor, and no fixed floor (the
+noise model alone: the margin and the spread of each run's window means). Prints a markdown table and the smallest step found in 95 % of pairs or more. Each run
 measures 11 one-block patterns of 220 iterations: 50-70 s a run on an H200 (2026-12-02), so 21
 runs take longer than one sitting may allow. ``--keep DIR`` saves each run's metrics there as it
 finishes and first reads the runs already in DIR: call it again to add runs, ``--runs 0`` to
@@ -39,7 +39,7 @@ GATHER_STEPS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.06)
 FLOORS = {
     "5 % floor (default)": None,
     "2 % floor": {"latency_avg_us": 0.02, "latency_p50_us": 0.02},
-    "no floor": {"latency_avg_us": 0.0, "latency_p50_us": 0.0},
+    "no fixed floor": {"latency_avg_us": 0.0, "latency_p50_us": 0.0},
 }
 
 

@@ -149,8 +149,6 @@ def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # As torchrun does: one intra-op thread per worker unless the user chose otherwise.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     logs = tempfile.mkdtemp(prefix="maestro-launch-")  # torch's per-run folder: removed after
     cfg = LaunchConfig(
         min_nodes=1,

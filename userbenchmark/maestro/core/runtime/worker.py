@@ -65,11 +65,11 @@ def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
 
 
 def one_intra_op_thread_unless_chosen(environ: Mapping[str, str]) -> None:
-    """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise, as the ``--nproc``
-    launcher (and torchrun, for several ranks) arrange: also for the only process of a
-    one-rank run. CPU blocks run on lane threads of their own, and an intra-op pool as wide as
-    the host competes with them: a one-rank 256³ GEMM on a 2-core host then ran at one of two
-    speeds, set per process (244 or 330-400 µs; 308-331 µs with one thread)."""
+    """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise, whoever started
+    the rank (``--nproc``, torchrun, srun, or none: the only process of a one-rank run). CPU
+    blocks run on lane threads of their own, and an intra-op pool as wide as the host competes
+    with them: a one-rank 256³ GEMM on a 2-core host then ran at one of two speeds, set per
+    process (244 or 330-400 µs; 308-331 µs with one thread)."""
     if "OMP_NUM_THREADS" not in environ:
         import torch
 
