@@ -11,27 +11,29 @@ if TYPE_CHECKING:
     from .base import BlockContext
 
 
-def _generator(ctx: BlockContext, rank: int) -> torch.Generator:
+def _generator(ctx: BlockContext, rank: int, device: Any = "cpu") -> torch.Generator:
+    """A generator on ``device`` (values are drawn where the buffer lives: a host draw and copy
+    of a GEMM's operands took seconds per pattern on an H200 host)."""
     import torch
 
-    return torch.Generator(device="cpu").manual_seed(ctx.seed * 1_000_003 + rank)
-
-
-def _random_like(buf: torch.Tensor, ctx: BlockContext, low: float, high: float) -> torch.Tensor:
-    import torch
-
-    if not buf.dtype.is_floating_point:
-        return torch.randint(-3, 4, (buf.numel(),), generator=_generator(ctx, ctx.rank)).to(
-            buf.dtype
-        )
-    vals = torch.empty(buf.numel(), dtype=torch.float32)
-    return vals.uniform_(low, high, generator=_generator(ctx, ctx.rank)).to(buf.dtype)
+    return torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + rank)
 
 
 def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
-    """Uniform values in [-1, 1): finite in every dtype, never reduced in place."""
-    if buf.numel():
-        buf.copy_(_random_like(buf, ctx, -1.0, 1.0).reshape(buf.shape))
+    """Uniform values in [-1, 1) (integers in [-3, 3]), drawn on the buffer's device: finite in
+    every dtype, never reduced in place."""
+    import torch
+
+    if not buf.numel():
+        return
+    gen = _generator(ctx, ctx.rank, buf.device)
+    if not buf.dtype.is_floating_point:
+        buf.copy_(torch.randint(-3, 4, buf.shape, generator=gen, device=buf.device))
+    elif buf.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        buf.uniform_(-1.0, 1.0, generator=gen)
+    else:  # float8 and others torch cannot draw into: draw fp32 on the device, then convert
+        vals = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
+        buf.copy_(vals.uniform_(-1.0, 1.0, generator=gen))
 
 
 def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
@@ -45,18 +47,19 @@ def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
     if op in ("max", "min"):
         fill_random(buf, ctx)
         return
-    gen = _generator(ctx, ctx.team[0])  # every rank of the team draws the same x
+    gen = _generator(ctx, ctx.team[0], buf.device)  # every rank of the team draws the same x
     if op == "prod":
-        signs = torch.randint(0, 2, (buf.numel(),), generator=gen) * 2 - 1
-        buf.copy_(signs.to(buf.dtype))
+        signs = torch.randint(0, 2, buf.shape, generator=gen, device=buf.device) * 2 - 1
+        buf.copy_(signs)
         return
-    x = torch.empty(buf.numel(), dtype=torch.float32).uniform_(0.25, 1.0, generator=gen)
+    x = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
+    x.uniform_(0.25, 1.0, generator=gen)
     n, me = ctx.team_size, ctx.team_rank
     if n % 2 and me == n - 1:
         x.zero_()
     elif me % 2:
         x.neg_()
-    buf.copy_(x.to(buf.dtype))
+    buf.copy_(x)
 
 
 def check_values(team_rank: int, numel: int, like: torch.Tensor) -> torch.Tensor:
