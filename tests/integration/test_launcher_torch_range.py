@@ -38,7 +38,9 @@ class LaunchConfigWithoutShutdownTimeout(launcher_api.LaunchConfig):
 
 
 def test_the_stand_in_has_torch_2_11s_signature():
-    assert "shutdown_timeout" not in inspect.signature(LaunchConfigWithoutShutdownTimeout).parameters
+    assert (
+        "shutdown_timeout" not in inspect.signature(LaunchConfigWithoutShutdownTimeout).parameters
+    )
     assert launcher._shutdown_timeout_kwargs(LaunchConfigWithoutShutdownTimeout, 95.0) == {}
     assert launcher._shutdown_timeout_kwargs(launcher_api.LaunchConfig, 94.2) == {
         "shutdown_timeout": 95
