@@ -122,6 +122,9 @@ def replay_run(trace: Path, tmp: Path, *, nproc: int | None, check: bool) -> dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--multi-rank", nargs="*", default=[], type=Path, metavar="DIR")
+    parser.add_argument(
+        "--multi-rank-only", action="store_true", help="only the --multi-rank replays (3.)"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     import torch
@@ -135,20 +138,23 @@ def main(argv: list[str] | None = None) -> int:
     missed = []
     with tempfile.TemporaryDirectory(prefix="maestro-wall-") as tmp_name:
         tmp = Path(tmp_name)
-        noise = noise_file_runs(tmp)
-        one = replay_run(ONE_RANK_TRACE, tmp, nproc=None, check=False)
+        single = not args.multi_rank_only
+        noise = noise_file_runs(tmp) if single else None
+        one = replay_run(ONE_RANK_TRACE, tmp, nproc=None, check=False) if single else None
         multi = []
         for trace in args.multi_rank:
             world = len(list(trace.glob("rank*.json*")))
             multi.append(replay_run(trace, tmp, nproc=world, check=True))
-    rows = [
+    rows = [] if noise is None or one is None else [
         ["noise file, --profiler events (two runs)", " / ".join(f"{s:.1f}" for s in noise["events_s"]), "-", "baseline"],
         ["noise file, --profiler cupti", f"{noise['cupti_s']:.1f}", f"{noise['ratio']:.2f}x events", f"< {TARGETS['noise_cupti_s']:.0f} s and < {TARGETS['cupti_over_events']}x events"],
         ["one-rank trace: import + replay", f"{one['import_s']:.1f} + {one['run_s']:.1f}", f"{one['blocks']} blocks", f"< {TARGETS['one_rank_s']:.0f} s"],
     ]  # fmt: skip
-    if noise["ratio"] > TARGETS["cupti_over_events"] or noise["cupti_s"] > TARGETS["noise_cupti_s"]:
+    if noise is not None and (
+        noise["ratio"] > TARGETS["cupti_over_events"] or noise["cupti_s"] > TARGETS["noise_cupti_s"]
+    ):
         missed.append("noise file under cupti")
-    if one["total_s"] > TARGETS["one_rank_s"]:
+    if one is not None and one["total_s"] > TARGETS["one_rank_s"]:
         missed.append("one-rank replay")
     for m in multi:
         rows.append(
@@ -160,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         if m["total_s"] > TARGETS["multi_s"] or not m["every_rank_step"]:
             missed.append(Path(m["trace"]).name)
     print(markdown_table(["run", "wall s", "figure", "target"], rows))
-    print(
-        f"\nCUPTI: {noise['records_per_iteration']} records per measured iteration; "
-        f"API records: {noise['api_records']}"
-    )
+    if noise is not None:
+        print(
+            f"\nCUPTI: {noise['records_per_iteration']} records per measured iteration; "
+            f"API records: {noise['api_records']}"
+        )
     if args.json:
         write_json(args.json, {"machine": info, "noise": noise, "one_rank": one, "multi": multi})
     if missed:
