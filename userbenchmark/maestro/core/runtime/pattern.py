@@ -26,7 +26,7 @@ from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..profilers.base import NullProfiler, Profiler
-from . import interrupts
+from . import interrupts, supervision
 from .agreement import agree, grace_s
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
@@ -80,6 +80,8 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     interrupt is reported through the agreement too: every rank stops with the same message."""
     error: BaseException | None = None
     value = None
+    # Where a rank that ends without a word was: the phase the others' agreement will name.
+    supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
     try:
         with interrupts.deliverable():  # the only place a signal stops a pattern
             value = fn()
