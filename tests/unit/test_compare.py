@@ -171,9 +171,9 @@ def test_records_take_only_known_metrics(tmp_path):
     # gives the same keys as the metrics JSON of the same run.
     path = tmp_path / "results.json"
     record = _block_record(latency_stdev_us=3.0, slowest_rank=1, profiler="host")
-    path.write_text(json.dumps([record, _pattern_record(gate_delay_max_us=2.0, num_blocks=2)]))
+    path.write_text(json.dumps([record, _pattern_record(gate_spin_us=2.0, num_blocks=2)]))
     metrics = load_metrics(path)
-    assert not any(k.endswith(("stdev_us", "slowest_rank", "gate_delay_max_us")) for k in metrics)
+    assert not any(k.endswith(("stdev_us", "slowest_rank", "gate_spin_us")) for k in metrics)
     assert "quickstart/ag_rs/overlap_efficiency" in metrics
 
 
