@@ -555,6 +555,9 @@ def test_nproc_sigkill_of_a_worker_is_named(tmp_path):
     assert "interrupted" not in err, err[-3000:]  # torch's SIGTERM to rank 0 is no interrupt
     # What the kernel's OOM killer does looks the same: the launcher says which rank and how.
     assert "maestro: error: rank 1 was killed (SIGKILL: out of memory?)" in err, err[-3000:]
+    # The launcher's last line names the phase the agreement named, not the one before it.
+    last = err.strip().splitlines()[-1]
+    assert "entering pattern 'second', phase measure, before the run ended" in last, err[-3000:]
     assert_first_saved(tmp_path)
     _assert_gone_in_time("SIGKILL of rank 1", "--nproc 2", gone, [run.proc.returncode])
 

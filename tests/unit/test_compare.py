@@ -171,9 +171,9 @@ def test_records_take_only_known_metrics(tmp_path):
     # gives the same keys as the metrics JSON of the same run.
     path = tmp_path / "results.json"
     record = _block_record(latency_stdev_us=3.0, slowest_rank=1, profiler="host")
-    path.write_text(json.dumps([record, _pattern_record(gate_delay_max_us=2.0, num_blocks=2)]))
+    path.write_text(json.dumps([record, _pattern_record(gate_spin_us=2.0, num_blocks=2)]))
     metrics = load_metrics(path)
-    assert not any(k.endswith(("stdev_us", "slowest_rank", "gate_delay_max_us")) for k in metrics)
+    assert not any(k.endswith(("stdev_us", "slowest_rank", "gate_spin_us")) for k in metrics)
     assert "quickstart/ag_rs/overlap_efficiency" in metrics
 
 
@@ -190,7 +190,9 @@ def test_patterns_records_and_nan_values(tmp_path):
 def test_results_json_compares_against_metrics_json(tmp_path):
     a = tmp_path / "results.json"
     a.write_text(json.dumps([_block_record(), _pattern_record()]))
-    b = _metrics_file(tmp_path / "b.json", {LAT: 100.0, BUSBW: 18.0, MAKESPAN: 200.0})
+    block = "quickstart/ag_rs/allgather"
+    stats = {f"{block}/latency_{s}_us": v for s, v in (("min", 90.0), ("max", 130.0), ("p50", 99))}
+    b = _metrics_file(tmp_path / "b.json", {LAT: 100.0, BUSBW: 18.0, MAKESPAN: 200.0, **stats})
     result = compare_files(a, b)
     assert _verdicts(result)[LAT] == "not judged"  # no interval in these files
     assert "quickstart/ag_rs/allgather/latency_p99_us" in result.only_a

@@ -41,6 +41,10 @@ LOWER = [
     "lane_skew_max_us",
     "gate_skew_p50_us",
     "gate_skew_max_us",
+    "enqueue_avg_us",
+    "gate_delay_max_us",
+    "enqueue_max_us",
+    "host_late_iters",
 ]
 HIGHER = [
     "algbw_gbps",
@@ -220,9 +224,19 @@ def test_floors_and_what_is_judged():
     assert not_judged == {
         "latency_min_us", "latency_max_us", "latency_p99_us", "duration_spread_us",
         "makespan_p99_us", "lane_skew_p50_us", "lane_skew_p99_us", "lane_skew_max_us",
-        "gate_skew_p50_us", "gate_skew_max_us", "pairwise_overlap",
+        "gate_skew_p50_us", "gate_skew_max_us", "pairwise_overlap", "enqueue_avg_us",
+        "gate_delay_max_us", "enqueue_max_us", "host_late_iters",
     }  # fmt: skip
     assert METRICS["pairwise_overlap"].better is None
+
+
+def test_the_harness_diagnostics_are_marked():
+    harness = {name for name, spec in METRICS.items() if spec.harness}
+    assert harness == {
+        "start_skew_us", "lane_skew_p50_us", "lane_skew_p99_us", "lane_skew_max_us",
+        "gate_skew_p50_us", "gate_skew_max_us", "gate_delay_max_us", "enqueue_avg_us",
+        "enqueue_max_us", "host_late_iters",
+    }  # fmt: skip
 
 
 def test_interval_keys_split_back_into_their_metric():

@@ -4,6 +4,7 @@ TorchBench's ``run_benchmark.py maestro``. Input errors print one line and exit 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -304,40 +305,68 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     "--plot",
     "plot_path",
     metavar="FILE.png",
-    help="also draw each block's average latency in A and B with their intervals (matplotlib)",
+    help="also draw each block's average latency in A and B with their intervals (matplotlib; "
+    "the suffix picks the format: .png, .pdf or .svg)",
+)
+@click.option(
+    "--judge-harness",
+    is_flag=True,
+    help="let harness diagnostics (start skews, gate skews, host enqueue, launch-bound "
+    "iterations) decide the exit status too; by default they are shown, not judged",
 )
 @_interruptible
 def compare_command(
-    a: str, b: str, threshold: tuple[str, ...], force: bool, plot_path: str | None
+    a: str,
+    b: str,
+    threshold: tuple[str, ...],
+    force: bool,
+    plot_path: str | None,
+    judge_harness: bool,
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
     --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
     beyond the noise both runs measured and past its floor (--threshold METRIC=FLOOR moves
     a floor). Runs measured with different settings (sizes, iterations, backend, profiler,
     world size, ranks per GPU...) are refused unless --force; versions and devices may differ
-    (that is what A/B compares). Exit status 0 nothing regressed, 1 a metric regressed or B
-    lacks patterns or blocks of A or recorded failures, 2 a file cannot be used or the
-    settings differ."""
+    (that is what A/B compares). Harness diagnostics (skews, host enqueue) are shown, not
+    judged, unless --judge-harness. Exit status 0 nothing regressed, 1 a metric regressed, is
+    NaN on one side, or B lacks patterns or blocks of A or recorded failures, 2 a file cannot
+    be used, the settings differ, or --plot's file is refused or cannot be written (the table
+    is still printed then)."""
     from .core.output.compare import (
         compare_files,
         exit_code,
+        files_read,
         format_compare_table,
         parse_threshold_overrides,
     )
+    from .core.output.locations import check_output_file
+    from .core.output.plot import PLOT_SUFFIXES, plot_compare
 
     configure_logging("INFO", ranked=False)
     try:
+        if plot_path is not None:  # before anything is read
+            inputs = [*files_read(a), *files_read(b)]
+            check_output_file(
+                "--plot", plot_path, suffixes=PLOT_SUFFIXES, writes="an image", inputs=inputs
+            )
         overrides = parse_threshold_overrides(threshold)
-        result = compare_files(a, b, threshold_overrides=overrides or None, force=force)
-        if plot_path:
-            from .core.output.plot import plot_compare
-
-            plot_compare(result.judgements, plot_path, title=f"A: {a}\nB: {b}")
-    except (RunError, ValueError, OSError) as err:  # CompareError is a ValueError
+        result = compare_files(
+            a, b, threshold_overrides=overrides or None, force=force, judge_harness=judge_harness
+        )
+    except (RunError, ValueError, OSError) as err:  # CompareError, OptionError: ValueErrors
         print(f"maestro: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(format_compare_table(result))
-    return exit_code(result)
+    print(format_compare_table(result), flush=True)
+    status = exit_code(result)
+    if plot_path is not None:
+        try:
+            plot_compare(result.judgements, plot_path, title=f"A: {a}\nB: {b}")
+        except (RunError, ValueError, OSError) as err:  # the table stands; the plot is not drawn
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            say(f"maestro: --plot {plot_path}: not written: {reason}")
+            status = max(status, EXIT_USAGE)
+    return status
 
 
 @cli.command("list-blocks", context_settings=CONTEXT, short_help="every op with its parameters")
@@ -391,9 +420,21 @@ def import_trace_command(**params: Any) -> int:
     """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or
     folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
     Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
+    from .core.output.locations import check_output_file
     from .replay.command import run_command
+    from .replay.kineto import TraceError, iter_trace_files
 
     configure_logging("INFO", ranked=False)
+    inputs = paths = list(params["paths"])
+    with contextlib.suppress(TraceError, OSError):  # the importer says what is wrong with them
+        inputs = [*paths, *iter_trace_files(paths)]  # a folder's traces are inputs too
+    try:  # before anything is read
+        check_output_file(
+            "-o", params["output"], suffixes=(".yaml", ".yml"), writes="YAML", inputs=inputs
+        )
+    except OptionError as err:
+        say(user_error_message(err))
+        return EXIT_USAGE
     return run_command(**params)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.output.metric_keys import BOUNDS
+from .core.output.metric_keys import BOUNDS, spec_of, split_bound
 from .core.output.settings import setting_differences
 from .core.output.verdicts import judge_all, readings
 
@@ -61,10 +61,12 @@ def run(
     treatment: Mapping[str, Any],
     *,
     threshold_overrides: Mapping[str, float] | None = None,
+    judge_harness: bool = False,
 ) -> Any:
     """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed,
     for a descriptive one) beyond noise and past their floor (``threshold_overrides``: other
-    floors by name); ValueError when the runs' settings differ. The inputs are not modified."""
+    floors by name), the harness's diagnostics only when ``judge_harness``; ValueError when the
+    runs' settings differ. The inputs are not modified."""
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
@@ -82,13 +84,20 @@ def run(
     details: dict[str, Any] = {}
     for key in sorted(control_metrics.keys() & treatment_metrics.keys()):
         before, after = control_metrics[key], treatment_metrics[key]
-        if not (key in numbers_c and key in numbers_t) and before != after:
+        harness = spec_of(split_bound(key.rpartition("/")[2])[0]).harness
+        if not (key in numbers_c and key in numbers_t) and before != after and not harness:
             # Not comparable as numbers: report any difference rather than drop it.
             details[key] = TorchBenchABTestMetric(
                 control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
-    for j in judge_all(readings(numbers_c), readings(numbers_t), floors=threshold_overrides):
-        if j.verdict in ("regressed", "changed"):
+    judged = judge_all(
+        readings(numbers_c),
+        readings(numbers_t),
+        floors=threshold_overrides,
+        judge_harness=judge_harness,
+    )
+    for j in judged:
+        if j.verdict in ("regressed", "changed") and j.decides:
             a, b = j.control.value, j.treatment.value
             details[j.key] = TorchBenchABTestMetric(control=a, treatment=b, delta=_delta(a, b))
     return TorchBenchABTestResult(

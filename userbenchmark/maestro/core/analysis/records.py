@@ -39,6 +39,10 @@ class Metric:
     absolute: bool = False
     exact: bool = False
     """A count without noise (wrong elements): any change past the floor counts."""
+    harness: bool = False
+    """A diagnostic of maestro's own harness (how together it started the blocks, how long
+    the host took to enqueue them), not of the system under test: ``compare`` and the A/B
+    detector show its verdict and never let it decide, unless asked (``--judge-harness``)."""
 
     @property
     def interval(self) -> bool:
@@ -55,10 +59,10 @@ def metric(*, default: Any = math.nan, **info: Any) -> Any:
 # Floors: identical back-to-back runs moved a sleep's mean by up to 4 % on a 2-core CPU and a
 # GEMM's kernel time by up to 1.5 % on an H200, so averages and rates count from 5 %. Skews sit
 # near 0, where any relative floor fires on noise: 5 µs. Extremes and tails (min, max, p99)
-# are not judged: one run's tail is a handful of iterations, which a busy host moves by 2x;
-# nor are the lanes' and gates' skews: they say how well maestro started the blocks together
-# (on a busy CPU host their median jumps between 1 and 100 µs from run to run), not how the
-# system under test performs.
+# are not judged: one run's tail is a handful of iterations, which a busy host moves by 2x.
+# Skews, gate figures, host enqueue and launch-bound counts are the harness's: they say how
+# well maestro started the blocks together (on a busy CPU host a skew's median jumps between
+# 1 and 100 µs from run to run), not how the system under test performs.
 # Latencies, bandwidths, rates and their ratios are > 0 whenever they were measured at all (an
 # untimed block has no value, not a 0); counts and skews are >= 0.
 _REQUIRED = dataclasses.MISSING
@@ -73,9 +77,12 @@ def _rate(meaning: str) -> Any:
     return metric(better="higher", domain="positive", meaning=meaning, floor=0.05)
 
 
-def _skew(meaning: str, floor: float | None = 5.0) -> Any:
+def _skew(meaning: str, floor: float | None = None, *, harness: bool = True, **info: Any) -> Any:
+    """A spread or a count (>= 0 unless ``domain`` says), lower is better; by default a harness
+    diagnostic (:attr:`Metric.harness`)."""
+    info = {"domain": "non_negative", **info}
     return metric(
-        better="lower", domain="non_negative", meaning=meaning, floor=floor, absolute=True
+        better="lower", meaning=meaning, floor=floor, absolute=True, harness=harness, **info
     )
 
 
@@ -124,19 +131,19 @@ class BlockResult:
         exact=True,
         default=None,
     )
-    start_skew_us: float = _skew("spread of the block's start across ranks")
+    start_skew_us: float = _skew("spread of the block's start across ranks", 5.0)
     """Mean over iterations of the latest minus the earliest start of this block over the
     ranks that run it (the ranks must share a clock: one host; NaN otherwise)."""
     last_to_start_rank: int | None = None
     """The rank that started this block last in the most iterations: for a collective, the
     one the others waited for (None where start skew is unknown)."""
-    duration_spread_us: float = _skew("spread of per-rank mean durations", None)
+    duration_spread_us: float = _skew("spread of per-rank mean durations", harness=False)
     """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
     kernel_ctas_max: int | None = None
     """Largest grid (CTAs) of the block's kernels, max over ranks (CUPTI only): a per-axis
     ``nccl: {max_ctas: N}`` shows here as at most N for the axis's NCCL kernels."""
-    enqueue_avg_us: float = math.nan
+    enqueue_avg_us: float = _skew("host time in the block's launch per iteration")
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
     traced_us: float = math.nan
     """The block's duration in the trace it was imported from (its ``traced_us``; NaN: none)."""
@@ -181,21 +188,23 @@ class PatternResult:
     overlap_efficiency: float = _fraction("(serial-makespan)/(serial-ideal)", "finite")
     shared_busbw_gbps: float = _rate("all collectives' bus bytes / makespan")
     comm_compute_overlap: float = _fraction("|comm & compute| / |comm|")
-    lane_skew_p50_us: float = _skew("median gap between the lanes' first kernels", None)
-    lane_skew_p99_us: float = _skew("p99 gap between the lanes' first kernels", None)
-    lane_skew_max_us: float = _skew("largest gap between the lanes' first kernels", None)
-    gate_skew_p50_us: float = _skew("median spread of the ranks' gate openings", None)
+    lane_skew_p50_us: float = _skew("median gap between the lanes' first kernels")
+    lane_skew_p99_us: float = _skew("p99 gap between the lanes' first kernels")
+    lane_skew_max_us: float = _skew("largest gap between the lanes' first kernels")
+    gate_skew_p50_us: float = _skew("median spread of the ranks' gate openings")
     """Median over iterations of the spread across ranks of the instant their gates opened
     (ranks on one host, with a profiler on the host clock; NaN otherwise)."""
-    gate_skew_max_us: float = _skew("largest spread of the ranks' gate openings", None)
-    gate_delay_max_us: float = math.nan
+    gate_skew_max_us: float = _skew("largest spread of the ranks' gate openings")
+    gate_delay_max_us: float = _skew(
+        "largest wait from the gate to a lane's first start", domain="finite"
+    )
     """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
     waiting for SMs or copy engines held by another lane shows here)."""
     gate_spin_us: float = math.nan
     """The gate kernel's spin per iteration, calibrated from the warmup (CUDA)."""
-    enqueue_max_us: float = math.nan
+    enqueue_max_us: float = _skew("longest host enqueue of one iteration")
     """Longest host enqueue of one iteration, gate included (CUDA; max over ranks)."""
-    host_late_iters: int | None = None
+    host_late_iters: int | None = _skew("iterations launch-bound on some rank", default=None)
     """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
     traced_us: float = math.nan
     """The traced step: the pattern's ``traced_us`` (the longest rank's; NaN: none)."""

@@ -7,15 +7,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from ...errors import MaestroError
-from .metric_keys import METRICS, metric_value_problem, parse_metric_key, split_bound
+from .metric_keys import (
+    METRICS,
+    REQUIRED_METRICS,
+    metric_value_problem,
+    parse_metric_key,
+    split_bound,
+)
 from .results import (
+    TABLE_FILES,
     Results,
     ResultsError,
     describe,
@@ -25,7 +32,7 @@ from .results import (
     records_of,
     results_from_records,
 )
-from .settings import setting_differences, stack_line
+from .settings import measurement_settings, setting_differences, stack_line
 from .verdicts import Judgement, Reading, judge_all, readings
 
 
@@ -60,6 +67,11 @@ class CompareResult:
     missing: tuple[str, ...] = ()
     """Patterns and blocks the control has and the treatment lacks (``pattern`` or
     ``pattern/block``): the treatment did not measure them."""
+    nan_in_a: Mapping[str, float] = field(default_factory=dict)
+    nan_in_b: Mapping[str, float] = field(default_factory=dict)
+    """Keys the other run has a value for (kept here) that this one has as NaN: a figure every
+    timed block or pattern has (its latency, its makespan), missing from a block or pattern
+    the run has. A failure."""
     failures: tuple[str, ...] = ()
     """Patterns the treatment's failures.json says failed."""
     stack_a: str = "unknown"
@@ -72,11 +84,12 @@ class CompareResult:
 
     @property
     def regressions(self) -> tuple[Judgement, ...]:
-        return tuple(j for j in self.judgements if j.verdict == "regressed")
+        """What regressed, of the verdicts that decide (not the harness's, unless asked)."""
+        return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
     def count(self, verdict: str) -> int:
-        """Number of keys with ``verdict``."""
-        return sum(1 for j in self.judgements if j.verdict == verdict)
+        """Number of keys with ``verdict``, of the verdicts that decide."""
+        return sum(1 for j in self.judgements if j.verdict == verdict and j.decides)
 
 
 def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
@@ -185,22 +198,35 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
     )
 
 
+def files_read(path: str | Path) -> list[Path]:
+    """What compare may read for ``path``: the file or folder, and the results, run.json and
+    failures.json in that folder (or beside that file), so that no output replaces one."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    stems = (*TABLE_FILES.values(), "run", "failures")
+    return [path, *(folder / f"{stem}.json" for stem in stems)]
+
+
 def compare_files(
     path_a: str | Path,
     path_b: str | Path,
     *,
     threshold_overrides: Mapping[str, float] | None = None,
     force: bool = False,
+    judge_harness: bool = False,
 ) -> CompareResult:
     """B (treatment) against A (control); CompareError when they share no metric key,
-    SettingsDiffer when their measurement settings differ, unless ``force``."""
+    SettingsDiffer when their measurement settings differ, unless ``force``. The harness's
+    diagnostics are shown and decide nothing unless ``judge_harness``."""
     a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
-    differences = []
+    differences, recorded = [], set()
     if a.settings is not None and b.settings is not None:
         differences += setting_differences(a.settings, b.settings)
+        recorded = measurement_settings(a.settings).keys() & measurement_settings(b.settings)
     if a.table_settings is not None and b.table_settings is not None:
-        differences += setting_differences(a.table_settings, b.table_settings)
-    differences = sorted(set(differences))
+        # A setting both run.json files record is judged there alone: listed once.
+        differences += setting_differences(a.table_settings, b.table_settings, skip=recorded)
+    differences.sort()
     if differences and not force:
         raise SettingsDiffer(str(path_a), str(path_b), differences)
     if not a.metrics.keys() & b.metrics.keys():
@@ -218,13 +244,18 @@ def compare_files(
             for name, side in (("A", a), ("B", b))
             if side.settings is None
         ]
+    nan_a, nan_b = sorted(rb.keys() & _unmeasured(ra)), sorted(ra.keys() & _unmeasured(rb))
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
-        judgements=tuple(judge_all(ra, rb, floors=threshold_overrides)),
-        only_a={k: ra[k].value for k in sorted(ra.keys() - rb.keys())},
-        only_b={k: rb[k].value for k in sorted(rb.keys() - ra.keys())},
+        judgements=tuple(
+            judge_all(ra, rb, floors=threshold_overrides, judge_harness=judge_harness)
+        ),
+        only_a={k: ra[k].value for k in sorted(ra.keys() - rb.keys() - {*nan_b})},
+        only_b={k: rb[k].value for k in sorted(rb.keys() - ra.keys() - {*nan_a})},
         missing=_missing(ra, rb),
+        nan_in_a={k: rb[k].value for k in nan_a},
+        nan_in_b={k: ra[k].value for k in nan_b},
         failures=b.failures,
         stack_a=stack_line(a.settings or {}),
         stack_b=stack_line(b.settings or {}),
@@ -234,28 +265,39 @@ def compare_files(
 
 
 def exit_code(result: CompareResult) -> int:
-    """1 when a metric regressed beyond noise, or the treatment lacks patterns or blocks of
-    the control or recorded failures; else 0."""
-    return 1 if result.regressions or result.missing or result.failures else 0
+    """1 when a metric regressed beyond noise (the harness's only when judged), is NaN on one
+    side, or the treatment lacks patterns or blocks of the control or recorded failures; else
+    0."""
+    nan = result.nan_in_a or result.nan_in_b
+    return 1 if result.regressions or nan or result.missing or result.failures else 0
 
 
 def format_compare_table(result: CompareResult) -> str:
     """A table (key, A, B with their intervals, change and its interval, floor, verdict), what
     the treatment lacks, and a one-line summary."""
     rows = [_row(j) for j in result.judgements]
-    rows += [
-        [k, _fmt(Reading(value=v)), "", "", "", "", "only in A"] for k, v in result.only_a.items()
-    ]
-    rows += [
-        [k, "", _fmt(Reading(value=v)), "", "", "", "only in B"] for k, v in result.only_b.items()
-    ]
+    one_sided = (
+        ("only in A", result.only_a, True),
+        ("only in B", result.only_b, False),
+        ("NaN in B", result.nan_in_b, True),
+        ("NaN in A", result.nan_in_a, False),
+    )
+    for verdict, values, in_a in one_sided:  # the value shown is the side that has one
+        other = "NaN" if verdict.startswith("NaN") else ""
+        for key, value in values.items():
+            shown = _fmt(Reading(value=value))
+            rows.append([key, *((shown, other) if in_a else (other, shown)), "", "", "", verdict])
     rows.sort(key=lambda row: row[0])
     headers = ["key", "A [95 %]", "B [95 %]", "change [at the comparison's level]", "floor"]
     text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
+    nan = {**result.nan_in_a, **result.nan_in_b}
+    counts += [f"{len(nan)} NaN on one side"] if nan else []
     counts += [f"{len(result.only_a)} only in A"] if result.only_a else []
     counts += [f"{len(result.only_b)} only in B"] if result.only_b else []
+    shown = sum(not j.decides for j in result.judgements)
+    counts += [f"{shown} harness diagnostics (shown, deciding nothing)"] if shown else []
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
     if result.setting_differences:
         head.append(
@@ -263,7 +305,11 @@ def format_compare_table(result: CompareResult) -> str:
             + "; ".join(result.setting_differences)
         )
     head += [f"note: {note}" for note in result.notes]
-    tail = []
+    tail = [
+        f"FAILED: NaN in {side} where {other} has a value: {', '.join(keys)}"
+        for side, other, keys in (("A", "B", result.nan_in_a), ("B", "A", result.nan_in_b))
+        if keys
+    ]
     if result.missing:
         tail.append(f"FAILED: B lacks what A measured: {', '.join(result.missing)}")
     if result.failures:
@@ -276,7 +322,16 @@ def _row(j: Judgement) -> list[str]:
     if not math.isnan(j.low):
         change += f" [{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
     floor = "" if j.floor is None else (f"{j.floor:g}" if j.absolute else f"{j.floor * 100:g}%")
-    return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", j.verdict]
+    verdict = j.verdict if j.decides else f"{j.verdict} (harness)"
+    return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", verdict]
+
+
+def _unmeasured(readings: Mapping[str, Reading]) -> set[str]:
+    """Keys of the figures every timed block or pattern has (fields a record requires) that a
+    file lacks for a block or pattern it has: NaN there (a file leaves NaN out, or says null)."""
+    units = {key.rpartition("/")[0]: parse_metric_key(key).level for key in readings}
+    wanted = {f"{unit}/{name}" for unit, level in units.items() for name in REQUIRED_METRICS[level]}
+    return wanted - readings.keys()
 
 
 def _fmt(reading: Reading) -> str:

@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -39,6 +40,9 @@ _TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPOR
 PREVIOUS_PREFIX: Final = "previous-"
 METRICS_PREFIX: Final = "metrics-"
 """TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
+_METRICS_NAME: Final = re.compile(re.escape(METRICS_PREFIX) + r"\d{14}(-\d+)?\.json")
+_RUN_MARKERS: Final = ("run.json", "results.json", LOCK_NAME)
+"""Files whose presence makes a folder one a maestro run wrote (or is writing)."""
 _SPECIAL_ROOTS: Final = ("/proc", "/sys")
 _ATTEMPTS: Final = 1000
 
@@ -98,6 +102,68 @@ def prepare_output_locations(
             _unlock(out, lock_fd)
         raise
     return PreparedOutputs(out, metrics_path, moved_to, moved, lock_fd, reservation)
+
+
+def check_output_file(
+    option: str,
+    path: str | os.PathLike[str],
+    *,
+    suffixes: Sequence[str],
+    writes: str,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> Path:
+    """``path`` as the file ``option`` names, which a command may write (replacing an earlier
+    file atomically, never through a link): OptionError, one line naming the option, the path
+    and why, when it is empty, a folder, a link or another non-regular file, one of ``inputs``
+    (the same file, hard links included), a file of a maestro run (its results, run.json,
+    plots, a metrics file), or its suffix is not one of ``suffixes`` (it ``writes``: the
+    format)."""
+    text = os.fspath(path)
+    if not text:
+        raise OptionError(f"{option} '': an empty path; name the file to write")
+    target, where = Path(text), f"{option} {text}"
+    if _under_special_root(target):
+        raise OptionError(f"{where}: is under /proc or /sys (kernel interfaces, not files)")
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OptionError(f"{where}: cannot be checked: {_reason(exc)}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OptionError(f"{where}: is a folder; name the file to write")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise OptionError(
+            f"{where}: is a symbolic link; maestro never writes through a link: remove it, or "
+            "name another file"
+        )
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OptionError(f"{where}: is not a regular file (a pipe, a socket or a device)")
+    for source in inputs:
+        if st is not None and _same_inode(st, source):
+            raise OptionError(f"{where}: is {os.fspath(source)}, an input of this command")
+    if _METRICS_NAME.fullmatch(target.name) or _in_run_folder(target):
+        raise OptionError(f"{where}: is a file of a maestro run; name another file")
+    if target.suffix.lower() not in suffixes:
+        raise OptionError(
+            f"{where}: writes {writes}: name a file ending in {' or '.join(suffixes)}"
+        )
+    return target
+
+
+def _same_inode(st: os.stat_result, source: str | os.PathLike[str]) -> bool:
+    try:
+        other = os.stat(source)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _in_run_folder(path: Path) -> bool:
+    """Whether ``path`` has the name of a file maestro writes into ``--output-dir`` and lies in
+    a folder a run wrote."""
+    named = path.name in MAESTRO_OUTPUT_NAMES or any(path.match(g) for g in MAESTRO_OUTPUT_GLOBS)
+    return named and any(os.path.lexists(path.parent / m) for m in _RUN_MARKERS)
 
 
 def metrics_folder(options: RunOptions) -> Path | None:

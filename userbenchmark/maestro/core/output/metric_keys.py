@@ -9,7 +9,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -52,6 +52,18 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     }
 )
 """Every metric of the records, by name (no two levels share a name)."""
+REQUIRED_METRICS: Final[Mapping[Level, frozenset[str]]] = MappingProxyType(
+    {
+        level: frozenset(
+            f.name
+            for f in fields(record_type)
+            if f.name in METRICS and f.default is MISSING and f.default_factory is MISSING
+        )
+        for level, record_type in RECORDS.items()
+    }
+)
+"""The metrics every timed block or pattern has (its record requires them): NaN only for a
+block no rank timed."""
 
 BOUNDS: Final = ("_ci_low", "_ci_high", "_ci_df")
 """Suffixes of the keys that carry a metric's 95 % interval and its degrees of freedom:

@@ -19,6 +19,8 @@ from .files import atomic_write_bytes
 from .verdicts import Judgement
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""What ``compare --plot FILE`` writes: the format its suffix names (matplotlib's own)."""
 
 
 def matplotlib_available() -> bool:
@@ -172,9 +174,9 @@ def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """``fig`` as a PNG at ``path``, written atomically."""
+    """``fig`` at ``path`` in the format its suffix names (PNG without one), atomically."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format=path.suffix[1:].lower() or "png")
     atomic_write_bytes(path, buf.getvalue())
     return path
 
@@ -200,7 +202,7 @@ _VERDICT_COLORS = {"regressed": "tab:red", "improved": "tab:green"}
 
 
 def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: str) -> Path:
-    """A PNG of every block's average latency, A against B, each with its 95 % interval (B in
+    """A plot of every block's average latency, A against B, each with its 95 % interval (B in
     red where it regressed beyond noise, green where it improved); RunError without
     matplotlib, ValueError when no block has an average latency on both sides."""
     rows = [j for j in judgements if j.key.endswith("/latency_avg_us") and j.key.count("/") == 3]

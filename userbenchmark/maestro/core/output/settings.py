@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from ...blocks.registry import resolve_op
@@ -103,13 +103,16 @@ def measurement_settings(environ: Mapping[str, object]) -> dict[str, str]:
     }
 
 
-def setting_differences(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
-    """One line per measurement setting both runs record with different values (a pattern
-    or block only one run has is not a difference: compare reports it as only in A or B)."""
+def setting_differences(
+    a: Mapping[str, object], b: Mapping[str, object], *, skip: Collection[str] = ()
+) -> list[str]:
+    """One line per measurement setting both runs record with different values, but those in
+    ``skip`` (a pattern or block only one run has is not a difference: compare reports it as
+    only in A or B)."""
     sa, sb = measurement_settings(a), measurement_settings(b)
     return [
         f"{key}: A {sa[key]!r}, B {sb[key]!r}"
-        for key in sorted(sa.keys() & sb.keys())
+        for key in sorted(sa.keys() & sb.keys() - set(skip))
         if sa[key] != sb[key]
     ]
 

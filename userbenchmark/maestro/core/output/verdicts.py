@@ -9,14 +9,15 @@ larger, :data:`WINDOW_SPREADS` times how far the run's window means spread (the 
 bootstrap's blocks of iterations): a block whose level wanders inside a run is taken to move as
 far between runs. Relative metrics are judged on the log of the ratio, absolute ones
 (fractions, efficiency, skews) on the difference. A metric without an interval on both sides is
-not judged; a count without noise (wrong elements) is judged exactly.
+not judged; a count without noise (wrong elements) is judged exactly. A harness diagnostic
+(``Metric.harness``) gets its verdict but never decides, unless ``judge_harness``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from ..analysis.stats import t_quantile
@@ -65,6 +66,8 @@ class Judgement:
     absolute: bool
     direction: Direction | None
     verdict: Verdict
+    decides: bool = True
+    """Whether the verdict counts (False: a harness diagnostic, shown beside the others)."""
 
 
 def readings(metrics: Mapping[str, float]) -> dict[str, Reading]:
@@ -92,14 +95,22 @@ def judge_all(
     treatment: Mapping[str, Reading],
     *,
     floors: Mapping[str, float] | None = None,
+    judge_harness: bool = False,
 ) -> list[Judgement]:
-    """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors."""
+    """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors. The
+    harness's diagnostics decide nothing unless ``judge_harness`` (nor count in the family)."""
     floors = floors or {}
     keys = sorted(control.keys() & treatment.keys())
     metric = {key: key.rsplit("/", 1)[-1] for key in keys}  # a key's last part is its metric
-    count = sum(_has_noise(control[k], treatment[k], metric[k], floors) for k in keys)
+    decides = {key: judge_harness or not spec_of(metric[key]).harness for key in keys}
+    count = sum(
+        decides[k] and _has_noise(control[k], treatment[k], metric[k], floors) for k in keys
+    )
     p = 1 - FAMILY_ALPHA / (2 * max(count, 1))
-    return [_judge(key, control[key], treatment[key], metric[key], p, floors) for key in keys]
+    return [
+        replace(_judge(key, control[key], treatment[key], metric[key], p, floors), decides=d)
+        for key, d in decides.items()
+    ]
 
 
 def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float]) -> bool:

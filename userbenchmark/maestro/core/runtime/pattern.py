@@ -28,7 +28,7 @@ from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..output.progress import estimate_left_s
 from ..profilers.base import NullProfiler, Profiler
-from . import interrupts
+from . import interrupts, supervision
 from .agreement import agree, grace_s
 from .communicators import Communicators
 from .distributed import DistContext, torch_reducer
@@ -86,6 +86,8 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     value = None
     if rt.note is not None:
         rt.note(f"{pattern}: {phase}")
+    # Where a rank that ends without a word was: the phase the others' agreement will name.
+    supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
     try:
         with interrupts.deliverable():  # the only place a signal stops a pattern
             value = fn()

@@ -81,7 +81,8 @@ def attached() -> bool:
 
 
 def agreed(step: str) -> None:
-    """This worker passed the agreement step ``step`` (``pattern 'p', phase setup``)."""
+    """This worker passed ``step``: an agreement step (``pattern 'p', phase output``) or the
+    start of a phase (``entering pattern 'p', phase measure``); the launcher names it."""
     if _board is not None:
         data = step.encode("utf-8", "replace")[: WHERE_BYTES - 1] + b"\0"
         start = _rank * WHERE_BYTES
