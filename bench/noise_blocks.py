@@ -19,5 +19,5 @@ class ScaledSleep(Sleep):
     def setup(self) -> None:
         super().setup()
         factor = float(os.environ.get(FACTOR_VARIABLE, "1"))
-        self.duration_s *= factor
+        self.duration_ns = round(self.duration_ns * factor)
         self.cycles = round(self.cycles * factor)

@@ -25,6 +25,7 @@ TINY = {
     + ["--shape-world", "2", "--shapes", "2x4"],
     "overhead_cpu": ["--sizes", "4K", "--iters", "3", "--warmup", "1", "--reps", "1", "--no-cli"],
     "alignment_cpu": ["--sizes", "4K", "--iters", "3", "--warmup", "1", "--reps", "1"],
+    "handloop_cpu": ["--iters", "3", "--warmup", "1", "--reps", "1"],
     "fidelity_gpu": ["--iters", "2", "--warmup", "1"],  # without CUDA: a message, exit 0
     "import_trace": ["--size-mb", "1", "--repeats", "1"],
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import time
 from collections.abc import Mapping
@@ -45,6 +47,26 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
 
 MAX_SLEEP_US = 60e6
 """Longest ``sleep`` block (60 s), so a typo cannot hold every rank for hours each iteration."""
+SPIN_NS = 80_000
+"""The end of a host wait spent spinning. On a 2-core VM ``time.sleep`` woke 72-90 µs late at
+the median with Linux's default 50 µs timer slack, 40-47 µs (p99 85-125 µs) with 1 ns."""
+
+
+def sleep_until_ns(deadline_ns: int) -> None:
+    """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep (no core taken, the GIL
+    released) until :data:`SPIN_NS` before it, spin the rest. Only the last microseconds hold a
+    core: a thread spinning longer takes it from a lane on a host with fewer cores than threads."""
+    if (coarse_ns := deadline_ns - time.perf_counter_ns() - SPIN_NS) > 0:
+        time.sleep(coarse_ns / 1e9)
+    while time.perf_counter_ns() < deadline_ns:
+        pass
+
+
+def fine_timer_slack() -> None:
+    """Set the calling thread's timer slack to 1 ns for the rest of its life (Linux prctl
+    PR_SET_TIMERSLACK; elsewhere nothing): its sleeps wake closer to their deadline."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
 
 
 class Gemm(Block):
@@ -189,7 +211,7 @@ class Sleep(Block):
     )
 
     def setup(self) -> None:
-        self.duration_s = float(self.spec.params["duration_us"]) * 1e-6
+        self.duration_ns = round(float(self.spec.params["duration_us"]) * 1e3)
         self.cycles = 0
         if self.ctx.device.type == "cuda":
             cycles_per_us = self.ctx.calibration.get("sleep_cycles_per_us")
@@ -203,15 +225,10 @@ class Sleep(Block):
 
             torch.cuda._sleep(self.cycles)
             return
-        # CPU: sleep most of it, then short sleeps up to the deadline. Every step releases the
-        # GIL: a busy spin would hold it, and a lane thread spinning beside another one (two
-        # sleeps on two lanes) could wait out Python's 5 ms switch interval past its deadline.
-        deadline = time.perf_counter() + self.duration_s
-        coarse = self.duration_s - 0.001
-        if coarse > 0:
-            time.sleep(coarse)
-        while (left := deadline - time.perf_counter()) > 0:
-            time.sleep(min(left, 100e-6))
+        # CPU: sleep, then spin the last SPIN_NS. The spin holds the GIL, so another lane waits
+        # for it at most that long (a spin of the whole sleep could make it wait out Python's
+        # 5 ms switch interval past its own deadline).
+        sleep_until_ns(time.perf_counter_ns() + self.duration_ns)
 
 
 BUSY_KERNEL_US = 50.0

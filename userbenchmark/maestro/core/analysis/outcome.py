@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ...blocks.base import Block
+from ...blocks.compute import Busy, Sleep
 from ..config.dependencies import predecessors
 from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
@@ -135,6 +137,30 @@ def _note_if(flag: bool, text: str) -> list[str]:
     return [text] if flag else []
 
 
+FAR_OVER_US = 50.0
+"""A ``sleep`` or ``busy`` block is far over its ``duration_us`` past 1.5x it and 50 µs more."""
+
+
+def _over_asked_notes(
+    cls: type[Block], params: Mapping[str, Any], avg_us: float, alone_us: float, *, cpu: bool
+) -> list[str]:
+    """A note when a ``sleep`` or ``busy`` block's average latency, overlapped or alone, is far
+    over the duration it asks for: it waits or works until its deadline, so more is its lane
+    held up. On a GPU what overlaps ``busy`` slows it: only its time alone is judged there."""
+    if not issubclass(cls, (Sleep, Busy)):
+        return []
+    asked = float(params["duration_us"])
+    judged = {"overlapped": avg_us} if cpu or issubclass(cls, Sleep) else {}
+    limit = max(1.5 * asked, asked + FAR_OVER_US)
+    over = [f"{k} {v:.1f} µs" for k, v in {**judged, "alone": alone_us}.items() if v > limit]
+    held = "thread was kept from running (more threads than cores, the GIL)" if cpu else "waited"
+    return _note_if(
+        bool(over),
+        f"average latency {' and '.join(over)}: far over the {asked:g} µs this {cls.op} block "
+        f"asks for, which it cannot take by itself; its lane {held}",
+    )
+
+
 def _block_result(
     b: int,
     suite: SuiteSpec,
@@ -144,6 +170,7 @@ def _block_result(
     isolated: Isolated,
     noise: _Noise,
     team_size: int,
+    cpu: bool,
 ) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
     """One block's record, its isolated latency's replicates (µs; empty: not measured) with
     their degrees of freedom, and its bus bytes per iteration (0: none)."""
@@ -180,7 +207,7 @@ def _block_result(
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
-    notes = _note_if(
+    notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
         high < 1.0,
         f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
         "overlapped than alone; the isolated run was slower (clocks, caches, a busier machine) "
@@ -240,7 +267,7 @@ def build_outcome(
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
         result, iso_rep, bus = _block_result(
-            b, suite, pattern, cls, agg, isolated, noise, team_sizes[b]
+            b, suite, pattern, cls, agg, isolated, noise, team_sizes[b], profiler == "host"
         )
         blocks.append(
             dataclasses.replace(
@@ -311,17 +338,26 @@ def _overlap_figures(
     return {"serial_us": serial, "ideal_us": ideal, "overlap_efficiency": efficiency}
 
 
-def _efficiency_notes(efficiency: float, low: float, high: float) -> list[str]:
-    """A note for an overlap efficiency whose whole interval lies outside [0, 1]."""
+def _efficiency_notes(
+    figures: dict[str, float], makespan_us: float, low: float, high: float
+) -> list[str]:
+    """A note for an overlap efficiency below 0 beyond noise (its whole interval), and one for
+    a makespan below the ideal (an efficiency above 1), a figure that cannot be, noise or not."""
+    efficiency = figures.get("overlap_efficiency", math.nan)
     where = f"overlap efficiency {efficiency:.3f} (95 % interval {low:.3f} to {high:.3f})"
+    ideal = figures.get("ideal_us", math.nan)
+    beyond = "beyond noise" if low > 1 else "within noise of 1" if low <= 1 else "no interval"
     return _note_if(
         high < 0,
         f"{where} < 0 beyond noise: the blocks took longer together than one after another "
         "(they slow each other down more than overlap saves)",
     ) + _note_if(
-        low > 1,
-        f"{where} > 1 beyond noise: the pattern finished sooner than its ideal, its critical "
-        "path alone (blocks ran faster together than alone, or the isolated runs were slow)",
+        makespan_us < ideal,
+        f"makespan {makespan_us:.1f} µs below the ideal {ideal:.1f} µs"
+        + (f", {where} above 1 ({beyond})" if math.isfinite(efficiency) else "")
+        + ": cannot be, the ideal is the critical path of the blocks run alone; the blocks "
+        "ran faster together than alone, so the isolated runs were slowed (a busier host, "
+        "clocks, cold caches): read slowdown and efficiency with care",
     )
 
 
@@ -353,8 +389,8 @@ def _pattern_result(
         df = degrees_of_freedom(agg.comm_compute_by_iter[1])
         noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
     intervals = noise.take()
-    eff = figures.get("overlap_efficiency", math.nan)
-    notes = _efficiency_notes(eff, *intervals.get("overlap_efficiency", (math.nan,) * 3)[:2])
+    eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)[:2]
+    notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval)
     return PatternResult(
         suite=suite.name,
         pattern=pattern.name,

@@ -99,9 +99,11 @@ def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[s
         p99 = "" if math.isnan(p.makespan_p99_us) else f", p99 {fmt(p.makespan_p99_us)} {u}"
         lines.append(f"makespan avg {fmt(p.makespan_avg_us)} {u}{p99}")
     if not math.isnan(p.serial_us):
+        # Below the ideal cannot be (outcome.py's note says why): marked where it is read.
+        flag = " (!: makespan below ideal, see note)" if p.makespan_avg_us < p.ideal_us else ""
         lines.append(
             f"serial {fmt(p.serial_us)}, ideal {fmt(p.ideal_us)} {u}, overlap efficiency "
-            f"{_with_interval(p, 'overlap_efficiency', 3)} (1 = perfect, 0 = serialized)"
+            f"{_with_interval(p, 'overlap_efficiency', 3)}{flag} (1 = perfect, 0 = serialized)"
         )
     if not math.isnan(p.shared_busbw_gbps):
         lines.append(

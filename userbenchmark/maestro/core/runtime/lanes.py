@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...blocks.compute import fine_timer_slack, sleep_until_ns
 from ...errors import RunError
 from ..analysis.intervals import HostTimings
 from ..profilers.base import Profiler
@@ -91,6 +92,11 @@ class _CpuWindow:
     ) -> None:
         """One lane's thread: each iteration, after the gate, its blocks in order, each once
         the blocks it waits for finished that iteration (the wait is not in its timing)."""
+        # The process's intra-op thread count for this thread too: OpenMP keeps it per thread,
+        # and a new thread's first GEMM otherwise started a team as wide as the host, whose
+        # worker spun between GEMMs (a 128³ GEMM read 4 ms at 2 ranks on 2 cores, 60 µs after).
+        torch.get_num_threads()  # torch's lazy per-thread set-up: applies set_num_threads here
+        fine_timer_slack()  # a CPU sleep block's wait
         try:
             for it in range(num_iters):
                 self.gate.wait()
@@ -180,16 +186,6 @@ def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
     )
 
 
-def wait_until_ns(deadline_ns: int) -> None:
-    """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep most of it (releasing the
-    GIL), spin the last 300 µs for precision."""
-    coarse_s = (deadline_ns - time.perf_counter_ns()) / 1e9 - 300e-6
-    if coarse_s > 0:
-        time.sleep(coarse_s)
-    while time.perf_counter_ns() < deadline_ns:
-        pass
-
-
 class CpuLanes:
     """Each lane on its own thread; a ``threading.Barrier`` is the gate. With ``sync: barrier``
     every rank proposes ``now + margin`` (``perf_counter``: CLOCK_MONOTONIC, one clock per host),
@@ -218,7 +214,7 @@ class CpuLanes:
             t1 = time.perf_counter_ns()
             out.agree_ns[it] = t1 - t0  # how long agreeing took: calibrates the margin
             out.start_late[it] = t1 > target
-            wait_until_ns(target)
+            sleep_until_ns(target)
         elif sync in ("barrier", "barrier-only"):
             self._barrier()
         out.gate_open_ns[it] = time.perf_counter_ns()
@@ -253,6 +249,7 @@ class CpuLanes:
             t.start()
         main_error: BaseException | None = None
         stuck: list[str] = []
+        fine_timer_slack()  # the wait for the agreed start
         try:
             for it in range(num_iters):
                 self._open_gate(sync, it, out)
