@@ -22,10 +22,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .kineto import HOST_SYNC_CALLS, RECORD_CALLS, Launch
+from .step import CLOCK_TOLERANCE_US as TOLERANCE_US
 from .step import Item, RankStep
 
-TOLERANCE_US = 1.0
-"""Slack when checking that a dependent item started after its source ended (clock rounding)."""
 LAUNCH_LATENCY_US = 4.0
 """Least time from a host launch call to its kernel starting, as traces show it."""
 HOLD_US = 8.0

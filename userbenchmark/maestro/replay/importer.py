@@ -3,9 +3,11 @@ step, find its work and dependencies, group ranks into roles, and lay the blocks
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..errors import OptionError
 from .assemble import RoleConflict, build_pattern_blocks, merge_siblings
 from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
@@ -29,6 +31,10 @@ class ImportOptions:
     """``ProfilerStep#N`` to import; None: the last one complete on every rank."""
     idle_us: float = IDLE_US
     keep_idle: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_us < math.inf:  # NaN fails too
+            raise OptionError(f"--idle-us {self.idle_us}: expected a number of µs, 0 or more")
 
 
 @dataclass(kw_only=True)

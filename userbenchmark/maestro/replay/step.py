@@ -16,6 +16,12 @@ from .ops import COLLECTIVE_OPS, MARKER_NAMES, P2P_NAMES, Collective, Gemm, coll
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
 trace ended before that work ran)."""
+CLOCK_TOLERANCE_US = 1.0
+"""Timestamps of one device may disagree by this much (clock conversion and rounding): kernels
+of one stream overlapping by less are in order."""
+LAUNCH_SKEW_US = 1000.0
+"""A kernel may start at most this long before the host call that launched it (the profiler's
+host and device clocks disagree by µs); earlier is a broken trace."""
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -105,48 +111,59 @@ def _window(trace: RankTrace, span: Span) -> list[Launch]:
 
 
 def complete_steps(trace: RankTrace) -> set[str]:
-    """Steps whose every launch has its device work in the trace (the last steps of a trace
-    may not: the profiler stopped before the device ran them). One pass over the calls."""
+    """Steps with device work whose every launch has its device work in the trace (the last
+    steps of a trace may not: the profiler stopped before the device ran them). One pass."""
     with_work = {act.corr for act in trace.activities}
     launching: dict[str, bool] = {}
     calls = sorted(trace.launches.values(), key=lambda c: c.ts)
     times = [c.ts for c in calls]
-    missing = [0]
+    missing, done_work = [0], [0]
     for c in calls:
         if c.name not in launching:
             launching[c.name] = bool(_LAUNCHING.search(c.name))
         missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+        done_work.append(done_work[-1] + (c.corr in with_work))
     done = set()
     for span in trace.steps:
         lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
-        if missing[hi] == missing[lo]:
+        if missing[hi] == missing[lo] and done_work[hi] > done_work[lo]:
             done.add(span.name)
     return done
 
 
+def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
+    """Each rank's complete steps, for messages: ``rank 0: ProfilerStep#3, ProfilerStep#4``."""
+    parts = []
+    for t in traces:
+        names = sorted(complete[t.rank], key=step_number)
+        parts.append(f"rank {t.rank}: {', '.join(names) or 'none'}")
+    return "; ".join(parts)
+
+
 def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
     """The step to import: ``ProfilerStep#wanted``, else the last one complete on every rank."""
-    if wanted is not None:
-        name = f"ProfilerStep#{wanted}"
-        for t in traces:
-            names = sorted({s.name for s in t.steps}, key=step_number)
-            if name not in names:
-                have = ", ".join(names) or "no ProfilerStep annotation"
-                raise TraceError(f"{t.path}: rank {t.rank} has no {name} (it has: {have})")
-        return name
-    common: set[str] | None = None
     for t in traces:
-        done = complete_steps(t)
         if not t.steps:
             raise TraceError(
                 f"{t.path}: no ProfilerStep#N annotation: profile with a schedule and call "
                 "prof.step() after each training step"
             )
-        common = done if common is None else common & done
+    complete = {t.rank: complete_steps(t) for t in traces}
+    if wanted is not None:
+        name = f"ProfilerStep#{wanted}"
+        for t in traces:
+            names = sorted({s.name for s in t.steps}, key=step_number)
+            if name not in names:
+                raise TraceError(
+                    f"{t.path}: rank {t.rank} has no {name} (it has: {', '.join(names)})"
+                )
+        return name
+    common = set.intersection(*complete.values())
     if not common:
         raise TraceError(
-            "no profiler step is complete on every rank (the device work of the last steps "
-            "is missing from a trace); name one with --step N"
+            "no profiler step is complete on every rank (a complete step has device work, all "
+            f"of it in the trace); complete steps: {_listed(traces, complete)}; name one with "
+            "--step N"
         )
     return max(common, key=step_number)
 
@@ -254,7 +271,11 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
     items = [_item(parts, info[key], labels, trace) for key, parts in ordered]
     if not items:
-        raise TraceError(f"{trace.path}: rank {trace.rank}'s {name} launched no device work")
+        raise TraceError(
+            f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
+            f"steps: {_listed([trace], {trace.rank: complete_steps(trace)})})"
+        )
+    _check_times([pair for parts in groups.values() for pair in parts], trace)
     launch_items: dict[int, Item] = {}
     for i, (item, (_, parts)) in enumerate(zip(items, ordered, strict=True)):
         item.index = i
@@ -274,6 +295,29 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         launches=calls,
         launch_items=launch_items,
     )
+
+
+def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:
+    """Refuse device work no GPU can do: a kernel starting before its launch, or two kernels
+    of one stream overlapping (a stream runs its work in order)."""
+    by_stream: dict[int, list[Activity]] = defaultdict(list)
+    for call, act in parts:
+        if act.ts < call.ts - LAUNCH_SKEW_US:
+            raise TraceError(
+                f"{trace.path}: {act.name!r} (stream {act.stream}) starts "
+                f"{(call.ts - act.ts) / 1e6:.3g} s before the call that launched it: the trace is "
+                "broken"
+            )
+        by_stream[act.stream].append(act)
+    for stream, acts in by_stream.items():
+        acts.sort(key=lambda a: (a.ts, a.end))
+        for a, b in zip(acts, acts[1:], strict=False):
+            if b.ts < a.end - CLOCK_TOLERANCE_US:
+                raise TraceError(
+                    f"{trace.path}: {b.name!r} starts {a.end - b.ts:.1f} µs before {a.name!r} "
+                    f"ends, and both ran on stream {stream}: kernels of one stream cannot "
+                    "overlap (the trace is broken)"
+                )
 
 
 def _classify(
