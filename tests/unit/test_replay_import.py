@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from userbenchmark.maestro.blocks.base import TracedCall
+from userbenchmark.maestro.blocks.compute import Gemm
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
-from userbenchmark.maestro.replay.kineto import GemmOp, TraceError
-from userbenchmark.maestro.replay.ops import gemm
+from userbenchmark.maestro.replay.kineto import TraceError
 
 from .replay_scenarios import (
     batched_ring_rank,
@@ -122,7 +123,7 @@ def test_every_collective_kind(tmp_path):
         ("all_reduce", 4, 0),  # a barrier reduces one element
         ("all_gather", (128 + 64) * 4 * 4, 0),  # two coalesced records, one kernel
     ]
-    assert data["defaults"]["dtype"] == "fp32"
+    assert "defaults" not in data  # fp32: the loader's default dtype
     assert "uneven all_to_all split sizes [100, 300, 200, 400]" in text
     uniform = [b for b in by_op(data, "all_to_all")][0]
     assert (
@@ -421,15 +422,13 @@ def test_pg_config_decides_a_groups_ranks_over_its_records(tmp_path):
     ],
 )
 def test_gemm_layouts_come_from_the_input_strides(name, dims, strides, layout):
-    op = GemmOp(
-        ext=1,
-        name=name,
-        dims=tuple(map(tuple, dims)),
-        types=("c10::BFloat16",) * len(dims),
-        strides=tuple(map(tuple, strides)),
+    call = TracedCall(
+        name=name, dtype="bf16", dims=tuple(map(tuple, dims)), strides=tuple(map(tuple, strides))
     )
-    g = gemm(op)
-    assert g is not None and (g.a_transposed, g.b_transposed) == layout
+    found = Gemm.traced_params(call)
+    assert found is not None
+    params, _ = found
+    assert (params.get("a_transposed", False), params.get("b_transposed", False)) == layout
 
 
 def test_a_transposed_gemm_runs_on_column_major_operands():

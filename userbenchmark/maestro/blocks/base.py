@@ -26,6 +26,32 @@ PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
 
 
 @dataclass(frozen=True, kw_only=True)
+class TracedCall:
+    """One call of a profiler trace in the terms a block maps from (``import-trace``): the
+    reader finds these in the trace, the block's :meth:`Block.traced_params` says what they
+    make of it."""
+
+    name: str = ""
+    """What the trace calls it: ``record_param_comms``' collective name, or the aten op."""
+    dtype: str = ""
+    """The maestro dtype of its data ('' when it has none)."""
+    elem_bytes: int = 1
+    in_elems: int = 0
+    out_elems: int = 0
+    team_size: int = 1
+    root: int = 0
+    """The root's index in the team (broadcast, reduce)."""
+    splits: tuple[int, ...] = ()
+    """all_to_all's input split sizes (elements along dim 0), when uneven."""
+    dims: tuple[tuple[int, ...], ...] = ()
+    """The op's input shapes (``Input Dims``)."""
+    strides: tuple[tuple[int, ...], ...] = ()
+    kernels: tuple[str, ...] = ()
+    """Names of the kernels it ran."""
+    duration_us: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Param:
     """One op parameter: its YAML name, kind, default and meaning."""
 
@@ -60,6 +86,8 @@ class Block:
     """``comm`` (a collective), ``compute`` or ``other``: used by the comm/compute overlap."""
     params: ClassVar[tuple[Param, ...]] = ()
     min_team_size: ClassVar[int] = 1
+    trace_names: ClassVar[tuple[str, ...]] = ()
+    """What a profiler trace calls this op (``import-trace`` maps those calls to it)."""
 
     # ---- validation (class level, before any process group or tensor exists) ----
     @classmethod
@@ -108,6 +136,12 @@ class Block:
         for :meth:`check_params`, or ValueError saying why none fits. Nothing to cap by default (a
         sleep); collectives cap S, a GEMM its operands."""
         return dict(params)
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
+        """This op's parameters replaying ``call`` and what they approximate (None: exact),
+        or None when this op cannot replay it."""
+        return None
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:

@@ -7,8 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .base import Block, Param
-from .data import fill_random
+from .base import Block, Param, TracedCall
+from .data import _generator, fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
 
 _BISECT_STEPS: Final = 64
@@ -41,6 +41,60 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
         else:
             high = mid
     return scaled(low)
+
+
+DATA_CHOICES = ("uniform", "zeros", "normal")
+
+
+def data_params(default: str) -> tuple[Param, Param]:
+    """The ``data`` and ``data_std`` parameters of a block whose speed may depend on its
+    operands' values (an H200 GEMM on zeros ran 13 % faster than on uniform values: power)."""
+    return (
+        Param(
+            name="data",
+            kind="str",
+            default=default,
+            choices=DATA_CHOICES,
+            doc="operand values: uniform in [-1, 1), zeros, or normal with mean 0 and "
+            "data_std (real weights and activations are normal-like)",
+            described_at_default=False,
+        ),
+        Param(
+            name="data_std",
+            kind="float",
+            default=0.02,
+            minimum=0.0,
+            maximum=1e3,
+            doc="standard deviation of data: normal (0.02: initialised weights)",
+            described_at_default=False,
+        ),
+    )
+
+
+def fill_operand(buf: Any, ctx: Any, params: Mapping[str, Any], default: str) -> None:
+    """``buf`` filled as the block's ``data`` parameter says."""
+    data = params.get("data", default)
+    if data == "zeros":
+        buf.zero_()
+    elif data == "normal":
+        buf.normal_(
+            0.0,
+            float(params.get("data_std", 0.02)),
+            generator=_generator(ctx, ctx.rank, buf.device),
+        )
+    else:
+        fill_random(buf, ctx)
+
+
+def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
+    """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
+    return (
+        bool(stride)
+        and len(shape) == 2
+        and len(stride) == 2
+        and stride[0] == 1 < shape[0]
+        and stride[1] != 1
+    )
 
 
 MAX_SLEEP_US = 60e6
@@ -80,7 +134,60 @@ class Gemm(Block):
             doc="fp32 on CUDA: let cuBLAS use TF32 tensor cores (faster, 10-bit mantissa); "
             "set on every launch, reported next to the numbers",
         ),
+        *data_params("uniform"),
     )
+    trace_names = (
+        "aten::mm",
+        "aten::addmm",
+        "aten::_addmm_activation",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::linear",
+        "aten::matmul",
+    )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
+        """m, n, k and the operands' layouts from the op's input shapes and strides (bmm: the
+        batches as rows); None when they are not a GEMM's or the dtype is not floating."""
+        pairs = [
+            (d, call.strides[i] if i < len(call.strides) else None) for i, d in enumerate(call.dims)
+        ]
+        pairs = [(d, st) for d, st in pairs if d]
+        name = call.name.removeprefix("aten::")
+        try:
+            (a, sa), (b, sb) = pairs[-2], pairs[-1]
+            layout = (_transposed(a, sa), _transposed(b, sb))
+            note = None
+            if name in ("mm", "addmm", "_addmm_activation"):
+                m, k, n = a[0], a[1], b[1]
+            elif name in ("bmm", "baddbmm"):
+                m, k, n = a[0] * a[1], a[2], b[2]
+                note = f"{name} of {a[0]} batches replayed as one GEMM of m = {a[0]} x {a[1]}"
+            elif name == "linear":  # x @ W.T: B is the weight read transposed, unless stored so
+                (a, sa), (b, sb) = pairs[0], pairs[1]
+                m, k, n = math.prod(a[:-1]), a[-1], b[0]
+                layout = (_transposed(a, sa), not _transposed(b, sb))
+            else:  # matmul
+                (a, sa), (b, sb) = pairs[0], pairs[1]
+                m, k, n = math.prod(a[:-1]), a[-1], b[-1]
+                layout = layout if len(b) == 2 else (False, False)
+                note = (
+                    f"matmul {list(a)} @ {list(b)} replayed as a 2-D GEMM" if len(a) > 2 else None
+                )
+        except (IndexError, TypeError, ValueError):
+            return None
+        if call.dtype not in FLOATING_DTYPES or min(m, n, k) < 1:
+            return None
+        params: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
+        params |= {
+            key: True
+            for key, on in zip(("a_transposed", "b_transposed"), layout, strict=True)
+            if on
+        }
+        if call.dtype == "fp32" and any("tf32" in kernel.lower() for kernel in call.kernels):
+            params["tf32"] = True  # the traced kernel ran on TF32 tensor cores
+        return params, note
 
     @classmethod
     def normalize_params(
@@ -153,8 +260,8 @@ class Gemm(Block):
         self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
         self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
-        fill_random(self.a, self.ctx)
-        fill_random(self.b, self.ctx)
+        fill_operand(self.a, self.ctx, self.spec.params, "uniform")
+        fill_operand(self.b, self.ctx, self.spec.params, "uniform")
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
         self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
@@ -187,6 +294,11 @@ class Sleep(Block):
             "waits for it, so a longer one is a typo rather than a measurement",
         ),
     )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        """A traced idle gap: its duration."""
+        return {"duration_us": round(call.duration_us, 1)}, None
 
     def setup(self) -> None:
         self.duration_s = float(self.spec.params["duration_us"]) * 1e-6
@@ -238,7 +350,14 @@ class Busy(Block):
             doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
             "longer work is more kernels, each enqueued by the host",
         ),
+        *data_params("zeros"),
     )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        """Traced kernels no other block replays: their duration (work that rounds to 0.0 µs
+        is still work)."""
+        return {"duration_us": max(round(call.duration_us, 1), 0.1)}, None
 
     @classmethod
     def check_params(
@@ -264,8 +383,10 @@ class Busy(Block):
         self.cuda = self.ctx.device.type == "cuda"
         n = self.operand_elems(duration_us, self.spec.dtype)
         self.a, self.b, self.c = (
-            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)).zero_() for _ in range(3)
+            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)) for _ in range(3)
         )
+        for buf in (self.a, self.b, self.c):
+            fill_operand(buf, self.ctx, self.spec.params, "zeros")
         self.reps, self.kernel_us = 1, math.nan
         if self.cuda:
             # ~50 µs of spin per launch to enqueue: far above one torch.add's host cost.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core.config.loader import load_suite_text
 from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, user_error_message
-from .emit import render
+from .emit import coverage, render
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import TraceError
 
@@ -37,7 +37,7 @@ class ImportReport:
         return (
             f"wrote {self.path}: {self.imported.step_name} of {self.imported.world_size} "
             f"rank(s) ({who}) as {len(blocks)} blocks ({shown}) on "
-            f"{len(self.imported.layout.lanes)} lanes"
+            f"{len(self.imported.layout.lanes)} lanes\n{coverage(self.imported).line()}"
         )
 
 

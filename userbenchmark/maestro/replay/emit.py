@@ -1,60 +1,81 @@
-"""The imported pattern as a YAML file: a header of comments saying where every number came
-from and what was approximated, then the suite (one pattern: the step)."""
+"""The imported pattern as a SuiteSpec, and its file: a header of comments saying where every
+number came from, what was approximated and what share of the step's GPU time was kept, then
+the suite written by maestro's own dumper (core/config/dumper.py)."""
 
 from __future__ import annotations
 
-import re
 import textwrap
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from ..core.config.dumper import dump_suite
+from ..core.config.patterns import DEFAULT_VALUES
+from ..core.config.spec import (
+    WORLD_AXIS,
+    AxisSpec,
+    BlockSpec,
+    PatternSpec,
+    SuiteSpec,
+    frozen_mapping,
+)
 from .assemble import PatternBlock
 from .axes import slug
 from .importer import Imported
 
 HEADER_WIDTH = 96
 """Characters of a header comment line after ``# `` (the file stays readable at 100)."""
-DEFAULT_ITERS = 20
-DEFAULT_WARMUP_ITERS = 5
-_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 TRACED_US_RULE = (
     "traced_us: the longest of the ranks' own durations in the trace (of a block, first "
     "start to last end of its device work; of the pattern, of the step's device work), as "
     "maestro's latency is the longest of the ranks' (nccl-tests -I); each rank's own step: "
-    "traced_by_rank_us"
+    "traced_by_rank_us; traced_kernel: a block's longest traced kernel; traced_overlap: the "
+    "share of a GEMM's traced time a collective or transfer ran beside it on its rank"
 )
 
 
-def scalar(value: object) -> str:
-    """``value`` as a YAML scalar that reads back as itself."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(round(value, 1))
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
-        return text
-    return "'" + text.replace("'", "''") + "'"
+@dataclass(frozen=True, kw_only=True)
+class Coverage:
+    """What became of the step's GPU time (kernels, copies and memsets, every rank), µs."""
+
+    gemm_us: float
+    comm_us: float
+    stand_in_us: float
+    dropped_us: float
+    dropped: tuple[tuple[str, int, float], ...]
+    """Kernels not replayed: (name, count, µs), most time first."""
+
+    def line(self) -> str:
+        total = self.gemm_us + self.comm_us + self.stand_in_us + self.dropped_us
+        parts = (
+            ("GEMMs", self.gemm_us),
+            ("collectives", self.comm_us),
+            ("busy stand-ins", self.stand_in_us),
+            ("dropped", self.dropped_us),
+        )
+        shares = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in parts)
+        return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {shares}"
 
 
-def flow(mapping: dict[str, object]) -> str:
-    parts = []
-    for key, value in mapping.items():
-        if isinstance(value, list | tuple):
-            shown = "[" + ", ".join(flow_item(v) for v in value) + "]"
-        else:
-            shown = scalar(value)
-        parts.append(f"{key}: {shown}")
-    return "{" + ", ".join(parts) + "}"
-
-
-def flow_item(value: object) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(flow_item(v) for v in value) + "]"
-    return scalar(value)
+def coverage(imp: Imported) -> Coverage:
+    """How the step's device work of every rank was imported, and what was dropped: work
+    running during the step that no call of the step launched (launched before it)."""
+    by_kind: Counter = Counter()
+    dropped: dict[str, list[float]] = {}
+    for st in imp.steps:
+        for item in st.items:
+            by_kind[item.kind] += item.busy_us
+        for act in st.dropped:
+            us = min(act.end, st.end) - max(act.ts, st.start)
+            dropped.setdefault(act.name, []).append(us)
+    listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
+    return Coverage(
+        gemm_us=by_kind["gemm"],
+        comm_us=by_kind["comm"] + by_kind["p2p"],
+        stand_in_us=by_kind["other"],
+        dropped_us=sum(d[2] for d in listed),
+        dropped=tuple(listed),
+    )
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
@@ -64,18 +85,8 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, object], str]:
-    entry: dict[str, object] = {"name": block.name, "op": block.op}
-    if block.axis != "world":
-        entry["axis"] = block.axis
-    if block.lane != block.axis:
-        entry["lane"] = block.lane
-    if block.dtype and block.dtype != default_dtype and block.op not in ("busy", "sleep"):
-        entry["dtype"] = block.dtype
-    entry.update(block.params)
-    if block.after:
-        entry["after"] = [b.name for b in block.after]
-    entry["traced_us"] = round(block.traced_us(), 1)
+def _comment(block: PatternBlock) -> str:
+    """A block's comment: what a stand-in stands for, and what is approximated."""
     notes = list(block.notes)
     if block.kind == "busy":
         rb = block.members[0]
@@ -83,7 +94,32 @@ def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, obj
         shown = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.most_common(4))
         more = ", ..." if len(ops) > 4 else ""
         notes.insert(0, f"{len(rb.items)} kernel(s): {shown}{more}")
-    return entry, "; ".join(notes)
+    return "; ".join(notes)
+
+
+def _overlap(block: PatternBlock) -> float | None:
+    """The largest share over its ranks of a GEMM's traced time that a collective or transfer
+    ran beside it (None for other blocks, and when nothing ran beside it)."""
+    if block.kind != "gemm":
+        return None
+    shares = []
+    for rb in block.members:
+        for rank, (start, end) in rb.times.items():
+            step = rb.role.steps[rank]
+            comms = sorted(
+                (it.start - step.start, it.end - step.start)
+                for it in step.items
+                if it.kind in ("comm", "p2p")
+            )
+            covered, reach = 0.0, start
+            for lo, hi in comms:  # the union of the comm intervals, within [start, end]
+                lo, hi = max(lo, reach), min(hi, end)
+                if hi > lo:
+                    covered += hi - lo
+                    reach = hi
+            shares.append(covered / (end - start) if end > start else 0.0)
+    share = round(max(shares, default=0.0), 3)
+    return share or None
 
 
 def _header(imp: Imported, command: str) -> list[str]:
@@ -105,6 +141,19 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines += [f"  rank {t.rank}: {t.path}" for t in imp.traces]
     lines.append(TRACED_US_RULE)
     lines += _roles_lines(imp)
+    cover = coverage(imp)
+    lines.append(cover.line()[0].upper() + cover.line()[1:])
+    if cover.dropped:
+        shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
+        more = f", and {len(cover.dropped) - 6} more kernels" if len(cover.dropped) > 6 else ""
+        lines.append(f"  dropped (running during the step, launched before it): {shown}{more}")
+    if any(it.kind == "comm" for st in imp.steps for it in st.items):
+        how = (
+            "their process group's sequence numbers (record_param_comms' Seq)"
+            if imp.by_seq
+            else "their order on each process group (the traces carry no sequence numbers)"
+        )
+        lines.append(f"Collectives matched across ranks by {how}")
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
@@ -117,7 +166,7 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append(f"  {lane}: {where}")
     lines.append("Approximations:")
     lines += [f"  - {text}" for text in _approximations(imp)]
-    return [f"# {part}" for line in lines for part in _wrapped(line)]
+    return [part for line in lines for part in _wrapped(line)]
 
 
 def _wrapped(line: str, width: int = HEADER_WIDTH) -> list[str]:
@@ -222,36 +271,64 @@ def _approximations(imp: Imported) -> list[str]:
     return out
 
 
+def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
+    """The imported pattern as the spec maestro's loader would make of its file."""
+    blocks = imp.layout.blocks
+    dtypes = Counter(b.dtype for b in blocks if b.dtype)
+    dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
+    world = tuple(range(imp.world_size))
+    teams = {WORLD_AXIS: (world,), **imp.axes.teams}
+    for axis in imp.layout.axes:
+        teams.setdefault(axis.name, axis.teams or ())
+    for axis in imp.layout.axes:  # a like axis takes its base's teams
+        if axis.like:
+            teams[axis.name] = teams[axis.like]
+    likes = {axis.name: axis.like for axis in imp.layout.axes}
+    used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
+    axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}
+    specs = tuple(
+        BlockSpec(
+            name=b.name,
+            op=b.op,
+            axis=b.axis,
+            lane=b.lane,
+            dtype=b.dtype or dtype,
+            params=frozen_mapping(b.params),
+            after=tuple(a.name for a in b.after),
+            traced_us=round(b.traced_us(), 1),
+            traced_kernel=b.members[0].first.kernel if b.kind in ("gemm", "comm", "p2p") else None,
+            traced_overlap=_overlap(b),
+        )
+        for b in blocks
+    )
+    step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
+    by_rank = tuple(round(us, 1) for _, us in sorted(imp.step_us().items()))
+    pattern = PatternSpec(
+        name=step,
+        base_name=step,
+        blocks=specs,
+        warmup_iters=DEFAULT_VALUES["warmup_iters"],
+        num_iters=DEFAULT_VALUES["iters"],
+        baseline=DEFAULT_VALUES["baseline"],
+        check=DEFAULT_VALUES["check"],
+        sync=DEFAULT_VALUES["sync"],
+        graph=DEFAULT_VALUES["graph"],
+        traced_us=max(by_rank),
+        traced_by_rank_us=by_rank,
+    )
+    return SuiteSpec(
+        name=slug(name, fallback="trace"),
+        source="",
+        world_size=imp.world_size,
+        axes=frozen_mapping(axes),
+        mesh=frozen_mapping(imp.axes.mesh),
+        patterns=(pattern,),
+    )
+
+
 def render(imp: Imported, *, name: str, command: str) -> str:
     """The pattern file's text."""
-    blocks = imp.layout.blocks
-    dtypes = Counter(b.dtype for b in blocks if b.dtype and b.op not in ("busy", "sleep"))
-    default_dtype = dtypes.most_common(1)[0][0] if dtypes else "bf16"
-    lines = _header(imp, command)
-    lines += [
-        f"name: {scalar(slug(name, fallback='trace'))}",
-        f"world_size: {imp.world_size}",
-        "defaults:",
-        f"  dtype: {default_dtype}",
-        f"  warmup_iters: {DEFAULT_WARMUP_ITERS}",
-        f"  iters: {DEFAULT_ITERS}",
-    ]
-    if imp.axes.mesh:
-        lines.append(f"mesh: {flow(dict(imp.axes.mesh))}")
-    if imp.layout.axes:
-        lines.append("axes:")
-        for axis in imp.layout.axes:
-            body = {"like": axis.like} if axis.like else {"teams": [list(t) for t in axis.teams]}
-            lines.append(f"  {axis.name}: {flow(body)}")
-    step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
-    lines += [
-        "patterns:",
-        f"  - name: {scalar(step)}",
-        f"    traced_us: {scalar(round(max(imp.step_us().values()), 1))}",
-        f"    traced_by_rank_us: {flow_item([round(us, 1) for _, us in sorted(imp.step_us().items())])}",
-        "    blocks:",
-    ]
-    for block in blocks:
-        entry, comment = _block_entry(block, default_dtype)
-        lines.append(f"      - {flow(entry)}" + (f"  # {comment}" if comment else ""))
-    return "\n".join(lines) + "\n"
+    suite = build_suite(imp, name=name)
+    step = suite.patterns[0].name
+    comments = {(step, b.name): text for b in imp.layout.blocks if (text := _comment(b))}
+    return dump_suite(suite, header=_header(imp, command), comments=comments)

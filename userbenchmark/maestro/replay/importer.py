@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import OptionError
-from .assemble import RoleConflict, build_pattern_blocks, merge_siblings
+from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
 from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
@@ -50,6 +50,8 @@ class Imported:
     axes: GroupAxes
     layout: Layout
     role_blocks: dict[int, list[RoleBlock]] = field(default_factory=dict)
+    by_seq: bool = False
+    """Collectives were matched across ranks by their sequence numbers (else by order)."""
 
     @property
     def world_size(self) -> int:
@@ -122,6 +124,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     sizes = axes.sizes()
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
+    by_seq = by_sequence_numbers(steps)
     apart: dict[int, tuple] = {}
     for _ in range(len(traces)):  # each round splits at least one role
         roles = group_roles(steps, deps, apart)
@@ -130,7 +133,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
             for role in roles
         }
         try:
-            pattern_blocks = build_pattern_blocks(roles, blocks, axes)
+            pattern_blocks = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
             break
         except RoleConflict as conflict:
             apart = split_apart(roles, conflict.pairs, apart)
@@ -150,4 +153,5 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         axes=axes,
         layout=layout,
         role_blocks=blocks,
+        by_seq=by_seq,
     )

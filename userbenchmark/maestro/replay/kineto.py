@@ -19,22 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..blocks.compute import Gemm
 from ..errors import MaestroError
 
 CHUNK_CHARS = 1 << 22
 """Characters read from the file at a time (4 Mi): large enough to amortise the reads."""
 
-GEMM_OPS = frozenset(
-    {
-        "aten::mm",
-        "aten::addmm",
-        "aten::bmm",
-        "aten::baddbmm",
-        "aten::linear",
-        "aten::matmul",
-        "aten::_addmm_activation",
-    }
-)
+GEMM_OPS = frozenset(Gemm.trace_names)
 """CPU ops whose ``Input Dims`` give a GEMM's m, n and k."""
 
 MAX_DURATION_US = 3.6e9
@@ -53,28 +44,8 @@ HOST_SYNC_CALLS = frozenset(
         "cuEventSynchronize",
     }
 )
-_IGNORED_CALLS = frozenset(
-    {
-        "cudaStreamIsCapturing",
-        "cudaGetFuncBySymbol",
-        "cudaEventQuery",
-        "cudaThreadExchangeStreamCaptureMode",
-        "cudaPeekAtLastError",
-        "cudaGetLastError",
-        "cudaGetDevice",
-        "cudaSetDevice",
-        "cudaGetDeviceCount",
-        "cudaDeviceGetAttribute",
-        "cudaFuncGetAttributes",
-        "cudaPointerGetAttributes",
-        "cudaStreamGetPriority",
-        "cudaHostAlloc",
-        "cudaMalloc",
-        "cudaFree",
-        "cudaFreeHost",
-    }
-)
-"""Runtime calls that neither launch device work nor order it: not kept."""
+_KEPT_CALLS = re.compile(r"Launch|Memcpy|Memset|Prefetch|EventRecord|WaitEvent|Synchronize")
+"""Runtime and driver calls that launch device work or order it (the others are not kept)."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
@@ -135,6 +106,9 @@ class CommRecord:
     broadcast/reduce, this rank's group rank otherwise."""
     in_splits: tuple[int, ...]
     out_splits: tuple[int, ...]
+    seq: int | None = None
+    """The process group's sequence number of the call (``Seq``, newer torch), the same on
+    every rank of the group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,13 +376,14 @@ class _Collector:
             peer=_int_or_none(args.get("Rank")),
             in_splits=_ranks(args.get("In split size")),
             out_splits=_ranks(args.get("Out split size")),
+            seq=_int_or_none(args.get("Seq")),
         )
 
     def runtime(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.saw_kineto = True
         name = str(ev["name"])
         corr = _int_or_none(args.get("correlation"))
-        if corr is None or name in _IGNORED_CALLS:
+        if corr is None or not _KEPT_CALLS.search(name):
             return
         ts = self.time(ev, "ts")
         self.t.launches[corr] = Launch(

@@ -10,8 +10,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..blocks.base import Block
+from ..blocks.comm import AllToAll, SendRecv
+from ..blocks.compute import Gemm
+from ..blocks.registry import traced_op
 from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
-from .ops import COLLECTIVE_OPS, MARKER_NAMES, P2P_NAMES, Collective, Gemm, collective, gemm
+from .ops import MARKER_NAMES, comm_call, gemm_call, maestro_dtype
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -56,11 +60,18 @@ class Item:
     """The innermost annotation around the launch ('' when none)."""
     opname: str
     signature: tuple
-    coll: Collective | None = None
+    block: type[Block] | None = None
+    """The block replaying it (a collective or a GEMM; None: a stand-in's kernel)."""
+    params: dict = field(default_factory=dict)
+    """The block's parameters from the traced call."""
+    dtype: str = ""
+    kernel: str = ""
+    """Its longest kernel's name."""
     group: str = ""
     """Process group name of a collective or point-to-point call."""
+    seq: int | None = None
+    """The group's sequence number of a collective (``Seq``; None: not traced)."""
     p2p: P2P | None = None
-    gemm: Gemm | None = None
     note: str | None = None
 
 
@@ -79,6 +90,8 @@ class RankStep:
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
     """Correlation id of a launch -> the item its device work belongs to."""
+    dropped: list[Activity] = field(default_factory=list)
+    """Device work during the step that no call of the step launched (not replayed)."""
 
     @property
     def rank(self) -> int:
@@ -240,11 +253,8 @@ class _Owner:
 
 
 def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
-    if rec.group_name != own.group_name:
-        return False
-    if own.name in P2P_NAMES:
-        return rec.name in P2P_NAMES
-    return COLLECTIVE_OPS.get(rec.name, "?") == COLLECTIVE_OPS.get(own.name, "!")
+    cls = traced_op(own.name)
+    return rec.group_name == own.group_name and cls is not None and traced_op(rec.name) is cls
 
 
 def _usable(rec: CommRecord) -> bool:
@@ -281,6 +291,10 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         item.index = i
         for call, _ in parts:
             launch_items[call.corr] = item
+    start, end = min(i.start for i in items), max(i.end for i in items)
+    dropped = [
+        a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
+    ]
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -289,11 +303,12 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         step=span,
         items=items,
         streams=dict(streams),
-        start=min(i.start for i in items),
-        end=max(i.end for i in items),
+        start=start,
+        end=end,
         notes=notes,
         launches=calls,
         launch_items=launch_items,
+        dropped=dropped,
     )
 
 
@@ -346,6 +361,7 @@ def _item(
     parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str], trace: RankTrace
 ) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
+    longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
         index=0,
         stream=parts[0][1].stream,
@@ -358,19 +374,21 @@ def _item(
         label=labels.get(first_call.ts, ""),
         opname=meta.get("opname", ""),
         signature=("other", parts[0][1].name),
+        kernel=longest.name,
     )
     if "records" in meta:
         _comm_item(item, meta["records"], meta["group_sizes"], trace)
     elif "gemm_op" in meta:
-        g = gemm(meta["gemm_op"])
-        item.opname = meta["gemm_op"].name.removeprefix("aten::")
-        if g is not None and g.dtype == "fp32":
-            g = dataclasses.replace(g, tf32=any("tf32" in a.name.lower() for _, a in parts))
-        if g is not None:
-            item.kind, item.gemm, item.note = "gemm", g, g.note
-            item.signature = ("gemm", g.m, g.n, g.k, g.dtype)
-        else:
+        op = meta["gemm_op"]
+        item.opname = op.name.removeprefix("aten::")
+        call, note = gemm_call(op, tuple(a.name for _, a in parts))
+        found = Gemm.traced_params(call)
+        if found is None:
             item.note = "gemm-shapes"
+        else:
+            item.kind, item.block, item.params, item.dtype = "gemm", Gemm, found[0], call.dtype
+            item.note = found[1] or note
+            item.signature = ("gemm", *(found[0][d] for d in "mnk"), call.dtype)
     return item
 
 
@@ -378,36 +396,40 @@ def _comm_item(
     item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int], trace: RankTrace
 ) -> None:
     rec = records[0]
-    item.group = rec.group_name
+    item.group, item.seq = rec.group_name, rec.seq
     team = sizes.get(rec.group_name) or len(rec.group_ranks) or 1
-    if all(r.name in P2P_NAMES for r in records):
-        item.kind, item.opname = "p2p", "send_recv"
+    classes = {traced_op(r.name) for r in records}
+    if classes == {SendRecv}:
+        item.kind, item.opname = "p2p", SendRecv.op
         item.p2p = _p2p(records, trace)
         kinds = tuple(sorted(r.name for r in records))
         item.signature = ("p2p", rec.group_desc, team, kinds)
         return
-    if any(r.name not in COLLECTIVE_OPS for r in records):
+    cls = classes.pop() if len(classes) == 1 else None
+    if cls is None or cls.category != "comm":
         names = sorted({r.name for r in records})
-        item.note = f"collective {', '.join(names)} has no maestro op"
         item.opname = names[0]
+        what = ", ".join(names)
+        item.note = (
+            f"coalesced collectives of different kinds ({what})"
+            if None not in classes and cls is None
+            else f"collective {what} has no maestro op"
+        )
         return
-    parts = [collective(r, team) for r in records]
-    first = parts[0]
-    if any(p.op != first.op for p in parts):
-        item.note = "coalesced collectives of different kinds"
-        return
-    total = sum(p.size_bytes for p in parts)
-    item.kind, item.opname = "comm", first.op
-    item.coll = Collective(
-        op=first.op, size_bytes=total, dtype=first.dtype, root=first.root, note=first.note
-    )
-    size_key = None if first.op == "all_to_all" else total
-    item.signature = ("comm", first.op, rec.group_desc, team, size_key, first.dtype)
+    calls = [comm_call(r, team) for r in records]
+    call = calls[0]
+    if len(calls) > 1:  # coalesced calls of one kernel: one block of their summed bytes
+        in_bytes = sum(c.in_elems * c.elem_bytes for c in calls)
+        out_bytes = sum(c.out_elems * c.elem_bytes for c in calls)
+        call = dataclasses.replace(call, elem_bytes=1, in_elems=in_bytes, out_elems=out_bytes)
+    item.params, note = cls.traced_params(call)
+    item.kind, item.opname, item.block, item.dtype = "comm", cls.op, cls, call.dtype
+    item.note = "; ".join(n for n in (maestro_dtype(rec.dtype)[2], note) if n) or None
+    size_key = None if cls is AllToAll else cls.message_size_bytes(item.params)
+    item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
 
 def _p2p(records: tuple[CommRecord, ...], trace: RankTrace) -> P2P:
-    from .ops import maestro_dtype
-
     sends, recvs = [], []
     dtype = "uint8"
     for rec in records:
