@@ -117,6 +117,14 @@ def test_cupti_and_events_agree_on_big_gemm(cupti_out, events_out):
     assert a == pytest.approx(b, rel=0.02)
 
 
+def test_cupti_records_the_launches_only_and_says_how_many_per_iteration(cupti_out):
+    # The host's own event polling once made about 820 records per iteration (2 million in a
+    # run); only the calls that enqueue device work are recorded now.
+    environ = json.loads((cupti_out / "run.json").read_text())
+    assert environ["cupti_api_records"] == "launches"
+    assert 0 < float(environ["cupti_records_per_iteration"]) < 100
+
+
 def test_world_size_1_all_gather_memcpy_attributed(cupti_out):
     rec = _blocks(cupti_out)[("ag_ws1", "ag")]
     assert rec["activities_per_iter"] == pytest.approx(1.0)

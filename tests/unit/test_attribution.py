@@ -700,3 +700,50 @@ def test_per_activity_attribution_marks_harness_work():
     np.testing.assert_array_equal(att.activity_block, np.where(harness, -1, block))
     np.testing.assert_array_equal(att.activity_iteration, np.where(harness, -1, iteration))
     assert att.activity_block.dtype == np.int32
+
+
+def test_cupti_records_only_the_api_calls_that_enqueue_device_work(fake_cupti):
+    fake, backend = fake_cupti
+    runtime = enum.IntEnum(
+        "runtime_api_trace_cbid",
+        {"INVALID": 0, "cudaLaunchKernel_v7000": 1, "cudaEventQuery_v3020": 2, "SIZE": 3}
+        | {"cudaMemcpyAsync_v3020": 4, "cudaGraphLaunch_v10000": 5, "cudaGetDevice_v3020": 6},
+    )
+    driver = enum.IntEnum(
+        "driver_api_trace_cbid",
+        {"INVALID": 0, "cuLaunchKernelEx": 1, "cuEventQuery": 2, "cuMemsetD8Async": 3},
+    )
+    chosen = {}
+    fake.runtime_api_trace_cbid, fake.driver_api_trace_cbid = runtime, driver
+    fake.activity_enable_runtime_api = lambda cbid, on: chosen.update({runtime(cbid).name: on})
+    fake.activity_enable_driver_api = lambda cbid, on: chosen.update({driver(cbid).name: on})
+    prof = backend.CuptiProfiler()
+    prof.start()
+    assert prof.api_records == "launches"
+    assert chosen == {
+        "cudaLaunchKernel_v7000": 1,
+        "cudaEventQuery_v3020": 0,
+        "cudaMemcpyAsync_v3020": 1,
+        "cudaGraphLaunch_v10000": 1,
+        "cudaGetDevice_v3020": 0,
+        "cuLaunchKernelEx": 1,
+        "cuEventQuery": 0,
+        "cuMemsetD8Async": 1,
+    }
+    assert prof.records_per_iteration is None
+    prof.begin_window(1, num_blocks=1, num_iters=4)
+    for it in range(4):
+        prof.push(0, it)
+        fake.launch("CONCURRENT_KERNEL")  # an ext, an API and a kernel record
+        prof.pop()
+    prof.end_window()
+    assert prof.records_per_iteration == 3.0
+    prof.stop()
+
+
+def test_cupti_without_per_function_choice_records_every_api_call(fake_cupti):
+    fake, backend = fake_cupti
+    prof = backend.CuptiProfiler()
+    prof.start()
+    assert prof.api_records.startswith("all (this cupti-python has no activity_enable_runtime_api")
+    prof.stop()

@@ -188,3 +188,37 @@ def test_gc_is_paused_inside_a_window_and_restored():
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+class _EventDoneAt:
+    """A CUDA event stand-in that completes ``after_s`` seconds from now; counts its queries."""
+
+    def __init__(self, after_s: float) -> None:
+        import time
+
+        self._done_at = time.monotonic() + after_s
+        self.queries = 0
+
+    def query(self) -> bool:
+        import time
+
+        self.queries += 1
+        return time.monotonic() >= self._done_at
+
+
+def test_a_device_wait_sleeps_between_its_queries():
+    # Each query is a CUDA runtime call (and a CUPTI record): a 50 ms wait must not poll
+    # thousands of times, as the wait that polled 2000 times before its first sleep did.
+    from userbenchmark.maestro.core.runtime.lanes import POLL_MAX_S, wait_for_events
+
+    event = _EventDoneAt(0.05)
+    wait_for_events([event], timeout_s=5.0)
+    assert event.queries <= 0.05 / POLL_MAX_S + 20
+
+
+def test_a_device_wait_that_never_ends_is_a_run_error():
+    from userbenchmark.maestro.core.runtime.lanes import wait_for_events
+    from userbenchmark.maestro.errors import RunError
+
+    with pytest.raises(RunError, match="did not finish within timeout_s 0.05 s"):
+        wait_for_events([_EventDoneAt(60.0)], timeout_s=0.05)

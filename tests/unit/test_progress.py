@@ -177,3 +177,38 @@ def test_default_stream_is_stderr_at_call_time(clean_env, monkeypatch):
     monkeypatch.setattr("sys.stderr", fake)
     p = Progress(1)
     assert p.stream is fake and p.enabled
+
+
+def test_a_note_says_what_the_next_item_does_without_counting_it(clean_env):
+    stream, clock = FakeStream(True), FakeClock()
+    p = Progress(2, stream, clock=clock)
+    p.start()
+    clock.now += 4.0
+    p.note("replay: baseline, block 3 of 55, left ~12.0 s")
+    assert stream.text == "\r[0/2] replay: baseline, block 3 of 55, left ~12.0 s  elapsed 4.0 s"
+    p.note("replay: check")  # shorter: padded over the longer line
+    longer = len("[0/2] replay: baseline, block 3 of 55, left ~12.0 s  elapsed 4.0 s")
+    shorter = "[0/2] replay: check  elapsed 4.0 s"
+    assert stream.text.endswith("\r" + shorter + " " * (longer - len(shorter)))
+    assert p.done == 0
+
+
+def test_a_run_notes_each_phase_and_baseline_block(tmp_path, monkeypatch, capsys, cli_here):
+    from userbenchmark.maestro import cli
+    from userbenchmark.maestro.core.output import progress
+
+    monkeypatch.setattr(progress, "progress_wanted", lambda stream: True)
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        "name: notes\ndefaults: {warmup_iters: 1, iters: 2}\npatterns:\n  - name: three\n"
+        "    blocks:\n"
+        + "".join(
+            f"      - {{name: s{i}, op: sleep, axis: {a}, duration_us: 50}}\n"
+            for i, a in enumerate(("world", "w2", "w3"))
+        )
+        + "axes:\n  w2: {like: world}\n  w3: {like: world}\n"
+    )
+    assert cli.main(["run", "-c", str(config), "--no-metrics"]) == 0
+    err = capsys.readouterr().err
+    for doing in ("setup", "measure", "baseline", "baseline, block 2 of 3, left ~", "analysis"):
+        assert f"[0/1] three: {doing}" in err

@@ -75,9 +75,17 @@ class Progress:
         """Mark one item finished and redraw the line."""
         self.start()
         self.done += 1
+        self._draw(format_line(self.done, self.total, label, self.elapsed_s()))
+
+    def note(self, doing: str) -> None:
+        """Redraw the line with what the next item is doing (``ag_rs: baseline, block 3 of
+        55, left ~12.0 s``); counts nothing."""
+        self.start()
+        self._draw(f"[{self.done}/{self.total}] {doing}  elapsed {self.elapsed_s():.1f} s")
+
+    def _draw(self, line: str) -> None:
         if not self.enabled or self._closed:
             return
-        line = format_line(self.done, self.total, label, self.elapsed_s())
         # Pad with spaces so a shorter line fully covers the longer one before it.
         pad = " " * max(0, self._printed_width - len(line))
         self.stream.write("\r" + line + pad)

@@ -66,15 +66,22 @@ class Reporter:
             self._stdout_lost = f"{type(exc).__name__}: {exc}"
             detach_stream(sys.stdout)
 
-    def finished(self, pattern: PatternSpec, outcome: PatternOutcome) -> None:
-        """A pattern was measured: its warnings and table, then every file rewritten (an
-        OSError of the files propagates: the runtime reports it to every rank)."""
+    def finished(
+        self,
+        pattern: PatternSpec,
+        outcome: PatternOutcome,
+        run_info: Mapping[str, str] | None = None,
+    ) -> None:
+        """A pattern was measured: its warnings and table, then every file rewritten with
+        ``run_info`` (the profiler's figures so far) in the ``environ`` (an OSError of the
+        files propagates: the runtime reports it to every rank)."""
         self.progress.clear()
         for warning in outcome.warnings:
             log.warning("%s", warning)
         self._print(self.tables.pattern(pattern, outcome))
         self._print()
         assert self.writer is not None, "start() first"
+        self.writer.environ.update(run_info or {})
         self.writer.add(outcome)
         self.saved = self._has_files
         self.progress.advance(f"pattern {pattern.name}")

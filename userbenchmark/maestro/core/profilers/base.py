@@ -41,6 +41,10 @@ class Profiler:
     def end_window(self) -> WindowTimings:
         raise NotImplementedError(f"{type(self).__name__} has no timings")
 
+    def run_info(self) -> dict[str, str]:
+        """What the profiler says of the run so far, for ``run.json`` (strings)."""
+        return {}
+
     def close(self) -> None:
         pass
 

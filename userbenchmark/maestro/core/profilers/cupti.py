@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+import re
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +82,39 @@ def cupti_available() -> tuple[bool, str]:
     return True, f"cupti-python {version} with torch CUDA {cuda}"
 
 
+_DEVICE_WORK_API = re.compile(r"Launch|Memcpy|Memset")
+"""Runtime and driver functions whose API records are kept: those that enqueue kernels, copies
+and sets (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch, cudaMemcpyAsync, ...), whose
+records carry the correlation an activity is attributed by. Every other call (event queries,
+device and stream getters, event records) enqueues no device work: on an H200 the host's
+``Event.query`` polls alone made about 360 records per wait, 2 million in one run, each built
+as a Python object by cupti-python."""
+
+
+def api_record_filter(cupti: Any) -> str:
+    """Keep API records only of the functions that enqueue device work
+    (:data:`_DEVICE_WORK_API`); returns what is recorded: ``"launches"``, or ``"all"`` with why
+    where this CUPTI cannot choose per function (``cuptiActivityEnableRuntimeApi`` and
+    ``...DriverApi``, in cupti-python 12.6 and later)."""
+    tables = (
+        ("activity_enable_runtime_api", "runtime_api_trace_cbid"),
+        ("activity_enable_driver_api", "driver_api_trace_cbid"),
+    )
+    for enable_name, table_name in tables:
+        enable, table = getattr(cupti, enable_name, None), getattr(cupti, table_name, None)
+        if enable is None or table is None:
+            return f"all (this cupti-python has no {enable_name})"
+        for member in table:
+            name = member.name
+            if name in ("INVALID", "SIZE", "FORCE_INT"):
+                continue
+            try:
+                enable(int(member), 1 if _DEVICE_WORK_API.search(name) else 0)
+            except Exception as exc:  # an id this CUPTI does not know: it records it
+                logger.debug("cupti: %s(%s) refused: %s", enable_name, name, exc)
+    return "launches"
+
+
 class CuptiProfiler:
     """Device timestamps per (block, iteration) from CUPTI's activity API, one rank.
 
@@ -131,6 +166,12 @@ class CuptiProfiler:
         self._depth = 0
         self._present: np.ndarray | None = None
         self._shape: tuple[int, int] | None = None
+        self.api_records = "all"
+        """Which API calls CUPTI records: "launches" (the device work's) or "all (why)"."""
+        self._delivered = 0
+        """Records CUPTI delivered since the last window began."""
+        self._window_records = 0
+        self._window_iters = 0
         self.last_activities: DeviceActivities | None = None
         """With ``keep_activities``: the last ended window's block activities, named."""
 
@@ -152,7 +193,16 @@ class CuptiProfiler:
                 f"CUPTI refused activity kind {kind.name}: {exc} (is another profiler, such "
                 "as torch.profiler or nsys, attached to this process?)"
             ) from exc
+        self.api_records = api_record_filter(cupti)
         self._started = True
+
+    @property
+    def records_per_iteration(self) -> float | None:
+        """CUPTI records (every kind) delivered per measured iteration over the windows so far;
+        None before the first window."""
+        if not self._window_iters:
+            return None
+        return self._window_records / self._window_iters
 
     def stop(self) -> None:
         """Flush, disable and finalise CUPTI; safe twice and on an exception path."""
@@ -216,6 +266,8 @@ class CuptiProfiler:
             )
         self._flush()
         self._take()  # warmup and anything before: never reaches the numbers
+        with self._lock:
+            self._delivered = 0
         self._window_id = window_id
         import torch
 
@@ -249,6 +301,9 @@ class CuptiProfiler:
         self._window_id = None
         self._flush()
         records, ext, named = self._take()
+        with self._lock:
+            self._window_records += self._delivered
+        self._window_iters += num_iters
         self.last_activities = None
         att = attribute(
             records,
@@ -336,6 +391,7 @@ class CuptiProfiler:
         try:
             rows = self._parser.parse(activities)
             with self._lock:
+                self._delivered += len(activities)
                 for name, chunks in self._chunks.items():
                     if rows[name].shape[0]:
                         chunks.append(rows[name])
@@ -399,6 +455,13 @@ class CuptiWindowProfiler(Profiler):
             kernel_ctas_max=att.kernel_ctas_max,
             activities=self.cupti.last_activities,
         )
+
+    def run_info(self) -> dict[str, str]:
+        per_iteration = self.cupti.records_per_iteration
+        info = {"cupti_api_records": self.cupti.api_records}
+        if per_iteration is not None:
+            info["cupti_records_per_iteration"] = f"{per_iteration:.1f}"
+        return info
 
     def close(self) -> None:
         self.cupti.stop()

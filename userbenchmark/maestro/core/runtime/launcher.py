@@ -7,6 +7,7 @@ launcher ends once its workers have, whatever they left behind."""
 from __future__ import annotations
 
 import _thread
+import inspect
 import logging
 import math
 import multiprocessing
@@ -142,6 +143,27 @@ def exit_deadline_s(timeout_s: float) -> float:
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
+TORCH_SHUTDOWN_DEFAULT_S = 30
+"""What torch's launcher waits between its SIGTERM and SIGKILL to a worker where ``LaunchConfig``
+has no ``shutdown_timeout`` (torch < 2.12)."""
+
+
+def _shutdown_timeout_kwargs(launch_config: type, deadline_s: float) -> dict[str, int]:
+    """``shutdown_timeout`` for torch's ``LaunchConfig`` where its signature has it (torch 2.12
+    and newer): workers ended by torch get the whole exit deadline to save and leave. Older
+    releases kill them ``TORCH_SHUTDOWN_DEFAULT_S`` after the SIGTERM; the watchdog and
+    ``_outcome`` still report every worker, and nothing is passed that torch would refuse."""
+    if "shutdown_timeout" in inspect.signature(launch_config).parameters:
+        return {"shutdown_timeout": math.ceil(deadline_s)}
+    if deadline_s > TORCH_SHUTDOWN_DEFAULT_S:
+        log.debug(
+            "this torch's launcher kills workers %d s after its SIGTERM (exit deadline %.0f s)",
+            TORCH_SHUTDOWN_DEFAULT_S,
+            deadline_s,
+        )
+    return {}
+
+
 def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
     """Run ``nproc`` workers of ``suite`` here; returns the run's exit status: the worst a
     worker reached (130 only when the user interrupted the launcher)."""
@@ -151,6 +173,7 @@ def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
 
     logs = tempfile.mkdtemp(prefix="maestro-launch-")  # torch's per-run folder: removed after
     cfg = LaunchConfig(
+        **_shutdown_timeout_kwargs(LaunchConfig, exit_deadline_s(suite.timeout_s)),
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -161,7 +184,6 @@ def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=logs),
-        shutdown_timeout=math.ceil(exit_deadline_s(suite.timeout_s)),
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
     job = _Job(suite=suite, options=options, parent_pid=os.getpid())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
+from ..output.progress import estimate_left_s
 from ..profilers.base import NullProfiler, Profiler
 from . import interrupts
 from .agreement import agree, grace_s
@@ -62,6 +64,8 @@ class Runtime:
     window_id: int = 0
     collect_timeline: bool = False
     """Gather every rank's intervals on rank 0 (for ``--trace`` and ``--plot``)."""
+    note: Callable[[str], None] | None = None
+    """Rank 0's progress line: what a pattern is doing now (None on other ranks)."""
     wedged: bool = False
     """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
     torn down any more; the rank leaves once the failure is saved and printed."""
@@ -80,6 +84,8 @@ def _phase(rt: Runtime, phase: str, pattern: str, fn: Callable[[], Any]) -> Any:
     interrupt is reported through the agreement too: every rank stops with the same message."""
     error: BaseException | None = None
     value = None
+    if rt.note is not None:
+        rt.note(f"{pattern}: {phase}")
     try:
         with interrupts.deliverable():  # the only place a signal stops a pattern
             value = fn()
@@ -426,7 +432,12 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
 
             def baseline() -> Isolated:
                 rows = np.full((len(run.names), pattern.num_iters), np.nan)
+                started_s = time.monotonic()
                 for b in range(len(run.names)):
+                    if rt.note is not None:
+                        left_s = estimate_left_s(b, len(run.names), time.monotonic() - started_s)
+                        left = "" if left_s is None else f", left ~{left_s:.1f} s"
+                        rt.note(f"{name}: baseline, block {b + 1} of {len(run.names)}{left}")
                     if run.idle[b] is not None:
                         continue  # nothing to time (the same on every rank)
                     only = np.zeros(len(run.names), dtype=bool)

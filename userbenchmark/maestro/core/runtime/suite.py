@@ -168,6 +168,7 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo) -> int:
         rt = _phase_setup(suite, options, dist)
         if report is not None:
             report.start(run_environ(suite, options, dist, rt.profiler.name, rt.calibration))
+            rt.note = report.progress.note
         _measure_every_pattern(rt, end, report)
         if end.status == EXIT_OK and interrupts.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
@@ -216,7 +217,7 @@ def _measure_every_pattern(rt: Any, end: _Ending, report: Reporter | None) -> No
         if report is not None and error is None:
             try:
                 if outcome is not None:
-                    report.finished(pattern, outcome)
+                    report.finished(pattern, outcome, rt.profiler.run_info())
                 else:
                     report.failed(pattern.name, str(failure))
             except Exception as exc:  # a full disk, a folder removed: every rank stops
