@@ -110,6 +110,11 @@ class Block:
         """Bytes of device/host memory one rank allocates for this block."""
         return 0
 
+    @classmethod
+    def host_buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """Bytes one rank allocates for this block on CPU (as on CUDA unless it says less)."""
+        return cls.buffer_bytes(params, dtype=dtype, team_size=team_size)
+
     # ---- the op's arithmetic: defined here, once, and read by every figure and by capping ----
     @classmethod
     def message_size_bytes(cls, params: Mapping[str, Any]) -> int | None:

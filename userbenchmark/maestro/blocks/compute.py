@@ -374,8 +374,14 @@ class Busy(Block):
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        """a, b and c as sized for CUDA (on CPU each holds at most BUSY_CPU_ELEMS)."""
+        """a, b and c as sized for CUDA."""
         return 3 * cls.operand_elems(float(params["duration_us"]), dtype) * DTYPE_SIZES_BYTES[dtype]
+
+    @classmethod
+    def host_buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """a, b and c on CPU: at most BUSY_CPU_ELEMS each."""
+        elems = min(cls.operand_elems(float(params["duration_us"]), dtype), BUSY_CPU_ELEMS)
+        return 3 * elems * DTYPE_SIZES_BYTES[dtype]
 
     def setup(self) -> None:
         duration_us = float(self.spec.params["duration_us"])
