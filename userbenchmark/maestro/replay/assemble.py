@@ -111,7 +111,10 @@ def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int]
 
 
 def _check_calls(
-    keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes, steps: dict[int, RankStep]
+    keys: dict[tuple[int, int], list[tuple]],
+    axes: GroupAxes,
+    steps: dict[int, RankStep],
+    by_seq: bool,
 ) -> None:
     holders: dict[tuple, set[int]] = defaultdict(set)
     for (rank, _), own in keys.items():
@@ -127,9 +130,11 @@ def _check_calls(
                 counts = ", ".join(
                     f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
                 )
+                lacking = ", ".join(map(str, missing))
+                which = f"; rank(s) {lacking} lack the call of sequence number {key[2]}"
                 raise TraceError(
-                    f"the ranks issued different numbers of collectives on group {desc} in "
-                    f"this step ({counts}): the files are not one run's step"
+                    f"the ranks issued different collectives on group {desc} in this step "
+                    f"({counts}{which if by_seq else ''}): the files are not one run's step"
                 )
         elif ranks != {key[2], key[3]} and key[3] in steps and key[2] in steps:
             _, group, src, dst, i = key
@@ -162,7 +167,7 @@ def build_pattern_blocks(
     number, or by order); raises RoleConflict when a call would join two blocks of one role."""
     steps = {rank: role.steps[rank] for role in roles for rank in role.ranks}
     keys = _call_keys(steps, by_seq)
-    _check_calls(keys, axes, steps)
+    _check_calls(keys, axes, steps, by_seq)
     everything = [rb for role in roles for rb in blocks[role.number]]
     ids = {id(rb): i for i, rb in enumerate(everything)}
     uf = _UnionFind()
