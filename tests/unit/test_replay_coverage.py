@@ -111,3 +111,32 @@ def test_the_written_file_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "x.yaml").stat().st_mode & 0o777 == 0o640
+
+
+def test_attention_kernels_are_busy_stand_ins_and_3d_linears_gemms(tmp_path):
+    """A transformer layer's trace (bench/attention_trace_gpu.py makes a real one): the QKV
+    projection is aten::linear on a [batch, seq, d] input, a GEMM of batch x seq rows; the
+    flash attention kernels (forward, backward) replay as busy stand-ins of their duration."""
+    b = TraceBuilder(rank=0, world_size=1, distributed=False)
+    b.step(1, 0, 3000)
+    dims = [[4, 2048, 2048], [6144, 2048], [6144]]
+    strides = [[4194304, 2048, 1], [2048, 1], [1]]
+    args = {"Input Dims": dims, "Input Strides": strides, "Input type": ["c10::BFloat16"] * 3}
+    b.launch(stream=7, launch=10, start=20, dur=300, op="aten::linear", op_args=args,
+             kernel="nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT")  # fmt: skip
+    flash = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>(Params)"
+    b.launch(stream=7, launch=20, start=321, dur=250, op="aten::_scaled_dot_product_flash_attention", kernel=flash)  # fmt: skip
+    backward = "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>(Params)"
+    b.launch(stream=7, launch=30, start=572, dur=600, op="aten::_scaled_dot_product_flash_attention_backward", kernel=backward)  # fmt: skip
+    imp, _, data = _import(tmp_path / "t", [b])
+    gemm, attention = data["patterns"][0]["blocks"]
+    assert (gemm["op"], gemm["m"], gemm["n"], gemm["k"]) == ("gemm", 8192, 6144, 2048)
+    assert gemm["b_transposed"] is True
+    # Consecutive stand-ins merge: first start to last end of both kernels.
+    assert (attention["op"], attention["duration_us"]) == ("busy", 851.0)
+    text = render(imp, name="t", command="python -m userbenchmark.maestro import-trace")
+    assert (
+        "# 2 kernel(s): _scaled_dot_product_flash_attention, "
+        "_scaled_dot_product_flash_attention_backward"
+    ) in text
+    assert coverage(imp).stand_in_us == pytest.approx(850)
