@@ -15,8 +15,8 @@ against the traced one:
 - **clocks**: after 1 ms of an idle GPU, or back to back with itself;
 - **kernel choice**: the kernel each candidate ran, beside the traced one.
 
-Then maestro itself replays the step with each GEMM's ``data: uniform`` (today) and ``data:
-normal`` (``data_std`` 0.02), and the per-GEMM ratios of both runs are printed too. Everything
+Then maestro itself replays the step with its GEMMs' operands uniform (today) and normal with
+``data_std: 0.02``, and the per-GEMM ratios of both runs are printed too. Everything
 comes from one run (about a minute of GPU time); exits 0 with a message without CUDA.
 
 Run: ``python bench/gemm_gap_gpu.py --json gemm_gap.json`` (or ``python -m bench.gemm_gap_gpu``).
@@ -68,7 +68,7 @@ CANDIDATES = (
     "uniform, back to back",
 )
 """The first is what maestro's replay does today (uniform data; a busy block flushes L2)."""
-MAESTRO_DATA = {"maestro, data uniform": {}, "maestro, data normal 0.02": {"data": "normal"}}
+MAESTRO_DATA = {"maestro, data uniform": {}, "maestro, data_std 0.02": {"data_std": 0.02}}
 RUN_TIMEOUT_S = 300
 
 

@@ -27,27 +27,21 @@ PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
 
 @dataclass(frozen=True, kw_only=True)
 class TracedCall:
-    """One call of a profiler trace in the terms a block maps from (``import-trace``): the
-    reader finds these in the trace, the block's :meth:`Block.traced_params` says what they
-    make of it."""
+    """A call of a profiler trace as ``import-trace`` found it: its name (a collective's, an
+    aten op's), maestro dtype, element counts, team, root (an index in the team), all_to_all
+    splits, input shapes and strides, kernel names and duration."""
 
     name: str = ""
-    """What the trace calls it: ``record_param_comms``' collective name, or the aten op."""
     dtype: str = ""
-    """The maestro dtype of its data ('' when it has none)."""
     elem_bytes: int = 1
     in_elems: int = 0
     out_elems: int = 0
     team_size: int = 1
     root: int = 0
-    """The root's index in the team (broadcast, reduce)."""
     splits: tuple[int, ...] = ()
-    """all_to_all's input split sizes (elements along dim 0), when uneven."""
     dims: tuple[tuple[int, ...], ...] = ()
-    """The op's input shapes (``Input Dims``)."""
     strides: tuple[tuple[int, ...], ...] = ()
     kernels: tuple[str, ...] = ()
-    """Names of the kernels it ran."""
     duration_us: float = 0.0
 
 

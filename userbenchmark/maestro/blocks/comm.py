@@ -210,14 +210,8 @@ class AllGather(_Chunked):
 
     op = "all_gather"
     params = (SIZE, IN_PLACE)
-    trace_names = (
-        "_allgather_base",
-        "allgather",
-        "all_gather",
-        "allgather_coalesced",
-        "allgather_into_tensor_coalesced",
-        "all_gather_into_tensor",
-    )
+    trace_names = ("_allgather_base", "allgather", "all_gather", "allgather_coalesced",
+                   "allgather_into_tensor_coalesced", "all_gather_into_tensor")  # fmt: skip
 
     @classmethod
     def traced_elems(cls, call: TracedCall) -> int:
@@ -256,12 +250,8 @@ class ReduceScatter(_Chunked):
 
     op = "reduce_scatter"
     params = (SIZE, REDUCE_OP, IN_PLACE)
-    trace_names = (
-        "_reduce_scatter_base",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "reduce_scatter_tensor_coalesced",
-    )
+    trace_names = ("_reduce_scatter_base", "reduce_scatter", "reduce_scatter_tensor",
+                   "reduce_scatter_tensor_coalesced")  # fmt: skip
 
     @classmethod
     def traced_elems(cls, call: TracedCall) -> int:

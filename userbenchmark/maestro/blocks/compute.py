@@ -43,58 +43,33 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
     return scaled(low)
 
 
-DATA_CHOICES = ("uniform", "zeros", "normal")
+DATA_STD = Param(
+    name="data_std",
+    kind="float",
+    default=None,
+    minimum=0.0,
+    maximum=1e3,
+    doc="operand values normal with this standard deviation (0.02: initialised weights; 0: "
+    "zeros); unset, gemm's are uniform in [-1, 1) and busy's zeros. Speed depends on the data "
+    "(an H200 GEMM ran 13 % faster on zeros: power)",
+    described_at_default=False,
+)
 
 
-def data_params(default: str) -> tuple[Param, Param]:
-    """The ``data`` and ``data_std`` parameters of a block whose speed may depend on its
-    operands' values (an H200 GEMM on zeros ran 13 % faster than on uniform values: power)."""
-    return (
-        Param(
-            name="data",
-            kind="str",
-            default=default,
-            choices=DATA_CHOICES,
-            doc="operand values: uniform in [-1, 1), zeros, or normal with mean 0 and "
-            "data_std (real weights and activations are normal-like)",
-            described_at_default=False,
-        ),
-        Param(
-            name="data_std",
-            kind="float",
-            default=0.02,
-            minimum=0.0,
-            maximum=1e3,
-            doc="standard deviation of data: normal (0.02: initialised weights)",
-            described_at_default=False,
-        ),
-    )
-
-
-def fill_operand(buf: Any, ctx: Any, params: Mapping[str, Any], default: str) -> None:
-    """``buf`` filled as the block's ``data`` parameter says."""
-    data = params.get("data", default)
-    if data == "zeros":
+def fill_operand(buf: Any, ctx: Any, std: float | None, usual: Any) -> None:
+    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset."""
+    if std is None:
+        usual(buf)
+    elif std == 0:
         buf.zero_()
-    elif data == "normal":
-        buf.normal_(
-            0.0,
-            float(params.get("data_std", 0.02)),
-            generator=_generator(ctx, ctx.rank, buf.device),
-        )
     else:
-        fill_random(buf, ctx)
+        buf.normal_(0.0, float(std), generator=_generator(ctx, ctx.rank, buf.device))
 
 
 def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
     """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
-    return (
-        bool(stride)
-        and len(shape) == 2
-        and len(stride) == 2
-        and stride[0] == 1 < shape[0]
-        and stride[1] != 1
-    )
+    two_d = bool(stride) and len(shape) == 2 and len(stride or ()) == 2
+    return two_d and stride[0] == 1 < shape[0] and stride[1] != 1  # type: ignore[index]
 
 
 MAX_SLEEP_US = 60e6
@@ -134,26 +109,19 @@ class Gemm(Block):
             doc="fp32 on CUDA: let cuBLAS use TF32 tensor cores (faster, 10-bit mantissa); "
             "set on every launch, reported next to the numbers",
         ),
-        *data_params("uniform"),
+        DATA_STD,
     )
-    trace_names = (
-        "aten::mm",
-        "aten::addmm",
-        "aten::_addmm_activation",
-        "aten::bmm",
-        "aten::baddbmm",
-        "aten::linear",
-        "aten::matmul",
+    trace_names = tuple(
+        f"aten::{op}"
+        for op in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "linear", "matmul")
     )
 
     @classmethod
     def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
         """m, n, k and the operands' layouts from the op's input shapes and strides (bmm: the
         batches as rows); None when they are not a GEMM's or the dtype is not floating."""
-        pairs = [
-            (d, call.strides[i] if i < len(call.strides) else None) for i, d in enumerate(call.dims)
-        ]
-        pairs = [(d, st) for d, st in pairs if d]
+        strides = [*call.strides, *[None] * len(call.dims)]
+        pairs = [(d, st) for d, st in zip(call.dims, strides, strict=False) if d]
         name = call.name.removeprefix("aten::")
         try:
             (a, sa), (b, sb) = pairs[-2], pairs[-1]
@@ -180,11 +148,7 @@ class Gemm(Block):
         if call.dtype not in FLOATING_DTYPES or min(m, n, k) < 1:
             return None
         params: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
-        params |= {
-            key: True
-            for key, on in zip(("a_transposed", "b_transposed"), layout, strict=True)
-            if on
-        }
+        params |= {f"{x}_transposed": True for x, on in zip("ab", layout, strict=True) if on}
         if call.dtype == "fp32" and any("tf32" in kernel.lower() for kernel in call.kernels):
             params["tf32"] = True  # the traced kernel ran on TF32 tensor cores
         return params, note
@@ -260,12 +224,15 @@ class Gemm(Block):
         self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
         self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
-        fill_operand(self.a, self.ctx, self.spec.params, "uniform")
-        fill_operand(self.b, self.ctx, self.spec.params, "uniform")
+        for operand in (self.a, self.b):
+            fill_operand(operand, self.ctx, self.spec.params.get("data_std"), self._uniform)
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
         self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
         self.tf32 = bool(self.spec.params.get("tf32", False))
+
+    def _uniform(self, buf: Any) -> None:
+        fill_random(buf, self.ctx)
 
     def _operand(self, rows: int, cols: int, transposed: bool) -> Any:
         """A [rows, cols] operand, stored column-major when ``transposed``."""
@@ -350,7 +317,7 @@ class Busy(Block):
             doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
             "longer work is more kernels, each enqueued by the host",
         ),
-        *data_params("zeros"),
+        DATA_STD,
     )
 
     @classmethod
@@ -392,7 +359,7 @@ class Busy(Block):
             self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)) for _ in range(3)
         )
         for buf in (self.a, self.b, self.c):
-            fill_operand(buf, self.ctx, self.spec.params, "zeros")
+            fill_operand(buf, self.ctx, self.spec.params.get("data_std"), lambda b: b.zero_())
         self.reps, self.kernel_us = 1, math.nan
         if self.cuda:
             # ~50 µs of spin per launch to enqueue: far above one torch.add's host cost.

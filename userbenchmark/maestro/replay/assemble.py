@@ -20,7 +20,7 @@ from ..blocks.compute import Busy, Sleep
 from .axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
-from .step import Item, RankStep
+from .step import RankStep
 
 
 @dataclass(kw_only=True, eq=False)
@@ -48,14 +48,6 @@ class PatternBlock:
     @property
     def op(self) -> str:
         return self.block.op
-
-    def instances(self) -> dict[int, tuple[RoleBlock, Item]]:
-        """Rank -> (its role block, its first item)."""
-        out = {}
-        for rb in self.members:
-            for rank in rb.role.ranks:
-                out[rank] = (rb, rb.role.items[rb.items[0]][rank])
-        return out
 
     def traced_us(self) -> float:
         return max(rb.duration_us() for rb in self.members)

@@ -9,6 +9,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..core.analysis.overlap import union_intersection_ns
 from ..core.config.dumper import dump_suite
 from ..core.config.patterns import DEFAULT_VALUES
 from ..core.config.spec import (
@@ -100,47 +103,36 @@ def _comment(block: PatternBlock) -> str:
 def _overlap(block: PatternBlock) -> float | None:
     """The largest share over its ranks of a GEMM's traced time that a collective or transfer
     ran beside it (None for other blocks, and when nothing ran beside it)."""
-    if block.kind != "gemm":
-        return None
-    shares = []
-    for rb in block.members:
+    shares = [0.0]
+    for rb in block.members if block.kind == "gemm" else ():
         for rank, (start, end) in rb.times.items():
             step = rb.role.steps[rank]
-            comms = sorted(
-                (it.start - step.start, it.end - step.start)
-                for it in step.items
-                if it.kind in ("comm", "p2p")
-            )
-            covered, reach = 0.0, start
-            for lo, hi in comms:  # the union of the comm intervals, within [start, end]
-                lo, hi = max(lo, reach), min(hi, end)
-                if hi > lo:
-                    covered += hi - lo
-                    reach = hi
-            shares.append(covered / (end - start) if end > start else 0.0)
-    share = round(max(shares, default=0.0), 3)
-    return share or None
+            comms = [(it.start, it.end) for it in step.items if it.kind in ("comm", "p2p")]
+            if comms and end > start:
+                s, e = np.array(comms).T - step.start
+                beside = union_intersection_ns([[start]], [[end]], s[:, None], e[:, None])
+                shares.append(float(beside[0]) / (end - start))
+    return round(max(shares), 3) or None
 
 
 def _header(imp: Imported, command: str) -> list[str]:
-    chosen = (
-        "chosen with --step"
-        if imp.options.step is not None
-        else "the last step complete on every rank"
-    )
+    chosen = "chosen with --step" if imp.options.step is not None else "the last step complete"
     lines = [
-        "Imported from torch.profiler (Kineto) traces by",
-        f"  {command}",
-        f"Step: {imp.step_name} ({chosen})",
+        f"Imported from torch.profiler (Kineto) traces by\n  {command}",
+        f"Step: {imp.step_name} ({chosen}{'' if imp.options.step is not None else ' on every rank'})",
         f"World size: {imp.world_size}",
+        f"Traced on: {', '.join(sorted({t.device for t in imp.traces} - {''})) or 'not said'}",
+        "Traces:",
+        *[f"  rank {t.rank}: {t.path}" for t in imp.traces],
+        TRACED_US_RULE,
     ]
-    devices = sorted({t.device for t in imp.traces if t.device})
-    if devices:
-        lines.append(f"Traced on: {', '.join(devices)}")
-    lines.append("Traces:")
-    lines += [f"  rank {t.rank}: {t.path}" for t in imp.traces]
-    lines.append(TRACED_US_RULE)
-    lines += _roles_lines(imp)
+    if len(imp.roles) == 1:
+        lines.append(f"Ranks: all {imp.world_size} do the same work (one role); a block runs on "
+                     "the ranks of its axis's teams")  # fmt: skip
+    else:
+        lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
+                     "a role run on an axis whose one team is the role's ranks:")  # fmt: skip
+        lines += [f"  stage{r.number}: rank(s) {_ranks_text(r.ranks)}" for r in imp.roles]
     cover = coverage(imp)
     lines.append(cover.line()[0].upper() + cover.line()[1:])
     if cover.dropped:
@@ -157,118 +149,90 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
-        same = len(set(streams.values())) == 1
         where = (
             f"stream {next(iter(streams.values()))} on rank(s) {_ranks_text(streams)}"
-            if same
+            if len(set(streams.values())) == 1
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
         lines.append(f"  {lane}: {where}")
-    lines.append("Approximations:")
-    lines += [f"  - {text}" for text in _approximations(imp)]
-    return [part for line in lines for part in _wrapped(line)]
+    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp))]
+    return [part for line in lines for one in line.split("\n") for part in _wrapped(one)]
 
 
 def _wrapped(line: str, width: int = HEADER_WIDTH) -> list[str]:
     """A header line wrapped to ``width``, continuations indented under its text."""
-    indent = len(line) - len(line.lstrip(" "))
+    indent = len(line) - len(line.lstrip(" ")) + 2 * line.lstrip().startswith("- ")
     if line.lstrip().startswith("python -m"):
         return [line]  # the command stays one line, to copy
-    if line.lstrip().startswith("- "):
-        indent += 2
     return textwrap.wrap(
         line, width=width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False
     ) or [""]
 
 
-def _roles_lines(imp: Imported) -> list[str]:
-    if len(imp.roles) == 1:
-        return [
-            f"Ranks: all {imp.world_size} do the same work (one role); a block runs on "
-            "the ranks of its axis's teams"
-        ]
-    lines = [
-        "Ranks do different work (roles, e.g. pipeline stages); compute blocks of a role "
-        "run on an axis whose one team is the role's ranks:"
-    ]
-    for role in imp.roles:
-        lines.append(f"  stage{role.number}: rank(s) {_ranks_text(role.ranks)}")
-    return lines
-
-
 def _deps_lines(imp: Imported) -> list[str]:
     methods = Counter(d.method for d in imp.deps.values())
+    how = {
+        "sync events": "from the traces' cuda_sync events (Stream Wait Event); the stream that "
+        "recorded each waited event is inferred (the waiting thread's last launch before its "
+        "last event record), checked against the device timeline",
+        "timeline": "inferred from the device timeline (no cuda_sync events: a kernel that "
+        "started later than its stream and launch allowed, just after another stream's work "
+        "ended, waited for it); profile with enable_cuda_sync_events for exact waits",
+    }
+    said = how[next(iter(methods))] if len(methods) == 1 else ", ".join(
+        f"{m} on {n} rank(s)" for m, n in methods.items()
+    )  # fmt: skip
     edges = sum(len(b.after) for b in imp.layout.blocks)
-    if set(methods) == {"sync events"}:
-        how = (
-            "from the traces' cuda_sync events (Stream Wait Event); the stream that "
-            "recorded each waited event is inferred (the waiting thread's last launch "
-            "before its last event record), checked against the device timeline"
-        )
-    elif set(methods) == {"timeline"}:
-        how = (
-            "inferred from the device timeline (no cuda_sync events: a kernel that started "
-            "later than its stream and launch allowed, just after another stream's work "
-            "ended, waited for it); profile with enable_cuda_sync_events for exact waits"
-        )
-    else:
-        how = ", ".join(f"{m} on {n} rank(s)" for m, n in methods.items())
     unresolved = sum(d.unresolved for d in imp.deps.values())
-    lines = [
-        f"Dependencies (after:, {edges} in all): {how}; host synchronisations order "
-        "what follows them behind what had finished"
+    return [
+        f"Dependencies (after:, {edges} in all): {said}; host synchronisations order what "
+        "follows them behind what had finished",
+        *[f"  ({unresolved} waits or held kernels had no source in reach: left out)"]
+        * bool(unresolved),
     ]
-    if unresolved:
-        lines.append(f"  ({unresolved} waits or held kernels had no source in reach: left out)")
-    return lines
 
 
 def _approximations(imp: Imported) -> list[str]:
     blocks = imp.layout.blocks
     kinds = Counter(b.kind for b in blocks)
     out = []
-    busy_kernels = sum(len(b.members[0].items) for b in blocks if b.kind == "busy")
     if kinds["busy"]:
+        kernels = sum(len(b.members[0].items) for b in blocks if b.kind == "busy")
         out.append(
-            f"{busy_kernels} kernels, copies and memsets other than collectives and GEMMs "
-            f"with shapes: `busy` stand-ins of their traced duration ({kinds['busy']} blocks, "
-            f"consecutive ones on a lane merged when nothing waits between them)"
+            f"{kernels} kernels, copies and memsets other than collectives and GEMMs with "
+            f"shapes: `busy` stand-ins of their traced duration "
+            f"({kinds['busy']} blocks, consecutive ones on a lane merged when nothing waits "
+            "between them)"
         )
-    if imp.options.keep_idle and kinds["idle"]:
+    if not imp.options.keep_idle:
+        out.append("lane idle time (host launch gaps) dropped (--no-idle)")
+    elif kinds["idle"]:
         idle = sum(b.traced_us() for b in blocks if b.kind == "idle")
         out.append(
             f"lane idle over {imp.options.idle_us:g} µs that no dependency explains (host "
             f"launch gaps, or waits the trace does not show): `sleep` blocks ({kinds['idle']} "
             f"blocks, {idle:.1f} µs in all); shorter gaps dropped"
         )
-    elif not imp.options.keep_idle:
-        out.append("lane idle time (host launch gaps) dropped (--no-idle)")
     if kinds["gemm"]:
         out.append(
             "GEMM bias/activation epilogues not kept: maestro runs C = A[m,k] @ B[k,n], with "
             "each operand's layout (transposed or not) from the trace's Input Strides"
         )
-    stand_in_gemms = sum(
-        1 for role in imp.roles for it in role.ref.items if it.note == "gemm-shapes"
-    )
-    if stand_in_gemms:
-        why = (
-            "the traces were recorded without record_shapes"
-            if any(t.record_shapes is False for t in imp.traces)
-            else "their shapes are not recorded"
-        )
-        out.append(f"{stand_in_gemms} GEMM launches replayed as busy stand-ins: {why}")
+    shapeless = sum(it.note == "gemm-shapes" for role in imp.roles for it in role.ref.items)
+    if shapeless:
+        why = "the traces were recorded without record_shapes" if any(
+            t.record_shapes is False for t in imp.traces
+        ) else "their shapes are not recorded"  # fmt: skip
+        out.append(f"{shapeless} GEMM launches replayed as busy stand-ins: {why}")
     out += imp.layout.like_notes
-    if len(imp.roles) > 1:
-        out.append(
-            "busy and sleep durations are per role; every duration is the longest of "
-            "the role's ranks"
-        )
-    else:
-        out.append("busy and sleep durations: the longest of the ranks'")
+    per = (
+        "per role; every duration is the longest of the role's ranks"
+        if len(imp.roles) > 1
+        else "the longest of the ranks'"
+    )
+    out.append(f"busy and sleep durations: {per}")
     notes = Counter(n for st in imp.steps for n in st.notes)
-    out += [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
-    return out
+    return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
 
 
 def build_suite(imp: Imported, *, name: str) -> SuiteSpec:

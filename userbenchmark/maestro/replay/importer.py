@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import OptionError
 from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
@@ -13,7 +13,7 @@ from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
-from .roles import Role, RoleBlock, group_roles, role_blocks, split_apart
+from .roles import Role, group_roles, role_blocks, split_apart
 from .step import RankStep, build_step, choose_step
 
 IDLE_US = 20.0
@@ -49,7 +49,6 @@ class Imported:
     roles: list[Role]
     axes: GroupAxes
     layout: Layout
-    role_blocks: dict[int, list[RoleBlock]] = field(default_factory=dict)
     by_seq: bool = False
     """Collectives were matched across ranks by their sequence numbers (else by order)."""
 
@@ -152,6 +151,5 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         roles=roles,
         axes=axes,
         layout=layout,
-        role_blocks=blocks,
         by_seq=by_seq,
     )

@@ -33,17 +33,6 @@ MAX_DURATION_US = 3.6e9
 MAX_TIMESTAMP_US = float(2**53)
 """Past 2**53 µs (year 2255 since the epoch) a float64 timestamp is no longer exact to the µs."""
 
-RECORD_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord"})
-HOST_SYNC_CALLS = frozenset(
-    {
-        "cudaDeviceSynchronize",
-        "cudaStreamSynchronize",
-        "cudaEventSynchronize",
-        "cuCtxSynchronize",
-        "cuStreamSynchronize",
-        "cuEventSynchronize",
-    }
-)
 _KEPT_CALLS = re.compile(r"Launch|Memcpy|Memset|Prefetch|EventRecord|WaitEvent|Synchronize")
 """Runtime and driver calls that launch device work or order it (the others are not kept)."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

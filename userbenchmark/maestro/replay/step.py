@@ -10,12 +10,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..blocks.base import Block
+from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Gemm
+from ..blocks.dtypes import traced_dtype
 from ..blocks.registry import traced_op
-from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
-from .ops import MARKER_NAMES, comm_call, gemm_call, maestro_dtype
+from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -26,6 +26,58 @@ of one stream overlapping by less are in order."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Traced calls in the terms blocks map from (blocks.base.TracedCall: each block class says
+# which traced names it replays and its size rule)
+# ---------------------------------------------------------------------------------------------
+MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
+"""Records that mark a point of a call and launch nothing of their own."""
+_OTHER_SIZES = {"Short": 2, "short int": 2, "ComplexFloat": 8, "ComplexDouble": 16}
+
+
+def maestro_dtype(torch_name: str) -> tuple[str, int, str | None]:
+    """(maestro dtype, element bytes, note) for a traced dtype; a type maestro lacks gets one
+    of the same element size (bytes stay exact) and a note saying so."""
+    found = traced_dtype(torch_name)
+    if found is not None:
+        return found.name, found.size_bytes, None
+    size = _OTHER_SIZES.get(torch_name.removeprefix("c10::"))
+    if size is None and "Float8" in torch_name:
+        size = 1
+    if size is None:
+        return (
+            "uint8",
+            1,
+            f"dtype {torch_name!r} unknown: replayed as uint8, its byte count as traced",
+        )
+    stand_in = {1: "uint8", 2: "bf16", 4: "fp32"}.get(size, "fp64")
+    return stand_in, size, f"dtype {torch_name} replayed as {stand_in} (its bytes as traced)"
+
+
+def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
+    """A ``record_param_comms`` record as a call (element counts in the dtype's elements)."""
+    dtype, elem, _ = maestro_dtype(rec.dtype)
+    root = rec.peer if rec.peer is not None and 0 <= rec.peer < team_size else 0
+    return TracedCall(
+        name=rec.name,
+        dtype=dtype,
+        elem_bytes=elem,
+        in_elems=max(rec.in_nelems, 0),
+        out_elems=max(rec.out_nelems, 0),
+        team_size=team_size,
+        root=root,
+        splits=rec.in_splits,
+    )
+
+
+def gemm_call(op: GemmOp, kernels: tuple[str, ...]) -> tuple[TracedCall, str | None]:
+    """A GEMM op as a call, and a note when its dtype is replayed as another."""
+    types = [t for t in op.types if t]
+    dtype, _, note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
+    call = TracedCall(name=op.name, dtype=dtype, dims=op.dims, strides=op.strides, kernels=kernels)
+    return call, note
 
 
 def is_nccl_kernel(name: str) -> bool:

@@ -28,16 +28,9 @@ from .sizes import parse_size
 from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec
 from .sweep import value_label
 
-SETTINGS: Final = {
-    "warmup_iters": "warmup_iters",
-    "iters": "num_iters",
-    "baseline": "baseline",
-    "check": "check",
-    "sync": "sync",
-    "graph": "graph",
-}
-"""Run settings a pattern spec holds: YAML key -> PatternSpec field (dtype and
-register_buffers are per block)."""
+SETTINGS: Final = ("warmup_iters", "iters", "baseline", "check", "sync", "graph")
+"""Run settings a pattern spec holds (``iters`` as ``num_iters``); dtype and
+register_buffers are the blocks'."""
 _UNPRINTABLE: Final = re.compile(  # and the line breaks YAML folds, and the byte order mark
     f"{yaml.reader.Reader.NON_PRINTABLE.pattern}|[\x85\u2028\u2029\ufeff]"
 )
@@ -52,20 +45,15 @@ def scalar(value: Any) -> str:
     """``value`` as a YAML scalar that reads back as itself (text quoted where it would not)."""
     if isinstance(value, _SweepValue) and value_label(yaml.safe_load(value)) == value:
         return str(value)
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
-        text = repr(value)
-        mantissa, _, exponent = text.partition("e")
-        if exponent and "." not in mantissa:  # YAML 1.1 reads 1e-05 as text
-            text = f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
-        return text
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
+    if isinstance(value, int | float):
+        mantissa, e, exponent = repr(value).partition("e")
+        if e and "." not in mantissa:  # YAML 1.1 reads 1e-05 as text
+            return f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
+        return repr(value)
     text = str(value)
     plain = _PLAIN.fullmatch(text) and text.lower() not in YAML11_BOOLEAN_WORDS
     if plain and yaml.safe_load(text) == text:
@@ -98,58 +86,51 @@ def dump_suite(
     """The pattern file of ``suite``: ``header`` as comment lines first, and ``comments``
     ({(pattern name, block name): text}) after their blocks. ValueError for a suite no file
     can give (sweep points no ``${variable}`` explains)."""
-    comments = comments or {}
     blocks = [b for p in suite.patterns for b in p.blocks]
-    dtypes = Counter(b.dtype for b in blocks)
-    dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
-    register = bool(blocks) and all(b.register_buffers for b in blocks)
-    defaults = {"dtype": dtype, "register_buffers": register}
-    for key, field in SETTINGS.items():
-        values = {getattr(p, field) for p in suite.patterns}
+    dtypes = Counter(b.dtype for b in blocks).most_common(1)
+    defaults = {
+        "dtype": dtypes[0][0] if dtypes else DEFAULT_VALUES["dtype"],
+        "register_buffers": bool(blocks) and all(b.register_buffers for b in blocks),
+    }
+    for key in SETTINGS:
+        values = {_setting(p, key) for p in suite.patterns}
         defaults[key] = values.pop() if len(values) == 1 else DEFAULT_VALUES[key]
-    written = {k: v for k, v in defaults.items() if v != DEFAULT_VALUES[k]}
+    top = {
+        "name": suite.name,
+        "world_size": suite.world_size,
+        "defaults": {k: v for k, v in defaults.items() if v != DEFAULT_VALUES[k]},
+        "env": dict(suite.env),
+        "timeout_s": suite.timeout_s if suite.timeout_s != DEFAULT_TIMEOUT_S else None,
+        "stop_on_error": None if suite.stop_on_error else False,
+        "mesh": dict(suite.mesh),
+    }
     lines = [f"# {line}".rstrip() for line in header]
-    lines += [f"name: {scalar(suite.name)}", f"world_size: {suite.world_size}"]
-    lines += _section("defaults", written)
-    lines += _section("env", dict(suite.env))
-    if suite.timeout_s != DEFAULT_TIMEOUT_S:
-        lines.append(f"timeout_s: {scalar(suite.timeout_s)}")
-    if not suite.stop_on_error:
-        lines.append("stop_on_error: false")
-    if suite.mesh:
-        lines.append(f"mesh: {flow(dict(suite.mesh))}")
-    lines += _section("axes", _axes(suite), nested=True)
+    lines += [f"{key}: {flow(value)}" for key, value in top.items() if value not in (None, {})]
+    axes = _axes(suite)
+    lines += ["axes:"] * bool(axes) + [f"  {name}: {flow(body)}" for name, body in axes.items()]
     lines.append("patterns:")
-    for _, group in itertools.groupby(
-        suite.patterns, key=lambda p: (p.base_name, p.sweep_point == ())
+    for (_, swept), group in itertools.groupby(
+        suite.patterns, key=lambda p: (p.base_name, bool(p.sweep_point))
     ):
         points = list(group)
-        singles = [[p] for p in points] if not points[0].sweep_point else [points]
-        for one in singles:
-            lines += _pattern(one, defaults, comments)
+        for one in [points] if swept else [[p] for p in points]:
+            lines += _pattern(one, defaults, comments or {})
     return "\n".join(lines) + "\n"
 
 
-def _section(key: str, body: Mapping[str, Any], *, nested: bool = False) -> list[str]:
-    if not body:
-        return []
-    shown = flow if nested else scalar
-    return [f"{key}:"] + [f"  {k}: {shown(v)}" for k, v in body.items()]
+def _setting(pattern: PatternSpec, key: str) -> Any:
+    return getattr(pattern, "num_iters" if key == "iters" else key)
 
 
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
     """What ``axes:`` says of each axis: teams or like, and its options when not the defaults."""
     out = {}
     for name, axis in suite.axes.items():
-        body: dict[str, Any] = {}
-        if axis.like is not None:
-            body["like"] = axis.like
-        elif name != WORLD_AXIS and name not in suite.mesh:
+        body: dict[str, Any] = {"like": axis.like} if axis.like is not None else {}
+        if axis.like is None and name != WORLD_AXIS and name not in suite.mesh:
             body["teams"] = [list(team) for team in axis.teams]
-        if axis.priority != "normal":
-            body["priority"] = axis.priority
-        if axis.nccl:
-            body["nccl"] = dict(axis.nccl)
+        body |= {"priority": axis.priority} if axis.priority != "normal" else {}
+        body |= {"nccl": dict(axis.nccl)} if axis.nccl else {}
         if body:
             out[name] = body
     return out
@@ -163,33 +144,21 @@ def _pattern(
 ) -> list[str]:
     """One pattern entry: a spec of its own, or the sweep points of one base pattern."""
     first = points[0]
-    if first.sweep_point:
-        variables = [name for name, _ in first.sweep_point]
-        labels = {v: list(dict.fromkeys(dict(p.sweep_point)[v] for p in points)) for v in variables}
-        expected = [
-            tuple(zip(variables, combo, strict=True))
-            for combo in itertools.product(*labels.values())
-        ]
-        if [p.sweep_point for p in points] != expected:
-            raise ValueError(f"pattern {first.base_name!r}: its points are not one sweep's")
-        body = _merge([_full(p) for p in points], [dict(p.sweep_point) for p in points])
-    else:
-        labels, body = {}, _full(first)
-    head: dict[str, Any] = {}
-    if labels:
-        head["sweep"] = {v: [_SweepValue(x) for x in xs] for v, xs in labels.items()}
-    for key in SETTINGS:
-        if body["settings"][key] != defaults[key]:
-            head[key] = body["settings"][key]
-    for key in ("traced_us", "traced_by_rank_us"):
-        if body[key] not in (None, []):
-            head[key] = body[key]
+    variables = [name for name, _ in first.sweep_point]
+    labels = {v: list(dict.fromkeys(dict(p.sweep_point)[v] for p in points)) for v in variables}
+    product = [tuple(zip(variables, c, strict=True)) for c in itertools.product(*labels.values())]
+    if first.sweep_point and [p.sweep_point for p in points] != product:
+        raise ValueError(f"pattern {first.base_name!r}: its points are not one sweep's")
+    body = _merge([_full(p) for p in points], [dict(p.sweep_point) for p in points])
+    head: dict[str, Any] = {"sweep": {v: [_SweepValue(x) for x in xs] for v, xs in labels.items()}}
+    head |= {k: v for k, v in body.pop("settings").items() if v != defaults[k]}
+    entries = body.pop("blocks")
     lines = [f"  - name: {scalar(first.base_name)}"]
-    lines += [f"    {k}: {flow(v)}" for k, v in head.items()]
+    lines += [f"    {k}: {flow(v)}" for k, v in (head | body).items() if v not in (None, [], {})]
     lines.append("    blocks:")
-    for spec, entry in zip(first.blocks, body["blocks"], strict=True):
-        note = comments.get((first.name, spec.name))
+    for spec, entry in zip(first.blocks, entries, strict=True):
         line = f"      - {flow(_compact(entry, spec.op, defaults))}"
+        note = comments.get((first.name, spec.name))
         lines.append(f"{line}  # {note}" if note else line)
     return lines
 
@@ -197,7 +166,7 @@ def _pattern(
 def _full(pattern: PatternSpec) -> dict[str, Any]:
     """Everything a pattern says, every key written (defaults are dropped later)."""
     return {
-        "settings": {key: getattr(pattern, field) for key, field in SETTINGS.items()},
+        "settings": {key: _setting(pattern, key) for key in SETTINGS},
         "traced_us": pattern.traced_us,
         "traced_by_rank_us": list(pattern.traced_by_rank_us),
         "blocks": [_block(b) for b in pattern.blocks],
