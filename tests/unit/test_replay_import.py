@@ -455,3 +455,32 @@ def test_a_transposed_gemm_runs_on_column_major_operands():
     assert "a_transposed=true b_transposed=true" in describe_params(Gemm, spec.params)
     plain = {**spec.params, "a_transposed": False, "b_transposed": False}
     assert describe_params(Gemm, plain) == "m=8 n=4 k=6 tf32=false"
+
+
+@pytest.mark.parametrize(("std", "check"), [(None, "uniform"), (0.0, "zeros"), (0.02, "normal")])
+def test_gemm_and_busy_operand_data(std, check):
+    """data_std picks the operands' values (a GEMM's speed depends on them: power); unset,
+    a GEMM's are uniform in [-1, 1) and a busy block's zeros, as before the parameter."""
+    import torch
+
+    from userbenchmark.maestro.blocks.base import BlockContext
+    from userbenchmark.maestro.blocks.compute import Busy
+
+    extra = "" if std is None else f", data_std: {std}"
+    text = (
+        "name: t\nworld_size: 1\npatterns:\n  - name: p\n    blocks:\n"
+        f"      - {{name: g, op: gemm, m: 256, n: 64, k: 256{extra}}}\n"
+        f"      - {{name: b, op: busy, duration_us: 5{extra}}}\n"
+    )
+    g_spec, b_spec = load_suite_text(text, file="ok").patterns[0].blocks
+    ctx = BlockContext(rank=0, device=torch.device("cpu"), dtype=torch.float32, team=(0,))
+    gemm, busy = Gemm(g_spec, ctx), Busy(b_spec, ctx)
+    gemm.setup()
+    busy.setup()
+    a = gemm.a.flatten()
+    if check == "uniform":
+        assert a.min() >= -1 and a.max() < 1 and a.std() > 0.5 and not busy.a.any()
+    elif check == "zeros":
+        assert not a.any() and not busy.a.any()
+    else:
+        assert abs(float(a.std()) - 0.02) < 0.002 and abs(float(busy.a.std()) - 0.02) < 0.002
