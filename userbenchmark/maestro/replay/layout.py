@@ -311,7 +311,7 @@ def _base_name(block: PatternBlock) -> str:
     if block.kind in ("comm", "p2p"):
         return label or block.op
     if block.kind == "gemm":
-        return f"{label}_gemm" if label else "gemm"
+        return f"{label}_{block.op}" if label else block.op
     if block.kind == "idle":
         return "idle"
     op = slug(item.opname.split("::")[-1], fallback="kernel")

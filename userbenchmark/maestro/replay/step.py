@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Gemm
-from ..blocks.dtypes import traced_dtype
+from ..blocks.dtypes import DTYPES, traced_dtype
 from ..blocks.registry import traced_op
 from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
@@ -43,17 +43,19 @@ def maestro_dtype(torch_name: str) -> tuple[str, int, str | None]:
     found = traced_dtype(torch_name)
     if found is not None:
         return found.name, found.size_bytes, None
-    size = _OTHER_SIZES.get(torch_name.removeprefix("c10::"))
-    if size is None and "Float8" in torch_name:
-        size = 1
-    if size is None:
-        return (
-            "uint8",
-            1,
-            f"dtype {torch_name!r} unknown: replayed as uint8, its byte count as traced",
-        )
-    stand_in = {1: "uint8", 2: "bf16", 4: "fp32"}.get(size, "fp64")
-    return stand_in, size, f"dtype {torch_name} replayed as {stand_in} (its bytes as traced)"
+    size = _OTHER_SIZES.get(torch_name.removeprefix("c10::"), 1)  # Float8 and the unknown: 1
+    widest = max(d.size_bytes for d in DTYPES.values())
+    stand_in = next(d.name for d in DTYPES.values() if d.size_bytes == min(size, widest))
+    known = (
+        ""
+        if torch_name.removeprefix("c10::") in _OTHER_SIZES or "Float8" in torch_name
+        else " (unknown)"
+    )
+    return (
+        stand_in,
+        size,
+        f"dtype {torch_name!r}{known} replayed as {stand_in}, its bytes as traced",
+    )
 
 
 def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
