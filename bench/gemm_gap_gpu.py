@@ -156,10 +156,10 @@ def measure(gemms: list[dict[str, Any]], reps: int, trace_path: Path) -> dict:
                         block.launch()
         torch.cuda.synchronize()
     prof.export_chrome_trace(str(trace_path))
-    return _attribute(trace_path, len(gemms))
+    return _attribute(trace_path)
 
 
-def _attribute(path: Path, num_gemms: int) -> dict:
+def _attribute(path: Path) -> dict:
     """Device time and kernels of each annotated launch, read with maestro's trace reader."""
     from userbenchmark.maestro.replay.kineto import read_trace
 

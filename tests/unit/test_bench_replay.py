@@ -76,3 +76,24 @@ def test_the_gemm_gap_bench_finds_every_traced_gemm():
     gemms, suite = gap.traced_gemms(gap.TRACE)
     assert len(gemms) == 24 and suite.world_size == 1
     assert all(g["traced_kernel"].startswith("nvjet") and g["traced_us"] > 0 for g in gemms)
+
+
+def test_the_gemm_gap_bench_attributes_kernels_to_their_annotated_launch(tmp_path):
+    """Each timed launch runs inside a ``gap|gemm|candidate`` annotation; its kernels (not the
+    L2 flush launched before it) are its time, read with maestro's trace reader."""
+    from bench import gemm_gap_gpu as gap
+
+    from .replay_traces import TraceBuilder
+
+    b = TraceBuilder(rank=0, world_size=1, distributed=False)
+    b.step(1, 0, 1000)
+    b.launch(stream=7, launch=5, start=10, dur=50, kernel="flush")  # outside any annotation
+    b.annotate("gap|0|1", 20, 30)
+    b.launch(stream=7, launch=22, start=61, dur=160, kernel="nvjet_x")
+    b.annotate("gap|0|1", 40, 50)
+    b.launch(stream=7, launch=42, start=222, dur=170, kernel="nvjet_x")
+    path = b.write(tmp_path, gz=False)
+    found = gap._attribute(path)
+    assert list(found) == [(0, gap.CANDIDATES[1])]
+    us, names = found[(0, gap.CANDIDATES[1])]
+    assert us == [160, 170] and names == {"nvjet_x": 2}
