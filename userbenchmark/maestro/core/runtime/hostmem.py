@@ -110,7 +110,7 @@ def check_host_memory(
         named.append(f"{name} ({nbytes / gib:.2f} GiB)")
         covered += nbytes
     rest = len(blocks) - len(named)
-    others = f" and {rest} more ({(need - covered) / gib:.2f} GiB)" if rest else ""
+    others = f" and {rest} more" if rest else ""
     ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"
     raise RunError(
         f"blocks {', '.join(named)}{others} need {need / gib:.2f} GiB of host memory per rank, "
