@@ -10,7 +10,12 @@ markdown, each replayed figure over its traced one with the 95 % interval of the
 - each GEMM, target within 3 %;
 - the ``busy`` stand-ins of the other kernels (no target: their duration is the traced one);
 - launch-bound iterations (``host_late_iters``, target 0) and maestro's host enqueue per block
-  (``enqueue_avg_us``), eager against graphs.
+  (``enqueue_avg_us``), eager against graphs;
+- each GEMM's traced kernel (``traced_kernel``), and the GEMMs' errors apart for those a
+  collective ran beside in the trace (``traced_overlap``) and the others.
+
+``--trace`` takes several folders (the shipped one-rank trace, and one of
+``bench/attention_trace_gpu.py``): each is imported and replayed, and reported in turn.
 
 A figure is "within" its target when |ratio - 1| is at most the target, "outside" only when the
 whole interval is beyond it, else "within noise of the target". Two maestro runs of 60
@@ -36,6 +41,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -116,14 +122,18 @@ def step_rows(runs: dict[str, dict]) -> list[list[Any]]:
     return rows
 
 
-def block_rows(runs: dict[str, dict], op: str, target: float | None) -> list[list[Any]]:
-    """Per block of ``op``: traced, then per mode replayed, ratio [interval] and verdict."""
+def block_rows(
+    runs: dict[str, dict], op: str, target: float | None, kernels: dict[str, str] | None = None
+) -> list[list[Any]]:
+    """Per block of ``op``: traced (and its kernel, with ``kernels``), then per mode replayed,
+    ratio [interval] and verdict."""
     by_mode = {
         m: {b["block"]: b for b in run["blocks"] if b["op"] == op} for m, run in runs.items()
     }
     rows = []
     for name, first in next(iter(by_mode.values())).items():
         row: list[Any] = [name, first["work"] or "-", first["traced_us"]]
+        row += [kernels.get(name) or "-"] if kernels is not None else []
         for mode in runs:
             b = by_mode[mode][name]
             row += [b["latency_avg_us"], figure(b)]
@@ -145,11 +155,28 @@ def enqueue_rows(runs: dict[str, dict]) -> list[list[Any]]:
     return rows
 
 
-def report(runs: dict[str, dict]) -> tuple[str, bool]:
-    """The markdown report, and whether every figure with a target is not outside it."""
+def overlap_rows(runs: dict[str, dict], overlaps: dict[str, float | None]) -> list[list[Any]]:
+    """Per mode, the GEMMs' errors apart: overlapped a collective in the trace, or ran alone."""
+    from userbenchmark.maestro.core.analysis.fidelity import error_groups
+
+    rows = []
+    for mode, run in runs.items():
+        gemms = [b for b in run["blocks"] if b["op"] == "gemm"]
+        ratios = [b["replay_ratio"] if b["replay_ratio"] is not None else math.nan for b in gemms]
+        for group in error_groups(ratios, [overlaps.get(b["block"]) for b in gemms]):
+            rows.append([mode, group.name, group.count, group.within, group.mean_error])
+            rows[-1].append(group.max_error)
+    return rows
+
+
+def report(runs: dict[str, dict], specs: dict[str, Any] | None = None) -> tuple[str, bool]:
+    """The markdown report, and whether every figure with a target is not outside it;
+    ``specs`` (block name -> its spec) adds traced kernels and the overlap split."""
+    specs = specs or {}
     modes = list(runs)
     steps = step_rows(runs)
-    gemms = block_rows(runs, "gemm", GEMM_TARGET)
+    kernels = {name: spec.traced_kernel for name, spec in specs.items()}
+    gemms = block_rows(runs, "gemm", GEMM_TARGET, kernels)
     busy = block_rows(runs, "busy", None)
     parts = [
         f"## Step (makespan), target within {STEP_TARGET:.0%}",
@@ -169,9 +196,14 @@ def report(runs: dict[str, dict]) -> tuple[str, bool]:
         ),
         f"## GEMMs, target within {GEMM_TARGET:.0%}",
         markdown_table(
-            ["block", "work", "traced µs"]
+            ["block", "work", "traced µs", "traced kernel"]
             + [h for m in modes for h in (f"{m} µs", f"{m} ratio [95 %]", f"{m} verdict")],
             gemms,
+        ),
+        "## GEMMs apart: a collective ran beside them in the trace, or they ran alone",
+        markdown_table(
+            ["mode", "group", "GEMMs", f"within {GEMM_TARGET:.0%}", "mean error", "max error"],
+            overlap_rows(runs, {n: s.traced_overlap for n, s in specs.items()}),
         ),
         "## busy stand-ins (the other kernels; no target)",
         markdown_table(
@@ -193,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup-iters", type=int, default=10)
     parser.add_argument(
-        "--trace", type=Path, default=TRACE, help="folder of per-rank traces of a one-rank step"
+        "--trace",
+        type=Path,
+        nargs="+",
+        default=[TRACE],
+        help="folders of one-rank traces, each imported and replayed",
     )
     parser.add_argument(
         "--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="eager and/or graph"
@@ -207,28 +243,37 @@ def main(argv: list[str] | None = None) -> int:
         print("replay_gpu: no CUDA device; nothing measured (run it on a GPU machine)")
         return 0
     info["gpu"] = torch.cuda.get_device_name(0)
+    print(machine_lines(info) + "\n")
+    results, ok = {}, True
+    for trace in args.trace:
+        try:
+            text, fine, runs = replay_trace(trace, args)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"replay_gpu: {trace}: {exc}", file=sys.stderr)
+            return 1
+        print(f"# Replay of a one-rank training step ({trace})\n\n{text}\n")
+        results[str(trace)], ok = runs, ok and fine
+    write_json(args.json, {"machine": info, "runs": results, "within_targets": ok})
+    return 0 if ok else 1
+
+
+def replay_trace(trace: Path, args: argparse.Namespace) -> tuple[str, bool, dict]:
+    """Import ``trace``, replay it in each mode: (the report, its verdict, the runs)."""
+    from userbenchmark.maestro.core.config.loader import load_suite
+
     with tempfile.TemporaryDirectory() as tmp:
         step = Path(tmp) / "step.yaml"
-        proc = maestro(["import-trace", str(args.trace), "-o", str(step)])
+        proc = maestro(["import-trace", str(trace), "-o", str(step)])
         if proc.returncode != 0:
-            print(proc.stderr, file=sys.stderr)
-            return 1
-        print(proc.stdout.strip())
-        try:
-            runs = {
-                mode: replay(step, Path(tmp) / mode, extra, args.iters, args.warmup_iters)
-                for mode, extra in MODES.items()
-                if mode in args.modes
-            }
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            print(f"replay_gpu: {exc}", file=sys.stderr)
-            return 1
-    text, ok = report(runs)
-    print(f"# Replay of a one-rank training step ({args.trace})\n")
-    print(machine_lines(info) + "\n")
-    print(text)
-    write_json(args.json, {"machine": info, "runs": runs, "within_targets": ok})
-    return 0 if ok else 1
+            raise RuntimeError(proc.stderr)
+        specs = {b.name: b for b in load_suite(step).patterns[0].blocks}
+        runs = {
+            mode: replay(step, Path(tmp) / mode, extra, args.iters, args.warmup_iters)
+            for mode, extra in MODES.items()
+            if mode in args.modes
+        }
+    text, ok = report(runs, specs)
+    return f"{proc.stdout.strip()}\n\n{text}", ok, runs
 
 
 if __name__ == "__main__":

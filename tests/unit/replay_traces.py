@@ -138,8 +138,10 @@ class TraceBuilder:
         kernel: str | None = None,
         launches_kernel: bool = True,
         tid: int = MAIN_TID,
+        seq: int | None = None,
     ) -> int:
-        """A record_param_comms call (and its NCCL kernel when ``launches_kernel``)."""
+        """A record_param_comms call (and its NCCL kernel when ``launches_kernel``); ``seq``:
+        the group's sequence number, as newer torch writes it (``Seq``)."""
         g = next(g for g in self.groups if g["pg_name"] == group_name)
         ext = self._ext()
         self._x(
@@ -161,6 +163,7 @@ class TraceBuilder:
                 "Rank": g["ranks"].index(self.rank) if peer is None else peer,
                 "In split size": str(in_splits or []),
                 "Out split size": "[]",
+                **({"Seq": seq} if seq is not None else {}),
             },
         )
         if launches_kernel:

@@ -39,3 +39,61 @@ def test_the_report_holds_every_section_and_fails_a_missed_target():
     assert "| gemm | 20.000 | 20.000 | 20.000 | 20.000 |" in text
     assert not rg.report({"eager": _run(1.10, 0), "graph": _run(1.0, 0)})[1]  # a GEMM 10 % off
     assert not rg.report({"eager": _run(1.0, 3), "graph": _run(1.0, 0)})[1]  # launch-bound
+
+
+def test_the_report_names_traced_kernels_and_splits_gemms_by_overlap():
+    from types import SimpleNamespace
+
+    specs = {"mm": SimpleNamespace(traced_kernel="nvjet_sm90_x_TNT", traced_overlap=0.6)}
+    text, ok = rg.report({"eager": _run(1.01, 0), "graph": _run(1.0, 0)}, specs)
+    assert ok and "| mm | m=1 n=1 k=1 | 100.0 | nvjet_sm90_x_TNT |" in text
+    assert "## GEMMs apart" in text
+    assert "| eager | overlapped a collective | 1 | 1 |" in text
+    assert "| eager | ran alone | 0 | 0 |" in text
+
+
+def test_the_gemm_gap_report_has_every_candidate_per_gemm_and_a_summary():
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from bench import gemm_gap_gpu as gap
+
+    spec = SimpleNamespace(params={"m": 64, "n": 32, "k": 16, "b_transposed": True})
+    gemms = [{"name": "mm", "spec": spec, "traced_us": 100.0, "traced_kernel": "nvjet_a_TNT"}]
+    measured = {(0, c): ([100.0 + i, 102.0 + i, 104.0 + i], Counter({"nvjet_b_TNT": 3}))
+                for i, c in enumerate(gap.CANDIDATES)}  # fmt: skip
+    text = gap.report(gemms, measured, {"maestro, data uniform": {"mm": 1.05}})
+    assert "| mm | 64x32x16 BT | 100.0 | 1.020 | 1.030 | 1.040 |" in text
+    assert text.count("\n| ") >= 1 + len(gap.CANDIDATES) + 1
+    assert "| uniform, L2 cold | 1 | 1 | 1 | 1.020 |" in text
+    assert "| maestro, data uniform | 1 | 0 | 1 | 1.050 |" in text
+    assert "| mm | nvjet_a_TNT | nvjet_b_TNT | kernel: replayed nvjet_b_TNT" in text
+
+
+def test_the_gemm_gap_bench_finds_every_traced_gemm():
+    from bench import gemm_gap_gpu as gap
+
+    gemms, suite = gap.traced_gemms(gap.TRACE)
+    assert len(gemms) == 24 and suite.world_size == 1
+    assert all(g["traced_kernel"].startswith("nvjet") and g["traced_us"] > 0 for g in gemms)
+
+
+def test_the_gemm_gap_bench_attributes_kernels_to_their_annotated_launch(tmp_path):
+    """Each timed launch runs inside a ``gap|gemm|candidate`` annotation; its kernels (not the
+    L2 flush launched before it) are its time, read with maestro's trace reader."""
+    from bench import gemm_gap_gpu as gap
+
+    from .replay_traces import TraceBuilder
+
+    b = TraceBuilder(rank=0, world_size=1, distributed=False)
+    b.step(1, 0, 1000)
+    b.launch(stream=7, launch=5, start=10, dur=50, kernel="flush")  # outside any annotation
+    b.annotate("gap|0|1", 20, 30)
+    b.launch(stream=7, launch=22, start=61, dur=160, kernel="nvjet_x")
+    b.annotate("gap|0|1", 40, 50)
+    b.launch(stream=7, launch=42, start=222, dur=170, kernel="nvjet_x")
+    path = b.write(tmp_path, gz=False)
+    found = gap._attribute(path)
+    assert list(found) == [(0, gap.CANDIDATES[1])]
+    us, names = found[(0, gap.CANDIDATES[1])]
+    assert us == [160, 170] and names == {"nvjet_x": 2}

@@ -83,14 +83,37 @@ def test_nothing_readable_is_no_reading(tmp_path):
 def test_the_check_names_the_blocks_the_need_and_what_is_available():
     memory = HostMemory(6 * GIB, "the cgroup's memory.max less memory.current (/sys/fs/cgroup)")
     with pytest.raises(RunError) as info:
-        check_host_memory(4 * GIB, local_ranks=2, blocks=["ar1", "ar2"], memory=memory)
+        check_host_memory([("ar1", 2 * GIB), ("ar2", 2 * GIB)], local_ranks=2, memory=memory)
     message = str(info.value)
-    assert message.startswith("blocks ar1, ar2 need 4.00 GiB of host memory per rank, ")
+    assert message.startswith(
+        "blocks ar1 (2.00 GiB), ar2 (2.00 GiB) need 4.00 GiB of host memory per rank, "
+    )
     assert "8.00 GiB for the 2 ranks on this host, and only 6.00 GiB is available" in message
     assert "(the cgroup's memory.max less memory.current (/sys/fs/cgroup))" in message
 
 
 def test_the_check_passes_what_fits_and_without_a_reading():
     memory = HostMemory(8 * GIB, "MemAvailable in /proc/meminfo")
-    check_host_memory(4 * GIB, local_ranks=2, blocks=["ar"], memory=memory)
-    check_host_memory(400 * GIB, local_ranks=2, blocks=["ar"], memory=None)
+    check_host_memory([("ar", 4 * GIB)], local_ranks=2, memory=memory)
+    check_host_memory([("ar", 400 * GIB)], local_ranks=2, memory=None)
+
+
+def test_a_refusal_names_the_few_blocks_that_need_the_memory():
+    """90 blocks, three of them large: the message names those three, not all 90."""
+    blocks = [(f"busy_{i}", 4096) for i in range(87)]
+    blocks += [("gemm_a", 3 * GIB), ("gemm_b", 2 * GIB), ("ag", 1 * GIB)]
+    with pytest.raises(RunError) as info:
+        check_host_memory(blocks, local_ranks=4, memory=HostMemory(GIB, "MemAvailable"))
+    message = str(info.value)
+    assert message.startswith("blocks gemm_a (3.00 GiB), gemm_b (2.00 GiB), ag (1.00 GiB) and 87 more need")
+    assert "busy_0" not in message
+
+
+def test_busy_blocks_count_what_they_allocate_on_cpu():
+    """A busy block's CUDA buffers follow its duration (a 50 µs one moves 250 MB); on CPU each
+    operand holds at most BUSY_CPU_ELEMS elements, and the host check counts that."""
+    from userbenchmark.maestro.blocks.compute import BUSY_CPU_ELEMS, Busy
+
+    params = {"duration_us": 50.0}
+    assert Busy.buffer_bytes(params, dtype="bf16", team_size=1) > 200e6
+    assert Busy.host_buffer_bytes(params, dtype="bf16", team_size=1) == 3 * BUSY_CPU_ELEMS * 2

@@ -138,7 +138,10 @@ def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):
     (block,) = [b for b in bash_blocks(page) if b.kind == "run by"]
     assert block.text == "tests/unit/test_replay_cli.py" and "replay.md" in page.name
     shutil.copytree(REPO / "tests" / "data" / "traces" / "ddp", tmp_path / "traces")
-    shown = next(x for x in page.read_text().splitlines() if x.startswith("wrote step.yaml:"))
+    lines = page.read_text().splitlines()
+    shown = next(x for x in lines if x.startswith("wrote step.yaml:"))
+    covered = lines[lines.index(shown) + 1]
+    assert covered.startswith("coverage of the step's GPU time")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for command in block.commands:
         done = subprocess.run(
@@ -150,5 +153,5 @@ def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):
             timeout=120,
         )
         assert done.returncode == 0, done.stderr
-        assert shown in done.stdout.splitlines()
+        assert done.stdout.splitlines()[-2:] == [shown, covered]
     assert (tmp_path / "step.yaml").is_file()

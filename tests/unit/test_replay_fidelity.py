@@ -12,7 +12,9 @@ import pytest
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.fidelity import (
+    error_groups,
     has_traced,
+    kernel_mismatch,
     rank_steps,
     ratio,
     with_fidelity,
@@ -33,7 +35,8 @@ patterns:
     traced_by_rank_us: [300.0, 250.0]
     iters: 4
     blocks:
-      - {name: mm, op: gemm, m: 64, n: 64, k: 64, lane: compute, traced_us: 200.0}
+      - {name: mm, op: gemm, m: 64, n: 64, k: 64, lane: compute, traced_us: 200.0,
+         traced_kernel: nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT, traced_overlap: 0.5}
       - {name: ar, op: all_reduce, size: 4K, lane: comm, traced_us: 100.0}
       - {name: gap, op: sleep, duration_us: 5, lane: comm}
 """
@@ -74,7 +77,7 @@ def test_rank_steps_are_exact_on_a_realtime_clock_and_summed_into_rows():
     assert np.isnan(total[1]).all()  # a rank that ran nothing has no step
 
 
-def _outcome(suite, shift_ns=0):
+def _outcome(suite, shift_ns=0, kernels=()):
     pattern = suite.patterns[0]
     classes = [resolve_op(b.op) for b in pattern.blocks]
     summaries, steps = [], []
@@ -111,7 +114,7 @@ def _outcome(suite, shift_ns=0):
         profiler="cupti",
         team_sizes=[2, 2, 2],
     )
-    return with_fidelity(out, pattern, agg, sum(steps))
+    return with_fidelity(out, pattern, agg, sum(steps), kernels)
 
 
 def test_every_block_the_step_and_each_rank_get_their_figures():
@@ -199,3 +202,29 @@ def test_traced_by_rank_needs_one_duration_per_rank(value, message):
     with pytest.raises(ConfigError, match="patterns\\[0\\].traced_by_rank_us") as err:
         load_suite_text(text)
     assert message in str(err.value)
+
+
+def test_a_kernel_other_than_the_traced_one_is_named():
+    traced = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
+    replayed = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopB_TNT"
+    note = kernel_mismatch(traced, replayed)
+    assert note.startswith(f"kernel: replayed {replayed}, traced {traced}")
+    assert "replayed 128x256, 2x1, v, coopB; traced 256x128, 1x2, h, coopA, bias" in note
+    assert kernel_mismatch(traced, traced) == ""
+    assert kernel_mismatch(traced, "") == kernel_mismatch(None, replayed) == ""  # unknown
+    # The runtime hands each block's measured kernel ('' unknown); a mismatch is a note.
+    out = _outcome(load_suite_text(STEP), kernels=(replayed, "", ""))
+    assert "kernel: replayed nvjet_sm90_tst_128x256" in out.blocks[0].notes
+    assert not out.blocks[1].notes
+    same = _outcome(load_suite_text(STEP), kernels=(traced, "", ""))
+    assert "kernel:" not in same.blocks[0].notes
+
+
+def test_gemms_that_overlapped_a_collective_are_judged_apart():
+    ratios = [1.01, 1.02, 1.06, 0.995, math.nan]
+    overlaps = [0.4, 1.0, None, 0.0, 0.3]  # None or 0: ran alone in the trace
+    overlapped, alone = error_groups(ratios, overlaps, target=0.03)
+    assert (overlapped.count, alone.count) == (2, 2)  # the NaN ratio is left out
+    assert overlapped.mean_error == pytest.approx(0.015) and overlapped.within == 2
+    assert alone.max_error == pytest.approx(0.06) and alone.within == 1
+    assert load_suite_text(STEP).patterns[0].blocks[0].traced_overlap == 0.5

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from userbenchmark.maestro.blocks.base import TracedCall
+from userbenchmark.maestro.blocks.compute import Gemm
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
-from userbenchmark.maestro.replay.kineto import GemmOp, TraceError
-from userbenchmark.maestro.replay.ops import gemm
+from userbenchmark.maestro.replay.kineto import TraceError
 
 from .replay_scenarios import (
     batched_ring_rank,
@@ -122,7 +123,7 @@ def test_every_collective_kind(tmp_path):
         ("all_reduce", 4, 0),  # a barrier reduces one element
         ("all_gather", (128 + 64) * 4 * 4, 0),  # two coalesced records, one kernel
     ]
-    assert data["defaults"]["dtype"] == "fp32"
+    assert "defaults" not in data  # fp32: the loader's default dtype
     assert "uneven all_to_all split sizes [100, 300, 200, 400]" in text
     uniform = [b for b in by_op(data, "all_to_all")][0]
     assert (
@@ -278,7 +279,7 @@ def test_ranks_with_different_collectives(tmp_path):
     other.collective(stream=20, launch=90, start=2000, dur=10, in_nelems=8)
     with pytest.raises(
         TraceError,
-        match=r"different numbers of collectives on group default_pg "
+        match=r"different collectives on group default_pg "
         r"\[0, 1\] in this step \(rank 0: 1, rank 1: 2\)",
     ):
         imported(tmp_path / "a", [ddp_rank(0), other])
@@ -421,15 +422,13 @@ def test_pg_config_decides_a_groups_ranks_over_its_records(tmp_path):
     ],
 )
 def test_gemm_layouts_come_from_the_input_strides(name, dims, strides, layout):
-    op = GemmOp(
-        ext=1,
-        name=name,
-        dims=tuple(map(tuple, dims)),
-        types=("c10::BFloat16",) * len(dims),
-        strides=tuple(map(tuple, strides)),
+    call = TracedCall(
+        name=name, dtype="bf16", dims=tuple(map(tuple, dims)), strides=tuple(map(tuple, strides))
     )
-    g = gemm(op)
-    assert g is not None and (g.a_transposed, g.b_transposed) == layout
+    found = Gemm.traced_params(call)
+    assert found is not None
+    params, _ = found
+    assert (params.get("a_transposed", False), params.get("b_transposed", False)) == layout
 
 
 def test_a_transposed_gemm_runs_on_column_major_operands():
@@ -456,3 +455,32 @@ def test_a_transposed_gemm_runs_on_column_major_operands():
     assert "a_transposed=true b_transposed=true" in describe_params(Gemm, spec.params)
     plain = {**spec.params, "a_transposed": False, "b_transposed": False}
     assert describe_params(Gemm, plain) == "m=8 n=4 k=6 tf32=false"
+
+
+@pytest.mark.parametrize(("std", "check"), [(None, "uniform"), (0.0, "zeros"), (0.02, "normal")])
+def test_gemm_and_busy_operand_data(std, check):
+    """data_std picks the operands' values (a GEMM's speed depends on them: power); unset,
+    a GEMM's are uniform in [-1, 1) and a busy block's zeros, as before the parameter."""
+    import torch
+
+    from userbenchmark.maestro.blocks.base import BlockContext
+    from userbenchmark.maestro.blocks.compute import Busy
+
+    extra = "" if std is None else f", data_std: {std}"
+    text = (
+        "name: t\nworld_size: 1\npatterns:\n  - name: p\n    blocks:\n"
+        f"      - {{name: g, op: gemm, m: 256, n: 64, k: 256{extra}}}\n"
+        f"      - {{name: b, op: busy, duration_us: 5{extra}}}\n"
+    )
+    g_spec, b_spec = load_suite_text(text, file="ok").patterns[0].blocks
+    ctx = BlockContext(rank=0, device=torch.device("cpu"), dtype=torch.float32, team=(0,))
+    gemm, busy = Gemm(g_spec, ctx), Busy(b_spec, ctx)
+    gemm.setup()
+    busy.setup()
+    a = gemm.a.flatten()
+    if check == "uniform":
+        assert a.min() >= -1 and a.max() < 1 and a.std() > 0.5 and not busy.a.any()
+    elif check == "zeros":
+        assert not a.any() and not busy.a.any()
+    else:
+        assert abs(float(a.std()) - 0.02) < 0.002 and abs(float(busy.a.std()) - 0.02) < 0.002

@@ -26,6 +26,26 @@ PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
 
 
 @dataclass(frozen=True, kw_only=True)
+class TracedCall:
+    """A call of a profiler trace as ``import-trace`` found it: its name (a collective's, an
+    aten op's), maestro dtype, element counts, team, root (an index in the team), all_to_all
+    splits, input shapes and strides, kernel names and duration."""
+
+    name: str = ""
+    dtype: str = ""
+    elem_bytes: int = 1
+    in_elems: int = 0
+    out_elems: int = 0
+    team_size: int = 1
+    root: int = 0
+    splits: tuple[int, ...] = ()
+    dims: tuple[tuple[int, ...], ...] = ()
+    strides: tuple[tuple[int, ...], ...] = ()
+    kernels: tuple[str, ...] = ()
+    duration_us: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Param:
     """One op parameter: its YAML name, kind, default and meaning."""
 
@@ -60,6 +80,8 @@ class Block:
     """``comm`` (a collective), ``compute`` or ``other``: used by the comm/compute overlap."""
     params: ClassVar[tuple[Param, ...]] = ()
     min_team_size: ClassVar[int] = 1
+    trace_names: ClassVar[tuple[str, ...]] = ()
+    """What a profiler trace calls this op (``import-trace`` maps those calls to it)."""
 
     # ---- validation (class level, before any process group or tensor exists) ----
     @classmethod
@@ -81,6 +103,11 @@ class Block:
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         """Bytes of device/host memory one rank allocates for this block."""
         return 0
+
+    @classmethod
+    def host_buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """Bytes one rank allocates for this block on CPU (as on CUDA unless it says less)."""
+        return cls.buffer_bytes(params, dtype=dtype, team_size=team_size)
 
     # ---- the op's arithmetic: defined here, once, and read by every figure and by capping ----
     @classmethod
@@ -108,6 +135,12 @@ class Block:
         for :meth:`check_params`, or ValueError saying why none fits. Nothing to cap by default (a
         sleep); collectives cap S, a GEMM its operands."""
         return dict(params)
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
+        """This op's parameters replaying ``call`` and what they approximate (None: exact),
+        or None when this op cannot replay it."""
+        return None
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:

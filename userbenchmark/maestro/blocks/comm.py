@@ -8,7 +8,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Block, Param
+from .base import Block, Param, TracedCall
 from .data import (
     check_values,
     count_wrong,
@@ -104,6 +104,18 @@ class Collective(Block):
         return 1.0
 
     @classmethod
+    def traced_elems(cls, call: TracedCall) -> int:
+        """Elements of S in a traced call of this collective (its size rule)."""
+        return max(call.in_elems, 0)
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        params: dict[str, Any] = {"size": cls.traced_elems(call) * call.elem_bytes}
+        if any(p.name == "root" for p in cls.params) and 0 < call.root < call.team_size:
+            params["root"] = call.root
+        return params, None
+
+    @classmethod
     def capped_params(
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
@@ -137,6 +149,11 @@ class AllReduce(Collective):
 
     op = "all_reduce"
     params = (SIZE, REDUCE_OP)
+    trace_names = ("allreduce", "all_reduce", "allreduce_coalesced", "barrier")
+
+    @classmethod
+    def traced_elems(cls, call: TracedCall) -> int:
+        return max(call.in_elems, 1)  # a barrier reduces one element
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
@@ -193,6 +210,12 @@ class AllGather(_Chunked):
 
     op = "all_gather"
     params = (SIZE, IN_PLACE)
+    trace_names = ("_allgather_base", "allgather", "all_gather", "allgather_coalesced",
+                   "allgather_into_tensor_coalesced", "all_gather_into_tensor")  # fmt: skip
+
+    @classmethod
+    def traced_elems(cls, call: TracedCall) -> int:
+        return max(call.out_elems, call.in_elems * call.team_size, 0)  # S: the gathered output
 
     def setup(self) -> None:
         self.out = self.ctx.empty(self.numel())
@@ -227,6 +250,12 @@ class ReduceScatter(_Chunked):
 
     op = "reduce_scatter"
     params = (SIZE, REDUCE_OP, IN_PLACE)
+    trace_names = ("_reduce_scatter_base", "reduce_scatter", "reduce_scatter_tensor",
+                   "reduce_scatter_tensor_coalesced")  # fmt: skip
+
+    @classmethod
+    def traced_elems(cls, call: TracedCall) -> int:
+        return max(call.in_elems, call.out_elems * call.team_size, 0)  # S: the input
 
     def setup(self) -> None:
         self.inp = self.ctx.empty(self.numel())
@@ -258,6 +287,24 @@ class AllToAll(_Chunked):
     """all_to_all_single: each rank sends S bytes, S / team_size to each peer."""
 
     op = "all_to_all"
+    trace_names = ("all_to_all", "all_to_allv", "alltoall", "alltoall_base")
+
+    @classmethod
+    def traced_elems(cls, call: TracedCall) -> int:
+        """Whole equal chunks, one per peer, of the elements the rank sends."""
+        return max(call.in_elems // call.team_size, 1) * call.team_size
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        params, _ = super().traced_params(call)
+        elems, splits = cls.traced_elems(call), call.splits
+        if (not splits or len(set(splits)) == 1) and elems == call.in_elems:
+            return params, None
+        shown = list(splits) if len(splits) <= 8 else [*splits[:8], "..."]
+        return params, (
+            f"uneven all_to_all split sizes {shown} (along dim 0; {call.in_elems} elements in "
+            f"all) replayed as {call.team_size} equal chunks of {elems // call.team_size} elements"
+        )
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
@@ -292,6 +339,7 @@ class Broadcast(Collective):
 
     op = "broadcast"
     params = (SIZE, ROOT)
+    trace_names = ("broadcast", "_broadcast_oop")
 
     def setup(self) -> None:
         self.buf = self.ctx.empty(self.numel())
@@ -315,6 +363,7 @@ class Reduce(Collective):
 
     op = "reduce"
     params = (SIZE, REDUCE_OP, ROOT)
+    trace_names = ("reduce", "_reduce_oop")
 
     def setup(self) -> None:
         self.buf = self.ctx.empty(self.numel())
@@ -345,6 +394,7 @@ class SendRecv(Collective):
 
     op = "send_recv"
     min_team_size = 2
+    trace_names = ("send", "recv", "recvAnysource")
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:

@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .base import Block, Param
-from .data import fill_random
+from .base import Block, Param, TracedCall
+from .data import _generator, fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
 
 _BISECT_STEPS: Final = 64
@@ -43,6 +43,35 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
         else:
             high = mid
     return scaled(low)
+
+
+DATA_STD = Param(
+    name="data_std",
+    kind="float",
+    default=None,
+    minimum=0.0,
+    maximum=1e3,
+    doc="operand values normal with this standard deviation (0.02: initialised weights; 0: "
+    "zeros); unset, gemm's are uniform in [-1, 1) and busy's zeros. Speed depends on the data "
+    "(an H200 GEMM ran 13 % faster on zeros: power)",
+    described_at_default=False,
+)
+
+
+def fill_operand(buf: Any, ctx: Any, std: float | None, usual: Any) -> None:
+    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset."""
+    if std is None:
+        usual(buf)
+    elif std == 0:
+        buf.zero_()
+    else:
+        buf.normal_(0.0, float(std), generator=_generator(ctx, ctx.rank, buf.device))
+
+
+def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
+    """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
+    two_d = bool(stride) and len(shape) == 2 and len(stride or ()) == 2
+    return two_d and stride[0] == 1 < shape[0] and stride[1] != 1  # type: ignore[index]
 
 
 MAX_SLEEP_US = 60e6
@@ -102,7 +131,49 @@ class Gemm(Block):
             doc="fp32 on CUDA: let cuBLAS use TF32 tensor cores (faster, 10-bit mantissa); "
             "set on every launch, reported next to the numbers",
         ),
+        DATA_STD,
     )
+    trace_names = tuple(
+        f"aten::{op}"
+        for op in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "linear", "matmul")
+    )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
+        """m, n, k and the operands' layouts from the op's input shapes and strides (bmm: the
+        batches as rows); None when they are not a GEMM's or the dtype is not floating."""
+        strides = [*call.strides, *[None] * len(call.dims)]
+        pairs = [(d, st) for d, st in zip(call.dims, strides, strict=False) if d]
+        name = call.name.removeprefix("aten::")
+        try:
+            (a, sa), (b, sb) = pairs[-2], pairs[-1]
+            layout = (_transposed(a, sa), _transposed(b, sb))
+            note = None
+            if name in ("mm", "addmm", "_addmm_activation"):
+                m, k, n = a[0], a[1], b[1]
+            elif name in ("bmm", "baddbmm"):
+                m, k, n = a[0] * a[1], a[2], b[2]
+                note = f"{name} of {a[0]} batches replayed as one GEMM of m = {a[0]} x {a[1]}"
+            elif name == "linear":  # x @ W.T: B is the weight read transposed, unless stored so
+                (a, sa), (b, sb) = pairs[0], pairs[1]
+                m, k, n = math.prod(a[:-1]), a[-1], b[0]
+                layout = (_transposed(a, sa), not _transposed(b, sb))
+            else:  # matmul
+                (a, sa), (b, sb) = pairs[0], pairs[1]
+                m, k, n = math.prod(a[:-1]), a[-1], b[-1]
+                layout = layout if len(b) == 2 else (False, False)
+                note = (
+                    f"matmul {list(a)} @ {list(b)} replayed as a 2-D GEMM" if len(a) > 2 else None
+                )
+        except (IndexError, TypeError, ValueError):
+            return None
+        if call.dtype not in FLOATING_DTYPES or min(m, n, k) < 1:
+            return None
+        params: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
+        params |= {f"{x}_transposed": True for x, on in zip("ab", layout, strict=True) if on}
+        if call.dtype == "fp32" and any("tf32" in kernel.lower() for kernel in call.kernels):
+            params["tf32"] = True  # the traced kernel ran on TF32 tensor cores
+        return params, note
 
     @classmethod
     def normalize_params(
@@ -175,12 +246,15 @@ class Gemm(Block):
         self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
         self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
-        fill_random(self.a, self.ctx)
-        fill_random(self.b, self.ctx)
+        for operand in (self.a, self.b):
+            fill_operand(operand, self.ctx, self.spec.params.get("data_std"), self._uniform)
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
         self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
         self.tf32 = bool(self.spec.params.get("tf32", False))
+
+    def _uniform(self, buf: Any) -> None:
+        fill_random(buf, self.ctx)
 
     def _operand(self, rows: int, cols: int, transposed: bool) -> Any:
         """A [rows, cols] operand, stored column-major when ``transposed``."""
@@ -209,6 +283,11 @@ class Sleep(Block):
             "waits for it, so a longer one is a typo rather than a measurement",
         ),
     )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        """A traced idle gap: its duration."""
+        return {"duration_us": round(call.duration_us, 1)}, None
 
     def setup(self) -> None:
         self.duration_ns = round(float(self.spec.params["duration_us"]) * 1e3)
@@ -255,7 +334,14 @@ class Busy(Block):
             doc="how long the block takes alone (µs), more than 0 and at most 100 ms (100000): "
             "longer work is more kernels, each enqueued by the host",
         ),
+        DATA_STD,
     )
+
+    @classmethod
+    def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
+        """Traced kernels no other block replays: their duration (work that rounds to 0.0 µs
+        is still work)."""
+        return {"duration_us": max(round(call.duration_us, 1), 0.1)}, None
 
     @classmethod
     def check_params(
@@ -272,8 +358,14 @@ class Busy(Block):
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        """a, b and c as sized for CUDA (on CPU each holds at most BUSY_CPU_ELEMS)."""
+        """a, b and c as sized for CUDA."""
         return 3 * cls.operand_elems(float(params["duration_us"]), dtype) * DTYPE_SIZES_BYTES[dtype]
+
+    @classmethod
+    def host_buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        """a, b and c on CPU: at most BUSY_CPU_ELEMS each."""
+        elems = min(cls.operand_elems(float(params["duration_us"]), dtype), BUSY_CPU_ELEMS)
+        return 3 * elems * DTYPE_SIZES_BYTES[dtype]
 
     def setup(self) -> None:
         duration_us = float(self.spec.params["duration_us"])
@@ -281,8 +373,10 @@ class Busy(Block):
         self.cuda = self.ctx.device.type == "cuda"
         n = self.operand_elems(duration_us, self.spec.dtype)
         self.a, self.b, self.c = (
-            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)).zero_() for _ in range(3)
+            self.ctx.empty(n if self.cuda else min(n, BUSY_CPU_ELEMS)) for _ in range(3)
         )
+        for buf in (self.a, self.b, self.c):
+            fill_operand(buf, self.ctx, self.spec.params.get("data_std"), lambda b: b.zero_())
         self.reps, self.kernel_us = 1, math.nan
         if self.cuda:
             # ~50 µs of spin per launch to enqueue: far above one torch.add's host cost.

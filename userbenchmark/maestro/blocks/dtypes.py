@@ -20,21 +20,24 @@ class DType:
     torch_name: str
     """Attribute of the ``torch`` module (``bfloat16`` for ``bf16``)."""
     floating: bool
+    trace_names: tuple[str, ...] = ()
+    """How profiler traces spell it (c10's ScalarType and C++ names, ``c10::`` dropped)."""
 
 
+_TABLE = (  # name, bytes, torch attribute, floating, how traces spell it
+    ("fp32", 4, "float32", True, ("Float", "float")),
+    ("fp16", 2, "float16", True, ("Half",)),
+    ("bf16", 2, "bfloat16", True, ("BFloat16",)),
+    ("fp64", 8, "float64", True, ("Double", "double")),
+    ("int32", 4, "int32", False, ("Int", "int")),
+    ("int64", 8, "int64", False, ("Long", "long int")),
+    ("int8", 1, "int8", False, ("Char", "signed char")),
+    ("uint8", 1, "uint8", False, ("Byte", "unsigned char", "Bool", "bool")),
+)
 DTYPES: Mapping[str, DType] = MappingProxyType(
     {
-        d.name: d
-        for d in (
-            DType(name="fp32", size_bytes=4, torch_name="float32", floating=True),
-            DType(name="fp16", size_bytes=2, torch_name="float16", floating=True),
-            DType(name="bf16", size_bytes=2, torch_name="bfloat16", floating=True),
-            DType(name="fp64", size_bytes=8, torch_name="float64", floating=True),
-            DType(name="int32", size_bytes=4, torch_name="int32", floating=False),
-            DType(name="int64", size_bytes=8, torch_name="int64", floating=False),
-            DType(name="int8", size_bytes=1, torch_name="int8", floating=False),
-            DType(name="uint8", size_bytes=1, torch_name="uint8", floating=False),
-        )
+        n: DType(name=n, size_bytes=b, torch_name=t, floating=f, trace_names=names)
+        for n, b, t, f, names in _TABLE
     }
 )
 """Every dtype name a pattern may use, in the order ``list-blocks`` shows them."""
@@ -45,6 +48,13 @@ DTYPE_SIZES_BYTES: Mapping[str, int] = MappingProxyType(
 """Element size of every dtype name (a view of :data:`DTYPES`)."""
 
 FLOATING_DTYPES: tuple[str, ...] = tuple(name for name, d in DTYPES.items() if d.floating)
+
+
+def traced_dtype(name: str) -> DType | None:
+    """The dtype a trace's type name means (``BFloat16``, ``c10::BFloat16``; a bool as a byte),
+    or None when no dtype here has it."""
+    name = name.removeprefix("c10::")
+    return next((d for d in DTYPES.values() if name in d.trace_names), None)
 
 
 def torch_dtype(name: str) -> torch.dtype:

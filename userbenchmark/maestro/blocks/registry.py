@@ -28,6 +28,15 @@ def registered_ops() -> dict[str, type[Block]]:
     return {cls.op: cls for cls in BUILTIN_BLOCKS}
 
 
+def traced_op(name: str) -> type[Block] | None:
+    """The built-in block that replays a call the profiler named ``name`` (None: no block
+    does; ``import-trace`` replays its kernels by their duration)."""
+    for cls in BUILTIN_BLOCKS:
+        if name in cls.trace_names:
+            return cls
+    return None
+
+
 class BlockImportError(LookupError):
     """A custom ``module:Class`` op could not be imported or is not a Block."""
 

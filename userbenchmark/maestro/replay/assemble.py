@@ -14,10 +14,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..blocks.base import Block, TracedCall
+from ..blocks.comm import AllToAll, SendRecv
+from ..blocks.compute import Busy, Sleep
 from .axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
-from .step import Item, RankStep
+from .step import RankStep
 
 
 @dataclass(kw_only=True, eq=False)
@@ -27,7 +30,7 @@ class PatternBlock:
     members: list[RoleBlock]
     """Role blocks it runs as: one per role at most."""
     kind: str
-    op: str
+    block: type[Block]
     params: dict
     dtype: str | None = None
     teams: tuple[tuple[int, ...], ...] = ()
@@ -42,13 +45,9 @@ class PatternBlock:
     axis: str = ""
     lane: str = ""
 
-    def instances(self) -> dict[int, tuple[RoleBlock, Item]]:
-        """Rank -> (its role block, its first item)."""
-        out = {}
-        for rb in self.members:
-            for rank in rb.role.ranks:
-                out[rank] = (rb, rb.role.items[rb.items[0]][rank])
-        return out
+    @property
+    def op(self) -> str:
+        return self.block.op
 
     def traced_us(self) -> float:
         return max(rb.duration_us() for rb in self.members)
@@ -72,15 +71,24 @@ class _UnionFind:
         self.parent[self.find(a)] = self.find(b)
 
 
-def _call_keys(steps: dict[int, RankStep]) -> dict[tuple[int, int], list[tuple]]:
+def by_sequence_numbers(steps: Sequence[RankStep]) -> bool:
+    """Whether every collective of the step carries its group's sequence number (``Seq``):
+    calls are then matched across ranks by it, else by their order on each group."""
+    comms = [it for st in steps for it in st.items if it.kind == "comm"]
+    return bool(comms) and all(it.seq is not None for it in comms)
+
+
+def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int], list[tuple]]:
     """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
-    i-th collective on a group, ('p', group, src, dst, i) for the i-th transfer src -> dst."""
+    collective of sequence number i on a group (or the i-th, ``by_seq`` False),
+    ('p', group, src, dst, i) for the i-th transfer src -> dst."""
     keys: dict[tuple[int, int], list[tuple]] = {}
     for rank, step in steps.items():
         seq: dict[tuple, int] = defaultdict(int)
         for item in sorted(step.items, key=lambda it: it.launch):
             if item.kind == "comm":
-                keys[(rank, item.index)] = [("c", item.group, seq[("c", item.group)])]
+                number = item.seq if by_seq else seq[("c", item.group)]
+                keys[(rank, item.index)] = [("c", item.group, number)]
                 seq[("c", item.group)] += 1
             elif item.kind == "p2p" and item.p2p is not None:
                 own = []
@@ -95,7 +103,10 @@ def _call_keys(steps: dict[int, RankStep]) -> dict[tuple[int, int], list[tuple]]
 
 
 def _check_calls(
-    keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes, steps: dict[int, RankStep]
+    keys: dict[tuple[int, int], list[tuple]],
+    axes: GroupAxes,
+    steps: dict[int, RankStep],
+    by_seq: bool,
 ) -> None:
     holders: dict[tuple, set[int]] = defaultdict(set)
     for (rank, _), own in keys.items():
@@ -111,9 +122,11 @@ def _check_calls(
                 counts = ", ".join(
                     f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
                 )
+                lacking = ", ".join(map(str, missing))
+                which = f"; rank(s) {lacking} lack the call of sequence number {key[2]}"
                 raise TraceError(
-                    f"the ranks issued different numbers of collectives on group {desc} in "
-                    f"this step ({counts}): the files are not one run's step"
+                    f"the ranks issued different collectives on group {desc} in this step "
+                    f"({counts}{which if by_seq else ''}): the files are not one run's step"
                 )
         elif ranks != {key[2], key[3]} and key[3] in steps and key[2] in steps:
             _, group, src, dst, i = key
@@ -140,13 +153,13 @@ class RoleConflict(Exception):
 
 
 def build_pattern_blocks(
-    roles: Sequence[Role], blocks: dict[int, list[RoleBlock]], axes: GroupAxes
+    roles: Sequence[Role], blocks: dict[int, list[RoleBlock]], axes: GroupAxes, *, by_seq: bool
 ) -> list[PatternBlock]:
-    """Pattern blocks from every role's blocks, comm blocks joined across roles; raises
-    RoleConflict when a call would join two blocks of one role."""
+    """Pattern blocks from every role's blocks, comm blocks joined across roles (by sequence
+    number, or by order); raises RoleConflict when a call would join two blocks of one role."""
     steps = {rank: role.steps[rank] for role in roles for rank in role.ranks}
-    keys = _call_keys(steps)
-    _check_calls(keys, axes, steps)
+    keys = _call_keys(steps, by_seq)
+    _check_calls(keys, axes, steps, by_seq)
     everything = [rb for role in roles for rb in blocks[role.number]]
     ids = {id(rb): i for i, rb in enumerate(everything)}
     uf = _UnionFind()
@@ -199,39 +212,38 @@ def _raise_conflicts(
 
 def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock:
     items = [(rank, rb.role.items[rb.items[0]][rank]) for rb in members for rank in rb.role.ranks]
-    colls = [(rank, item.coll) for rank, item in items if item.coll is not None]
-    first = colls[0][1]
-    for rank, coll in colls:
-        if (coll.op, coll.dtype) != (first.op, first.dtype) or (
-            coll.op != "all_to_all" and coll.size_bytes != first.size_bytes
+    calls = [(rank, item) for rank, item in items if item.block is not None]
+    first = calls[0][1]
+    cls, size = first.block, first.block.message_size_bytes
+    for rank, item in calls:
+        if (item.block, item.dtype) != (cls, first.dtype) or (
+            cls is not AllToAll and size(item.params) != size(first.params)
         ):
             raise TraceError(
-                f"rank {colls[0][0]} and rank {rank} disagree on one collective call "
-                f"({first.op} {first.size_bytes} bytes {first.dtype} against {coll.op} "
-                f"{coll.size_bytes} bytes {coll.dtype}): the files are not one run's step"
+                f"rank {calls[0][0]} and rank {rank} disagree on one collective call "
+                f"({cls.op} {size(first.params)} bytes {first.dtype} against {item.opname} "
+                f"{size(item.params)} bytes {item.dtype}): the files are not one run's step"
             )
     groups = sorted({item.group for _, item in items})
     teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
     if not teams:  # a group the traces do not describe: its callers as one team
         teams = (tuple(sorted({rank for rank, _ in items})),)
-    size = max(c.size_bytes for _, c in colls)
-    params: dict = {"size": size}
-    if first.op in ("broadcast", "reduce") and first.root:
-        params["root"] = first.root
-    noted = sorted((rank, c.note) for rank, c in colls if c.note)
+    largest = max((item for _, item in calls), key=lambda it: size(it.params))
+    noted = sorted((rank, item.note) for rank, item in calls if item.note)
     notes = [f"rank {noted[0][0]}: {noted[0][1]}"] if noted else []
     if len({note for _, note in noted}) > 1:
         notes[0] += f" (and {len(noted) - 1} more ranks, each its own splits)"
-    if first.op == "all_to_all" and len({c.size_bytes for _, c in colls}) > 1:
+    sizes = {size(item.params) for _, item in calls}
+    if len(sizes) > 1:
         notes.append(
-            f"all_to_all bytes sent differ between ranks "
-            f"({min(c.size_bytes for _, c in colls)}-{size}): replayed with the largest"
+            f"{cls.op} bytes sent differ between ranks ({min(sizes)}-{max(sizes)}): replayed "
+            "with the largest"
         )
     return PatternBlock(
         members=members,
         kind="comm",
-        op=first.op,
-        params=params,
+        block=cls,
+        params=dict(largest.params),
         dtype=first.dtype,
         teams=teams,
         family=axes.axis_of.get(groups[0], ""),
@@ -241,38 +253,29 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
 
 def _compute_block(rb: RoleBlock) -> PatternBlock:
     ranks = tuple(sorted(rb.role.ranks))
-    duration = round(rb.duration_us(), 1)
     if rb.kind == "gemm":
-        g = rb.first.gemm
-        assert g is not None
-        notes = [g.note] if g.note else []
-        params = {"m": g.m, "n": g.n, "k": g.k}
-        params |= {key: True for key in ("a_transposed", "b_transposed", "tf32") if getattr(g, key)}
+        item = rb.first
+        assert item.block is not None
+        notes = [item.note] if item.note else []
         return PatternBlock(
             members=[rb],
             kind="gemm",
-            op="gemm",
-            params=params,
-            dtype=g.dtype,
+            block=item.block,
+            params=dict(item.params),
+            dtype=item.dtype,
             teams=(ranks,),
             notes=notes,
         )
-    if rb.kind == "idle":
-        return PatternBlock(
-            members=[rb],
-            kind="idle",
-            op="sleep",
-            params={"duration_us": duration},
-            teams=(ranks,),
-        )
+    cls = Sleep if rb.kind == "idle" else Busy
+    params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
     notes = [rb.first.note] if rb.first.note and rb.first.note != "gemm-shapes" else []
     return PatternBlock(
         members=[rb],
-        kind="busy",
-        op="busy",
-        params={"duration_us": max(duration, 0.1)},  # work that rounds to 0.0 µs is still work
+        kind=rb.kind,
+        block=cls,
+        params=params,
         teams=(ranks,),
-        notes=notes,
+        notes=notes if cls is Busy else [],
     )
 
 
@@ -305,8 +308,8 @@ def _p2p_blocks(
             PatternBlock(
                 members=members,
                 kind="p2p",
-                op="send_recv",
-                params={"size": max(edges[(a, b)] for a, b in _ring_edges(rs))},
+                block=SendRecv,
+                params=_sent(max(edges[(a, b)] for a, b in _ring_edges(rs))),
                 dtype=dtype,
                 teams=tuple(sorted(rs)),
                 family=family,
@@ -315,6 +318,11 @@ def _p2p_blocks(
             for rs in by_len.values()
         ]
     return _pair_blocks(edges, carrier, family, dtype)
+
+
+def _sent(nbytes: int) -> dict:
+    """send_recv's parameters for ``nbytes`` sent by each rank."""
+    return SendRecv.traced_params(TracedCall(in_elems=nbytes))[0]
 
 
 def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
@@ -407,8 +415,8 @@ def _pair_block(
     return PatternBlock(
         members=members,
         kind="p2p",
-        op="send_recv",
-        params={"size": max(edges[e] for e in directed)},
+        block=SendRecv,
+        params=_sent(max(edges[e] for e in directed)),
         dtype=dtype,
         teams=tuple(teams),
         family=family,

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.config.loader import load_suite_text
-from ..errors import EXIT_OK, EXIT_USAGE, ConfigError
-from .emit import render
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, user_error_message
+from .emit import coverage, render
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import TraceError
 
@@ -22,21 +22,11 @@ PROG = "python -m userbenchmark.maestro import-trace"
 
 @dataclass(frozen=True, kw_only=True)
 class ImportReport:
-    """What ``import-trace`` wrote, and whether this maestro's loader accepts it."""
+    """What ``import-trace`` wrote (a file maestro's loader accepts)."""
 
     path: str
     imported: Imported
     text: str
-    problems: ConfigError | None
-    """The loader's error when it refuses the file (None when it accepts it)."""
-
-    def problems_text(self, limit: int = 3) -> str:
-        """The loader's first ``limit`` problems, and how many more there are."""
-        if self.problems is None:
-            return ""
-        issues = [str(i) for i in self.problems.issues]
-        more = len(issues) - limit
-        return "\n".join(issues[:limit] + ([f"... and {more} more"] if more > 0 else []))
 
     def summary(self) -> str:
         blocks = self.imported.layout.blocks
@@ -47,7 +37,7 @@ class ImportReport:
         return (
             f"wrote {self.path}: {self.imported.step_name} of {self.imported.world_size} "
             f"rank(s) ({who}) as {len(blocks)} blocks ({shown}) on "
-            f"{len(self.imported.layout.lanes)} lanes"
+            f"{len(self.imported.layout.lanes)} lanes\n{coverage(self.imported).line()}"
         )
 
 
@@ -64,9 +54,10 @@ def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> s
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half."""
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half; the
+    file's mode follows the umask, as any file a command creates."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -89,35 +80,35 @@ def import_trace(
         raise TraceError(f"-o {output}: the folder {target.parent} does not exist")
     imported = import_traces(paths, options)
     text = render(imported, name=target.stem, command=command_line(paths, output, options))
+    try:  # what maestro cannot run is never written
+        load_suite_text(text, file=output)
+    except ConfigError as err:
+        first, more = err.issues[0], len(err.issues) - 1
+        raise TraceError(
+            f"maestro's loader rejects the pattern imported from these traces, so nothing was "
+            f"written: {first}" + (f" (and {more} more problems)" if more else "")
+        ) from None
     try:
         write_text_atomically(target, text)
     except OSError as err:
         raise TraceError(f"-o {output}: cannot write the file ({err.strerror or err})") from None
-    try:
-        load_suite_text(text, file=output)
-        problems = None
-    except ConfigError as err:
-        problems = err
-    return ImportReport(path=output, imported=imported, text=text, problems=problems)
+    return ImportReport(path=output, imported=imported, text=text)
 
 
 def run_command(
     *, paths: Sequence[str], output: str, step: int | None, idle_us: float, no_idle: bool
 ) -> int:
     """The ``import-trace`` command: import, print what was written, return the exit status
-    (0 written, 2 the traces cannot be imported: one line on stderr, nothing written)."""
-    options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+    (0 written, 2 bad options or traces that cannot be imported: one line on stderr, nothing
+    written)."""
     try:
+        options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
         report = import_trace(list(paths), output, options)
+    except OptionError as err:
+        print(user_error_message(err), file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except TraceError as err:
         print(f"maestro: invalid trace: {err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     print(report.summary())
-    if report.problems:
-        print(
-            f"maestro: warning: maestro's loader does not accept the file:\n"
-            f"{report.problems_text()}",
-            file=sys.stderr,
-            flush=True,
-        )
     return EXIT_OK

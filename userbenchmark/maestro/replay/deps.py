@@ -21,11 +21,10 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .kineto import HOST_SYNC_CALLS, RECORD_CALLS, Launch
+from .kineto import Launch
+from .step import CLOCK_TOLERANCE_US as TOLERANCE_US
 from .step import Item, RankStep
 
-TOLERANCE_US = 1.0
-"""Slack when checking that a dependent item started after its source ended (clock rounding)."""
 LAUNCH_LATENCY_US = 4.0
 """Least time from a host launch call to its kernel starting, as traces show it."""
 HOLD_US = 8.0
@@ -110,7 +109,7 @@ def _from_sync_events(
 ) -> tuple[int, int]:
     records: dict[int, list[float]] = defaultdict(list)
     for call in step.launches:
-        if call.name in RECORD_CALLS:
+        if "EventRecord" in call.name:  # cudaEventRecord(WithFlags), cuEventRecord
             records[call.tid].append(call.ts)
     unresolved = 0
     for wait in waits:
@@ -191,7 +190,7 @@ def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]
 
 def _from_host_syncs(step: RankStep, index: _Index, after: dict[int, set[int]]) -> None:
     for call in step.launches:
-        if call.name not in HOST_SYNC_CALLS:
+        if "Synchronize" not in call.name:  # device, stream, event and context syncs
             continue
         sources = [index.last_before(s, call.ts) for s in index.by_stream]
         done = [s for s in sources if s is not None and s.end <= call.end + TOLERANCE_US]

@@ -1,60 +1,84 @@
-"""The imported pattern as a YAML file: a header of comments saying where every number came
-from and what was approximated, then the suite (one pattern: the step)."""
+"""The imported pattern as a SuiteSpec, and its file: a header of comments saying where every
+number came from, what was approximated and what share of the step's GPU time was kept, then
+the suite written by maestro's own dumper (core/config/dumper.py)."""
 
 from __future__ import annotations
 
-import re
 import textwrap
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+import numpy as np
+
+from ..core.analysis.overlap import union_intersection_ns
+from ..core.config.dumper import dump_suite
+from ..core.config.patterns import DEFAULT_VALUES
+from ..core.config.spec import (
+    WORLD_AXIS,
+    AxisSpec,
+    BlockSpec,
+    PatternSpec,
+    SuiteSpec,
+    frozen_mapping,
+)
 from .assemble import PatternBlock
 from .axes import slug
 from .importer import Imported
 
 HEADER_WIDTH = 96
 """Characters of a header comment line after ``# `` (the file stays readable at 100)."""
-DEFAULT_ITERS = 20
-DEFAULT_WARMUP_ITERS = 5
-_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 TRACED_US_RULE = (
     "traced_us: the longest of the ranks' own durations in the trace (of a block, first "
     "start to last end of its device work; of the pattern, of the step's device work), as "
     "maestro's latency is the longest of the ranks' (nccl-tests -I); each rank's own step: "
-    "traced_by_rank_us"
+    "traced_by_rank_us; traced_kernel: a block's longest traced kernel; traced_overlap: the "
+    "share of a GEMM's traced time a collective or transfer ran beside it on its rank"
 )
 
 
-def scalar(value: object) -> str:
-    """``value`` as a YAML scalar that reads back as itself."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(round(value, 1))
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
-        return text
-    return "'" + text.replace("'", "''") + "'"
+@dataclass(frozen=True, kw_only=True)
+class Coverage:
+    """What became of the step's GPU time (kernels, copies and memsets, every rank), µs."""
+
+    gemm_us: float
+    comm_us: float
+    stand_in_us: float
+    dropped_us: float
+    dropped: tuple[tuple[str, int, float], ...]
+    """Kernels not replayed: (name, count, µs), most time first."""
+
+    def line(self) -> str:
+        total = self.gemm_us + self.comm_us + self.stand_in_us + self.dropped_us
+        parts = (
+            ("GEMMs", self.gemm_us),
+            ("collectives", self.comm_us),
+            ("busy stand-ins", self.stand_in_us),
+            ("dropped", self.dropped_us),
+        )
+        shares = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in parts)
+        return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {shares}"
 
 
-def flow(mapping: dict[str, object]) -> str:
-    parts = []
-    for key, value in mapping.items():
-        if isinstance(value, list | tuple):
-            shown = "[" + ", ".join(flow_item(v) for v in value) + "]"
-        else:
-            shown = scalar(value)
-        parts.append(f"{key}: {shown}")
-    return "{" + ", ".join(parts) + "}"
-
-
-def flow_item(value: object) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(flow_item(v) for v in value) + "]"
-    return scalar(value)
+def coverage(imp: Imported) -> Coverage:
+    """How the step's device work of every rank was imported, and what was dropped: work
+    running during the step that no call of the step launched (launched before it)."""
+    by_kind: Counter = Counter()
+    dropped: dict[str, list[float]] = {}
+    for st in imp.steps:
+        for item in st.items:
+            by_kind[item.kind] += item.busy_us
+        for act in st.dropped:
+            us = min(act.end, st.end) - max(act.ts, st.start)
+            dropped.setdefault(act.name, []).append(us)
+    listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
+    return Coverage(
+        gemm_us=by_kind["gemm"],
+        comm_us=by_kind["comm"] + by_kind["p2p"],
+        stand_in_us=by_kind["other"],
+        dropped_us=sum(d[2] for d in listed),
+        dropped=tuple(listed),
+    )
 
 
 def _ranks_text(ranks: Iterable[int]) -> str:
@@ -64,18 +88,8 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, object], str]:
-    entry: dict[str, object] = {"name": block.name, "op": block.op}
-    if block.axis != "world":
-        entry["axis"] = block.axis
-    if block.lane != block.axis:
-        entry["lane"] = block.lane
-    if block.dtype and block.dtype != default_dtype and block.op not in ("busy", "sleep"):
-        entry["dtype"] = block.dtype
-    entry.update(block.params)
-    if block.after:
-        entry["after"] = [b.name for b in block.after]
-    entry["traced_us"] = round(block.traced_us(), 1)
+def _comment(block: PatternBlock) -> str:
+    """A block's comment: what a stand-in stands for, and what is approximated."""
     notes = list(block.notes)
     if block.kind == "busy":
         rb = block.members[0]
@@ -83,175 +97,202 @@ def _block_entry(block: PatternBlock, default_dtype: str) -> tuple[dict[str, obj
         shown = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.most_common(4))
         more = ", ..." if len(ops) > 4 else ""
         notes.insert(0, f"{len(rb.items)} kernel(s): {shown}{more}")
-    return entry, "; ".join(notes)
+    return "; ".join(notes)
+
+
+def _overlap(block: PatternBlock) -> float | None:
+    """The largest share over its ranks of a GEMM's traced time that a collective or transfer
+    ran beside it (None for other blocks, and when nothing ran beside it)."""
+    shares = [0.0]
+    for rb in block.members if block.kind == "gemm" else ():
+        for rank, (start, end) in rb.times.items():
+            step = rb.role.steps[rank]
+            comms = [(it.start, it.end) for it in step.items if it.kind in ("comm", "p2p")]
+            if comms and end > start:
+                s, e = np.array(comms).T - step.start
+                beside = union_intersection_ns([[start]], [[end]], s[:, None], e[:, None])
+                shares.append(float(beside[0]) / (end - start))
+    return round(max(shares), 3) or None
 
 
 def _header(imp: Imported, command: str) -> list[str]:
-    chosen = (
-        "chosen with --step"
-        if imp.options.step is not None
-        else "the last step complete on every rank"
-    )
+    chosen = "chosen with --step" if imp.options.step is not None else "the last step complete"
     lines = [
-        "Imported from torch.profiler (Kineto) traces by",
-        f"  {command}",
-        f"Step: {imp.step_name} ({chosen})",
+        f"Imported from torch.profiler (Kineto) traces by\n  {command}",
+        f"Step: {imp.step_name} ({chosen}{'' if imp.options.step is not None else ' on every rank'})",
         f"World size: {imp.world_size}",
+        f"Traced on: {', '.join(sorted({t.device for t in imp.traces} - {''})) or 'not said'}",
+        "Traces:",
+        *[f"  rank {t.rank}: {t.path}" for t in imp.traces],
+        TRACED_US_RULE,
     ]
-    devices = sorted({t.device for t in imp.traces if t.device})
-    if devices:
-        lines.append(f"Traced on: {', '.join(devices)}")
-    lines.append("Traces:")
-    lines += [f"  rank {t.rank}: {t.path}" for t in imp.traces]
-    lines.append(TRACED_US_RULE)
-    lines += _roles_lines(imp)
+    if len(imp.roles) == 1:
+        lines.append(f"Ranks: all {imp.world_size} do the same work (one role); a block runs on "
+                     "the ranks of its axis's teams")  # fmt: skip
+    else:
+        lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
+                     "a role run on an axis whose one team is the role's ranks:")  # fmt: skip
+        lines += [f"  stage{r.number}: rank(s) {_ranks_text(r.ranks)}" for r in imp.roles]
+    cover = coverage(imp)
+    lines.append(cover.line()[0].upper() + cover.line()[1:])
+    if cover.dropped:
+        shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
+        more = f", and {len(cover.dropped) - 6} more kernels" if len(cover.dropped) > 6 else ""
+        lines.append(f"  dropped (running during the step, launched before it): {shown}{more}")
+    if any(it.kind == "comm" for st in imp.steps for it in st.items):
+        how = (
+            "their process group's sequence numbers (record_param_comms' Seq)"
+            if imp.by_seq
+            else "their order on each process group (the traces carry no sequence numbers)"
+        )
+        lines.append(f"Collectives matched across ranks by {how}")
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
-        same = len(set(streams.values())) == 1
         where = (
             f"stream {next(iter(streams.values()))} on rank(s) {_ranks_text(streams)}"
-            if same
+            if len(set(streams.values())) == 1
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
         lines.append(f"  {lane}: {where}")
-    lines.append("Approximations:")
-    lines += [f"  - {text}" for text in _approximations(imp)]
-    return [f"# {part}" for line in lines for part in _wrapped(line)]
+    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp))]
+    return [part for line in lines for one in line.split("\n") for part in _wrapped(one)]
 
 
 def _wrapped(line: str, width: int = HEADER_WIDTH) -> list[str]:
     """A header line wrapped to ``width``, continuations indented under its text."""
-    indent = len(line) - len(line.lstrip(" "))
+    indent = len(line) - len(line.lstrip(" ")) + 2 * line.lstrip().startswith("- ")
     if line.lstrip().startswith("python -m"):
         return [line]  # the command stays one line, to copy
-    if line.lstrip().startswith("- "):
-        indent += 2
     return textwrap.wrap(
         line, width=width, subsequent_indent=" " * (indent + 2), break_on_hyphens=False
     ) or [""]
 
 
-def _roles_lines(imp: Imported) -> list[str]:
-    if len(imp.roles) == 1:
-        return [
-            f"Ranks: all {imp.world_size} do the same work (one role); a block runs on "
-            "the ranks of its axis's teams"
-        ]
-    lines = [
-        "Ranks do different work (roles, e.g. pipeline stages); compute blocks of a role "
-        "run on an axis whose one team is the role's ranks:"
-    ]
-    for role in imp.roles:
-        lines.append(f"  stage{role.number}: rank(s) {_ranks_text(role.ranks)}")
-    return lines
-
-
 def _deps_lines(imp: Imported) -> list[str]:
     methods = Counter(d.method for d in imp.deps.values())
+    how = {
+        "sync events": "from the traces' cuda_sync events (Stream Wait Event); the stream that "
+        "recorded each waited event is inferred (the waiting thread's last launch before its "
+        "last event record), checked against the device timeline",
+        "timeline": "inferred from the device timeline (no cuda_sync events: a kernel that "
+        "started later than its stream and launch allowed, just after another stream's work "
+        "ended, waited for it); profile with enable_cuda_sync_events for exact waits",
+    }
+    said = how[next(iter(methods))] if len(methods) == 1 else ", ".join(
+        f"{m} on {n} rank(s)" for m, n in methods.items()
+    )  # fmt: skip
     edges = sum(len(b.after) for b in imp.layout.blocks)
-    if set(methods) == {"sync events"}:
-        how = (
-            "from the traces' cuda_sync events (Stream Wait Event); the stream that "
-            "recorded each waited event is inferred (the waiting thread's last launch "
-            "before its last event record), checked against the device timeline"
-        )
-    elif set(methods) == {"timeline"}:
-        how = (
-            "inferred from the device timeline (no cuda_sync events: a kernel that started "
-            "later than its stream and launch allowed, just after another stream's work "
-            "ended, waited for it); profile with enable_cuda_sync_events for exact waits"
-        )
-    else:
-        how = ", ".join(f"{m} on {n} rank(s)" for m, n in methods.items())
     unresolved = sum(d.unresolved for d in imp.deps.values())
-    lines = [
-        f"Dependencies (after:, {edges} in all): {how}; host synchronisations order "
-        "what follows them behind what had finished"
+    return [
+        f"Dependencies (after:, {edges} in all): {said}; host synchronisations order what "
+        "follows them behind what had finished",
+        *[f"  ({unresolved} waits or held kernels had no source in reach: left out)"]
+        * bool(unresolved),
     ]
-    if unresolved:
-        lines.append(f"  ({unresolved} waits or held kernels had no source in reach: left out)")
-    return lines
 
 
 def _approximations(imp: Imported) -> list[str]:
     blocks = imp.layout.blocks
     kinds = Counter(b.kind for b in blocks)
     out = []
-    busy_kernels = sum(len(b.members[0].items) for b in blocks if b.kind == "busy")
     if kinds["busy"]:
+        kernels = sum(len(b.members[0].items) for b in blocks if b.kind == "busy")
         out.append(
-            f"{busy_kernels} kernels, copies and memsets other than collectives and GEMMs "
-            f"with shapes: `busy` stand-ins of their traced duration ({kinds['busy']} blocks, "
-            f"consecutive ones on a lane merged when nothing waits between them)"
+            f"{kernels} kernels, copies and memsets other than collectives and GEMMs with "
+            f"shapes: `busy` stand-ins of their traced duration "
+            f"({kinds['busy']} blocks, consecutive ones on a lane merged when nothing waits "
+            "between them)"
         )
-    if imp.options.keep_idle and kinds["idle"]:
+    if not imp.options.keep_idle:
+        out.append("lane idle time (host launch gaps) dropped (--no-idle)")
+    elif kinds["idle"]:
         idle = sum(b.traced_us() for b in blocks if b.kind == "idle")
         out.append(
             f"lane idle over {imp.options.idle_us:g} µs that no dependency explains (host "
             f"launch gaps, or waits the trace does not show): `sleep` blocks ({kinds['idle']} "
             f"blocks, {idle:.1f} µs in all); shorter gaps dropped"
         )
-    elif not imp.options.keep_idle:
-        out.append("lane idle time (host launch gaps) dropped (--no-idle)")
     if kinds["gemm"]:
         out.append(
             "GEMM bias/activation epilogues not kept: maestro runs C = A[m,k] @ B[k,n], with "
             "each operand's layout (transposed or not) from the trace's Input Strides"
         )
-    stand_in_gemms = sum(
-        1 for role in imp.roles for it in role.ref.items if it.note == "gemm-shapes"
-    )
-    if stand_in_gemms:
-        why = (
-            "the traces were recorded without record_shapes"
-            if any(t.record_shapes is False for t in imp.traces)
-            else "their shapes are not recorded"
-        )
-        out.append(f"{stand_in_gemms} GEMM launches replayed as busy stand-ins: {why}")
+    shapeless = sum(it.note == "gemm-shapes" for role in imp.roles for it in role.ref.items)
+    if shapeless:
+        why = "the traces were recorded without record_shapes" if any(
+            t.record_shapes is False for t in imp.traces
+        ) else "their shapes are not recorded"  # fmt: skip
+        out.append(f"{shapeless} GEMM launches replayed as busy stand-ins: {why}")
     out += imp.layout.like_notes
-    if len(imp.roles) > 1:
-        out.append(
-            "busy and sleep durations are per role; every duration is the longest of "
-            "the role's ranks"
-        )
-    else:
-        out.append("busy and sleep durations: the longest of the ranks'")
+    per = (
+        "per role; every duration is the longest of the role's ranks"
+        if len(imp.roles) > 1
+        else "the longest of the ranks'"
+    )
+    out.append(f"busy and sleep durations: {per}")
     notes = Counter(n for st in imp.steps for n in st.notes)
-    out += [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
-    return out
+    return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
+
+
+def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
+    """The imported pattern as the spec maestro's loader would make of its file."""
+    blocks = imp.layout.blocks
+    dtypes = Counter(b.dtype for b in blocks if b.dtype)
+    dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
+    world = tuple(range(imp.world_size))
+    teams = {WORLD_AXIS: (world,), **imp.axes.teams}
+    for axis in imp.layout.axes:
+        teams.setdefault(axis.name, axis.teams or ())
+    for axis in imp.layout.axes:  # a like axis takes its base's teams
+        if axis.like:
+            teams[axis.name] = teams[axis.like]
+    likes = {axis.name: axis.like for axis in imp.layout.axes}
+    used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
+    axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}
+    specs = tuple(
+        BlockSpec(
+            name=b.name,
+            op=b.op,
+            axis=b.axis,
+            lane=b.lane,
+            dtype=b.dtype or dtype,
+            params=frozen_mapping(b.params),
+            after=tuple(a.name for a in b.after),
+            traced_us=round(b.traced_us(), 1),
+            traced_kernel=b.members[0].first.kernel if b.kind in ("gemm", "comm", "p2p") else None,
+            traced_overlap=_overlap(b),
+        )
+        for b in blocks
+    )
+    step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
+    by_rank = tuple(round(us, 1) for _, us in sorted(imp.step_us().items()))
+    pattern = PatternSpec(
+        name=step,
+        base_name=step,
+        blocks=specs,
+        warmup_iters=DEFAULT_VALUES["warmup_iters"],
+        num_iters=DEFAULT_VALUES["iters"],
+        baseline=DEFAULT_VALUES["baseline"],
+        check=DEFAULT_VALUES["check"],
+        sync=DEFAULT_VALUES["sync"],
+        graph=DEFAULT_VALUES["graph"],
+        traced_us=max(by_rank),
+        traced_by_rank_us=by_rank,
+    )
+    return SuiteSpec(
+        name=slug(name, fallback="trace"),
+        source="",
+        world_size=imp.world_size,
+        axes=frozen_mapping(axes),
+        mesh=frozen_mapping(imp.axes.mesh),
+        patterns=(pattern,),
+    )
 
 
 def render(imp: Imported, *, name: str, command: str) -> str:
     """The pattern file's text."""
-    blocks = imp.layout.blocks
-    dtypes = Counter(b.dtype for b in blocks if b.dtype and b.op not in ("busy", "sleep"))
-    default_dtype = dtypes.most_common(1)[0][0] if dtypes else "bf16"
-    lines = _header(imp, command)
-    lines += [
-        f"name: {scalar(slug(name, fallback='trace'))}",
-        f"world_size: {imp.world_size}",
-        "defaults:",
-        f"  dtype: {default_dtype}",
-        f"  warmup_iters: {DEFAULT_WARMUP_ITERS}",
-        f"  iters: {DEFAULT_ITERS}",
-    ]
-    if imp.axes.mesh:
-        lines.append(f"mesh: {flow(dict(imp.axes.mesh))}")
-    if imp.layout.axes:
-        lines.append("axes:")
-        for axis in imp.layout.axes:
-            body = {"like": axis.like} if axis.like else {"teams": [list(t) for t in axis.teams]}
-            lines.append(f"  {axis.name}: {flow(body)}")
-    step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
-    lines += [
-        "patterns:",
-        f"  - name: {scalar(step)}",
-        f"    traced_us: {scalar(round(max(imp.step_us().values()), 1))}",
-        f"    traced_by_rank_us: {flow_item([round(us, 1) for _, us in sorted(imp.step_us().items())])}",
-        "    blocks:",
-    ]
-    for block in blocks:
-        entry, comment = _block_entry(block, default_dtype)
-        lines.append(f"      - {flow(entry)}" + (f"  # {comment}" if comment else ""))
-    return "\n".join(lines) + "\n"
+    suite = build_suite(imp, name=name)
+    step = suite.patterns[0].name
+    comments = {(step, b.name): text for b in imp.layout.blocks if (text := _comment(b))}
+    return dump_suite(suite, header=_header(imp, command), comments=comments)

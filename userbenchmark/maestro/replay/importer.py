@@ -3,15 +3,17 @@ step, find its work and dependencies, group ranks into roles, and lay the blocks
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .assemble import RoleConflict, build_pattern_blocks, merge_siblings
+from ..errors import OptionError
+from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
 from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
-from .roles import Role, RoleBlock, group_roles, role_blocks, split_apart
+from .roles import Role, group_roles, role_blocks, split_apart
 from .step import RankStep, build_step, choose_step
 
 IDLE_US = 20.0
@@ -30,6 +32,10 @@ class ImportOptions:
     idle_us: float = IDLE_US
     keep_idle: bool = True
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_us < math.inf:  # NaN fails too
+            raise OptionError(f"--idle-us {self.idle_us}: expected a number of µs, 0 or more")
+
 
 @dataclass(kw_only=True)
 class Imported:
@@ -43,7 +49,8 @@ class Imported:
     roles: list[Role]
     axes: GroupAxes
     layout: Layout
-    role_blocks: dict[int, list[RoleBlock]] = field(default_factory=dict)
+    by_seq: bool = False
+    """Collectives were matched across ranks by their sequence numbers (else by order)."""
 
     @property
     def world_size(self) -> int:
@@ -116,6 +123,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     sizes = axes.sizes()
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
+    by_seq = by_sequence_numbers(steps)
     apart: dict[int, tuple] = {}
     for _ in range(len(traces)):  # each round splits at least one role
         roles = group_roles(steps, deps, apart)
@@ -124,7 +132,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
             for role in roles
         }
         try:
-            pattern_blocks = build_pattern_blocks(roles, blocks, axes)
+            pattern_blocks = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
             break
         except RoleConflict as conflict:
             apart = split_apart(roles, conflict.pairs, apart)
@@ -143,5 +151,5 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         roles=roles,
         axes=axes,
         layout=layout,
-        role_blocks=blocks,
+        by_seq=by_seq,
     )

@@ -10,64 +10,31 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..blocks.compute import Gemm
 from ..errors import MaestroError
 
 CHUNK_CHARS = 1 << 22
 """Characters read from the file at a time (4 Mi): large enough to amortise the reads."""
 
-GEMM_OPS = frozenset(
-    {
-        "aten::mm",
-        "aten::addmm",
-        "aten::bmm",
-        "aten::baddbmm",
-        "aten::linear",
-        "aten::matmul",
-        "aten::_addmm_activation",
-    }
-)
+GEMM_OPS = frozenset(Gemm.trace_names)
 """CPU ops whose ``Input Dims`` give a GEMM's m, n and k."""
 
-RECORD_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord"})
-HOST_SYNC_CALLS = frozenset(
-    {
-        "cudaDeviceSynchronize",
-        "cudaStreamSynchronize",
-        "cudaEventSynchronize",
-        "cuCtxSynchronize",
-        "cuStreamSynchronize",
-        "cuEventSynchronize",
-    }
-)
-_IGNORED_CALLS = frozenset(
-    {
-        "cudaStreamIsCapturing",
-        "cudaGetFuncBySymbol",
-        "cudaEventQuery",
-        "cudaThreadExchangeStreamCaptureMode",
-        "cudaPeekAtLastError",
-        "cudaGetLastError",
-        "cudaGetDevice",
-        "cudaSetDevice",
-        "cudaGetDeviceCount",
-        "cudaDeviceGetAttribute",
-        "cudaFuncGetAttributes",
-        "cudaPointerGetAttributes",
-        "cudaStreamGetPriority",
-        "cudaHostAlloc",
-        "cudaMalloc",
-        "cudaFree",
-        "cudaFreeHost",
-    }
-)
-"""Runtime calls that neither launch device work nor order it: not kept."""
+MAX_DURATION_US = 3.6e9
+"""An hour: no kernel, call or profiled step lasts longer; a longer duration is a broken trace."""
+MAX_TIMESTAMP_US = float(2**53)
+"""Past 2**53 µs (year 2255 since the epoch) a float64 timestamp is no longer exact to the µs."""
+
+_KEPT_CALLS = re.compile(r"Launch|Memcpy|Memset|Prefetch|EventRecord|WaitEvent|Synchronize")
+"""Runtime and driver calls that launch device work or order it (the others are not kept)."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
@@ -128,6 +95,9 @@ class CommRecord:
     broadcast/reduce, this rank's group rank otherwise."""
     in_splits: tuple[int, ...]
     out_splits: tuple[int, ...]
+    seq: int | None = None
+    """The process group's sequence number of the call (``Seq``, newer torch), the same on
+    every rank of the group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,9 +294,37 @@ class _Collector:
                 f"{type(err).__name__}: {err}"
             ) from None
 
+    def time(self, ev: dict[str, Any], key: str, default: float | None = None) -> float:
+        """``ev[key]`` (a timestamp or duration in µs), refused naming the event when it cannot
+        be one: not a number, negative, infinite, or absurd."""
+        value = ev.get(key, default) if default is not None else ev[key]
+        number = float(value)
+        limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
+        if math.isnan(number):
+            why = "not a number"
+        elif number < 0:
+            why = "negative: a trace's times and durations are 0 or more"
+        elif math.isinf(number):
+            why = "not finite"
+        elif number > limit:
+            why = (
+                f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
+                if key == "dur"
+                else f"beyond {limit:g} µs, where µs are no longer exact"
+            )
+        else:
+            return number
+        cat = ev.get("cat", "?")
+        stream = (ev.get("args") or {}).get("stream") if cat in DEVICE_CATS else None
+        where = f"{cat}, stream {stream}" if stream is not None else cat
+        raise TraceError(
+            f"{self.t.path}: event {ev.get('name', '?')!r} ({where}) has {key} {value!r}: {why}; "
+            "the trace is broken"
+        )
+
     def annotation(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        ts = float(ev["ts"])
-        span = Span(self.intern(str(ev["name"])), ts, ts + float(ev["dur"]), int(ev["tid"]))
+        ts = self.time(ev, "ts")
+        span = Span(self.intern(str(ev["name"])), ts, ts + self.time(ev, "dur"), int(ev["tid"]))
         if span.name.startswith("ProfilerStep#"):
             self.t.steps.append(span)
         else:
@@ -355,7 +353,7 @@ class _Collector:
     def comm(self, ev: dict[str, Any], args: dict[str, Any], ext: int) -> None:
         self.t.comms[ext] = CommRecord(
             ext=ext,
-            ts=float(ev["ts"]),
+            ts=self.time(ev, "ts"),
             tid=int(ev["tid"]),
             name=self.intern(str(args.get("Collective name", ""))),
             in_nelems=int(args.get("In msg nelems", args.get("In msg size")) or 0),
@@ -367,19 +365,20 @@ class _Collector:
             peer=_int_or_none(args.get("Rank")),
             in_splits=_ranks(args.get("In split size")),
             out_splits=_ranks(args.get("Out split size")),
+            seq=_int_or_none(args.get("Seq")),
         )
 
     def runtime(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.saw_kineto = True
         name = str(ev["name"])
         corr = _int_or_none(args.get("correlation"))
-        if corr is None or name in _IGNORED_CALLS:
+        if corr is None or not _KEPT_CALLS.search(name):
             return
-        ts = float(ev["ts"])
+        ts = self.time(ev, "ts")
         self.t.launches[corr] = Launch(
             corr,
             ts,
-            ts + float(ev.get("dur", 0.0)),
+            ts + self.time(ev, "dur", 0.0),
             int(ev["tid"]),
             _int_or_none(args.get("External id")),
             self.intern(name),
@@ -387,13 +386,13 @@ class _Collector:
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.saw_kineto = True
-        ts = float(ev["ts"])
+        ts = self.time(ev, "ts")
         self.t.activities.append(
             Activity(
                 int(args["correlation"]),
                 int(args["stream"]),
                 ts,
-                ts + float(ev["dur"]),
+                ts + self.time(ev, "dur"),
                 self.intern(str(ev["name"])),
             )
         )
@@ -405,7 +404,7 @@ class _Collector:
                 stream=int(args.get("stream", -1)),
                 event_id=int(args.get("wait_on_cuda_event_id", -1)),
                 corr=int(args.get("correlation", -1)),
-                ts=float(ev["ts"]),
+                ts=self.time(ev, "ts"),
             )
         )
 
@@ -422,11 +421,23 @@ _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None
 }
 
 
+def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) -> int:
+    """``distributedInfo[key]``, a rank or a world size: refused unless an integer."""
+    value = info.get(key, default)
+    minimum = 1 if key == "world_size" else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TraceError(
+            f"{trace.path}: distributedInfo.{key} is {value!r}: expected an integer of "
+            f"{minimum} or more, as torch.distributed writes it"
+        )
+    return value
+
+
 def _top_level(trace: RankTrace, key: str, value: Any) -> None:
     if key == "distributedInfo" and isinstance(value, dict):
         trace.distributed = True
-        trace.rank = int(value.get("rank", 0))
-        trace.world_size = int(value.get("world_size", 1))
+        trace.rank = _rank_field(trace, value, "rank", 0)
+        trace.world_size = _rank_field(trace, value, "world_size", 1)
         groups = []
         config = value.get("pg_config") or ()
         for entry in config.values() if isinstance(config, dict) else config:
@@ -460,6 +471,12 @@ def read_trace(path: str | Path) -> RankTrace:
     """Read one trace file (``.json`` or gzip-compressed): raises TraceError naming the file."""
     path = Path(path)
     trace = RankTrace(path=str(path))
+    try:  # a FIFO or a device would block the read, or never end
+        regular = stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        regular = True  # said below, by the open that fails
+    if not regular:
+        raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
     collector = _Collector(trace)
     seen_events = False
 

@@ -26,16 +26,6 @@ from .axes import GroupAxes, Teams, slug
 from .kineto import TraceError
 from .roles import RoleBlock
 
-OP_ABBREVIATIONS = {
-    "all_gather": "ag",
-    "reduce_scatter": "rs",
-    "all_reduce": "ar",
-    "all_to_all": "a2a",
-    "broadcast": "bcast",
-    "reduce": "reduce",
-    "send_recv": "p2p",
-}
-
 
 @dataclass(kw_only=True)
 class AxisDef:
@@ -201,8 +191,8 @@ def _comm_axes(
                 ops = Counter(
                     b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
                 )
-                abbr = OP_ABBREVIATIONS.get(ops.most_common(1)[0][0], "2")
-                variant[key] = _fresh(f"{base}_{abbr}", taken)
+                initials = "".join(w[0] for w in ops.most_common(1)[0][0].split("_"))
+                variant[key] = _fresh(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
                 layout.axes.append(AxisDef(name=variant[key], like=base))
                 layout.like_notes.append(
                     f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
@@ -321,7 +311,7 @@ def _base_name(block: PatternBlock) -> str:
     if block.kind in ("comm", "p2p"):
         return label or block.op
     if block.kind == "gemm":
-        return f"{label}_gemm" if label else "gemm"
+        return f"{label}_{block.op}" if label else block.op
     if block.kind == "idle":
         return "idle"
     op = slug(item.opname.split("::")[-1], fallback="kernel")

@@ -10,12 +10,76 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
-from .ops import COLLECTIVE_OPS, MARKER_NAMES, P2P_NAMES, Collective, Gemm, collective, gemm
+from ..blocks.base import Block, TracedCall
+from ..blocks.comm import AllToAll, SendRecv
+from ..blocks.compute import Gemm
+from ..blocks.dtypes import DTYPES, traced_dtype
+from ..blocks.registry import traced_op
+from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
 trace ended before that work ran)."""
+CLOCK_TOLERANCE_US = 1.0
+"""Timestamps of one device may disagree by this much (clock conversion and rounding): kernels
+of one stream overlapping by less are in order."""
+LAUNCH_SKEW_US = 1000.0
+"""A kernel may start at most this long before the host call that launched it (the profiler's
+host and device clocks disagree by µs); earlier is a broken trace."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Traced calls in the terms blocks map from (blocks.base.TracedCall: each block class says
+# which traced names it replays and its size rule)
+# ---------------------------------------------------------------------------------------------
+MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
+"""Records that mark a point of a call and launch nothing of their own."""
+_OTHER_SIZES = {"Short": 2, "short int": 2, "ComplexFloat": 8, "ComplexDouble": 16}
+
+
+def maestro_dtype(torch_name: str) -> tuple[str, int, str | None]:
+    """(maestro dtype, element bytes, note) for a traced dtype; a type maestro lacks gets one
+    of the same element size (bytes stay exact) and a note saying so."""
+    found = traced_dtype(torch_name)
+    if found is not None:
+        return found.name, found.size_bytes, None
+    size = _OTHER_SIZES.get(torch_name.removeprefix("c10::"), 1)  # Float8 and the unknown: 1
+    widest = max(d.size_bytes for d in DTYPES.values())
+    stand_in = next(d.name for d in DTYPES.values() if d.size_bytes == min(size, widest))
+    known = (
+        ""
+        if torch_name.removeprefix("c10::") in _OTHER_SIZES or "Float8" in torch_name
+        else " (unknown)"
+    )
+    return (
+        stand_in,
+        size,
+        f"dtype {torch_name!r}{known} replayed as {stand_in}, its bytes as traced",
+    )
+
+
+def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
+    """A ``record_param_comms`` record as a call (element counts in the dtype's elements)."""
+    dtype, elem, _ = maestro_dtype(rec.dtype)
+    root = rec.peer if rec.peer is not None and 0 <= rec.peer < team_size else 0
+    return TracedCall(
+        name=rec.name,
+        dtype=dtype,
+        elem_bytes=elem,
+        in_elems=max(rec.in_nelems, 0),
+        out_elems=max(rec.out_nelems, 0),
+        team_size=team_size,
+        root=root,
+        splits=rec.in_splits,
+    )
+
+
+def gemm_call(op: GemmOp, kernels: tuple[str, ...]) -> tuple[TracedCall, str | None]:
+    """A GEMM op as a call, and a note when its dtype is replayed as another."""
+    types = [t for t in op.types if t]
+    dtype, _, note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
+    call = TracedCall(name=op.name, dtype=dtype, dims=op.dims, strides=op.strides, kernels=kernels)
+    return call, note
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -50,11 +114,18 @@ class Item:
     """The innermost annotation around the launch ('' when none)."""
     opname: str
     signature: tuple
-    coll: Collective | None = None
+    block: type[Block] | None = None
+    """The block replaying it (a collective or a GEMM; None: a stand-in's kernel)."""
+    params: dict = field(default_factory=dict)
+    """The block's parameters from the traced call."""
+    dtype: str = ""
+    kernel: str = ""
+    """Its longest kernel's name."""
     group: str = ""
     """Process group name of a collective or point-to-point call."""
+    seq: int | None = None
+    """The group's sequence number of a collective (``Seq``; None: not traced)."""
     p2p: P2P | None = None
-    gemm: Gemm | None = None
     note: str | None = None
 
 
@@ -73,6 +144,8 @@ class RankStep:
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
     """Correlation id of a launch -> the item its device work belongs to."""
+    dropped: list[Activity] = field(default_factory=list)
+    """Device work during the step that no call of the step launched (not replayed)."""
 
     @property
     def rank(self) -> int:
@@ -105,48 +178,59 @@ def _window(trace: RankTrace, span: Span) -> list[Launch]:
 
 
 def complete_steps(trace: RankTrace) -> set[str]:
-    """Steps whose every launch has its device work in the trace (the last steps of a trace
-    may not: the profiler stopped before the device ran them). One pass over the calls."""
+    """Steps with device work whose every launch has its device work in the trace (the last
+    steps of a trace may not: the profiler stopped before the device ran them). One pass."""
     with_work = {act.corr for act in trace.activities}
     launching: dict[str, bool] = {}
     calls = sorted(trace.launches.values(), key=lambda c: c.ts)
     times = [c.ts for c in calls]
-    missing = [0]
+    missing, done_work = [0], [0]
     for c in calls:
         if c.name not in launching:
             launching[c.name] = bool(_LAUNCHING.search(c.name))
         missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+        done_work.append(done_work[-1] + (c.corr in with_work))
     done = set()
     for span in trace.steps:
         lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
-        if missing[hi] == missing[lo]:
+        if missing[hi] == missing[lo] and done_work[hi] > done_work[lo]:
             done.add(span.name)
     return done
 
 
+def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
+    """Each rank's complete steps, for messages: ``rank 0: ProfilerStep#3, ProfilerStep#4``."""
+    parts = []
+    for t in traces:
+        names = sorted(complete[t.rank], key=step_number)
+        parts.append(f"rank {t.rank}: {', '.join(names) or 'none'}")
+    return "; ".join(parts)
+
+
 def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
     """The step to import: ``ProfilerStep#wanted``, else the last one complete on every rank."""
-    if wanted is not None:
-        name = f"ProfilerStep#{wanted}"
-        for t in traces:
-            names = sorted({s.name for s in t.steps}, key=step_number)
-            if name not in names:
-                have = ", ".join(names) or "no ProfilerStep annotation"
-                raise TraceError(f"{t.path}: rank {t.rank} has no {name} (it has: {have})")
-        return name
-    common: set[str] | None = None
     for t in traces:
-        done = complete_steps(t)
         if not t.steps:
             raise TraceError(
                 f"{t.path}: no ProfilerStep#N annotation: profile with a schedule and call "
                 "prof.step() after each training step"
             )
-        common = done if common is None else common & done
+    complete = {t.rank: complete_steps(t) for t in traces}
+    if wanted is not None:
+        name = f"ProfilerStep#{wanted}"
+        for t in traces:
+            names = sorted({s.name for s in t.steps}, key=step_number)
+            if name not in names:
+                raise TraceError(
+                    f"{t.path}: rank {t.rank} has no {name} (it has: {', '.join(names)})"
+                )
+        return name
+    common = set.intersection(*complete.values())
     if not common:
         raise TraceError(
-            "no profiler step is complete on every rank (the device work of the last steps "
-            "is missing from a trace); name one with --step N"
+            "no profiler step is complete on every rank (a complete step has device work, all "
+            f"of it in the trace); complete steps: {_listed(traces, complete)}; name one with "
+            "--step N"
         )
     return max(common, key=step_number)
 
@@ -223,11 +307,8 @@ class _Owner:
 
 
 def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
-    if rec.group_name != own.group_name:
-        return False
-    if own.name in P2P_NAMES:
-        return rec.name in P2P_NAMES
-    return COLLECTIVE_OPS.get(rec.name, "?") == COLLECTIVE_OPS.get(own.name, "!")
+    cls = traced_op(own.name)
+    return rec.group_name == own.group_name and cls is not None and traced_op(rec.name) is cls
 
 
 def _usable(rec: CommRecord) -> bool:
@@ -254,12 +335,20 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
     items = [_item(parts, info[key], labels, trace) for key, parts in ordered]
     if not items:
-        raise TraceError(f"{trace.path}: rank {trace.rank}'s {name} launched no device work")
+        raise TraceError(
+            f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
+            f"steps: {_listed([trace], {trace.rank: complete_steps(trace)})})"
+        )
+    _check_times([pair for parts in groups.values() for pair in parts], trace)
     launch_items: dict[int, Item] = {}
     for i, (item, (_, parts)) in enumerate(zip(items, ordered, strict=True)):
         item.index = i
         for call, _ in parts:
             launch_items[call.corr] = item
+    start, end = min(i.start for i in items), max(i.end for i in items)
+    dropped = [
+        a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
+    ]
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -268,12 +357,36 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         step=span,
         items=items,
         streams=dict(streams),
-        start=min(i.start for i in items),
-        end=max(i.end for i in items),
+        start=start,
+        end=end,
         notes=notes,
         launches=calls,
         launch_items=launch_items,
+        dropped=dropped,
     )
+
+
+def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:
+    """Refuse device work no GPU can do: a kernel starting before its launch, or two kernels
+    of one stream overlapping (a stream runs its work in order)."""
+    by_stream: dict[int, list[Activity]] = defaultdict(list)
+    for call, act in parts:
+        if act.ts < call.ts - LAUNCH_SKEW_US:
+            raise TraceError(
+                f"{trace.path}: {act.name!r} (stream {act.stream}) starts "
+                f"{(call.ts - act.ts) / 1e6:.3g} s before the call that launched it: the trace is "
+                "broken"
+            )
+        by_stream[act.stream].append(act)
+    for stream, acts in by_stream.items():
+        acts.sort(key=lambda a: (a.ts, a.end))
+        for a, b in zip(acts, acts[1:], strict=False):
+            if b.ts < a.end - CLOCK_TOLERANCE_US:
+                raise TraceError(
+                    f"{trace.path}: {b.name!r} starts {a.end - b.ts:.1f} µs before {a.name!r} "
+                    f"ends, and both ran on stream {stream}: kernels of one stream cannot "
+                    "overlap (the trace is broken)"
+                )
 
 
 def _classify(
@@ -302,6 +415,7 @@ def _item(
     parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str], trace: RankTrace
 ) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
+    longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
         index=0,
         stream=parts[0][1].stream,
@@ -314,19 +428,21 @@ def _item(
         label=labels.get(first_call.ts, ""),
         opname=meta.get("opname", ""),
         signature=("other", parts[0][1].name),
+        kernel=longest.name,
     )
     if "records" in meta:
         _comm_item(item, meta["records"], meta["group_sizes"], trace)
     elif "gemm_op" in meta:
-        g = gemm(meta["gemm_op"])
-        item.opname = meta["gemm_op"].name.removeprefix("aten::")
-        if g is not None and g.dtype == "fp32":
-            g = dataclasses.replace(g, tf32=any("tf32" in a.name.lower() for _, a in parts))
-        if g is not None:
-            item.kind, item.gemm, item.note = "gemm", g, g.note
-            item.signature = ("gemm", g.m, g.n, g.k, g.dtype)
-        else:
+        op = meta["gemm_op"]
+        item.opname = op.name.removeprefix("aten::")
+        call, note = gemm_call(op, tuple(a.name for _, a in parts))
+        found = Gemm.traced_params(call)
+        if found is None:
             item.note = "gemm-shapes"
+        else:
+            item.kind, item.block, item.params, item.dtype = "gemm", Gemm, found[0], call.dtype
+            item.note = found[1] or note
+            item.signature = ("gemm", *(found[0][d] for d in "mnk"), call.dtype)
     return item
 
 
@@ -334,36 +450,40 @@ def _comm_item(
     item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int], trace: RankTrace
 ) -> None:
     rec = records[0]
-    item.group = rec.group_name
+    item.group, item.seq = rec.group_name, rec.seq
     team = sizes.get(rec.group_name) or len(rec.group_ranks) or 1
-    if all(r.name in P2P_NAMES for r in records):
-        item.kind, item.opname = "p2p", "send_recv"
+    classes = {traced_op(r.name) for r in records}
+    if classes == {SendRecv}:
+        item.kind, item.opname = "p2p", SendRecv.op
         item.p2p = _p2p(records, trace)
         kinds = tuple(sorted(r.name for r in records))
         item.signature = ("p2p", rec.group_desc, team, kinds)
         return
-    if any(r.name not in COLLECTIVE_OPS for r in records):
+    cls = classes.pop() if len(classes) == 1 else None
+    if cls is None or cls.category != "comm":
         names = sorted({r.name for r in records})
-        item.note = f"collective {', '.join(names)} has no maestro op"
         item.opname = names[0]
+        what = ", ".join(names)
+        item.note = (
+            f"coalesced collectives of different kinds ({what})"
+            if None not in classes and cls is None
+            else f"collective {what} has no maestro op"
+        )
         return
-    parts = [collective(r, team) for r in records]
-    first = parts[0]
-    if any(p.op != first.op for p in parts):
-        item.note = "coalesced collectives of different kinds"
-        return
-    total = sum(p.size_bytes for p in parts)
-    item.kind, item.opname = "comm", first.op
-    item.coll = Collective(
-        op=first.op, size_bytes=total, dtype=first.dtype, root=first.root, note=first.note
-    )
-    size_key = None if first.op == "all_to_all" else total
-    item.signature = ("comm", first.op, rec.group_desc, team, size_key, first.dtype)
+    calls = [comm_call(r, team) for r in records]
+    call = calls[0]
+    if len(calls) > 1:  # coalesced calls of one kernel: one block of their summed bytes
+        in_bytes = sum(c.in_elems * c.elem_bytes for c in calls)
+        out_bytes = sum(c.out_elems * c.elem_bytes for c in calls)
+        call = dataclasses.replace(call, elem_bytes=1, in_elems=in_bytes, out_elems=out_bytes)
+    item.params, note = cls.traced_params(call)
+    item.kind, item.opname, item.block, item.dtype = "comm", cls.op, cls, call.dtype
+    item.note = "; ".join(n for n in (maestro_dtype(rec.dtype)[2], note) if n) or None
+    size_key = None if cls is AllToAll else cls.message_size_bytes(item.params)
+    item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
 
 def _p2p(records: tuple[CommRecord, ...], trace: RankTrace) -> P2P:
-    from .ops import maestro_dtype
-
     sends, recvs = [], []
     dtype = "uint8"
     for rec in records:

@@ -1,12 +1,16 @@
 """An imported pattern's replay against its trace: each block's mean latency, the step's mean
 makespan and each rank's over their traced durations, with the 95 % interval of the replayed
-mean (the trace is one sample of one step: it has no interval of its own)."""
+mean (the trace is one sample of one step: it has no interval of its own); the kernel each block
+ran against the traced one; and the GEMMs' errors apart for those a collective ran beside in
+the trace and the others."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -50,20 +54,80 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
     return out
 
 
+def kernel_mismatch(traced: str | None, replayed: str) -> str:
+    """What differs between the kernel a block ran and the one its trace ran ('' when they
+    are the same or either is unknown): the words (``_``-separated: tile, layout, epilogue)
+    each has and the other lacks."""
+    if not traced or not replayed or traced == replayed:
+        return ""
+    ours, theirs = replayed.split("_"), traced.split("_")
+    only = [
+        f"{who} {', '.join(w for w in words if w not in other)}"
+        for who, words, other in (("replayed", ours, theirs), ("traced", theirs, ours))
+        if any(w not in other for w in words)
+    ]
+    detail = f" ({'; '.join(only)})" if only and len(ours) > 1 else ""
+    return f"kernel: replayed {replayed}, traced {traced}{detail}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorGroup:
+    """Per-kernel replay error of a group of blocks (error = |replayed / traced - 1|)."""
+
+    name: str
+    count: int
+    mean_error: float
+    max_error: float
+    within: int
+    """Blocks within the target."""
+
+
+def error_groups(
+    ratios: Sequence[float], overlaps: Sequence[float | None], *, target: float = 0.03
+) -> tuple[ErrorGroup, ErrorGroup]:
+    """The errors of blocks a collective ran beside in the trace (``traced_overlap`` > 0)
+    and of the others, apart: overlap slows a kernel, so the two groups' errors differ."""
+    groups: dict[str, list[float]] = {"overlapped a collective": [], "ran alone": []}
+    for ratio_, overlap_ in zip(ratios, overlaps, strict=True):
+        if math.isfinite(ratio_):
+            key = "overlapped a collective" if overlap_ else "ran alone"
+            groups[key].append(abs(ratio_ - 1))
+    out = [
+        ErrorGroup(
+            name=name,
+            count=len(errors),
+            mean_error=float(np.mean(errors)) if errors else math.nan,
+            max_error=max(errors, default=math.nan),
+            within=sum(e <= target + 1e-12 for e in errors),
+        )
+        for name, errors in groups.items()
+    ]
+    return out[0], out[1]
+
+
 def with_fidelity(
-    outcome: PatternOutcome, pattern: PatternSpec, agg: WindowAggregate, steps_ns: np.ndarray
+    outcome: PatternOutcome,
+    pattern: PatternSpec,
+    agg: WindowAggregate,
+    steps_ns: np.ndarray,
+    kernels: Sequence[str] = (),
 ) -> PatternOutcome:
-    """The outcome with each block's and the step's replayed / traced ratio and interval, and
-    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks)."""
-    blocks = tuple(
+    """The outcome with each block's and the step's replayed / traced ratio and interval,
+    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks), and a note where a
+    block's kernel (``kernels``, one per block, '' when unknown) is not the traced one."""
+    blocks = [
         _with_ratio(record, spec.traced_us, agg.latency_ns[b])
         for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True))
-    )
+    ]
+    for b, replayed in enumerate(kernels):
+        if note := kernel_mismatch(pattern.blocks[b].traced_kernel, replayed):
+            joined = "; ".join(n for n in (blocks[b].notes, note) if n)
+            blocks[b] = dataclasses.replace(blocks[b], notes=joined)
     traced = dict(enumerate(pattern.traced_by_rank_us))
     rows = [_rank_row(rank, traced.get(rank), row) for rank, row in enumerate(steps_ns)]
     result = _with_ratio(outcome.pattern, pattern.traced_us, agg.makespan_ns)
     result = dataclasses.replace(result, replay_by_rank=json.dumps(rows))
-    return dataclasses.replace(outcome, blocks=blocks, pattern=result)
+    return dataclasses.replace(outcome, blocks=tuple(blocks), pattern=result)
 
 
 def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[str, Any]:

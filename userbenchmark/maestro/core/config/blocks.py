@@ -25,6 +25,8 @@ BLOCK_KEYS: Final = (
     "register_buffers",
     "after",
     "traced_us",
+    "traced_kernel",
+    "traced_overlap",
 )
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
@@ -132,6 +134,16 @@ def check_block(
         register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
     after = after_names(p, raw, path)
     traced_us = traced_duration_us(p, raw, path)
+    traced_kernel = raw.get("traced_kernel")
+    if traced_kernel is not None and not isinstance(traced_kernel, str):
+        p.add(
+            join(path, "traced_kernel"),
+            f"expected a kernel name, got {p.show(path, traced_kernel)}",
+        )
+    traced_overlap = None
+    if "traced_overlap" in raw:
+        where = join(path, "traced_overlap")
+        traced_overlap = p.number(raw["traced_overlap"], where, minimum=0.0, maximum=1.0)
     params: dict[str, Any] | None = None
     if unchecked:
         # A custom op left unimported: its parameters are kept as written, unchecked.
@@ -153,6 +165,8 @@ def check_block(
         register_buffers=register,
         after=after,
         traced_us=traced_us,
+        traced_kernel=traced_kernel,
+        traced_overlap=traced_overlap,
         yaml_path=path,
     )
 

@@ -232,6 +232,13 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
         world_size=world_size,
         env=frozen_mapping(env),
         axes=frozen_mapping({a.name: _axis_spec(a) for a in axes.values() if a.teams is not None}),
+        mesh=frozen_mapping(
+            {
+                a.name: len(a.teams[0])
+                for a in axes.values()
+                if a.path.startswith("mesh.") and a.teams
+            }
+        ),
         patterns=tuple(patterns),
         timeout_s=timeout_s,
         stop_on_error=stop_on_error,

@@ -94,6 +94,12 @@ class BlockSpec:
     """Blocks of the same pattern this block waits for in each iteration (``after:``)."""
     traced_us: float | None = None
     """Duration in the trace the block was imported from (``import-trace``), if any."""
+    traced_kernel: str | None = None
+    """Name of the (first) kernel the traced call ran, if known: what the replay's kernel is
+    compared with."""
+    traced_overlap: float | None = None
+    """Share (0 to 1) of ``traced_us`` during which a collective or transfer ran beside the
+    block on its rank, in the trace."""
     yaml_path: str = ""
 
     @property
@@ -149,6 +155,9 @@ class SuiteSpec:
     world_size: int
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)
+    mesh: Mapping[str, int] = field(default_factory=frozen_mapping)
+    """Mesh dimension -> degree, outer to inner, as ``mesh:`` gives them (their axes, with
+    their teams, are in ``axes``)."""
     patterns: tuple[PatternSpec, ...] = ()
     timeout_s: float = 45.0
     """Timeout of communicator operations and of the ranks' agreement step."""

@@ -89,7 +89,7 @@ def _listed(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tup
         return (), ()
     labels: list[str] = []
     for i, value in enumerate(spec):
-        label = _label(value)
+        label = value_label(value)
         if label is None:
             message = f"sweep values must be strings, numbers or booleans, got {_show(value)}"
         elif not _VALUE_TEXT.fullmatch(label):
@@ -106,7 +106,7 @@ def _listed(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tup
     return tuple(spec), tuple(labels)
 
 
-def _label(value: Any) -> str | None:
+def value_label(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | str):
@@ -154,7 +154,8 @@ def _geometric(
         found.append(((), str(exc)))
         return (), ()
     labels = (
-        format_size(v) if sizes and isinstance(v, int) else _label(v) or repr(v) for v in values
+        format_size(v) if sizes and isinstance(v, int) else value_label(v) or repr(v)
+        for v in values
     )
     return tuple(values), tuple(labels)
 

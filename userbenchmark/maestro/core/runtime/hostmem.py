@@ -87,17 +87,33 @@ def available_host_memory(
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 
+NAMED_SHARE = 0.9
+"""A refusal names the largest blocks that together need this share of the memory."""
+
+
 def check_host_memory(
-    need_bytes: int, *, local_ranks: int, blocks: Sequence[str], memory: HostMemory | None
+    blocks: Sequence[tuple[str, int]], *, local_ranks: int, memory: HostMemory | None
 ) -> None:
-    """RunError when ``local_ranks`` ranks of ``need_bytes`` each do not fit in ``memory``."""
-    total = need_bytes * local_ranks
+    """RunError when ``local_ranks`` ranks, each allocating ``blocks`` ((name, bytes) as
+    ``Block.host_buffer_bytes`` counts them), do not fit in ``memory``; it names the few
+    blocks that need most of it."""
+    need = sum(n for _, n in blocks)
+    total = need * local_ranks
     if memory is None or total <= memory.available_bytes:  # needing nothing always fits
         return
     gib = 2**30
+    largest = sorted(blocks, key=lambda b: -b[1])
+    named, covered = [], 0
+    for name, nbytes in largest:
+        if covered >= NAMED_SHARE * need:
+            break
+        named.append(f"{name} ({nbytes / gib:.2f} GiB)")
+        covered += nbytes
+    rest = len(blocks) - len(named)
+    others = f" and {rest} more" if rest else ""
     ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"
     raise RunError(
-        f"blocks {', '.join(blocks)} need {need_bytes / gib:.2f} GiB of host memory per rank, "
+        f"blocks {', '.join(named)}{others} need {need / gib:.2f} GiB of host memory per rank, "
         f"{total / gib:.2f} GiB for {ranks} on this host, and only "
         f"{memory.available_bytes / gib:.2f} GiB is available ({memory.source}); use smaller "
         "sizes (--max-size), or fewer ranks per host"

@@ -153,11 +153,12 @@ class PatternRun:
     def setup(self) -> None:
         rt, dist = self.rt, self.rt.dist
         here = [i for i in range(len(self.names)) if self.present[i]]
-        need = 0
+        need, host = 0, []
         for i in here:
             spec = self.pattern.blocks[i]
-            team_size = rt.comms.axis(spec.axis).team_size
-            need += self.classes[i].buffer_bytes(spec.params, dtype=spec.dtype, team_size=team_size)
+            sized = {"dtype": spec.dtype, "team_size": rt.comms.axis(spec.axis).team_size}
+            need += self.classes[i].buffer_bytes(spec.params, **sized)
+            host.append((self.names[i], self.classes[i].host_buffer_bytes(spec.params, **sized)))
             if self.pattern.graph:
                 need += GRAPH_MEMORY_MARGIN_BYTES
         if dist.is_cuda:
@@ -174,9 +175,8 @@ class PatternRun:
             # kernel's OOM killer ends one of them without a word.
             mine = dist.hosts[dist.rank] if dist.hosts else None
             check_host_memory(
-                need,
+                host,
                 local_ranks=max(1, sum(1 for h in dist.hosts if h == mine)),
-                blocks=[self.names[i] for i in here],
                 memory=available_host_memory(),
             )
         for i in here:
