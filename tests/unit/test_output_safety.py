@@ -104,11 +104,6 @@ def test_import_trace_replaces_an_earlier_output_atomically(traces, tmp_path, ca
     assert "world_size: 2" in out.read_text() and keep.read_text() == "earlier\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="import-trace's write step (replay/command.py, rewritten in parallel) creates its "
-    "file with mkstemp's 0600; this passes, and the marker goes, once it takes the umask",
-)
 def test_import_trace_output_respects_the_umask(traces, tmp_path):
     old = os.umask(0o022)
     try:
