@@ -228,3 +228,64 @@ def test_gemms_that_overlapped_a_collective_are_judged_apart():
     assert overlapped.mean_error == pytest.approx(0.015) and overlapped.within == 2
     assert alone.max_error == pytest.approx(0.06) and alone.within == 1
     assert load_suite_text(STEP).patterns[0].blocks[0].traced_overlap == 0.5
+
+
+def test_each_block_carries_its_kernel_beside_the_traced_one_in_table_and_files():
+    traced = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
+    replayed = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopB_TNT"
+    suite = load_suite_text(STEP)
+    out = _outcome(suite, kernels=(replayed, "ncclDevKernel_AllReduce", ""))
+    mm, ar, _ = out.blocks
+    assert (mm.kernel, mm.traced_kernel, mm.traced_overlap) == (replayed, traced, 0.5)
+    assert ar.kernel == "ncclDevKernel_AllReduce" and math.isnan(ar.traced_overlap)
+    blocks = results_of([out]).blocks.set_index("block")
+    assert blocks.loc["mm", "kernel"] == replayed and blocks.loc["mm", "traced_kernel"] == traced
+    text = Tables().pattern(suite.patterns[0], out)
+    assert f"{replayed} (traced: {traced})" in text
+    # The GEMM overlapped a collective in the trace: its error is reported in that group.
+    assert "GEMMs that overlapped a collective: 1, |replayed / traced - 1| mean 0.0%" in text
+    assert "GEMMs that ran alone" not in text
+
+
+def test_main_kernel_names_take_the_kernel_with_most_of_a_blocks_time():
+    from userbenchmark.maestro.core.analysis.activities import (
+        KIND_KERNEL,
+        KIND_MEMCPY,
+        DeviceActivities,
+        main_kernel_names,
+    )
+
+    n = 5
+    acts = DeviceActivities(
+        block=np.array([0, 0, 0, 1, 2], np.int32),
+        iteration=np.zeros(n, np.int32),
+        kind=np.array([KIND_KERNEL, KIND_KERNEL, KIND_KERNEL, KIND_MEMCPY, KIND_KERNEL], np.uint8),
+        start_ns=np.zeros(n, np.int64),
+        end_ns=np.array([10, 10, 30, 99, 5], np.int64),
+        stream_id=np.zeros(n, np.int64),
+        device_id=np.zeros(n, np.int32),
+        correlation_id=np.arange(n, dtype=np.int64),
+        grid=np.zeros((n, 3), np.int32),
+        block_dims=np.zeros((n, 3), np.int32),
+        size_bytes=np.zeros(n, np.int64),
+        name_index=np.array([0, 0, 1, 2, 0], np.int32),
+        names=("gemm_a", "gemm_b", "Memcpy DtoD (Device -> Device)"),
+        launches=_no_launches(),
+    )
+    # Block 0: gemm_a 20 ns in two kernels against gemm_b 30 ns; block 1 has only a copy.
+    assert main_kernel_names(acts, 4) == ("gemm_b", "", "gemm_a", "")
+    assert main_kernel_names(None, 2) == ("", "")
+
+
+def _no_launches():
+    from userbenchmark.maestro.core.analysis.activities import LaunchCalls
+
+    return LaunchCalls(
+        correlation_id=np.zeros(0, np.int64),
+        start_ns=np.zeros(0, np.int64),
+        end_ns=np.zeros(0, np.int64),
+        api=np.zeros(0, np.uint8),
+        cbid=np.zeros(0, np.int32),
+        thread_id=np.zeros(0, np.int64),
+        name_index=np.zeros(0, np.int32),
+    )

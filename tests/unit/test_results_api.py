@@ -62,6 +62,8 @@ STRING_COLUMNS = {
     "block_a",
     "block_b",
     "replay_by_rank",
+    "kernel",
+    "traced_kernel",
 }
 
 

@@ -97,3 +97,21 @@ class DeviceActivities:
 
     def __len__(self) -> int:
         return int(self.block.shape[0])
+
+
+def main_kernel_names(activities: DeviceActivities | None, num_blocks: int) -> tuple[str, ...]:
+    """Per block, the name of the kernel that took most of its device time over the window
+    ('' for a block without kernels here, and for every block without ``activities``)."""
+    if activities is None:
+        return ("",) * num_blocks
+    kernels = activities.kind == KIND_KERNEL
+    block = activities.block[kernels].astype(np.int64)
+    name = activities.name_index[kernels].astype(np.int64)
+    time_ns = (activities.end_ns - activities.start_ns)[kernels].astype(np.float64)
+    width = max(len(activities.names), 1)
+    total = np.bincount(block * width + name, weights=time_ns, minlength=num_blocks * width)
+    per_block = total[: num_blocks * width].reshape(num_blocks, width)
+    best = per_block.argmax(axis=1)
+    return tuple(
+        activities.names[best[b]] if per_block[b, best[b]] > 0 else "" for b in range(num_blocks)
+    )

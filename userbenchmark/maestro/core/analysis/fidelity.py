@@ -115,14 +115,19 @@ def with_fidelity(
     """The outcome with each block's and the step's replayed / traced ratio and interval,
     every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks), and a note where a
     block's kernel (``kernels``, one per block, '' when unknown) is not the traced one."""
-    blocks = [
-        _with_ratio(record, spec.traced_us, agg.latency_ns[b])
-        for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True))
-    ]
-    for b, replayed in enumerate(kernels):
-        if note := kernel_mismatch(pattern.blocks[b].traced_kernel, replayed):
-            joined = "; ".join(n for n in (blocks[b].notes, note) if n)
-            blocks[b] = dataclasses.replace(blocks[b], notes=joined)
+    blocks = []
+    for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True)):
+        replayed = kernels[b] if kernels else ""
+        note = kernel_mismatch(spec.traced_kernel, replayed)
+        blocks.append(
+            dataclasses.replace(
+                _with_ratio(record, spec.traced_us, agg.latency_ns[b]),
+                kernel=replayed,
+                traced_kernel=spec.traced_kernel or "",
+                traced_overlap=math.nan if spec.traced_overlap is None else spec.traced_overlap,
+                notes="; ".join(n for n in (record.notes, note) if n),
+            )
+        )
     traced = dict(enumerate(pattern.traced_by_rank_us))
     rows = [_rank_row(rank, traced.get(rank), row) for rank, row in enumerate(steps_ns)]
     result = _with_ratio(outcome.pattern, pattern.traced_us, agg.makespan_ns)

@@ -147,6 +147,12 @@ class BlockResult:
     """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
     traced_us: float = math.nan
     """The block's duration in the trace it was imported from (its ``traced_us``; NaN: none)."""
+    kernel: str = ""
+    """An imported block's kernel that took most of its time on rank 0 (CUPTI; '' unknown)."""
+    traced_kernel: str = ""
+    """The kernel the trace ran for it (its ``traced_kernel``; '' none)."""
+    traced_overlap: float = math.nan
+    """Share of its traced time a collective ran beside it (its ``traced_overlap``; NaN none)."""
     replay_ratio: float = math.nan
     """Replayed / traced: latency_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan

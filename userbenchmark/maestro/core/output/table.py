@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
+from ..analysis.fidelity import error_groups
 from ..analysis.outcome import MIN_ITERS_FOR_P99
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..config.sizes import format_size
@@ -181,10 +182,34 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     return "\n".join(lines)
 
 
-def _replay_row(name: str, op: str, *figures: Any) -> list[str]:
+def _replay_row(name: str, op: str, *figures: Any, kernel: str = "") -> list[str]:
     traced, replayed, ratio, low, high = figures
     bounds = "" if low is None or math.isnan(low) else f" [{_num(low, 3)}, {_num(high, 3)}]"
-    return [name, op, _num(traced, 1), _num(replayed, 1), _num(ratio, 3) + bounds]
+    return [name, op, _num(traced, 1), _num(replayed, 1), _num(ratio, 3) + bounds, kernel]
+
+
+def _kernels(b: BlockResult) -> str:
+    """The kernel a block ran, and the traced one where it differs."""
+    if b.traced_kernel and b.kernel and b.traced_kernel != b.kernel:
+        return f"{b.kernel} (traced: {b.traced_kernel})"
+    return b.kernel or b.traced_kernel
+
+
+def _gemm_error_lines(outcome: PatternOutcome) -> list[str]:
+    """The GEMMs' per-kernel errors, apart for those a collective ran beside in the trace."""
+    gemms = [b for b in outcome.blocks if b.op == "gemm" and not math.isnan(b.traced_us)]
+    if not gemms:
+        return []
+    groups = error_groups(
+        [b.replay_ratio for b in gemms],
+        [0.0 if math.isnan(b.traced_overlap) else b.traced_overlap for b in gemms],
+    )
+    return [
+        f"  GEMMs that {g.name}: {g.count}, |replayed / traced - 1| mean {g.mean_error:.1%}, "
+        f"max {g.max_error:.1%}, within 3 %: {g.within}"
+        for g in groups
+        if g.count
+    ]
 
 
 def format_fidelity(outcome: PatternOutcome) -> str:
@@ -193,7 +218,7 @@ def format_fidelity(outcome: PatternOutcome) -> str:
     p = outcome.pattern
     ci = lambda r: (r.replay_ratio, r.replay_ratio_ci_low, r.replay_ratio_ci_high)  # noqa: E731
     rows = [
-        _replay_row(b.block, b.op, b.traced_us, b.latency_avg_us, *ci(b))
+        _replay_row(b.block, b.op, b.traced_us, b.latency_avg_us, *ci(b), kernel=_kernels(b))
         for b in outcome.blocks
         if not math.isnan(b.traced_us)
     ]
@@ -203,8 +228,11 @@ def format_fidelity(outcome: PatternOutcome) -> str:
         keys = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
         rows.append(_replay_row(f"step, rank {r['rank']}", "", *(r[k] for k in keys)))
     headers = ["replayed against the trace", "op", "traced µs", "replayed µs"]
-    headers.append("replayed / traced [95 % interval; the trace is one sample]")
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) if rows else ""
+    headers += ["replayed / traced [95 % interval; the trace is one sample]", "kernel"]
+    if not rows:
+        return ""
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return "\n".join([table, *_gemm_error_lines(outcome)])
 
 
 def format_sweep_summary(

@@ -20,6 +20,7 @@ from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..analysis import fidelity
+from ..analysis.activities import main_kernel_names
 from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
@@ -240,7 +241,12 @@ class PatternRun:
         return self.blocks[i] is not None and only in (None, i)
 
     def _issue(
-        self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, profiler: Profiler
+        self,
+        lanes: Sequence[Lane],
+        num_iters: int,
+        present: np.ndarray,
+        profiler: Profiler,
+        sync: str | None = None,
     ) -> HostTimings:
         self.rt.window_id += 1
         profiler.begin_window(self.rt.window_id, len(self.names), num_iters, present)
@@ -249,19 +255,26 @@ class PatternRun:
                 lanes,
                 num_iters,
                 profiler,
-                sync=self.pattern.sync,
+                sync=sync or self.pattern.sync,
                 block_names=self.names,
                 order=self.order,
             )
 
     def window(
-        self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, *, timed: bool
+        self,
+        lanes: Sequence[Lane],
+        num_iters: int,
+        present: np.ndarray,
+        *,
+        timed: bool,
+        sync: str | None = None,
     ) -> tuple[WindowTimings | None, HostTimings]:
+        """One window; ``sync`` overrides the pattern's (see ``baseline`` in measure_pattern)."""
         prof = self.rt.profiler if timed else NullProfiler()
-        stats = self._issue(lanes, num_iters, present, prof)
+        stats = self._issue(lanes, num_iters, present, prof, sync)
         return (prof.end_window() if timed else None), stats
 
-    def warmup(self, lanes: Sequence[Lane], present: np.ndarray) -> None:
+    def warmup(self, lanes: Sequence[Lane], present: np.ndarray, sync: str | None = None) -> None:
         """Run the warmup iterations (never timed) and size the gate from their enqueue, from
         the default gate (no pattern inherits another's). Ranks agree on the longest gate: ranks
         whose gates opened apart would start their collectives apart and time each other."""
@@ -274,7 +287,7 @@ class PatternRun:
             return
         # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the
         # gate is sized for them; never ended: the next window's begin discards its records.
-        stats = self._issue(lanes, self.pattern.warmup_iters, present, self.rt.profiler)
+        stats = self._issue(lanes, self.pattern.warmup_iters, present, self.rt.profiler, sync)
         reduce = torch_reducer(self.rt.sync_group)
         if not cuda:
             proposal = np.array([calibrated_start_margin_us(stats.agree_ns)])
@@ -445,8 +458,15 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
                     only = np.zeros(len(run.names), dtype=bool)
                     only[b] = run.timed[b]
                     lanes_b = run.lanes(only=b)
-                    run.warmup(lanes_b, only)
-                    t_b, host_b = run.window(lanes_b, pattern.num_iters, only, timed=True)
+                    # On CUDA a block alone that talks to no other rank needs no cross-rank
+                    # start: its iterations follow each other on the device, each after its
+                    # gate spin, with no host barrier or alignment collective between them. On
+                    # CPU its lane would then run warm where the pattern's ran after a wait.
+                    sync = "none" if rt.dist.is_cuda and not run.is_comm[b] else None
+                    run.warmup(lanes_b, only, sync)
+                    t_b, host_b = run.window(
+                        lanes_b, pattern.num_iters, only, timed=True, sync=sync
+                    )
                     rows[b] = run.aggregate(t_b, host_b).latency_ns[b]
                 return Isolated(latency_ns=rows)
 
@@ -481,7 +501,8 @@ def measure_pattern(rt: Runtime, pattern: PatternSpec) -> PatternOutcome:
         ranks_per_gpu=rt.dist.ranks_per_gpu,
     )
     if steps is not None:
-        outcome = fidelity.with_fidelity(outcome, pattern, agg, steps)
+        kernels = main_kernel_names(timings.activities, len(run.names))
+        outcome = fidelity.with_fidelity(outcome, pattern, agg, steps, kernels)
     if timeline is not None:
         outcome = dataclasses.replace(outcome, timeline=timeline)
     return outcome

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as tdist
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
+from ..analysis import fidelity
 from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
@@ -83,7 +84,9 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
     comms = Communicators(
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
     )
-    profiler = make_profiler(options.profiler, dist, trace=options.trace)
+    # Kernel names are kept for a trace, and for an imported step's kernels against its trace's.
+    names = options.trace or any(fidelity.has_traced(p) for p in suite.patterns)
+    profiler = make_profiler(options.profiler, dist, trace=names)
     registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
     if registered and dist.is_cuda:
         from .registration import require_support
