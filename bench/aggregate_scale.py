@@ -26,7 +26,7 @@ import numpy as np
 
 from userbenchmark.maestro.core.analysis.aggregate import (
     WindowAggregate,
-    _last_to_start_candidate,
+    _vote,
     local_summary,
     reduce_summaries,
     simulate_ranks,
@@ -60,7 +60,7 @@ def lanes_and_kinds(num_blocks: int) -> tuple[list[int], np.ndarray, np.ndarray]
     return lane_of_block, is_comm, ~is_comm
 
 
-def peer_side(summaries: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], np.ndarray]:
+def peer_side(summaries: list[WindowAggregate]) -> tuple[list[np.ndarray], np.ndarray]:
     """What ranks 1..W-1 contribute to each all_reduce of ``reduce_summaries``, pre-combined.
 
     Each peer's payloads are recorded by running its own ``reduce_summaries``; the last call
@@ -83,11 +83,8 @@ def peer_side(summaries: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray],
         for k in range(len(recorded[0]) - 1):
             op = recorded[0][k][1]
             combined.append(ops[op].reduce(np.stack([calls[k][0] for calls in recorded])))
-    world = len(summaries)
-    start_hi = np.max(np.stack([s["start_hi"] for s in summaries]), axis=0)
-    votes = [
-        _last_to_start_candidate(s, start_hi, r, world) for r, s in enumerate(summaries) if r >= 1
-    ]
+    start_hi = np.max(np.stack([s.start_hi for s in summaries]), axis=0)
+    votes = [_vote(s, start_hi, r) for r, s in enumerate(summaries) if r >= 1]
     vote = np.max(np.stack(votes), axis=0) if votes else np.zeros(0, dtype=np.int64)
     return combined, vote
 
@@ -181,7 +178,9 @@ def measure(world: int, num_blocks: int, num_iters: int, reps: int) -> dict[str,
         for r, t in enumerate(timings)
     ]
     sim_s, sim_peak, expected = timed(functools.partial(simulate_ranks, summaries), reps)
-    payload = sum(v.nbytes for v in summaries[0].values())
+    payload = sum(
+        np.asarray(getattr(summaries[0], f)).nbytes for f in WindowAggregate.__dataclass_fields__
+    )
 
     # Each timed call needs a fresh replay (it counts its calls); build them untimed. Only
     # rank 0's own timings stay alive while it is timed, as on a real rank.

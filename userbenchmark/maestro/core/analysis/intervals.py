@@ -52,6 +52,9 @@ class WindowTimings:
     present: np.ndarray
     clock: str
     """``perf_counter`` (host), ``cuda_event`` (CUDA events) or ``cupti`` (CLOCK_REALTIME)."""
+    host_clock: bool = True
+    """The clock is the host's own (CLOCK_MONOTONIC, CLOCK_REALTIME), which every process of
+    one host reads; False: offsets from this rank's own reference (CUDA events)."""
     gate_open_ns: np.ndarray | None = None
     """Per iteration: when the start gate released the lanes, same clock (None: unknown)."""
     activity_counts: np.ndarray | None = None

@@ -138,5 +138,6 @@ class EventProfiler(Profiler):
             ends_ns=ends,
             present=self._present,
             clock="cuda_event",
+            host_clock=False,
             gate_open_ns=gate,
         )

@@ -21,7 +21,7 @@ from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..analysis import fidelity
 from ..analysis.activities import main_kernel_names
-from ..analysis.aggregate import SHARED_CLOCKS, WindowAggregate, local_summary, reduce_summaries
+from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
@@ -345,7 +345,7 @@ class PatternRun:
             block_names=tuple(self.names),
             block_lanes=tuple(lanes[i] for i in self.lane_of_block),
             ranks=tuple(sorted(gathered, key=lambda r: r.rank)),
-            shared_clock=self.rt.dist.one_host and timings.clock in SHARED_CLOCKS,
+            shared_clock=self.rt.dist.one_host and timings.host_clock,
             block_categories=tuple(c.category for c in self.classes),
             backend=self.rt.dist.backend,
         )
