@@ -747,3 +747,35 @@ def test_cupti_without_per_function_choice_records_every_api_call(fake_cupti):
     prof.start()
     assert prof.api_records.startswith("all (this cupti-python has no activity_enable_runtime_api")
     prof.stop()
+
+
+def test_the_registered_cupti_profiler_times_a_window_and_says_its_version(fake_cupti, monkeypatch):
+    """The profiler a run gets for ``--profiler cupti``: the lanes' hooks push and pop the ids,
+    the window comes back as every profiler's WindowTimings (the CTAs, the gate, the counts)."""
+    import importlib.metadata
+
+    from userbenchmark.maestro.core.profilers.profiler_registry import make_profiler
+
+    fake, backend = fake_cupti
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "13.0.1")
+    prof = make_profiler("cupti", on_cuda=True, backend="nccl")
+    assert prof.name == "cupti" and len(fake.enabled) == 6  # started
+    prof.begin_window(1, 2, 3, np.array([True, True]))
+    for it in range(3):
+        prof.gate_begin(it)
+        fake.launch("CONCURRENT_KERNEL")
+        prof.gate_end(it)
+        prof.before(0, it)
+        fake.launch("CONCURRENT_KERNEL", grid=(8, 2, 1))
+        prof.after(0, it)
+        prof.before(1, it)
+        fake.launch("MEMCPY")
+        prof.after(1, it)
+    timings = prof.end_window()
+    assert timings.clock == "cupti" and timings.host_clock
+    assert timings.kernel_ctas_max.tolist() == [16, 0]
+    assert timings.activity_counts.tolist() == [3, 3]
+    assert (timings.starts_ns[0] > timings.gate_open_ns).all()
+    assert prof.run_info()["cupti_python_version"] == "13.0.1"
+    prof.close()
+    assert not fake.enabled

@@ -13,7 +13,8 @@ import torch
 
 from userbenchmark.maestro.blocks.base import BlockContext
 from userbenchmark.maestro.blocks.compute import Sleep
-from userbenchmark.maestro.core.profilers.base import HostProfiler, NullProfiler
+from userbenchmark.maestro.core.profilers.host_clock import HostProfiler
+from userbenchmark.maestro.core.profilers.profiler import Profiler
 from userbenchmark.maestro.core.runtime.lanes import CpuLanes, Lane
 
 from .test_runtime_pure import _block
@@ -62,7 +63,7 @@ def test_nothing_spins_between_a_lanes_gemms(one_intra_op_thread):
     lanes = [Lane(name="a", blocks=[(0, _Gemm()), (1, _Nap(0.002))])]
     cpu0, wall0 = time.process_time(), time.perf_counter()
     CpuLanes(barrier=lambda: None, agree_start=None, timeout_s=60).run_window(
-        lanes, 150, NullProfiler(), sync="none", block_names=["mm", "nap"]
+        lanes, 150, Profiler(), sync="none", block_names=["mm", "nap"]
     )
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 0.25 * wall, f"the process used {cpu / wall:.0%} of a core"
@@ -75,7 +76,7 @@ def test_the_main_thread_sleeps_until_the_agreed_start():
     executor.start_margin_us = 300.0
     lanes = [Lane(name="a", blocks=[(0, _Nap(100e-6))])]
     cpu0, wall0 = time.thread_time(), time.perf_counter()
-    executor.run_window(lanes, 300, NullProfiler(), sync="barrier", block_names=["nap"])
+    executor.run_window(lanes, 300, Profiler(), sync="barrier", block_names=["nap"])
     cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 0.35 * wall, f"the main thread used {cpu / wall:.0%} of a core"
 

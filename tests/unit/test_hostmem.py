@@ -105,7 +105,9 @@ def test_a_refusal_names_the_few_blocks_that_need_the_memory():
     with pytest.raises(RunError) as info:
         check_host_memory(blocks, local_ranks=4, memory=HostMemory(GIB, "MemAvailable"))
     message = str(info.value)
-    assert message.startswith("blocks gemm_a (3.00 GiB), gemm_b (2.00 GiB), ag (1.00 GiB) and 87 more need")
+    assert message.startswith(
+        "blocks gemm_a (3.00 GiB), gemm_b (2.00 GiB), ag (1.00 GiB) and 87 more need"
+    )
     assert "busy_0" not in message
 
 

@@ -19,6 +19,7 @@ import click
 
 from .blocks.dtypes import DTYPES
 from .core.config.options import RunOptions
+from .core.profilers.profiler_registry import profiler_names
 from .core.runtime.logs import configure_logging
 from .errors import (
     EXIT_INTERRUPTED,
@@ -206,9 +207,10 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option(
     "--profiler",
-    type=click.Choice(("auto", "cupti", "events", "host")),
+    type=click.Choice(profiler_names()),
     default="auto",
-    help="auto: cupti on CUDA when cupti-python works, else events; host on CPU",
+    help="how blocks are timed (auto: the first of these that times the run's lanes and "
+    "can run here)",
 )
 @click.option("--iters", type=int, help="override every pattern's iters")
 @click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")

@@ -84,10 +84,6 @@ def run_environ(
         info["device"] = torch.cuda.get_device_name(device)
         with contextlib.suppress(Exception):  # NCCL may be absent from a CUDA build
             info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        if profiler == "cupti":
-            from importlib.metadata import version
-
-            info["cupti_python_version"] = version("cupti-python")
     info.update({key: repr(float(value)) for key, value in calibration.items()})
     info.update(suite_settings(suite))
     info.update({f"env.{key}": value for key, value in suite.env.items()})

@@ -22,6 +22,7 @@ from ..analysis.activities import (
     LaunchCalls,
     check_lengths,
 )
+from ..analysis.intervals import WindowTimings
 
 # External id layout (63 bits, so every id is also a non-negative int64):
 #   bit 62: tag (marks an id as ours), bits 40..61: window, 24..39: block, 0..23: iteration.
@@ -145,6 +146,19 @@ class Attribution:
     @property
     def duration_ns(self) -> np.ndarray:
         return self.end_ns - self.start_ns
+
+    def timings(self, present: np.ndarray, activities: DeviceActivities | None) -> WindowTimings:
+        """The window as every profiler returns it, on CUPTI's clock (CLOCK_REALTIME ns)."""
+        return WindowTimings(
+            starts_ns=self.start_ns,
+            ends_ns=self.end_ns,
+            present=present,
+            clock="cupti",
+            gate_open_ns=None if (self.gate_end_ns <= 0).any() else self.gate_end_ns,
+            activity_counts=self.activity_count.sum(axis=1),
+            kernel_ctas_max=self.kernel_ctas_max,
+            activities=activities,
+        )
 
 
 def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray, np.ndarray]:

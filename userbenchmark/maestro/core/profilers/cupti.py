@@ -28,7 +28,6 @@ from .attribution import (
     encode_external_id,
     window_activities,
 )
-from .base import Profiler
 from .cupti_records import (
     NamedRecords,
     _RecordParser,
@@ -37,6 +36,7 @@ from .cupti_records import (
     external_correlation,
     named_records,
 )
+from .profiler import Profiler
 
 # Under "maestro": its lines get the rank prefix and follow --log-level.
 logger = logging.getLogger("maestro.cupti")
@@ -412,14 +412,20 @@ class CuptiProfiler:
 
 
 class CuptiWindowProfiler(Profiler):
-    """:class:`CuptiProfiler` as a :class:`Profiler`: every kernel, memcpy and memset of a
-    window attributed to its (block, iteration)."""
+    """:class:`CuptiProfiler` as the run's profiler: every kernel, memcpy and memset of a window
+    attributed to its (block, iteration)."""
 
     name = "cupti"
+    times = "cuda"
+    described = "CUPTI's device timestamps"
 
     def __init__(self, *, trace: bool = False) -> None:
-        """``trace``: keep each window's named activities and API calls (``--trace``)."""
         self.cupti = CuptiProfiler(keep_activities=trace)
+
+    @classmethod
+    def unusable(cls) -> str:
+        ok, why = cupti_available()
+        return "" if ok else why
 
     def start(self) -> None:
         self.cupti.start()
@@ -444,23 +450,15 @@ class CuptiWindowProfiler(Profiler):
         self.cupti.pop()
 
     def end_window(self) -> WindowTimings:
-        att = self.cupti.end_window()
-        return WindowTimings(
-            starts_ns=att.start_ns,
-            ends_ns=att.end_ns,
-            present=self._present,
-            clock="cupti",
-            gate_open_ns=None if (att.gate_end_ns <= 0).any() else att.gate_end_ns,
-            activity_counts=att.activity_count.sum(axis=1),
-            kernel_ctas_max=att.kernel_ctas_max,
-            activities=self.cupti.last_activities,
-        )
+        return self.cupti.end_window().timings(self._present, self.cupti.last_activities)
 
     def run_info(self) -> dict[str, str]:
-        per_iteration = self.cupti.records_per_iteration
-        info = {"cupti_api_records": self.cupti.api_records}
-        if per_iteration is not None:
-            info["cupti_records_per_iteration"] = f"{per_iteration:.1f}"
+        info = {
+            "cupti_python_version": importlib.metadata.version("cupti-python"),
+            "cupti_api_records": self.cupti.api_records,
+        }
+        if self.cupti.records_per_iteration is not None:
+            info["cupti_records_per_iteration"] = f"{self.cupti.records_per_iteration:.1f}"
         return info
 
     def close(self) -> None:

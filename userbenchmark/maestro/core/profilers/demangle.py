@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
     """``name`` demangled when it is a mangled C++ symbol (``_Z...``), else unchanged."""
-    return torch._C._demangle(name) if name.startswith("_Z") else name
+    if not name.startswith("_Z"):
+        return name
+    import torch
+
+    return torch._C._demangle(name)

@@ -20,7 +20,7 @@ import torch
 from ...blocks.compute import fine_timer_slack, sleep_until_ns
 from ...errors import RunError
 from ..analysis.intervals import HostTimings
-from ..profilers.base import Profiler
+from ..profilers.profiler import Profiler
 
 log = logging.getLogger("maestro.lanes")
 

@@ -28,7 +28,7 @@ from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.dependencies import issue_order
 from ..config.spec import PatternSpec, SuiteSpec
 from ..output.progress import estimate_left_s
-from ..profilers.base import NullProfiler, Profiler
+from ..profilers.profiler import Profiler
 from . import interrupts, supervision
 from .agreement import agree, grace_s
 from .communicators import Communicators
@@ -270,7 +270,7 @@ class PatternRun:
         sync: str | None = None,
     ) -> tuple[WindowTimings | None, HostTimings]:
         """One window; ``sync`` overrides the pattern's (see ``baseline`` in measure_pattern)."""
-        prof = self.rt.profiler if timed else NullProfiler()
+        prof = self.rt.profiler if timed else Profiler()
         stats = self._issue(lanes, num_iters, present, prof, sync)
         return (prof.end_window() if timed else None), stats
 

@@ -10,6 +10,7 @@ from ...errors import ConfigError, OptionError
 from ..config.loader import load_suite
 from ..config.options import RunOptions, apply_overrides
 from ..config.spec import SuiteSpec
+from ..profilers.profiler_registry import no_gpu, resolve_profiler
 
 SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
@@ -42,60 +43,16 @@ def check_nproc(nproc: int, *, limit: int | None = None) -> None:
         raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")
 
 
-def _no_gpu() -> str:
-    import torch
-
-    return "torch sees no CUDA device" + (
-        "" if torch.version.cuda else " (this torch is a CPU build)"
-    )
-
-
 def resolve_backend(requested: str, cuda_available: bool) -> str:
     """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an OptionError."""
     if requested == "nccl" and not cuda_available:
         raise OptionError(
-            f"--backend nccl needs CUDA, and {_no_gpu()}; use --backend gloo (or auto, which "
+            f"--backend nccl needs CUDA, and {no_gpu()}; use --backend gloo (or auto, which "
             "picks gloo without CUDA)"
         )
     if requested == "auto":
         return "nccl" if cuda_available else "gloo"
     return requested
-
-
-def resolve_profiler(requested: str, *, on_cuda: bool, backend: str = "auto") -> str:
-    """The profiler a run uses for ``--profiler requested``: ``host`` on CPU lanes, ``cupti``
-    or ``events`` on CUDA (``auto``: cupti when cupti-python works, else events); OptionError
-    for one that cannot time these lanes."""
-    if not on_cuda:
-        if requested in ("cupti", "events"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise OptionError(
-                    f"--profiler {requested} times CUDA work, and {_no_gpu()}; on the CPU use "
-                    "--profiler host (or auto)"
-                )
-            raise OptionError(
-                f"--profiler {requested} times CUDA work, but --backend {backend} runs every "
-                "lane on the CPU; use --backend nccl (or auto), or --profiler host"
-            )
-        return "host"
-    if requested == "host":
-        raise OptionError(
-            "--profiler host times CPU lanes; on CUDA (backend nccl) it would time the "
-            "enqueue, not the GPU work: use --profiler cupti, events or auto"
-        )
-    if requested == "events":
-        return "events"
-    from ..profilers.cupti import cupti_available
-
-    ok, why = cupti_available()
-    if not ok and requested == "cupti":
-        raise OptionError(
-            f"--profiler cupti cannot run: {why}; or use --profiler events (or auto, which "
-            "falls back to CUDA events)"
-        )
-    return "cupti" if ok else "events"
 
 
 def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:

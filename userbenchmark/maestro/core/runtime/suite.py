@@ -21,8 +21,7 @@ from ..config.options import RunOptions, shared_options
 from ..config.spec import SuiteSpec
 from ..output.reporter import Reporter
 from ..output.settings import run_environ
-from ..profilers.base import EventProfiler, HostProfiler
-from ..profilers.cupti import CuptiWindowProfiler, cupti_available
+from ..profilers.profiler_registry import make_profiler
 from . import interrupts, supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, post_ended
 from .communicators import Communicators
@@ -36,28 +35,8 @@ from .distributed import (
 )
 from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
 from .pattern import Runtime, measure_pattern
-from .preflight import resolve_profiler
 
 log = logging.getLogger("maestro")
-
-
-def make_profiler(requested: str, dist: DistContext, *, trace: bool = False) -> Any:
-    """The profiler ``--profiler requested`` gives on this rank (preflight.resolve_profiler);
-    ``trace``: the CUPTI profiler also keeps each window's named activities (``--trace``)."""
-    name = resolve_profiler(requested, on_cuda=dist.is_cuda, backend=dist.backend)
-    if name == "host":
-        return HostProfiler()
-    if name == "cupti":
-        prof = CuptiWindowProfiler(trace=trace)
-        prof.start()
-        return prof
-    if requested == "auto" and dist.rank == 0:
-        log.warning(
-            "cupti-python is not usable (%s); timing with CUDA events, which are coarser "
-            "(stream-level)",
-            cupti_available()[1],
-        )
-    return EventProfiler()
 
 
 def _device_alignment(dist: DistContext, comms: Any) -> Any:
@@ -86,7 +65,13 @@ def _setup_runtime(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> 
     )
     # Kernel names are kept for a trace, and for an imported step's kernels against its trace's.
     names = options.trace or any(fidelity.has_traced(p) for p in suite.patterns)
-    profiler = make_profiler(options.profiler, dist, trace=names)
+    profiler = make_profiler(
+        options.profiler,
+        on_cuda=dist.is_cuda,
+        backend=dist.backend,
+        trace=names,
+        warn=dist.rank == 0,
+    )
     registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
     if registered and dist.is_cuda:
         from .registration import require_support
@@ -170,7 +155,8 @@ def run_suite(suite: SuiteSpec, options: RunOptions, launch: LaunchInfo) -> int:
     try:
         rt = _phase_setup(suite, options, dist)
         if report is not None:
-            report.start(run_environ(suite, options, dist, rt.profiler.name, rt.calibration))
+            environ = run_environ(suite, options, dist, rt.profiler.name, rt.calibration)
+            report.start({**environ, **rt.profiler.run_info()})
             rt.note = report.progress.note
         _measure_every_pattern(rt, end, report)
         if end.status == EXIT_OK and interrupts.pending_interrupt():
