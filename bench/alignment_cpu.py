@@ -112,7 +112,7 @@ def hand_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, float]]
     import torch.multiprocessing as mp
 
     from userbenchmark.maestro.core.config.sizes import parse_size
-    from userbenchmark.maestro.core.runtime.distributed import free_port
+    from userbenchmark.maestro.core.runtime.rendezvous import free_port
 
     sizes = [parse_size(s) for s in args.sizes]
     out = tmp / "hand.json"

@@ -147,20 +147,16 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.runtime.distributed import LaunchInfo, init_distributed
-    from userbenchmark.maestro.core.runtime.lanes import DEFAULT_START_MARGIN_US
-    from userbenchmark.maestro.core.runtime.pattern import measure_pattern
-    from userbenchmark.maestro.core.runtime.suite import _setup_runtime
+    from userbenchmark.maestro.core.measure.gate import DEFAULT_START_MARGIN_US
+    from userbenchmark.maestro.core.runtime.phases import measure_pattern, setup_rig
+    from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
     from userbenchmark.maestro.core.runtime.worker import one_intra_op_thread_unless_chosen
 
     one_intra_op_thread_unless_chosen(os.environ)  # as maestro's own ranks
     suite = load_suite(config, world_size=2)
     launch = LaunchInfo(rank=rank, world_size=2, local_rank=rank, launcher="torchrun")
-    rt = _setup_runtime(
-        suite,
-        RunOptions(backend="gloo", profiler="host"),
-        init_distributed(launch, backend="gloo", timeout_s=suite.timeout_s),
-    )
+    dctx = init_distributed(launch, backend="gloo", timeout_s=suite.timeout_s)
+    rt = setup_rig(suite, RunOptions(backend="gloo", profiler="host"), dctx)
     patterns = {p.name: p for p in suite.patterns}
     results: dict[str, Any] = {}
     margin_us = [DEFAULT_START_MARGIN_US]  # maestro's last calibrated one
@@ -175,12 +171,12 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
 
         def by_maestro(op: str = op, got: dict = got) -> None:
             for sync in opts["syncs"]:
-                block = measure_pattern(rt, patterns[f"{op}_{sync}"]).blocks[0]
+                block = measure_pattern(rt, dctx, patterns[f"{op}_{sync}"]).blocks[0]
                 got.setdefault(sync, []).append(
                     {"avg_us": block.latency_avg_us, "p50_us": block.latency_p50_us}
                 )
                 if sync == "barrier":
-                    margin_us.append(rt.executor.start_margin_us)
+                    margin_us.append(rt.lanes.start_margin_us)
                     got["margin_us"].append(margin_us[-1])
 
         for rep in range(opts["reps"]):
@@ -201,7 +197,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """{op: {way: [{avg_us, p50_us} per repetition], "margin_us": [...]}}."""
     import torch.multiprocessing as mp
 
-    from userbenchmark.maestro.core.runtime.distributed import free_port
+    from userbenchmark.maestro.core.runtime.rendezvous import free_port
 
     with tempfile.TemporaryDirectory(prefix="maestro-handloop-") as tmp:
         config, out = Path(tmp) / "handloop.yaml", Path(tmp) / "out.json"

@@ -130,16 +130,17 @@ def worker(
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.runtime.distributed import LaunchInfo, init_distributed
-    from userbenchmark.maestro.core.runtime.pattern import PatternRun
-    from userbenchmark.maestro.core.runtime.suite import _setup_runtime
+    from userbenchmark.maestro.core.measure import windows
+    from userbenchmark.maestro.core.measure.pattern import PatternRun
+    from userbenchmark.maestro.core.runtime.phases import setup_rig
+    from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
 
     suite = load_suite(config, world_size=world)
     launch = LaunchInfo(rank=rank, world_size=world, local_rank=rank, launcher="torchrun")
     t0 = time.perf_counter()
     dctx = init_distributed(launch, backend="gloo", timeout_s=suite.timeout_s)
     t1 = time.perf_counter()
-    rt = _setup_runtime(suite, RunOptions(backend="gloo", profiler="host"), dctx)
+    rt = setup_rig(suite, RunOptions(backend="gloo", profiler="host"), dctx)
     t2 = time.perf_counter()
     pattern = suite.patterns[0]
     run = PatternRun(rt, pattern)
@@ -160,7 +161,7 @@ def worker(
     def maestro_window() -> float:
         dist.barrier(group=timer_group)
         s = time.perf_counter()
-        timings, _ = run.window(lanes, num_iters, run.present, timed=True)
+        timings, _ = windows.timed_window(run, lanes, num_iters, run.present)
         return time.perf_counter() - s
 
     def hand_window() -> float:
@@ -169,7 +170,7 @@ def worker(
         hand.window(num_iters)
         return time.perf_counter() - s
 
-    run.warmup(lanes, run.present)
+    windows.warmup(run, lanes, run.present)
     hand.window(pattern.warmup_iters)
     maestro_s, hand_s, ratios = [], [], []
     for rep in range(opts["reps"]):
@@ -180,7 +181,7 @@ def worker(
         maestro_s.append(got[maestro_window])
         hand_s.append(got[hand_window])
         ratios.append(got[maestro_window] / got[hand_window])
-    run.teardown(failed=False)
+    run.teardown(failed=False, drain_s=0.0)
     if rank == 0:
         Path(opts["out"]).write_text(
             json.dumps(
@@ -201,7 +202,7 @@ def worker(
 def run_case(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from userbenchmark.maestro.core.runtime.distributed import free_port
+    from userbenchmark.maestro.core.runtime.rendezvous import free_port
 
     config = tmp / f"overhead_{size}.yaml"
     config.write_text(pattern_text(args.world, size, args.iters, args.warmup))

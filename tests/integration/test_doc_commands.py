@@ -24,7 +24,7 @@ import pytest
 
 import run_benchmark
 from userbenchmark.maestro import cli
-from userbenchmark.maestro.core.runtime.distributed import free_port
+from userbenchmark.maestro.core.runtime.rendezvous import free_port
 
 from ..docblocks import (
     PAGES,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from userbenchmark.maestro.core.runtime.agreement import grace_s
-from userbenchmark.maestro.core.runtime.distributed import free_port
+from userbenchmark.maestro.core.runtime.rendezvous import free_port
 from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
 
 from .fault_blocks import MARK_VARIABLE, OUTPUT_VARIABLE, fault_moment
@@ -391,7 +391,10 @@ def test_stop_on_error_false_goes_on_only_after_contained_failures(tmp_path):
     assert "rank 1, phase setup" in failures["setup_fail"]
     # The kernel's OOM killer would end a rank without a word; the check says why instead.
     huge = failures["huge"]
-    assert "phase setup, pattern 'huge': blocks huge (16384.00 GiB) and 1 more need 16384.00 GiB " in huge
+    assert (
+        "phase setup, pattern 'huge': blocks huge (16384.00 GiB) and 1 more need 16384.00 GiB "
+        in huge
+    )
     assert "per rank, 32768.00 GiB for the 2 ranks on this host, and only " in huge, huge
     assert "GiB is available (" in huge, huge
     assert "phase setup, pattern 'sys_exit', block 'quitter': sys.exit(0)" in failures["sys_exit"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from userbenchmark.maestro.core.runtime.distributed import free_port
+from userbenchmark.maestro.core.runtime.rendezvous import free_port
 
 from ..docblocks import ROOT, bash_blocks, launchers_here, with_options
 from .helpers import QUICK_HANG_S, REPO_ROOT, RUN_HANG_S, read_records, subprocess_env

@@ -161,13 +161,13 @@ def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
 
 
 def test_leaving_wedged_saves_the_status_and_skips_teardown(monkeypatch):
-    from userbenchmark.maestro.core.runtime import suite, supervision
+    from userbenchmark.maestro.core.runtime import phases, supervision
 
     codes = []
     monkeypatch.setattr(supervision, "_real_exit", lambda code: codes.append(code))
     monkeypatch.setattr(supervision, "end_children", lambda: None)
-    suite._leave_wedged(0, rank=1)  # a failed run always exits non-zero
-    suite._leave_wedged(130, rank=0)
+    phases._leave_wedged(0, rank=1)  # a failed run always exits non-zero
+    phases._leave_wedged(130, rank=0)
     assert codes == [1, 130]
 
 

@@ -13,9 +13,9 @@ import torch
 
 from userbenchmark.maestro.blocks.base import BlockContext
 from userbenchmark.maestro.blocks.compute import Sleep
+from userbenchmark.maestro.core.measure.lanes import CpuLanes, Lane
 from userbenchmark.maestro.core.profilers.host_clock import HostProfiler
 from userbenchmark.maestro.core.profilers.profiler import Profiler
-from userbenchmark.maestro.core.runtime.lanes import CpuLanes, Lane
 
 from .test_runtime_pure import _block
 

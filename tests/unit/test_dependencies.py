@@ -25,8 +25,8 @@ from userbenchmark.maestro.core.config.dependencies import (
 )
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.summary import suite_summary
+from userbenchmark.maestro.core.measure.lanes import CpuLanes, Lane, issue_runs
 from userbenchmark.maestro.core.profilers.profiler import Profiler
-from userbenchmark.maestro.core.runtime.lanes import CpuLanes, Lane, issue_runs
 from userbenchmark.maestro.errors import ConfigError, RunError
 
 

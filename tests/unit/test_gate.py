@@ -13,14 +13,14 @@ from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTim
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import PatternResult
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
-from userbenchmark.maestro.core.output.results import record_frame, records_of
-from userbenchmark.maestro.core.output.table import format_pattern
-from userbenchmark.maestro.core.runtime.lanes import (
+from userbenchmark.maestro.core.measure.gate import (
     DEFAULT_GATE_US,
     MAX_GATE_US,
     MIN_GATE_US,
     calibrated_gate_us,
 )
+from userbenchmark.maestro.core.output.results import record_frame, records_of
+from userbenchmark.maestro.core.output.table import format_pattern
 
 
 def test_gate_is_twice_the_slowest_warmup_enqueue_after_the_first():
@@ -175,7 +175,7 @@ def test_cpu_windows_have_no_host_figures():
 def test_gc_is_paused_inside_a_window_and_restored():
     import gc
 
-    from userbenchmark.maestro.core.runtime.lanes import gc_paused
+    from userbenchmark.maestro.core.measure.gate import gc_paused
 
     assert gc.isenabled()
     with gc_paused():
@@ -209,7 +209,7 @@ class _EventDoneAt:
 def test_a_device_wait_sleeps_between_its_queries():
     # Each query is a CUDA runtime call (and a CUPTI record): a 50 ms wait must not poll
     # thousands of times, as the wait that polled 2000 times before its first sleep did.
-    from userbenchmark.maestro.core.runtime.lanes import POLL_MAX_S, wait_for_events
+    from userbenchmark.maestro.core.measure.lanes import POLL_MAX_S, wait_for_events
 
     event = _EventDoneAt(0.05)
     wait_for_events([event], timeout_s=5.0)
@@ -217,7 +217,7 @@ def test_a_device_wait_sleeps_between_its_queries():
 
 
 def test_a_device_wait_that_never_ends_is_a_run_error():
-    from userbenchmark.maestro.core.runtime.lanes import wait_for_events
+    from userbenchmark.maestro.core.measure.lanes import wait_for_events
     from userbenchmark.maestro.errors import RunError
 
     with pytest.raises(RunError, match="did not finish within timeout_s 0.05 s"):

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from userbenchmark.maestro.core.runtime import preflight
-from userbenchmark.maestro.core.runtime.distributed import check_rendezvous_env, detect_launch
 from userbenchmark.maestro.core.runtime.logs import configure_logging
+from userbenchmark.maestro.core.runtime.rendezvous import check_rendezvous_env, detect_launch
 from userbenchmark.maestro.errors import LaunchError, OptionError
 
 
@@ -189,7 +189,7 @@ def _check_two_ranks(shared0: dict, shared1: dict) -> list[BaseException | None]
 
     import torch.distributed as dist
 
-    from userbenchmark.maestro.core.runtime.distributed import LaunchInfo, check_launch
+    from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, check_launch
 
     store = dist.HashStore()
     errors: list[BaseException | None] = [None, None]

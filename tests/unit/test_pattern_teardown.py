@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from userbenchmark.maestro.core.measure.pattern import PatternRun
 from userbenchmark.maestro.core.runtime.agreement import grace_s
-from userbenchmark.maestro.core.runtime.pattern import PatternRun
 
 
 class _Block:
@@ -32,15 +32,14 @@ def _run(drains: bool, *, wedged: bool = False):
         waits.append(timeout_s)
         return drains
 
-    rt = SimpleNamespace(
+    rig = SimpleNamespace(
         wedged=wedged,
-        dist=SimpleNamespace(is_cuda=True, rank=0, device=None),
-        suite=SimpleNamespace(timeout_s=40.0),
-        executor=SimpleNamespace(drained=drained),
+        place=SimpleNamespace(is_cuda=True, rank=0, device=None),
+        lanes=SimpleNamespace(drained=drained),
         streams={},
     )
     run = object.__new__(PatternRun)
-    run.rt = rt
+    run.rig = rig
     run.pattern = SimpleNamespace(name="p")
     run.names = ["a"]
     run.blocks = [_Block()]
@@ -52,15 +51,15 @@ def _run(drains: bool, *, wedged: bool = False):
 def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
     run, waits = _run(drains=False)
     block, pool = run.blocks[0], run.pools["x"]
-    run.teardown(failed=True)
+    run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [grace_s(40.0)]  # short: an aborted collective ends at once
-    assert run.rt.wedged
+    assert run.rig.wedged
     assert block.torn_down == 0 and pool.released == 0 and run.captured
 
 
 def test_a_wedged_runtime_skips_the_wait_entirely():
     run, waits = _run(drains=True, wedged=True)
-    run.teardown(failed=True)
+    run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [] and run.blocks[0].torn_down == 0
 
 
@@ -72,10 +71,12 @@ def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeyp
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
     run, waits = _run(drains=True)
     block, pool = run.blocks[0], run.pools["x"]
-    run.teardown(failed=True)
-    assert waits == [grace_s(40.0)] and not run.rt.wedged
+    run.teardown(failed=True, drain_s=grace_s(40.0))
+    assert waits == [grace_s(40.0)] and not run.rig.wedged
     assert block.torn_down == 1 and pool.released == 1 and run.captured == {}
     assert calls == ["empty"]
     run, waits = _run(drains=True)
-    run.teardown(failed=False)  # success: the windows waited already; a full synchronize
+    run.teardown(
+        failed=False, drain_s=grace_s(40.0)
+    )  # success: the windows waited already; a full synchronize
     assert waits == [] and calls == ["empty", "sync", "empty"]

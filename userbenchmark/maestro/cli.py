@@ -133,29 +133,32 @@ def cmd_run(params: dict[str, Any]) -> int:
     """Check what can be checked before a worker starts (each failure one line, exit 2), in
     order: the launcher's variables, the options, this machine and the pattern file, validated
     once (preflight.prepare_suite), then the output locations; then run."""
+    from .core.output import plot
     from .core.output.locations import metrics_folder, prepare_output_locations
-    from .core.runtime import distributed, preflight, supervision
+    from .core.output.reporter import Reporter
+    from .core.runtime import preflight, rendezvous, supervision
 
     try:
-        launch = distributed.detect_launch()
-        distributed.check_rendezvous_env(launch)
+        launch = rendezvous.detect_launch()
+        rendezvous.check_rendezvous_env(launch)
     except LaunchError as err:  # every process says it: its rank cannot be trusted
         say(user_error_message(err))
         return EXIT_USAGE
     if launch.launcher == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID"):
         supervision.die_with_parent(os.getppid())  # a killed agent leaves no worker behind
     local = launch.launcher == "none" and (params["nproc"] or 1) > 1
-    # The local launcher is no rank; every process below it is one.
-    configure_logging(params["log_level"], ranked=not local)
-    if launch.rank != 0:  # one copy of the loader's warnings per run
-        logging.getLogger("maestro.config").setLevel(logging.ERROR)
     outputs = None
     try:
         world_size = _world_size(params["nproc"], launch)
         options = _options_of(params)
-        suite = preflight.prepare_suite(
-            params["config"], options, world_size=world_size, local_workers=world_size * local
-        )
+        # The local launcher is no rank; every process below it is one.
+        configure_logging(options.log_level, ranked=not local)
+        if launch.rank != 0:  # one copy of the loader's warnings per run
+            logging.getLogger("maestro.config").setLevel(logging.ERROR)
+        preflight.check_machine(options, local_workers=world_size * local)
+        if options.plot and not plot.matplotlib_available():
+            raise OptionError(plot.MISSING_MATPLOTLIB)
+        suite = preflight.prepare_suite(params["config"], options, world_size=world_size)
         # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
         # output locations; the other ranks of a torchrun/srun launch do not touch them.
         if launch.rank == 0:
@@ -171,10 +174,10 @@ def cmd_run(params: dict[str, Any]) -> int:
         if local:
             from .core.runtime.launcher import launch_local
 
-            return launch_local(suite, options, world_size)
+            return launch_local(suite, options, world_size, Reporter)
         from .core.runtime.worker import run_worker
 
-        return run_worker(suite, options)
+        return run_worker(suite, options, Reporter)
     finally:
         if outputs is not None:
             outputs.close()

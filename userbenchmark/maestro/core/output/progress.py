@@ -59,6 +59,7 @@ class Progress:
         self.done = 0
         self._clock = clock
         self._started_s: float | None = None
+        self._steps_started_s = 0.0
         self._printed_width = 0
         self._closed = False
 
@@ -77,10 +78,18 @@ class Progress:
         self.done += 1
         self._draw(format_line(self.done, self.total, label, self.elapsed_s()))
 
-    def note(self, doing: str) -> None:
-        """Redraw the line with what the next item is doing (``ag_rs: baseline, block 3 of
-        55, left ~12.0 s``); counts nothing."""
+    def note(self, doing: str, step: int = 0, steps: int = 0) -> None:
+        """Redraw the line with what the next item is doing; counts nothing. With ``steps``:
+        block ``step`` of them, and the time left if the rest take as long as those since
+        block 0 (``ag_rs: baseline, block 3 of 55, left ~12.0 s``)."""
         self.start()
+        if steps:
+            now = self._clock()
+            if step == 0:
+                self._steps_started_s = now
+            left_s = estimate_left_s(step, steps, now - self._steps_started_s)
+            left = "" if left_s is None else f", left ~{left_s:.1f} s"
+            doing = f"{doing}, block {step + 1} of {steps}{left}"
         self._draw(f"[{self.done}/{self.total}] {doing}  elapsed {self.elapsed_s():.1f} s")
 
     def _draw(self, line: str) -> None:

@@ -1,21 +1,32 @@
-"""Rank 0's side of a run, in one place: the progress line, the tables, the writer, where the
-metrics file goes and its ``environ`` (settings.py), the closing lines. A closed standard
-output (``| head -1``) costs the tables printed after it, never a file."""
+"""Rank 0's side of a run, in one place: the sink the command line hands the ranks (the
+runtime's ``Sink``): the progress line, the tables, the writer, where the metrics file goes and
+its ``environ`` (settings.py), the closing lines. A closed standard output (``| head -1``)
+costs the tables printed after it, never a file."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ...errors import EXIT_INTERRUPTED, STREAM_GONE, detach_stream, interrupted_message, say
+from ...errors import (
+    EXIT_INTERRUPTED,
+    STREAM_GONE,
+    RunError,
+    cause_of,
+    detach_stream,
+    interrupted_message,
+    say,
+)
 from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from .progress import Progress
+from .settings import run_environ
 from .table import Tables
 from .writer import OutputWriter
 
@@ -25,7 +36,8 @@ log = logging.getLogger("maestro")
 class Reporter:
     """Prints each pattern's table and rewrites every output file after it; ``guard()`` wraps
     each update (the runtime holds SIGINT/SIGTERM meanwhile). Files start with :meth:`start`,
-    once the ``environ`` is known."""
+    once the rank's place and profiler are known. A file that cannot be written is a
+    RunError saying why."""
 
     def __init__(
         self,
@@ -34,7 +46,7 @@ class Reporter:
         *,
         guard: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
-        self.options = options
+        self.suite, self.options = suite, options
         self.writer: OutputWriter | None = None
         self.tables = Tables(precision=options.precision)
         self.progress = Progress(total=len(suite.patterns))
@@ -46,16 +58,26 @@ class Reporter:
         self._stdout_lost = ""
         """Why standard output stopped taking the tables (its reader went away), or ""."""
 
-    def start(self, environ: Mapping[str, str]) -> None:
-        """Open the writer: ``environ`` is the metrics file's (settings.run_environ)."""
+    def start(self, place: Any, profiler: Any, calibration: Mapping[str, float]) -> None:
+        """Open the writer with the metrics file's ``environ``: the run's settings on ``place``
+        (settings.run_environ), the ``profiler``'s and the gate's ``calibration``."""
+        environ = run_environ(self.suite, self.options, place, profiler.name, calibration)
         self.writer = OutputWriter(
             output_dir=Path(self.options.output_dir) if self.options.output_dir else None,
             metrics_path=Path(self.options.metrics_path) if self.options.metrics_path else None,
-            environ=environ,
+            environ={**environ, **profiler.run_info()},
             trace=self.options.trace,
             plot=self.options.plot,
             guard=self._guard,
         )
+
+    def note(self, doing: str, step: int = 0, steps: int = 0) -> None:
+        """What the run does now, on the progress line (``steps``: block ``step`` of them)."""
+        self.progress.note(doing, step, steps)
+
+    def _saving(self) -> AbstractContextManager[Any]:
+        """Any error of the files as the RunError every rank agrees on."""
+        return _SavingErrors(self.options.output_dir)
 
     def _print(self, text: str = "") -> None:
         if self._stdout_lost:
@@ -73,16 +95,16 @@ class Reporter:
         run_info: Mapping[str, str] | None = None,
     ) -> None:
         """A pattern was measured: its warnings and table, then every file rewritten with
-        ``run_info`` (the profiler's figures so far) in the ``environ`` (an OSError of the
-        files propagates: the runtime reports it to every rank)."""
-        self.progress.clear()
-        for warning in outcome.warnings:
-            log.warning("%s", warning)
-        self._print(self.tables.pattern(pattern, outcome))
-        self._print()
-        assert self.writer is not None, "start() first"
-        self.writer.environ.update(run_info or {})
-        self.writer.add(outcome)
+        ``run_info`` (the profiler's figures so far) in the ``environ``."""
+        with self._saving():
+            self.progress.clear()
+            for warning in outcome.warnings:
+                log.warning("%s", warning)
+            self._print(self.tables.pattern(pattern, outcome))
+            self._print()
+            assert self.writer is not None, "start() first"
+            self.writer.environ.update(run_info or {})
+            self.writer.add(outcome)
         self.saved = self._has_files
         self.progress.advance(f"pattern {pattern.name}")
 
@@ -91,7 +113,8 @@ class Reporter:
         say(f"maestro: pattern {pattern} failed: {message}")
         self.progress.advance(f"pattern {pattern} (failed)")
         if self.writer is not None:
-            self.writer.add_failure(pattern, message)
+            with self._saving():
+                self.writer.add_failure(pattern, message)
             self.saved = self._has_files
 
     def close(self, status: int) -> None:
@@ -113,3 +136,19 @@ class Reporter:
                 f"maestro: standard output was closed ({self._stdout_lost}); tables were not "
                 "printed from then on, and the files hold every pattern"
             )
+
+
+class _SavingErrors(AbstractContextManager):
+    """Turns an error of the files into the RunError every rank agrees on (phase ``output``)."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = folder
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, RunError):
+            return
+        if self.folder and not os.path.isdir(self.folder):
+            why = f"the output folder {self.folder} was removed during the run ({cause_of(exc)})"
+        else:
+            why = f"cannot write the results: {cause_of(exc)}"
+        raise RunError(why) from exc

@@ -1,1 +1,1 @@
-"""core/runtime"""
+"""The cluster shell: launch, rendezvous, agreement at every phase boundary, supervision."""

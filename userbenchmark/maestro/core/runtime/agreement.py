@@ -308,38 +308,42 @@ def _agreed_error(
     exited = {r for s in failed for r in s.exited}
     missing = sorted(missing, key=lambda r: (r not in exited, r))
     rank, *rest = [s.rank for s in primary] + missing + [s.rank for s in secondary]
-    if primary or not missing:  # the first rank named failed (or only waited) itself
-        first = (primary or secondary)[0]
-        block, detail = first.block, first.message
-        if primary:
-            phase = first.phase or phase
-            if first.interrupted:
-                detail = "interrupted (SIGINT/SIGTERM); the run stops"
-    elif rank in exited:
-        block, detail = "", "its process ended before the agreement step at the end of the phase"
-    else:
-        block = ""
-        detail = "did not reach the agreement step at the end of the phase: it died or hung"
+    block, detail, phase = _first_cause(primary, secondary, missing, exited, phase)
     if rest:
         detail += f" (also failed or stopped waiting: rank {', '.join(map(str, rest))})"
-    same_block = (
-        len(failed) == world_size
-        and not secondary
-        and len({s.block for s in failed}) == 1
-        and failed[0].block != ""
-    )
+    interrupted = any(s.interrupted for s in failed)
+    # Every failure contained, or every rank failed at the same block: nothing half-issued.
+    same_block = len(failed) == world_size and len({s.block for s in failed}) == 1
+    consistent = all(s.contained for s in failed) or (same_block and failed[0].block != "")
     return RunError(
         detail,
         rank=rank,
         phase=phase,
         pattern=pattern,
         block=block,
-        contained=(
-            not missing
-            and not secondary
-            and not any(s.interrupted for s in failed)
-            and (all(s.contained for s in failed) or same_block)
-        ),
+        contained=not missing and not secondary and not interrupted and consistent,
         missing=tuple(missing),
-        interrupted=any(s.interrupted for s in failed),
+        interrupted=interrupted,
     )
+
+
+def _first_cause(
+    primary: list[RankStatus],
+    secondary: list[RankStatus],
+    missing: list[int],
+    exited: set[int],
+    phase: str,
+) -> tuple[str, str, str]:
+    """(block, detail, phase) of the rank named first: one that failed itself, else one that
+    only waited when nobody is missing, else the first missing one."""
+    if primary:
+        first = primary[0]
+        detail = (
+            "interrupted (SIGINT/SIGTERM); the run stops" if first.interrupted else first.message
+        )
+        return first.block, detail, first.phase or phase
+    if not missing:
+        return secondary[0].block, secondary[0].message, phase
+    if missing[0] in exited:
+        return "", "its process ended before the agreement step at the end of the phase", phase
+    return "", "did not reach the agreement step at the end of the phase: it died or hung", phase

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, interrupted_message, say
 from ..config.options import RunOptions
@@ -27,6 +28,9 @@ from ..config.spec import SuiteSpec
 from . import supervision
 from .agreement import agreement_timeout_s
 from .logs import configure_logging
+
+if TYPE_CHECKING:
+    from .phases import SinkFactory
 
 log = logging.getLogger("maestro.launcher")
 
@@ -42,6 +46,7 @@ class _Job:
     suite: SuiteSpec
     options: RunOptions
     parent_pid: int
+    sink: SinkFactory | None
 
 
 def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
@@ -55,7 +60,7 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     from .worker import run_worker  # a running rank's modules: imported in the worker only
 
     configure_logging(job.options.log_level)
-    status = run_worker(job.suite, job.options)
+    status = run_worker(job.suite, job.options, job.sink)
     supervision.leave(status, rank)
     if status != EXIT_OK:
         raise SystemExit(status)
@@ -164,9 +169,11 @@ def _shutdown_timeout_kwargs(launch_config: type, deadline_s: float) -> dict[str
     return {}
 
 
-def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
-    """Run ``nproc`` workers of ``suite`` here; returns the run's exit status: the worst a
-    worker reached (130 only when the user interrupted the launcher)."""
+def launch_local(
+    suite: SuiteSpec, options: RunOptions, nproc: int, sink: SinkFactory | None = None
+) -> int:
+    """Run ``nproc`` workers of ``suite`` here (rank 0 reporting to a ``sink``); returns the
+    run's exit status: the worst a worker reached (130 only when the user interrupted)."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -186,7 +193,7 @@ def launch_local(suite: SuiteSpec, options: RunOptions, nproc: int) -> int:
         logs_specs=DefaultLogsSpecs(log_dir=logs),
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
-    job = _Job(suite=suite, options=options, parent_pid=os.getpid())
+    job = _Job(suite=suite, options=options, parent_pid=os.getpid(), sink=sink)
     watchdog = supervision.Watchdog(
         board,
         exit_deadline_s=exit_deadline_s(suite.timeout_s),

@@ -93,20 +93,16 @@ def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
     )
 
 
-def prepare_suite(
-    config: str, options: RunOptions, *, world_size: int, local_workers: int = 1
-) -> SuiteSpec:
-    """Everything checked before any worker starts: ``--nproc``, the backend, profiler and
-    ``--plot`` against this machine, then the pattern file ``config``, validated once with the
-    options applied (every rank runs this suite). ConfigError or OptionError."""
+def check_machine(options: RunOptions, *, local_workers: int = 1) -> None:
+    """``--nproc``, the backend and the profiler against this machine (OptionError)."""
     if local_workers > 1:
         check_nproc(local_workers)
     check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
-    if options.plot:
-        from ..output.plot import MISSING_MATPLOTLIB, matplotlib_available
 
-        if not matplotlib_available():
-            raise OptionError(MISSING_MATPLOTLIB)
+
+def prepare_suite(config: str, options: RunOptions, *, world_size: int) -> SuiteSpec:
+    """The pattern file ``config``, validated once with the options applied, before any worker
+    starts (every rank runs this suite). ConfigError or OptionError."""
     suite = load_suite(config, world_size=world_size)
     try:
         suite = apply_overrides(suite, options)

@@ -337,12 +337,8 @@ class Watchdog:
                 self._kill_group(pid)  # whatever its blocks left behind
         running = [bool(board.pids[r]) and r not in self.exits for r in ranks]
         for r in ranks:
-            if board.missing[r] and running[r]:
-                self._end(r, "did not reach the run's agreement step (stopped or hung)")
-            elif board.missing[r] and not board.pids[r] and not self.killed(r):
-                for pid in self._unattached(board):  # stopped before it said its pid
-                    self._kill(pid)
-                    self.kills.append(Kill(r, "never started (stopped or hung)"))
+            if board.missing[r]:
+                self._end_missing(r, running[r])
         known = all(r in self.exits or board.stage[r] >= VERDICT or board.missing[r] for r in ranks)
         if self._for("known", known, now) >= EXIT_GRACE_S:
             for r in ranks:
@@ -356,6 +352,16 @@ class Watchdog:
         if self._for("all", len(self.exits) == board.num_workers, now) >= EXIT_GRACE_S:
             self._stop.set()
             self._abandon()
+
+    def _end_missing(self, rank: int, running: bool) -> None:
+        """End a worker a verdict named as gone: its process, or one spawned that never said
+        its pid (stopped before it could)."""
+        if running:
+            self._end(rank, "did not reach the run's agreement step (stopped or hung)")
+        elif not self.board.pids[rank] and not self.killed(rank):
+            for pid in self._unattached(self.board):
+                self._kill(pid)
+                self.kills.append(Kill(rank, "never started (stopped or hung)"))
 
     def _end(self, rank: int, reason: str) -> None:
         if rank not in (k.rank for k in self.kills):

@@ -22,23 +22,23 @@ from ...errors import (
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import interrupts, supervision
-from .distributed import detect_launch
-from .suite import run_suite
+from .phases import SinkFactory, run_suite
+from .rendezvous import detect_launch
 
 LINGER_S = 1.0
 """How long a rank's exit waits for threads its blocks left running before it ends anyway."""
 
 
-def run_worker(suite: SuiteSpec, options: RunOptions) -> int:
-    """Run ``suite`` on this rank; returns its exit status. What ends the run before its own
-    protocol takes over is said here in one line; what blocks leave behind cannot hold the
-    exit (children ended, threads given :data:`LINGER_S`)."""
+def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None = None) -> int:
+    """Run ``suite`` on this rank (rank 0 reporting to a ``sink``); returns its exit status.
+    What ends the run before its own protocol takes over is said here in one line; what blocks
+    leave behind cannot hold the exit (children ended, threads given :data:`LINGER_S`)."""
     launch = detect_launch()
     rank, status = launch.rank, EXIT_FAILED
     one_intra_op_thread_unless_chosen(os.environ)
     try:
         with supervision.exits_refused():
-            status = run_suite(suite, options, launch)
+            status = run_suite(suite, options, launch, sink)
     except (ConfigError, OptionError) as err:
         if rank == 0:  # every rank found it; one says it
             say(user_error_message(err))

@@ -9,14 +9,11 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
-
-import numpy as np
 
 from ...errors import (
     EXIT_FAILED,
@@ -28,7 +25,7 @@ from ...errors import (
     cause_of,
     say,
 )
-from ..analysis.aggregate import Reducer
+from ..measure.rig import RankPlace
 from . import interrupts, supervision
 from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
 from .preflight import SHARED_GPU_VARIABLE, resolve_backend
@@ -158,45 +155,14 @@ def free_port() -> int:
 
 
 @dataclass(kw_only=True)
-class DistContext:
-    """The initialised runtime of one rank."""
+class DistContext(RankPlace):
+    """One rank once distributed is initialised: its place, and the store's side of the shell."""
 
     launch: LaunchInfo
-    backend: str
-    device: Any
-    """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
     agreement: StoreExchange
-    hosts: tuple[str, ...] = ()
-    """Host name of every rank, by rank."""
-    devices: tuple[int, ...] = ()
-    """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
     ended_watch: EndedWatch | None = None
     hosts_store: bool = False
     """The rendezvous store lives in this process: it goes away when this process ends."""
-
-    @property
-    def one_host(self) -> bool:
-        """Every rank runs on this host, so they read one CLOCK_MONOTONIC / CLOCK_REALTIME."""
-        return len(set(self.hosts)) <= 1
-
-    @property
-    def ranks_per_gpu(self) -> int | None:
-        """Most ranks sharing one GPU (over 1 only in NCCL's multi-rank test mode); None on CPU."""
-        if not self.is_cuda:
-            return None
-        return max(Counter(zip(self.hosts, self.devices, strict=True)).values(), default=1)
-
-    @property
-    def rank(self) -> int:
-        return self.launch.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.launch.world_size
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
 
 
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
@@ -282,6 +248,8 @@ def init_distributed(
             holding=interrupts.holding,
         ).start()
     return DistContext(
+        rank=launch.rank,
+        world_size=launch.world_size,
         hosts=tuple(h for h, _ in places),
         devices=tuple(d for _, d in places),
         launch=launch,
@@ -463,20 +431,3 @@ def shutdown_distributed(ctx: DistContext | None = None) -> None:
             dist.destroy_process_group()
         except Exception as exc:  # teardown after a failure must not mask the real error
             log.debug("destroy_process_group failed: %s", exc)
-
-
-def torch_reducer(group: object) -> Reducer:
-    """A :data:`Reducer` over a (gloo) process group."""
-
-    def reduce(values: np.ndarray, op: str) -> np.ndarray:
-        import torch
-        import torch.distributed as dist
-
-        ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
-        dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
-        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
-        dist.all_reduce(tensor, op=ops[op], group=group)
-        return tensor.numpy()
-
-    return reduce

@@ -1,0 +1,1 @@
+"""One rank's measurement: its patterns' phases, lanes, gate and windows (no agreement)."""

@@ -1,0 +1,284 @@
+"""One rank's whole run, the cluster shell around core/measure: meet the other ranks, set up the
+rig, run each pattern's phases and agree with every rank after each one (agreement.py), hand
+each outcome to rank 0's sink, leave together. One rank's failure ends every rank with the
+same error, and what finished before is saved (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch.distributed as tdist
+
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
+from ..analysis.records import PatternOutcome
+from ..config.options import RunOptions, shared_options
+from ..config.spec import PatternSpec, SuiteSpec
+from ..measure.pattern import PatternRun
+from ..measure.rig import Rig, make_rig
+from . import interrupts, supervision
+from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
+from .communicators import Communicators
+from .rendezvous import DistContext, LaunchInfo, apply_env, init_distributed, shutdown_distributed
+
+log = logging.getLogger("maestro")
+
+
+class Sink(Protocol):
+    """Rank 0's reporter, which the command line chooses (core/output/reporter.py); an error
+    it raises while saving is agreed on by every rank, as phase ``output``."""
+
+    def start(self, place: Any, profiler: Any, calibration: Mapping[str, float]) -> None: ...
+
+    def note(self, doing: str, step: int = 0, steps: int = 0) -> None: ...
+
+    def finished(
+        self, pattern: PatternSpec, outcome: PatternOutcome, run_info: Mapping[str, str]
+    ) -> None: ...
+
+    def failed(self, pattern: str, message: str) -> None: ...
+
+    def close(self, status: int) -> None: ...
+
+
+SinkFactory = Callable[..., Sink]
+"""Makes rank 0's sink: ``factory(suite, options, guard=interrupts.held)``."""
+
+
+@dataclass
+class _Ending:
+    """How this rank's run ends, as far as it knows: the status, whether every rank answered
+    (nobody waits again for one that died or hung), the ranks a verdict named as gone and that
+    verdict, a signal after the last agreement (no closing round to hold)."""
+
+    rank: int
+    status: int = EXIT_OK
+    everyone_answered: bool = True
+    missing: set[int] = field(default_factory=set)
+    verdict: str = ""
+    late_interrupt: bool = False
+
+    def failed(self, err: RunError) -> None:
+        self.everyone_answered = err.everyone_answered
+        self.missing.update(err.missing or ())
+        self.verdict = self.verdict or (str(err) if err.missing else "")
+        self.status = EXIT_INTERRUPTED if err.interrupted else EXIT_FAILED
+
+
+def run_suite(
+    suite: SuiteSpec, options: RunOptions, launch: LaunchInfo, sink: SinkFactory | None = None
+) -> int:
+    """Run every pattern of ``suite`` (validated for this launch) on this rank, rank 0 telling
+    a ``sink`` of it; returns the exit status (0, 1 a pattern failed, 130 interrupted).
+    ConfigError/OptionError: ranks started inconsistently; RunError: this rank cannot join."""
+    apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
+    restore_signals = interrupts.install()
+    try:
+        with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
+            dist = init_distributed(
+                launch,
+                backend=options.backend,
+                timeout_s=suite.timeout_s,
+                shared={"pattern_sha256": suite.text_sha256, "options": shared_options(options)},
+                source=suite.source,
+            )
+    except BaseException:
+        restore_signals()
+        raise
+    end = _Ending(dist.rank)
+    report = None
+    if sink is not None and dist.rank == 0:
+        report = sink(suite, options, guard=interrupts.held)
+    rig = None
+    try:
+        rig = _phase_setup(suite, options, dist)
+        if report is not None:
+            report.start(dist, rig.profiler, rig.calibration)
+            rig.note = report.note
+        for pattern in suite.patterns:
+            if not _one_pattern(rig, dist, pattern, end, report):
+                break
+        if end.status == EXIT_OK and interrupts.pending_interrupt():
+            # The signal came after the last agreement: every rank finished every pattern, so
+            # there is nobody to tell and nothing to wait for; only the exit status says it.
+            end.late_interrupt = True
+            end.status = EXIT_INTERRUPTED
+    except RunError as err:
+        end.failed(err)
+        if (report is not None or not end.everyone_answered) and not err.interrupted:
+            say(f"maestro: {err}")
+    except KeyboardInterrupt as exc:
+        # A second signal outside a phase: this rank leaves at once, without the agreement.
+        end.everyone_answered = False
+        peer = isinstance(exc, interrupts.PeerExited)  # the launcher reports the exited worker
+        end.status = EXIT_FAILED if peer else EXIT_INTERRUPTED
+    except BaseException as exc:  # SystemExit or a bug: reported, and left to the others
+        end.everyone_answered = False
+        end.status = EXIT_FAILED
+        say(f"maestro: rank {dist.rank}: stopped by {cause_of(exc)}")
+    finally:
+        _leave(dist, rig, end, report)
+        restore_signals()
+    return end.status
+
+
+def setup_rig(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Rig:
+    """This rank's rig: the gloo group of its cross-rank figures, one communicator per team of
+    each axis a block uses, then its profiler and lanes (core/measure/rig.py)."""
+    used = {b.axis for p in suite.patterns for b in p.blocks}
+    sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
+    comms = Communicators(
+        suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
+    )
+    return make_rig(suite, options, dist, comms, sync_group)
+
+
+def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
+    rig = None
+    error: BaseException | None = None
+    groups = len(suite.axes) + 2  # each new group may wait timeout_s for its peers
+    try:
+        with interrupts.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
+            rig = setup_rig(suite, options, dist)
+    except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
+        error = exc
+    agree(dist.agreement, dist.rank, "setup", error)
+    return rig
+
+
+def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], Any]) -> None:
+    """Run ``work``, then agree with every rank: each raises the same error when one failed. An
+    interrupt is reported through the agreement too: every rank stops with the same message."""
+    error: BaseException | None = None
+    if rig.note is not None:
+        rig.note(f"{pattern}: {phase}")
+    # Where a rank that ends without a word was: the phase the others' agreement will name.
+    supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
+    try:
+        with interrupts.deliverable():  # the only place a signal stops a pattern
+            work()
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
+        error = exc
+        log.debug("rank %d failed in %s: %s", dist.rank, phase, exc, exc_info=True)
+    # Phases that issue collectives leave them half-done when one rank stops early.
+    agree(dist.agreement, dist.rank, phase, error, pattern=pattern, contained=phase == "setup")
+
+
+def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> PatternOutcome:
+    """Every phase of ``pattern`` on this rank, each agreed, then its teardown and outcome. A
+    failure that left collectives half-issued aborts the communicators before the teardown."""
+    drain_s = grace_s(rig.suite.timeout_s)  # after a failure, for the device to finish
+    run = PatternRun(rig, pattern)
+    failed = False
+    try:
+        for phase, work in run.phases():
+            _phase(rig, dist, phase, pattern.name, work)
+    except RunError as err:
+        failed = True
+        if not err.contained:
+            # Some ranks may have collectives in flight that their peers will never join:
+            # abort the communicators before teardown waits on them.
+            rig.wedged = not rig.comms.abort()
+        raise
+    finally:
+        run.teardown(failed=failed, drain_s=drain_s)
+    return run.outcome()
+
+
+def _one_pattern(
+    rig: Rig, dist: DistContext, pattern: PatternSpec, end: _Ending, report: Sink | None
+) -> bool:
+    """Measure ``pattern``, report it, and agree that it was torn down and reported (phase
+    ``output``: a teardown's error, or rank 0's files that cannot be written, stop every rank).
+    False: the run stops here."""
+    outcome, failure, error = None, None, None
+    try:
+        outcome = measure_pattern(rig, dist, pattern)
+    except RunError as err:
+        failure = err
+        end.failed(err)
+        if report is None and err.missing and 0 in err.missing:
+            say(f"maestro: {err}")  # rank 0 is gone: it cannot say it
+    except Exception as exc:  # the pattern's teardown (its phases were agreed): said below
+        error = RunError(cause_of(exc), phase="teardown")
+        error.__cause__ = exc
+    if outcome is not None and outcome.check_failed:
+        end.status = max(end.status, EXIT_FAILED)  # wrong results fail; numbers are saved
+    stop_on_error = rig.suite.stop_on_error
+    stop = failure is not None and (
+        end.status != EXIT_FAILED or stop_on_error or not failure.contained
+    )
+    if report is not None and error is None:
+        try:
+            if outcome is not None:
+                report.finished(pattern, outcome, rig.profiler.run_info())
+            else:
+                report.failed(pattern.name, str(failure))
+        except Exception as exc:  # a full disk, a folder removed: every rank stops
+            error = exc if isinstance(exc, RunError) else RunError(cause_of(exc))
+            if stop:
+                say(f"maestro: rank 0, phase output, pattern {pattern.name!r}: {error.detail}")
+    return not stop and _agree_output(dist, pattern.name, error, end, report, stop_on_error)
+
+
+def _agree_output(
+    dist: DistContext,
+    pattern: str,
+    error: RunError | None,
+    end: _Ending,
+    report: Sink | None,
+    stop_on_error: bool,
+) -> bool:
+    """The agreement that ends a pattern; False: the run stops."""
+    try:
+        agree(dist.agreement, dist.rank, "output", error, pattern=pattern)
+    except RunError as err:  # a teardown, or rank 0's files
+        end.failed(err)
+        if report is not None and err.phase == "teardown":
+            try:
+                report.failed(pattern, str(err))
+            except Exception as exc:  # the sink's RunError names the file's error as its cause
+                say(f"maestro: rank 0: cannot save the failure: {cause_of(exc.__cause__ or exc)}")
+        elif report is not None or not end.everyone_answered:
+            say(f"maestro: {err}")
+        return err.phase == "teardown" and not stop_on_error and err.contained
+    return True
+
+
+def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None) -> None:
+    """Rank 0 closes its report, the ranks a verdict gave up on are told, the others leave
+    together (a launcher that sees one fail kills the rest), the rig is torn down."""
+    if report is not None:
+        report.close(end.status)
+    # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
+    # or by their own watch of the store: a rank stuck in a block has no other way out).
+    supervision.reached_verdict(end.status, end.missing)
+    if gone := sorted(end.missing - {end.rank}):  # told the run ended (agreement.EndedWatch)
+        try:
+            with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=end.status):
+                post_ended(dist.agreement.store, gone, end.verdict, wait=dist.hosts_store)
+        except Exception as exc:  # the store went away with its host: nobody left to tell
+            log.debug("could not post the end of the run: %s", exc)
+    if end.status and end.everyone_answered and not end.late_interrupt:
+        try:
+            agree(dist.agreement, dist.rank, "exit", None)  # the closing round: leave together
+        except Exception as exc:  # the run already failed; this is only about timing
+            log.debug("closing round: %s", exc)
+    if rig is not None and rig.wedged:
+        _leave_wedged(end.status, end.rank)
+    # Communicators first: CUPTI detached while NCCL still held its communicators was
+    # seen to crash the process in destroy_process_group (SIGSEGV after the results).
+    try:
+        shutdown_distributed(dist)
+    finally:
+        if rig is not None:
+            rig.profiler.close()
+
+
+def _leave_wedged(status: int, rank: int) -> None:
+    """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
+    everything is saved and printed, so the process ends here."""
+    supervision.hard_exit(status or EXIT_FAILED, rank)
