@@ -123,7 +123,7 @@ def child(variant: str) -> dict[str, Any]:
                 torch.cuda.synchronize()
                 if push:  # without external ids there is nothing to attribute
                     try:
-                        att = prof.end_window()
+                        att = prof.attribute_window()
                         spans = (att.end_ns - att.start_ns)[0]
                         attributed = f"ok ({float(np.median(spans)) / 1e3:.2f} us/launch)"
                     except Exception as exc:  # attribution refused: unmatched activities
@@ -133,7 +133,7 @@ def child(variant: str) -> dict[str, Any]:
                 "attribution": attributed,
             }
     if prof is not None:
-        prof.stop()
+        prof.close()
     return result
 
 

@@ -286,7 +286,7 @@ def held_kernel(
         prof.pop()
     enqueue_ns = time.perf_counter_ns() - t0
     host_done_ns = time.time_ns()  # CUPTI timestamps are CLOCK_REALTIME, as time.time_ns()
-    att = prof.end_window()
+    att = prof.attribute_window()
     spans_us = [float(d) / 1e3 for d in att.duration_ns[0]]
     gate_end = int(att.gate_end_ns[0])
     return {
@@ -332,7 +332,7 @@ def gated_kernel(
         prof.pop()
         enqueue_ns += time.perf_counter_ns() - t0
         done_ns.append(time.time_ns())  # CUPTI timestamps are CLOCK_REALTIME
-    att = prof.end_window()
+    att = prof.attribute_window()
     spans_us = [float(d) / 1e3 for d in att.duration_ns[0]]
     gate_end = [int(g) for g in att.gate_end_ns]
     return {
@@ -397,7 +397,7 @@ def in_process(
                     traceback.print_exc()
     finally:
         _destroy_group()  # before CUPTI is detached (see core/session.py)
-        prof.stop()
+        prof.close()
     return out
 
 

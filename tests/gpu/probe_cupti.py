@@ -62,7 +62,7 @@ def warmup_discard(prof: CuptiProfiler, torch) -> None:
         torch.mm(a, b)
         prof.pop()
     t0 = time.perf_counter_ns()
-    att = prof.end_window(1, 20)
+    att = prof.attribute_window(1, 20)
     t_end = time.time_ns()
     print(f"  end_window (sync+flush+join) took {us(time.perf_counter_ns() - t0)}")
     acts = prof.last_activities
@@ -106,7 +106,7 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
                 torch.mm(a, b)
                 prof.pop()
         torch.cuda.synchronize()
-    att = prof.end_window(2, iters)
+    att = prof.attribute_window(2, iters)
     skew = np.abs(att.start_ns[0] - att.start_ns[1])
     delay = att.start_ns.min(axis=0) - att.gate_end_ns
     print(f"  start skew |block0 - block1|: {us(skew)}")
@@ -148,7 +148,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             prof.push(1, it)
             dist.all_gather_into_tensor(out, inp, async_op=True).wait()
             prof.pop()
-        att = prof.end_window(2, 5)
+        att = prof.attribute_window(2, 5)
         acts = prof.last_activities
         for b, label in enumerate(("async_op=False", "async_op=True ")):
             mine = acts.block == b
@@ -169,7 +169,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
         dist.all_reduce(buf)
         prof.pop()
         try:
-            prof.end_window(1, 1)
+            prof.attribute_window(1, 1)
             check(False, "1-rank in-place all_reduce reported as an error")
         except AttributionError as exc:
             print(f"  1-rank in-place all_reduce -> AttributionError: {exc}")
@@ -207,7 +207,7 @@ def counted_callbacks(prof: CuptiProfiler) -> list[tuple[int, int]]:
 
 def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
     """A window spanning many small buffers: all attributed; where were they parsed?"""
-    prof_unused.stop()
+    prof_unused.close()
     prof = CuptiProfiler(buffer_size_bytes=256 << 10)
     calls = counted_callbacks(prof)
     prof.start()
@@ -222,7 +222,7 @@ def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
             prof.pop()
         enqueue = time.perf_counter_ns() - t0
         cb_before = sum(ns for _, ns in calls)
-        att = prof.end_window(1, iters)
+        att = prof.attribute_window(1, iters)
         other = sum(thread != threading.get_ident() for thread, _ in calls)
         print(
             f"  {iters} matmuls enqueued in {enqueue / 1e6:.1f} ms; {len(calls)} buffers, "
@@ -231,7 +231,7 @@ def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
         )
         check(int(att.activity_count.sum()) == iters, f"{iters} kernels over many buffers")
     finally:
-        prof.stop()
+        prof.close()
 
 
 def parse_costs(torch) -> None:
@@ -257,7 +257,7 @@ def parse_costs(torch) -> None:
             torch.mm(a, a)
             b.copy_(a)
             prof.pop()
-        prof.end_window(1, 300)
+        prof.attribute_window(1, 300)
         records = [r for batch in kept for r in batch]
         n = len(records)
         print(
@@ -290,7 +290,7 @@ def parse_costs(torch) -> None:
         print(f"  rows: {counts}")
     finally:
         kept.clear()
-        prof.stop()
+        prof.close()
 
 
 def join_rate() -> None:
@@ -333,7 +333,7 @@ def main() -> int:
         f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
     )
     torch.ones(1, device="cuda")  # CUDA context exists before CUPTI starts, as in the harness
-    prof = CuptiProfiler(keep_activities=True)  # the checks read the named activities
+    prof = CuptiProfiler(trace=True)  # the checks read the named activities
     prof.start()
     try:
         for title, step in (
@@ -349,12 +349,12 @@ def main() -> int:
             except Exception:
                 traceback.print_exc()
                 failures.append(title)
-                prof.stop()  # leave CUPTI clean, then carry on with a fresh profiler
-                prof = CuptiProfiler(keep_activities=True)
+                prof.close()  # leave CUPTI clean, then carry on with a fresh profiler
+                prof = CuptiProfiler(trace=True)
                 prof.start()
     finally:
-        prof.stop()
-        prof.stop()  # twice is safe
+        prof.close()
+        prof.close()  # twice is safe
     print("record parsing costs")
     try:
         parse_costs(torch)

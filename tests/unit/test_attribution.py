@@ -547,7 +547,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     prof.push_harness()
     fake.launch("CONCURRENT_KERNEL")
     prof.pop()
-    att = prof.end_window()
+    att = prof.attribute_window()
     np.testing.assert_array_equal(att.activity_count, np.ones((2, 3)))
     assert att.kernel_ctas_max.tolist() == [16, 0]
     assert (att.gate_end_ns > 0).all()
@@ -555,8 +555,8 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     assert prof._parser.mode == ("objects" if parse == "objects" else "numpy")
     with pytest.raises(RuntimeError, match="begin_window"):
         prof.push(0, 0)
-    prof.stop()
-    prof.stop()
+    prof.close()
+    prof.close()
     assert ("finalize",) in fake.calls and not fake.enabled
 
 
@@ -570,11 +570,11 @@ def test_cupti_profiler_reports_unpushed_work_and_cleans_up_after_errors(fake_cu
     prof.pop()
     fake.launch("MEMCPY")  # enqueued outside every block
     with pytest.raises(AttributionError) as info:
-        prof.end_window(1, 1)
+        prof.attribute_window(1, 1)
     assert info.value.counts == {"no_external_id": 1}
     prof.begin_window(4)
     prof.push(0, 0)  # an exception here would leave the id pushed: stop() pops it
-    prof.stop()
+    prof.close()
     assert fake.stack == [] and not fake.enabled
 
 
@@ -602,8 +602,8 @@ def test_cupti_profiler_surfaces_callback_errors(fake_cupti):
     prof.begin_window(0)
     fake.pending.append(SimpleNamespace(kind=fake.ActivityKind.CONCURRENT_KERNEL))  # no fields
     with pytest.raises(RuntimeError, match="parsing CUPTI records failed"):
-        prof.end_window(1, 1)
-    prof.stop()
+        prof.attribute_window(1, 1)
+    prof.close()
 
 
 def test_window_buffer_holds_the_whole_window(fake_cupti):
@@ -618,7 +618,7 @@ def test_window_buffer_holds_the_whole_window(fake_cupti):
     assert prof._buffer_requested()[0] == 20_000 * backend.BYTES_PER_LAUNCH
     prof.begin_window(2, num_blocks=1, num_iters=5)  # the next window: sized again
     assert prof._buffer_requested()[0] == backend.BUFFER_SIZE_BYTES
-    prof.stop()
+    prof.close()
 
 
 class _NameNotRead(SimpleNamespace):
@@ -632,7 +632,7 @@ class _NameNotRead(SimpleNamespace):
 @pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])
 def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, parse):
     fake, backend = fake_cupti
-    prof = backend.CuptiProfiler(parse=parse, keep_activities=True)
+    prof = backend.CuptiProfiler(parse=parse, trace=True)
     prof.start()
     prof.begin_window(2, num_blocks=3, num_iters=2)
     for it in range(2):
@@ -651,7 +651,7 @@ def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, pa
         fake.launch("CONCURRENT_KERNEL", grid=(4, 2, 1), name="gemm_kernel")
         fake.launch("MEMSET")
         prof.pop()
-    att = prof.end_window()
+    att = prof.attribute_window()
     acts = prof.last_activities
     assert prof._parser.mode == ("objects" if parse == "objects" else "numpy")
     assert len(acts) == int(att.activity_count.sum()) == 8  # the gate's kernels are left out
@@ -674,7 +674,7 @@ def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, pa
     call_names = {acts.names[i] for i in calls.name_index.tolist()}
     assert call_names == {"cudaLaunchKernel", "cuLaunchKernelEx"}  # version suffix dropped
     assert set(calls.thread_id.tolist()) == {88}
-    prof.stop()
+    prof.close()
 
 
 def test_cupti_profiler_without_a_trace_reads_no_names(fake_cupti):
@@ -687,10 +687,10 @@ def test_cupti_profiler_without_a_trace_reads_no_names(fake_cupti):
     prof.pop()
     record = fake.pending[-1]
     fake.pending[-1] = _NameNotRead(**{k: v for k, v in vars(record).items() if k != "name"})
-    att = prof.end_window()
+    att = prof.attribute_window()
     assert int(att.activity_count.sum()) == 1 and prof.last_activities is None
     assert att.activity_block is None  # per-activity arrays only when asked for
-    prof.stop()
+    prof.close()
 
 
 def test_per_activity_attribution_marks_harness_work():
@@ -736,9 +736,9 @@ def test_cupti_records_only_the_api_calls_that_enqueue_device_work(fake_cupti):
         prof.push(0, it)
         fake.launch("CONCURRENT_KERNEL")  # an ext, an API and a kernel record
         prof.pop()
-    prof.end_window()
+    prof.attribute_window()
     assert prof.records_per_iteration == 3.0
-    prof.stop()
+    prof.close()
 
 
 def test_cupti_without_per_function_choice_records_every_api_call(fake_cupti):
@@ -746,7 +746,7 @@ def test_cupti_without_per_function_choice_records_every_api_call(fake_cupti):
     prof = backend.CuptiProfiler()
     prof.start()
     assert prof.api_records.startswith("all (this cupti-python has no activity_enable_runtime_api")
-    prof.stop()
+    prof.close()
 
 
 def test_the_registered_cupti_profiler_times_a_window_and_says_its_version(fake_cupti, monkeypatch):

@@ -115,24 +115,26 @@ def api_record_filter(cupti: Any) -> str:
     return "launches"
 
 
-class CuptiProfiler:
-    """Device timestamps per (block, iteration) from CUPTI's activity API, one rank.
+class CuptiProfiler(Profiler):
+    """Device timestamps per (block, iteration) from CUPTI's activity API, one rank: CLOCK_REALTIME
+    nanoseconds of this host. Per window: begin_window, push/pop around each block's enqueue
+    (the lanes' before/after; push_gate/push_harness for gate and sync work), then end_window
+    (WindowTimings) or attribute_window (the Attribution itself).
 
-    Timestamps are CUPTI's, CLOCK_REALTIME nanoseconds of this host: compare them only
-    within one rank. Usage: start(); per window begin_window(w), push/pop around each
-    block's enqueue (push_gate/push_harness for gate and sync work), end_window(); stop().
-
-    ``keep_activities`` (for ``--trace``): also read kernel names, copy kinds and the API
-    calls, and keep each window's block activities in ``last_activities``. It costs parsing
-    time per record, so it is off unless a trace is wanted.
+    ``trace`` (``--trace``, an imported step): also read kernel names, copy kinds and the API
+    calls into ``last_activities``; it costs parsing time per record, so it is off otherwise.
     """
+
+    name = "cupti"
+    times = "cuda"
+    described = "CUPTI's device timestamps"
 
     def __init__(
         self,
         *,
+        trace: bool = False,
         buffer_size_bytes: int = BUFFER_SIZE_BYTES,
         parse: str = "auto",
-        keep_activities: bool = False,
     ) -> None:
         ok, message = cupti_available()
         if not ok:
@@ -152,9 +154,9 @@ class CuptiProfiler:
         self._min_buffer_bytes = int(buffer_size_bytes)
         self._buffer_size_bytes = self._min_buffer_bytes
         """What the next buffer request gets (sized per window by begin_window)."""
-        self.keep_activities = keep_activities
+        self.keep_activities = trace
         self._parser = _RecordParser(
-            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=keep_activities
+            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=trace
         )
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
@@ -173,9 +175,12 @@ class CuptiProfiler:
         self._window_records = 0
         self._window_iters = 0
         self.last_activities: DeviceActivities | None = None
-        """With ``keep_activities``: the last ended window's block activities, named."""
+        """With ``trace``: the last ended window's block activities, named."""
 
-    # -- lifecycle ------------------------------------------------------------------------
+    @classmethod
+    def unusable(cls) -> str:
+        ok, why = cupti_available()
+        return "" if ok else why
 
     def start(self) -> None:
         """Register the buffer callbacks and enable the activity kinds."""
@@ -204,7 +209,7 @@ class CuptiProfiler:
             return None
         return self._window_records / self._window_iters
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """Flush, disable and finalise CUPTI; safe twice and on an exception path."""
         if not self._started:
             return
@@ -243,8 +248,6 @@ class CuptiProfiler:
         while self._enabled:
             self._cupti.activity_disable(self._enabled.pop())
 
-    # -- windows --------------------------------------------------------------------------
-
     def begin_window(
         self,
         window_id: int,
@@ -253,7 +256,7 @@ class CuptiProfiler:
         present: np.ndarray | None = None,
     ) -> None:
         """Flush and discard everything captured so far (warmup included); open a window.
-        num_blocks/num_iters/present, if given, are end_window's defaults and size its buffer."""
+        num_blocks/num_iters/present, if given, are the window's shape and size its buffer."""
         self._require_started()
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
@@ -280,7 +283,10 @@ class CuptiProfiler:
         self._shape = None if num_blocks is None else (num_blocks, num_iters)
         self._present = None if present is None else np.asarray(present, dtype=bool).copy()
 
-    def end_window(
+    def end_window(self) -> WindowTimings:
+        return self.attribute_window().timings(self._present, self.last_activities)
+
+    def attribute_window(
         self,
         num_blocks: int | None = None,
         num_iters: int | None = None,
@@ -334,8 +340,6 @@ class CuptiProfiler:
             logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
             return None
 
-    # -- external ids (on the thread that enqueues) ---------------------------------------
-
     def push(self, block_index: int, iteration: int) -> None:
         """Attribute what this thread enqueues until pop() to (block_index, iteration)."""
         if block_index >= GATE_BLOCK:
@@ -356,14 +360,24 @@ class CuptiProfiler:
         self._push_id(self._ext_kind, encode_external_id(self._window_id, block_index, iteration))
         self._depth += 1
 
-    def pop(self) -> None:
-        """End the innermost push."""
+    def pop(self, *_: int) -> None:
+        """End the innermost push (the lanes' ``after`` and ``gate_end``)."""
         if self._depth <= 0:
             raise RuntimeError("pop without push")
         self._pop_id(self._ext_kind)
         self._depth -= 1
 
-    # -- buffers --------------------------------------------------------------------------
+    before, gate_begin = push, push_gate
+    after = gate_end = pop
+
+    def run_info(self) -> dict[str, str]:
+        info = {
+            "cupti_python_version": importlib.metadata.version("cupti-python"),
+            "cupti_api_records": self.api_records,
+        }
+        if self.records_per_iteration is not None:
+            info["cupti_records_per_iteration"] = f"{self.records_per_iteration:.1f}"
+        return info
 
     def _require_started(self) -> None:
         if not self._started:
@@ -409,57 +423,3 @@ class CuptiProfiler:
             names = tuple(self._parser.names) if self.keep_activities else ()
         records, ext = activity_records(chunks), external_correlation(chunks["ext"])
         return records, ext, named_records(chunks, names) if self.keep_activities else None
-
-
-class CuptiWindowProfiler(Profiler):
-    """:class:`CuptiProfiler` as the run's profiler: every kernel, memcpy and memset of a window
-    attributed to its (block, iteration)."""
-
-    name = "cupti"
-    times = "cuda"
-    described = "CUPTI's device timestamps"
-
-    def __init__(self, *, trace: bool = False) -> None:
-        self.cupti = CuptiProfiler(keep_activities=trace)
-
-    @classmethod
-    def unusable(cls) -> str:
-        ok, why = cupti_available()
-        return "" if ok else why
-
-    def start(self) -> None:
-        self.cupti.start()
-
-    def begin_window(
-        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
-    ) -> None:
-        # Flushes and discards everything captured before: warmup never reaches the numbers.
-        self._present = np.asarray(present, dtype=bool).copy()
-        self.cupti.begin_window(window_id, num_blocks, num_iters, self._present)
-
-    def before(self, block: int, iteration: int) -> None:
-        self.cupti.push(block, iteration)
-
-    def after(self, block: int, iteration: int) -> None:
-        self.cupti.pop()
-
-    def gate_begin(self, iteration: int) -> None:
-        self.cupti.push_gate(iteration)
-
-    def gate_end(self, iteration: int) -> None:
-        self.cupti.pop()
-
-    def end_window(self) -> WindowTimings:
-        return self.cupti.end_window().timings(self._present, self.cupti.last_activities)
-
-    def run_info(self) -> dict[str, str]:
-        info = {
-            "cupti_python_version": importlib.metadata.version("cupti-python"),
-            "cupti_api_records": self.cupti.api_records,
-        }
-        if self.cupti.records_per_iteration is not None:
-            info["cupti_records_per_iteration"] = f"{self.cupti.records_per_iteration:.1f}"
-        return info
-
-    def close(self) -> None:
-        self.cupti.stop()

@@ -7,13 +7,13 @@ import logging
 
 from ...errors import OptionError
 from .cuda_events import EventProfiler
-from .cupti import CuptiWindowProfiler
+from .cupti import CuptiProfiler
 from .host_clock import HostProfiler
 from .profiler import Profiler
 
 log = logging.getLogger("maestro")
 
-PROFILERS: tuple[type[Profiler], ...] = (CuptiWindowProfiler, EventProfiler, HostProfiler)
+PROFILERS: tuple[type[Profiler], ...] = (CuptiProfiler, EventProfiler, HostProfiler)
 """Every profiler, in the order ``auto`` tries them."""
 
 
