@@ -161,7 +161,7 @@ def worker(
     def maestro_window() -> float:
         dist.barrier(group=timer_group)
         s = time.perf_counter()
-        timings, _ = windows.timed_window(run, lanes, num_iters, run.present)
+        timings, _ = windows.timed(run, lanes, num_iters, run.present)
         return time.perf_counter() - s
 
     def hand_window() -> float:

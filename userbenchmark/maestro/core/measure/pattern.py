@@ -1,6 +1,5 @@
-"""One pattern on one rank: its blocks and lanes, its phases (setup, measure, analysis,
-baseline, check) in order, and the outcome they measured. The cluster shell runs each phase
-and agrees with every rank after it (core/runtime/phases.py); nothing here agrees."""
+"""One pattern on one rank: its blocks and lanes, its phases in order, the outcome they
+measured. The cluster shell runs each phase and agrees after it (core/runtime/phases.py)."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ def _awaited(specs: Sequence[BlockSpec], lane_of_block: Sequence[int]) -> list[t
 def _lane_starts(
     lane_of_block: Sequence[int], after: Sequence[tuple[int, ...]], present: np.ndarray
 ) -> list[int]:
-    """Each block's lane, or -1 where its lane's first block here waits for another lane: that
-    lane does not start at the gate (left out of the lane skew and the gate delay). A rank that
-    does not run an awaited block has nothing to wait for."""
+    """Each block's lane, or -1 where its lane's first block here waits for another lane (a
+    rank that runs the awaited block): such a lane is left out of lane skew and gate delay."""
     firsts: dict[int, int] = {}
     for i in np.flatnonzero(present):
         firsts.setdefault(lane_of_block[i], int(i))
@@ -55,8 +53,6 @@ def _lane_starts(
 
 
 class PatternRun:
-    """One pattern on this rank: its blocks, lanes and the windows it measures."""
-
     def __init__(self, rig: Rig, pattern: PatternSpec) -> None:
         self.rig, self.pattern = rig, pattern
         specs, cuda = pattern.blocks, rig.place.is_cuda
@@ -92,8 +88,8 @@ class PatternRun:
         self._lanes: list[Lane] = []
 
     def phases(self) -> Iterator[tuple[str, Callable[[], None]]]:
-        """Each phase's name and work, in order; what runs between them (the lanes after
-        setup, the memory peak after the last phase) belongs to no phase."""
+        """Each phase's name and work, in order; what runs between them (the lanes, the memory
+        peak) belongs to no phase."""
         yield "setup", self.setup
         self._lanes = self.lanes()
         yield "measure", self.measure
@@ -142,7 +138,6 @@ class PatternRun:
             pool.register()  # after every buffer exists: registration covers the pool's segments
 
     def _check_memory(self, here: Sequence[int]) -> None:
-        """RunError before anything is allocated when the blocks ``here`` cannot fit."""
         place = self.rig.place
         need, host = 0, []
         for i in here:
@@ -171,8 +166,7 @@ class PatternRun:
             memory=available_host_memory(),
         )
 
-    def _pool(self, axis: str) -> Any:
-        """The registered-memory pool of this rank's communicator on ``axis`` (one per pattern)."""
+    def _pool(self, axis: str) -> Any:  # one per communicator and pattern
         from .registration import RegisteredPool
 
         if axis not in self.pools:
@@ -214,9 +208,7 @@ class PatternRun:
             self.captured = capture_blocks(lanes, self.names, ops, self.rig.place.device)
             lanes = self.lanes()
             windows.warmup(self, lanes, self.present)
-        self.timings, self.host = windows.timed_window(
-            self, lanes, self.pattern.num_iters, self.timed
-        )
+        self.timings, self.host = windows.timed(self, lanes, self.pattern.num_iters, self.timed)
 
     def analyse(self) -> None:
         self.agg = windows.summary(self, self.timings, self.host)
@@ -226,8 +218,7 @@ class PatternRun:
     def trace_steps(self) -> None:
         self.steps = windows.rank_steps(self, self.timings)
 
-    def baseline(self) -> None:
-        """Each block alone, for the pattern's iterations."""
+    def baseline(self) -> None:  # each block alone, for the pattern's iterations
         num_blocks, note = len(self.names), self.rig.note
         rows = np.full((num_blocks, self.pattern.num_iters), np.nan)
         for b in range(num_blocks):
@@ -244,7 +235,7 @@ class PatternRun:
             # run warm where the pattern's ran after a wait.
             sync = "none" if self.rig.place.is_cuda and not self.is_comm[b] else None
             windows.warmup(self, lanes, only, sync)
-            timings, host = windows.timed_window(self, lanes, self.pattern.num_iters, only, sync)
+            timings, host = windows.timed(self, lanes, self.pattern.num_iters, only, sync)
             rows[b] = windows.summary(self, timings, host).latency_ns[b]
         self.isolated = Isolated(latency_ns=rows)
 
@@ -267,10 +258,9 @@ class PatternRun:
         self.wrong = windows.reducer(self.rig.sync_group)(wrong, "sum")
 
     def teardown(self, *, failed: bool, drain_s: float) -> None:
-        """Free the pattern's graphs, blocks and buffers once the device is done with them
-        (after a failure within ``drain_s``: an aborted collective ends at once). Work still
-        running then keeps its buffers; the rig is marked wedged (a synchronize would never
-        return) and the rank leaves after saving."""
+        """Free the graphs, blocks and buffers once the device is done with them (after a
+        failure within ``drain_s``); work still running then keeps them, and the rig is wedged:
+        a synchronize would never return, the rank leaves after saving."""
         rig = self.rig
         if rig.wedged:
             return  # NCCL kernels still hold the buffers; the process leaves without freeing
@@ -301,7 +291,6 @@ class PatternRun:
             torch.cuda.empty_cache()
 
     def outcome(self) -> PatternOutcome:
-        """The records of what the phases measured (after teardown)."""
         rig = self.rig
         outcome = build_outcome(
             rig.suite,

@@ -1,6 +1,6 @@
-"""One window of a pattern and its figures over the ranks: issued under a profiler with the
-garbage collector paused, the gate sized from a warmup window, the timings reduced to the
-cross-rank summary, every rank's intervals gathered for a trace. ``run`` is a PatternRun."""
+"""One window of a pattern (``run``: a PatternRun) and its figures over the ranks: issued under a
+profiler with the garbage collector paused, the gate sized from a warmup, the timings reduced
+to the cross-rank summary, every rank's intervals gathered for a trace."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as tdist
 
 from ..analysis import fidelity
@@ -33,8 +34,6 @@ def reducer(group: Any) -> Reducer:
     ops = {"max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN, "sum": tdist.ReduceOp.SUM}
 
     def reduce(values: np.ndarray, op: str) -> np.ndarray:
-        import torch
-
         array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
         dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
@@ -57,17 +56,13 @@ def issue(
     rig.window_id += 1
     profiler.begin_window(rig.window_id, len(run.names), num_iters, present)
     with gc_paused():
+        sync = sync or run.pattern.sync
         return rig.lanes.run_window(
-            lanes,
-            num_iters,
-            profiler,
-            sync=sync or run.pattern.sync,
-            block_names=run.names,
-            order=run.order,
+            lanes, num_iters, profiler, sync=sync, block_names=run.names, order=run.order
         )
 
 
-def timed_window(
+def timed(
     run: Any, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, sync: str | None = None
 ) -> tuple[WindowTimings, HostTimings]:
     host = issue(run, lanes, num_iters, present, run.rig.profiler, sync)
@@ -94,13 +89,12 @@ def warmup(run: Any, lanes: Sequence[Lane], present: np.ndarray, sync: str | Non
         rig.lanes.start_margin_us = float(reduce(proposal, "max")[0])
         return
     rig.lanes.gate_us = float(reduce(np.array([calibrated_gate_us(host.enqueue_ns)]), "max")[0])
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug(
-            "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
-            run.pattern.name,
-            rig.lanes.gate_us,
-            np.array2string(host.enqueue_ns / 1e3, precision=1, max_line_width=200),
-        )
+    log.debug(
+        "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
+        run.pattern.name,
+        rig.lanes.gate_us,
+        host.enqueue_ns / 1e3,
+    )
 
 
 def summary(run: Any, timings: WindowTimings, host: HostTimings) -> WindowAggregate:
@@ -121,8 +115,8 @@ def summary(run: Any, timings: WindowTimings, host: HostTimings) -> WindowAggreg
 
 
 def timeline(run: Any, timings: WindowTimings) -> Timeline | None:
-    """Every rank's intervals, on rank 0 (None elsewhere); one object per rank, blocks x
-    iterations each: only asked for with ``--trace``/``--plot``."""
+    """Every rank's intervals on rank 0 (None elsewhere): one object per rank, blocks x
+    iterations each, gathered only for ``--trace``/``--plot``."""
     place = run.rig.place
     mine = RankTimeline(
         rank=place.rank,
