@@ -133,7 +133,6 @@ def cmd_run(params: dict[str, Any]) -> int:
     """Check what can be checked before a worker starts (each failure one line, exit 2), in
     order: the launcher's variables, the options, this machine and the pattern file, validated
     once (preflight.prepare_suite), then the output locations; then run."""
-    from .core.output import plot
     from .core.output.locations import metrics_folder, prepare_output_locations
     from .core.output.reporter import Reporter
     from .core.runtime import preflight, rendezvous, supervision
@@ -155,10 +154,13 @@ def cmd_run(params: dict[str, Any]) -> int:
         configure_logging(options.log_level, ranked=not local)
         if launch.rank != 0:  # one copy of the loader's warnings per run
             logging.getLogger("maestro.config").setLevel(logging.ERROR)
-        preflight.check_machine(options, local_workers=world_size * local)
-        if options.plot and not plot.matplotlib_available():
-            raise OptionError(plot.MISSING_MATPLOTLIB)
-        suite = preflight.prepare_suite(params["config"], options, world_size=world_size)
+        suite = preflight.prepare_suite(
+            params["config"],
+            options,
+            world_size=world_size,
+            local_workers=world_size * local,
+            sink=Reporter,
+        )
         # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
         # output locations; the other ranks of a torchrun/srun launch do not touch them.
         if launch.rank == 0:

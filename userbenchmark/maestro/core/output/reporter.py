@@ -16,6 +16,7 @@ from typing import Any
 from ...errors import (
     EXIT_INTERRUPTED,
     STREAM_GONE,
+    OptionError,
     RunError,
     cause_of,
     detach_stream,
@@ -57,6 +58,14 @@ class Reporter:
         self._guard = guard
         self._stdout_lost = ""
         """Why standard output stopped taking the tables (its reader went away), or ""."""
+
+    @staticmethod
+    def check(options: RunOptions) -> None:
+        """OptionError for a file this machine cannot write (``--plot`` without matplotlib)."""
+        from .plot import MISSING_MATPLOTLIB, matplotlib_available
+
+        if options.plot and not matplotlib_available():
+            raise OptionError(MISSING_MATPLOTLIB)
 
     def start(self, place: Any, profiler: Any, calibration: Mapping[str, float]) -> None:
         """Open the writer with the metrics file's ``environ``: the run's settings on ``place``

@@ -44,8 +44,13 @@ class Sink(Protocol):
     def close(self, status: int) -> None: ...
 
 
-SinkFactory = Callable[..., Sink]
-"""Makes rank 0's sink: ``factory(suite, options, guard=interrupts.held)``."""
+class SinkFactory(Protocol):
+    """What the CLI hands the shell: it makes rank 0's sink, and says first (before any worker
+    starts) what the sink cannot write on this machine (OptionError)."""
+
+    def __call__(self, suite: SuiteSpec, options: RunOptions, *, guard: Any) -> Sink: ...
+
+    def check(self, options: RunOptions) -> None: ...
 
 
 @dataclass

@@ -5,12 +5,16 @@ the pattern file with the options applied."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ...errors import ConfigError, OptionError
 from ..config.loader import load_suite
 from ..config.options import RunOptions, apply_overrides
 from ..config.spec import SuiteSpec
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
+
+if TYPE_CHECKING:
+    from .phases import SinkFactory
 
 SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
@@ -93,16 +97,22 @@ def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
     )
 
 
-def check_machine(options: RunOptions, *, local_workers: int = 1) -> None:
-    """``--nproc``, the backend and the profiler against this machine (OptionError)."""
+def prepare_suite(
+    config: str,
+    options: RunOptions,
+    *,
+    world_size: int,
+    local_workers: int = 1,
+    sink: SinkFactory | None = None,
+) -> SuiteSpec:
+    """Everything checked before any worker starts: ``--nproc``, the backend and profiler
+    against this machine, what the ``sink`` cannot write here, then the pattern file
+    ``config``, validated once with the options applied. ConfigError or OptionError."""
     if local_workers > 1:
         check_nproc(local_workers)
     check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
-
-
-def prepare_suite(config: str, options: RunOptions, *, world_size: int) -> SuiteSpec:
-    """The pattern file ``config``, validated once with the options applied, before any worker
-    starts (every rank runs this suite). ConfigError or OptionError."""
+    if sink is not None:
+        sink.check(options)
     suite = load_suite(config, world_size=world_size)
     try:
         suite = apply_overrides(suite, options)
