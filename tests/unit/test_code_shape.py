@@ -100,3 +100,14 @@ def test_no_function_is_over_the_limit():
 def test_no_module_is_over_600_lines(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)}: {lines} lines"
+
+
+NAMED_TWICE = {"axes.py", "dependencies.py", "kineto.py"}
+"""File names two folders being renamed apart still share (config, replay, analysis, output)."""
+
+
+def test_no_file_name_twice():
+    names = [p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    twice = {n for n in names if names.count(n) > 1}
+    assert twice <= NAMED_TWICE, f"file names in two folders: {sorted(twice - NAMED_TWICE)}"
+    assert not NAMED_TWICE - twice, f"no longer twice, drop: {sorted(NAMED_TWICE - twice)}"

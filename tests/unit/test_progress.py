@@ -193,6 +193,16 @@ def test_a_note_says_what_the_next_item_does_without_counting_it(clean_env):
     assert p.done == 0
 
 
+def test_a_note_of_steps_says_the_block_and_the_time_left_from_the_first(clean_env):
+    stream, clock = FakeStream(True), FakeClock()
+    p = Progress(1, stream, clock=clock)
+    p.note("p: baseline", 0, 4)
+    assert stream.text.endswith("[0/1] p: baseline, block 1 of 4  elapsed 0.0 s")
+    clock.now += 3.0
+    p.note("p: baseline", 1, 4)  # one block took 3 s: three more take 9 s
+    assert "[0/1] p: baseline, block 2 of 4, left ~9.0 s  elapsed 3.0 s" in stream.text
+
+
 def test_a_run_notes_each_phase_and_baseline_block(tmp_path, monkeypatch, capsys, cli_here):
     from userbenchmark.maestro import cli
     from userbenchmark.maestro.core.output import progress
