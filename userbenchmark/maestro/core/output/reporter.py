@@ -52,6 +52,8 @@ class Reporter:
         self.tables = Tables(precision=options.precision)
         self.progress = Progress(total=len(suite.patterns))
         self.progress.start()
+        self.note = self.progress.note
+        """What the run does now, on the progress line (the runtime's ``Sink.note``)."""
         self.saved = False
         """Some pattern (finished or failed) is in a file."""
         self._has_files = bool(options.output_dir or options.metrics_path)
@@ -79,10 +81,6 @@ class Reporter:
             plot=self.options.plot,
             guard=self._guard,
         )
-
-    def note(self, doing: str, step: int = 0, steps: int = 0) -> None:
-        """What the run does now, on the progress line (``steps``: block ``step`` of them)."""
-        self.progress.note(doing, step, steps)
 
     def _saving(self) -> AbstractContextManager[Any]:
         """Any error of the files as the RunError every rank agrees on."""
