@@ -238,3 +238,16 @@ def test_ranks_with_different_options_fail_naming_the_option():
 def test_ranks_that_agree_pass():
     shared = {"pattern_sha256": "c" * 64, "options": {"iters": 5}}
     assert _check_two_ranks(shared, dict(shared)) == [None, None]
+
+
+def test_the_registry_names_every_profiler_and_auto_falls_back_with_a_warning(machine, caplog):
+    from userbenchmark.maestro.core.profilers import profiler_registry as registry
+
+    assert registry.profiler_names() == ("auto", "cupti", "events", "host")
+    machine(gpus=1, cupti_ok=(False, "cupti-python is not installed"))
+    profiler = registry.make_profiler("auto", on_cuda=True, backend="nccl", warn=True)
+    assert profiler.name == "events"
+    assert "cupti cannot run (cupti-python is not installed); timing with CUDA events" in (
+        caplog.text
+    )
+    assert registry.make_profiler("auto", on_cuda=False, backend="gloo").name == "host"

@@ -117,12 +117,12 @@ class Reporter:
 
     def failed(self, pattern: str, message: str) -> None:
         """A pattern failed on some rank: the message, and failures.json."""
-        say(f"maestro: pattern {pattern} failed: {message}")
-        self.progress.advance(f"pattern {pattern} (failed)")
-        if self.writer is not None:
-            with self._saving():
+        with self._saving():
+            say(f"maestro: pattern {pattern} failed: {message}")
+            self.progress.advance(f"pattern {pattern} (failed)")
+            if self.writer is not None:
                 self.writer.add_failure(pattern, message)
-            self.saved = self._has_files
+                self.saved = self._has_files
 
     def close(self, status: int) -> None:
         """The run ended with ``status``: the sweep summaries, then where the files are and,

@@ -13,7 +13,7 @@ from .profiler import Profiler
 class EventProfiler(Profiler):
     name = "events"
     times = "cuda"
-    described = "CUDA events (stream-level: coarser)"
+    described = "CUDA events"
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray

@@ -78,7 +78,10 @@ def make_profiler(
     first = next(p for p in PROFILERS if p.times == chosen.times)
     if warn and requested == "auto" and chosen is not first:
         log.warning(
-            "%s cannot run (%s); timing with %s", first.name, first.unusable(), chosen.described
+            "%s cannot run (%s); timing with %s instead, which is coarser",
+            first.name,
+            first.unusable(),
+            chosen.described,
         )
     profiler = chosen(trace=trace)
     profiler.start()
