@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Busy, Sleep
-from .axes import GroupAxes
+from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
 from .step import RankStep

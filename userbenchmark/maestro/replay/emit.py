@@ -23,7 +23,7 @@ from ..core.config.spec import (
     frozen_mapping,
 )
 from .assemble import PatternBlock
-from .axes import slug
+from .group_axes import slug
 from .importer import Imported
 
 HEADER_WIDTH = 96

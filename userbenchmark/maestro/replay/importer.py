@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from ..errors import OptionError
 from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
-from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
+from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
 from .roles import Role, group_roles, role_blocks, split_apart

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .assemble import PatternBlock, _UnionFind
-from .axes import GroupAxes, Teams, slug
+from .group_axes import GroupAxes, Teams, slug
 from .kineto import TraceError
 from .roles import RoleBlock
 

@@ -22,7 +22,7 @@ from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
-from .dependencies import critical_path
+from .critical_path import critical_path
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import (
     LatencyStats,

@@ -180,7 +180,7 @@ def overlap_efficiency(
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
     """(serial - makespan) / (serial - ideal), where serial = Σ isolated and ideal = the critical
-    path of the isolated latencies (core/analysis/dependencies.py; the longest block when no
+    path of the isolated latencies (core/analysis/critical_path.py; the longest block when no
     block waits for another).
 
     1 = perfect overlap (the pattern takes as long as its ideal), 0 = fully serialized.

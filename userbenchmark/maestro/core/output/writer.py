@@ -13,7 +13,7 @@ from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
-from .kineto import TRACES_DIR, rank_trace_texts, stale_rank_files
+from .rank_traces import TRACES_DIR, rank_trace_texts, stale_rank_files
 from .trace import trace_text
 
 
