@@ -3,10 +3,6 @@
 Every problem found is collected into one ConfigError naming file, YAML path and line. Nothing
 here creates a process group or a tensor; the only code a file can cause to run is the module
 named by a custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``).
-
-The work is split by job: ``yaml_reader`` (bounded safe YAML, lines, text as written),
-``problems`` (the one problem collector), ``axes`` (world size, mesh, axes, env),
-``patterns`` (run settings, sweeps) and ``blocks`` (ops and their parameters).
 """
 
 from __future__ import annotations
@@ -18,46 +14,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...errors import ConfigError
-from .axes import (
-    MAX_WORLD_SIZE,
-    NCCL_OPTIONS,
-    AxisDraft,
-    check_axes,
-    check_env,
-    check_world_size,
-    mesh_teams,
-)
+from .axes import AxisDraft, check_axes, check_env, check_world_size
 from .blocks import OpResolver
-from .patterns import (
-    DEFAULT_KEYS,
-    DEFAULT_VALUES,
-    MAX_EXPANDED_BLOCKS,
-    MAX_ITERS,
-    check_patterns,
-    check_settings,
-)
-from .problems import MAX_ISSUES, Problems, choices
+from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
+from .problems import Problems, choices
 from .spec import AxisSpec, SuiteSpec, frozen_mapping
-from .yaml_reader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, read_file_text, read_yaml
-
-__all__ = [
-    "CONFIGS_DIR",
-    "MAX_DEPTH",
-    "MAX_EXPANDED_BLOCKS",
-    "MAX_FILE_BYTES",
-    "MAX_ISSUES",
-    "MAX_ITERS",
-    "MAX_NODES",
-    "MAX_TIMEOUT_S",
-    "MAX_WORLD_SIZE",
-    "MIN_TIMEOUT_S",
-    "NCCL_OPTIONS",
-    "load_suite",
-    "load_suite_text",
-    "mesh_teams",
-    "resolve_config_path",
-    "shipped_configs",
-]
+from .yaml_reader import read_file_text, read_yaml
 
 logger = logging.getLogger("maestro.config")
 
@@ -87,9 +49,6 @@ TIMEOUT_WHY: Final = (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Finding the file
-# ---------------------------------------------------------------------------------------------
 def shipped_configs() -> list[str]:
     """Names of the pattern files shipped in ``configs/`` (without .yaml)."""
     if not CONFIGS_DIR.is_dir():
@@ -98,10 +57,8 @@ def shipped_configs() -> list[str]:
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """The file for ``name_or_path``: an existing path, or the name of a shipped config.
-
-    Raises ConfigError naming the path, and listing the shipped configs for unknown names.
-    """
+    """The file for ``name_or_path``: an existing path, or the name of a shipped config;
+    ConfigError naming the path (and listing the shipped configs for an unknown name)."""
     text = str(name_or_path)
     try:
         path = Path(name_or_path)
@@ -126,27 +83,15 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
 def load_suite(
-    source: str | Path,
-    *,
-    world_size: int | None = None,
-    import_ops: bool = True,
+    source: str | Path, *, world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
     """Load, validate and expand the pattern file ``source`` (a path or a shipped config
     name) for a run of ``world_size`` ranks; ConfigError carries every problem found.
     ``import_ops=False`` checks a custom op by name only (for inspecting, never running)."""
     path = resolve_config_path(source)
-    file = str(path)
-    text = read_file_text(path, file)
-    return load_suite_text(
-        text,
-        file=file,
-        world_size=world_size,
-        import_ops=import_ops,
-    )
+    text = read_file_text(path, str(path))
+    return load_suite_text(text, file=str(path), world_size=world_size, import_ops=import_ops)
 
 
 def text_sha256(text: str) -> str:
@@ -155,11 +100,7 @@ def text_sha256(text: str) -> str:
 
 
 def load_suite_text(
-    text: str,
-    *,
-    file: str = "<string>",
-    world_size: int | None = None,
-    import_ops: bool = True,
+    text: str, *, file: str = "<string>", world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
     """Like :func:`load_suite` for YAML given as a string (``file`` names it in messages)."""
     if not isinstance(text, str):
@@ -198,18 +139,9 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
     timeout_s = DEFAULT_TIMEOUT_S
     if "timeout_s" in data:
-        checked = p.number(
-            data["timeout_s"],
-            "timeout_s",
-            minimum=MIN_TIMEOUT_S,
-            maximum=MAX_TIMEOUT_S,
-            why=TIMEOUT_WHY,
-        )
-        timeout_s = checked if checked is not None else timeout_s
-    stop_on_error = True
-    if "stop_on_error" in data:
-        value = p.boolean(data["stop_on_error"], "stop_on_error")
-        stop_on_error = True if value is None else value
+        limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
+        timeout_s = p.number(data["timeout_s"], "timeout_s", **limits) or timeout_s
+    stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     defaults = dict(DEFAULT_VALUES)
     raw_defaults = data.get("defaults", {})
