@@ -40,8 +40,6 @@ class Dependencies:
     after: dict[int, frozenset[int]]
     method: str
     """``sync events`` or ``timeline``."""
-    waits: int = 0
-    """Stream waits seen (sync events), or held items found (timeline)."""
     unresolved: int = 0
     """Waits whose source could not be told, or held items with no source in reach."""
 
@@ -90,14 +88,14 @@ def infer(step: RankStep) -> Dependencies:
     calls = {c.corr: c for c in step.launches}
     waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
-        seen, unresolved = _from_sync_events(step, index, waits, calls, after)
+        unresolved = _from_sync_events(step, index, waits, calls, after)
         method = "sync events"
     else:
-        seen, unresolved = _from_timeline(index, after)
+        unresolved = _from_timeline(index, after)
         method = "timeline"
     _from_host_syncs(step, index, after)
     frozen = {dst: frozenset(srcs) for dst, srcs in after.items() if srcs}
-    return Dependencies(after=frozen, method=method, waits=seen, unresolved=unresolved)
+    return Dependencies(after=frozen, method=method, unresolved=unresolved)
 
 
 def _from_sync_events(
@@ -106,7 +104,7 @@ def _from_sync_events(
     waits: list,
     calls: dict[int, Launch],
     after: dict[int, set[int]],
-) -> tuple[int, int]:
+) -> int:
     records: dict[int, list[float]] = defaultdict(list)
     for call in step.launches:
         if "EventRecord" in call.name:  # cudaEventRecord(WithFlags), cuEventRecord
@@ -126,7 +124,7 @@ def _from_sync_events(
             unresolved += 1
         else:
             after[target.index].add(source.index)
-    return len(waits), unresolved
+    return unresolved
 
 
 def _recorded_source(
@@ -162,14 +160,14 @@ def _latest_fitting(index: _Index, ts: float, target: Item) -> Item | None:
     return best
 
 
-def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]:
+def _from_timeline(index: _Index, after: dict[int, set[int]]) -> int:
     ends = sorted(
         (it.end, it.stream, it.launch, it.index)
         for items in index.by_stream.values()
         for it in items
     )
     end_times = [e[0] for e in ends]
-    held = unresolved = 0
+    unresolved = 0
     for items in index.by_stream.values():
         previous_end = float("-inf")
         for item in items:
@@ -177,7 +175,6 @@ def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]
             previous_end = max(previous_end, item.end)
             if item.start - ready <= HOLD_US:
                 continue
-            held += 1
             lo = bisect.bisect_left(end_times, item.start - MATCH_US)
             hi = bisect.bisect_right(end_times, item.start + TOLERANCE_US)
             found = [e for e in ends[lo:hi] if e[1] != item.stream and e[2] < item.launch]
@@ -185,7 +182,7 @@ def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]
                 after[item.index].add(max(found)[3])
             else:
                 unresolved += 1
-    return held, unresolved
+    return unresolved
 
 
 def _from_host_syncs(step: RankStep, index: _Index, after: dict[int, set[int]]) -> None:

@@ -266,7 +266,8 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
         for b in blocks
     )
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
-    by_rank = tuple(round(us, 1) for _, us in sorted(imp.step_us().items()))
+    # Each rank's step: its device work's first start to last end.
+    by_rank = tuple(round(st.span_us, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
     pattern = PatternSpec(
         name=step,
         base_name=step,

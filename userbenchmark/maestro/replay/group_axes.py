@@ -33,7 +33,6 @@ def slug(text: str, *, fallback: str = "x", limit: int = 48) -> str:
 class GroupAxes:
     """Every traced process group, and the axis each belongs to."""
 
-    world_size: int
     groups: dict[str, ProcessGroup]
     axis_of: dict[str, str] = field(default_factory=dict)
     """Group name -> axis name."""
@@ -95,7 +94,7 @@ def _axis_name(desc: str, size: int, world_size: int) -> str:
 def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
     """Axes of the traced groups: teams per axis, and the mesh when there is one."""
     groups = collect_groups(traces)
-    out = GroupAxes(world_size=world_size, groups=groups)
+    out = GroupAxes(groups=groups)
     families: dict[tuple[str, int], list[ProcessGroup]] = {}
     for group in sorted(groups.values(), key=lambda g: (g.desc, g.ranks)):
         if group.ranks:

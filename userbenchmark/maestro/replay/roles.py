@@ -46,7 +46,6 @@ class RoleBlock:
     """Rank -> (start, end) in µs from the rank's first device activity of the step."""
     after: set[RoleBlock] = field(default_factory=set)
     """Blocks of the same role this one waits for (on other streams)."""
-    busy_us: dict[int, float] = field(default_factory=dict)
 
     @property
     def first(self) -> Item:
@@ -178,7 +177,6 @@ def _timing(block: RoleBlock) -> None:
             min(p.start for p in parts) - step.start,
             max(p.end for p in parts) - step.start,
         )
-        block.busy_us[rank] = sum(p.busy_us for p in parts)
 
 
 def _block_deps(role: Role, blocks: list[RoleBlock]) -> None:
@@ -211,7 +209,6 @@ def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
                 items=[block.items[0]],
                 times={r: (min(ready[r], start), start) for r, (start, _) in block.times.items()},
                 after=block.after,
-                busy_us={r: 0.0 for r in block.times},
             )
             block.after = set()
             out.append(idle)
