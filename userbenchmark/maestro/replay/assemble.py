@@ -184,7 +184,7 @@ def build_pattern_blocks(
         if kind == "comm":
             out.append(_collective_block(members, axes))
         elif kind == "p2p":
-            out.extend(_p2p_blocks(members, keys, axes))
+            out.extend(_p2p_blocks(members, axes))
         else:
             out.append(_compute_block(members[0]))
     return out
@@ -279,9 +279,7 @@ def _compute_block(rb: RoleBlock) -> PatternBlock:
     )
 
 
-def _p2p_blocks(
-    members: list[RoleBlock], keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes
-) -> list[PatternBlock]:
+def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]:
     """Blocks of one set of joined transfers: send_recv on rings where the transfers form
     rings (exact), else on pairs (each pair exchanges: one-way sends become two-way)."""
     carrier: dict[tuple[int, int, str], RoleBlock] = {}

@@ -104,11 +104,9 @@ def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
         for part in _disjoint(members):
             base = _axis_name(desc, size, world_size)
             whole = len(part) == 1 and len(part[0].ranks) == world_size
-            if base == "world" and whole and "world" not in taken:
-                name = "world"
-            else:
-                name = _fresh("group" if base == "world" else base, taken)
-            taken.add(name)
+            if base == "world" and not (whole and "world" not in taken):
+                base = "group"
+            name = fresh_name(base, taken)
             out.teams[name] = tuple(g.ranks for g in part)
             for g in part:
                 out.axis_of[g.name] = name
@@ -129,10 +127,12 @@ def _disjoint(members: list[ProcessGroup]) -> list[list[ProcessGroup]]:
     return parts
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    if base not in taken:
-        return base
-    return next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in taken)
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, else ``base_2``, ``base_3``...: the first not in ``taken``, which takes it."""
+    names = itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+    name = next(n for n in names if n not in taken)
+    taken.add(name)
+    return name
 
 
 def find_mesh(teams: dict[str, Teams], world_size: int) -> dict[str, int]:

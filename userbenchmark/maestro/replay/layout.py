@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .assemble import PatternBlock, _UnionFind
-from .group_axes import GroupAxes, Teams, slug
+from .group_axes import GroupAxes, Teams, fresh_name, slug
 from .kineto import TraceError
 from .roles import RoleBlock
 
@@ -47,16 +47,6 @@ class Layout:
     lane_names: dict[int, str] = field(default_factory=dict)
     """Lane component -> lane name."""
     like_notes: list[str] = field(default_factory=list)
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name = base
-    for i in itertools.count(2):
-        if name not in taken:
-            break
-        name = f"{base}_{i}"
-    taken.add(name)
-    return name
 
 
 def _same_teams(a: Teams, b: Teams) -> bool:
@@ -97,7 +87,7 @@ class _Axes:
         for name, known in self.known.items():
             if known == teams:
                 return name
-        name = _fresh(base, self.taken)
+        name = fresh_name(base, self.taken)
         self.known[name] = teams
         self.defs[name] = AxisDef(name=name, teams=teams)
         return name
@@ -192,7 +182,7 @@ def _comm_axes(
                     b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
                 )
                 initials = "".join(w[0] for w in ops.most_common(1)[0][0].split("_"))
-                variant[key] = _fresh(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
+                variant[key] = fresh_name(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
                 layout.axes.append(AxisDef(name=variant[key], like=base))
                 layout.like_notes.append(
                     f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
@@ -321,4 +311,4 @@ def _base_name(block: PatternBlock) -> str:
 def _name_blocks(blocks: Sequence[PatternBlock]) -> None:
     taken: set[str] = set()
     for block in blocks:
-        block.name = _fresh(_base_name(block)[:56], taken)
+        block.name = fresh_name(_base_name(block)[:56], taken)

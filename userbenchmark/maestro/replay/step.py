@@ -285,7 +285,7 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
             groups.setdefault(key, []).append((call, act))
             info.setdefault(key, meta)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
-    items = [_item(parts, info[key], labels, trace) for key, parts in ordered]
+    items = [_item(parts, info[key], labels) for key, parts in ordered]
     if not items:
         raise TraceError(
             f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
@@ -354,7 +354,7 @@ def _classify(
         return key, {"records": records, "group_sizes": group_sizes}
     if is_nccl_kernel(act.name):
         notes.append("an NCCL kernel without its record_param_comms call")
-        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl", "nccl": True}
+        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl"}
     op = trace.gemms.get(call.ext) if call.ext is not None else None
     if op is not None:
         return ("gemm", act.stream, call.ext), {"gemm_op": op}
@@ -362,9 +362,7 @@ def _classify(
     return ("other", act.stream, call.corr, act.ts), {"opname": opname or act.name}
 
 
-def _item(
-    parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str], trace: RankTrace
-) -> Item:
+def _item(parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str]) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
     longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
@@ -382,7 +380,7 @@ def _item(
         kernel=longest.name,
     )
     if "records" in meta:
-        _comm_item(item, meta["records"], meta["group_sizes"], trace)
+        _comm_item(item, meta["records"], meta["group_sizes"])
     elif "gemm_op" in meta:
         op = meta["gemm_op"]
         item.opname = op.name.removeprefix("aten::")
@@ -402,16 +400,14 @@ def _item(
     return item
 
 
-def _comm_item(
-    item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int], trace: RankTrace
-) -> None:
+def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int]) -> None:
     rec = records[0]
     item.group, item.seq = rec.group_name, rec.seq
     team = sizes.get(rec.group_name) or len(rec.group_ranks) or 1
     classes = {traced_op(r.name) for r in records}
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
-        item.p2p = _p2p(records, trace)
+        item.p2p = _p2p(records)
         kinds = tuple(sorted(r.name for r in records))
         item.signature = ("p2p", rec.group_desc, team, kinds)
         return
@@ -439,7 +435,7 @@ def _comm_item(
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
 
-def _p2p(records: tuple[CommRecord, ...], trace: RankTrace) -> P2P:
+def _p2p(records: tuple[CommRecord, ...]) -> P2P:
     sends, recvs = [], []
     dtype = "uint8"
     for rec in records:
