@@ -1,11 +1,6 @@
-"""The pattern's blocks: role blocks joined across roles where they are one call.
-
-A collective is one block on every rank of its teams: the i-th call on a group is the same
-call on each member (NCCL requires it), so the roles' blocks holding it are joined. A
-point-to-point transfer joins the sender's block and the receiver's. Compute stays per role.
-Disagreements (a rank with more calls on a group than its peers, a send nobody receives) mean
-the files are not one run's step: an error says which ranks and group.
-"""
+"""The pattern's blocks: role blocks joined across roles where they are one call (the i-th call
+on a group, a transfer's two ends); compute stays per role. Ranks that disagree on a call mean
+the files are not one run's step: an error says which ranks and group."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Which device work waited for which, on one rank: cross-stream dependencies between items.
-
-Two sources, whichever the trace allows:
-
-- **sync events** (``enable_cuda_sync_events``): each ``Stream Wait Event`` names the waiting
-  stream; the first item launched on it after the wait depends on the event. The stream that
-  recorded the event is not named on every stack (-1 on torch 2.11 with CUPTI 13.0), so it is
-  inferred: the stream of the last work the same host thread launched before its last event
-  record, checked against the device timeline (the waiting item must start after the source
-  ended; otherwise the latest-ending candidate that fits is taken).
-- **the timeline**, without sync events: an item that started later than its own stream and
-  its launch allowed, within a few µs of an item of another stream ending, waited for it.
-
-Host synchronisations (``cudaStreamSynchronize`` and the like) order everything launched after
-them behind what had finished when they returned, in both cases.
-"""
+"""Which device work waited for which, on one rank: cross-stream dependencies between items,
+from the trace's sync events (``Stream Wait Event``, the recording stream inferred and checked
+against the timeline) or, without them, from the timeline; host synchronisations order what
+follows them (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 

@@ -272,12 +272,8 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
         name=step,
         base_name=step,
         blocks=specs,
-        warmup_iters=DEFAULT_VALUES["warmup_iters"],
         num_iters=DEFAULT_VALUES["iters"],
-        baseline=DEFAULT_VALUES["baseline"],
-        check=DEFAULT_VALUES["check"],
-        sync=DEFAULT_VALUES["sync"],
-        graph=DEFAULT_VALUES["graph"],
+        **{k: DEFAULT_VALUES[k] for k in ("warmup_iters", "baseline", "check", "sync", "graph")},
         traced_us=max(by_rank),
         traced_by_rank_us=by_rank,
     )

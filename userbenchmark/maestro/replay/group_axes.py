@@ -1,11 +1,6 @@
-"""Axes from the traces' process groups: one axis per kind of group, a mesh where they form one.
-
-``distributedInfo.pg_config`` of each rank lists the groups that rank is in; together the
-files give every group. Groups with the same description (``pg_desc``) and size are the teams
-of one axis: ``default_pg`` is maestro's built-in ``world``, ``mesh_dp`` is ``dp``. When the
-``mesh_*`` axes lay the ranks out as a DeviceMesh does, the file says ``mesh:`` instead of
-listing their teams.
-"""
+"""Axes from the traces' process groups (``distributedInfo.pg_config``): groups of one
+description and size are the teams of one axis (``default_pg`` is ``world``, ``mesh_dp`` is
+``dp``), and ``mesh:`` where the ``mesh_*`` axes lay the ranks out as a DeviceMesh does."""
 
 from __future__ import annotations
 

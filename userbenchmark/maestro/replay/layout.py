@@ -1,17 +1,6 @@
-"""Lanes, axes, order and names of the pattern's blocks.
-
-- **Lanes**: a traced CUDA stream is a lane. A block running on several ranks ties their
-  streams into one lane; a lane is named after the axis of its collectives, else ``compute``
-  (the busiest) or ``stream<N>``.
-- **One communicator, one lane**: maestro runs an axis's collectives on one lane. Where the
-  trace issued one group's collectives on two streams (FSDP's all_gather and reduce_scatter on
-  the default group), the second stream gets an axis ``like:`` the first: the same teams, a
-  communicator of its own.
-- **Axes**: a collective's axis is its group's; a transfer's, an axis whose teams are the pairs
-  (or rings) that exchange; compute runs on ``world``, or on an axis whose one team is the
-  ranks of its role where roles differ (pipeline stages).
-- **Order**: every rank's lane order and every ``after:`` hold in the file's order.
-"""
+"""Lanes, axes, order and names of the pattern's blocks: a traced CUDA stream is a lane, a
+group's collectives on a second stream get an axis ``like:`` the first, and every rank's lane
+order and every ``after:`` hold in the file's order (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Ranks doing the same work form a role; each role's step becomes a list of blocks per stream.
-
-Two ranks are in one role when their streams carry the same sequences of work (collectives on
-groups of the same kind and size, GEMMs of the same shapes, kernels of the same names), up to
-the streams' numbering. Data- and tensor-parallel ranks are one role; pipeline stages are one
-role each. Within a role the lowest rank is the reference: its items are the role's, with every
-rank's timing and dependencies attached.
-"""
+"""Ranks doing the same work (the same sequences of work on their streams, up to the streams'
+numbering) form a role, its lowest rank the reference; each role's step becomes a list of
+blocks per stream, every rank's timing and dependencies attached."""
 
 from __future__ import annotations
 
@@ -130,9 +125,6 @@ def _merge_deps(role: Role, deps: dict[int, Dependencies]) -> None:
                     role.after.setdefault(to_ref[rank][dst], set()).add(to_ref[rank][src])
 
 
-# ---------------------------------------------------------------------------------------------
-# Blocks of a role
-# ---------------------------------------------------------------------------------------------
 def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBlock]:
     """The role's blocks: collectives, p2p and GEMMs alone, other kernels merged into runs
     (same annotation, nothing waiting in between, gaps up to ``idle_us``), idle gaps longer
