@@ -26,17 +26,8 @@ logger = logging.getLogger("maestro.config")
 CONFIGS_DIR: Final = Path(__file__).resolve().parents[2] / "configs"
 """Where the shipped pattern files live (``--config NAME`` looks here)."""
 
-TOP_KEYS: Final = (
-    "name",
-    "world_size",
-    "defaults",
-    "env",
-    "mesh",
-    "axes",
-    "patterns",
-    "timeout_s",
-    "stop_on_error",
-)
+TOP_KEYS: Final = ("name", "world_size", "defaults", "env", "mesh", "axes", "patterns",
+                   "timeout_s", "stop_on_error")  # fmt: skip
 OPTIONAL_SECTIONS: Final = ("defaults", "env", "mesh", "axes")
 
 DEFAULT_TIMEOUT_S: Final = 45.0
@@ -158,19 +149,14 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     patterns = check_patterns(p, data, defaults, axes, ops)
     p.raise_if_any()
     assert name is not None and world_size is not None  # guaranteed by no problems
+    real = [a for a in axes.values() if a.teams is not None]
     return SuiteSpec(
         name=name,
         source=p.file,
         world_size=world_size,
         env=frozen_mapping(env),
-        axes=frozen_mapping({a.name: _axis_spec(a) for a in axes.values() if a.teams is not None}),
-        mesh=frozen_mapping(
-            {
-                a.name: len(a.teams[0])
-                for a in axes.values()
-                if a.path.startswith("mesh.") and a.teams
-            }
-        ),
+        axes=frozen_mapping({a.name: _axis_spec(a) for a in real}),
+        mesh=frozen_mapping({a.name: len(a.teams[0]) for a in real if a.path.startswith("mesh.")}),
         patterns=tuple(patterns),
         timeout_s=timeout_s,
         stop_on_error=stop_on_error,
