@@ -115,10 +115,12 @@ def load_suite_text(
 
 def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> SuiteSpec:
     if not isinstance(data, dict):
-        raise p.fatal(
+        p.add(
+            "",
             "the file must be a mapping with keys such as name, world_size, mesh, axes "
-            f"and patterns, got {p.show('', data)}"
+            f"and patterns, got {p.show('', data)}",
         )
+        raise ConfigError(p.issues())
     p.unknown_keys(data, "", TOP_KEYS, "the top level")
     # An optional section left empty (`env:` with every entry commented out) is absent.
     data = {k: v for k, v in data.items() if not (v is None and k in OPTIONAL_SECTIONS)}
@@ -147,7 +149,8 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
         )
     axes = check_axes(p, data, world_size)
     patterns = check_patterns(p, data, defaults, axes, ops)
-    p.raise_if_any()
+    if p:
+        raise ConfigError(p.issues())
     assert name is not None and world_size is not None  # guaranteed by no problems
     real = [a for a in axes.values() if a.teams is not None]
     return SuiteSpec(
