@@ -1,6 +1,5 @@
-"""One block of a pattern: its op (built-in, or a custom ``package.module:ClassName``), axis,
-lane, dtype and the op's own parameters, checked by their declarations and by the op's class.
-"""
+"""One block of a pattern: its op (built-in, or a custom ``package.module:ClassName``), axis, lane,
+dtype and the op's own parameters, checked by their declarations and by the op's class."""
 
 from __future__ import annotations
 
