@@ -298,24 +298,10 @@ def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]
         for ring in rings:
             by_len[len(ring)].append(ring)
         return [
-            PatternBlock(
-                members=members,
-                kind="p2p",
-                block=SendRecv,
-                params=_sent(max(edges[(a, b)] for a, b in _ring_edges(rs))),
-                dtype=dtype,
-                teams=tuple(sorted(rs)),
-                family=family,
-                edges=tuple(_ring_edges(rs)),
-            )
+            _send_recv_block(_ring_edges(rs), members, edges, family, dtype, tuple(sorted(rs)))
             for rs in by_len.values()
         ]
     return _pair_blocks(edges, carrier, family, dtype)
-
-
-def _sent(nbytes: int) -> dict:
-    """send_recv's parameters for ``nbytes`` sent by each rank."""
-    return SendRecv.traced_params(TracedCall(in_elems=nbytes))[0]
 
 
 def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
@@ -375,7 +361,7 @@ def _pair_blocks(
                 break
         else:
             groups.append((list(directed), list(members)))
-    return [_pair_block(e, m, edges, family, dtype) for e, m in groups]
+    return [_send_recv_block(e, m, edges, family, dtype) for e, m in groups]
 
 
 def _carriers(
@@ -389,29 +375,34 @@ def _carriers(
     return out
 
 
-def _pair_block(
+def _send_recv_block(
     directed: list[tuple[int, int]],
     members: list[RoleBlock],
     edges: dict[tuple[int, int], int],
     family: str,
     dtype: str,
+    teams: tuple[tuple[int, ...], ...] | None = None,
 ) -> PatternBlock:
-    teams = sorted({(min(a, b), max(a, b)) for a, b in directed})
-    one_way = [(a, b) for a, b in directed if (b, a) not in directed]
+    """send_recv of the transfers ``directed`` on ``teams`` (rings), else on their pairs, each
+    pair exchanging (one-way sends noted); each rank sends the most any of them sent."""
     notes = []
-    if one_way:
-        shown = ", ".join(f"{a}->{b}" for a, b in one_way[:4])
-        more = f" and {len(one_way) - 4} more" if len(one_way) > 4 else ""
-        notes.append(
-            f"one-way sends {shown}{more} replayed as exchanges (send_recv sends both ways)"
-        )
+    if teams is None:
+        teams = tuple(sorted({(min(a, b), max(a, b)) for a, b in directed}))
+        one_way = [(a, b) for a, b in directed if (b, a) not in directed]
+        if one_way:
+            shown = ", ".join(f"{a}->{b}" for a, b in one_way[:4])
+            more = f" and {len(one_way) - 4} more" if len(one_way) > 4 else ""
+            notes.append(
+                f"one-way sends {shown}{more} replayed as exchanges (send_recv sends both ways)"
+            )
+    nbytes = max(edges[e] for e in directed)
     return PatternBlock(
         members=members,
         kind="p2p",
         block=SendRecv,
-        params=_sent(max(edges[e] for e in directed)),
+        params=SendRecv.traced_params(TracedCall(in_elems=nbytes))[0],
         dtype=dtype,
-        teams=tuple(teams),
+        teams=teams,
         family=family,
         notes=notes,
         edges=tuple(directed),
