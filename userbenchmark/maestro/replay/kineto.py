@@ -404,18 +404,16 @@ class _Collector:
             trace.distributed = True
             trace.rank = _rank_field(trace, value, "rank", 0)
             trace.world_size = _rank_field(trace, value, "world_size", 1)
-            groups = []
             config = value.get("pg_config") or ()
-            for entry in config.values() if isinstance(config, dict) else config:
-                if isinstance(entry, dict):
-                    groups.append(
-                        ProcessGroup(
-                            name=str(entry.get("pg_name", "")),
-                            desc=str(entry.get("pg_desc", "")),
-                            ranks=_ranks(entry.get("ranks")),
-                        )
-                    )
-            trace.groups = tuple(groups)
+            trace.groups = tuple(
+                ProcessGroup(
+                    name=str(entry.get("pg_name", "")),
+                    desc=str(entry.get("pg_desc", "")),
+                    ranks=_ranks(entry.get("ranks")),
+                )
+                for entry in (config.values() if isinstance(config, dict) else config)
+                if isinstance(entry, dict)
+            )
         elif key == "deviceProperties" and isinstance(value, list) and value:
             first = value[0]
             trace.device = str(first.get("name", "")) if isinstance(first, dict) else ""

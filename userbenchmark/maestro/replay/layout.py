@@ -93,11 +93,11 @@ class _Axes:
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
     """(rank, traced stream, role block) of every rank the block runs on."""
-    out = []
-    for rb in block.members:
-        for rank in rb.role.ranks:
-            out.append((rank, rb.role.items[rb.items[0]][rank].stream, rb))
-    return out
+    return [
+        (rank, rb.role.items[rb.items[0]][rank].stream, rb)
+        for rb in block.members
+        for rank in rb.role.ranks
+    ]
 
 
 def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) -> Layout:

@@ -164,7 +164,7 @@ def _param_keys(op: str) -> dict[str, tuple[str, Any]]:
 
 def _compact(entry: dict[str, Any], op: str, defaults: dict[str, Any]) -> dict[str, Any]:
     """``entry`` without what the loader would set anyway."""
-    params = {key: default for key, default in _param_keys(op).values()}
+    params = dict(_param_keys(op).values())
     out = {}
     for key, value in entry.items():
         implied = (
