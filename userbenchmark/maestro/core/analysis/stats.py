@@ -80,8 +80,6 @@ def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
     )
 
 
-# --- noise: bootstrap intervals over iterations ------------------------------------------------
-
 RESAMPLES = 1000
 """Bootstrap resamples per measured window: enough for the 2.5 % and 97.5 % points."""
 Z95 = NormalDist().inv_cdf(0.975)
