@@ -129,9 +129,7 @@ def _recorded_source(
     if hint is None or hint.stream == target.stream:
         return None
     source = index.last_before(hint.stream, recorded_at)
-    if source is None or source.end > target.start + TOLERANCE_US:
-        return None
-    return source
+    return None if source is None or source.end > target.start + TOLERANCE_US else source
 
 
 def _latest_fitting(index: _Index, ts: float, target: Item) -> Item | None:

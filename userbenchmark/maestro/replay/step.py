@@ -252,9 +252,7 @@ class _Owner:
             own = self.trace.comms[call.ext]
             earlier = self.pending.pop(call.tid, [])
             return (*(r for r in earlier if _same_batch(r, own)), own)
-        if not nccl:
-            return ()
-        return tuple(self.pending.pop(call.tid, ()))
+        return tuple(self.pending.pop(call.tid, ())) if nccl else ()
 
 
 def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
