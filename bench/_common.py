@@ -95,3 +95,18 @@ def write_json(path: str | None, payload: dict[str, Any]) -> None:
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def with_op_params(suite: Any, op: str, params: dict[str, Any]) -> str:
+    """The one-pattern ``suite`` as a pattern file, each block of ``op`` with ``params`` added."""
+    import dataclasses
+
+    from userbenchmark.maestro.core.config.dumper import dump_suite
+
+    pattern = suite.patterns[0]
+    blocks = tuple(
+        dataclasses.replace(b, params={**b.params, **params}) if b.op == op else b
+        for b in pattern.blocks
+    )
+    one = dataclasses.replace(pattern, blocks=blocks)
+    return dump_suite(dataclasses.replace(suite, patterns=(one,)))

@@ -37,7 +37,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse  # noqa: E402
 import bisect  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -52,6 +51,7 @@ from ._common import (  # noqa: E402
     machine_lines,
     maestro_env,
     markdown_table,
+    with_op_params,
     write_json,
 )
 
@@ -186,21 +186,10 @@ def _attribute(path: Path) -> dict:
 def maestro_ratios(suite: Any, tmp: Path, iters: int) -> dict[str, dict[str, float]]:
     """{variant: {gemm block: replayed / traced}} from maestro's own replay of the step, its
     GEMMs with each variant's data parameters."""
-    from userbenchmark.maestro.core.config.dumper import dump_suite
-
     out = {}
     for variant, data in MAESTRO_DATA.items():
-        pattern = suite.patterns[0]
-        blocks = tuple(
-            dataclasses.replace(b, params={**b.params, **data}) if b.op == "gemm" else b
-            for b in pattern.blocks
-        )
         step = tmp / f"{variant.split()[-1]}.yaml"
-        step.write_text(
-            dump_suite(
-                dataclasses.replace(suite, patterns=(dataclasses.replace(pattern, blocks=blocks),))
-            )
-        )
+        step.write_text(with_op_params(suite, "gemm", data))
         out_dir = tmp / f"out-{variant.split()[-1]}"
         args = ["run", "-c", str(step), "--iters", str(iters), "--warmup-iters", "10"]
         args += ["--no-baseline", "--no-metrics", "--output-dir", str(out_dir)]

@@ -54,6 +54,7 @@ from ._common import (  # noqa: E402
     machine_lines,
     maestro_env,
     markdown_table,
+    with_op_params,
     write_json,
 )
 
@@ -234,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="eager and/or graph"
     )
+    parser.add_argument(
+        "--gemm-data-std",
+        type=float,
+        default=None,
+        help="replay every GEMM with this data_std (normal operands) instead of the import's",
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
     info = machine_info()
@@ -266,6 +273,10 @@ def replay_trace(trace: Path, args: argparse.Namespace) -> tuple[str, bool, dict
         proc = maestro(["import-trace", str(trace), "-o", str(step)])
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr)
+        if args.gemm_data_std is not None:
+            text = with_op_params(load_suite(step), "gemm", {"data_std": args.gemm_data_std})
+            step = step.with_name("step_data.yaml")
+            step.write_text(text)
         specs = {b.name: b for b in load_suite(step).patterns[0].blocks}
         runs = {
             mode: replay(step, Path(tmp) / mode, extra, args.iters, args.warmup_iters)

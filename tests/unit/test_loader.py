@@ -12,11 +12,11 @@ import pytest
 
 from userbenchmark.maestro.blocks.base import Block, Param
 from userbenchmark.maestro.blocks.compute import Gemm
+from userbenchmark.maestro.core.config.axes import mesh_teams
 from userbenchmark.maestro.core.config.loader import (
     CONFIGS_DIR,
     load_suite,
     load_suite_text,
-    mesh_teams,
     resolve_config_path,
     shipped_configs,
 )

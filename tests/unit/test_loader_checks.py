@@ -13,13 +13,10 @@ import yaml
 
 from userbenchmark.maestro.blocks.registry import BlockImportError, resolve_op
 from userbenchmark.maestro.core.config import yaml_reader
-from userbenchmark.maestro.core.config.loader import (
-    MAX_ISSUES,
-    MAX_ITERS,
-    load_suite,
-    load_suite_text,
-)
+from userbenchmark.maestro.core.config.loader import load_suite, load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
+from userbenchmark.maestro.core.config.patterns import MAX_ITERS
+from userbenchmark.maestro.core.config.problems import MAX_ISSUES
 from userbenchmark.maestro.core.config.summary import rank_buffer_bytes, suite_summary
 from userbenchmark.maestro.errors import ConfigError
 

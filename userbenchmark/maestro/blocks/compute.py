@@ -30,8 +30,7 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
         return m, n, k
 
     def scaled(factor: float) -> tuple[int, int, int]:
-        m2, n2, k2 = (max(1, math.floor(d * factor)) for d in (m, n, k))
-        return m2, n2, k2
+        return tuple(max(1, math.floor(d * factor)) for d in (m, n, k))  # type: ignore[return-value]
 
     # Operand sizes only grow with the factor, so bisect for the largest one that fits. A dim
     # clamped to 1 breaks the closed form sqrt(max / largest operand), hence no closed form.
@@ -246,15 +245,13 @@ class Gemm(Block):
         self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
         self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
+        std = self.spec.params.get("data_std")
         for operand in (self.a, self.b):
-            fill_operand(operand, self.ctx, self.spec.params.get("data_std"), self._uniform)
+            fill_operand(operand, self.ctx, std, lambda buf: fill_random(buf, self.ctx))
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
         self.set_tf32 = self.ctx.device.type == "cuda" and self.a.dtype == torch.float32
         self.tf32 = bool(self.spec.params.get("tf32", False))
-
-    def _uniform(self, buf: Any) -> None:
-        fill_random(buf, self.ctx)
 
     def _operand(self, rows: int, cols: int, transposed: bool) -> Any:
         """A [rows, cols] operand, stored column-major when ``transposed``."""

@@ -8,18 +8,8 @@ from .base import Block
 from .comm import AllGather, AllReduce, AllToAll, Broadcast, Reduce, ReduceScatter, SendRecv
 from .compute import Busy, Gemm, Sleep
 
-BUILTIN_BLOCKS: tuple[type[Block], ...] = (
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    Broadcast,
-    Reduce,
-    SendRecv,
-    Gemm,
-    Sleep,
-    Busy,
-)
+BUILTIN_BLOCKS: tuple[type[Block], ...] = (AllReduce, AllGather, ReduceScatter, AllToAll,
+                                            Broadcast, Reduce, SendRecv, Gemm, Sleep, Busy)  # fmt: skip
 """Every built-in block class; each names its op in ``Block.op``."""
 
 

@@ -1,11 +1,6 @@
-"""The pattern's blocks: role blocks joined across roles where they are one call.
-
-A collective is one block on every rank of its teams: the i-th call on a group is the same
-call on each member (NCCL requires it), so the roles' blocks holding it are joined. A
-point-to-point transfer joins the sender's block and the receiver's. Compute stays per role.
-Disagreements (a rank with more calls on a group than its peers, a send nobody receives) mean
-the files are not one run's step: an error says which ranks and group.
-"""
+"""The pattern's blocks: role blocks joined across roles where they are one call (the i-th call
+on a group, a transfer's two ends); compute stays per role. Ranks that disagree on a call mean
+the files are not one run's step: an error says which ranks and group."""
 
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from dataclasses import dataclass, field
 from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Busy, Sleep
-from .axes import GroupAxes
+from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
 from .step import RankStep
@@ -184,7 +179,7 @@ def build_pattern_blocks(
         if kind == "comm":
             out.append(_collective_block(members, axes))
         elif kind == "p2p":
-            out.extend(_p2p_blocks(members, keys, axes))
+            out.extend(_p2p_blocks(members, axes))
         else:
             out.append(_compute_block(members[0]))
     return out
@@ -279,9 +274,7 @@ def _compute_block(rb: RoleBlock) -> PatternBlock:
     )
 
 
-def _p2p_blocks(
-    members: list[RoleBlock], keys: dict[tuple[int, int], list[tuple]], axes: GroupAxes
-) -> list[PatternBlock]:
+def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]:
     """Blocks of one set of joined transfers: send_recv on rings where the transfers form
     rings (exact), else on pairs (each pair exchanges: one-way sends become two-way)."""
     carrier: dict[tuple[int, int, str], RoleBlock] = {}
@@ -305,24 +298,10 @@ def _p2p_blocks(
         for ring in rings:
             by_len[len(ring)].append(ring)
         return [
-            PatternBlock(
-                members=members,
-                kind="p2p",
-                block=SendRecv,
-                params=_sent(max(edges[(a, b)] for a, b in _ring_edges(rs))),
-                dtype=dtype,
-                teams=tuple(sorted(rs)),
-                family=family,
-                edges=tuple(_ring_edges(rs)),
-            )
+            _send_recv_block(_ring_edges(rs), members, edges, family, dtype, tuple(sorted(rs)))
             for rs in by_len.values()
         ]
     return _pair_blocks(edges, carrier, family, dtype)
-
-
-def _sent(nbytes: int) -> dict:
-    """send_recv's parameters for ``nbytes`` sent by each rank."""
-    return SendRecv.traced_params(TracedCall(in_elems=nbytes))[0]
 
 
 def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
@@ -382,7 +361,7 @@ def _pair_blocks(
                 break
         else:
             groups.append((list(directed), list(members)))
-    return [_pair_block(e, m, edges, family, dtype) for e, m in groups]
+    return [_send_recv_block(e, m, edges, family, dtype) for e, m in groups]
 
 
 def _carriers(
@@ -396,29 +375,34 @@ def _carriers(
     return out
 
 
-def _pair_block(
+def _send_recv_block(
     directed: list[tuple[int, int]],
     members: list[RoleBlock],
     edges: dict[tuple[int, int], int],
     family: str,
     dtype: str,
+    teams: tuple[tuple[int, ...], ...] | None = None,
 ) -> PatternBlock:
-    teams = sorted({(min(a, b), max(a, b)) for a, b in directed})
-    one_way = [(a, b) for a, b in directed if (b, a) not in directed]
+    """send_recv of the transfers ``directed`` on ``teams`` (rings), else on their pairs, each
+    pair exchanging (one-way sends noted); each rank sends the most any of them sent."""
     notes = []
-    if one_way:
-        shown = ", ".join(f"{a}->{b}" for a, b in one_way[:4])
-        more = f" and {len(one_way) - 4} more" if len(one_way) > 4 else ""
-        notes.append(
-            f"one-way sends {shown}{more} replayed as exchanges (send_recv sends both ways)"
-        )
+    if teams is None:
+        teams = tuple(sorted({(min(a, b), max(a, b)) for a, b in directed}))
+        one_way = [(a, b) for a, b in directed if (b, a) not in directed]
+        if one_way:
+            shown = ", ".join(f"{a}->{b}" for a, b in one_way[:4])
+            more = f" and {len(one_way) - 4} more" if len(one_way) > 4 else ""
+            notes.append(
+                f"one-way sends {shown}{more} replayed as exchanges (send_recv sends both ways)"
+            )
+    nbytes = max(edges[e] for e in directed)
     return PatternBlock(
         members=members,
         kind="p2p",
         block=SendRecv,
-        params=_sent(max(edges[e] for e in directed)),
+        params=SendRecv.traced_params(TracedCall(in_elems=nbytes))[0],
         dtype=dtype,
-        teams=tuple(teams),
+        teams=teams,
         family=family,
         notes=notes,
         edges=tuple(directed),

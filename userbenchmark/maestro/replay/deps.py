@@ -1,19 +1,7 @@
-"""Which device work waited for which, on one rank: cross-stream dependencies between items.
-
-Two sources, whichever the trace allows:
-
-- **sync events** (``enable_cuda_sync_events``): each ``Stream Wait Event`` names the waiting
-  stream; the first item launched on it after the wait depends on the event. The stream that
-  recorded the event is not named on every stack (-1 on torch 2.11 with CUPTI 13.0), so it is
-  inferred: the stream of the last work the same host thread launched before its last event
-  record, checked against the device timeline (the waiting item must start after the source
-  ended; otherwise the latest-ending candidate that fits is taken).
-- **the timeline**, without sync events: an item that started later than its own stream and
-  its launch allowed, within a few µs of an item of another stream ending, waited for it.
-
-Host synchronisations (``cudaStreamSynchronize`` and the like) order everything launched after
-them behind what had finished when they returned, in both cases.
-"""
+"""Which device work waited for which, on one rank: cross-stream dependencies between items,
+from the trace's sync events (``Stream Wait Event``, the recording stream inferred and checked
+against the timeline) or, without them, from the timeline; host synchronisations order what
+follows them (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 
@@ -40,8 +28,6 @@ class Dependencies:
     after: dict[int, frozenset[int]]
     method: str
     """``sync events`` or ``timeline``."""
-    waits: int = 0
-    """Stream waits seen (sync events), or held items found (timeline)."""
     unresolved: int = 0
     """Waits whose source could not be told, or held items with no source in reach."""
 
@@ -90,14 +76,14 @@ def infer(step: RankStep) -> Dependencies:
     calls = {c.corr: c for c in step.launches}
     waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
-        seen, unresolved = _from_sync_events(step, index, waits, calls, after)
+        unresolved = _from_sync_events(step, index, waits, calls, after)
         method = "sync events"
     else:
-        seen, unresolved = _from_timeline(index, after)
+        unresolved = _from_timeline(index, after)
         method = "timeline"
     _from_host_syncs(step, index, after)
     frozen = {dst: frozenset(srcs) for dst, srcs in after.items() if srcs}
-    return Dependencies(after=frozen, method=method, waits=seen, unresolved=unresolved)
+    return Dependencies(after=frozen, method=method, unresolved=unresolved)
 
 
 def _from_sync_events(
@@ -106,7 +92,7 @@ def _from_sync_events(
     waits: list,
     calls: dict[int, Launch],
     after: dict[int, set[int]],
-) -> tuple[int, int]:
+) -> int:
     records: dict[int, list[float]] = defaultdict(list)
     for call in step.launches:
         if "EventRecord" in call.name:  # cudaEventRecord(WithFlags), cuEventRecord
@@ -126,7 +112,7 @@ def _from_sync_events(
             unresolved += 1
         else:
             after[target.index].add(source.index)
-    return len(waits), unresolved
+    return unresolved
 
 
 def _recorded_source(
@@ -143,9 +129,7 @@ def _recorded_source(
     if hint is None or hint.stream == target.stream:
         return None
     source = index.last_before(hint.stream, recorded_at)
-    if source is None or source.end > target.start + TOLERANCE_US:
-        return None
-    return source
+    return None if source is None or source.end > target.start + TOLERANCE_US else source
 
 
 def _latest_fitting(index: _Index, ts: float, target: Item) -> Item | None:
@@ -162,14 +146,14 @@ def _latest_fitting(index: _Index, ts: float, target: Item) -> Item | None:
     return best
 
 
-def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]:
+def _from_timeline(index: _Index, after: dict[int, set[int]]) -> int:
     ends = sorted(
         (it.end, it.stream, it.launch, it.index)
         for items in index.by_stream.values()
         for it in items
     )
     end_times = [e[0] for e in ends]
-    held = unresolved = 0
+    unresolved = 0
     for items in index.by_stream.values():
         previous_end = float("-inf")
         for item in items:
@@ -177,7 +161,6 @@ def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]
             previous_end = max(previous_end, item.end)
             if item.start - ready <= HOLD_US:
                 continue
-            held += 1
             lo = bisect.bisect_left(end_times, item.start - MATCH_US)
             hi = bisect.bisect_right(end_times, item.start + TOLERANCE_US)
             found = [e for e in ends[lo:hi] if e[1] != item.stream and e[2] < item.launch]
@@ -185,7 +168,7 @@ def _from_timeline(index: _Index, after: dict[int, set[int]]) -> tuple[int, int]
                 after[item.index].add(max(found)[3])
             else:
                 unresolved += 1
-    return held, unresolved
+    return unresolved
 
 
 def _from_host_syncs(step: RankStep, index: _Index, after: dict[int, set[int]]) -> None:

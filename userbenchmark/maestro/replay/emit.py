@@ -23,7 +23,7 @@ from ..core.config.spec import (
     frozen_mapping,
 )
 from .assemble import PatternBlock
-from .axes import slug
+from .group_axes import slug
 from .importer import Imported
 
 HEADER_WIDTH = 96
@@ -266,17 +266,14 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
         for b in blocks
     )
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
-    by_rank = tuple(round(us, 1) for _, us in sorted(imp.step_us().items()))
+    # Each rank's step: its device work's first start to last end.
+    by_rank = tuple(round(st.span_us, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
     pattern = PatternSpec(
         name=step,
         base_name=step,
         blocks=specs,
-        warmup_iters=DEFAULT_VALUES["warmup_iters"],
         num_iters=DEFAULT_VALUES["iters"],
-        baseline=DEFAULT_VALUES["baseline"],
-        check=DEFAULT_VALUES["check"],
-        sync=DEFAULT_VALUES["sync"],
-        graph=DEFAULT_VALUES["graph"],
+        **{k: DEFAULT_VALUES[k] for k in ("warmup_iters", "baseline", "check", "sync", "graph")},
         traced_us=max(by_rank),
         traced_by_rank_us=by_rank,
     )

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from ..errors import OptionError
 from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
-from .axes import GroupAxes, plan_axes
 from .deps import Dependencies, infer
+from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
 from .roles import Role, group_roles, role_blocks, split_apart
-from .step import RankStep, build_step, choose_step
+from .step import RankStep, build_step, choose_step, step_span
 
 IDLE_US = 20.0
 """Default: gaps longer than this on a lane become ``sleep`` blocks; shorter gaps between
@@ -56,10 +56,6 @@ class Imported:
     def world_size(self) -> int:
         return self.traces[0].world_size
 
-    def step_us(self) -> dict[int, float]:
-        """Rank -> the step's span on that rank's device (first start to last end), µs."""
-        return {st.rank: st.span_us for st in self.steps}
-
 
 def read_run(paths: Sequence[str]) -> list[RankTrace]:
     """Every rank's trace, in rank order; errors when they cannot be one run's files."""
@@ -99,7 +95,7 @@ def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
     starts = {}
     longest = 0.0
     for t in traces:
-        span = max((s for s in t.steps if s.name == step_name), key=lambda s: s.end - s.ts)
+        span = step_span(t, step_name)
         starts[t.rank] = t.base_time_us + span.ts
         longest = max(longest, span.end - span.ts)
     first = min(starts.values())

@@ -1,10 +1,7 @@
-"""Read one torch.profiler (Kineto) chrome trace into compact records, streaming.
-
-A trace of a real job is hundreds of megabytes of JSON; ``json.load`` would build every event's
-dictionary at once (about 1 GB of Python objects for 200 MB, measured). Here the top-level
-object is walked by hand and each event of ``traceEvents`` is decoded alone, reduced to the
-few fields the importer reads, and dropped: memory holds the kept records only.
-"""
+"""Read one torch.profiler (Kineto) chrome trace into compact records, streaming: ``json.load``
+of a real job's trace (hundreds of MB) builds every event's dictionary at once (about 1 GB of
+Python objects for 200 MB, measured), so the top-level object is walked by hand and each event
+of ``traceEvents`` is decoded alone, reduced to the fields the importer reads, and dropped."""
 
 from __future__ import annotations
 
@@ -94,7 +91,6 @@ class CommRecord:
     """``Rank`` of the record: the peer's group rank for send/recv, the root for
     broadcast/reduce, this rank's group rank otherwise."""
     in_splits: tuple[int, ...]
-    out_splits: tuple[int, ...]
     seq: int | None = None
     """The process group's sequence number of the call (``Seq``, newer torch), the same on
     every rank of the group."""
@@ -118,7 +114,6 @@ class SyncEvent:
 
     kind: str
     stream: int
-    event_id: int
     corr: int
     ts: float
 
@@ -155,9 +150,6 @@ class RankTrace:
     num_events: int = 0
 
 
-# ---------------------------------------------------------------------------------------------
-# Streaming JSON
-# ---------------------------------------------------------------------------------------------
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -252,9 +244,6 @@ def _walk(stream: _Stream, on_key: Callable[[str, Any], None], on_event: Callabl
             return
 
 
-# ---------------------------------------------------------------------------------------------
-# Events
-# ---------------------------------------------------------------------------------------------
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -274,6 +263,7 @@ class _Collector:
         self.t = trace
         self.names: dict[str, str] = {}
         self.saw_kineto = False
+        self.saw_events = False
 
     def intern(self, name: str) -> str:
         return self.names.setdefault(name, name)
@@ -364,7 +354,6 @@ class _Collector:
             group_ranks=_ranks(args.get("Process Group Ranks")),
             peer=_int_or_none(args.get("Rank")),
             in_splits=_ranks(args.get("In split size")),
-            out_splits=_ranks(args.get("Out split size")),
             seq=_int_or_none(args.get("Seq")),
         )
 
@@ -402,11 +391,36 @@ class _Collector:
             SyncEvent(
                 kind=self.intern(str(args.get("cuda_sync_kind") or ev["name"])),
                 stream=int(args.get("stream", -1)),
-                event_id=int(args.get("wait_on_cuda_event_id", -1)),
                 corr=int(args.get("correlation", -1)),
                 ts=self.time(ev, "ts"),
             )
         )
+
+    def top_level(self, key: str, value: Any) -> None:
+        """A key of the file's top-level object (``traceEvents`` was walked by then)."""
+        trace = self.t
+        self.saw_events = self.saw_events or key == "traceEvents"
+        if key == "distributedInfo" and isinstance(value, dict):
+            trace.distributed = True
+            trace.rank = _rank_field(trace, value, "rank", 0)
+            trace.world_size = _rank_field(trace, value, "world_size", 1)
+            config = value.get("pg_config") or ()
+            trace.groups = tuple(
+                ProcessGroup(
+                    name=str(entry.get("pg_name", "")),
+                    desc=str(entry.get("pg_desc", "")),
+                    ranks=_ranks(entry.get("ranks")),
+                )
+                for entry in (config.values() if isinstance(config, dict) else config)
+                if isinstance(entry, dict)
+            )
+        elif key == "deviceProperties" and isinstance(value, list) and value:
+            first = value[0]
+            trace.device = str(first.get("name", "")) if isinstance(first, dict) else ""
+        elif key == "record_shapes":
+            trace.record_shapes = bool(value)
+        elif key == "baseTimeNanoseconds" and isinstance(value, int | float):
+            trace.base_time_us = float(value) / 1000.0
 
 
 _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None]] = {
@@ -433,38 +447,10 @@ def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) 
     return value
 
 
-def _top_level(trace: RankTrace, key: str, value: Any) -> None:
-    if key == "distributedInfo" and isinstance(value, dict):
-        trace.distributed = True
-        trace.rank = _rank_field(trace, value, "rank", 0)
-        trace.world_size = _rank_field(trace, value, "world_size", 1)
-        groups = []
-        config = value.get("pg_config") or ()
-        for entry in config.values() if isinstance(config, dict) else config:
-            if isinstance(entry, dict):
-                groups.append(
-                    ProcessGroup(
-                        name=str(entry.get("pg_name", "")),
-                        desc=str(entry.get("pg_desc", "")),
-                        ranks=_ranks(entry.get("ranks")),
-                    )
-                )
-        trace.groups = tuple(groups)
-    elif key == "deviceProperties" and isinstance(value, list) and value:
-        first = value[0]
-        trace.device = str(first.get("name", "")) if isinstance(first, dict) else ""
-    elif key == "record_shapes":
-        trace.record_shapes = bool(value)
-    elif key == "baseTimeNanoseconds" and isinstance(value, int | float):
-        trace.base_time_us = float(value) / 1000.0
-
-
 def _open(path: Path) -> IO[str]:
     with open(path, "rb") as raw:
         gzipped = raw.read(2) == b"\x1f\x8b"
-    if gzipped:
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
 
 
 def read_trace(path: str | Path) -> RankTrace:
@@ -478,16 +464,9 @@ def read_trace(path: str | Path) -> RankTrace:
     if not regular:
         raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
     collector = _Collector(trace)
-    seen_events = False
-
-    def on_key(key: str, value: Any) -> None:
-        nonlocal seen_events
-        seen_events = seen_events or key == "traceEvents"
-        _top_level(trace, key, value)
-
     try:
         with _open(path) as handle:
-            _walk(_Stream(handle, str(path)), on_key, collector.event)
+            _walk(_Stream(handle, str(path)), collector.top_level, collector.event)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -502,8 +481,8 @@ def read_trace(path: str | Path) -> RankTrace:
         raise TraceError(f"{path}: not a torch.profiler (Kineto) trace: not UTF-8 text") from None
     except OSError as err:
         raise TraceError(f"{path}: cannot be read ({err.strerror or err})") from None
-    if not seen_events or not collector.saw_kineto:
-        what = "no traceEvents list" if not seen_events else "no CPU op or CUDA event"
+    if not collector.saw_events or not collector.saw_kineto:
+        what = "no traceEvents list" if not collector.saw_events else "no CPU op or CUDA event"
         raise TraceError(
             f"{path}: not a torch.profiler (Kineto) trace: {what} (export one with "
             "torch.profiler.profile(activities=[CPU, CUDA]) and export_chrome_trace)"

@@ -1,17 +1,6 @@
-"""Lanes, axes, order and names of the pattern's blocks.
-
-- **Lanes**: a traced CUDA stream is a lane. A block running on several ranks ties their
-  streams into one lane; a lane is named after the axis of its collectives, else ``compute``
-  (the busiest) or ``stream<N>``.
-- **One communicator, one lane**: maestro runs an axis's collectives on one lane. Where the
-  trace issued one group's collectives on two streams (FSDP's all_gather and reduce_scatter on
-  the default group), the second stream gets an axis ``like:`` the first: the same teams, a
-  communicator of its own.
-- **Axes**: a collective's axis is its group's; a transfer's, an axis whose teams are the pairs
-  (or rings) that exchange; compute runs on ``world``, or on an axis whose one team is the
-  ranks of its role where roles differ (pipeline stages).
-- **Order**: every rank's lane order and every ``after:`` hold in the file's order.
-"""
+"""Lanes, axes, order and names of the pattern's blocks: a traced CUDA stream is a lane, a
+group's collectives on a second stream get an axis ``like:`` the first, and every rank's lane
+order and every ``after:`` hold in the file's order (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 
@@ -22,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .assemble import PatternBlock, _UnionFind
-from .axes import GroupAxes, Teams, slug
+from .group_axes import GroupAxes, Teams, fresh_name, slug
 from .kineto import TraceError
 from .roles import RoleBlock
 
@@ -47,16 +36,6 @@ class Layout:
     lane_names: dict[int, str] = field(default_factory=dict)
     """Lane component -> lane name."""
     like_notes: list[str] = field(default_factory=list)
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name = base
-    for i in itertools.count(2):
-        if name not in taken:
-            break
-        name = f"{base}_{i}"
-    taken.add(name)
-    return name
 
 
 def _same_teams(a: Teams, b: Teams) -> bool:
@@ -97,7 +76,7 @@ class _Axes:
         for name, known in self.known.items():
             if known == teams:
                 return name
-        name = _fresh(base, self.taken)
+        name = fresh_name(base, self.taken)
         self.known[name] = teams
         self.defs[name] = AxisDef(name=name, teams=teams)
         return name
@@ -114,11 +93,11 @@ class _Axes:
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
     """(rank, traced stream, role block) of every rank the block runs on."""
-    out = []
-    for rb in block.members:
-        for rank in rb.role.ranks:
-            out.append((rank, rb.role.items[rb.items[0]][rank].stream, rb))
-    return out
+    return [
+        (rank, rb.role.items[rb.items[0]][rank].stream, rb)
+        for rb in block.members
+        for rank in rb.role.ranks
+    ]
 
 
 def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) -> Layout:
@@ -192,7 +171,7 @@ def _comm_axes(
                     b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
                 )
                 initials = "".join(w[0] for w in ops.most_common(1)[0][0].split("_"))
-                variant[key] = _fresh(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
+                variant[key] = fresh_name(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
                 layout.axes.append(AxisDef(name=variant[key], like=base))
                 layout.like_notes.append(
                     f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
@@ -321,4 +300,4 @@ def _base_name(block: PatternBlock) -> str:
 def _name_blocks(blocks: Sequence[PatternBlock]) -> None:
     taken: set[str] = set()
     for block in blocks:
-        block.name = _fresh(_base_name(block)[:56], taken)
+        block.name = fresh_name(_base_name(block)[:56], taken)

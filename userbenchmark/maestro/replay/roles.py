@@ -1,11 +1,6 @@
-"""Ranks doing the same work form a role; each role's step becomes a list of blocks per stream.
-
-Two ranks are in one role when their streams carry the same sequences of work (collectives on
-groups of the same kind and size, GEMMs of the same shapes, kernels of the same names), up to
-the streams' numbering. Data- and tensor-parallel ranks are one role; pipeline stages are one
-role each. Within a role the lowest rank is the reference: its items are the role's, with every
-rank's timing and dependencies attached.
-"""
+"""Ranks doing the same work (the same sequences of work on their streams, up to the streams'
+numbering) form a role, its lowest rank the reference; each role's step becomes a list of
+blocks per stream, every rank's timing and dependencies attached."""
 
 from __future__ import annotations
 
@@ -46,7 +41,6 @@ class RoleBlock:
     """Rank -> (start, end) in µs from the rank's first device activity of the step."""
     after: set[RoleBlock] = field(default_factory=set)
     """Blocks of the same role this one waits for (on other streams)."""
-    busy_us: dict[int, float] = field(default_factory=dict)
 
     @property
     def first(self) -> Item:
@@ -131,9 +125,6 @@ def _merge_deps(role: Role, deps: dict[int, Dependencies]) -> None:
                     role.after.setdefault(to_ref[rank][dst], set()).add(to_ref[rank][src])
 
 
-# ---------------------------------------------------------------------------------------------
-# Blocks of a role
-# ---------------------------------------------------------------------------------------------
 def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBlock]:
     """The role's blocks: collectives, p2p and GEMMs alone, other kernels merged into runs
     (same annotation, nothing waiting in between, gaps up to ``idle_us``), idle gaps longer
@@ -178,7 +169,6 @@ def _timing(block: RoleBlock) -> None:
             min(p.start for p in parts) - step.start,
             max(p.end for p in parts) - step.start,
         )
-        block.busy_us[rank] = sum(p.busy_us for p in parts)
 
 
 def _block_deps(role: Role, blocks: list[RoleBlock]) -> None:
@@ -211,7 +201,6 @@ def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
                 items=[block.items[0]],
                 times={r: (min(ready[r], start), start) for r, (start, _) in block.times.items()},
                 after=block.after,
-                busy_us={r: 0.0 for r in block.times},
             )
             block.after = set()
             out.append(idle)

@@ -15,7 +15,7 @@ from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Gemm
 from ..blocks.dtypes import DTYPES, traced_dtype
 from ..blocks.registry import traced_op
-from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
+from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -26,12 +26,6 @@ of one stream overlapping by less are in order."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Traced calls in the terms blocks map from (blocks.base.TracedCall: each block class says
-# which traced names it replays and its size rule)
-# ---------------------------------------------------------------------------------------------
 MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
 """Records that mark a point of a call and launch nothing of their own."""
 _OTHER_SIZES = {"Short": 2, "short int": 2, "ComplexFloat": 8, "ComplexDouble": 16}
@@ -43,19 +37,13 @@ def maestro_dtype(torch_name: str) -> tuple[str, int, str | None]:
     found = traced_dtype(torch_name)
     if found is not None:
         return found.name, found.size_bytes, None
-    size = _OTHER_SIZES.get(torch_name.removeprefix("c10::"), 1)  # Float8 and the unknown: 1
+    bare = torch_name.removeprefix("c10::")
+    size = _OTHER_SIZES.get(bare, 1)  # Float8 and the unknown: 1
     widest = max(d.size_bytes for d in DTYPES.values())
     stand_in = next(d.name for d in DTYPES.values() if d.size_bytes == min(size, widest))
-    known = (
-        ""
-        if torch_name.removeprefix("c10::") in _OTHER_SIZES or "Float8" in torch_name
-        else " (unknown)"
-    )
-    return (
-        stand_in,
-        size,
-        f"dtype {torch_name!r}{known} replayed as {stand_in}, its bytes as traced",
-    )
+    known = "" if bare in _OTHER_SIZES or "Float8" in torch_name else " (unknown)"
+    note = f"dtype {torch_name!r}{known} replayed as {stand_in}, its bytes as traced"
+    return stand_in, size, note
 
 
 def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
@@ -72,14 +60,6 @@ def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
         root=root,
         splits=rec.in_splits,
     )
-
-
-def gemm_call(op: GemmOp, kernels: tuple[str, ...]) -> tuple[TracedCall, str | None]:
-    """A GEMM op as a call, and a note when its dtype is replayed as another."""
-    types = [t for t in op.types if t]
-    dtype, _, note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
-    call = TracedCall(name=op.name, dtype=dtype, dims=op.dims, strides=op.strides, kernels=kernels)
-    return call, note
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -134,7 +114,6 @@ class RankStep:
     """One rank's step: its items per stream in stream order, and what the deps need."""
 
     trace: RankTrace
-    step: Span
     items: list[Item]
     streams: dict[int, list[Item]]
     start: float
@@ -156,25 +135,9 @@ class RankStep:
         return self.end - self.start
 
 
-# ---------------------------------------------------------------------------------------------
-# Steps
-# ---------------------------------------------------------------------------------------------
 def step_number(name: str) -> int:
     tail = name.removeprefix("ProfilerStep#")
     return int(tail) if tail.isdigit() else -1
-
-
-def _acts_by_corr(trace: RankTrace) -> dict[int, list[Activity]]:
-    by: dict[int, list[Activity]] = defaultdict(list)
-    for act in trace.activities:
-        by[act.corr].append(act)
-    return by
-
-
-def _window(trace: RankTrace, span: Span) -> list[Launch]:
-    calls = [c for c in trace.launches.values() if span.ts <= c.ts <= span.end]
-    calls.sort(key=lambda c: c.ts)
-    return calls
 
 
 def complete_steps(trace: RankTrace) -> set[str]:
@@ -235,14 +198,11 @@ def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
     return max(common, key=step_number)
 
 
-def _step_span(trace: RankTrace, name: str) -> Span:
-    spans = [s for s in trace.steps if s.name == name]
-    return max(spans, key=lambda s: s.end - s.ts)
+def step_span(trace: RankTrace, name: str) -> Span:
+    """The longest span of step ``name`` on this rank."""
+    return max((s for s in trace.steps if s.name == name), key=lambda s: s.end - s.ts)
 
 
-# ---------------------------------------------------------------------------------------------
-# Items
-# ---------------------------------------------------------------------------------------------
 def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> dict[float, str]:
     """For each (tid, ts), the name of the innermost span of that thread around ts."""
     by_tid: dict[int, list[Span]] = defaultdict(list)
@@ -266,25 +226,16 @@ def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> di
     return out
 
 
-def _name_spans(trace: RankTrace) -> list[Span]:
-    return [a for a in trace.annotations if not a.name.startswith("nccl:")]
-
-
 class _Owner:
     """What launched a device activity: a collective/p2p call, a GEMM op, or anything else."""
 
     def __init__(self, trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]]):
         self.trace = trace
-        self.direct = {
-            c.ext
-            for c in calls
-            if c.ext in trace.comms and c.corr in acts and _usable(trace.comms[c.ext])
-        }
+        usable = {ext: r for ext, r in trace.comms.items() if r.name not in MARKER_NAMES}
+        self.direct = {c.ext for c in calls if c.ext in usable and c.corr in acts}
         self.pending: dict[int, list[CommRecord]] = defaultdict(list)
-        self.records = sorted(
-            (r for r in trace.comms.values() if _usable(r) and r.ext not in self.direct),
-            key=lambda r: r.ts,
-        )
+        others = (r for r in usable.values() if r.ext not in self.direct)
+        self.records = sorted(others, key=lambda r: r.ts)
         self.cursor = 0
 
     def comm_records(self, call: Launch, nccl: bool) -> tuple[CommRecord, ...]:
@@ -301,9 +252,7 @@ class _Owner:
             own = self.trace.comms[call.ext]
             earlier = self.pending.pop(call.tid, [])
             return (*(r for r in earlier if _same_batch(r, own)), own)
-        if not nccl:
-            return ()
-        return tuple(self.pending.pop(call.tid, ()))
+        return tuple(self.pending.pop(call.tid, ())) if nccl else ()
 
 
 def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
@@ -311,17 +260,18 @@ def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
     return rec.group_name == own.group_name and cls is not None and traced_op(rec.name) is cls
 
 
-def _usable(rec: CommRecord) -> bool:
-    return rec.name not in MARKER_NAMES
-
-
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
     """The items of step ``name`` of one rank; ``group_sizes`` gives each group's size."""
-    span = _step_span(trace, name)
-    acts = _acts_by_corr(trace)
-    calls = _window(trace, span)
+    span = step_span(trace, name)
+    acts: dict[int, list[Activity]] = defaultdict(list)
+    for act in trace.activities:
+        acts[act.corr].append(act)
+    calls = sorted(
+        (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
+    )
     owner = _Owner(trace, calls, acts)
-    labels = innermost(_name_spans(trace), ((c.tid, c.ts) for c in calls))
+    names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
+    labels = innermost(names, ((c.tid, c.ts) for c in calls))
     groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
     info: dict[tuple, dict] = {}
     notes: list[str] = []
@@ -333,7 +283,7 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
             groups.setdefault(key, []).append((call, act))
             info.setdefault(key, meta)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
-    items = [_item(parts, info[key], labels, trace) for key, parts in ordered]
+    items = [_item(parts, info[key], labels) for key, parts in ordered]
     if not items:
         raise TraceError(
             f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
@@ -354,7 +304,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         streams[item.stream].append(item)
     return RankStep(
         trace=trace,
-        step=span,
         items=items,
         streams=dict(streams),
         start=start,
@@ -403,7 +352,7 @@ def _classify(
         return key, {"records": records, "group_sizes": group_sizes}
     if is_nccl_kernel(act.name):
         notes.append("an NCCL kernel without its record_param_comms call")
-        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl", "nccl": True}
+        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl"}
     op = trace.gemms.get(call.ext) if call.ext is not None else None
     if op is not None:
         return ("gemm", act.stream, call.ext), {"gemm_op": op}
@@ -411,9 +360,7 @@ def _classify(
     return ("other", act.stream, call.corr, act.ts), {"opname": opname or act.name}
 
 
-def _item(
-    parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str], trace: RankTrace
-) -> Item:
+def _item(parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str]) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
     longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
@@ -431,11 +378,16 @@ def _item(
         kernel=longest.name,
     )
     if "records" in meta:
-        _comm_item(item, meta["records"], meta["group_sizes"], trace)
+        _comm_item(item, meta["records"], meta["group_sizes"])
     elif "gemm_op" in meta:
         op = meta["gemm_op"]
         item.opname = op.name.removeprefix("aten::")
-        call, note = gemm_call(op, tuple(a.name for _, a in parts))
+        types = [t for t in op.types if t]
+        dtype, _, note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
+        kernels = tuple(a.name for _, a in parts)
+        call = TracedCall(
+            name=op.name, dtype=dtype, dims=op.dims, strides=op.strides, kernels=kernels
+        )
         found = Gemm.traced_params(call)
         if found is None:
             item.note = "gemm-shapes"
@@ -446,16 +398,14 @@ def _item(
     return item
 
 
-def _comm_item(
-    item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int], trace: RankTrace
-) -> None:
+def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int]) -> None:
     rec = records[0]
     item.group, item.seq = rec.group_name, rec.seq
     team = sizes.get(rec.group_name) or len(rec.group_ranks) or 1
     classes = {traced_op(r.name) for r in records}
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
-        item.p2p = _p2p(records, trace)
+        item.p2p = _p2p(records)
         kinds = tuple(sorted(r.name for r in records))
         item.signature = ("p2p", rec.group_desc, team, kinds)
         return
@@ -483,7 +433,7 @@ def _comm_item(
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
 
-def _p2p(records: tuple[CommRecord, ...], trace: RankTrace) -> P2P:
+def _p2p(records: tuple[CommRecord, ...]) -> P2P:
     sends, recvs = [], []
     dtype = "uint8"
     for rec in records:

@@ -1,9 +1,7 @@
 """One rank's device activities of a measured window, each attributed to its (block, iteration).
-
-Filled by the CUPTI profiler only when a trace is asked for (``--trace``), gathered on rank 0
-with the rank's timeline and written as Kineto-style trace files. Arrays are numpy, one entry
-per activity (or per launching API call), so memory stays proportional to the window.
-"""
+Filled by the CUPTI profiler only when a trace is asked for (``--trace``), gathered on rank 0 with
+the rank's timeline and written as Kineto-style trace files. Arrays are numpy, one entry per
+activity (or per launching API call), so memory stays proportional to the window."""
 
 from __future__ import annotations
 
@@ -62,11 +60,9 @@ class LaunchCalls:
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceActivities:
-    """Every kernel, memcpy and memset of one rank's window that belongs to a block.
-
-    Harness work (the gate's spin kernel, its alignment all_reduce, barriers) is left out: it
-    belongs to no block. ``launches`` holds at most one API call per correlation id.
-    """
+    """Every kernel, memcpy and memset of one rank's window that belongs to a block. Harness work
+    (the gate's spin kernel, its alignment all_reduce, barriers) is left out: it belongs to no
+    block. ``launches`` holds at most one API call per correlation id."""
 
     block: np.ndarray  # int32: the block's index in the pattern
     iteration: np.ndarray  # int32: the measured iteration (0-based)

@@ -1,8 +1,8 @@
 """An imported pattern's replay against its trace: each block's mean latency, the step's mean
-makespan and each rank's over their traced durations, with the 95 % interval of the replayed
-mean (the trace is one sample of one step: it has no interval of its own); the kernel each block
-ran against the traced one; and the GEMMs' errors apart for those a collective ran beside in
-the trace and the others."""
+makespan and each rank's over their traced durations, with the 95 % interval of the replayed mean
+(the trace is one sample of one step: it has no interval of its own); the kernel each block ran
+against the traced one; and the GEMMs' errors apart for those a collective ran beside in the trace
+and the others."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Result records of one pattern from its aggregated window (pure: no ranks, no torch).
-
-Every figure with an interval gets it here, from one bootstrap over iterations per measured
-window (core/analysis/stats.py): the overlapped window, and each block's window alone.
-"""
+"""Result records of one pattern from its aggregated window (pure: no ranks, no torch). Every figure
+with an interval gets it here, from one bootstrap over iterations per measured window
+(core/analysis/stats.py): the overlapped window, and each block's window alone."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
-from .dependencies import critical_path
+from .critical_path import critical_path
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import (
     LatencyStats,

@@ -1,9 +1,7 @@
-"""Result records: one per (pattern, block), one per pattern, one per pair of blocks.
-
-The one schema of maestro's results: the files' columns and dtypes (core/output/results.py) and
-the metrics with their direction, domain, meaning and threshold (core/output/metric_keys.py)
-are read from these fields, never written out a second time.
-"""
+"""Result records: one per (pattern, block), one per pattern, one per pair of blocks. The one schema
+of maestro's results: the files' columns and dtypes (core/output/results.py) and the metrics with
+their direction, domain, meaning and threshold (core/output/metric_keys.py) are read from these
+fields, never written out a second time."""
 
 from __future__ import annotations
 
@@ -56,15 +54,9 @@ def metric(*, default: Any = math.nan, **info: Any) -> Any:
     return field(default=default, metadata={"metric": Metric(**info)})
 
 
-# Floors: identical back-to-back runs moved a sleep's mean by up to 4 % on a 2-core CPU and a
-# GEMM's kernel time by up to 1.5 % on an H200, so averages and rates count from 5 %. Skews sit
-# near 0, where any relative floor fires on noise: 5 µs. Extremes and tails (min, max, p99)
-# are not judged: one run's tail is a handful of iterations, which a busy host moves by 2x.
-# Skews, gate figures, host enqueue and launch-bound counts are the harness's: they say how
-# well maestro started the blocks together (on a busy CPU host a skew's median jumps between
-# 1 and 100 µs from run to run), not how the system under test performs.
-# Latencies, bandwidths, rates and their ratios are > 0 whenever they were measured at all (an
-# untimed block has no value, not a 0); counts and skews are >= 0.
+# Floors and the harness's metrics: why each is judged as it is, docs/torchbench.md. Latencies,
+# bandwidths, rates and their ratios are > 0 whenever measured (an untimed block has no value,
+# not a 0); counts and skews are >= 0.
 _REQUIRED = dataclasses.MISSING
 _INTERVALS = {"intervals": True}
 

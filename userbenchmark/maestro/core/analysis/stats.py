@@ -1,7 +1,5 @@
-"""Latency statistics over measured iterations.
-
-Pure numpy functions: they copy what they need and never modify their inputs.
-"""
+"""Latency statistics over measured iterations. Pure numpy functions: they copy what they need and
+never modify their inputs."""
 
 from __future__ import annotations
 
@@ -82,8 +80,6 @@ def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
     )
 
 
-# --- noise: bootstrap intervals over iterations ------------------------------------------------
-
 RESAMPLES = 1000
 """Bootstrap resamples per measured window: enough for the 2.5 % and 97.5 % points."""
 Z95 = NormalDist().inv_cdf(0.975)
@@ -140,14 +136,12 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window (the overlapped run, or one block alone).
-
-    Every series of the window is resampled with the same moving blocks of iterations, so
-    figures of one window keep their correlation (a block's latency and the makespan). Each
-    resample also moves the window's level by a drift drawn from the drift the series showed
-    inside the window: what the resampling of one window misses (a slow wander longer than its
-    blocks), and what a figure comparing two windows (slowdown, efficiency) or two runs needs.
-    """
+    """The bootstrap of one measured window (the overlapped run, or one block alone). Every series
+    of the window is resampled with the same moving blocks of iterations, so figures of one window
+    keep their correlation (a block's latency and the makespan). Each resample also moves the
+    window's level by a drift drawn from the drift the series showed inside the window: what the
+    resampling of one window misses (a slow wander longer than its blocks), and what a figure
+    comparing two windows (slowdown, efficiency) or two runs needs."""
 
     def __init__(self, seed: int = 0, resamples: int = RESAMPLES) -> None:
         self._seed = seed

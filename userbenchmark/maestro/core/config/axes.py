@@ -33,17 +33,8 @@ NCCL_OPTIONS: Final = {
     "split_share": ("bool", None),
 }
 
-LAUNCHER_ENV_NAMES: Final = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "NCCL_COMM_ID",
-)
+LAUNCHER_ENV_NAMES: Final = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                              "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NCCL_COMM_ID")  # fmt: skip
 """Variables the launcher sets to place each rank and meet at the rendezvous."""
 LAUNCHER_ENV_PREFIXES: Final = ("TORCHELASTIC_", "SLURM_")
 

@@ -1,6 +1,5 @@
-"""One block of a pattern: its op (built-in, or a custom ``package.module:ClassName``), axis,
-lane, dtype and the op's own parameters, checked by their declarations and by the op's class.
-"""
+"""One block of a pattern: its op (built-in, or a custom ``package.module:ClassName``), axis, lane,
+dtype and the op's own parameters, checked by their declarations and by the op's class."""
 
 from __future__ import annotations
 
@@ -16,18 +15,8 @@ from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
 
-BLOCK_KEYS: Final = (
-    "name",
-    "op",
-    "axis",
-    "lane",
-    "dtype",
-    "register_buffers",
-    "after",
-    "traced_us",
-    "traced_kernel",
-    "traced_overlap",
-)
+BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after",
+                     "traced_us", "traced_kernel", "traced_overlap")  # fmt: skip
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
@@ -136,10 +125,8 @@ def check_block(
     traced_us = traced_duration_us(p, raw, path)
     traced_kernel = raw.get("traced_kernel")
     if traced_kernel is not None and not isinstance(traced_kernel, str):
-        p.add(
-            join(path, "traced_kernel"),
-            f"expected a kernel name, got {p.show(path, traced_kernel)}",
-        )
+        where = join(path, "traced_kernel")
+        p.add(where, f"expected a kernel name, got {p.show(where, traced_kernel)}")
     traced_overlap = None
     if "traced_overlap" in raw:
         where = join(path, "traced_overlap")

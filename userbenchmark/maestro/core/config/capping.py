@@ -65,11 +65,8 @@ def _content(spec: Any) -> tuple[Any, ...]:
 def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     """``suite`` with every collective's size capped at ``max_size_bytes`` and every GEMM's
     operands scaled below it; sleeps unchanged. Sweep points of one pattern that become
-    identical are kept once (the first, under its own name), so result names stay unique."""
-    if isinstance(max_size_bytes, bool) or not isinstance(max_size_bytes, int):
-        raise ConfigError(f"--max-size must be a whole number of bytes, got {max_size_bytes!r}")
-    if max_size_bytes < 1:
-        raise ConfigError(f"--max-size must be positive, got {max_size_bytes}")
+    identical are kept once (the first, under its own name), so result names stay unique.
+    ``max_size_bytes`` is ``--max-size``'s, a positive size by then (``parse_size``)."""
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:

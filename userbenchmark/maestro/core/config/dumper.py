@@ -1,15 +1,11 @@
 """The loader's inverse: a SuiteSpec as the pattern file that loads back into it.
-
 ``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where things were written
 (``source``, ``yaml_path``, ``text_sha256``). The file says only what differs from the loader's
-defaults: a block's parameters at their declared default, its lane when it is its axis, its
-dtype when it is the file's. Sweep points of one pattern become that pattern's ``sweep`` again,
-each value that changes with a point written as the ``${variable}`` that gives it.
-"""
+defaults: a block's parameters at their declared default, its lane when it is its axis, its dtype
+when it is the file's. It writes no sweep: ``import-trace`` makes none."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -24,9 +20,7 @@ from .blocks import yaml_key
 from .loader import DEFAULT_TIMEOUT_S
 from .patterns import DEFAULT_VALUES
 from .problems import YAML11_BOOLEAN_WORDS
-from .sizes import parse_size
 from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec
-from .sweep import value_label
 
 SETTINGS: Final = ("warmup_iters", "iters", "baseline", "check", "sync", "graph")
 """Run settings a pattern spec holds (``iters`` as ``num_iters``); dtype and
@@ -37,14 +31,8 @@ _UNPRINTABLE: Final = re.compile(  # and the line breaks YAML folds, and the byt
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-]*")
 
 
-class _SweepValue(str):
-    """A sweep value as its label: written plain where it reads back as that label."""
-
-
 def scalar(value: Any) -> str:
     """``value`` as a YAML scalar that reads back as itself (text quoted where it would not)."""
-    if isinstance(value, _SweepValue) and value_label(yaml.safe_load(value)) == value:
-        return str(value)
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -84,8 +72,11 @@ def dump_suite(
     comments: Mapping[tuple[str, str], str] | None = None,
 ) -> str:
     """The pattern file of ``suite``: ``header`` as comment lines first, and ``comments``
-    ({(pattern name, block name): text}) after their blocks. ValueError for a suite no file
-    can give (sweep points no ``${variable}`` explains)."""
+    ({(pattern name, block name): text}) after their blocks. ValueError for a sweep point (a
+    file that gives it is a sweep, which this writes not)."""
+    swept = [p.name for p in suite.patterns if p.sweep_point]
+    if swept:
+        raise ValueError(f"pattern {swept[0]!r} is a sweep point: the dumper writes no sweeps")
     blocks = [b for p in suite.patterns for b in p.blocks]
     dtypes = Counter(b.dtype for b in blocks).most_common(1)
     defaults = {
@@ -109,12 +100,8 @@ def dump_suite(
     axes = _axes(suite)
     lines += ["axes:"] * bool(axes) + [f"  {name}: {flow(body)}" for name, body in axes.items()]
     lines.append("patterns:")
-    for (_, swept), group in itertools.groupby(
-        suite.patterns, key=lambda p: (p.base_name, bool(p.sweep_point))
-    ):
-        points = list(group)
-        for one in [points] if swept else [[p] for p in points]:
-            lines += _pattern(one, defaults, comments or {})
+    for pattern in suite.patterns:
+        lines += _pattern(pattern, defaults, comments or {})
     return "\n".join(lines) + "\n"
 
 
@@ -136,41 +123,20 @@ def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Patterns and their blocks
-# ---------------------------------------------------------------------------------------------
 def _pattern(
-    points: list[PatternSpec], defaults: dict[str, Any], comments: Mapping[tuple[str, str], str]
+    pattern: PatternSpec, defaults: dict[str, Any], comments: Mapping[tuple[str, str], str]
 ) -> list[str]:
-    """One pattern entry: a spec of its own, or the sweep points of one base pattern."""
-    first = points[0]
-    variables = [name for name, _ in first.sweep_point]
-    labels = {v: list(dict.fromkeys(dict(p.sweep_point)[v] for p in points)) for v in variables}
-    product = [tuple(zip(variables, c, strict=True)) for c in itertools.product(*labels.values())]
-    if first.sweep_point and [p.sweep_point for p in points] != product:
-        raise ValueError(f"pattern {first.base_name!r}: its points are not one sweep's")
-    body = _merge([_full(p) for p in points], [dict(p.sweep_point) for p in points])
-    head: dict[str, Any] = {"sweep": {v: [_SweepValue(x) for x in xs] for v, xs in labels.items()}}
-    head |= {k: v for k, v in body.pop("settings").items() if v != defaults[k]}
-    entries = body.pop("blocks")
-    lines = [f"  - name: {scalar(first.base_name)}"]
-    lines += [f"    {k}: {flow(v)}" for k, v in (head | body).items() if v not in (None, [], {})]
+    """One pattern entry: its settings that differ from the file's defaults, and its blocks."""
+    head = {key: value for key in SETTINGS if (value := _setting(pattern, key)) != defaults[key]}
+    head |= {"traced_us": pattern.traced_us, "traced_by_rank_us": list(pattern.traced_by_rank_us)}
+    lines = [f"  - name: {scalar(pattern.name)}"]
+    lines += [f"    {k}: {flow(v)}" for k, v in head.items() if v not in (None, [], {})]
     lines.append("    blocks:")
-    for spec, entry in zip(first.blocks, entries, strict=True):
-        line = f"      - {flow(_compact(entry, spec.op, defaults))}"
-        note = comments.get((first.name, spec.name))
+    for spec in pattern.blocks:
+        line = f"      - {flow(_compact(_block(spec), spec.op, defaults))}"
+        note = comments.get((pattern.name, spec.name))
         lines.append(f"{line}  # {note}" if note else line)
     return lines
-
-
-def _full(pattern: PatternSpec) -> dict[str, Any]:
-    """Everything a pattern says, every key written (defaults are dropped later)."""
-    return {
-        "settings": {key: _setting(pattern, key) for key in SETTINGS},
-        "traced_us": pattern.traced_us,
-        "traced_by_rank_us": list(pattern.traced_by_rank_us),
-        "blocks": [_block(b) for b in pattern.blocks],
-    }
 
 
 def _block(spec: BlockSpec) -> dict[str, Any]:
@@ -198,7 +164,7 @@ def _param_keys(op: str) -> dict[str, tuple[str, Any]]:
 
 def _compact(entry: dict[str, Any], op: str, defaults: dict[str, Any]) -> dict[str, Any]:
     """``entry`` without what the loader would set anyway."""
-    params = {key: default for key, default in _param_keys(op).values()}
+    params = dict(_param_keys(op).values())
     out = {}
     for key, value in entry.items():
         implied = (
@@ -210,38 +176,3 @@ def _compact(entry: dict[str, Any], op: str, defaults: dict[str, Any]) -> dict[s
         if not implied:
             out[key] = value
     return out
-
-
-def _merge(values: list[Any], points: list[dict[str, str]]) -> Any:
-    """The one value that gives each point's ``values[i]``: the value itself when every point
-    has it, else ``${variable}`` (whole, or inside text)."""
-    first = values[0]
-    if all(type(v) is type(first) and v == first for v in values):
-        return first
-    if all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
-        return {k: _merge([v[k] for v in values], points) for k in first}
-    if all(isinstance(v, list) and len(v) == len(first) for v in values):
-        return [_merge([v[i] for v in values], points) for i in range(len(first))]
-    for var in points[0]:
-        if all(_reads_as(p[var], v) for p, v in zip(points, values, strict=True)):
-            return f"${{{var}}}"
-    if all(isinstance(v, str) for v in values):
-        texts = list(values)
-        for var in points[0]:
-            texts = [t.replace(p[var], f"${{{var}}}") for p, t in zip(points, texts, strict=True)]
-        if "${" in texts[0] and all(t == texts[0] for t in texts):
-            return texts[0]
-    raise ValueError(f"sweep points differ in a way no ${{variable}} explains: {values[:3]}")
-
-
-def _reads_as(label: str, value: Any) -> bool:
-    """Whether the sweep value written as ``label`` becomes ``value`` where it stands whole."""
-    read = yaml.safe_load(label)
-    if isinstance(read, bool) != isinstance(value, bool):
-        return False
-    if read == value:
-        return True
-    try:
-        return isinstance(value, int) and parse_size(read) == value
-    except ValueError:
-        return False

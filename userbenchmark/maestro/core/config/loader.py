@@ -1,13 +1,7 @@
-"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec.
-
-Every problem found is collected into one ConfigError naming file, YAML path and line. Nothing
-here creates a process group or a tensor; the only code a file can cause to run is the module
-named by a custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``).
-
-The work is split by job: ``yaml_reader`` (bounded safe YAML, lines, text as written),
-``problems`` (the one problem collector), ``axes`` (world size, mesh, axes, env),
-``patterns`` (run settings, sweeps) and ``blocks`` (ops and their parameters).
-"""
+"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec. Every
+problem found is collected into one ConfigError naming file, YAML path and line. Nothing here
+creates a process group or a tensor; the only code a file can cause to run is the module named by a
+custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``)."""
 
 from __future__ import annotations
 
@@ -18,63 +12,20 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...errors import ConfigError
-from .axes import (
-    MAX_WORLD_SIZE,
-    NCCL_OPTIONS,
-    AxisDraft,
-    check_axes,
-    check_env,
-    check_world_size,
-    mesh_teams,
-)
+from .axes import AxisDraft, check_axes, check_env, check_world_size
 from .blocks import OpResolver
-from .patterns import (
-    DEFAULT_KEYS,
-    DEFAULT_VALUES,
-    MAX_EXPANDED_BLOCKS,
-    MAX_ITERS,
-    check_patterns,
-    check_settings,
-)
-from .problems import MAX_ISSUES, Problems, choices
+from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
+from .problems import Problems, choices
 from .spec import AxisSpec, SuiteSpec, frozen_mapping
-from .yaml_reader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, read_file_text, read_yaml
-
-__all__ = [
-    "CONFIGS_DIR",
-    "MAX_DEPTH",
-    "MAX_EXPANDED_BLOCKS",
-    "MAX_FILE_BYTES",
-    "MAX_ISSUES",
-    "MAX_ITERS",
-    "MAX_NODES",
-    "MAX_TIMEOUT_S",
-    "MAX_WORLD_SIZE",
-    "MIN_TIMEOUT_S",
-    "NCCL_OPTIONS",
-    "load_suite",
-    "load_suite_text",
-    "mesh_teams",
-    "resolve_config_path",
-    "shipped_configs",
-]
+from .yaml_reader import read_file_text, read_yaml
 
 logger = logging.getLogger("maestro.config")
 
 CONFIGS_DIR: Final = Path(__file__).resolve().parents[2] / "configs"
 """Where the shipped pattern files live (``--config NAME`` looks here)."""
 
-TOP_KEYS: Final = (
-    "name",
-    "world_size",
-    "defaults",
-    "env",
-    "mesh",
-    "axes",
-    "patterns",
-    "timeout_s",
-    "stop_on_error",
-)
+TOP_KEYS: Final = ("name", "world_size", "defaults", "env", "mesh", "axes", "patterns",
+                   "timeout_s", "stop_on_error")  # fmt: skip
 OPTIONAL_SECTIONS: Final = ("defaults", "env", "mesh", "axes")
 
 DEFAULT_TIMEOUT_S: Final = 45.0
@@ -87,21 +38,14 @@ TIMEOUT_WHY: Final = (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Finding the file
-# ---------------------------------------------------------------------------------------------
 def shipped_configs() -> list[str]:
     """Names of the pattern files shipped in ``configs/`` (without .yaml)."""
-    if not CONFIGS_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))  # none without the folder
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """The file for ``name_or_path``: an existing path, or the name of a shipped config.
-
-    Raises ConfigError naming the path, and listing the shipped configs for unknown names.
-    """
+    """The file for ``name_or_path``: an existing path, or the name of a shipped config;
+    ConfigError naming the path (and listing the shipped configs for an unknown name)."""
     text = str(name_or_path)
     try:
         path = Path(name_or_path)
@@ -126,27 +70,15 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
 def load_suite(
-    source: str | Path,
-    *,
-    world_size: int | None = None,
-    import_ops: bool = True,
+    source: str | Path, *, world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
     """Load, validate and expand the pattern file ``source`` (a path or a shipped config
     name) for a run of ``world_size`` ranks; ConfigError carries every problem found.
     ``import_ops=False`` checks a custom op by name only (for inspecting, never running)."""
     path = resolve_config_path(source)
-    file = str(path)
-    text = read_file_text(path, file)
-    return load_suite_text(
-        text,
-        file=file,
-        world_size=world_size,
-        import_ops=import_ops,
-    )
+    text = read_file_text(path, str(path))
+    return load_suite_text(text, file=str(path), world_size=world_size, import_ops=import_ops)
 
 
 def text_sha256(text: str) -> str:
@@ -155,11 +87,7 @@ def text_sha256(text: str) -> str:
 
 
 def load_suite_text(
-    text: str,
-    *,
-    file: str = "<string>",
-    world_size: int | None = None,
-    import_ops: bool = True,
+    text: str, *, file: str = "<string>", world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
     """Like :func:`load_suite` for YAML given as a string (``file`` names it in messages)."""
     if not isinstance(text, str):
@@ -183,10 +111,12 @@ def load_suite_text(
 
 def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> SuiteSpec:
     if not isinstance(data, dict):
-        raise p.fatal(
+        p.add(
+            "",
             "the file must be a mapping with keys such as name, world_size, mesh, axes "
-            f"and patterns, got {p.show('', data)}"
+            f"and patterns, got {p.show('', data)}",
         )
+        raise ConfigError(p.issues())
     p.unknown_keys(data, "", TOP_KEYS, "the top level")
     # An optional section left empty (`env:` with every entry commented out) is absent.
     data = {k: v for k, v in data.items() if not (v is None and k in OPTIONAL_SECTIONS)}
@@ -198,18 +128,9 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
     timeout_s = DEFAULT_TIMEOUT_S
     if "timeout_s" in data:
-        checked = p.number(
-            data["timeout_s"],
-            "timeout_s",
-            minimum=MIN_TIMEOUT_S,
-            maximum=MAX_TIMEOUT_S,
-            why=TIMEOUT_WHY,
-        )
-        timeout_s = checked if checked is not None else timeout_s
-    stop_on_error = True
-    if "stop_on_error" in data:
-        value = p.boolean(data["stop_on_error"], "stop_on_error")
-        stop_on_error = True if value is None else value
+        limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
+        timeout_s = p.number(data["timeout_s"], "timeout_s", **limits) or timeout_s
+    stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     defaults = dict(DEFAULT_VALUES)
     raw_defaults = data.get("defaults", {})
@@ -224,21 +145,17 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
         )
     axes = check_axes(p, data, world_size)
     patterns = check_patterns(p, data, defaults, axes, ops)
-    p.raise_if_any()
+    if p:
+        raise ConfigError(p.issues())
     assert name is not None and world_size is not None  # guaranteed by no problems
+    real = [a for a in axes.values() if a.teams is not None]
     return SuiteSpec(
         name=name,
         source=p.file,
         world_size=world_size,
         env=frozen_mapping(env),
-        axes=frozen_mapping({a.name: _axis_spec(a) for a in axes.values() if a.teams is not None}),
-        mesh=frozen_mapping(
-            {
-                a.name: len(a.teams[0])
-                for a in axes.values()
-                if a.path.startswith("mesh.") and a.teams
-            }
-        ),
+        axes=frozen_mapping({a.name: _axis_spec(a) for a in real}),
+        mesh=frozen_mapping({a.name: len(a.teams[0]) for a in real if a.path.startswith("mesh.")}),
         patterns=tuple(patterns),
         timeout_s=timeout_s,
         stop_on_error=stop_on_error,

@@ -89,6 +89,14 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
     for flag, value in (("--iters", options.iters), ("--warmup-iters", options.warmup_iters)):
         if value is not None and value > MAX_ITERS:
             raise ConfigError(f"{flag} must be at most {MAX_ITERS}, got {value} ({ITERS_WHY})")
+    given = {
+        "num_iters": options.iters,
+        "warmup_iters": options.warmup_iters,
+        "check": options.check,
+        "baseline": options.baseline,
+        "graph": options.graph,
+    }
+    changes = {key: value for key, value in given.items() if value is not None}
     patterns = []
     for p in suite.patterns:
         if options.patterns and not any(
@@ -96,17 +104,6 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             for f in options.patterns
         ):
             continue
-        changes: dict[str, Any] = {}
-        if options.iters is not None:
-            changes["num_iters"] = options.iters
-        if options.warmup_iters is not None:
-            changes["warmup_iters"] = options.warmup_iters
-        if options.check is not None:
-            changes["check"] = options.check
-        if options.baseline is not None:
-            changes["baseline"] = options.baseline
-        if options.graph is not None:
-            changes["graph"] = options.graph
         pattern = dataclasses.replace(p, **changes)
         if changes:
             num_iters = max(pattern.num_iters, pattern.warmup_iters)

@@ -209,10 +209,6 @@ def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[P
     return list(sweep_points(kept)), {_at(path, rel) for rel, _ in unresolvable}
 
 
-def _is_within(path: str, roots: set[str]) -> bool:
-    return any(path == r or path.startswith((r + ".", r + "[")) for r in roots)
-
-
 def _expand(
     p: Problems,
     entry: dict[Any, Any],
@@ -235,7 +231,7 @@ def _expand(
             problems, substitute(body, point), path, base, point, defaults, axes, ops, elsewhere
         )
         for sub, message, _line in problems.items:
-            if not _is_within(sub, unresolved):
+            if not any(sub == r or sub.startswith((r + ".", r + "[")) for r in unresolved):
                 found.setdefault((sub, message), []).append(point_label(point))
         if spec is not None:
             specs.append(spec)

@@ -1,6 +1,6 @@
 """The loader's one problem collector: (YAML path, message) pairs found anywhere in a file, with
 each path's line and each value's text as written, become one ConfigError. Checks record and go
-on; the loader calls :meth:`Problems.raise_if_any` once the whole file is checked."""
+on; the loader raises the ConfigError of :meth:`Problems.issues` once the whole file is checked."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ...errors import ConfigError, ConfigIssue
+from ...errors import ConfigIssue
 
 MAX_ISSUES: Final = 100
 """Most problems one ConfigError lists; the rest are counted in a last line."""
@@ -122,16 +122,6 @@ class Problems:
                 ConfigIssue(f"... and {len(self.items) - MAX_ISSUES} more problems", file=self.file)
             )
         return issues
-
-    def raise_if_any(self) -> None:
-        """Raise the ConfigError of every problem recorded so far, if there is one."""
-        if self.items:
-            raise ConfigError(self.issues())
-
-    def fatal(self, message: str, *, path: str = "", line: int | None = None) -> ConfigError:
-        """The ConfigError for a problem that stops reading the file (with those found so far)."""
-        self.add(path, message, line=line)
-        return ConfigError(self.issues())
 
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""

@@ -1,9 +1,7 @@
-"""Typed, frozen objects that a validated pattern file becomes (the loader builds them).
-
-Everything downstream (runtime, profilers, reports) consumes these and never the raw YAML.
-Mappings are read-only so a spec cannot be changed after validation, and every spec pickles:
-the local launcher hands the validated suite to its workers.
-"""
+"""Typed, frozen objects that a validated pattern file becomes (the loader builds them). Everything
+downstream (runtime, profilers, reports) consumes these and never the raw YAML. Mappings are
+read-only so a spec cannot be changed after validation, and every spec pickles: the local launcher
+hands the validated suite to its workers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Metric keys, and what each metric is (read from its record field, core/analysis/records.py).
-
-A key is ``suite/pattern/block/metric``, ``suite/pattern/metric`` or ``suite/pattern/a+b/metric``
-(a pair of blocks); a metric's 95 % interval is ``<metric>_ci_low``, ``_ci_high``, ``_ci_df``."""
+"""Metric keys, and what each metric is (read from its record field, core/analysis/records.py). A
+key is ``suite/pattern/block/metric``, ``suite/pattern/metric`` or ``suite/pattern/a+b/metric`` (a
+pair of blocks); a metric's 95 % interval is ``<metric>_ci_low``, ``_ci_high``, ``_ci_df``."""
 
 from __future__ import annotations
 

@@ -54,13 +54,11 @@ PAIR_COLUMNS: Final = _columns_of(PairResult)
 pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
 _COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
-_KEY_COLUMNS: Final[Mapping[Table, tuple[str, ...]]] = MappingProxyType(
-    {
-        "blocks": ("suite", "pattern", "block"),
-        "patterns": ("suite", "pattern"),
-        "pairs": ("suite", "pattern", "block_a", "block_b"),
-    }
-)
+_KEY_COLUMNS: Final = {
+    "blocks": ("suite", "pattern", "block"),
+    "patterns": ("suite", "pattern"),
+    "pairs": ("suite", "pattern", "block_a", "block_b"),
+}
 TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
     {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
 )
@@ -92,11 +90,7 @@ class Results:
     """One row per pair of blocks of a pattern: :data:`PAIR_COLUMNS`."""
 
     def table(self, name: Table) -> pd.DataFrame:
-        """The table called ``name`` (``blocks``, ``patterns`` or ``pairs``)."""
         return {"blocks": self.blocks, "patterns": self.patterns, "pairs": self.pairs}[name]
-
-
-# --- frames from result records ----------------------------------------------------------------
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
@@ -140,9 +134,6 @@ def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
         patterns=record_frame((o.pattern for o in outcomes), PatternResult),
         pairs=record_frame((p for o in outcomes for p in o.pairs), PairResult),
     )
-
-
-# --- frames to files ---------------------------------------------------------------------------
 
 
 _PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
@@ -191,9 +182,6 @@ def csv_text(frame: pd.DataFrame) -> str:
     rows = [[_csv_cell(v, dtypes[n]) for n, v in row.items()] for row in records_of(frame)]
     text = pd.DataFrame(rows, columns=list(dtypes), dtype=object)
     return text.to_csv(index=False, lineterminator="\n")
-
-
-# --- files to frames ---------------------------------------------------------------------------
 
 
 class _NumberTooLong(ValueError):
@@ -306,9 +294,12 @@ def _in_int64(number: int) -> int:
     return number
 
 
-_EXPECTED: Final[Mapping[str, str]] = MappingProxyType(
-    {_INT: "an integer", _FLOAT: "a number", _STR: "a string", _BOOL: "true or false"}
-)
+_EXPECTED: Final = {
+    _INT: "an integer",
+    _FLOAT: "a number",
+    _STR: "a string",
+    _BOOL: "true or false",
+}
 
 
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
@@ -440,9 +431,6 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     else:
         pairs = found.pairs  # an older run: from the patterns file's pairwise_overlap column
     return Results(blocks=blocks, patterns=found.patterns, pairs=pairs)
-
-
-# --- metrics ---------------------------------------------------------------------------------
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:

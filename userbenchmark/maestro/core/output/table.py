@@ -47,13 +47,8 @@ def _size(size_bytes: int | None) -> str:
     return format_size(size_bytes) if size_bytes else "-"
 
 
-LATENCY_COLUMNS = (
-    "latency_avg_us",
-    "latency_min_us",
-    "latency_max_us",
-    "latency_p99_us",
-    "isolated_latency_avg_us",
-)
+LATENCY_COLUMNS = ("latency_avg_us", "latency_min_us", "latency_max_us", "latency_p99_us",
+                   "isolated_latency_avg_us")  # fmt: skip
 
 
 def pattern_unit(outcome: PatternOutcome) -> str:

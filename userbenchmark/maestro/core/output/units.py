@@ -25,11 +25,7 @@ def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
     """A latency in microseconds, in ``unit``, fixed-point with ``precision`` decimals, except
     that a non-zero value never prints as zero: it gets the fewest decimals that show it
     (0.0004 ms at precision 2: "0.0004"). NaN prints "n/a", infinities "inf"/"-inf"; never
-    scientific notation."""
-    if unit not in LATENCY_UNIT_SCALE_US:
-        raise ValueError(f"unknown latency unit {unit!r}; valid: {sorted(LATENCY_UNIT_SCALE_US)}")
-    if isinstance(precision, bool) or not isinstance(precision, int) or precision < 0:
-        raise ValueError(f"precision must be a non-negative int, got {precision!r}")
+    scientific notation. ``precision`` is ``--precision``'s, checked by RunOptions."""
     value_us = float(value_us)
     if math.isnan(value_us):
         return "n/a"

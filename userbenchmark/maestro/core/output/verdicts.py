@@ -1,17 +1,6 @@
-"""The noise model behind every A/B verdict (``compare`` and the TorchBench detector).
-
-A metric regressed or improved only when its change is beyond noise, more than ``t`` combined
-standard errors of the two runs (each read from its run's 95 % bootstrap interval, on the side
-facing the change; ``t`` is Student's at Welch's degrees of freedom, Bonferroni over all the
-metrics judged at once so that any false alarm stays at 5 %), and past the metric's floor (the
-drift between runs that one run cannot see). The floor is the metric's fixed one or, when
-larger, :data:`WINDOW_SPREADS` times how far the run's window means spread (the windows are the
-bootstrap's blocks of iterations): a block whose level wanders inside a run is taken to move as
-far between runs. Relative metrics are judged on the log of the ratio, absolute ones
-(fractions, efficiency, skews) on the difference. A metric without an interval on both sides is
-not judged; a count without noise (wrong elements) is judged exactly. A harness diagnostic
-(``Metric.harness``) gets its verdict but never decides, unless ``judge_harness``.
-"""
+"""The noise model behind every A/B verdict (``compare`` and the TorchBench detector): a change
+counts only beyond noise (Welch's t over both runs' intervals, Bonferroni over the metrics judged
+at once) and past the metric's floor or the runs' window spread (docs/torchbench.md)."""
 
 from __future__ import annotations
 

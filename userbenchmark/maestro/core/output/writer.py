@@ -1,7 +1,7 @@
-"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, all
-rewritten after each finished pattern, together and atomically (files.py) with SIGINT/SIGTERM
-held meanwhile: a run killed or interrupted at any moment leaves complete files that agree
-with each other and hold every pattern that finished."""
+"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, all rewritten
+after each finished pattern, together and atomically (files.py) with SIGINT/SIGTERM held meanwhile:
+a run killed or interrupted at any moment leaves complete files that agree with each other and hold
+every pattern that finished."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .files import atomic_write_files
-from .kineto import TRACES_DIR, rank_trace_texts, stale_rank_files
+from .rank_traces import TRACES_DIR, rank_trace_texts, stale_rank_files
 from .trace import trace_text
 
 

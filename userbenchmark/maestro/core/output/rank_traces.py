@@ -1,8 +1,8 @@
-"""Kineto-style trace files, one per rank (``traces/rank<r>.json``), that HolisticTraceAnalysis
-and Perfetto read: the rank's patterns one after another, a ``ProfilerStep#<k>`` per measured
-iteration and an empty last step (HolisticTraceAnalysis drops a file's last step). With CUPTI and
-``--trace`` the device events are CUPTI's records with their launching API calls; otherwise each
-(block, iteration) is a CPU ``user_annotation`` with no stream: no tool counts it as GPU work."""
+"""Kineto-style trace files, one per rank (``traces/rank<r>.json``), that HolisticTraceAnalysis and
+Perfetto read: the rank's patterns one after another, a ``ProfilerStep#<k>`` per measured iteration
+and an empty last step (HolisticTraceAnalysis drops a file's last step). With CUPTI and ``--trace``
+the device events are CUPTI's records with their launching API calls; otherwise each (block,
+iteration) is a CPU ``user_annotation`` with no stream: no tool counts it as GPU work."""
 
 from __future__ import annotations
 

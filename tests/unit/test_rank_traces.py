@@ -22,7 +22,7 @@ from userbenchmark.maestro.core.analysis.records import (
     RankTimeline,
     Timeline,
 )
-from userbenchmark.maestro.core.output.kineto import (
+from userbenchmark.maestro.core.output.rank_traces import (
     TRACES_DIR,
     build_rank_traces,
     rank_trace_texts,

@@ -1,11 +1,6 @@
-"""Axes from the traces' process groups: one axis per kind of group, a mesh where they form one.
-
-``distributedInfo.pg_config`` of each rank lists the groups that rank is in; together the
-files give every group. Groups with the same description (``pg_desc``) and size are the teams
-of one axis: ``default_pg`` is maestro's built-in ``world``, ``mesh_dp`` is ``dp``. When the
-``mesh_*`` axes lay the ranks out as a DeviceMesh does, the file says ``mesh:`` instead of
-listing their teams.
-"""
+"""Axes from the traces' process groups (``distributedInfo.pg_config``): groups of one
+description and size are the teams of one axis (``default_pg`` is ``world``, ``mesh_dp`` is
+``dp``), and ``mesh:`` where the ``mesh_*`` axes lay the ranks out as a DeviceMesh does."""
 
 from __future__ import annotations
 
@@ -33,7 +28,6 @@ def slug(text: str, *, fallback: str = "x", limit: int = 48) -> str:
 class GroupAxes:
     """Every traced process group, and the axis each belongs to."""
 
-    world_size: int
     groups: dict[str, ProcessGroup]
     axis_of: dict[str, str] = field(default_factory=dict)
     """Group name -> axis name."""
@@ -95,7 +89,7 @@ def _axis_name(desc: str, size: int, world_size: int) -> str:
 def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
     """Axes of the traced groups: teams per axis, and the mesh when there is one."""
     groups = collect_groups(traces)
-    out = GroupAxes(world_size=world_size, groups=groups)
+    out = GroupAxes(groups=groups)
     families: dict[tuple[str, int], list[ProcessGroup]] = {}
     for group in sorted(groups.values(), key=lambda g: (g.desc, g.ranks)):
         if group.ranks:
@@ -105,11 +99,9 @@ def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
         for part in _disjoint(members):
             base = _axis_name(desc, size, world_size)
             whole = len(part) == 1 and len(part[0].ranks) == world_size
-            if base == "world" and whole and "world" not in taken:
-                name = "world"
-            else:
-                name = _fresh("group" if base == "world" else base, taken)
-            taken.add(name)
+            if base == "world" and not (whole and "world" not in taken):
+                base = "group"
+            name = fresh_name(base, taken)
             out.teams[name] = tuple(g.ranks for g in part)
             for g in part:
                 out.axis_of[g.name] = name
@@ -130,10 +122,12 @@ def _disjoint(members: list[ProcessGroup]) -> list[list[ProcessGroup]]:
     return parts
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    if base not in taken:
-        return base
-    return next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in taken)
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, else ``base_2``, ``base_3``...: the first not in ``taken``, which takes it."""
+    names = itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+    name = next(n for n in names if n not in taken)
+    taken.add(name)
+    return name
 
 
 def find_mesh(teams: dict[str, Teams], world_size: int) -> dict[str, int]:

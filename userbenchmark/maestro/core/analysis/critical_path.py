@@ -1,9 +1,7 @@
-"""The critical path of a pattern: its "ideal" once blocks wait for each other.
-
-Blocks that must follow each other (``after:``, or one lane's blocks in order) cannot overlap,
-so perfect overlap finishes when the longest chain of such blocks does, each taking its
-isolated duration: the critical path, which is the longest block when nothing waits.
-"""
+"""The critical path of a pattern: its "ideal" once blocks wait for each other. Blocks that must
+follow each other (``after:``, or one lane's blocks in order) cannot overlap, so perfect overlap
+finishes when the longest chain of such blocks does, each taking its isolated duration: the critical
+path, which is the longest block when nothing waits."""
 
 from __future__ import annotations
 
