@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,17 @@ class Reporter:
             guard=self._guard,
         )
 
-    def _saving(self) -> AbstractContextManager[Any]:
-        """Any error of the files as the RunError every rank agrees on."""
-        return _SavingErrors(self.options.output_dir)
+    @contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Any error of the report as the RunError every rank agrees on (phase ``output``)."""
+        try:
+            yield
+        except Exception as exc:
+            folder = self.options.output_dir
+            if folder and not os.path.isdir(folder):
+                why = f"the output folder {folder} was removed during the run ({cause_of(exc)})"
+                raise RunError(why) from exc
+            raise RunError(f"cannot write the results: {cause_of(exc)}") from exc
 
     def _print(self, text: str = "") -> None:
         if self._stdout_lost:
@@ -112,8 +120,8 @@ class Reporter:
             assert self.writer is not None, "start() first"
             self.writer.environ.update(run_info or {})
             self.writer.add(outcome)
-        self.saved = self._has_files
-        self.progress.advance(f"pattern {pattern.name}")
+            self.saved = self._has_files
+            self.progress.advance(f"pattern {pattern.name}")
 
     def failed(self, pattern: str, message: str) -> None:
         """A pattern failed on some rank: the message, and failures.json."""
@@ -143,19 +151,3 @@ class Reporter:
                 f"maestro: standard output was closed ({self._stdout_lost}); tables were not "
                 "printed from then on, and the files hold every pattern"
             )
-
-
-class _SavingErrors(AbstractContextManager):
-    """Turns an error of the files into the RunError every rank agrees on (phase ``output``)."""
-
-    def __init__(self, folder: str | None) -> None:
-        self.folder = folder
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, RunError):
-            return
-        if self.folder and not os.path.isdir(self.folder):
-            why = f"the output folder {self.folder} was removed during the run ({cause_of(exc)})"
-        else:
-            why = f"cannot write the results: {cause_of(exc)}"
-        raise RunError(why) from exc
