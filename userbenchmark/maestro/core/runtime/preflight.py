@@ -5,16 +5,13 @@ the pattern file with the options applied."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ...errors import ConfigError, OptionError
 from ..config.loader import load_suite
 from ..config.options import RunOptions, apply_overrides
 from ..config.spec import SuiteSpec
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
-
-if TYPE_CHECKING:
-    from .phases import SinkFactory
 
 SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
@@ -103,11 +100,11 @@ def prepare_suite(
     *,
     world_size: int,
     local_workers: int = 1,
-    sink: SinkFactory | None = None,
+    sink: Any = None,
 ) -> SuiteSpec:
     """Everything checked before any worker starts: ``--nproc``, the backend and profiler
-    against this machine, what the ``sink`` cannot write here, then the pattern file
-    ``config``, validated once with the options applied. ConfigError or OptionError."""
+    against this machine, what the ``sink`` (a phases.SinkFactory) cannot write here, then the
+    pattern file ``config``, validated once with the options applied (ConfigError, OptionError)."""
     if local_workers > 1:
         check_nproc(local_workers)
     check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
