@@ -134,7 +134,10 @@ def block_rows(
     rows = []
     for name, first in next(iter(by_mode.values())).items():
         row: list[Any] = [name, first["work"] or "-", first["traced_us"]]
-        row += [kernels.get(name) or "-"] if kernels is not None else []
+        if kernels is not None:  # the traced kernel, and the replayed one where it differs
+            replayed = first.get("kernel") or ""
+            traced = kernels.get(name) or "-"
+            row.append(traced if replayed in ("", traced) else f"{traced}; replayed {replayed}")
         for mode in runs:
             b = by_mode[mode][name]
             row += [b["latency_avg_us"], figure(b)]

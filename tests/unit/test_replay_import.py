@@ -457,6 +457,44 @@ def test_a_transposed_gemm_runs_on_column_major_operands():
     assert describe_params(Gemm, plain) == "m=8 n=4 k=6 tf32=false"
 
 
+@pytest.mark.parametrize(
+    ("name", "dims", "bias"),
+    [
+        ("aten::addmm", [[32], [64, 16], [16, 32]], True),  # Linear's forward: a 1-D bias
+        ("aten::linear", [[64, 16], [32, 16], [32]], True),
+        ("aten::linear", [[64, 16], [32, 16]], False),  # a Linear without a bias
+        ("aten::addmm", [[64, 32], [64, 16], [16, 32]], False),  # a 2-D self: no bias vector
+        ("aten::mm", [[64, 16], [16, 32]], False),
+    ],
+)
+def test_a_traced_bias_is_kept_since_cublas_picks_another_kernel_for_it(name, dims, bias):
+    # On an H200, x @ W.T + b ran nvjet_..._coopA_bias_TNT where the same GEMM without a bias
+    # ran nvjet_..._320x128_64x3_..._coopB_TNT, up to 9 % slower (BENCHMARKS.md, 2026-12-03).
+    found = Gemm.traced_params(TracedCall(name=name, dtype="bf16", dims=tuple(map(tuple, dims))))
+    assert found is not None
+    assert found[0].get("bias", False) is bias
+
+
+def test_a_gemm_with_a_bias_adds_it_to_every_row():
+    import torch
+
+    from userbenchmark.maestro.blocks.base import BlockContext
+
+    text = (
+        "name: t\nworld_size: 1\npatterns:\n  - name: p\n    blocks:\n"
+        "      - {name: g, op: gemm, m: 8, n: 4, k: 6, b_transposed: true, bias: true}\n"
+    )
+    spec = load_suite_text(text, file="ok").patterns[0].blocks[0]
+    block = Gemm(
+        spec, BlockContext(rank=0, device=torch.device("cpu"), dtype=torch.float32, team=(0,))
+    )
+    block.setup()
+    block.launch()
+    assert block.bias.shape == (4,) and block.bias.abs().sum() > 0
+    assert torch.allclose(block.c, block.a @ block.b + block.bias)
+    assert Gemm.buffer_bytes(spec.params, dtype="fp32", team_size=1) == (48 + 24 + 32 + 4) * 4
+
+
 @pytest.mark.parametrize(("std", "check"), [(None, "uniform"), (0.0, "zeros"), (0.02, "normal")])
 def test_gemm_and_busy_operand_data(std, check):
     """data_std picks the operands' values (a GEMM's speed depends on them: power); unset,

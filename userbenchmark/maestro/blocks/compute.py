@@ -124,6 +124,15 @@ class Gemm(Block):
             described_at_default=False,
         ),
         Param(
+            name="bias",
+            kind="bool",
+            default=False,
+            doc="C = bias + A @ B with a bias of n elements (torch.addmm, as a Linear layer with "
+            "a bias runs): cuBLAS then picks a kernel with a bias epilogue, which import-trace "
+            "keeps from a traced addmm or linear",
+            described_at_default=False,
+        ),
+        Param(
             name="tf32",
             kind="bool",
             default=False,
@@ -170,6 +179,12 @@ class Gemm(Block):
             return None
         params: dict[str, Any] = {"m": int(m), "n": int(n), "k": int(k)}
         params |= {f"{x}_transposed": True for x, on in zip("ab", layout, strict=True) if on}
+        if (
+            name in ("addmm", "linear")
+            and len(pairs) == 3
+            and len(pairs[2 if name == "linear" else 0][0]) == 1
+        ):
+            params["bias"] = True  # a 1-D bias of n elements: cuBLAS's bias epilogue
         if call.dtype == "fp32" and any("tf32" in kernel.lower() for kernel in call.kernels):
             params["tf32"] = True  # the traced kernel ran on TF32 tensor cores
         return params, note
@@ -215,7 +230,8 @@ class Gemm(Block):
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         m, n, k = params["m"], params["n"], params["k"]
-        return (m * k + k * n + m * n) * DTYPE_SIZES_BYTES[dtype]
+        bias = n if params.get("bias") else 0
+        return (m * k + k * n + m * n + bias) * DTYPE_SIZES_BYTES[dtype]
 
     @classmethod
     def flop_count(cls, params: Mapping[str, Any]) -> int:
@@ -245,8 +261,9 @@ class Gemm(Block):
         self.a = self._operand(m, k, self.spec.params.get("a_transposed", False))
         self.b = self._operand(k, n, self.spec.params.get("b_transposed", False))
         self.c = self.ctx.empty(m * n).view(m, n)
+        self.bias = self.ctx.empty(n) if self.spec.params.get("bias", False) else None
         std = self.spec.params.get("data_std")
-        for operand in (self.a, self.b):
+        for operand in (self.a, self.b) if self.bias is None else (self.a, self.b, self.bias):
             fill_operand(operand, self.ctx, std, lambda buf: fill_random(buf, self.ctx))
         # torch's TF32 switch is process-wide: set it on every launch so another block (or
         # user code) cannot change this block's math between iterations.
@@ -263,7 +280,10 @@ class Gemm(Block):
 
         if self.set_tf32:
             torch.backends.cuda.matmul.allow_tf32 = self.tf32
-        torch.matmul(self.a, self.b, out=self.c)
+        if self.bias is None:
+            torch.matmul(self.a, self.b, out=self.c)
+        else:
+            torch.addmm(self.bias, self.a, self.b, out=self.c)
 
 
 class Sleep(Block):
