@@ -24,21 +24,6 @@ _BRANCHES = (
     ast.Assert,
     ast.match_case,
 )
-KNOWN = {
-    "core/config/blocks.py:check_block": 32,
-    "core/config/dumper.py:dump_suite": 23,
-    "replay/step.py:build_step": 22,
-    "replay/emit.py:_header": 22,
-    "replay/assemble.py:_pair_blocks": 22,
-    "replay/assemble.py:_collective_block": 22,
-    "core/config/axes.py:check_axes": 22,
-    "core/output/results.py:_cell": 21,
-    "core/output/compare.py:compare_files": 21,
-    "core/config/patterns.py:_pattern_point": 21,
-    "core/config/axes.py:_teams": 21,
-}
-"""Functions over the limit in folders being slimmed apart (config, replay, output), at their
-complexity today: each may only go down, and leaves this table once at 20 or below."""
 
 
 def complexity(function: ast.AST) -> int:
@@ -89,11 +74,8 @@ def test_the_count_is_the_hooks():
 
 
 def test_no_function_is_over_the_limit():
-    found = _functions()
-    over = {k: c for k, c in found.items() if c > MAX_COMPLEXITY and c > KNOWN.get(k, 0)}
+    over = {k: c for k, c in _functions().items() if c > MAX_COMPLEXITY}
     assert not over, f"functions over complexity {MAX_COMPLEXITY}: {over}"
-    mended = sorted(k for k, c in KNOWN.items() if found.get(k, 0) <= MAX_COMPLEXITY)
-    assert not mended, f"now at {MAX_COMPLEXITY} or below, drop them from KNOWN: {mended}"
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)

@@ -15,7 +15,7 @@ from ..blocks.compute import Busy, Sleep
 from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
-from .step import RankStep
+from .step import Item, RankStep
 
 
 @dataclass(kw_only=True, eq=False)
@@ -208,17 +208,9 @@ def _raise_conflicts(
 def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock:
     items = [(rank, rb.role.items[rb.items[0]][rank]) for rb in members for rank in rb.role.ranks]
     calls = [(rank, item) for rank, item in items if item.block is not None]
+    _check_one_call(calls)
     first = calls[0][1]
     cls, size = first.block, first.block.message_size_bytes
-    for rank, item in calls:
-        if (item.block, item.dtype) != (cls, first.dtype) or (
-            cls is not AllToAll and size(item.params) != size(first.params)
-        ):
-            raise TraceError(
-                f"rank {calls[0][0]} and rank {rank} disagree on one collective call "
-                f"({cls.op} {size(first.params)} bytes {first.dtype} against {item.opname} "
-                f"{size(item.params)} bytes {item.dtype}): the files are not one run's step"
-            )
     groups = sorted({item.group for _, item in items})
     teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
     if not teams:  # a group the traces do not describe: its callers as one team
@@ -244,6 +236,22 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
         family=axes.axis_of.get(groups[0], ""),
         notes=notes,
     )
+
+
+def _check_one_call(calls: list[tuple[int, Item]]) -> None:
+    """TraceError when the ranks' records of one collective call disagree on its op, dtype or
+    size (all_to_all's sizes may differ: uneven splits)."""
+    (first_rank, first), size = calls[0], calls[0][1].block.message_size_bytes
+    for rank, item in calls:
+        if (item.block, item.dtype) != (first.block, first.dtype) or (
+            first.block is not AllToAll and size(item.params) != size(first.params)
+        ):
+            raise TraceError(
+                f"rank {first_rank} and rank {rank} disagree on one collective call "
+                f"({first.block.op} {size(first.params)} bytes {first.dtype} against "
+                f"{item.opname} {size(item.params)} bytes {item.dtype}): the files are not one "
+                "run's step"
+            )
 
 
 def _compute_block(rb: RoleBlock) -> PatternBlock:
@@ -350,18 +358,26 @@ def _pair_blocks(
             units.extend(((e,), _carriers([e], carrier)) for e in directed)
     groups: list[tuple[list, list[RoleBlock]]] = []
     for directed, members in units:
-        ranks = {r for e in directed for r in e}
-        for group_edges, group_members in groups:
-            used = {r for e in group_edges for r in e}
-            roles = {rb.role.number for rb in group_members}
-            fresh = [rb for rb in members if all(rb is not m for m in group_members)]
-            if not ranks & used and not roles & {rb.role.number for rb in fresh}:
-                group_edges.extend(directed)
-                group_members.extend(fresh)
-                break
-        else:
+        if not any(_joined(group, directed, members) for group in groups):
             groups.append((list(directed), list(members)))
     return [_send_recv_block(e, m, edges, family, dtype) for e, m in groups]
+
+
+def _joined(
+    group: tuple[list, list[RoleBlock]], directed: Sequence[tuple[int, int]], members: list
+) -> bool:
+    """Add the transfers ``directed`` and their ``members`` to ``group`` when they share no
+    rank with it and bring no role call it already has; whether they were added."""
+    group_edges, group_members = group
+    ranks = {r for e in directed for r in e}
+    used = {r for e in group_edges for r in e}
+    roles = {rb.role.number for rb in group_members}
+    fresh = [rb for rb in members if all(rb is not m for m in group_members)]
+    if ranks & used or roles & {rb.role.number for rb in fresh}:
+        return False
+    group_edges.extend(directed)
+    group_members.extend(fresh)
+    return True
 
 
 def _carriers(

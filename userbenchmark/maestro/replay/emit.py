@@ -133,12 +133,7 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
                      "a role run on an axis whose one team is the role's ranks:")  # fmt: skip
         lines += [f"  stage{r.number}: rank(s) {_ranks_text(r.ranks)}" for r in imp.roles]
-    cover = coverage(imp)
-    lines.append(cover.line()[0].upper() + cover.line()[1:])
-    if cover.dropped:
-        shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
-        more = f", and {len(cover.dropped) - 6} more kernels" if len(cover.dropped) > 6 else ""
-        lines.append(f"  dropped (running during the step, launched before it): {shown}{more}")
+    lines += _coverage_lines(imp)
     if any(it.kind == "comm" for st in imp.steps for it in st.items):
         how = (
             "their process group's sequence numbers (record_param_comms' Seq)"
@@ -157,6 +152,17 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append(f"  {lane}: {where}")
     lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp))]
     return [part for line in lines for one in line.split("\n") for part in _wrapped(one)]
+
+
+def _coverage_lines(imp: Imported) -> list[str]:
+    """The coverage line, and the kernels dropped (the first six, and how many more)."""
+    cover = coverage(imp)
+    lines = [cover.line()[0].upper() + cover.line()[1:]]
+    if cover.dropped:
+        shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
+        more = f", and {len(cover.dropped) - 6} more kernels" if len(cover.dropped) > 6 else ""
+        lines.append(f"  dropped (running during the step, launched before it): {shown}{more}")
+    return lines
 
 
 def _wrapped(line: str, width: int = HEADER_WIDTH) -> list[str]:

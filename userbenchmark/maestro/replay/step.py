@@ -269,19 +269,10 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    owner = _Owner(trace, calls, acts)
     names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
     labels = innermost(names, ((c.tid, c.ts) for c in calls))
-    groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
-    info: dict[tuple, dict] = {}
     notes: list[str] = []
-    for call in calls:
-        for act in acts.get(call.corr, ()):
-            nccl = is_nccl_kernel(act.name)
-            records = owner.comm_records(call, nccl)
-            key, meta = _classify(trace, call, act, records, group_sizes, notes)
-            groups.setdefault(key, []).append((call, act))
-            info.setdefault(key, meta)
+    groups, info = _grouped(trace, calls, acts, group_sizes, notes)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
     items = [_item(parts, info[key], labels) for key, parts in ordered]
     if not items:
@@ -313,6 +304,27 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         launch_items=launch_items,
         dropped=dropped,
     )
+
+
+def _grouped(
+    trace: RankTrace,
+    calls: list[Launch],
+    acts: dict[int, list[Activity]],
+    group_sizes: dict[str, int],
+    notes: list[str],
+) -> tuple[dict[tuple, list[tuple[Launch, Activity]]], dict[tuple, dict]]:
+    """The step's device work by item (one key per GEMM, collective call or kernel run), in
+    launch order, and each item's meaning (:func:`_classify`, which may add to ``notes``)."""
+    owner = _Owner(trace, calls, acts)
+    groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
+    info: dict[tuple, dict] = {}
+    for call in calls:
+        for act in acts.get(call.corr, ()):
+            records = owner.comm_records(call, is_nccl_kernel(act.name))
+            key, meta = _classify(trace, call, act, records, group_sizes, notes)
+            groups.setdefault(key, []).append((call, act))
+            info.setdefault(key, meta)
+    return groups, info
 
 
 def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:

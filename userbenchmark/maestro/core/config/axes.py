@@ -124,6 +124,29 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
     return env
 
 
+def _declared_axis(
+    p: Problems, name: str, path: str, spec: dict[Any, Any], world_size: int | None
+) -> AxisDraft:
+    """An ``axes:`` entry that is no mesh dimension: its teams, or the axis it is ``like``."""
+    draft = AxisDraft(name=name, path=path)
+    if "teams" in spec and "like" in spec:
+        p.add(path, "give either teams or like, not both")
+        draft.valid = False
+    elif "teams" in spec:
+        draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
+        draft.valid = draft.teams is not None or world_size is None
+    elif spec.get("like") is not None:  # like: null names no axis
+        draft.like = spec["like"]
+    else:
+        p.add(
+            path,
+            "an axis needs teams (a list of lists of ranks) or like: <axis> "
+            "(a second communicator on another axis's teams)",
+        )
+        draft.valid = False
+    return draft
+
+
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
     """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
     world = (tuple(range(world_size)),) if world_size else None
@@ -167,23 +190,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                         f"its teams from mesh; remove {key!r} or use another axis name",
                     )
         else:
-            draft = AxisDraft(name=name, path=path)
-            axes[name] = draft
-            if "teams" in spec and "like" in spec:
-                p.add(path, "give either teams or like, not both")
-                draft.valid = False
-            elif "teams" in spec:
-                draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
-                draft.valid = draft.teams is not None or world_size is None
-            elif spec.get("like") is not None:  # like: null names no axis
-                draft.like = spec["like"]
-            else:
-                p.add(
-                    path,
-                    "an axis needs teams (a list of lists of ranks) or like: <axis> "
-                    "(a second communicator on another axis's teams)",
-                )
-                draft.valid = False
+            draft = axes[name] = _declared_axis(p, name, path, spec, world_size)
         if "priority" in spec:
             priority = p.choice(
                 spec["priority"], join(path, "priority"), PRIORITIES, "priority", "priorities"
@@ -258,28 +265,36 @@ def _teams(
             continue
         for j, rank in enumerate(team):
             rank_path = index(team_path, j)
-            if isinstance(rank, bool) or not isinstance(rank, int):
-                problem = f"a rank must be an integer, got {p.show(rank_path, rank)}"
-            elif rank < 0:
-                problem = f"ranks are 0 or more, got {rank}"
-            elif world_size is not None and rank >= world_size:
-                problem = (
-                    f"rank {rank} is out of range: ranks are 0 to "
-                    f"{world_size - 1} for world size {world_size}"
-                )
-            elif rank in seen:
-                problem = (
-                    f"rank {rank} appears twice in this axis (also at "
-                    f"{seen[rank]}); a rank may be in at most one team of an axis"
-                )
+            problem = _rank_problem(p, rank, rank_path, world_size, seen)
+            if problem:
+                p.add(rank_path, problem)
             else:
                 seen[rank] = rank_path
-                continue
-            p.add(rank_path, problem)
     if len({len(t) for t in raw if isinstance(t, list) and t}) > 1:
         shown = ", ".join(str(len(t)) if isinstance(t, list) else "?" for t in raw)
         p.add(path, f"teams must all have the same size, got sizes {shown}")
     return None if len(p) > before else tuple(tuple(team) for team in raw)
+
+
+def _rank_problem(
+    p: Problems, rank: Any, rank_path: str, world_size: int | None, seen: dict[int, str]
+) -> str:
+    """What is wrong with a team's rank ('' when nothing); ``seen``: the axis's ranks so far."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return f"a rank must be an integer, got {p.show(rank_path, rank)}"
+    if rank < 0:
+        return f"ranks are 0 or more, got {rank}"
+    if world_size is not None and rank >= world_size:
+        return (
+            f"rank {rank} is out of range: ranks are 0 to "
+            f"{world_size - 1} for world size {world_size}"
+        )
+    if rank in seen:
+        return (
+            f"rank {rank} appears twice in this axis (also at "
+            f"{seen[rank]}); a rank may be in at most one team of an axis"
+        )
+    return ""
 
 
 def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:

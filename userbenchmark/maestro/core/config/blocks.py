@@ -87,26 +87,8 @@ def check_block(
         p.add(join(path, "name"), "missing required key 'name'")
     else:
         name = p.name(raw["name"], join(path, "name"), "a block name")
-    cls: type[Block] | None = None
-    unchecked = False
     op = raw.get("op")
-    op_path = join(path, "op")
-    if "op" not in raw:
-        p.add(
-            op_path,
-            f"missing required key 'op'; valid ops: "
-            f"{choices(sorted(registered_ops()))}, or {_CUSTOM}",
-        )
-    elif not isinstance(op, str) or not op:
-        p.add(op_path, f"op must be an op name, got {p.show(op_path, op)}")
-    else:
-        resolved = ops.resolve(op, op_path)
-        if isinstance(resolved, str):
-            p.add(op_path, resolved)
-        elif resolved is None:
-            unchecked = True
-        else:
-            cls = resolved
+    cls, unchecked = _block_class(p, raw, path, ops)
     axis_name = raw.get("axis", WORLD_AXIS)
     axis = axes.get(axis_name) if isinstance(axis_name, str) else None
     if axis is None:
@@ -115,30 +97,10 @@ def check_block(
             f"unknown axis {p.show(join(path, 'axis'), axis_name)}"
             f"{suggest(axis_name, list(axes))}; valid axes: {choices(axes)}",
         )
-    lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
-    dtype, register = settings["dtype"], settings["register_buffers"]
-    if "dtype" in raw:
-        dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
-    if "register_buffers" in raw:
-        register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
+    lane, dtype, register = _block_settings(p, raw, path, settings, axis_name)
     after = after_names(p, raw, path)
-    traced_us = traced_duration_us(p, raw, path)
-    traced_kernel = raw.get("traced_kernel")
-    if traced_kernel is not None and not isinstance(traced_kernel, str):
-        where = join(path, "traced_kernel")
-        p.add(where, f"expected a kernel name, got {p.show(where, traced_kernel)}")
-    traced_overlap = None
-    if "traced_overlap" in raw:
-        where = join(path, "traced_overlap")
-        traced_overlap = p.number(raw["traced_overlap"], where, minimum=0.0, maximum=1.0)
-    params: dict[str, Any] | None = None
-    if unchecked:
-        # A custom op left unimported: its parameters are kept as written, unchecked.
-        params = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
-    elif cls is not None:
-        params = _params(p, cls, op, raw, path)
-        if params is not None and len(p) == start and axis is not None and dtype is not None:
-            params = _op_checks(p, cls, op, params, path, dtype, axis)
+    traced = _traced_fields(p, raw, path)
+    params = _block_params(p, raw, path, cls, unchecked, start=start, axis=axis, dtype=dtype)
     if params is None or len(p) > start or axis is None or dtype is None:
         return None
     assert name is not None and lane is not None and register is not None and after is not None
@@ -151,11 +113,85 @@ def check_block(
         params=frozen_mapping(params),
         register_buffers=register,
         after=after,
-        traced_us=traced_us,
-        traced_kernel=traced_kernel,
-        traced_overlap=traced_overlap,
+        **traced,
         yaml_path=path,
     )
+
+
+def _block_params(
+    p: Problems,
+    raw: dict[Any, Any],
+    path: str,
+    cls: type[Block] | None,
+    unchecked: bool,
+    *,
+    start: int,
+    axis: AxisDraft | None,
+    dtype: str | None,
+) -> dict[str, Any] | None:
+    """The block's parameters: a custom op left unimported keeps them as written, unchecked; a
+    known op's are checked, and against its axis and dtype when nothing else of the block was
+    wrong (no problem recorded since ``start``)."""
+    if unchecked:
+        return {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    if cls is None:
+        return None
+    op = raw["op"]
+    params = _params(p, cls, op, raw, path)
+    if params is not None and len(p) == start and axis is not None and dtype is not None:
+        params = _op_checks(p, cls, op, params, path, dtype, axis)
+    return params
+
+
+def _block_settings(
+    p: Problems, raw: dict[Any, Any], path: str, settings: dict[str, Any], axis_name: Any
+) -> tuple[Any, Any, Any]:
+    """A block's lane (its axis's name unless given), dtype and register_buffers (the
+    pattern's unless given); None for each one that is wrong, after recording why."""
+    lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
+    dtype, register = settings["dtype"], settings["register_buffers"]
+    if "dtype" in raw:
+        dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
+    if "register_buffers" in raw:
+        register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
+    return lane, dtype, register
+
+
+def _block_class(
+    p: Problems, raw: dict[Any, Any], path: str, ops: OpResolver
+) -> tuple[type[Block] | None, bool]:
+    """(the block's op class or None, whether it is a custom op left unimported and unchecked),
+    after recording what is wrong with its ``op``."""
+    op, op_path = raw.get("op"), join(path, "op")
+    if "op" not in raw:
+        valid = f"{choices(sorted(registered_ops()))}, or {_CUSTOM}"
+        p.add(op_path, f"missing required key 'op'; valid ops: {valid}")
+        return None, False
+    if not isinstance(op, str) or not op:
+        p.add(op_path, f"op must be an op name, got {p.show(op_path, op)}")
+        return None, False
+    resolved = ops.resolve(op, op_path)
+    if isinstance(resolved, str):
+        p.add(op_path, resolved)
+        return None, False
+    return resolved, resolved is None
+
+
+def _traced_fields(p: Problems, raw: dict[Any, Any], path: str) -> dict[str, Any]:
+    """An imported block's ``traced_us``, ``traced_kernel`` and ``traced_overlap`` (None unset)."""
+    kernel = raw.get("traced_kernel")
+    if kernel is not None and not isinstance(kernel, str):
+        where = join(path, "traced_kernel")
+        p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
+    overlap = None
+    if "traced_overlap" in raw:
+        where = join(path, "traced_overlap")
+        overlap = p.number(raw["traced_overlap"], where, minimum=0.0, maximum=1.0)
+    return {
+        "traced_us": traced_duration_us(p, raw, path),
+        "traced_kernel": kernel,
+        "traced_overlap": overlap,
+    }
 
 
 def traced_duration_us(p: Problems, raw: dict[Any, Any], path: str) -> float | None:

@@ -77,15 +77,7 @@ def dump_suite(
     swept = [p.name for p in suite.patterns if p.sweep_point]
     if swept:
         raise ValueError(f"pattern {swept[0]!r} is a sweep point: the dumper writes no sweeps")
-    blocks = [b for p in suite.patterns for b in p.blocks]
-    dtypes = Counter(b.dtype for b in blocks).most_common(1)
-    defaults = {
-        "dtype": dtypes[0][0] if dtypes else DEFAULT_VALUES["dtype"],
-        "register_buffers": bool(blocks) and all(b.register_buffers for b in blocks),
-    }
-    for key in SETTINGS:
-        values = {_setting(p, key) for p in suite.patterns}
-        defaults[key] = values.pop() if len(values) == 1 else DEFAULT_VALUES[key]
+    defaults = _defaults(suite)
     top = {
         "name": suite.name,
         "world_size": suite.world_size,
@@ -103,6 +95,21 @@ def dump_suite(
     for pattern in suite.patterns:
         lines += _pattern(pattern, defaults, comments or {})
     return "\n".join(lines) + "\n"
+
+
+def _defaults(suite: SuiteSpec) -> dict[str, Any]:
+    """The file's ``defaults``: the blocks' commonest dtype, register_buffers when every block
+    has it, and each setting every pattern shares (else the loader's default)."""
+    blocks = [b for p in suite.patterns for b in p.blocks]
+    dtypes = Counter(b.dtype for b in blocks).most_common(1)
+    defaults = {
+        "dtype": dtypes[0][0] if dtypes else DEFAULT_VALUES["dtype"],
+        "register_buffers": bool(blocks) and all(b.register_buffers for b in blocks),
+    }
+    for key in SETTINGS:
+        values = {_setting(p, key) for p in suite.patterns}
+        defaults[key] = values.pop() if len(values) == 1 else DEFAULT_VALUES[key]
+    return defaults
 
 
 def _setting(pattern: PatternSpec, key: str) -> Any:

@@ -243,6 +243,30 @@ def _expand(
     return specs
 
 
+def _off_its_axis_lane(
+    p: Problems,
+    spec: BlockSpec,
+    raw: dict[Any, Any],
+    block_path: str,
+    lanes: dict[str, tuple[str, str, str]],
+) -> bool:
+    """Whether a collective is on another lane than its axis's first collective (recorded as a
+    problem); ``lanes``: {axis: (lane, block, path) of its first collective}."""
+    lane, other, other_path = lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+    if lane == spec.lane:
+        return False
+    p.add(
+        join(block_path, "lane" if "lane" in raw else "axis"),
+        f"block {spec.name!r} is on lane {spec.lane!r} "
+        f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
+        f"lane {lane!r}: one axis is one communicator, whose operations must be "
+        "issued in one order on every rank, so its blocks must share a lane; to "
+        "overlap them, put one on a second communicator, an axis defined with "
+        f"like: {spec.axis}",
+    )
+    return True
+
+
 def _pattern_point(
     p: Problems,
     body: dict[Any, Any],
@@ -283,21 +307,8 @@ def _pattern_point(
             continue
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
-        if ops.category(spec.op) == "comm":
-            first = (spec.lane, spec.name, block_path)
-            lane, other, other_path = lanes.setdefault(spec.axis, first)
-            if lane != spec.lane:
-                where = "lane" if "lane" in raw else "axis"
-                p.add(
-                    join(block_path, where),
-                    f"block {spec.name!r} is on lane {spec.lane!r} "
-                    f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
-                    f"lane {lane!r}: one axis is one communicator, whose operations must be "
-                    "issued in one order on every rank, so its blocks must share a lane; to "
-                    "overlap them, put one on a second communicator, an axis defined with "
-                    f"like: {spec.axis}",
-                )
-                continue
+        if ops.category(spec.op) == "comm" and _off_its_axis_lane(p, spec, raw, block_path, lanes):
+            continue
         blocks.append(spec)
     names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
     declared = {name: None for name in names_written if isinstance(name, str)}

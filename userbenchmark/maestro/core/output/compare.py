@@ -219,14 +219,7 @@ def compare_files(
     SettingsDiffer when their measurement settings differ, unless ``force``. The harness's
     diagnostics are shown and decide nothing unless ``judge_harness``."""
     a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
-    differences, recorded = [], set()
-    if a.settings is not None and b.settings is not None:
-        differences += setting_differences(a.settings, b.settings)
-        recorded = measurement_settings(a.settings).keys() & measurement_settings(b.settings)
-    if a.table_settings is not None and b.table_settings is not None:
-        # A setting both run.json files record is judged there alone: listed once.
-        differences += setting_differences(a.table_settings, b.table_settings, skip=recorded)
-    differences.sort()
+    differences = _setting_differences(a, b)
     if differences and not force:
         raise SettingsDiffer(str(path_a), str(path_b), differences)
     if not a.metrics.keys() & b.metrics.keys():
@@ -262,6 +255,18 @@ def compare_files(
         setting_differences=tuple(differences),
         notes=tuple(notes),
     )
+
+
+def _setting_differences(a: _Side, b: _Side) -> list[str]:
+    """The measurement settings two sides differ in, each once: from run.json where both
+    record one, else from the results' columns."""
+    differences, recorded = [], set()
+    if a.settings is not None and b.settings is not None:
+        differences += setting_differences(a.settings, b.settings)
+        recorded = measurement_settings(a.settings).keys() & measurement_settings(b.settings)
+    if a.table_settings is not None and b.table_settings is not None:
+        differences += setting_differences(a.table_settings, b.table_settings, skip=recorded)
+    return sorted(differences)
 
 
 def exit_code(result: CompareResult) -> int:

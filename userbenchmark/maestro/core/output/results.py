@@ -266,15 +266,9 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     if isinstance(value, str):
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
-        if dtype == _BOOL and value in ("true", "false"):
-            return value == "true"
-        if dtype == _FLOAT:
-            return float(value)  # CSV: repr text reads back to the same float
-        if dtype == _INT:
-            try:
-                return _in_int64(int(value))
-            except ValueError:
-                value = float(value)  # "4194304.0": older files, pandas wrote ints with gaps so
+        value = _csv_value(value, dtype)
+        if not isinstance(value, float) or dtype != _INT:
+            return value
     if dtype == _BOOL:
         if not isinstance(value, bool):
             raise TypeError
@@ -286,6 +280,23 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return _in_int64(int(value))
     raise TypeError
+
+
+def _csv_value(text: str, dtype: str) -> Any:
+    """A CSV cell's text as its column's type; an integer column's ``4194304.0`` (older files:
+    pandas wrote integer columns with gaps as floats) as that float, checked by the caller."""
+    if dtype == _BOOL:
+        if text not in ("true", "false"):
+            raise TypeError
+        return text == "true"
+    if dtype == _FLOAT:
+        return float(text)  # CSV: repr text reads back to the same float
+    if dtype == _INT:
+        try:
+            return _in_int64(int(text))
+        except ValueError:
+            return float(text)
+    return text
 
 
 def _in_int64(number: int) -> int:
