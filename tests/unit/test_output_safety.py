@@ -104,15 +104,6 @@ def test_import_trace_replaces_an_earlier_output_atomically(traces, tmp_path, ca
     assert "world_size: 2" in out.read_text() and keep.read_text() == "earlier\n"
 
 
-def test_import_trace_output_respects_the_umask(traces, tmp_path):
-    old = os.umask(0o022)
-    try:
-        assert cli.main(["import-trace", str(traces), "-o", str(tmp_path / "s.yaml")]) == 0
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE((tmp_path / "s.yaml").stat().st_mode) == 0o644
-
-
 # --- the rule itself ---------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .base import Block, Param, TracedCall
-from .data import _generator, fill_random
+from .data import fill_operand, fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
 
 _BISECT_STEPS: Final = 64
@@ -55,16 +55,6 @@ DATA_STD = Param(
     "(an H200 GEMM ran 13 % faster on zeros: power)",
     described_at_default=False,
 )
-
-
-def fill_operand(buf: Any, ctx: Any, std: float | None, usual: Any) -> None:
-    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset."""
-    if std is None:
-        usual(buf)
-    elif std == 0:
-        buf.zero_()
-    else:
-        buf.normal_(0.0, float(std), generator=_generator(ctx, ctx.rank, buf.device))
 
 
 def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +35,19 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
     else:  # float8 and others torch cannot draw into: draw fp32 on the device, then convert
         vals = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
         buf.copy_(vals.uniform_(-1.0, 1.0, generator=gen))
+
+
+def fill_operand(
+    buf: torch.Tensor, ctx: BlockContext, std: float | None, usual: Callable[[Any], None]
+) -> None:
+    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset (a
+    block's ``data_std``)."""
+    if std is None:
+        usual(buf)
+    elif std == 0:
+        buf.zero_()
+    else:
+        buf.normal_(0.0, float(std), generator=_generator(ctx, ctx.rank, buf.device))
 
 
 def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:

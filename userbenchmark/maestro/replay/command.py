@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,25 +51,16 @@ def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> s
     return " ".join([PROG, *(shlex.quote(a) for a in args)])
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half; the
-    file's mode follows the umask, as any file a command creates."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def import_trace(
-    paths: Sequence[str], output: str, options: ImportOptions | None = None
+    paths: Sequence[str],
+    output: str,
+    options: ImportOptions | None = None,
+    *,
+    write: Callable[[Path, bytes], None],
 ) -> ImportReport:
-    """Import the traces at ``paths`` into the pattern file ``output``; TraceError when the
-    traces cannot be imported or the file cannot be written (nothing is written then)."""
+    """Import the traces at ``paths`` into the pattern file ``output``, written by ``write``
+    (the CLI's atomic writer) once maestro's loader accepts it; TraceError when the traces
+    cannot be imported or the file cannot be written (nothing is written then)."""
     options = options or ImportOptions()
     target = Path(output)
     if target.is_dir():
@@ -89,21 +78,27 @@ def import_trace(
             f"written: {first}" + (f" (and {more} more problems)" if more else "")
         ) from None
     try:
-        write_text_atomically(target, text)
+        write(target, text.encode("utf-8"))
     except OSError as err:
         raise TraceError(f"-o {output}: cannot write the file ({err.strerror or err})") from None
     return ImportReport(path=output, imported=imported, text=text)
 
 
 def run_command(
-    *, paths: Sequence[str], output: str, step: int | None, idle_us: float, no_idle: bool
+    *,
+    paths: Sequence[str],
+    output: str,
+    step: int | None,
+    idle_us: float,
+    no_idle: bool,
+    write: Callable[[Path, bytes], None],
 ) -> int:
     """The ``import-trace`` command: import, print what was written, return the exit status
     (0 written, 2 bad options or traces that cannot be imported: one line on stderr, nothing
     written)."""
     try:
         options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
-        report = import_trace(list(paths), output, options)
+        report = import_trace(list(paths), output, options, write=write)
     except OptionError as err:
         print(user_error_message(err), file=sys.stderr, flush=True)
         return EXIT_USAGE

@@ -104,10 +104,7 @@ class Reporter:
             detach_stream(sys.stdout)
 
     def finished(
-        self,
-        pattern: PatternSpec,
-        outcome: PatternOutcome,
-        run_info: Mapping[str, str] | None = None,
+        self, pattern: PatternSpec, outcome: PatternOutcome, run_info: Mapping[str, str]
     ) -> None:
         """A pattern was measured: its warnings and table, then every file rewritten with
         ``run_info`` (the profiler's figures so far) in the ``environ``."""
@@ -118,7 +115,7 @@ class Reporter:
             self._print(self.tables.pattern(pattern, outcome))
             self._print()
             assert self.writer is not None, "start() first"
-            self.writer.environ.update(run_info or {})
+            self.writer.environ.update(run_info)
             self.writer.add(outcome)
             self.saved = self._has_files
             self.progress.advance(f"pattern {pattern.name}")
