@@ -34,3 +34,23 @@ def test_verdicts():
     assert spin["result"] == "FAIL" and not spin["sleep_competes_with_nothing"]
     flat = bg.verdict({"real": [0.02, 0.03], "busy": [0.0, 0.0], "sleep": [0.0, 0.0]})
     assert flat["result"].startswith("inconclusive")
+
+
+def test_the_duration_bench_pattern_validates_and_its_rows_read_cupti_kernels():
+    from bench import busy_duration_gpu as bd
+
+    suite = load_suite_text(bd.pattern_yaml(20), file="busy_duration.yaml")
+    alone = len(bd.DURATIONS_US) * 2
+    assert len(suite.patterns) == alone + len(bd.AFTER_GEMM_US) * 2
+    assert suite.patterns[alone].blocks[1].after == ("mm",)
+    p = "alone[d=57,mode=false]"
+    kernel = {"ph": "X", "args": {"stream": 7, "block": "busy", "pattern": p}}
+    events = [
+        {**kernel, "ts": ts, "dur": dur, "args": {**kernel["args"], "pattern_iteration": it}}
+        for it, (ts, dur) in enumerate([(0.0, 28.0), (29.5, 27.0), (100.0, 28.0), (130.0, 28.0)])
+    ]
+    events[1]["args"]["pattern_iteration"] = 0  # two kernels in iteration 0, one gap of 1.5 µs
+    rows = bd.rows_of([{"pattern": p, "block": "busy", "latency_avg_us": 56.0}],
+                      {"traceEvents": events})  # fmt: skip
+    assert rows[0][:4] == [p, 57.0, 56.0, 56.0 / 57.0]
+    assert rows[0][4] == 4 / 3 and rows[0][6] == 1.5 and rows[0][-1] == "yes"
