@@ -57,14 +57,17 @@ DATA_STD = Param(
 )
 
 
+def _off_flag(name: str, doc: str) -> Param:
+    """A bool parameter, off by default and left out of the described settings while off."""
+    return Param(name=name, kind="bool", default=False, doc=doc, described_at_default=False)
+
+
 def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
     """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
     two_d = bool(stride) and len(shape) == 2 and len(stride or ()) == 2
     return two_d and stride[0] == 1 < shape[0] and stride[1] != 1  # type: ignore[index]
 
 
-MAX_SLEEP_US = 60e6
-"""Longest ``sleep`` block (60 s), so a typo cannot hold every rank for hours each iteration."""
 SPIN_NS = 80_000
 """The end of a host wait spent spinning. On a 2-core VM ``time.sleep`` woke 72-90 µs late at
 the median with Linux's default 50 µs timer slack, 40-47 µs (p99 85-125 µs) with 1 ns."""
@@ -98,29 +101,20 @@ class Gemm(Block):
         Param(name="k", kind="int", minimum=1, default=None, doc="shared dimension (elements)"),
         Param(name="a_shape", kind="shape", default=None, doc="[m, k]: A's shape, instead of m/k"),
         Param(name="b_shape", kind="shape", default=None, doc="[k, n]: B's shape, instead of k/n"),
-        Param(
-            name="a_transposed",
-            kind="bool",
-            default=False,
-            doc="A stored transposed (column-major, an [k, m] buffer read as A): cuBLAS "
-            "picks its kernel by layout (import-trace keeps a traced GEMM's)",
-            described_at_default=False,
+        _off_flag(
+            "a_transposed",
+            "A stored transposed (column-major, an [k, m] buffer read as A): cuBLAS picks its "
+            "kernel by layout (import-trace keeps a traced GEMM's)",
         ),
-        Param(
-            name="b_transposed",
-            kind="bool",
-            default=False,
-            doc="B stored transposed (an [n, k] buffer read as B, as x @ W.T reads a weight)",
-            described_at_default=False,
+        _off_flag(
+            "b_transposed",
+            "B stored transposed (an [n, k] buffer read as B, as x @ W.T reads a weight)",
         ),
-        Param(
-            name="bias",
-            kind="bool",
-            default=False,
-            doc="C = bias + A @ B with a bias of n elements (torch.addmm, as a Linear layer with "
-            "a bias runs): cuBLAS then picks a kernel with a bias epilogue, which import-trace "
+        _off_flag(
+            "bias",
+            "C = bias + A @ B with a bias of n elements (torch.addmm, as a Linear layer with a "
+            "bias runs): cuBLAS then picks a kernel with a bias epilogue, which import-trace "
             "keeps from a traced addmm or linear",
-            described_at_default=False,
         ),
         Param(
             name="tf32",
@@ -285,7 +279,7 @@ class Sleep(Block):
             name="duration_us",
             kind="float",
             minimum=0.0,
-            maximum=MAX_SLEEP_US,
+            maximum=60e6,
             doc="how long to occupy the lane, at most 60 s (60000000): every iteration "
             "waits for it, so a longer one is a typo rather than a measurement",
         ),
