@@ -6,6 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RunError
+
 if TYPE_CHECKING:
     import torch
 
@@ -115,7 +117,5 @@ def torch_reduce_op(name: str, backend: str) -> Any:
     import torch.distributed as dist
 
     if name == "avg" and backend != "nccl":
-        from ..errors import RunError
-
         raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
     return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())
