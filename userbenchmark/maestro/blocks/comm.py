@@ -56,13 +56,12 @@ class Collective(Block):
     params = (SIZE,)
     divide_by_team = False
     """Whether S must split into team_size equal chunks of whole elements."""
-    one_rank_copies = False
-    """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
         in_place = params.get("in_place", False)
-        if backend != "nccl" or team_size != 1 or (cls.one_rank_copies and not in_place):
+        copies = issubclass(cls, _OutOfPlace) and not in_place  # a 1-rank call copies its input
+        if backend != "nccl" or team_size != 1 or copies:
             return None
         layout = " in place" if in_place else ""
         return (
@@ -111,7 +110,7 @@ class Collective(Block):
     @classmethod
     def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
         params: dict[str, Any] = {"size": cls.traced_elems(call) * call.elem_bytes}
-        if any(p.name == "root" for p in cls.params) and 0 < call.root < call.team_size:
+        if ROOT in cls.params and 0 < call.root < call.team_size:
             params["root"] = call.root
         return params, None
 
@@ -209,7 +208,6 @@ class _Chunked(_OutOfPlace):
     chunk is part of the S-byte buffer, out of place a buffer of its own."""
 
     divide_by_team = True
-    one_rank_copies = True
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:

@@ -7,14 +7,11 @@ import ctypes
 import math
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from .base import Block, Param, TracedCall
 from .data import fill_operand, fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
-
-_BISECT_STEPS: Final = 64
-"""Bisection steps of the GEMM scale factor: far below one element at any 2**48-byte size."""
 
 
 def _gemm_operand_elems(m: int, n: int, k: int) -> int:
@@ -34,8 +31,9 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
 
     # Operand sizes only grow with the factor, so bisect for the largest one that fits. A dim
     # clamped to 1 breaks the closed form sqrt(max / largest operand), hence no closed form.
+    # 64 steps: far below one element at any 2**48-byte size.
     low, high = 0.0, 1.0
-    for _ in range(_BISECT_STEPS):
+    for _ in range(64):
         mid = (low + high) / 2
         if _gemm_operand_elems(*scaled(mid)) <= max_elems:
             low = mid
