@@ -110,7 +110,7 @@ class Collective(Block):
     @classmethod
     def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None]:
         params: dict[str, Any] = {"size": cls.traced_elems(call) * call.elem_bytes}
-        if ROOT in cls.params and 0 < call.root < call.team_size:
+        if any(p.name == "root" for p in cls.params) and 0 < call.root < call.team_size:
             params["root"] = call.root
         return params, None
 
@@ -148,7 +148,7 @@ class _InPlace(Collective):
 
     def setup(self) -> None:
         self.buf = self.ctx.empty(self.numel())
-        if REDUCE_OP in self.params:
+        if "reduce_op" in self.spec.params:
             # Repeated in-place reductions must stay finite: the team's values cancel exactly.
             fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
         else:

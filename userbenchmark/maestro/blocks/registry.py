@@ -10,7 +10,6 @@ from .compute import Busy, Gemm, Sleep
 
 BUILTIN_BLOCKS: tuple[type[Block], ...] = (AllReduce, AllGather, ReduceScatter, AllToAll,
                                             Broadcast, Reduce, SendRecv, Gemm, Sleep, Busy)  # fmt: skip
-"""Every built-in block class; each names its op in ``Block.op``."""
 
 
 def registered_ops() -> dict[str, type[Block]]:
