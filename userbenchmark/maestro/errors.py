@@ -138,6 +138,4 @@ def detach_stream(stream: Any) -> None:
 def interrupted_message(*, saved: bool) -> str:
     """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
     finished and was written to a file."""
-    if saved:
-        return "maestro: interrupted; patterns that finished are saved"
-    return "maestro: interrupted"
+    return "maestro: interrupted" + ("; patterns that finished are saved" if saved else "")

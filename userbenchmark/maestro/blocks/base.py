@@ -27,9 +27,8 @@ PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
 
 @dataclass(frozen=True, kw_only=True)
 class TracedCall:
-    """A call of a profiler trace as ``import-trace`` found it: its name (a collective's, an
-    aten op's), maestro dtype, element counts, team, root (an index in the team), all_to_all
-    splits, input shapes and strides, kernel names and duration."""
+    """A call (a collective, an aten op) of a profiler trace as ``import-trace`` found it;
+    ``root`` is an index in the team, ``dtype`` maestro's name."""
 
     name: str = ""
     dtype: str = ""
@@ -56,9 +55,8 @@ class Param:
     default: Any = REQUIRED
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
-    """Smallest allowed value for int/float (inclusive)."""
     maximum: float | None = None
-    """Largest allowed value for int/float (inclusive); ``doc`` should say why."""
+    """Bounds of an int/float (inclusive); ``doc`` should say why there is a maximum."""
     described_at_default: bool = True
     """False: left out of the block's described settings (results, ``compare``) while it has
     its default, so that runs made before the parameter existed still compare."""
@@ -117,9 +115,8 @@ class Block:
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float | None:
-        """nccl-tests' factor turning algbw into busbw on a team of ``team_size`` ranks; None for a
-        block without bus bytes (no busbw, nothing added to the pattern's shared busbw). A custom
-        collective overrides this (or inherits a built-in's)."""
+        """nccl-tests' factor turning algbw into busbw on a team of ``team_size`` ranks; None: no
+        bus bytes (no busbw, nothing added to the pattern's shared busbw)."""
         return None
 
     @classmethod
@@ -132,8 +129,7 @@ class Block:
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
         """``params`` with every byte count at most ``max_size_bytes`` (``--max-size``), still valid
-        for :meth:`check_params`, or ValueError saying why none fits. Nothing to cap by default (a
-        sleep); collectives cap S, a GEMM its operands."""
+        for :meth:`check_params`, or ValueError saying why none fits."""
         return dict(params)
 
     @classmethod

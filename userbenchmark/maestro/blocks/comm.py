@@ -56,13 +56,12 @@ class Collective(Block):
     params = (SIZE,)
     divide_by_team = False
     """Whether S must split into team_size equal chunks of whole elements."""
-    one_rank_copies = False
-    """Whether a 1-rank NCCL call still moves data (an out-of-place layout copies its input)."""
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
         in_place = params.get("in_place", False)
-        if backend != "nccl" or team_size != 1 or (cls.one_rank_copies and not in_place):
+        copies = issubclass(cls, _OutOfPlace) and not in_place  # a 1-rank call copies its input
+        if backend != "nccl" or team_size != 1 or copies:
             return None
         layout = " in place" if in_place else ""
         return (
@@ -144,7 +143,43 @@ class Collective(Block):
         return torch_reduce_op(self.spec.params.get("reduce_op", "sum"), self.ctx.backend)
 
 
-class AllReduce(Collective):
+class _InPlace(Collective):
+    """One S-byte buffer, reduced or broadcast in place (torch's API)."""
+
+    def setup(self) -> None:
+        self.buf = self.ctx.empty(self.numel())
+        if "reduce_op" in self.spec.params:
+            # Repeated in-place reductions must stay finite: the team's values cancel exactly.
+            fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
+        else:
+            fill_random(self.buf, self.ctx)
+
+    def prepare_check(self) -> None:
+        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
+
+    def verify(self) -> int:
+        op, n = self.spec.params["reduce_op"], self.ctx.team_size
+        return count_wrong(self.buf, exact_reduction(op, n, self.numel(), self.buf), op, n)
+
+
+class _OutOfPlace(Collective):
+    """An input and an output buffer, S bytes each unless a subclass says otherwise."""
+
+    @classmethod
+    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
+        return 2 * int(params["size"])
+
+    def setup(self) -> None:
+        self.inp, self.out = self.ctx.empty(self.numel()), self.ctx.empty(self.numel())
+        fill_random(self.inp, self.ctx)
+        fill_random(self.out, self.ctx)
+
+    def prepare_check(self) -> None:
+        self.out.zero_()
+        self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
+
+
+class AllReduce(_InPlace):
     """In-place all_reduce of an S-byte buffer (torch's API is in place)."""
 
     op = "all_reduce"
@@ -162,30 +197,17 @@ class AllReduce(Collective):
         n = _team(team_size)
         return 2 * (n - 1) / n
 
-    def setup(self) -> None:
-        self.buf = self.ctx.empty(self.numel())
-        # Repeated in-place sums must stay finite: the team's values cancel exactly.
-        fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
-
     def launch(self) -> None:
         import torch.distributed as dist
 
         dist.all_reduce(self.buf, op=self.reduce_op(), group=self.ctx.group)
 
-    def prepare_check(self) -> None:
-        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
 
-    def verify(self) -> int:
-        op, n = self.spec.params["reduce_op"], self.ctx.team_size
-        return count_wrong(self.buf, exact_reduction(op, n, self.numel(), self.buf), op, n)
-
-
-class _Chunked(Collective):
+class _Chunked(_OutOfPlace):
     """S split into one chunk per rank (all_gather, reduce_scatter, all_to_all); in place the
     chunk is part of the S-byte buffer, out of place a buffer of its own."""
 
     divide_by_team = True
-    one_rank_copies = True
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
@@ -233,10 +255,6 @@ class AllGather(_Chunked):
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(self.out, self.inp, group=self.ctx.group)
 
-    def prepare_check(self) -> None:
-        self.out.zero_()
-        self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
-
     def verify(self) -> int:
         import torch
 
@@ -274,9 +292,6 @@ class ReduceScatter(_Chunked):
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         scatter(self.out, self.inp, op=self.reduce_op(), group=self.ctx.group)
 
-    def prepare_check(self) -> None:
-        self.inp.copy_(check_values(self.ctx.team_rank, self.inp.numel(), self.inp))
-
     def verify(self) -> int:
         op, n = self.spec.params["reduce_op"], self.ctx.team_size
         full = exact_reduction(op, n, self.inp.numel(), self.out)
@@ -308,22 +323,12 @@ class AllToAll(_Chunked):
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        return 2 * int(params["size"])
-
-    def setup(self) -> None:
-        self.inp = self.ctx.empty(self.numel())
-        self.out = self.ctx.empty(self.numel())
-        fill_random(self.inp, self.ctx)
-        fill_random(self.out, self.ctx)
+        return 2 * int(params["size"])  # S sent, S received
 
     def launch(self) -> None:
         import torch.distributed as dist
 
         dist.all_to_all_single(self.out, self.inp, group=self.ctx.group)
-
-    def prepare_check(self) -> None:
-        self.out.zero_()
-        self.inp.copy_(check_values(self.ctx.team_rank, self.numel(), self.inp))
 
     def verify(self) -> int:
         import torch
@@ -334,40 +339,29 @@ class AllToAll(_Chunked):
         return count_wrong(self.out, torch.cat(expected), "copy", n)
 
 
-class Broadcast(Collective):
+class Broadcast(_InPlace):
     """broadcast of an S-byte buffer from the team's ``root``."""
 
     op = "broadcast"
     params = (SIZE, ROOT)
     trace_names = ("broadcast", "_broadcast_oop")
 
-    def setup(self) -> None:
-        self.buf = self.ctx.empty(self.numel())
-        fill_random(self.buf, self.ctx)
-
     def launch(self) -> None:
         import torch.distributed as dist
 
         dist.broadcast(self.buf, src=self.ctx.team[self.spec.params["root"]], group=self.ctx.group)
-
-    def prepare_check(self) -> None:
-        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
 
     def verify(self) -> int:
         expected = check_values(self.spec.params["root"], self.numel(), self.buf)
         return count_wrong(self.buf, expected, "copy", self.ctx.team_size)
 
 
-class Reduce(Collective):
+class Reduce(_InPlace):
     """reduce of an S-byte buffer into the team's ``root`` (in place, torch's API)."""
 
     op = "reduce"
     params = (SIZE, REDUCE_OP, ROOT)
     trace_names = ("reduce", "_reduce_oop")
-
-    def setup(self) -> None:
-        self.buf = self.ctx.empty(self.numel())
-        fill_zero_sum(self.buf, self.ctx, self.spec.params["reduce_op"])
 
     def launch(self) -> None:
         import torch.distributed as dist
@@ -379,32 +373,20 @@ class Reduce(Collective):
             group=self.ctx.group,
         )
 
-    def prepare_check(self) -> None:
-        self.buf.copy_(check_values(self.ctx.team_rank, self.numel(), self.buf))
-
     def verify(self) -> int:
-        if self.ctx.team_rank != self.spec.params["root"]:
-            return 0  # only the root's buffer is defined after a reduce
-        op, n = self.spec.params["reduce_op"], self.ctx.team_size
-        return count_wrong(self.buf, exact_reduction(op, n, self.numel(), self.buf), op, n)
+        # Only the root's buffer is defined after a reduce.
+        return super().verify() if self.ctx.team_rank == self.spec.params["root"] else 0
 
 
-class SendRecv(Collective):
+class SendRecv(_OutOfPlace):
     """Ring shift inside each team: send S bytes to the next rank, receive from the previous."""
 
     op = "send_recv"
     min_team_size = 2
     trace_names = ("send", "recv", "recvAnysource")
 
-    @classmethod
-    def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
-        return 2 * int(params["size"])
-
     def setup(self) -> None:
-        self.send = self.ctx.empty(self.numel())
-        self.recv = self.ctx.empty(self.numel())
-        fill_random(self.send, self.ctx)
-        fill_random(self.recv, self.ctx)
+        super().setup()
         n, me = self.ctx.team_size, self.ctx.team_rank
         self.next_rank = self.ctx.team[(me + 1) % n]
         self.prev_rank = self.ctx.team[(me - 1) % n]
@@ -413,20 +395,16 @@ class SendRecv(Collective):
         import torch.distributed as dist
 
         ops = [
-            dist.P2POp(dist.isend, self.send, self.next_rank, self.ctx.group),
-            dist.P2POp(dist.irecv, self.recv, self.prev_rank, self.ctx.group),
+            dist.P2POp(dist.isend, self.inp, self.next_rank, self.ctx.group),
+            dist.P2POp(dist.irecv, self.out, self.prev_rank, self.ctx.group),
         ]
         # Waiting makes the lane depend on the transfer (on CUDA: a stream wait, not a host
         # block), so the lane's next block and the iteration fence cover it.
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
-    def prepare_check(self) -> None:
-        self.recv.zero_()
-        self.send.copy_(check_values(self.ctx.team_rank, self.numel(), self.send))
-
     def verify(self) -> int:
         prev = (self.ctx.team_rank - 1) % self.ctx.team_size
         return count_wrong(
-            self.recv, check_values(prev, self.numel(), self.recv), "copy", self.ctx.team_size
+            self.out, check_values(prev, self.numel(), self.out), "copy", self.ctx.team_size
         )

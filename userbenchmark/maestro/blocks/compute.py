@@ -7,14 +7,11 @@ import ctypes
 import math
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from .base import Block, Param, TracedCall
 from .data import fill_operand, fill_random
 from .dtypes import DTYPE_SIZES_BYTES, FLOATING_DTYPES
-
-_BISECT_STEPS: Final = 64
-"""Bisection steps of the GEMM scale factor: far below one element at any 2**48-byte size."""
 
 
 def _gemm_operand_elems(m: int, n: int, k: int) -> int:
@@ -34,8 +31,9 @@ def cap_gemm_dims(m: int, n: int, k: int, max_elems: int) -> tuple[int, int, int
 
     # Operand sizes only grow with the factor, so bisect for the largest one that fits. A dim
     # clamped to 1 breaks the closed form sqrt(max / largest operand), hence no closed form.
+    # 64 steps: far below one element at any 2**48-byte size.
     low, high = 0.0, 1.0
-    for _ in range(_BISECT_STEPS):
+    for _ in range(64):
         mid = (low + high) / 2
         if _gemm_operand_elems(*scaled(mid)) <= max_elems:
             low = mid
@@ -57,14 +55,17 @@ DATA_STD = Param(
 )
 
 
+def _off_flag(name: str, doc: str) -> Param:
+    """A bool parameter, off by default and left out of the described settings while off."""
+    return Param(name=name, kind="bool", default=False, doc=doc, described_at_default=False)
+
+
 def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
     """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
     two_d = bool(stride) and len(shape) == 2 and len(stride or ()) == 2
     return two_d and stride[0] == 1 < shape[0] and stride[1] != 1  # type: ignore[index]
 
 
-MAX_SLEEP_US = 60e6
-"""Longest ``sleep`` block (60 s), so a typo cannot hold every rank for hours each iteration."""
 SPIN_NS = 80_000
 """The end of a host wait spent spinning. On a 2-core VM ``time.sleep`` woke 72-90 µs late at
 the median with Linux's default 50 µs timer slack, 40-47 µs (p99 85-125 µs) with 1 ns."""
@@ -98,29 +99,20 @@ class Gemm(Block):
         Param(name="k", kind="int", minimum=1, default=None, doc="shared dimension (elements)"),
         Param(name="a_shape", kind="shape", default=None, doc="[m, k]: A's shape, instead of m/k"),
         Param(name="b_shape", kind="shape", default=None, doc="[k, n]: B's shape, instead of k/n"),
-        Param(
-            name="a_transposed",
-            kind="bool",
-            default=False,
-            doc="A stored transposed (column-major, an [k, m] buffer read as A): cuBLAS "
-            "picks its kernel by layout (import-trace keeps a traced GEMM's)",
-            described_at_default=False,
+        _off_flag(
+            "a_transposed",
+            "A stored transposed (column-major, an [k, m] buffer read as A): cuBLAS picks its "
+            "kernel by layout (import-trace keeps a traced GEMM's)",
         ),
-        Param(
-            name="b_transposed",
-            kind="bool",
-            default=False,
-            doc="B stored transposed (an [n, k] buffer read as B, as x @ W.T reads a weight)",
-            described_at_default=False,
+        _off_flag(
+            "b_transposed",
+            "B stored transposed (an [n, k] buffer read as B, as x @ W.T reads a weight)",
         ),
-        Param(
-            name="bias",
-            kind="bool",
-            default=False,
-            doc="C = bias + A @ B with a bias of n elements (torch.addmm, as a Linear layer with "
-            "a bias runs): cuBLAS then picks a kernel with a bias epilogue, which import-trace "
+        _off_flag(
+            "bias",
+            "C = bias + A @ B with a bias of n elements (torch.addmm, as a Linear layer with a "
+            "bias runs): cuBLAS then picks a kernel with a bias epilogue, which import-trace "
             "keeps from a traced addmm or linear",
-            described_at_default=False,
         ),
         Param(
             name="tf32",
@@ -285,7 +277,7 @@ class Sleep(Block):
             name="duration_us",
             kind="float",
             minimum=0.0,
-            maximum=MAX_SLEEP_US,
+            maximum=60e6,
             doc="how long to occupy the lane, at most 60 s (60000000): every iteration "
             "waits for it, so a longer one is a typo rather than a measurement",
         ),
@@ -297,13 +289,11 @@ class Sleep(Block):
         return {"duration_us": round(call.duration_us, 1)}, None
 
     def setup(self) -> None:
-        self.duration_ns = round(float(self.spec.params["duration_us"]) * 1e3)
+        duration_us = float(self.spec.params["duration_us"])
+        self.duration_ns = round(duration_us * 1e3)
         self.cycles = 0
-        if self.ctx.device.type == "cuda":
-            cycles_per_us = self.ctx.calibration.get("sleep_cycles_per_us")
-            if not cycles_per_us:
-                raise RuntimeError("sleep block on CUDA needs a calibrated cycles-per-µs rate")
-            self.cycles = max(1, round(cycles_per_us * float(self.spec.params["duration_us"])))
+        if self.ctx.device.type == "cuda":  # the rig measures the spin rate on CUDA (> 0)
+            self.cycles = max(1, round(self.ctx.calibration["sleep_cycles_per_us"] * duration_us))
 
     def launch(self) -> None:
         if self.cycles:

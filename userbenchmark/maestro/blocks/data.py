@@ -6,6 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RunError
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,13 +30,10 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
     if not buf.numel():
         return
     gen = _generator(ctx, ctx.rank, buf.device)
-    if not buf.dtype.is_floating_point:
-        buf.copy_(torch.randint(-3, 4, buf.shape, generator=gen, device=buf.device))
-    elif buf.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+    if buf.dtype.is_floating_point:  # every floating dtype of DTYPES (no float8) draws directly
         buf.uniform_(-1.0, 1.0, generator=gen)
-    else:  # float8 and others torch cannot draw into: draw fp32 on the device, then convert
-        vals = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
-        buf.copy_(vals.uniform_(-1.0, 1.0, generator=gen))
+    else:
+        buf.copy_(torch.randint(-3, 4, buf.shape, generator=gen, device=buf.device))
 
 
 def fill_operand(
@@ -115,7 +114,5 @@ def torch_reduce_op(name: str, backend: str) -> Any:
     import torch.distributed as dist
 
     if name == "avg" and backend != "nccl":
-        from ..errors import RunError
-
         raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
     return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())

@@ -45,7 +45,6 @@ DTYPES: Mapping[str, DType] = MappingProxyType(
 DTYPE_SIZES_BYTES: Mapping[str, int] = MappingProxyType(
     {name: d.size_bytes for name, d in DTYPES.items()}
 )
-"""Element size of every dtype name (a view of :data:`DTYPES`)."""
 
 FLOATING_DTYPES: tuple[str, ...] = tuple(name for name, d in DTYPES.items() if d.floating)
 

@@ -10,7 +10,6 @@ from .compute import Busy, Gemm, Sleep
 
 BUILTIN_BLOCKS: tuple[type[Block], ...] = (AllReduce, AllGather, ReduceScatter, AllToAll,
                                             Broadcast, Reduce, SendRecv, Gemm, Sleep, Busy)  # fmt: skip
-"""Every built-in block class; each names its op in ``Block.op``."""
 
 
 def registered_ops() -> dict[str, type[Block]]:
@@ -21,10 +20,7 @@ def registered_ops() -> dict[str, type[Block]]:
 def traced_op(name: str) -> type[Block] | None:
     """The built-in block that replays a call the profiler named ``name`` (None: no block
     does; ``import-trace`` replays its kernels by their duration)."""
-    for cls in BUILTIN_BLOCKS:
-        if name in cls.trace_names:
-            return cls
-    return None
+    return next((cls for cls in BUILTIN_BLOCKS if name in cls.trace_names), None)
 
 
 class BlockImportError(LookupError):
@@ -56,10 +52,7 @@ def resolve_op(op: str) -> type[Block]:
     whose import runs the module's code (trusted input); anything it raises, SystemExit included,
     becomes BlockImportError, and only KeyboardInterrupt goes through."""
     if ":" not in op:
-        ops = registered_ops()
-        if op not in ops:
-            raise KeyError(op)
-        return ops[op]
+        return registered_ops()[op]
     problem = custom_op_problem(op)
     if problem is not None:
         raise BlockImportError(problem)
