@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import Block, Param, TracedCall
@@ -380,38 +381,61 @@ class Busy(Block):
             self._hold_cycles_per_launch = 50.0 * self.ctx.calibration["sleep_cycles_per_us"]
             self._calibrate(duration_us)
 
-    def _timed_us(self, launches: int = 5) -> float:
-        """Device time of one kernel over the current views, from CUDA events. A spin holds the
-        stream while the host enqueues, so the span has no launch gap: back-to-back kernels,
-        as in a window behind the gate (without it, busy ran 10-20 % short on an H200)."""
+    def _adds(self, launches: int) -> None:
         import torch
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(round(self._hold_cycles_per_launch * (launches + 2)))
-        start.record()
         for _ in range(launches):
             torch.add(self.a, self.b, out=self.c)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / launches
+
+    def _event_span_us(self, enqueue: Callable[[], object], launches: int) -> float:
+        """Median of three spans between two CUDA events around ``enqueue()`` (``launches``
+        kernels), each behind a spin that holds the stream while the host enqueues: kernels run
+        back to back, as in a window behind the gate (without it busy ran 10-20 % short)."""
+        import torch
+
+        spans_us = []
+        for _ in range(3):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            torch.cuda._sleep(round(self._hold_cycles_per_launch * (launches + 2)))
+            start.record()
+            enqueue()
+            end.record()
+            end.synchronize()
+            spans_us.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(spans_us)
 
     def _calibrate(self, duration_us: float) -> None:
-        """The kernel count and the elements per kernel that take ``duration_us`` alone."""
+        """The kernel count and the elements per kernel whose span (first kernel's start to last
+        one's end, as CUPTI times a block) takes ``duration_us`` alone. Events add about 3 µs
+        around what they time on an H200 (without removing it busy ran 2-8 % short of CUPTI's
+        time): a spin of known length, timed the same way, measures that overhead."""
+        import torch
+
+        spin_us = 20.0
+        spin_cycles = round(spin_us * self.ctx.calibration["sleep_cycles_per_us"])
+        overhead_us = self._event_span_us(lambda: torch.cuda._sleep(spin_cycles), 1) - spin_us
         whole = (self.a, self.b, self.c)
         full = n = self.a.numel()
         warm_us = 0.0
         while warm_us < 5_000:  # clocks up (5 ms of this very kernel) before measuring
-            warm_us += 20 * self._timed_us(launches=20)
+            warm_us += 3 * self._event_span_us(lambda: self._adds(20), 20)
+
+        def span_us() -> float:  # at least 0.1 µs: one add takes more than the events' noise
+            return max(
+                self._event_span_us(lambda: self._adds(self.reps), self.reps) - overhead_us, 0.1
+            )
+
         self.reps = math.ceil(duration_us / BUSY_KERNEL_US)
-        for _ in range(6):
-            t_us = self._timed_us()
-            if n == full and t_us * self.reps < duration_us:  # faster than the sizing assumed
-                self.reps = math.ceil(duration_us / t_us)
-            if abs(t_us * self.reps - duration_us) <= 0.01 * duration_us:
+        for _ in range(8):
+            t_us = span_us()
+            if n == full and t_us < duration_us:  # faster than the sizing assumed
+                self.reps = math.ceil(self.reps * duration_us / t_us)
+                continue
+            if abs(t_us - duration_us) <= 0.005 * duration_us:
                 break
-            n = min(full, max(1, round(n * duration_us / self.reps / t_us)))
+            n = min(full, max(1, round(n * duration_us / t_us)))
             self.a, self.b, self.c = (x[:n] for x in whole)
-        self.kernel_us = self._timed_us()
+        self.kernel_us = span_us() / self.reps
 
     def setup_notes(self) -> tuple[str, ...]:
         if not self.cuda:
@@ -427,8 +451,7 @@ class Busy(Block):
         import torch
 
         if self.cuda:
-            for _ in range(self.reps):
-                torch.add(self.a, self.b, out=self.c)
+            self._adds(self.reps)
             return
         # CPU: real work until the deadline (torch releases the GIL inside each add).
         deadline = time.perf_counter() + self.duration_s
