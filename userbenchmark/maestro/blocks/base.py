@@ -194,6 +194,9 @@ class BlockContext:
     backend: str = "gloo"
     calibration: dict[str, float] = field(default_factory=dict)
     """Run-wide measured constants (e.g. ``sleep_cycles_per_us`` on CUDA)."""
+    graph: bool = False
+    """The block runs inside a CUDA graph (its pattern's ``graph:``): a calibration times its
+    work the same way, since a graph runs kernels with shorter gaps between them."""
 
     @property
     def team_size(self) -> int:

@@ -404,16 +404,29 @@ class Busy(Block):
             spans_us.append(start.elapsed_time(end) * 1e3)
         return statistics.median(spans_us)
 
+    def _as_run(self, work: Callable[[], object]) -> Callable[[], object]:
+        """``work`` as the block runs it: captured in a CUDA graph when its pattern is one."""
+        if not self.ctx.graph:
+            return work
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            work()
+        return graph.replay
+
     def _calibrate(self, duration_us: float) -> None:
         """The kernel count and the elements per kernel whose span (first kernel's start to last
-        one's end, as CUPTI times a block) takes ``duration_us`` alone. Events add about 3 µs
-        around what they time on an H200 (without removing it busy ran 2-8 % short of CUPTI's
-        time): a spin of known length, timed the same way, measures that overhead."""
+        one's end, as CUPTI times a block) takes ``duration_us`` alone, eager or in a graph as its
+        pattern runs. Events add about 3 µs around what they time on an H200 (without removing
+        it busy ran 2-8 % short of CUPTI's time): a spin of known length, timed the same way,
+        measures that overhead."""
         import torch
 
         spin_us = 20.0
         spin_cycles = round(spin_us * self.ctx.calibration["sleep_cycles_per_us"])
-        overhead_us = self._event_span_us(lambda: torch.cuda._sleep(spin_cycles), 1) - spin_us
+        spin = self._as_run(lambda: torch.cuda._sleep(spin_cycles))
+        overhead_us = self._event_span_us(spin, 1) - spin_us
         whole = (self.a, self.b, self.c)
         full = n = self.a.numel()
         warm_us = 0.0
@@ -421,9 +434,8 @@ class Busy(Block):
             warm_us += 3 * self._event_span_us(lambda: self._adds(20), 20)
 
         def span_us() -> float:  # at least 0.1 µs: one add takes more than the events' noise
-            return max(
-                self._event_span_us(lambda: self._adds(self.reps), self.reps) - overhead_us, 0.1
-            )
+            work = self._as_run(lambda: self._adds(self.reps))
+            return max(self._event_span_us(work, self.reps) - overhead_us, 0.1)
 
         self.reps = math.ceil(duration_us / BUSY_KERNEL_US)
         for _ in range(8):

@@ -123,6 +123,7 @@ class PatternRun:
                 backend=place.backend,
                 calibration=rig.calibration,
                 allocator=allocator,
+                graph=self.pattern.graph,
             )
             block = self.blocks[i] = self.classes[i](spec, ctx)
             try:
