@@ -15,7 +15,6 @@ import numpy as np
 
 from ...blocks.base import Block
 from ...blocks.compute import Busy, Sleep
-from ..config.dependencies import predecessors
 from ..config.spec import PatternSpec, SuiteSpec
 from ..config.summary import describe_params
 from . import overlap
@@ -40,8 +39,7 @@ def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
     """The ideal makespan from the blocks' isolated latencies (µs): the critical path over
     ``after:`` and lane order (the longest block when nothing waits). The one place that
     defines it, for the figure and for each bootstrap resample of its interval."""
-    preds = predecessors(pattern.blocks)
-    return lambda isolated_us: critical_path(isolated_us, preds)[0]
+    return lambda isolated_us: critical_path(isolated_us, pattern.predecessors)[0]
 
 
 @dataclass(frozen=True, kw_only=True)

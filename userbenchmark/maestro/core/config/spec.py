@@ -5,7 +5,8 @@ hands the validated suite to its workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,44 @@ class BlockSpec:
         return DTYPE_SIZES_BYTES[self.dtype]
 
 
+def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
+    """The wait-for graph: for each block (by index), the blocks it waits for in an iteration:
+    its ``after:`` names (names not in ``blocks`` are left out) and the block before it on its
+    lane."""
+    index = {block.name: i for i, block in enumerate(blocks)}
+    previous: dict[str, int] = {}
+    out = []
+    for i, block in enumerate(blocks):
+        waits = [index[name] for name in block.after if name in index]
+        if block.lane in previous:
+            waits.append(previous[block.lane])
+        previous[block.lane] = i
+        out.append(tuple(dict.fromkeys(waits)))
+    return tuple(out)
+
+
+def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
+    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
+    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
+    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
+    different communicators in one order."""
+    waits = predecessors(blocks)
+    queues: dict[str, deque[int]] = {}
+    for i, block in enumerate(blocks):
+        queues.setdefault(block.lane, deque()).append(i)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(blocks):
+        before = len(order)
+        for queue in queues.values():
+            while queue and done.issuperset(waits[queue[0]]):
+                done.add(queue[0])
+                order.append(queue.popleft())
+        if len(order) == before:
+            break  # the rest wait for each other
+    return tuple(order)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatternSpec:
     """One pattern after sweep expansion: the unit that is measured."""
@@ -127,6 +166,19 @@ class PatternSpec:
     traced_by_rank_us: tuple[float, ...] = ()
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
+    predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    """:func:`predecessors` of the blocks, computed with the spec."""
+    issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """:func:`issue_order` of the blocks, computed with the spec."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predecessors", predecessors(self.blocks))
+        object.__setattr__(self, "issue_order", issue_order(self.blocks))
+
+    @property
+    def traced(self) -> bool:
+        """The pattern carries traced durations (it was imported from a trace)."""
+        return self.traced_us is not None or any(b.traced_us is not None for b in self.blocks)
 
     def block(self, name: str) -> BlockSpec:
         for spec in self.blocks:

@@ -4,6 +4,7 @@ start-up checks, the default process group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from ...errors import (
     cause_of,
     say,
 )
+from ..config.options import RunOptions
 from ..measure.rig import RankPlace
 from . import interrupts, supervision
 from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
@@ -388,6 +390,22 @@ def check_launch(
         first, second = sorted((rank, other))  # name rank 0's side last: it is the reference
         values = {rank: mine, other: peer}
         _compare_shared(values[second], values[first], second, first, source)
+
+
+RANK_LOCAL_OPTIONS = frozenset(
+    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision", "log_level"}
+)
+"""Options that only rank 0 uses (where it writes, how it prints); every other option changes
+what every rank runs, so the ranks of a run must agree on it."""
+
+
+def shared_options(options: RunOptions) -> dict[str, Any]:
+    """The options every rank of a run must share, as plain JSON-able values."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
+        for f in dataclasses.fields(options)
+        if f.name not in RANK_LOCAL_OPTIONS
+    }
 
 
 def _compare_shared(
