@@ -16,7 +16,6 @@ import numpy as np
 from ...blocks.base import Block
 from ...blocks.compute import Busy, Sleep
 from ..config.spec import PatternSpec, SuiteSpec
-from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
 from .critical_path import critical_path
@@ -223,7 +222,7 @@ def _block_result(
             dtype=spec.dtype,
             size_bytes=size,
             iters=pattern.num_iters,
-            work=describe_params(cls, spec.params),
+            work=spec.work,
             **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
             isolated_latency_avg_us=iso_avg,

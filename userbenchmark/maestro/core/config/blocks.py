@@ -14,6 +14,7 @@ from .dependencies import after_names
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
+from .summary import describe_params
 
 BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after",
                      "traced_us", "traced_kernel", "traced_overlap")  # fmt: skip
@@ -111,6 +112,7 @@ def check_block(
         lane=lane,
         dtype=dtype,
         params=frozen_mapping(params),
+        work=describe_params(cls, params),
         register_buffers=register,
         after=after,
         **traced,

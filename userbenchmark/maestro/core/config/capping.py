@@ -11,6 +11,7 @@ from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .summary import describe_params
 
 
 def _capped_block(
@@ -38,7 +39,9 @@ def _capped_block(
             file=source,
             path=block.yaml_path,
         )
-    return dataclasses.replace(block, params=frozen_mapping(params))
+    return dataclasses.replace(
+        block, params=frozen_mapping(params), work=describe_params(cls, params)
+    )
 
 
 _NOT_CONTENT = frozenset({"name", "sweep_point", "yaml_path"})

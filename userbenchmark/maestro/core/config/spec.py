@@ -88,6 +88,9 @@ class BlockSpec:
     dtype: str
     params: Mapping[str, Any] = field(default_factory=frozen_mapping)
     """Op parameters after defaults; sizes are int bytes, GEMM dims int element counts."""
+    work: str = field(default="", compare=False)
+    """The parameters as the file spells them, after any ``--max-size`` cap (what the block
+    measures; summary.describe_params, set where they are validated or capped)."""
     register_buffers: bool = False
     after: tuple[str, ...] = ()
     """Blocks of the same pattern this block waits for in each iteration (``after:``)."""

@@ -160,7 +160,6 @@ def free_port() -> int:
 class DistContext(RankPlace):
     """One rank once distributed is initialised: its place, and the store's side of the shell."""
 
-    launch: LaunchInfo
     agreement: StoreExchange
     ended_watch: EndedWatch | None = None
     hosts_store: bool = False
@@ -254,7 +253,6 @@ def init_distributed(
         world_size=launch.world_size,
         hosts=tuple(h for h, _ in places),
         devices=tuple(d for _, d in places),
-        launch=launch,
         backend=backend,
         device=device,
         agreement=exchange,
