@@ -81,20 +81,14 @@ def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
 
 
-class _SizeType(click.ParamType):
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
+    from .core.config.sizes import parse_size
 
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        from .core.config.sizes import parse_size
-
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 _FLAG = {"is_flag": True}
@@ -237,7 +231,7 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option(
     "--max-size",
-    type=_SizeType(),
+    callback=_size,
     metavar="SIZE",
     help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
     "sweep points that become identical run once",

@@ -69,10 +69,7 @@ class AxisSpec:
 
     def team_of(self, rank: int) -> tuple[int, ...] | None:
         """The team holding ``rank``, or None when the rank is in no team of this axis."""
-        for team in self.teams:
-            if rank in team:
-                return team
-        return None
+        return next((team for team in self.teams if rank in team), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,19 +180,10 @@ class PatternSpec:
         """The pattern carries traced durations (it was imported from a trace)."""
         return self.traced_us is not None or any(b.traced_us is not None for b in self.blocks)
 
-    def block(self, name: str) -> BlockSpec:
-        for spec in self.blocks:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
-
     @property
     def lanes(self) -> tuple[str, ...]:
         """Lanes in order of first use."""
-        seen: dict[str, None] = {}
-        for spec in self.blocks:
-            seen.setdefault(spec.lane, None)
-        return tuple(seen)
+        return tuple(dict.fromkeys(b.lane for b in self.blocks))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +192,7 @@ class SuiteSpec:
 
     name: str
     source: str
-    """Path of the file it came from."""
+    """The file's path."""
     world_size: int
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)
