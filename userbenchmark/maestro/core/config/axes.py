@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
-from .spec import PRIORITIES, WORLD_AXIS
+from .spec import PRIORITIES, WORLD_AXIS, AxisSpec, frozen_mapping
 
 logger = logging.getLogger("maestro.config")
 
@@ -65,13 +65,24 @@ class AxisDraft:
     nccl: dict[str, Any] = field(default_factory=dict)
     valid: bool = True
 
+    def spec(self) -> AxisSpec:
+        """The AxisSpec of an axis whose teams are known."""
+        assert self.teams is not None
+        return AxisSpec(
+            name=self.name,
+            teams=self.teams,
+            like=self.like,
+            priority=self.priority,
+            nccl=frozen_mapping(self.nccl),
+            yaml_path=self.path,
+        )
 
-def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> int | None:
+
+def check_world_size(p: Problems, data: dict[Any, Any], arg: Any) -> int | None:
     """The run's world size: the file's ``world_size`` and ``arg`` (``--world-size``,
     ``--nproc`` or the launcher's world size) must agree when both are set."""
-    from_file = from_arg = None
-    if in_file:
-        from_file = p.integer(file_value, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
+    from_arg = None
+    from_file = p.get(data, "", "world_size", p.integer, minimum=1, maximum=MAX_WORLD_SIZE)
     if arg is not None:
         from_arg = p.integer(arg, "world size", minimum=1, maximum=MAX_WORLD_SIZE)
     if from_file is not None and from_arg is not None and from_file != from_arg:
@@ -81,7 +92,7 @@ def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> i
             "(--nproc, --world-size or the launcher's world size); they must agree",
         )
         return None
-    if not in_file and arg is None:
+    if "world_size" not in data and arg is None:
         p.add(
             "world_size",
             "the world size is unknown: the file sets no world_size, so "
@@ -179,7 +190,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                 f"an axis is a mapping with keys {choices(AXIS_KEYS)}, got {p.show(path, spec)}",
             )
             continue
-        p.unknown_keys(spec, path, AXIS_KEYS, f"axis {name!r}")
+        p.unknown_keys(spec, path, AXIS_KEYS, f"in axis {name!r}")
         if name in mesh_dims:
             draft = axes[name]
             for key in ("teams", "like"):

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...errors import ConfigError
-from .axes import AxisDraft, check_axes, check_env, check_world_size
+from .axes import check_axes, check_env, check_world_size
 from .blocks import OpResolver
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import Problems, choices
-from .spec import AxisSpec, SuiteSpec, frozen_mapping
+from .spec import SuiteSpec, frozen_mapping
 from .yaml_reader import read_file_text, read_yaml
 
 logger = logging.getLogger("maestro.config")
@@ -117,25 +117,20 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
             f"and patterns, got {p.show('', data)}",
         )
         raise ConfigError(p.issues())
-    p.unknown_keys(data, "", TOP_KEYS, "the top level")
+    p.unknown_keys(data, "", TOP_KEYS, "in the top level")
     # An optional section left empty (`env:` with every entry commented out) is absent.
     data = {k: v for k, v in data.items() if not (v is None and k in OPTIONAL_SECTIONS)}
-    name = None
-    if "name" not in data:
-        p.add("name", "missing required key 'name' (the suite name, part of every metric key)")
-    else:
-        name = p.name(data["name"], "name", "name")
-    world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
-    timeout_s = DEFAULT_TIMEOUT_S
-    if "timeout_s" in data:
-        limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
-        timeout_s = p.number(data["timeout_s"], "timeout_s", **limits) or timeout_s
+    p.missing(data, "", "name", " (the suite name, part of every metric key)")
+    name = p.get(data, "", "name", p.name, "name")
+    world_size = check_world_size(p, data, world_size_arg)
+    limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
+    timeout_s = p.get(data, "", "timeout_s", p.number, **limits) or DEFAULT_TIMEOUT_S
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     defaults = dict(DEFAULT_VALUES)
     raw_defaults = data.get("defaults", {})
     if isinstance(raw_defaults, dict):
-        p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "defaults")
+        p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "in defaults")
         defaults = check_settings(p, raw_defaults, "defaults", defaults)
     else:
         p.add(
@@ -147,28 +142,15 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     patterns = check_patterns(p, data, defaults, axes, ops)
     if p:
         raise ConfigError(p.issues())
-    assert name is not None and world_size is not None  # guaranteed by no problems
     real = [a for a in axes.values() if a.teams is not None]
     return SuiteSpec(
         name=name,
         source=p.file,
         world_size=world_size,
         env=frozen_mapping(env),
-        axes=frozen_mapping({a.name: _axis_spec(a) for a in real}),
+        axes=frozen_mapping({a.name: a.spec() for a in real}),
         mesh=frozen_mapping({a.name: len(a.teams[0]) for a in real if a.path.startswith("mesh.")}),
         patterns=tuple(patterns),
         timeout_s=timeout_s,
         stop_on_error=stop_on_error,
-    )
-
-
-def _axis_spec(draft: AxisDraft) -> AxisSpec:
-    assert draft.teams is not None
-    return AxisSpec(
-        name=draft.name,
-        teams=draft.teams,
-        like=draft.like,
-        priority=draft.priority,
-        nccl=frozen_mapping(draft.nccl),
-        yaml_path=draft.path,
     )

@@ -59,6 +59,16 @@ def _clip(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _hint(value: Any) -> str:
+    """Why text a user meant as a number is not one."""
+    if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
+        return (
+            f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
+            "as in 1.0e+6, or the number in full)"
+        )
+    return ""
+
+
 def choices(values: Sequence[Any] | Mapping[Any, Any]) -> str:
     """``a, b, c`` for a message listing valid choices."""
     return ", ".join(str(v) for v in values)
@@ -136,27 +146,31 @@ class Problems:
                 return _clip(text)
         return show(value)
 
-    @staticmethod
-    def _hint(value: Any) -> str:
-        """Why text a user meant as a number is not one."""
-        if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
-            return (
-                f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
-                "as in 1.0e+6, or the number in full)"
-            )
-        return ""
-
     # ---- typed checks: the value, or None after recording a problem ----
+    def missing(self, raw: Mapping[Any, Any], path: str, key: str, what: str = "") -> bool:
+        """Whether the required ``key`` is missing from ``raw``, recorded (``what`` says why)."""
+        if key not in raw:
+            self.add(join(path, key), f"missing required key {key!r}{what}")
+        return key not in raw
+
+    def get(
+        self, raw: Mapping[Any, Any], path: str, key: str, check: Any, *args: Any, **kw: Any
+    ) -> Any:
+        """``check(raw[key], its path, *args, **kw)`` when ``key`` is in ``raw``, else ``default``
+        (a keyword, None unless given)."""
+        default = kw.pop("default", None)
+        return check(raw[key], join(path, key), *args, **kw) if key in raw else default
+
     def unknown_keys(
-        self, raw: Mapping[Any, Any], path: str, valid: Sequence[str], what: str
+        self, raw: Mapping[Any, Any], path: str, valid: Sequence[str], where: str
     ) -> None:
-        """Record each key of ``raw`` that is not in ``valid``."""
+        """Record each key of ``raw`` that is not in ``valid`` (``where``: "in a pattern")."""
         for key in raw:
             if key not in valid:
                 self.add(
                     join(path, key),
-                    f"unknown key {show(key)} in {what}"
-                    f"{suggest(key, valid)}; valid keys: {choices(valid)}",
+                    f"unknown key {show(key)} {where}{suggest(key, valid)}; "
+                    f"valid keys: {choices(valid)}",
                 )
 
     def integer(
@@ -172,10 +186,7 @@ class Problems:
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.add(
-                path,
-                f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
-            )
+            self.add(path, f"expected an integer, got {self.show(path, value)}{_hint(value)}")
             return None
         return value if self.within(value, value, path, minimum, maximum, why_max=why) else None
 
@@ -190,7 +201,7 @@ class Problems:
     ) -> float | None:
         """A finite int or float within the bounds; ``why`` explains them."""
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.add(path, f"expected a number, got {self.show(path, value)}{self._hint(value)}")
+            self.add(path, f"expected a number, got {self.show(path, value)}{_hint(value)}")
             return None
         try:
             number = float(value)
