@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
+from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import PRIORITIES, WORLD_AXIS, AxisSpec, frozen_mapping
 
 logger = logging.getLogger("maestro.config")
@@ -202,15 +202,10 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                     )
         else:
             draft = axes[name] = _declared_axis(p, name, path, spec, world_size)
-        if "priority" in spec:
-            priority = p.choice(
-                spec["priority"], join(path, "priority"), PRIORITIES, "priority", "priorities"
-            )
-            draft.priority = priority or draft.priority
-        if "nccl" in spec:
-            draft.nccl = _nccl(p, spec["nccl"], join(path, "nccl"))
-        if "env" in spec:
-            _axis_env(p, spec["env"], join(path, "env"), name)
+        priority = p.get(spec, path, "priority", p.choice, PRIORITIES, "priority", "priorities")
+        draft.priority = priority or draft.priority
+        draft.nccl = p.get(spec, path, "nccl", _nccl, p, default={})
+        p.get(spec, path, "env", _axis_env, p, name)
     _resolve_likes(p, axes)
     return axes
 
@@ -308,19 +303,14 @@ def _rank_problem(
     return ""
 
 
-def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
+def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
     if not isinstance(raw, dict):
         p.add(path, f"nccl must be a mapping of ProcessGroupNCCL options, got {p.show(path, raw)}")
         return {}
     options: dict[str, Any] = {}
     for key, value in raw.items():
         sub = join(path, key)
-        if key not in NCCL_OPTIONS:
-            p.add(
-                sub,
-                f"unknown nccl option {p.show(sub, key)}{suggest(key, NCCL_OPTIONS)}; "
-                f"valid options: {choices(NCCL_OPTIONS)}",
-            )
+        if p.choice(key, sub, tuple(NCCL_OPTIONS), "nccl option", "options") is None:
             continue
         kind, minimum = NCCL_OPTIONS[key]
         if kind == "int":
@@ -342,7 +332,7 @@ def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
     return options
 
 
-def _axis_env(p: Problems, raw: Any, path: str, axis: str) -> None:
+def _axis_env(raw: Any, path: str, p: Problems, axis: str) -> None:
     """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
     nccl = sorted(k for k in env if k.startswith("NCCL_"))
@@ -368,11 +358,7 @@ def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
             target, like_path = current.like, join(current.path, "like")
             if not isinstance(target, str) or target not in axes:
                 if current is draft:
-                    p.add(
-                        like_path,
-                        f"unknown axis {p.show(like_path, target)}"
-                        f"{suggest(target, axes)}; valid axes: {choices(axes)}",
-                    )
+                    p.choice(target, like_path, tuple(axes), "axis", "axes")
                 draft.valid = False
             elif target in chain:
                 if target == draft.name:

@@ -60,11 +60,6 @@ class OpResolver:
         except Exception as exc:  # noqa: BLE001 - resolving imports user code
             return f"cannot resolve op {op!r}: {type(exc).__name__}: {exc}"
 
-    def category(self, op: str) -> str:
-        """The op's category (``comm`` binds it to its axis's lane); "" when unknown."""
-        cls = self._ops.get(op)
-        return getattr(cls, "category", "") if isinstance(cls, type) else ""
-
 
 def check_block(
     p: Problems,
@@ -283,6 +278,6 @@ def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
         )
         return None
     bounded, why = kind in ("int", "float"), f"{yaml_key(param)}: {param.doc}"
-    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why_max=why):
+    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why):
         return None
     return result

@@ -47,25 +47,21 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     """The file for ``name_or_path``: an existing path, or the name of a shipped config;
     ConfigError naming the path (and listing the shipped configs for an unknown name)."""
     text = str(name_or_path)
-    try:
-        path = Path(name_or_path)
-        if path.is_file():
-            return path
-        if path.exists():
-            raise ConfigError(f"{text!r} is not a file", file=text)
-        looks_like_name = "/" not in text and "\\" not in text and text not in ("", ".", "..")
-        if looks_like_name:
-            for candidate in (CONFIGS_DIR / text, CONFIGS_DIR / f"{text}.yaml"):
-                if candidate.is_file():
-                    return candidate
-    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission
-        if isinstance(exc, ConfigError):
-            raise
+    path = Path(name_or_path)
+    named = "/" not in text and "\\" not in text and text not in ("", ".", "..")
+    shipped = (CONFIGS_DIR / text, CONFIGS_DIR / f"{text}.yaml") if named else ()
+    try:  # a name too long, a NUL byte, no permission
+        found = next((c for c in (path, *shipped) if c.is_file()), None)
+        other = found is not path and path.exists()
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot use {text!r} as a pattern file: {exc}", file=text) from exc
-    shipped = ", ".join(shipped_configs()) or "none"
+    if other:
+        raise ConfigError(f"{text!r} is not a file", file=text)
+    if found is not None:
+        return found
     raise ConfigError(
         f"pattern file not found: {text!r} is neither a file nor the name of a "
-        f"shipped config (shipped: {shipped})",
+        f"shipped config (shipped: {', '.join(shipped_configs()) or 'none'})",
         file=text,
     )
 
@@ -81,11 +77,6 @@ def load_suite(
     return load_suite_text(text, file=str(path), world_size=world_size, import_ops=import_ops)
 
 
-def text_sha256(text: str) -> str:
-    """SHA-256 (hex) of a pattern text, as its UTF-8 bytes."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def load_suite_text(
     text: str, *, file: str = "<string>", world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
@@ -97,7 +88,7 @@ def load_suite_text(
     ops = OpResolver(import_ops=import_ops)
     try:
         suite = _suite(problems, data, world_size, ops)
-        return dataclasses.replace(suite, text_sha256=text_sha256(text))
+        return dataclasses.replace(suite, text_sha256=hashlib.sha256(text.encode()).hexdigest())
     finally:  # said whether the file is valid or not: those blocks are only partly checked
         for op, op_path in ops.not_imported.items():
             logger.warning(
@@ -123,7 +114,12 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     p.missing(data, "", "name", " (the suite name, part of every metric key)")
     name = p.get(data, "", "name", p.name, "name")
     world_size = check_world_size(p, data, world_size_arg)
-    limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
+    limits = {
+        "minimum": MIN_TIMEOUT_S,
+        "maximum": MAX_TIMEOUT_S,
+        "why": TIMEOUT_WHY,
+        "why_min": TIMEOUT_WHY,
+    }
     timeout_s = p.get(data, "", "timeout_s", p.number, **limits) or DEFAULT_TIMEOUT_S
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}

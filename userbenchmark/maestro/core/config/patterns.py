@@ -294,7 +294,7 @@ def _pattern_point(
             continue
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
-        comm = file.ops.category(spec.op) == "comm"
+        comm = getattr(file.ops.resolve(spec.op), "category", "") == "comm"
         if comm and _off_its_axis_lane(p, spec, raw, block_path, lanes):
             continue
         blocks.append(spec)

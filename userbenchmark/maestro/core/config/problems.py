@@ -173,33 +173,17 @@ class Problems:
                     f"valid keys: {choices(valid)}",
                 )
 
-    def integer(
-        self,
-        value: Any,
-        path: str,
-        *,
-        minimum: int | None = None,
-        maximum: int | None = None,
-        why: str = "",
-    ) -> int | None:
-        """An int in [minimum, maximum] (a whole float counts); ``why`` explains the maximum."""
+    def integer(self, value: Any, path: str, **bounds: Any) -> int | None:
+        """An int (a whole float counts) within ``bounds`` (:meth:`within`'s)."""
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             self.add(path, f"expected an integer, got {self.show(path, value)}{_hint(value)}")
             return None
-        return value if self.within(value, value, path, minimum, maximum, why_max=why) else None
+        return value if self.within(value, value, path, **bounds) else None
 
-    def number(
-        self,
-        value: Any,
-        path: str,
-        *,
-        minimum: float | None = None,
-        maximum: float | None = None,
-        why: str = "",
-    ) -> float | None:
-        """A finite int or float within the bounds; ``why`` explains them."""
+    def number(self, value: Any, path: str, **bounds: Any) -> float | None:
+        """A finite int or float within ``bounds`` (:meth:`within`'s)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.add(path, f"expected a number, got {self.show(path, value)}{_hint(value)}")
             return None
@@ -210,27 +194,27 @@ class Problems:
         if not math.isfinite(number):
             self.add(path, f"expected a finite number, got {self.show(path, value)}")
             return None
-        return number if self.within(number, value, path, minimum, maximum, why, why) else None
+        return number if self.within(number, value, path, **bounds) else None
 
     def within(
         self,
         number: float,
         value: Any,
         path: str,
-        minimum: float | None,
-        maximum: float | None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        why: str = "",
         why_min: str = "",
-        why_max: str = "",
     ) -> bool:
         """Whether ``number`` (``value`` as checked) is in [minimum, maximum]; records why not,
-        with ``why_min`` or ``why_max`` as the reason."""
+        ``why`` explaining the maximum and ``why_min`` the minimum."""
         if minimum is not None and number < minimum:
-            word, bound, why = "least", minimum, why_min
+            word, bound, reason = "least", minimum, why_min
         elif maximum is not None and number > maximum:
-            word, bound, why = "most", maximum, why_max
+            word, bound, reason = "most", maximum, why
         else:
             return True
-        reason = f" ({why})" if why else ""
+        reason = f" ({reason})" if reason else ""
         self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
         return False
 
