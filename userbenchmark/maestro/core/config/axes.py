@@ -351,8 +351,6 @@ def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
     """Give each ``like`` axis the teams at the end of its chain; report unknown names and
     cycles once, at the axis whose own ``like`` is wrong or closes the cycle."""
     for draft in axes.values():
-        if draft.like is None:
-            continue
         chain, current = [draft.name], draft
         while current.like is not None and draft.valid:
             target, like_path = current.like, join(current.path, "like")

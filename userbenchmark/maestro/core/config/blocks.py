@@ -93,8 +93,13 @@ def check_block(
         p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
     overlap = p.get(raw, path, "traced_overlap", p.number, minimum=0.0, maximum=1.0)
     traced_us = p.get(raw, path, "traced_us", p.number, minimum=0.0)
+    # A custom op left unimported keeps its parameters as written; a known op's are checked,
+    # and against its dtype and axis when nothing else of the block was wrong.
     ready = len(p) == start and axis is not None and dtype is not None
-    params = _block_params(p, raw, path, cls, unchecked, (dtype, axis) if ready else None)
+    if unchecked:
+        params = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif (params := None if cls is None else _params(p, cls, raw, path)) is not None and ready:
+        params = _op_checks(p, cls, raw["op"], params, path, dtype, axis)
     if params is None or len(p) > start:
         return None
     return BlockSpec(
@@ -111,25 +116,6 @@ def check_block(
         traced_overlap=overlap,
         yaml_path=path,
     )
-
-
-def _block_params(
-    p: Problems,
-    raw: dict[Any, Any],
-    path: str,
-    cls: type[Block] | None,
-    unchecked: bool,
-    target: tuple[str, AxisDraft] | None,
-) -> dict[str, Any] | None:
-    """The block's parameters: a custom op left unimported keeps them as written, unchecked; a
-    known op's are checked, and against its dtype and axis (``target``) when nothing else of
-    the block was wrong."""
-    if unchecked:
-        return {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
-    params = None if cls is None else _params(p, cls, raw["op"], raw, path)
-    if params is not None and target is not None:
-        params = _op_checks(p, cls, raw["op"], params, path, *target)
-    return params
 
 
 def _block_class(
@@ -164,9 +150,8 @@ def yaml_key(param: Param) -> str:
     return param.name
 
 
-def _params(
-    p: Problems, cls: type[Block], op: str, raw: dict[Any, Any], path: str
-) -> dict[str, Any] | None:
+def _params(p: Problems, cls: type[Block], raw: dict[Any, Any], path: str) -> dict[str, Any] | None:
+    op = raw["op"]
     by_key = {yaml_key(param): param for param in _declared(cls)}
     start = len(p)
     p.unknown_keys(raw, path, [*BLOCK_KEYS, *by_key], f"for op {op!r}")

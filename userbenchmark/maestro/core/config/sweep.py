@@ -185,20 +185,15 @@ def geometric_values(
             raise ValueError("geometric sweep bounds are too large for floating point") from exc
     values: list[int | float] = []
     for i in itertools.count():
-        if exact:
-            value: int | float = start * factor**i
-            if value > stop:
-                break
-        else:
-            try:
-                raw = start * factor**i
-            except OverflowError:
-                break
-            if raw > stop * (1 + 1e-12) or not math.isfinite(raw):
-                break
-            value = float(f"{raw:.12g}")
-            if value.is_integer():
-                value = int(value)
+        try:
+            value = start * factor**i
+        except OverflowError:  # floats only
+            break
+        if value > stop * (1 if exact else 1 + 1e-12) or (not exact and not math.isfinite(value)):
+            break
+        if not exact:
+            value = float(f"{value:.12g}")
+            value = int(value) if value.is_integer() else value
         if len(values) >= limit:
             raise ValueError(f"{described} has more than {limit} points")
         values.append(value)
