@@ -96,13 +96,10 @@ class SourceMap:
 
     def line(self, path: str) -> int | None:
         """The line of ``path`` or of its nearest ancestor in the file."""
-        while True:
-            if path in self.lines:
-                return self.lines[path]
-            if not path:
-                return None
+        while path and path not in self.lines:
             cut = max(path.rfind("."), path.rfind("["))
             path = path[:cut] if cut > 0 else ""
+        return self.lines.get(path)
 
 
 class Problems:

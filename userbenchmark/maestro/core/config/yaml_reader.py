@@ -200,14 +200,11 @@ class _Converter:
         self.source.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, ScalarNode):
             return self._scalar(node, path)
-        if isinstance(node, SequenceNode):
-            if node.tag != _SEQ_TAG:
-                self._issue(path, f"unsupported YAML tag {node.tag!r}", node)
-                return None
-            return [self.convert(child, index(path, i)) for i, child in enumerate(node.value)]
-        if not isinstance(node, MappingNode) or node.tag != _MAP_TAG:
+        if (type(node), node.tag) not in ((SequenceNode, _SEQ_TAG), (MappingNode, _MAP_TAG)):
             self._issue(path, f"unsupported YAML tag {node.tag!r}", node)
             return None
+        if isinstance(node, SequenceNode):
+            return [self.convert(child, index(path, i)) for i, child in enumerate(node.value)]
         result: dict[Any, Any] = {}
         merges: list[Node] = []
         for key_node, value_node in node.value:
