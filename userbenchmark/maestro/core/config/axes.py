@@ -81,10 +81,9 @@ class AxisDraft:
 def check_world_size(p: Problems, data: dict[Any, Any], arg: Any) -> int | None:
     """The run's world size: the file's ``world_size`` and ``arg`` (``--world-size``,
     ``--nproc`` or the launcher's world size) must agree when both are set."""
-    from_arg = None
-    from_file = p.get(data, "", "world_size", p.integer, minimum=1, maximum=MAX_WORLD_SIZE)
-    if arg is not None:
-        from_arg = p.integer(arg, "world size", minimum=1, maximum=MAX_WORLD_SIZE)
+    bounds = {"minimum": 1, "maximum": MAX_WORLD_SIZE}
+    from_file = p.get(data, "", "world_size", p.integer, **bounds)
+    from_arg = None if arg is None else p.integer(arg, "world size", **bounds)
     if from_file is not None and from_arg is not None and from_file != from_arg:
         p.add(
             "world_size",

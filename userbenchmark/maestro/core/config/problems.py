@@ -124,11 +124,8 @@ class Problems:
             ConfigIssue(message, path=path, file=self.file, line=line)
             for path, message, line in self.items[:MAX_ISSUES]
         ]
-        if len(self.items) > MAX_ISSUES:
-            issues.append(
-                ConfigIssue(f"... and {len(self.items) - MAX_ISSUES} more problems", file=self.file)
-            )
-        return issues
+        more = len(self.items) - MAX_ISSUES
+        return issues + [ConfigIssue(f"... and {more} more problems", file=self.file)] * (more > 0)
 
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
