@@ -114,13 +114,8 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     p.missing(data, "", "name", " (the suite name, part of every metric key)")
     name = p.get(data, "", "name", p.name, "name")
     world_size = check_world_size(p, data, world_size_arg)
-    limits = {
-        "minimum": MIN_TIMEOUT_S,
-        "maximum": MAX_TIMEOUT_S,
-        "why": TIMEOUT_WHY,
-        "why_min": TIMEOUT_WHY,
-    }
-    timeout_s = p.get(data, "", "timeout_s", p.number, **limits) or DEFAULT_TIMEOUT_S
+    limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why_min": TIMEOUT_WHY}
+    timeout_s = p.get(data, "", "timeout_s", p.number, **limits, why=TIMEOUT_WHY)
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     defaults = dict(DEFAULT_VALUES)
@@ -147,6 +142,6 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
         axes=frozen_mapping({a.name: a.spec() for a in real}),
         mesh=frozen_mapping({a.name: len(a.teams[0]) for a in real if a.path.startswith("mesh.")}),
         patterns=tuple(patterns),
-        timeout_s=timeout_s,
+        timeout_s=timeout_s or DEFAULT_TIMEOUT_S,
         stop_on_error=stop_on_error,
     )

@@ -78,14 +78,9 @@ def parse_sweep(raw: Any) -> tuple[tuple[SweepVariable, ...], list[Problem]]:
 
 
 def _listed(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    if not spec:
-        found.append(((), "a sweep list needs at least one value"))
-        return (), ()
-    if len(spec) > MAX_SWEEP_POINTS:
-        message = (
-            f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
-        )
-        found.append(((), message))
+    if not spec or len(spec) > MAX_SWEEP_POINTS:
+        many = f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
+        found.append(((), many if spec else "a sweep list needs at least one value"))
         return (), ()
     labels: list[str] = []
     for i, value in enumerate(spec):
