@@ -106,7 +106,6 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
         p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
         return {}
     env: dict[str, str] = {}
-    words = p.source.yaml11_words
     for key, value in raw.items():
         sub = join(path, key)
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
@@ -119,7 +118,11 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
                 f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
                 "owns the rendezvous and each rank's place in it; a pattern file may not set it"
             )
-        elif isinstance(value, str) and sub in words and value.lower() in YAML11_BOOLEAN_WORDS:
+        elif (
+            isinstance(value, str)
+            and sub in p.yaml11_words
+            and value.lower() in YAML11_BOOLEAN_WORDS
+        ):
             problem = (
                 f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
                 f"'{value}' to set the text"

@@ -222,7 +222,7 @@ def _expand(
     found: dict[tuple[str, str], list[str]] = {}
     specs: list[PatternSpec] = []
     for point in points:
-        problems = Problems(p.file, p.source)  # merged below, once per problem
+        problems = Problems(p.file, like=p)  # merged below, once per problem
         body = substitute(_body(entry), point)
         spec = _pattern_point(problems, file, body, path, base, point, entry.get("name"))
         for sub, message, _line in problems.items:

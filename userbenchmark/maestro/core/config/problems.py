@@ -8,7 +8,6 @@ import difflib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ...errors import ConfigIssue
@@ -82,38 +81,29 @@ def suggest(value: Any, valid: Sequence[Any] | Mapping[Any, Any]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-@dataclass
-class SourceMap:
-    """Where each YAML path of a file is, and what its non-text scalars were written as."""
-
-    lines: dict[str, int] = field(default_factory=dict)
-    """{YAML path: 1-based line}; the first occurrence wins."""
-    written: dict[str, tuple[str, Any]] = field(default_factory=dict)
-    """{YAML path: (text as written, value it became)} for scalars that did not become text
-    (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
-    yaml11_words: set[str] = field(default_factory=set)
-    """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
-
-    def line(self, path: str) -> int | None:
-        """The line of ``path`` or of its nearest ancestor in the file."""
-        while path and path not in self.lines:
-            cut = max(path.rfind("."), path.rfind("["))
-            path = path[:cut] if cut > 0 else ""
-        return self.lines.get(path)
-
-
 class Problems:
-    """Every problem found in one file; builds the single ConfigError that reports them."""
+    """Every problem found in one file, where each YAML path of it is and what its non-text
+    scalars were written as; builds the single ConfigError that reports the problems."""
 
-    def __init__(self, file: str, source: SourceMap | None = None) -> None:
+    def __init__(self, file: str, like: Problems | None = None) -> None:
         self.file = file
-        self.source = source if source is not None else SourceMap()
         self.items: list[tuple[str, str, int | None]] = []
         """(YAML path, message, line)."""
+        self.lines: dict[str, int] = like.lines if like is not None else {}
+        """{YAML path: 1-based line}; the first occurrence wins (shared with ``like``'s)."""
+        self.written: dict[str, tuple[str, Any]] = like.written if like is not None else {}
+        """{YAML path: (text as written, value it became)} for scalars that did not become text
+        (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
+        self.yaml11_words: set[str] = like.yaml11_words if like is not None else set()
+        """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
 
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
-        self.items.append((path, message, self.source.line(path) if line is None else line))
+        at = path
+        while line is None and at and at not in self.lines:  # its nearest ancestor's
+            cut = max(at.rfind("."), at.rfind("["))
+            at = at[:cut] if cut > 0 else ""
+        self.items.append((path, message, self.lines.get(at) if line is None else line))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -129,7 +119,7 @@ class Problems:
 
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
-        written = self.source.written.get(path)
+        written = self.written.get(path)
         if written is not None and not isinstance(value, str):
             text, parsed = written
             same = type(parsed) is type(value) and (
