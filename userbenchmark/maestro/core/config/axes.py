@@ -141,22 +141,20 @@ def _declared_axis(
     p: Problems, name: str, path: str, spec: dict[Any, Any], world_size: int | None
 ) -> AxisDraft:
     """An ``axes:`` entry that is no mesh dimension: its teams, or the axis it is ``like``."""
-    draft = AxisDraft(name=name, path=path)
+    draft = AxisDraft(name=name, path=path, valid=False)
     if "teams" in spec and "like" in spec:
         p.add(path, "give either teams or like, not both")
-        draft.valid = False
     elif "teams" in spec:
         draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
         draft.valid = draft.teams is not None or world_size is None
-    elif spec.get("like") is not None:  # like: null names no axis
-        draft.like = spec["like"]
-    else:
+    elif spec.get("like") is None:  # like: null names no axis
         p.add(
             path,
             "an axis needs teams (a list of lists of ranks) or like: <axis> "
             "(a second communicator on another axis's teams)",
         )
-        draft.valid = False
+    else:
+        draft.like, draft.valid = spec["like"], True
     return draft
 
 

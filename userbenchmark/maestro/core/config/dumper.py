@@ -1,8 +1,6 @@
-"""The loader's inverse: a SuiteSpec as the pattern file that loads back into it.
-``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where things were written
-(``source``, ``yaml_path``, ``text_sha256``). The file says only what differs from the loader's
-defaults: a block's parameters at their declared default, its lane when it is its axis, its dtype
-when it is the file's. It writes no sweep: ``import-trace`` makes none."""
+"""The loader's inverse: ``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where
+things were written (``source``, ``yaml_path``, ``text_sha256``). The file says only what differs
+from the loader's defaults, and no sweep (``import-trace`` makes none)."""
 
 from __future__ import annotations
 

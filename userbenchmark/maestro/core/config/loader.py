@@ -1,7 +1,6 @@
-"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec. Every
-problem found is collected into one ConfigError naming file, YAML path and line. Nothing here
-creates a process group or a tensor; the only code a file can cause to run is the module named by a
-custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``)."""
+"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec, every
+problem in one ConfigError. No process group, no tensor; the only code a file can cause to run is
+the module of a custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``)."""
 
 from __future__ import annotations
 

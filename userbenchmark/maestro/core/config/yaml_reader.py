@@ -1,7 +1,6 @@
-"""Read a pattern file into plain data, safely and within bounds, recording each YAML path's line
-and each scalar as written. Only YAML core types are built (any other tag is a problem); hostile
-input (deep nesting, aliases, huge files) meets maestro's own limits before a tree is built,
-whatever PyYAML's version."""
+"""Read a pattern file into plain data, recording each YAML path's line and each scalar as written.
+Only YAML core types are built; hostile input (deep nesting, aliases, huge files) meets maestro's
+own limits before a tree is built, whatever PyYAML's version."""
 
 from __future__ import annotations
 
