@@ -7,16 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 
 
-def _capped_block(
-    block: BlockSpec, cls: type[Block], team_size: int, max_size_bytes: int, source: str
-) -> BlockSpec:
+def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> BlockSpec:
     """The block with its op's byte counts capped (the op decides what that means)."""
+    cls = resolve_op(block.op)  # validated already: resolves
+    team_size, source = suite.axes[block.axis].team_size, suite.source
     where = f"--max-size {max_size_bytes} bytes: {block.op} block {block.name!r}"
     try:
         params = cls.capped_params(
@@ -70,12 +69,8 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:
-        blocks = []
-        for block in pattern.blocks:
-            cls = resolve_op(block.op)  # validated already: resolves
-            team_size = suite.axes[block.axis].team_size
-            blocks.append(_capped_block(block, cls, team_size, max_size_bytes, suite.source))
-        capped = dataclasses.replace(pattern, blocks=tuple(blocks))
+        blocks = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
+        capped = dataclasses.replace(pattern, blocks=blocks)
         key = _content(capped)
         if pattern.sweep_point and key in seen:
             continue
