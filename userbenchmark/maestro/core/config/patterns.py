@@ -238,20 +238,14 @@ def _expand(
     return specs
 
 
-def _off_its_axis_lane(
-    p: Problems,
-    spec: BlockSpec,
-    raw: dict[Any, Any],
-    block_path: str,
-    lanes: dict[str, tuple[str, str, str]],
-) -> bool:
+def _off_its_axis_lane(p: Problems, spec: BlockSpec, raw: dict[Any, Any], lanes: dict) -> bool:
     """Whether a collective is on another lane than its axis's first collective (recorded as a
     problem); ``lanes``: {axis: (lane, block, path) of its first collective}."""
-    lane, other, other_path = lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+    lane, other, other_path = lanes.setdefault(spec.axis, (spec.lane, spec.name, spec.yaml_path))
     if lane == spec.lane:
         return False
     p.add(
-        join(block_path, "lane" if "lane" in raw else "axis"),
+        join(spec.yaml_path, "lane" if "lane" in raw else "axis"),
         f"block {spec.name!r} is on lane {spec.lane!r} "
         f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
         f"lane {lane!r}: one axis is one communicator, whose operations must be "
@@ -268,7 +262,10 @@ def _pattern_point(
     """The pattern ``body`` at one sweep ``point`` (``written``: the pattern's name as written)."""
     settings = check_settings(p, body, path, file.defaults)
     traced_us = p.get(body, path, "traced_us", p.number, minimum=0.0)
-    traced_by_rank = _traced_by_rank_us(p, body, path, file.axes[WORLD_AXIS].teams)
+    world = file.axes[WORLD_AXIS].teams
+    traced_by_rank = p.get(
+        body, path, "traced_by_rank_us", _traced_by_rank_us, p, world, default=()
+    )
     raw_blocks = body.get("blocks")
     if p.missing(body, path, "blocks", " (a list of blocks)"):
         return None
@@ -295,7 +292,7 @@ def _pattern_point(
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
         comm = getattr(file.ops.resolve(spec.op), "category", "") == "comm"
-        if comm and _off_its_axis_lane(p, spec, raw, block_path, lanes):
+        if comm and _off_its_axis_lane(p, spec, raw, lanes):
             continue
         blocks.append(spec)
     names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
@@ -322,13 +319,9 @@ def _pattern_point(
     )
 
 
-def _traced_by_rank_us(
-    p: Problems, body: dict[Any, Any], path: str, world: tuple[tuple[int, ...], ...] | None
-) -> tuple[float, ...]:
-    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank."""
-    if "traced_by_rank_us" not in body:
-        return ()
-    where, value = join(path, "traced_by_rank_us"), body["traced_by_rank_us"]
+def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple[float, ...]:
+    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank (the
+    world axis's one team)."""
     size = len(world[0]) if world else None
     if not isinstance(value, list) or len(value) != (size or len(value)):
         count = f"{size} durations" if size else "durations"
