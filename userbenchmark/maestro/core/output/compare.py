@@ -61,7 +61,6 @@ class CompareResult:
     path_a: str
     path_b: str
     judgements: tuple[Judgement, ...]
-    """One per key both files have."""
     only_a: Mapping[str, float]
     only_b: Mapping[str, float]
     missing: tuple[str, ...] = ()
@@ -74,13 +73,11 @@ class CompareResult:
     the run has. A failure."""
     failures: tuple[str, ...] = ()
     """Patterns the treatment's failures.json says failed."""
-    stack_a: str = "unknown"
+    stack_a: str = "unknown"  # what each run ran on (versions, device), from its settings
     stack_b: str = "unknown"
-    """What each run ran on (versions, device), from its settings."""
     setting_differences: tuple[str, ...] = ()
     """Measurement settings both runs record with different values (compared under --force)."""
-    notes: tuple[str, ...] = ()
-    """What could not be checked, and why."""
+    notes: tuple[str, ...] = ()  # what could not be checked, and why
 
     @property
     def regressions(self) -> tuple[Judgement, ...]:
@@ -88,7 +85,6 @@ class CompareResult:
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
     def count(self, verdict: str) -> int:
-        """Number of keys with ``verdict``, of the verdicts that decide."""
         return sum(1 for j in self.judgements if j.verdict == verdict and j.decides)
 
 
@@ -116,14 +112,12 @@ def load_metrics(path: str | Path) -> dict[str, float]:
 
 @dataclass(frozen=True, kw_only=True)
 class _Side:
-    """One run as compare sees it."""
+    """One run as compare sees it: ``settings`` from the metrics file's environ or run.json,
+    ``table_settings`` what the results tables record (None for a metrics file)."""
 
     metrics: dict[str, float]
     settings: dict[str, Any] | None
-    """The run's environ (metrics file) or run.json; None when it records none."""
     table_settings: dict[str, str] | None
-    """Settings the results tables themselves record (iterations, ops, sizes); None for a
-    metrics file."""
     failures: tuple[str, ...] = ()
     note: str = ""
 
@@ -153,7 +147,10 @@ def _load_side(path: Path) -> _Side:
     except (ResultsError, ValueError) as exc:
         text = str(exc)
         message = text if text.startswith(str(path)) else f"{path}: {text}"
-        raise CompareError(_clip(message)) from None
+        # Clipped: a malformed key can be megabytes long.
+        raise CompareError(
+            message if len(message) <= 500 else message[:500] + "... (cut)"
+        ) from None
     if not side.metrics:
         raise CompareError(f"{path}: holds no metrics")
     return side
@@ -410,11 +407,6 @@ def _checked(metric: str, value: float, where: str) -> float:
     if problem is not None:
         raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")
     return value
-
-
-def _clip(message: str, limit: int = 500) -> str:
-    """A message cut to ``limit`` characters (a malformed key can be megabytes long)."""
-    return message if len(message) <= limit else message[:limit] + "... (cut)"
 
 
 def _check_floors(overrides: Mapping[str, float]) -> None:

@@ -140,7 +140,7 @@ def check_output_file(
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OptionError(f"{where}: is not a regular file (a pipe, a socket or a device)")
     for source in inputs:
-        if st is not None and _same_inode(st, source):
+        if st is not None and _same_file(st, source):
             raise OptionError(f"{where}: is {os.fspath(source)}, an input of this command")
     if _METRICS_NAME.fullmatch(target.name) or _in_run_folder(target):
         raise OptionError(f"{where}: is a file of a maestro run; name another file")
@@ -149,14 +149,6 @@ def check_output_file(
             f"{where}: writes {writes}: name a file ending in {' or '.join(suffixes)}"
         )
     return target
-
-
-def _same_inode(st: os.stat_result, source: str | os.PathLike[str]) -> bool:
-    try:
-        other = os.stat(source)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _in_run_folder(path: Path) -> bool:
@@ -205,13 +197,13 @@ def _usable_dir(option: str, path: Path) -> Path:
     return path
 
 
-def _same_file(path: Path, fd: int) -> bool:
-    """Whether ``path`` (not followed) is the file open as ``fd``."""
+def _same_file(st: os.stat_result, path: str | os.PathLike[str], *, follow: bool = True) -> bool:
+    """Whether ``path`` is the file of ``st`` (hard links included)."""
     try:
-        st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        other = os.stat(path, follow_symlinks=follow)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _lock(folder: Path) -> int | None:
@@ -245,7 +237,7 @@ def _lock(folder: Path) -> int | None:
                 "cannot lock %s (%s): another run may write there too", folder, _reason(exc)
             )
             return None
-        if _same_file(path, fd):
+        if _same_file(os.fstat(fd), path, follow=False):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             return fd
@@ -256,7 +248,7 @@ def _lock(folder: Path) -> int | None:
 def _unlock(folder: Path, fd: int) -> None:
     """Remove the lock file while still holding it, then release it: a run that opened the
     file meanwhile finds, once it holds the lock, that the name no longer leads to it."""
-    if _same_file(folder / LOCK_NAME, fd):
+    if _same_file(os.fstat(fd), folder / LOCK_NAME, follow=False):
         unlink_quietly(folder / LOCK_NAME)
     os.close(fd)  # releases the flock
 

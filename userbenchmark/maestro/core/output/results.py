@@ -90,7 +90,7 @@ class Results:
     """One row per pair of blocks of a pattern: :data:`PAIR_COLUMNS`."""
 
     def table(self, name: Table) -> pd.DataFrame:
-        return {"blocks": self.blocks, "patterns": self.patterns, "pairs": self.pairs}[name]
+        return getattr(self, name)
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
@@ -184,16 +184,10 @@ def csv_text(frame: pd.DataFrame) -> str:
     return text.to_csv(index=False, lineterminator="\n")
 
 
-class _NumberTooLong(ValueError):
-    def __init__(self, digits: int) -> None:
-        super().__init__(digits)
-        self.digits = digits
-
-
 def _parse_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > _MAX_INT_DIGITS:
-        raise _NumberTooLong(digits)
+        raise ResultsError(f"an integer of {digits} digits is out of range")
     return int(text)
 
 
@@ -225,8 +219,6 @@ def read_text_file(path: str | Path, *, limit: int = MAX_FILE_BYTES) -> str:
             raise ResultsError(f"{path}: is a directory, expected a file")
         if not stat.S_ISREG(info.st_mode):
             raise ResultsError(f"{path}: not a regular file (a pipe or a device)")
-        if info.st_size > limit:
-            raise ResultsError(f"{path}: larger than {limit // 2**20} MiB, not a maestro file")
         with path.open("rb") as fh:
             data = fh.read(limit + 1)
         if len(data) > limit:
@@ -246,8 +238,8 @@ def read_json_file(path: str | Path) -> Any:
         return json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{path}: not JSON ({exc})") from None
-    except _NumberTooLong as exc:
-        raise ResultsError(f"{path}: an integer of {exc.digits} digits is out of range") from None
+    except ResultsError as exc:
+        raise ResultsError(f"{path}: {exc}") from None
     except RecursionError:
         raise ResultsError(f"{path}: JSON nested too deeply to read") from None
     except ValueError as exc:  # anything else the decoder refuses
