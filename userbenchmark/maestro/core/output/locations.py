@@ -50,13 +50,11 @@ _ATTEMPTS: Final = 1000
 @dataclass
 class PreparedOutputs:
     """One run's checked output locations, held while it writes: the output folder (None without
-    ``--output-dir``), the reserved metrics file name (None: no metrics), where an earlier run's
-    files went and their names. ``close()`` releases the folder's lock and the metrics name."""
+    ``--output-dir``) and the reserved metrics file name (None: no metrics). ``close()``
+    releases the folder's lock and the metrics name."""
 
     output_dir: Path | None
     metrics_path: Path | None
-    moved_to: Path | None
-    moved: tuple[str, ...]
     _lock_fd: int | None
     _reservation: Path | None
 
@@ -89,10 +87,10 @@ def prepare_output_locations(
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
     metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
     lock_fd = None if out is None else _lock(out)
-    reservation = None
+    metrics_path = reservation = None
     try:
-        moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
-        metrics_path = None
+        if out is not None:
+            _move_aside(out, stamp)
         if metrics is not None:
             _remove_temporaries(metrics)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
@@ -101,7 +99,7 @@ def prepare_output_locations(
             assert out is not None
             _unlock(out, lock_fd)
         raise
-    return PreparedOutputs(out, metrics_path, moved_to, moved, lock_fd, reservation)
+    return PreparedOutputs(out, metrics_path, lock_fd, reservation)
 
 
 def check_output_file(
@@ -311,13 +309,13 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
     raise OptionError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
 
 
-def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
+def _move_aside(folder: Path, stamp: str) -> None:
     """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
     a killed run are removed."""
     _remove_temporaries(folder)
     stale = _stale_outputs(folder)
     if not stale:
-        return None, ()
+        return
     try:
         dest = _exclusive_dir(folder, PREVIOUS_PREFIX + stamp)
         for path in stale:
@@ -326,12 +324,10 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
         raise OptionError(
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
-    names = tuple(p.name for p in stale)
-    shown = ", ".join(names)
+    shown = ", ".join(p.name for p in stale)
     log.info(
-        "moved %d file(s) of an earlier run from %s to %s: %s", len(names), folder, dest, shown
+        "moved %d file(s) of an earlier run from %s to %s: %s", len(stale), folder, dest, shown
     )
-    return dest, names
 
 
 def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:

@@ -116,19 +116,14 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     x = np.arange(len(names), dtype=float)
     width = 0.4
     overlapped = [b.latency_avg_us for b in outcome.blocks]
-    isolated = [b.isolated_latency_avg_us for b in outcome.blocks]
-    has_iso = [math.isfinite(v) for v in isolated]
-    iso_x = [xi - width / 2 for xi, ok in zip(x, has_iso, strict=True) if ok]
-    iso_y = [v for v, ok in zip(isolated, has_iso, strict=True) if ok]
-    if iso_x:
-        ax.bar(iso_x, iso_y, width, color="lightgray", edgecolor="black")
-    bars = ax.bar(
-        x + width / 2,
-        overlapped,
-        width,
-        color=[colors.get(n, "tab:blue") for n in names],
-        edgecolor="black",
-    )
+    isolated = np.array([b.isolated_latency_avg_us for b in outcome.blocks], dtype=float)
+    has_iso = np.isfinite(isolated)
+    if has_iso.any():
+        ax.bar(
+            x[has_iso] - width / 2, isolated[has_iso], width, color="lightgray", edgecolor="black"
+        )
+    colored = [colors.get(n, "tab:blue") for n in names]
+    bars = ax.bar(x + width / 2, overlapped, width, color=colored, edgecolor="black")
     # The slowdown the run computed (overlapped / isolated), where a baseline exists.
     labels = [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks]
     ax.bar_label(bars, labels, padding=2, fontsize="small")
@@ -136,7 +131,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
     ax.set_ylabel("average latency (µs)")
     title = "Average latency per block: isolated vs overlapped"
-    missing = [n for n, ok in zip(names, has_iso, strict=True) if not ok]
+    missing = [n for n, ok in zip(names, has_iso.tolist(), strict=True) if not ok]
     if missing and len(missing) == len(names):
         title += " (no baseline)"
     elif missing:
@@ -181,17 +176,12 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_file_name(pattern: str) -> str:
-    """``plot-<pattern>.png`` with characters unsafe in file names replaced by ``_``."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern"
-    return f"plot-{safe}.png"
-
-
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken (a@b and a_b sanitise
-    alike and must not overwrite each other); records it in ``used``."""
-    name = plot_file_name(pattern)
-    stem, n = name[: -len(".png")], 2
+    """``plot-<pattern>.png``, characters unsafe in file names replaced by ``_``, suffixed
+    ``-2``, ``-3``... when taken (a@b and a_b sanitise alike and must not overwrite each
+    other); records it in ``used``."""
+    stem = "plot-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern")
+    name, n = f"{stem}.png", 2
     while name in used:
         name, n = f"{stem}-{n}.png", n + 1
     used.add(name)

@@ -20,20 +20,12 @@ from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceAct
 from ..analysis.records import PatternOutcome
 from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
-TRACES_DIR = "traces"
-"""Folder of the output dir holding one file per rank (and no other JSON)."""
-STEP_TID = 1
-"""Host track of each rank's pattern spans and ProfilerStep events."""
-LANE_TID_BASE = 2
-"""Host tracks of lanes (CPU block intervals): 2, 3, ... in order of appearance."""
-API_TID_BASE = 100
-"""Host tracks of the threads that called the CUDA API: 100, 101, ..."""
-DEVICE_PID_BASE = 1 << 20
-"""Device processes are ``DEVICE_PID_BASE + device``; host processes those of trace.json."""
-END_STEP_DUR_US = 1.0
-"""Length of the empty last ProfilerStep."""
-EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}
-"""Kineto's categories of device activities, by activity kind."""
+TRACES_DIR = "traces"  # the output dir's folder of rank files (and no other JSON)
+STEP_TID = 1  # host track of each rank's pattern spans and ProfilerStep events
+LANE_TID_BASE = 2  # host tracks of lanes (CPU block intervals), in order of appearance
+API_TID_BASE = 100  # host tracks of the threads that called the CUDA API
+DEVICE_PID_BASE = 1 << 20  # a GPU's process is this + its device; hosts' are trace.json's
+EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}  # Kineto's, by kind
 _RANK_FILE = re.compile(r"^rank\d+\.json$")
 TIME_NOTE = (
     "ts/dur are microseconds with nanosecond decimals, on a layout: each pattern starts after "
@@ -103,7 +95,7 @@ class _RankFile(TraceEvents):
         end = {"maestro": "end marker, no work: HolisticTraceAnalysis drops a trace's last step"}
         self.complete(
             f"ProfilerStep#{step}", "user_annotation", self.host(), STEP_TID, end_us,
-            END_STEP_DUR_US, end,
+            1.0, end,
         )  # fmt: skip
         known = self.overlap_known and self.comm_ns > 0
         return {
@@ -316,7 +308,5 @@ def rank_trace_texts(outcomes: Sequence[PatternOutcome]) -> dict[str, str]:
 def stale_rank_files(folder: Path, keep: Iterable[str]) -> list[Path]:
     """Rank files in ``folder`` that this run did not write (a previous, larger run's):
     HolisticTraceAnalysis would read them as ranks of this run."""
-    if not folder.is_dir():
-        return []
     wanted = set(keep)
     return sorted(p for p in folder.iterdir() if _RANK_FILE.match(p.name) and p.name not in wanted)

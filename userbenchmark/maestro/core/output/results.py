@@ -45,13 +45,10 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
     return MappingProxyType(columns)
 
 
+# Each table's columns and their pandas dtypes, in file order (results.*, patterns.*, pairs.*).
 BLOCK_COLUMNS: Final = _columns_of(BlockResult)
-"""Columns of the block table (results.*) and their pandas dtypes, in file order."""
 PATTERN_COLUMNS: Final = _columns_of(PatternResult)
-"""Columns of the pattern table (patterns.*) and their dtypes, in file order."""
 PAIR_COLUMNS: Final = _columns_of(PairResult)
-"""Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
-pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
 _COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
 _KEY_COLUMNS: Final = {
@@ -70,8 +67,7 @@ _MAX_INT_DIGITS = 309
 """No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
 
 
-_Row = tuple[str, Mapping[str, Any]]
-"""A raw row and where it was read (``file: record 3``), for error messages."""
+_Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: record 3"
 
 
 class ResultsError(MaestroError, ValueError):
@@ -80,17 +76,12 @@ class ResultsError(MaestroError, ValueError):
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Results:
-    """The three result tables of a run (or of several: rows carry suite and pattern)."""
+    """The three result tables of a run (or of several: rows carry suite and pattern): one row
+    per (pattern, block), :data:`BLOCK_COLUMNS`; per pattern; per pair of blocks."""
 
     blocks: pd.DataFrame
-    """One row per (pattern, block): :data:`BLOCK_COLUMNS`."""
     patterns: pd.DataFrame
-    """One row per pattern: :data:`PATTERN_COLUMNS`."""
     pairs: pd.DataFrame
-    """One row per pair of blocks of a pattern: :data:`PAIR_COLUMNS`."""
-
-    def table(self, name: Table) -> pd.DataFrame:
-        return getattr(self, name)
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
@@ -155,10 +146,9 @@ def _dtype_of(frame: pd.DataFrame, name: str) -> str:
 
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of a result table as dicts of plain values (None = not applicable), in order."""
-    columns = [(name, _dtype_of(frame, name)) for name in frame.columns]
-    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in columns]
-    names = [name for name, _ in columns]
-    return [dict(zip(names, row, strict=True)) for row in zip(*cells, strict=True)]
+    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
+    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in dtypes.items()]
+    return [dict(zip(dtypes, row, strict=True)) for row in zip(*cells, strict=True)]
 
 
 def json_text(frame: pd.DataFrame) -> str:
@@ -166,21 +156,16 @@ def json_text(frame: pd.DataFrame) -> str:
     return json.dumps(records_of(frame), indent=1) + "\n"
 
 
-def _csv_cell(value: Any, dtype: str) -> str:
-    if value is None:
-        return ""
-    if dtype == _FLOAT:
-        return repr(value)  # shortest text that reads back to the same float
-    if dtype == _BOOL:
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, bool):
         return "true" if value else "false"  # as JSON writes it
-    return str(value)
+    return "" if value is None else str(value)  # a float's str is its repr: reads back exactly
 
 
 def csv_text(frame: pd.DataFrame) -> str:
     """The CSV file of a table: empty cells for 'not applicable', floats as ``repr`` (exact)."""
-    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
-    rows = [[_csv_cell(v, dtypes[n]) for n, v in row.items()] for row in records_of(frame)]
-    text = pd.DataFrame(rows, columns=list(dtypes), dtype=object)
+    rows = [[_csv_cell(v) for v in row.values()] for row in records_of(frame)]
+    text = pd.DataFrame(rows, columns=list(frame.columns), dtype=object)
     return text.to_csv(index=False, lineterminator="\n")
 
 
@@ -259,8 +244,6 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
         value = _csv_value(value, dtype)
-        if not isinstance(value, float) or dtype != _INT:
-            return value
     if dtype == _BOOL:
         if not isinstance(value, bool):
             raise TypeError
@@ -275,8 +258,8 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
 
 
 def _csv_value(text: str, dtype: str) -> Any:
-    """A CSV cell's text as its column's type; an integer column's ``4194304.0`` (older files:
-    pandas wrote integer columns with gaps as floats) as that float, checked by the caller."""
+    """A CSV cell's text as a JSON value of its column's type; an integer column's ``4194304.0``
+    (older files: pandas wrote integer columns with gaps as floats) as that float."""
     if dtype == _BOOL:
         if text not in ("true", "false"):
             raise TypeError
@@ -285,7 +268,7 @@ def _csv_value(text: str, dtype: str) -> Any:
         return float(text)  # CSV: repr text reads back to the same float
     if dtype == _INT:
         try:
-            return _in_int64(int(text))
+            return int(text)
         except ValueError:
             return float(text)
     return text
@@ -414,7 +397,7 @@ def _results_of_file(path: Path, table: Table) -> Results:
 
 def read_table(path: str | Path, table: Table) -> pd.DataFrame:
     """One table from its JSON or CSV file (by suffix); ResultsError naming the file."""
-    return _results_of_file(Path(path), table).table(table)
+    return getattr(_results_of_file(Path(path), table), table)
 
 
 def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
