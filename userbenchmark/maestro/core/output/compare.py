@@ -123,7 +123,6 @@ class _Side:
 
 
 def _load_side(path: Path) -> _Side:
-    """Read a file or folder once: its metrics, settings and failures."""
     try:
         doc = None if path.is_dir() else read_json_file(path)
         if isinstance(doc, dict) and "metrics" in doc:
@@ -365,7 +364,6 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
 
 
 def _table_settings(found: Results) -> dict[str, str]:
-    """What the results tables record about how each pattern and block was measured."""
     out = {}
     for row in records_of(found.patterns):
         out[f"pattern.{row['pattern']}"] = (

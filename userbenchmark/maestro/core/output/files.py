@@ -34,24 +34,18 @@ def _create_temporary(path: Path) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
 
 
-def _existing_permissions(path: Path) -> int | None:
-    """Permission bits of ``path`` when it is a regular file (kept on rewrite), else None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
-
-
 def _write_temporary(path: Path, data: bytes) -> str:
     """``data`` in a fsynced temporary file next to ``path`` (whose folder must exist: a
     folder removed during a run is never created again); returns the temporary's path."""
     fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            keep = _existing_permissions(path)
-            if keep is not None:
-                os.fchmod(fh.fileno(), keep)
+            try:
+                st: os.stat_result | None = os.stat(path)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):  # a rewritten file keeps its mode
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode) & 0o777)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

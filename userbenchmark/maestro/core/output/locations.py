@@ -196,7 +196,6 @@ def _usable_dir(option: str, path: Path) -> Path:
 
 
 def _same_file(st: os.stat_result, path: str | os.PathLike[str], *, follow: bool = True) -> bool:
-    """Whether ``path`` is the file of ``st`` (hard links included)."""
     try:
         other = os.stat(path, follow_symlinks=follow)
     except OSError:

@@ -34,7 +34,6 @@ def matplotlib_available() -> bool:
 
 
 def _matplotlib() -> tuple[Any, Any]:
-    """(Figure, FigureCanvasAgg), or RunError naming what to install."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -58,7 +57,6 @@ def median_makespan_iteration(timeline: Timeline) -> int | None:
 
 
 def _block_colors(names: Sequence[str]) -> dict[str, Any]:
-    """A distinct colour per block name (tab10, then tab20 beyond ten blocks)."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
@@ -103,7 +101,6 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
 
 
 def _legend(ax: Any, entries: Sequence[tuple[Any, str]]) -> None:
-    """A legend of (colour, label) patches beside the panel."""
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=color, edgecolor="black", label=label) for color, label in entries]

@@ -64,16 +64,13 @@ class Progress:
         self._closed = False
 
     def start(self) -> None:
-        """Start the clock (the first ``advance`` starts it if this was not called)."""
         if self._started_s is None:
             self._started_s = self._clock()
 
     def elapsed_s(self) -> float:
-        """Seconds since ``start`` (0.0 before it)."""
         return 0.0 if self._started_s is None else max(0.0, self._clock() - self._started_s)
 
     def advance(self, label: str) -> None:
-        """Mark one item finished and redraw the line."""
         self.start()
         self.done += 1
         self._draw(format_line(self.done, self.total, label, self.elapsed_s()))

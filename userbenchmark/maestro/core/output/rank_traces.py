@@ -18,7 +18,15 @@ import numpy as np
 from ..analysis import overlap
 from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
 from ..analysis.records import PatternOutcome
-from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
+from .trace_layout import (
+    PROCESS_ID_OFFSET,
+    Placement,
+    RankPart,
+    TraceEvents,
+    iteration_bounds,
+    launched,
+    place_patterns,
+)
 
 TRACES_DIR = "traces"  # the output dir's folder of rank files (and no other JSON)
 STEP_TID = 1  # host track of each rank's pattern spans and ProfilerStep events
@@ -41,25 +49,6 @@ OVERLAP_NOTE = (
 )
 
 
-def _launched(acts: DeviceActivities) -> np.ndarray:
-    """Per launch call, the index of an activity with its correlation id (there is one)."""
-    order = np.argsort(acts.correlation_id, kind="stable")
-    at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
-    return order[np.minimum(at, len(acts) - 1)]
-
-
-def _iteration_bounds(part: RankPart) -> tuple[np.ndarray, np.ndarray]:
-    """Per iteration, this rank's first start and last end (launch calls included)."""
-    s = np.where(part.present[:, None], part.starts, np.iinfo(np.int64).max).min(axis=0)
-    e = np.where(part.present[:, None], part.ends, np.iinfo(np.int64).min).max(axis=0)
-    acts = part.rt.activities
-    if acts is not None and len(acts.launches):
-        it = acts.iteration[_launched(acts)]  # a launch's iteration is its activities'
-        np.minimum.at(s, it, acts.launches.start_ns)
-        np.maximum.at(e, it, acts.launches.end_ns)
-    return s, e
-
-
 class _RankFile(TraceEvents):
     """The events of one rank's file, built pattern by pattern, and its overlap sums."""
 
@@ -70,23 +59,18 @@ class _RankFile(TraceEvents):
         self.hidden_ns = 0.0
         self.comm_ns = 0.0
         self.overlap_known = True
-        self.clocks: set[str] = set()
-        self.shared: list[bool] = []
         self._api_tids: dict[int, int] = {}
 
     def host(self, tid: int = STEP_TID, name: str = "maestro: patterns and ProfilerSteps") -> int:
-        """The rank's host process, with its track ``tid`` named ``name``."""
         pid = self.process(self.rank + PROCESS_ID_OFFSET, f"rank {self.rank} host", 2 * self.rank)
         self.thread(pid, tid, name)
         return pid
 
     def api_thread(self, thread_id: int, name: str) -> tuple[int, int]:
-        """(pid, tid) of the host track of a thread that called the CUDA API."""
         tid = self._api_tids.setdefault(thread_id, API_TID_BASE + len(self._api_tids))
         return self.host(tid, name), tid
 
     def device(self, device: int) -> int:
-        """The process of one of this rank's GPUs."""
         name = f"rank {self.rank} GPU {device}"
         return self.process(DEVICE_PID_BASE + device, name, 2 * self.rank + 1)
 
@@ -98,6 +82,7 @@ class _RankFile(TraceEvents):
             1.0, end,
         )  # fmt: skip
         known = self.overlap_known and self.comm_ns > 0
+        shared = [p["ranks_share_a_clock"] for p in self.patterns]
         return {
             "schemaVersion": 1,
             "distributedInfo": {"backend": backend, "rank": self.rank, "world_size": world_size},
@@ -105,8 +90,8 @@ class _RankFile(TraceEvents):
                 "generator": "maestro",
                 "time_unit": "us",
                 "time_note": TIME_NOTE,
-                "clocks": ", ".join(sorted(self.clocks)),
-                "ranks_share_a_clock": bool(self.shared) and all(self.shared),
+                "clocks": ", ".join(sorted({p["clock"] for p in self.patterns})),
+                "ranks_share_a_clock": bool(shared) and all(shared),
                 "comm_compute_overlap": self.hidden_ns / self.comm_ns if known else None,
                 "comm_compute_overlap_note": OVERLAP_NOTE,
                 "num_steps": step,
@@ -131,7 +116,6 @@ class _PatternOnRank:
             args["category"] = category
 
     def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
-        """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
         ts = round(self.place.at(self.part, start_ns), 3)
         self.f.complete(name, cat, pid, tid, ts, round((end_ns - start_ns) / 1000.0, 3), args)
 
@@ -145,7 +129,7 @@ class _PatternOnRank:
         pid = self.f.host()
         args = {"pattern": pattern, "rank": self.f.rank, "clock": part.rt.clock}
         self.slice(pattern, "user_annotation", pid, STEP_TID, part.lo_ns, part.hi_ns, args)
-        s, e = _iteration_bounds(part)
+        s, e = iteration_bounds(part.rt, part.starts, part.ends, part.present)
         num_iters = part.starts.shape[1]
         for it in range(num_iters):
             end = int(e[it]) if it + 1 == num_iters else min(int(e[it]), int(s[it + 1]))
@@ -189,7 +173,7 @@ class _PatternOnRank:
         activity whose call CUPTI did not report gets a stand-in at its own start, so that
         every device event keeps its CPU correlation."""
         calls = acts.launches
-        for j, i in enumerate(_launched(acts).tolist()):
+        for j, i in enumerate(launched(acts).tolist()):
             thread = int(calls.thread_id[j])
             pid, tid = self.f.api_thread(thread, f"host thread {thread}")
             api = "cuda_driver" if int(calls.api[j]) == API_DRIVER else "cuda_runtime"
@@ -244,10 +228,7 @@ class _PatternOnRank:
             self.f.comm_ns += comm_ns
 
     def write(self, first_step: int, lane_tids: dict[str, int]) -> None:
-        """Everything of this pattern on this rank, and its entry in maestroPatterns."""
         part, f = self.part, self.f
-        f.clocks.add(part.rt.clock)
-        f.shared.append(self.timeline.shared_clock)
         self.steps(first_step)
         acts = part.rt.activities
         if acts is not None:

@@ -85,7 +85,6 @@ class Results:
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
-    """A typed column from plain values where None (and NaN) mean 'not applicable'."""
     if dtype == _FLOAT:
         return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
     if dtype == _INT:
@@ -131,7 +130,6 @@ _PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
 
 
 def _plain(value: Any, dtype: str) -> Any:
-    """A cell as a plain Python value: None for NA/NaN, int, float, str or bool."""
     if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
         return None
     return _PLAIN[dtype](value) if dtype in _PLAIN else value

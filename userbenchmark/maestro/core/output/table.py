@@ -184,7 +184,6 @@ def _replay_row(name: str, op: str, *figures: Any, kernel: str = "") -> list[str
 
 
 def _kernels(b: BlockResult) -> str:
-    """The kernel a block ran, and the traced one where it differs."""
     if b.traced_kernel and b.kernel and b.traced_kernel != b.kernel:
         return f"{b.kernel} (traced: {b.traced_kernel})"
     return b.kernel or b.traced_kernel

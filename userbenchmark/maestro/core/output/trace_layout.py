@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.activities import DeviceActivities
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 
 PATTERN_GAP_FRACTION = 0.1
@@ -21,17 +22,26 @@ PROCESS_ID_OFFSET = 1
 """A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
 
 
-def _extent(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches: bool
-) -> tuple[int, int]:
-    """A rank's first start and last end over the blocks it runs (``launches``: its CUDA
-    launch calls included)."""
-    lo, hi = int(starts[present].min()), int(ends[present].max())
+def launched(acts: DeviceActivities) -> np.ndarray:
+    """Per launch call, the index of an activity with its correlation id (there is one)."""
+    order = np.argsort(acts.correlation_id, kind="stable")
+    at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
+    return order[np.minimum(at, len(acts) - 1)]
+
+
+def iteration_bounds(
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches=True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration, a rank's first start and last end over the blocks it runs (``launches``:
+    its CUDA launch calls included)."""
+    s = np.where(present[:, None], starts, np.iinfo(np.int64).max).min(axis=0)
+    e = np.where(present[:, None], ends, np.iinfo(np.int64).min).max(axis=0)
     acts = rt.activities
     if launches and acts is not None and len(acts.launches):
-        lo = min(lo, int(acts.launches.start_ns.min()))
-        hi = max(hi, int(acts.launches.end_ns.max()))
-    return lo, hi
+        it = acts.iteration[launched(acts)]  # a launch's iteration is its activities'
+        np.minimum.at(s, it, acts.launches.start_ns)
+        np.maximum.at(e, it, acts.launches.end_ns)
+    return s, e
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,8 @@ def place_patterns(
         rows = timeline.rank_arrays() if timeline is not None else []
         if not rows:
             continue
-        extents = [_extent(*row, launches) for row in rows]
+        bounds = [iteration_bounds(*row, launches) for row in rows]
+        extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
             RankPart(rt, s, e, p, lo, hi, common_ns if timeline.shared_clock else lo)
@@ -135,10 +146,9 @@ class TraceEvents:
     def complete(
         self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
     ) -> None:
-        """One slice ("X" event); times in microseconds."""
+        """One slice ("X" event)."""
         event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
         self.events.append({**event, "pid": pid, "tid": tid, "args": args})
 
     def all(self) -> list[dict[str, Any]]:
-        """Metadata, then slices."""
         return self.meta + self.events
