@@ -63,20 +63,16 @@ class CompareResult:
     judgements: tuple[Judgement, ...]
     only_a: Mapping[str, float]
     only_b: Mapping[str, float]
-    missing: tuple[str, ...] = ()
-    """Patterns and blocks the control has and the treatment lacks (``pattern`` or
-    ``pattern/block``): the treatment did not measure them."""
+    missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
     nan_in_b: Mapping[str, float] = field(default_factory=dict)
     """Keys the other run has a value for (kept here) that this one has as NaN: a figure every
     timed block or pattern has (its latency, its makespan), missing from a block or pattern
     the run has. A failure."""
-    failures: tuple[str, ...] = ()
-    """Patterns the treatment's failures.json says failed."""
+    failures: tuple[str, ...] = ()  # patterns B's failures.json says failed
     stack_a: str = "unknown"  # what each run ran on (versions, device), from its settings
     stack_b: str = "unknown"
-    setting_differences: tuple[str, ...] = ()
-    """Measurement settings both runs record with different values (compared under --force)."""
+    setting_differences: tuple[str, ...] = ()  # compared under --force
     notes: tuple[str, ...] = ()  # what could not be checked, and why
 
     @property
@@ -267,8 +263,7 @@ def _setting_differences(a: _Side, b: _Side) -> list[str]:
 
 def exit_code(result: CompareResult) -> int:
     """1 when a metric regressed beyond noise (the harness's only when judged), is NaN on one
-    side, or the treatment lacks patterns or blocks of the control or recorded failures; else
-    0."""
+    side, or the treatment lacks patterns or blocks of the control or recorded failures."""
     nan = result.nan_in_a or result.nan_in_b
     return 1 if result.regressions or nan or result.missing or result.failures else 0
 

@@ -9,8 +9,8 @@ import fcntl
 import logging
 import os
 import re
-import secrets
 import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,16 +181,11 @@ def _usable_dir(option: str, path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OptionError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
-    probe = path / f".maestro-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            os.write(fd, b"probe")
-        finally:
-            os.close(fd)
-        os.unlink(probe)
+        with tempfile.TemporaryFile(dir=path) as probe:  # gone once closed, even after an error
+            probe.write(b"probe")
+            probe.flush()
     except OSError as exc:
-        unlink_quietly(probe)
         raise OptionError(f"{option} {path}: is not writable: {_reason(exc)}") from None
     return path
 

@@ -22,11 +22,9 @@ def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
 
 def format_line(done: int, total: int, label: str, elapsed_s: float) -> str:
     """``[3/10] pattern ag_rs@4M  elapsed 12.3 s  left ~28.7 s`` (no estimate before item 1)."""
-    line = f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s"
     left_s = estimate_left_s(done, total, elapsed_s)
-    if left_s is not None:
-        line += f"  left ~{left_s:.1f} s"
-    return line
+    left = "" if left_s is None else f"  left ~{left_s:.1f} s"
+    return f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s{left}"
 
 
 def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:

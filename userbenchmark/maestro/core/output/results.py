@@ -56,15 +56,14 @@ _KEY_COLUMNS: Final = {
     "patterns": ("suite", "pattern"),
     "pairs": ("suite", "pattern", "block_a", "block_b"),
 }
+# File stem of each table in --output-dir: results.json, patterns.csv, ...
 TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
     {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
 )
-"""File stem of each table in ``--output-dir``: ``results.json``, ``patterns.csv``, ..."""
 
+# Column of patterns.* before pairs.* existed: {"a|b": fraction} (a JSON text in CSV).
 _LEGACY_PAIRS_COLUMN = "pairwise_overlap"
-"""Column of patterns.* before pairs.* existed: ``{"a|b": fraction}`` (a JSON text in CSV)."""
-_MAX_INT_DIGITS = 309
-"""No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
+_MAX_INT_DIGITS = 309  # no float64 or int64 has more: longer JSON integers are refused early
 
 
 _Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: record 3"
@@ -188,8 +187,7 @@ def describe(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-MAX_FILE_BYTES = 128 * 2**20
-"""Largest results or metrics file read (128 MiB: about 50,000 block rows)."""
+MAX_FILE_BYTES = 128 * 2**20  # largest results or metrics file read: about 50,000 block rows
 
 
 def read_text_file(path: str | Path, *, limit: int = MAX_FILE_BYTES) -> str:

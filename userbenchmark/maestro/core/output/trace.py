@@ -14,10 +14,8 @@ import numpy as np
 from ..analysis.records import BlockResult, PatternOutcome
 from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
-PATTERN_TRACK_TID = 1
-"""Thread id of each rank's "pattern" track; lanes take 2, 3, ... in order of appearance."""
-BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")
-"""BlockResult fields copied into each event's args where they are finite."""
+PATTERN_TRACK_TID = 1  # each rank's "pattern" track; lanes take 2, 3, ... in order of appearance
+BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")  # where finite
 TIME_ALIGNMENT_NOTE = (
     "Each pattern is placed after the previous one. Where its ranks share a clock (one host, "
     "and timestamps of that host's clock: cupti or perf_counter), the pattern is rebased to the "
@@ -33,11 +31,8 @@ def _figures(result: BlockResult | None) -> dict[str, Any]:
     if result is None:
         return {}
     args = {} if result.size_bytes is None else {"size_bytes": int(result.size_bytes)}
-    for name in BLOCK_ARG_METRICS:
-        value = getattr(result, name)
-        if value is not None and math.isfinite(value):
-            args[name] = float(value)
-    return args
+    figures = {name: getattr(result, name) for name in BLOCK_ARG_METRICS}
+    return args | {n: float(v) for n, v in figures.items() if v is not None and math.isfinite(v)}
 
 
 def _write_rank(

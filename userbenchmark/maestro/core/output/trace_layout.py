@@ -14,10 +14,9 @@ import numpy as np
 from ..analysis.activities import DeviceActivities
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 
+# The gap after a pattern: a fraction of its span (visible at any zoom), at least 10 µs.
 PATTERN_GAP_FRACTION = 0.1
-"""Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""
 PATTERN_GAP_MIN_US = 10.0
-"""Smallest gap between two patterns, in microseconds."""
 PROCESS_ID_OFFSET = 1
 """A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
 
