@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_NEW_FILE_MODE = 0o666
-"""What ``open(path, "w")`` asks for; the kernel takes the umask (or default ACL) off."""
+_NEW_FILE_MODE = 0o666  # what open(path, "w") asks: the kernel takes the umask (or ACL) off
 _NAME_ATTEMPTS = 100
 TEMPORARY_SUFFIX = ".tmp"
 

@@ -3,6 +3,7 @@ outlives the run's writer (the local launcher; under torchrun/srun, rank 0)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
@@ -22,6 +23,7 @@ from .files import TEMPORARY_SUFFIX, unlink_quietly
 
 log = logging.getLogger("maestro.output")
 
+# What maestro writes into --output-dir, and its plots: moved aside at start.
 MAESTRO_OUTPUT_NAMES: Final = (
     *(f"{stem}.{ext}" for stem in ("results", "patterns", "pairs") for ext in ("json", "csv")),
     "failures.json",
@@ -29,20 +31,17 @@ MAESTRO_OUTPUT_NAMES: Final = (
     "trace.json",
     "traces",
 )
-"""What maestro writes into ``--output-dir`` (besides ``plot-*.png``): moved aside at start."""
-MAESTRO_OUTPUT_GLOBS: Final = ("plot-*.png",)
-LOCK_NAME: Final = ".maestro.lock"
-"""Lock file of the output directory, removed when the run ends."""
+_PLOT_GLOB: Final = "plot-*.png"
+LOCK_NAME: Final = ".maestro.lock"  # removed when the run ends
+# Where TorchBench looks for metrics files: <repo>/.userbenchmark/maestro.
 DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
-"""Where TorchBench looks for metrics files: ``<repo>/.userbenchmark/maestro``."""
+# An atomic write's temporary: .NAME.<8 hex>.tmp (files.py).
 _TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
-"""An atomic write's temporary (``.NAME.<8 hex>.tmp``, see files.py)."""
 PREVIOUS_PREFIX: Final = "previous-"
+# TorchBench tooling globs metrics-*.json; the name is metrics-YYYYmmddHHMMSS[-N].json.
 METRICS_PREFIX: Final = "metrics-"
-"""TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
 _METRICS_NAME: Final = re.compile(re.escape(METRICS_PREFIX) + r"\d{14}(-\d+)?\.json")
-_RUN_MARKERS: Final = ("run.json", "results.json", LOCK_NAME)
-"""Files whose presence makes a folder one a maestro run wrote (or is writing)."""
+_RUN_MARKERS: Final = ("run.json", "results.json", LOCK_NAME)  # a folder a run wrote, or writes
 _SPECIAL_ROOTS: Final = ("/proc", "/sys")
 _ATTEMPTS: Final = 1000
 
@@ -111,11 +110,8 @@ def check_output_file(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> Path:
     """``path`` as the file ``option`` names, which a command may write (replacing an earlier
-    file atomically, never through a link): OptionError, one line naming the option, the path
-    and why, when it is empty, a folder, a link or another non-regular file, one of ``inputs``
-    (the same file, hard links included), a file of a maestro run (its results, run.json,
-    plots, a metrics file), or its suffix is not one of ``suffixes`` (it ``writes``: the
-    format)."""
+    file atomically, never through a link); OptionError, one line naming the option, the path
+    and why, for each refusal docs/reliability.md lists ("Files named on the command line")."""
     text = os.fspath(path)
     if not text:
         raise OptionError(f"{option} '': an empty path; name the file to write")
@@ -150,9 +146,7 @@ def check_output_file(
 
 
 def _in_run_folder(path: Path) -> bool:
-    """Whether ``path`` has the name of a file maestro writes into ``--output-dir`` and lies in
-    a folder a run wrote."""
-    named = path.name in MAESTRO_OUTPUT_NAMES or any(path.match(g) for g in MAESTRO_OUTPUT_GLOBS)
+    named = path.name in MAESTRO_OUTPUT_NAMES or path.match(_PLOT_GLOB)
     return named and any(os.path.lexists(path.parent / m) for m in _RUN_MARKERS)
 
 
@@ -170,7 +164,6 @@ def _under_special_root(path: Path) -> bool:
 
 
 def _usable_dir(option: str, path: Path) -> Path:
-    """``path`` as a directory that exists and takes new files; OptionError otherwise."""
     if _under_special_root(path):
         raise OptionError(
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
@@ -262,8 +255,7 @@ def _read_pid(fd: int) -> str:
 
 def _stale_outputs(folder: Path) -> list[Path]:
     found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
-    for pattern in MAESTRO_OUTPUT_GLOBS:
-        found += sorted(p for p in folder.glob(pattern) if p.is_file() or p.is_symlink())
+    found += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
     for path in found:
         if path.is_symlink():
             raise OptionError(_planted(folder, path.name))
@@ -295,11 +287,9 @@ def _remove_temporaries(folder: Path) -> None:
 def _exclusive_dir(parent: Path, base: str) -> Path:
     for n in range(1, _ATTEMPTS + 1):
         candidate = parent / (base if n == 1 else f"{base}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
+            return candidate
     raise OptionError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
 
 

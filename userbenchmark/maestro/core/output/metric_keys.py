@@ -36,8 +36,7 @@ class MetricSpec(Metric):
     """One metric: its record field's :class:`~..analysis.records.Metric`, its name and level."""
 
     name: str
-    level: Level | None
-    """``block``, ``pattern`` or ``pair``; None for a name no record has."""
+    level: Level | None  # None for a name no record has
 
 
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(

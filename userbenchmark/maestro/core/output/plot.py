@@ -140,7 +140,6 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
 
 
 def _count_rows(timeline: Timeline | None) -> int:
-    """Rows of the timeline panel: (rank, lane) pairs where the rank runs a block."""
     if timeline is None:
         return 0
     lanes = timeline.block_lanes

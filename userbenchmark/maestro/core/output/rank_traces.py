@@ -120,7 +120,6 @@ class _PatternOnRank:
         self.f.complete(name, cat, pid, tid, ts, round((end_ns - start_ns) / 1000.0, 3), args)
 
     def of_block(self, b: Any, it: Any, **more: Any) -> dict[str, Any]:
-        """The args of an event of block ``b`` in iteration ``it`` (ints or numpy ints)."""
         return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:

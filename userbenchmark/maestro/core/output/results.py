@@ -11,7 +11,7 @@ import math
 import numbers
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -408,11 +408,10 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
     blocks = _results_of_file(path["blocks"], "blocks").blocks
     found = _results_of_file(path["patterns"], "patterns")
+    # An older run has no pairs file: its pairs come from the patterns file's legacy column.
     if path["pairs"].exists():
-        pairs = _results_of_file(path["pairs"], "pairs").pairs
-    else:
-        pairs = found.pairs  # an older run: from the patterns file's pairwise_overlap column
-    return Results(blocks=blocks, patterns=found.patterns, pairs=pairs)
+        found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
+    return replace(found, blocks=blocks)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:

@@ -81,9 +81,7 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-MAX_PAIRS_SHOWN = 12
-"""Pairs printed under a pattern's table (those that ran together most first); all are in
-``pairs.*``."""
+MAX_PAIRS_SHOWN = 12  # under a pattern's table, those that ran together most; pairs.* has all
 
 
 def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[str]:

@@ -38,7 +38,6 @@ def _figures(result: BlockResult | None) -> dict[str, Any]:
 def _write_rank(
     out: TraceEvents, place: Placement, part: RankPart, lane_tids: dict[str, int]
 ) -> None:
-    """One rank's pattern span and a slice per (block, iteration) on its lane's track."""
     timeline, rank = place.timeline, part.rt.rank
     pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
     out.thread(pid, PATTERN_TRACK_TID, "pattern")

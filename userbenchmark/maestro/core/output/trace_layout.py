@@ -17,8 +17,7 @@ from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 # The gap after a pattern: a fraction of its span (visible at any zoom), at least 10 µs.
 PATTERN_GAP_FRACTION = 0.1
 PATTERN_GAP_MIN_US = 10.0
-PROCESS_ID_OFFSET = 1
-"""A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
+PROCESS_ID_OFFSET = 1  # a rank's (host) pid is rank + 1: Perfetto takes pid 0 for the idle task
 
 
 def launched(acts: DeviceActivities) -> np.ndarray:
@@ -53,8 +52,7 @@ class RankPart:
     present: np.ndarray
     lo_ns: int
     hi_ns: int
-    origin_ns: int
-    """The clock reading placed at the pattern's ``start_us``."""
+    origin_ns: int  # the clock reading placed at the pattern's start_us
 
 
 @dataclass(frozen=True)
@@ -66,8 +64,7 @@ class Placement:
     parts: tuple[RankPart, ...]
     start_us: float
     span_us: float
-    next_us: float
-    """Where the next pattern starts: after this one and its gap."""
+    next_us: float  # where the next pattern starts: after this one and its gap
 
     def at(self, part: RankPart, t_ns: int) -> float:
         """A reading of ``part``'s clock on the trace's axis."""
@@ -145,7 +142,6 @@ class TraceEvents:
     def complete(
         self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
     ) -> None:
-        """One slice ("X" event)."""
         event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
         self.events.append({**event, "pid": pid, "tid": tid, "args": args})
 
