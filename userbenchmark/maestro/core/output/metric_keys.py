@@ -83,11 +83,10 @@ def spec_of(metric: str) -> MetricSpec:
     known = METRICS.get(metric)
     if known is not None:
         return known
-    direction: Direction | None = None
-    if metric.endswith("_us"):
-        direction = "lower"
-    elif metric.endswith(("_gbps", "tflops")):
-        direction = "higher"
+    higher = metric.endswith(("_gbps", "tflops"))
+    direction: Direction | None = (
+        "lower" if metric.endswith("_us") else "higher" if higher else None
+    )
     floor = 0.10 if _NOISY_TOKENS.intersection(metric.split("_")) else 0.05
     return MetricSpec(
         name=metric, level=None, better=direction, domain="finite", meaning="", floor=floor

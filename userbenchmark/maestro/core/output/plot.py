@@ -73,24 +73,16 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
         ax.set_title("Timeline: no intervals recorded")
         ax.set_axis_off()
         return
-    lanes = list(dict.fromkeys(timeline.block_lanes))
-    labels: list[str] = []
-    drawn: set[str] = set()
-    for rt, starts, ends, present in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
+    rows = _timeline_rows(timeline)
+    drawn = {timeline.block_names[b] for *_, blocks in rows for b in blocks}
+    for y, ((_, starts, ends, present), _, blocks) in enumerate(rows):
         origin_ns = int(starts[present, it].min())
-        for lane in lanes:
-            blocks = [b for b in np.flatnonzero(present) if timeline.block_lanes[b] == lane]
-            if not blocks:
-                continue
-            y = len(labels)
-            labels.append(f"rank {rt.rank} · {lane}")
-            for b in blocks:
-                name = timeline.block_names[b]
-                left_us = (int(starts[b, it]) - origin_ns) / 1000.0
-                width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-                ax.barh(y, width_us, left=left_us, color=colors[name], **_BAR_STYLE)
-                drawn.add(name)
-    ax.set_yticks(range(len(labels)), labels)
+        for b in blocks:
+            left_us = (int(starts[b, it]) - origin_ns) / 1000.0
+            width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
+            color = colors[timeline.block_names[b]]
+            ax.barh(y, width_us, left=left_us, color=color, **_BAR_STYLE)
+    ax.set_yticks(range(len(rows)), [f"rank {arrays[0].rank} · {lane}" for arrays, lane, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time since the rank's first start in this iteration (µs)")
     ax.set_title(f"Iteration {it} (median makespan), each rank on its own clock")
@@ -139,11 +131,17 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
         _legend(ax, [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")])
 
 
-def _count_rows(timeline: Timeline | None) -> int:
-    if timeline is None:
-        return 0
-    lanes = timeline.block_lanes
-    return sum(len({lanes[b] for b in np.flatnonzero(p)}) for *_, p in timeline.rank_arrays())
+def _timeline_rows(timeline: Timeline) -> list[tuple[Any, str, list[int]]]:
+    """The timeline panel's rows: (a rank's arrays, lane, its blocks there) for each (rank,
+    lane) where the rank runs a block, rank by rank."""
+    rows = []
+    for arrays in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
+        present = np.flatnonzero(arrays[3]).tolist()
+        for lane in dict.fromkeys(timeline.block_lanes):
+            blocks = [b for b in present if timeline.block_lanes[b] == lane]
+            if blocks:
+                rows.append((arrays, lane, blocks))
+    return rows
 
 
 def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
@@ -154,7 +152,7 @@ def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
     timeline_names = list(timeline.block_names) if timeline is not None else []
     names = list(dict.fromkeys([b.block for b in outcome.blocks] + timeline_names))
     colors = _block_colors(names)
-    num_rows = max(1, _count_rows(timeline))
+    num_rows = max(1, len(_timeline_rows(timeline)) if timeline is not None else 0)
     fig = Figure(figsize=(11, 3.5 + 0.35 * min(num_rows, 40)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, height_ratios=[max(1.0, 0.25 * num_rows), 1.0])

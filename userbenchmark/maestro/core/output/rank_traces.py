@@ -136,12 +136,12 @@ class _PatternOnRank:
             name = f"ProfilerStep#{first_step + it}"
             self.slice(name, "user_annotation", pid, STEP_TID, int(s[it]), end, args)
 
-    def cpu_blocks(self, lane_tids: dict[str, int]) -> None:
+    def cpu_blocks(self) -> None:
         """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
             lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
-            tid = lane_tids[lane]
+            tid = LANE_TID_BASE + self.place.lanes[lane]
             pid = self.f.host(tid, f"lane {lane}")
             ends = part.ends[b].tolist()
             for it, (s, e) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
@@ -226,7 +226,7 @@ class _PatternOnRank:
             self.f.hidden_ns += hidden
             self.f.comm_ns += comm_ns
 
-    def write(self, first_step: int, lane_tids: dict[str, int]) -> None:
+    def write(self, first_step: int) -> None:
         part, f = self.part, self.f
         self.steps(first_step)
         acts = part.rt.activities
@@ -235,7 +235,7 @@ class _PatternOnRank:
             self.launch_calls(acts)
             self.block_spans(acts)
         else:
-            self.cpu_blocks(lane_tids)
+            self.cpu_blocks()
         self.overlap()
         by_rank = self.place.outcome.comm_compute_overlap_by_rank
         mine = by_rank[f.rank] if f.rank < len(by_rank) else math.nan
@@ -263,13 +263,10 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     world_size = max([len(t.ranks) for t in timelines] + [r + 1 for r in ranks], default=0)
     backend = next((t.backend for t in timelines if t.backend), "unknown")
     files = {rank: _RankFile(rank) for rank in range(world_size)}
-    lane_tids: dict[str, int] = {}
     step, end_us = 0, 0.0
     for place in place_patterns(outcomes, launches=True, whole_us=True):
-        for lane in place.timeline.block_lanes:
-            lane_tids.setdefault(lane, LANE_TID_BASE + len(lane_tids))
         for part in place.parts:
-            _PatternOnRank(files[part.rt.rank], place, part).write(step, lane_tids)
+            _PatternOnRank(files[part.rt.rank], place, part).write(step)
         step += place.parts[0].starts.shape[1]
         # Whole microseconds: HolisticTraceAnalysis rounds fractional ones (see the docs).
         end_us = place.next_us

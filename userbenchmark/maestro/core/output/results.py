@@ -125,13 +125,19 @@ def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
     )
 
 
-_PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
+# Each column type's plain Python type, and what a cell of it must be (for error messages).
+_PLAIN: Final = {
+    _INT: (int, "an integer"),
+    _FLOAT: (float, "a number"),
+    _STR: (str, "a string"),
+    _BOOL: (bool, "true or false"),
+}
 
 
 def _plain(value: Any, dtype: str) -> Any:
     if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
         return None
-    return _PLAIN[dtype](value) if dtype in _PLAIN else value
+    return _PLAIN[dtype][0](value) if dtype in _PLAIN else value
 
 
 def _dtype_of(frame: pd.DataFrame, name: str) -> str:
@@ -276,14 +282,6 @@ def _in_int64(number: int) -> int:
     return number
 
 
-_EXPECTED: Final = {
-    _INT: "an integer",
-    _FLOAT: "a number",
-    _STR: "a string",
-    _BOOL: "true or false",
-}
-
-
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
     """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
     column absent from a row is NA there (files of older or newer versions still load)."""
@@ -301,7 +299,7 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
                 ) from None
             except (TypeError, ValueError):
                 raise ResultsError(
-                    f"{where}: column {name!r}: expected {_EXPECTED[dtype]}, got {describe(raw)}"
+                    f"{where}: column {name!r}: expected {_PLAIN[dtype][1]}, got {describe(raw)}"
                 ) from None
             if name in _KEY_COLUMNS[table] and not value:
                 raise ResultsError(

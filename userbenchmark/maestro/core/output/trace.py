@@ -35,9 +35,7 @@ def _figures(result: BlockResult | None) -> dict[str, Any]:
     return args | {n: float(v) for n, v in figures.items() if v is not None and math.isfinite(v)}
 
 
-def _write_rank(
-    out: TraceEvents, place: Placement, part: RankPart, lane_tids: dict[str, int]
-) -> None:
+def _write_rank(out: TraceEvents, place: Placement, part: RankPart) -> None:
     timeline, rank = place.timeline, part.rt.rank
     pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
     out.thread(pid, PATTERN_TRACK_TID, "pattern")
@@ -48,7 +46,7 @@ def _write_rank(
     names = place.block_args(rank)
     for b in np.flatnonzero(part.present).tolist():
         name, lane = timeline.block_names[b], timeline.block_lanes[b]
-        tid = out.thread(pid, lane_tids[lane], lane)
+        tid = out.thread(pid, PATTERN_TRACK_TID + 1 + place.lanes[lane], lane)
         args = {**names[b], **_figures(results.get(name))}
         ends = part.ends[b].tolist()
         for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
@@ -60,13 +58,10 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
     """Trace Event Format dict of every outcome that has a timeline, in microseconds from the
     first pattern's start (``TIME_ALIGNMENT_NOTE`` says what cross-rank alignment means)."""
     out = TraceEvents()
-    lane_tids: dict[str, int] = {}
     patterns_meta: list[dict[str, Any]] = []
     for place in place_patterns(outcomes):
-        for lane in place.timeline.block_lanes:
-            lane_tids.setdefault(lane, PATTERN_TRACK_TID + 1 + len(lane_tids))
         for part in place.parts:
-            _write_rank(out, place, part, lane_tids)
+            _write_rank(out, place, part)
         patterns_meta.append(
             {
                 "pattern": place.timeline.pattern,

@@ -5,7 +5,7 @@ and the Trace Event Format's named tracks and complete events."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ class Placement:
     start_us: float
     span_us: float
     next_us: float  # where the next pattern starts: after this one and its gap
+    lanes: Mapping[str, int]  # each lane's index in the whole trace, in order of appearance
 
     def at(self, part: RankPart, t_ns: int) -> float:
         """A reading of ``part``'s clock on the trace's axis."""
@@ -88,12 +89,14 @@ def place_patterns(
 ) -> Iterator[Placement]:
     """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
     a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
-    start_us = 0.0
+    start_us, lanes = 0.0, {}
     for outcome in outcomes:
         timeline = outcome.timeline
         rows = timeline.rank_arrays() if timeline is not None else []
         if not rows:
             continue
+        for lane in timeline.block_lanes:
+            lanes.setdefault(lane, len(lanes))
         bounds = [iteration_bounds(*row, launches) for row in rows]
         extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
@@ -106,7 +109,7 @@ def place_patterns(
         next_us = start_us + (span_us + gap_us)
         if whole_us:
             next_us = float(math.ceil(next_us))
-        yield Placement(outcome, timeline, parts, start_us, span_us, next_us)
+        yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)
         start_us = next_us
 
 
