@@ -113,7 +113,7 @@ class _Side:
 
     metrics: dict[str, float]
     settings: dict[str, Any] | None
-    table_settings: dict[str, str] | None
+    table_settings: dict[str, str] | None = None
     failures: tuple[str, ...] = ()
     note: str = ""
 
@@ -126,7 +126,6 @@ def _load_side(path: Path) -> _Side:
             side = _Side(
                 metrics=_from_metrics_json(doc, path),
                 settings=dict(environ) if isinstance(environ, dict) else None,
-                table_settings=None,
             )
         elif doc is None or isinstance(doc, list):
             side = _results_side(path, doc)
