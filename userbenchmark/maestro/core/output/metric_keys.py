@@ -60,9 +60,8 @@ REQUIRED_METRICS: Final[Mapping[Level, frozenset[str]]] = MappingProxyType(
 """The metrics every timed block or pattern has (its record requires them): NaN only for a
 block no rank timed."""
 
+# Suffixes of the keys of a metric's 95 % interval and its degrees of freedom (x_ci_low, ...).
 BOUNDS: Final = ("_ci_low", "_ci_high", "_ci_df")
-"""Suffixes of the keys that carry a metric's 95 % interval and its degrees of freedom:
-``latency_avg_us_ci_low``, ``latency_avg_us_ci_high``, ``latency_avg_us_ci_df``."""
 # Name tokens of tail, extreme and spread statistics: a metric of a newer version named so
 # counts from 10 %, any other from 5 %.
 _NOISY_TOKENS: Final[frozenset[str]] = frozenset({"p99", "max", "min", "skew", "stdev"})

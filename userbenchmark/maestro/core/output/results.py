@@ -357,8 +357,7 @@ def results_from_records(
     records: Any, where: str, *, table: Table | None = None, text: bool = False
 ) -> Results:
     """Tables from JSON records (CSV strings when ``text``), each row in ``table`` or where its
-    columns say (``block_a``: pairs; a ``block``: blocks; else patterns); an older patterns
-    file's ``pairwise_overlap`` column becomes pair rows."""
+    columns say; an older patterns file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
     rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}

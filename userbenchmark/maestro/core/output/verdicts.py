@@ -43,18 +43,14 @@ class Judgement:
     key: str
     control: Reading
     treatment: Reading
-    change: float
-    """(treatment - control) / control for a relative metric, the difference for an absolute
-    one."""
-    low: float
+    change: float  # (treatment - control) / control; the difference for an absolute metric
+    low: float  # the change's interval at the family's level; NaN: not judged
     high: float
-    """The change's interval at the family's level (``t`` standard errors); NaN: not judged."""
     floor: float | None
     absolute: bool
     direction: Direction | None
     verdict: Verdict
-    decides: bool = True
-    """Whether the verdict counts (False: a harness diagnostic, shown beside the others)."""
+    decides: bool = True  # False: a harness diagnostic, shown beside the verdicts that count
 
 
 def readings(metrics: Mapping[str, float]) -> dict[str, Reading]:
