@@ -12,6 +12,7 @@ path`` turns it into the fault table).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -830,9 +831,7 @@ def test_ranks_that_read_different_pattern_texts_stop_before_anything_runs(tmp_p
     for r in ranks:
         assert r.returncode == 2, (r.rank, r.returncode, r.stderr[-2000:])
         assert r.elapsed_s < 60 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    from userbenchmark.maestro.core.config.loader import text_sha256
-
-    mine, other = (text_sha256(t)[:16] for t in texts)
+    mine, other = (hashlib.sha256(t.encode()).hexdigest()[:16] for t in texts)
     err = ranks[0].stderr
     assert "maestro: invalid configuration:" in err, err[-2000:]
     assert f"rank 1 runs a different pattern text than rank 0: sha256 {other} on rank 1, " in err

@@ -85,7 +85,7 @@ def test_moe_capacity_factor_changes_the_shapes():
         suite = load_suite(name, world_size=world_size)
         low, high = (next(p for p in suite.patterns if p.name == n) for n in ("cf1.0", "cf1.25"))
         for block in low.blocks:
-            other = high.block(block.name)
+            other = next(b for b in high.blocks if b.name == block.name)
             key = "size" if block.op == "all_to_all" else "m"
             assert other.params[key] * 4 == block.params[key] * 5, (name, block.name)
 

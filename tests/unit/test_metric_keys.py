@@ -15,7 +15,6 @@ from userbenchmark.maestro.core.output.metric_keys import (
     check_name,
     metric_key,
     metric_value_problem,
-    pair_name,
     parse_metric_key,
     spec_of,
     split_bound,
@@ -164,11 +163,11 @@ def test_pair_keys():
     assert parse_metric_key(key).block is None
     assert parse_metric_key("s/p/b/m").level == "block"
     assert parse_metric_key("s/p/m").level == "pattern"
-    assert pair_name("ag", "rs") == "ag+rs"
+    assert metric_key("s", "p", None, "m", pair=("ag", "rs")) == "s/p/ag+rs/m"
     with pytest.raises(ValueError, match="invalid block name"):
         check_name("block", "ag+rs")  # the separator is in no block name
     with pytest.raises(ValueError, match="invalid block name"):
-        pair_name("ag", "r/s")
+        metric_key("s", "p", None, "m", pair=("ag", "r/s"))
     with pytest.raises(ValueError, match="block or a pair, not both"):
         metric_key("s", "p", "b", "m", pair=("a", "b"))
     with pytest.raises(ValueError, match="invalid pair"):

@@ -84,7 +84,7 @@ def test_a_refused_probe_file_is_reported_and_not_left(tmp_path, monkeypatch):
     real_open = os.open
 
     def refuse_probe(path, flags, mode=0o777, *, dir_fd=None):
-        if ".maestro-probe-" in os.fspath(path):
+        if os.fspath(path).startswith(os.fspath(tmp_path)) and flags & (os.O_WRONLY | os.O_RDWR):
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
@@ -240,8 +240,8 @@ def test_earlier_files_are_moved_aside_and_user_files_are_untouched(tmp_path, ca
     (tmp_path / "traces" / "rank0.json").write_text("old trace")
     with caplog.at_level(logging.INFO, logger="maestro.output"), _prepare(tmp_path) as prepared:
         previous = tmp_path / f"previous-{STAMP}"
-        assert prepared.moved_to == previous
-        assert sorted(prepared.moved) == sorted([*MAESTRO_FILES, "traces"])
+        assert prepared.output_dir == tmp_path
+        assert sorted(p.name for p in previous.iterdir()) == sorted([*MAESTRO_FILES, "traces"])
     for name in MAESTRO_FILES:
         assert not (tmp_path / name).exists()
         assert (previous / name).read_text() == f"old {name}"
@@ -257,16 +257,16 @@ def test_a_second_move_in_the_same_second_gets_its_own_folder(tmp_path):
     with _prepare(tmp_path):
         pass
     (tmp_path / "results.json").write_text("second")
-    with _prepare(tmp_path) as prepared:
-        assert prepared.moved_to == tmp_path / f"previous-{STAMP}-2"
+    with _prepare(tmp_path):
+        assert (tmp_path / f"previous-{STAMP}-2").is_dir()
     assert (tmp_path / f"previous-{STAMP}" / "results.json").read_text() == "first"
     assert (tmp_path / f"previous-{STAMP}-2" / "results.json").read_text() == "second"
 
 
 def test_nothing_to_move_makes_no_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    with _prepare(tmp_path) as prepared:
-        assert prepared.moved_to is None and prepared.moved == ()
+    with _prepare(tmp_path):
+        pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 

@@ -20,7 +20,6 @@ from userbenchmark.maestro.core.analysis.records import (
 from userbenchmark.maestro.core.output.plot import (
     MISSING_MATPLOTLIB,
     median_makespan_iteration,
-    plot_file_name,
     plot_pattern,
     unique_plot_name,
 )
@@ -120,6 +119,9 @@ def test_median_makespan_iteration_ties_and_empty():
 
 
 def test_plot_file_name():
+    def plot_file_name(pattern: str) -> str:
+        return unique_plot_name(pattern, set())
+
     assert plot_file_name("ar_sweep[size=4M]") == "plot-ar_sweep_size_4M.png"  # docs' example
     assert plot_file_name("ag_rs@4M") == "plot-ag_rs_4M.png"  # any text, legal name or not
     assert plot_file_name("a/b c") == "plot-a_b_c.png"

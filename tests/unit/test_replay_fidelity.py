@@ -13,7 +13,6 @@ from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
 from userbenchmark.maestro.core.analysis.fidelity import (
     error_groups,
-    has_traced,
     kernel_mismatch,
     rank_steps,
     ratio,
@@ -120,7 +119,7 @@ def _outcome(suite, shift_ns=0, kernels=()):
 def test_every_block_the_step_and_each_rank_get_their_figures():
     suite = load_suite_text(STEP)
     pattern = suite.patterns[0]
-    assert has_traced(pattern) and pattern.traced_by_rank_us == (300.0, 250.0)
+    assert pattern.traced and pattern.traced_by_rank_us == (300.0, 250.0)
     out = _outcome(suite, shift_ns=10e3)
     mm, ar, gap = out.blocks
     # Rank 1's GEMM is 10 µs longer: latency is the longest rank's (210 µs on average).
@@ -157,7 +156,7 @@ def test_the_table_shows_the_replay_section_only_for_traced_patterns():
         "name: s\nworld_size: 1\npatterns:\n  - name: p\n    blocks: [{name: z, op: sleep, "
         "duration_us: 5}]\n"
     )
-    assert not has_traced(untraced.patterns[0])
+    assert not untraced.patterns[0].traced
     assert format_fidelity(_untraced_outcome(untraced)) == ""
 
 

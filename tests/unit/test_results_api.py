@@ -204,7 +204,9 @@ def test_files_read_back_exactly(written, fmt):
     _assert_same_records(records_of(loaded.pairs), pairs)
     built = results_of(outcomes)
     for table in ("blocks", "patterns", "pairs"):
-        pd.testing.assert_frame_equal(loaded.table(table), built.table(table), check_exact=True)
+        pd.testing.assert_frame_equal(
+            getattr(loaded, table), getattr(built, table), check_exact=True
+        )
 
 
 def test_json_is_the_default_and_the_files_hold_no_pairwise_overlap_column(written):

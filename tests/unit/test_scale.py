@@ -61,7 +61,8 @@ def suite(text: str = SUITE):
 
 
 def block_of(spec, pattern, block):
-    return next(p for p in spec.patterns if p.name == pattern).block(block)
+    blocks = next(p for p in spec.patterns if p.name == pattern).blocks
+    return next(b for b in blocks if b.name == block)
 
 
 def operand_bytes(block):
@@ -140,7 +141,8 @@ def test_every_comm_block_is_capped_valid_and_keeps_its_dtype():
     capped = apply_max_size(original, 64 * 1024)
     for pattern in capped.patterns:
         for block in pattern.blocks:
-            before = next(p for p in original.patterns if p.name == pattern.name).block(block.name)
+            blocks = next(p for p in original.patterns if p.name == pattern.name).blocks
+            before = next(b for b in blocks if b.name == block.name)
             assert block.dtype == before.dtype
             if block.op in ("gemm", "sleep"):
                 continue

@@ -79,22 +79,18 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
 )
 def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
+    # No rank outside ``run``, which sets up its own logging.
+    configure_logging("INFO", ranked=False)
 
 
-class _SizeType(click.ParamType):
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
+    from .core.config.sizes import parse_size
 
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        from .core.config.sizes import parse_size
-
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 _FLAG = {"is_flag": True}
@@ -237,7 +233,7 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option(
     "--max-size",
-    type=_SizeType(),
+    callback=_size,
     metavar="SIZE",
     help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
     "sweep points that become identical run once",
@@ -281,7 +277,6 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     from .core.config.loader import load_suite
     from .core.config.summary import suite_summary
 
-    configure_logging("INFO", ranked=False)
     try:
         if world_size is not None and world_size < 1:
             raise OptionError(f"--world-size must be at least 1, got {world_size}")
@@ -350,7 +345,6 @@ def compare_command(
     from .core.output.locations import check_output_file
     from .core.output.plot import PLOT_SUFFIXES, plot_compare
 
-    configure_logging("INFO", ranked=False)
     try:
         if plot_path is not None:  # before anything is read
             inputs = [*files_read(a), *files_read(b)]
@@ -384,7 +378,6 @@ def list_blocks_command() -> int:
 
     from .blocks.registry import registered_ops
 
-    configure_logging("INFO", ranked=False)
     common = [
         ("name", "str", "required", "block name, unique in its pattern"),
         ("op", "str", "required", "a name below, or package.module:ClassName"),
@@ -432,7 +425,6 @@ def import_trace_command(**params: Any) -> int:
     from .replay.command import run_command
     from .replay.kineto import TraceError, iter_trace_files
 
-    configure_logging("INFO", ranked=False)
     inputs = paths = list(params["paths"])
     with contextlib.suppress(TraceError, OSError):  # the importer says what is wrong with them
         inputs = [*paths, *iter_trace_files(paths)]  # a folder's traces are inputs too

@@ -24,11 +24,6 @@ from .records import BlockResult, PatternOutcome, PatternResult
 R = TypeVar("R", BlockResult, PatternResult)
 
 
-def has_traced(pattern: PatternSpec) -> bool:
-    """The pattern carries traced durations (it was imported from a trace)."""
-    return pattern.traced_us is not None or any(b.traced_us is not None for b in pattern.blocks)
-
-
 def ratio(durations_ns: np.ndarray, traced_us: float | None) -> tuple[float, float, float]:
     """(replayed mean / traced, low, high): the mean of the finite per-iteration durations (ns)
     over a traced duration (µs), with the mean's 95 % interval from the same bootstrap as every

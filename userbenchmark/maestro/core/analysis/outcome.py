@@ -15,9 +15,7 @@ import numpy as np
 
 from ...blocks.base import Block
 from ...blocks.compute import Busy, Sleep
-from ..config.dependencies import predecessors
 from ..config.spec import PatternSpec, SuiteSpec
-from ..config.summary import describe_params
 from . import overlap
 from .aggregate import WindowAggregate
 from .critical_path import critical_path
@@ -40,8 +38,7 @@ def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
     """The ideal makespan from the blocks' isolated latencies (µs): the critical path over
     ``after:`` and lane order (the longest block when nothing waits). The one place that
     defines it, for the figure and for each bootstrap resample of its interval."""
-    preds = predecessors(pattern.blocks)
-    return lambda isolated_us: critical_path(isolated_us, preds)[0]
+    return lambda isolated_us: critical_path(isolated_us, pattern.predecessors)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +222,7 @@ def _block_result(
             dtype=spec.dtype,
             size_bytes=size,
             iters=pattern.num_iters,
-            work=describe_params(cls, spec.params),
+            work=spec.work,
             **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
             isolated_latency_avg_us=iso_avg,

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join, suggest
-from .spec import PRIORITIES, WORLD_AXIS
+from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
+from .spec import PRIORITIES, WORLD_AXIS, AxisSpec, frozen_mapping
 
 logger = logging.getLogger("maestro.config")
 
@@ -65,15 +65,25 @@ class AxisDraft:
     nccl: dict[str, Any] = field(default_factory=dict)
     valid: bool = True
 
+    def spec(self) -> AxisSpec:
+        """The AxisSpec of an axis whose teams are known."""
+        assert self.teams is not None
+        return AxisSpec(
+            name=self.name,
+            teams=self.teams,
+            like=self.like,
+            priority=self.priority,
+            nccl=frozen_mapping(self.nccl),
+            yaml_path=self.path,
+        )
 
-def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> int | None:
+
+def check_world_size(p: Problems, data: dict[Any, Any], arg: Any) -> int | None:
     """The run's world size: the file's ``world_size`` and ``arg`` (``--world-size``,
     ``--nproc`` or the launcher's world size) must agree when both are set."""
-    from_file = from_arg = None
-    if in_file:
-        from_file = p.integer(file_value, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
-    if arg is not None:
-        from_arg = p.integer(arg, "world size", minimum=1, maximum=MAX_WORLD_SIZE)
+    bounds = {"minimum": 1, "maximum": MAX_WORLD_SIZE}
+    from_file = p.get(data, "", "world_size", p.integer, **bounds)
+    from_arg = None if arg is None else p.integer(arg, "world size", **bounds)
     if from_file is not None and from_arg is not None and from_file != from_arg:
         p.add(
             "world_size",
@@ -81,7 +91,7 @@ def check_world_size(p: Problems, file_value: Any, in_file: bool, arg: Any) -> i
             "(--nproc, --world-size or the launcher's world size); they must agree",
         )
         return None
-    if not in_file and arg is None:
+    if "world_size" not in data and arg is None:
         p.add(
             "world_size",
             "the world size is unknown: the file sets no world_size, so "
@@ -96,7 +106,6 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
         p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
         return {}
     env: dict[str, str] = {}
-    words = p.source.yaml11_words
     for key, value in raw.items():
         sub = join(path, key)
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
@@ -109,7 +118,11 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
                 f"{key} belongs to the launcher (torchrun, srun or maestro's own --nproc), which "
                 "owns the rendezvous and each rank's place in it; a pattern file may not set it"
             )
-        elif isinstance(value, str) and sub in words and value.lower() in YAML11_BOOLEAN_WORDS:
+        elif (
+            isinstance(value, str)
+            and sub in p.yaml11_words
+            and value.lower() in YAML11_BOOLEAN_WORDS
+        ):
             problem = (
                 f"{value} is ambiguous here: write true or false (set as 1 or 0), or quote "
                 f"'{value}' to set the text"
@@ -128,22 +141,20 @@ def _declared_axis(
     p: Problems, name: str, path: str, spec: dict[Any, Any], world_size: int | None
 ) -> AxisDraft:
     """An ``axes:`` entry that is no mesh dimension: its teams, or the axis it is ``like``."""
-    draft = AxisDraft(name=name, path=path)
+    draft = AxisDraft(name=name, path=path, valid=False)
     if "teams" in spec and "like" in spec:
         p.add(path, "give either teams or like, not both")
-        draft.valid = False
     elif "teams" in spec:
         draft.teams = _teams(p, spec["teams"], join(path, "teams"), world_size)
         draft.valid = draft.teams is not None or world_size is None
-    elif spec.get("like") is not None:  # like: null names no axis
-        draft.like = spec["like"]
-    else:
+    elif spec.get("like") is None:  # like: null names no axis
         p.add(
             path,
             "an axis needs teams (a list of lists of ranks) or like: <axis> "
             "(a second communicator on another axis's teams)",
         )
-        draft.valid = False
+    else:
+        draft.like, draft.valid = spec["like"], True
     return draft
 
 
@@ -179,7 +190,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                 f"an axis is a mapping with keys {choices(AXIS_KEYS)}, got {p.show(path, spec)}",
             )
             continue
-        p.unknown_keys(spec, path, AXIS_KEYS, f"axis {name!r}")
+        p.unknown_keys(spec, path, AXIS_KEYS, f"in axis {name!r}")
         if name in mesh_dims:
             draft = axes[name]
             for key in ("teams", "like"):
@@ -191,15 +202,10 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                     )
         else:
             draft = axes[name] = _declared_axis(p, name, path, spec, world_size)
-        if "priority" in spec:
-            priority = p.choice(
-                spec["priority"], join(path, "priority"), PRIORITIES, "priority", "priorities"
-            )
-            draft.priority = priority or draft.priority
-        if "nccl" in spec:
-            draft.nccl = _nccl(p, spec["nccl"], join(path, "nccl"))
-        if "env" in spec:
-            _axis_env(p, spec["env"], join(path, "env"), name)
+        priority = p.get(spec, path, "priority", p.choice, PRIORITIES, "priority", "priorities")
+        draft.priority = priority or draft.priority
+        draft.nccl = p.get(spec, path, "nccl", _nccl, p, default={})
+        p.get(spec, path, "env", _axis_env, p, name)
     _resolve_likes(p, axes)
     return axes
 
@@ -297,19 +303,14 @@ def _rank_problem(
     return ""
 
 
-def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
+def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
     if not isinstance(raw, dict):
         p.add(path, f"nccl must be a mapping of ProcessGroupNCCL options, got {p.show(path, raw)}")
         return {}
     options: dict[str, Any] = {}
     for key, value in raw.items():
         sub = join(path, key)
-        if key not in NCCL_OPTIONS:
-            p.add(
-                sub,
-                f"unknown nccl option {p.show(sub, key)}{suggest(key, NCCL_OPTIONS)}; "
-                f"valid options: {choices(NCCL_OPTIONS)}",
-            )
+        if p.choice(key, sub, tuple(NCCL_OPTIONS), "nccl option", "options") is None:
             continue
         kind, minimum = NCCL_OPTIONS[key]
         if kind == "int":
@@ -331,7 +332,7 @@ def _nccl(p: Problems, raw: Any, path: str) -> dict[str, Any]:
     return options
 
 
-def _axis_env(p: Problems, raw: Any, path: str, axis: str) -> None:
+def _axis_env(raw: Any, path: str, p: Problems, axis: str) -> None:
     """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
     nccl = sorted(k for k in env if k.startswith("NCCL_"))
@@ -350,18 +351,12 @@ def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
     """Give each ``like`` axis the teams at the end of its chain; report unknown names and
     cycles once, at the axis whose own ``like`` is wrong or closes the cycle."""
     for draft in axes.values():
-        if draft.like is None:
-            continue
         chain, current = [draft.name], draft
         while current.like is not None and draft.valid:
             target, like_path = current.like, join(current.path, "like")
             if not isinstance(target, str) or target not in axes:
                 if current is draft:
-                    p.add(
-                        like_path,
-                        f"unknown axis {p.show(like_path, target)}"
-                        f"{suggest(target, axes)}; valid axes: {choices(axes)}",
-                    )
+                    p.choice(target, like_path, tuple(axes), "axis", "axes")
                 draft.valid = False
             elif target in chain:
                 if target == draft.name:

@@ -14,6 +14,7 @@ from .dependencies import after_names
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
 from .spec import WORLD_AXIS, BlockSpec, frozen_mapping
+from .summary import describe_params
 
 BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after",
                      "traced_us", "traced_kernel", "traced_overlap")  # fmt: skip
@@ -22,6 +23,7 @@ BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", 
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
 
 _CUSTOM: Final = "a custom 'package.module:ClassName'"
+DTYPES: Final = tuple(DTYPE_SIZES_BYTES)
 
 
 class OpResolver:
@@ -59,11 +61,6 @@ class OpResolver:
         except Exception as exc:  # noqa: BLE001 - resolving imports user code
             return f"cannot resolve op {op!r}: {type(exc).__name__}: {exc}"
 
-    def category(self, op: str) -> str:
-        """The op's category (``comm`` binds it to its axis's lane); "" when unknown."""
-        cls = self._ops.get(op)
-        return getattr(cls, "category", "") if isinstance(cls, type) else ""
-
 
 def check_block(
     p: Problems,
@@ -82,79 +79,45 @@ def check_block(
         )
         return None
     start = len(p)
-    name = None
-    if "name" not in raw:
-        p.add(join(path, "name"), "missing required key 'name'")
-    else:
-        name = p.name(raw["name"], join(path, "name"), "a block name")
-    op = raw.get("op")
+    p.missing(raw, path, "name")
+    name = p.get(raw, path, "name", p.name, "a block name")
     cls, unchecked = _block_class(p, raw, path, ops)
     axis_name = raw.get("axis", WORLD_AXIS)
-    axis = axes.get(axis_name) if isinstance(axis_name, str) else None
-    if axis is None:
-        p.add(
-            join(path, "axis"),
-            f"unknown axis {p.show(join(path, 'axis'), axis_name)}"
-            f"{suggest(axis_name, list(axes))}; valid axes: {choices(axes)}",
-        )
-    lane, dtype, register = _block_settings(p, raw, path, settings, axis_name)
+    axis = axes.get(p.choice(axis_name, join(path, "axis"), tuple(axes), "axis", "axes") or "")
+    lane = p.get(raw, path, "lane", p.name, "a lane name", default=axis_name)
+    dtype = p.get(raw, path, "dtype", p.choice, DTYPES, "dtype", default=settings["dtype"])
+    register = p.get(raw, path, "register_buffers", p.boolean, default=settings["register_buffers"])
     after = after_names(p, raw, path)
-    traced = _traced_fields(p, raw, path)
-    params = _block_params(p, raw, path, cls, unchecked, start=start, axis=axis, dtype=dtype)
-    if params is None or len(p) > start or axis is None or dtype is None:
+    kernel = raw.get("traced_kernel")
+    if kernel is not None and not isinstance(kernel, str):
+        where = join(path, "traced_kernel")
+        p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
+    overlap = p.get(raw, path, "traced_overlap", p.number, minimum=0.0, maximum=1.0)
+    traced_us = p.get(raw, path, "traced_us", p.number, minimum=0.0)
+    # A custom op left unimported keeps its parameters as written; a known op's are checked,
+    # and against its dtype and axis when nothing else of the block was wrong.
+    ready = len(p) == start and axis is not None and dtype is not None
+    if unchecked:
+        params = {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
+    elif (params := None if cls is None else _params(p, cls, raw, path)) is not None and ready:
+        params = _op_checks(p, cls, raw["op"], params, path, dtype, axis)
+    if params is None or len(p) > start:
         return None
-    assert name is not None and lane is not None and register is not None and after is not None
     return BlockSpec(
         name=name,
-        op=op,
+        op=raw["op"],
         axis=axis.name,
         lane=lane,
         dtype=dtype,
         params=frozen_mapping(params),
+        work=describe_params(cls, params),
         register_buffers=register,
         after=after,
-        **traced,
+        traced_us=traced_us,
+        traced_kernel=kernel,
+        traced_overlap=overlap,
         yaml_path=path,
     )
-
-
-def _block_params(
-    p: Problems,
-    raw: dict[Any, Any],
-    path: str,
-    cls: type[Block] | None,
-    unchecked: bool,
-    *,
-    start: int,
-    axis: AxisDraft | None,
-    dtype: str | None,
-) -> dict[str, Any] | None:
-    """The block's parameters: a custom op left unimported keeps them as written, unchecked; a
-    known op's are checked, and against its axis and dtype when nothing else of the block was
-    wrong (no problem recorded since ``start``)."""
-    if unchecked:
-        return {k: v for k, v in raw.items() if k not in BLOCK_KEYS}
-    if cls is None:
-        return None
-    op = raw["op"]
-    params = _params(p, cls, op, raw, path)
-    if params is not None and len(p) == start and axis is not None and dtype is not None:
-        params = _op_checks(p, cls, op, params, path, dtype, axis)
-    return params
-
-
-def _block_settings(
-    p: Problems, raw: dict[Any, Any], path: str, settings: dict[str, Any], axis_name: Any
-) -> tuple[Any, Any, Any]:
-    """A block's lane (its axis's name unless given), dtype and register_buffers (the
-    pattern's unless given); None for each one that is wrong, after recording why."""
-    lane = p.name(raw["lane"], join(path, "lane"), "a lane name") if "lane" in raw else axis_name
-    dtype, register = settings["dtype"], settings["register_buffers"]
-    if "dtype" in raw:
-        dtype = p.choice(raw["dtype"], join(path, "dtype"), tuple(DTYPE_SIZES_BYTES), "dtype")
-    if "register_buffers" in raw:
-        register = p.boolean(raw["register_buffers"], join(path, "register_buffers"))
-    return lane, dtype, register
 
 
 def _block_class(
@@ -163,9 +126,9 @@ def _block_class(
     """(the block's op class or None, whether it is a custom op left unimported and unchecked),
     after recording what is wrong with its ``op``."""
     op, op_path = raw.get("op"), join(path, "op")
-    if "op" not in raw:
-        valid = f"{choices(sorted(registered_ops()))}, or {_CUSTOM}"
-        p.add(op_path, f"missing required key 'op'; valid ops: {valid}")
+    if p.missing(
+        raw, path, "op", f"; valid ops: {choices(sorted(registered_ops()))}, or {_CUSTOM}"
+    ):
         return None, False
     if not isinstance(op, str) or not op:
         p.add(op_path, f"op must be an op name, got {p.show(op_path, op)}")
@@ -175,31 +138,6 @@ def _block_class(
         p.add(op_path, resolved)
         return None, False
     return resolved, resolved is None
-
-
-def _traced_fields(p: Problems, raw: dict[Any, Any], path: str) -> dict[str, Any]:
-    """An imported block's ``traced_us``, ``traced_kernel`` and ``traced_overlap`` (None unset)."""
-    kernel = raw.get("traced_kernel")
-    if kernel is not None and not isinstance(kernel, str):
-        where = join(path, "traced_kernel")
-        p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
-    overlap = None
-    if "traced_overlap" in raw:
-        where = join(path, "traced_overlap")
-        overlap = p.number(raw["traced_overlap"], where, minimum=0.0, maximum=1.0)
-    return {
-        "traced_us": traced_duration_us(p, raw, path),
-        "traced_kernel": kernel,
-        "traced_overlap": overlap,
-    }
-
-
-def traced_duration_us(p: Problems, raw: dict[Any, Any], path: str) -> float | None:
-    """The optional ``traced_us`` of a block or pattern: its duration in the trace it was
-    imported from (µs, >= 0), which the run's report sets beside the replayed figure."""
-    if "traced_us" not in raw:
-        return None
-    return p.number(raw["traced_us"], join(path, "traced_us"), minimum=0.0)
 
 
 def _declared(cls: type[Block]) -> list[Param]:
@@ -214,36 +152,21 @@ def yaml_key(param: Param) -> str:
     return param.name
 
 
-def _params(
-    p: Problems, cls: type[Block], op: str, raw: dict[Any, Any], path: str
-) -> dict[str, Any] | None:
+def _params(p: Problems, cls: type[Block], raw: dict[Any, Any], path: str) -> dict[str, Any] | None:
+    op = raw["op"]
     by_key = {yaml_key(param): param for param in _declared(cls)}
-    valid = [*BLOCK_KEYS, *by_key]
-    ok = True
-    for key in raw:
-        if key not in BLOCK_KEYS and key not in by_key:
-            p.add(
-                join(path, key),
-                f"unknown key {p.show(join(path, key), key)} for op {op!r}"
-                f"{suggest(key, valid)}; valid keys: {choices(valid)}",
-            )
-            ok = False
+    start = len(p)
+    p.unknown_keys(raw, path, [*BLOCK_KEYS, *by_key], f"for op {op!r}")
     params: dict[str, Any] = {}
     for key, param in by_key.items():
         sub = join(path, key)
         if key not in raw:
             if param.required:
                 p.add(sub, f"missing required key {key!r} for op {op!r}: {param.doc}")
-                ok = False
-            else:
-                params[param.name] = param.default
-            continue
-        value = _param_value(p, param, raw[key], sub)
-        if value is None:
-            ok = False
-        else:
+            params[param.name] = param.default
+        elif (value := _param_value(p, param, raw[key], sub)) is not None:
             params[param.name] = value
-    return params if ok else None
+    return params if len(p) == start else None
 
 
 def _op_checks(
@@ -342,6 +265,6 @@ def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
         )
         return None
     bounded, why = kind in ("int", "float"), f"{yaml_key(param)}: {param.doc}"
-    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why_max=why):
+    if bounded and not p.within(result, value, path, param.minimum, param.maximum, why):
         return None
     return result

@@ -7,16 +7,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...blocks.base import Block
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .summary import describe_params
 
 
-def _capped_block(
-    block: BlockSpec, cls: type[Block], team_size: int, max_size_bytes: int, source: str
-) -> BlockSpec:
+def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> BlockSpec:
     """The block with its op's byte counts capped (the op decides what that means)."""
+    cls = resolve_op(block.op)  # validated already: resolves
+    team_size, source = suite.axes[block.axis].team_size, suite.source
     where = f"--max-size {max_size_bytes} bytes: {block.op} block {block.name!r}"
     try:
         params = cls.capped_params(
@@ -38,7 +38,9 @@ def _capped_block(
             file=source,
             path=block.yaml_path,
         )
-    return dataclasses.replace(block, params=frozen_mapping(params))
+    return dataclasses.replace(
+        block, params=frozen_mapping(params), work=describe_params(cls, params)
+    )
 
 
 _NOT_CONTENT = frozenset({"name", "sweep_point", "yaml_path"})
@@ -70,12 +72,8 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:
-        blocks = []
-        for block in pattern.blocks:
-            cls = resolve_op(block.op)  # validated already: resolves
-            team_size = suite.axes[block.axis].team_size
-            blocks.append(_capped_block(block, cls, team_size, max_size_bytes, suite.source))
-        capped = dataclasses.replace(pattern, blocks=tuple(blocks))
+        blocks = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
+        capped = dataclasses.replace(pattern, blocks=blocks)
         key = _content(capped)
         if pattern.sweep_point and key in seen:
             continue

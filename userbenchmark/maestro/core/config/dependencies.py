@@ -1,15 +1,13 @@
 """Blocks that wait for blocks (``after:``): the names a block waits for, checked against its
-pattern, and the wait-for graph of a pattern, whose edges are the ``after:`` names and lane
-order (a block waits for the block before it on its lane)."""
+pattern, and no cycle in its wait-for graph (core/config/spec.py computes the graph)."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .problems import Problems, choices, join, suggest
-from .spec import BlockSpec
+from .spec import BlockSpec, issue_order, predecessors
 
 
 def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ...] | None:
@@ -25,43 +23,6 @@ def after_names(p: Problems, raw: Mapping[Any, Any], path: str) -> tuple[str, ..
         )
         return None
     return tuple(dict.fromkeys(names))
-
-
-def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
-    """For each block (by index), the blocks it waits for in an iteration: its ``after:`` names
-    (names not in ``blocks`` are left out) and the block before it on its lane."""
-    index = {block.name: i for i, block in enumerate(blocks)}
-    previous: dict[str, int] = {}
-    out = []
-    for i, block in enumerate(blocks):
-        waits = [index[name] for name in block.after if name in index]
-        if block.lane in previous:
-            waits.append(previous[block.lane])
-        previous[block.lane] = i
-        out.append(tuple(dict.fromkeys(waits)))
-    return tuple(out)
-
-
-def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
-    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
-    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
-    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
-    different communicators in one order."""
-    waits = predecessors(blocks)
-    queues: dict[str, deque[int]] = {}
-    for i, block in enumerate(blocks):
-        queues.setdefault(block.lane, deque()).append(i)
-    order: list[int] = []
-    done: set[int] = set()
-    while len(order) < len(blocks):
-        before = len(order)
-        for queue in queues.values():
-            while queue and done.issuperset(waits[queue[0]]):
-                done.add(queue[0])
-                order.append(queue.popleft())
-        if len(order) == before:
-            break  # the rest wait for each other
-    return tuple(order)
 
 
 def find_cycle(blocks: Sequence[BlockSpec]) -> list[int] | None:

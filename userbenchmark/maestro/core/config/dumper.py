@@ -1,8 +1,6 @@
-"""The loader's inverse: a SuiteSpec as the pattern file that loads back into it.
-``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where things were written
-(``source``, ``yaml_path``, ``text_sha256``). The file says only what differs from the loader's
-defaults: a block's parameters at their declared default, its lane when it is its axis, its dtype
-when it is the file's. It writes no sweep: ``import-trace`` makes none."""
+"""The loader's inverse: ``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where
+things were written (``source``, ``yaml_path``, ``text_sha256``). The file says only what differs
+from the loader's defaults, and no sweep (``import-trace`` makes none)."""
 
 from __future__ import annotations
 
@@ -140,46 +138,31 @@ def _pattern(
     lines += [f"    {k}: {flow(v)}" for k, v in head.items() if v not in (None, [], {})]
     lines.append("    blocks:")
     for spec in pattern.blocks:
-        line = f"      - {flow(_compact(_block(spec), spec.op, defaults))}"
+        line = f"      - {flow(_block(spec, defaults))}"
         note = comments.get((pattern.name, spec.name))
         lines.append(f"{line}  # {note}" if note else line)
     return lines
 
 
-def _block(spec: BlockSpec) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": spec.name, "op": spec.op, "axis": spec.axis}
-    entry |= {"lane": spec.lane, "dtype": spec.dtype, "register_buffers": spec.register_buffers}
-    keys = _param_keys(spec.op)
+def _block(spec: BlockSpec, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A block's entry without what the loader would set anyway."""
+    entry: dict[str, Any] = {"name": spec.name, "op": spec.op}
+    entry |= {"axis": spec.axis} if spec.axis != WORLD_AXIS else {}
+    entry |= {"lane": spec.lane} if spec.lane != spec.axis else {}
+    for key in ("dtype", "register_buffers"):
+        if getattr(spec, key) != defaults[key]:
+            entry[key] = getattr(spec, key)
+    try:
+        declared = {p.name: p for p in resolve_op(spec.op).params}
+    except (KeyError, LookupError):
+        declared = {}
     for name, value in spec.params.items():
-        entry[keys.get(name, (name, None))[0]] = list(value) if isinstance(value, tuple) else value
-    if spec.after:
-        entry["after"] = list(spec.after)
+        value = list(value) if isinstance(value, tuple) else value
+        param = declared.get(name)
+        if param is None or value != param.default or type(value) is not type(param.default):
+            entry[yaml_key(param) if param else name] = value
+    entry |= {"after": list(spec.after)} if spec.after else {}
     for key in ("traced_us", "traced_kernel", "traced_overlap"):
         if getattr(spec, key) is not None:
             entry[key] = getattr(spec, key)
     return entry
-
-
-def _param_keys(op: str) -> dict[str, tuple[str, Any]]:
-    """Parameter name -> (its YAML key, its default) for ``op`` ({} when it cannot be told)."""
-    try:
-        cls = resolve_op(op)
-    except (KeyError, LookupError):
-        return {}
-    return {p.name: (yaml_key(p), p.default) for p in cls.params}
-
-
-def _compact(entry: dict[str, Any], op: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """``entry`` without what the loader would set anyway."""
-    params = dict(_param_keys(op).values())
-    out = {}
-    for key, value in entry.items():
-        implied = (
-            (key == "axis" and value == WORLD_AXIS)
-            or (key == "lane" and value == entry.get("axis"))
-            or (key in ("dtype", "register_buffers") and value == defaults[key])
-            or (key in params and value == params[key] and type(value) is type(params[key]))
-        )
-        if not implied:
-            out[key] = value
-    return out

@@ -1,7 +1,6 @@
-"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec. Every
-problem found is collected into one ConfigError naming file, YAML path and line. Nothing here
-creates a process group or a tensor; the only code a file can cause to run is the module named by a
-custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``)."""
+"""Load a pattern file: safe YAML, complete validation, sweep expansion, frozen SuiteSpec, every
+problem in one ConfigError. No process group, no tensor; the only code a file can cause to run is
+the module of a custom ``op: package.module:ClassName`` (not even that with ``import_ops=False``)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...errors import ConfigError
-from .axes import AxisDraft, check_axes, check_env, check_world_size
+from .axes import check_axes, check_env, check_world_size
 from .blocks import OpResolver
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import Problems, choices
-from .spec import AxisSpec, SuiteSpec, frozen_mapping
+from .spec import SuiteSpec, frozen_mapping
 from .yaml_reader import read_file_text, read_yaml
 
 logger = logging.getLogger("maestro.config")
@@ -47,25 +46,21 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     """The file for ``name_or_path``: an existing path, or the name of a shipped config;
     ConfigError naming the path (and listing the shipped configs for an unknown name)."""
     text = str(name_or_path)
-    try:
-        path = Path(name_or_path)
-        if path.is_file():
-            return path
-        if path.exists():
-            raise ConfigError(f"{text!r} is not a file", file=text)
-        looks_like_name = "/" not in text and "\\" not in text and text not in ("", ".", "..")
-        if looks_like_name:
-            for candidate in (CONFIGS_DIR / text, CONFIGS_DIR / f"{text}.yaml"):
-                if candidate.is_file():
-                    return candidate
-    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission
-        if isinstance(exc, ConfigError):
-            raise
+    path = Path(name_or_path)
+    named = "/" not in text and "\\" not in text and text not in ("", ".", "..")
+    shipped = (CONFIGS_DIR / text, CONFIGS_DIR / f"{text}.yaml") if named else ()
+    try:  # a name too long, a NUL byte, no permission
+        found = next((c for c in (path, *shipped) if c.is_file()), None)
+        other = found is not path and path.exists()
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot use {text!r} as a pattern file: {exc}", file=text) from exc
-    shipped = ", ".join(shipped_configs()) or "none"
+    if other:
+        raise ConfigError(f"{text!r} is not a file", file=text)
+    if found is not None:
+        return found
     raise ConfigError(
         f"pattern file not found: {text!r} is neither a file nor the name of a "
-        f"shipped config (shipped: {shipped})",
+        f"shipped config (shipped: {', '.join(shipped_configs()) or 'none'})",
         file=text,
     )
 
@@ -81,11 +76,6 @@ def load_suite(
     return load_suite_text(text, file=str(path), world_size=world_size, import_ops=import_ops)
 
 
-def text_sha256(text: str) -> str:
-    """SHA-256 (hex) of a pattern text, as its UTF-8 bytes."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def load_suite_text(
     text: str, *, file: str = "<string>", world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:
@@ -97,7 +87,7 @@ def load_suite_text(
     ops = OpResolver(import_ops=import_ops)
     try:
         suite = _suite(problems, data, world_size, ops)
-        return dataclasses.replace(suite, text_sha256=text_sha256(text))
+        return dataclasses.replace(suite, text_sha256=hashlib.sha256(text.encode()).hexdigest())
     finally:  # said whether the file is valid or not: those blocks are only partly checked
         for op, op_path in ops.not_imported.items():
             logger.warning(
@@ -117,25 +107,20 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
             f"and patterns, got {p.show('', data)}",
         )
         raise ConfigError(p.issues())
-    p.unknown_keys(data, "", TOP_KEYS, "the top level")
+    p.unknown_keys(data, "", TOP_KEYS, "in the top level")
     # An optional section left empty (`env:` with every entry commented out) is absent.
     data = {k: v for k, v in data.items() if not (v is None and k in OPTIONAL_SECTIONS)}
-    name = None
-    if "name" not in data:
-        p.add("name", "missing required key 'name' (the suite name, part of every metric key)")
-    else:
-        name = p.name(data["name"], "name", "name")
-    world_size = check_world_size(p, data.get("world_size"), "world_size" in data, world_size_arg)
-    timeout_s = DEFAULT_TIMEOUT_S
-    if "timeout_s" in data:
-        limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why": TIMEOUT_WHY}
-        timeout_s = p.number(data["timeout_s"], "timeout_s", **limits) or timeout_s
+    p.missing(data, "", "name", " (the suite name, part of every metric key)")
+    name = p.get(data, "", "name", p.name, "name")
+    world_size = check_world_size(p, data, world_size_arg)
+    limits = {"minimum": MIN_TIMEOUT_S, "maximum": MAX_TIMEOUT_S, "why_min": TIMEOUT_WHY}
+    timeout_s = p.get(data, "", "timeout_s", p.number, **limits, why=TIMEOUT_WHY)
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     defaults = dict(DEFAULT_VALUES)
     raw_defaults = data.get("defaults", {})
     if isinstance(raw_defaults, dict):
-        p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "defaults")
+        p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "in defaults")
         defaults = check_settings(p, raw_defaults, "defaults", defaults)
     else:
         p.add(
@@ -147,28 +132,15 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     patterns = check_patterns(p, data, defaults, axes, ops)
     if p:
         raise ConfigError(p.issues())
-    assert name is not None and world_size is not None  # guaranteed by no problems
     real = [a for a in axes.values() if a.teams is not None]
     return SuiteSpec(
         name=name,
         source=p.file,
         world_size=world_size,
         env=frozen_mapping(env),
-        axes=frozen_mapping({a.name: _axis_spec(a) for a in real}),
+        axes=frozen_mapping({a.name: a.spec() for a in real}),
         mesh=frozen_mapping({a.name: len(a.teams[0]) for a in real if a.path.startswith("mesh.")}),
         patterns=tuple(patterns),
-        timeout_s=timeout_s,
+        timeout_s=timeout_s or DEFAULT_TIMEOUT_S,
         stop_on_error=stop_on_error,
-    )
-
-
-def _axis_spec(draft: AxisDraft) -> AxisSpec:
-    assert draft.teams is not None
-    return AxisSpec(
-        name=draft.name,
-        teams=draft.teams,
-        like=draft.like,
-        priority=draft.priority,
-        nccl=frozen_mapping(draft.nccl),
-        yaml_path=draft.path,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass
-from typing import Any
 
 from ...errors import ConfigError, OptionError
 from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
@@ -67,22 +66,6 @@ class RunOptions:
                 raise OptionError(f"{flag} writes into --output-dir: give --output-dir DIR")
 
 
-RANK_LOCAL_OPTIONS = frozenset(
-    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision", "log_level"}
-)
-"""Options that only rank 0 uses (where it writes, how it prints); every other option changes
-what every rank runs, so the ranks of a run must agree on it."""
-
-
-def shared_options(options: RunOptions) -> dict[str, Any]:
-    """The options every rank of a run must share, as plain JSON-able values."""
-    return {
-        f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
-        for f in dataclasses.fields(options)
-        if f.name not in RANK_LOCAL_OPTIONS
-    }
-
-
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
     """The suite with command-line overrides applied and patterns filtered (pure), within
     the pattern file's bounds (MAX_ITERS, and the launches of one window)."""
@@ -126,3 +109,20 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
 
         result = apply_max_size(result, options.max_size_bytes)
     return result
+
+
+def check_graphs(suite: SuiteSpec, options: RunOptions, backend: str) -> None:
+    """CUDA-graph mode needs CUDA: ``--graph`` on the CPU ``backend`` is an OptionError,
+    ``graph: true`` in the file a ConfigError naming the pattern."""
+    graphs = [p for p in suite.patterns if p.graph]
+    if backend == "nccl" or not graphs:
+        return
+    why = f"CUDA graphs need CUDA, and this run uses the {backend} backend on the CPU"
+    if options.graph:
+        raise OptionError(f"--graph: {why}; drop --graph or run on GPUs")
+    names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+    raise ConfigError(
+        f"patterns {names}: graph: true, and {why}; set graph: false or run on GPUs",
+        file=suite.source,
+        path=graphs[0].yaml_path,
+    )

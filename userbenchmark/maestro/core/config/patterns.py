@@ -5,11 +5,11 @@ only values unknown without a valid sweep are left alone, so one run reports all
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
-from ...blocks.dtypes import DTYPE_SIZES_BYTES
 from .axes import AxisDraft
-from .blocks import OpResolver, check_block, traced_duration_us
+from .blocks import DTYPES, OpResolver, check_block
 from .dependencies import check_after
 from .problems import Problems, index, join
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
@@ -68,7 +68,7 @@ def check_settings(
 ) -> dict[str, Any]:
     """``base`` updated with the run settings (dtype, iters, ...) present in ``raw``."""
     checks: dict[str, Callable[[Any, str], Any]] = {
-        "dtype": lambda v, s: p.choice(v, s, tuple(DTYPE_SIZES_BYTES), "dtype"),
+        "dtype": lambda v, s: p.choice(v, s, DTYPES, "dtype"),
         "warmup_iters": lambda v, s: p.integer(v, s, minimum=0, maximum=MAX_ITERS, why=ITERS_WHY),
         "iters": lambda v, s: p.integer(v, s, minimum=1, maximum=MAX_ITERS, why=ITERS_WHY),
         "baseline": p.boolean,
@@ -86,6 +86,17 @@ def check_settings(
     return settings
 
 
+@dataclass(frozen=True)
+class _File:
+    """What each pattern of a file is checked against."""
+
+    defaults: dict[str, Any]
+    axes: dict[str, AxisDraft]
+    ops: OpResolver
+    homes: dict[str, list[str]]
+    """{block name as written: the names of the patterns that have a block of that name}."""
+
+
 def check_patterns(
     p: Problems,
     data: dict[Any, Any],
@@ -94,40 +105,37 @@ def check_patterns(
     ops: OpResolver,
 ) -> list[PatternSpec]:
     """Every pattern of the file after sweep expansion (complete only when ``p`` is empty)."""
-    if "patterns" not in data:
-        p.add(
-            "patterns",
-            "missing required key 'patterns' (a list of patterns, each with a name and blocks)",
-        )
+    if p.missing(data, "", "patterns", " (a list of patterns, each with a name and blocks)"):
         return []
     raw = data["patterns"]
     if not isinstance(raw, list) or not raw:
         p.add("patterns", f"patterns must be a non-empty list, got {p.show('patterns', raw)}")
         return []
+    homes: dict[str, list[str]] = {}
+    for entry in raw:
+        for block in _listed(entry.get("blocks")) if isinstance(entry, dict) else ():
+            name = block.get("name") if isinstance(block, dict) else None
+            if isinstance(name, str) and isinstance(entry.get("name"), str):
+                homes.setdefault(name, []).append(entry["name"])
+    file = _File(defaults, axes, ops, homes)
     patterns: list[PatternSpec] = []
     names: dict[str, str] = {}
     total_blocks = 0
-    homes = _block_homes(raw)
     for i, entry in enumerate(raw):
         path = index("patterns", i)
         if not isinstance(entry, dict):
             p.add(path, f"a pattern is a mapping with name and blocks, got {p.show(path, entry)}")
             continue
-        p.unknown_keys(entry, path, PATTERN_KEYS, "a pattern")
-        if "name" not in entry:
-            p.add(join(path, "name"), "missing required key 'name'")
-            base = None
-        elif check_references(entry["name"], [])[1]:
-            base = None  # reported with the sweep references
-        else:
-            base = p.name(entry["name"], join(path, "name"), "a pattern name")
+        p.unknown_keys(entry, path, PATTERN_KEYS, "in a pattern")
+        base = None
+        if not p.missing(entry, path, "name") and not check_references(entry["name"], [])[1]:
+            base = p.name(entry["name"], join(path, "name"), "a pattern name")  # else: sweep's
+        if base in names:
+            p.add(join(path, "name"), f"duplicate pattern name {base!r} (also {names[base]})")
         if base is not None:
-            if base in names:
-                p.add(join(path, "name"), f"duplicate pattern name {base!r} (also {names[base]})")
             names[base] = path
         points, unresolved = _sweep_points(p, entry, path)
-        blocks = entry.get("blocks")
-        total_blocks += len(points) * (len(blocks) if isinstance(blocks, list) else 0)
+        total_blocks += len(points) * len(_listed(entry.get("blocks")))
         if total_blocks > MAX_EXPANDED_BLOCKS:
             p.add(
                 path,
@@ -135,25 +143,14 @@ def check_patterns(
                 "total; split the file or shrink the sweeps",
             )
             break
-        elsewhere = (homes, entry.get("name"))
-        specs = _expand(
-            p, entry, path, base or "", points, unresolved, defaults, axes, ops, elsewhere
-        )
+        specs = _expand(p, file, entry, path, base or "", points, unresolved)
         if base is not None:
             patterns.extend(specs)
     return patterns
 
 
-def _block_homes(raw: list[Any]) -> dict[str, list[str]]:
-    """{block name as written: the names of the patterns that have a block of that name}."""
-    homes: dict[str, list[str]] = {}
-    for entry in raw:
-        blocks = entry.get("blocks") if isinstance(entry, dict) else None
-        for block in blocks if isinstance(blocks, list) else ():
-            name = block.get("name") if isinstance(block, dict) else None
-            if isinstance(name, str) and isinstance(entry.get("name"), str):
-                homes.setdefault(name, []).append(entry["name"])
-    return homes
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _at(path: str, rel: tuple[Any, ...]) -> str:
@@ -166,6 +163,11 @@ def _at(path: str, rel: tuple[Any, ...]) -> str:
 def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) -> None:
     for rel, message in found:
         p.add(_at(path, rel), message)
+
+
+def _body(entry: dict[Any, Any]) -> dict[Any, Any]:
+    """A pattern entry but its name and sweep: what a sweep point substitutes into."""
+    return {k: v for k, v in entry.items() if k not in ("name", "sweep")}
 
 
 def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[Point], set[str]]:
@@ -188,48 +190,41 @@ def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[P
             "point is named automatically, e.g. base[size=4M]",
         )
         ok = False
-    body = {k: v for k, v in entry.items() if k not in ("name", "sweep")}
-    used, found = check_references(body, names)
+    used, found = check_references(_body(entry), names)
     if "sweep" in entry and not isinstance(raw_sweep, dict):
         found = []  # the sweep itself is reported; its references cannot be judged
     _report(p, path, found)
-    if ok and not found:
-        for name in names:
-            if name not in used:
-                p.add(
-                    join(join(path, "sweep"), name),
-                    f"sweep variable {name!r} is not "
-                    'used by any block (reference it as "${' + name + '}")',
-                )
+    for name in names if ok and not found else ():
+        if name not in used:
+            p.add(
+                join(join(path, "sweep"), name),
+                f"sweep variable {name!r} is not "
+                'used by any block (reference it as "${' + name + '}")',
+            )
     # An unused variable only repeats the same points: check the pattern without it.
     kept = tuple(v for v in variables if v.name in used)
     if num_points(kept) > MAX_SWEEP_POINTS:
         kept = ()  # reported by parse_sweep; expanding it would only cost time
-    _, unresolvable = check_references(body, [v.name for v in kept])
+    _, unresolvable = check_references(_body(entry), [v.name for v in kept])
     return list(sweep_points(kept)), {_at(path, rel) for rel, _ in unresolvable}
 
 
 def _expand(
     p: Problems,
+    file: _File,
     entry: dict[Any, Any],
     path: str,
     base: str,
     points: list[Point],
     unresolved: set[str],
-    defaults: dict[str, Any],
-    axes: dict[str, AxisDraft],
-    ops: OpResolver,
-    elsewhere: tuple[dict[str, list[str]], Any],
 ) -> list[PatternSpec]:
     """One PatternSpec per point; a problem found at only some points names the first."""
-    body = {k: v for k, v in entry.items() if k not in ("name", "sweep")}
     found: dict[tuple[str, str], list[str]] = {}
     specs: list[PatternSpec] = []
     for point in points:
-        problems = Problems(p.file, p.source)  # merged below, once per problem
-        spec = _pattern_point(
-            problems, substitute(body, point), path, base, point, defaults, axes, ops, elsewhere
-        )
+        problems = Problems(p.file, like=p)  # merged below, once per problem
+        body = substitute(_body(entry), point)
+        spec = _pattern_point(problems, file, body, path, base, point, entry.get("name"))
         for sub, message, _line in problems.items:
             if not any(sub == r or sub.startswith((r + ".", r + "[")) for r in unresolved):
                 found.setdefault((sub, message), []).append(point_label(point))
@@ -243,20 +238,14 @@ def _expand(
     return specs
 
 
-def _off_its_axis_lane(
-    p: Problems,
-    spec: BlockSpec,
-    raw: dict[Any, Any],
-    block_path: str,
-    lanes: dict[str, tuple[str, str, str]],
-) -> bool:
+def _off_its_axis_lane(p: Problems, spec: BlockSpec, raw: dict[Any, Any], lanes: dict) -> bool:
     """Whether a collective is on another lane than its axis's first collective (recorded as a
     problem); ``lanes``: {axis: (lane, block, path) of its first collective}."""
-    lane, other, other_path = lanes.setdefault(spec.axis, (spec.lane, spec.name, block_path))
+    lane, other, other_path = lanes.setdefault(spec.axis, (spec.lane, spec.name, spec.yaml_path))
     if lane == spec.lane:
         return False
     p.add(
-        join(block_path, "lane" if "lane" in raw else "axis"),
+        join(spec.yaml_path, "lane" if "lane" in raw else "axis"),
         f"block {spec.name!r} is on lane {spec.lane!r} "
         f"but block {other!r} ({other_path}) uses the same axis {spec.axis!r} on "
         f"lane {lane!r}: one axis is one communicator, whose operations must be "
@@ -268,22 +257,17 @@ def _off_its_axis_lane(
 
 
 def _pattern_point(
-    p: Problems,
-    body: dict[Any, Any],
-    path: str,
-    base: str,
-    point: Point,
-    defaults: dict[str, Any],
-    axes: dict[str, AxisDraft],
-    ops: OpResolver,
-    elsewhere: tuple[dict[str, list[str]], Any],
+    p: Problems, file: _File, body: dict[Any, Any], path: str, base: str, point: Point, written: Any
 ) -> PatternSpec | None:
-    settings = check_settings(p, body, path, defaults)
-    traced_us = traced_duration_us(p, body, path)
-    traced_by_rank = _traced_by_rank_us(p, body, path, axes[WORLD_AXIS].teams)
+    """The pattern ``body`` at one sweep ``point`` (``written``: the pattern's name as written)."""
+    settings = check_settings(p, body, path, file.defaults)
+    traced_us = p.get(body, path, "traced_us", p.number, minimum=0.0)
+    world = file.axes[WORLD_AXIS].teams
+    traced_by_rank = p.get(
+        body, path, "traced_by_rank_us", _traced_by_rank_us, p, world, default=()
+    )
     raw_blocks = body.get("blocks")
-    if "blocks" not in body:
-        p.add(join(path, "blocks"), "missing required key 'blocks' (a list of blocks)")
+    if p.missing(body, path, "blocks", " (a list of blocks)"):
         return None
     if not isinstance(raw_blocks, list) or not raw_blocks:
         p.add(
@@ -296,7 +280,7 @@ def _pattern_point(
     lanes: dict[str, tuple[str, str, str]] = {}
     for i, raw in enumerate(raw_blocks):
         block_path = index(join(path, "blocks"), i)
-        spec = check_block(p, raw, block_path, settings, axes, ops)
+        spec = check_block(p, raw, block_path, settings, file.axes, file.ops)
         if spec is None:
             continue
         if spec.name in names:
@@ -307,12 +291,13 @@ def _pattern_point(
             continue
         names[spec.name] = block_path
         # Only blocks that talk through the axis's communicator are bound to one order.
-        if ops.category(spec.op) == "comm" and _off_its_axis_lane(p, spec, raw, block_path, lanes):
+        comm = getattr(file.ops.resolve(spec.op), "category", "") == "comm"
+        if comm and _off_its_axis_lane(p, spec, raw, lanes):
             continue
         blocks.append(spec)
     names_written = (b.get("name") if isinstance(b, dict) else None for b in raw_blocks)
     declared = {name: None for name in names_written if isinstance(name, str)}
-    check_after(p, blocks, declared, *elsewhere)
+    check_after(p, blocks, declared, file.homes, written)
     if blocks and not p:
         num_iters = max(settings["iters"], settings["warmup_iters"])
         problem = window_launches_problem(len(blocks), num_iters)
@@ -334,13 +319,9 @@ def _pattern_point(
     )
 
 
-def _traced_by_rank_us(
-    p: Problems, body: dict[Any, Any], path: str, world: tuple[tuple[int, ...], ...] | None
-) -> tuple[float, ...]:
-    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank."""
-    if "traced_by_rank_us" not in body:
-        return ()
-    where, value = join(path, "traced_by_rank_us"), body["traced_by_rank_us"]
+def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple[float, ...]:
+    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank (the
+    world axis's one team)."""
     size = len(world[0]) if world else None
     if not isinstance(value, list) or len(value) != (size or len(value)):
         count = f"{size} durations" if size else "durations"

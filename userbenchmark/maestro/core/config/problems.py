@@ -8,7 +8,6 @@ import difflib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ...errors import ConfigIssue
@@ -59,6 +58,16 @@ def _clip(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _hint(value: Any) -> str:
+    """Why text a user meant as a number is not one."""
+    if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
+        return (
+            f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
+            "as in 1.0e+6, or the number in full)"
+        )
+    return ""
+
+
 def choices(values: Sequence[Any] | Mapping[Any, Any]) -> str:
     """``a, b, c`` for a message listing valid choices."""
     return ", ".join(str(v) for v in values)
@@ -72,41 +81,29 @@ def suggest(value: Any, valid: Sequence[Any] | Mapping[Any, Any]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-@dataclass
-class SourceMap:
-    """Where each YAML path of a file is, and what its non-text scalars were written as."""
-
-    lines: dict[str, int] = field(default_factory=dict)
-    """{YAML path: 1-based line}; the first occurrence wins."""
-    written: dict[str, tuple[str, Any]] = field(default_factory=dict)
-    """{YAML path: (text as written, value it became)} for scalars that did not become text
-    (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
-    yaml11_words: set[str] = field(default_factory=set)
-    """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
-
-    def line(self, path: str) -> int | None:
-        """The line of ``path`` or of its nearest ancestor in the file."""
-        while True:
-            if path in self.lines:
-                return self.lines[path]
-            if not path:
-                return None
-            cut = max(path.rfind("."), path.rfind("["))
-            path = path[:cut] if cut > 0 else ""
-
-
 class Problems:
-    """Every problem found in one file; builds the single ConfigError that reports them."""
+    """Every problem found in one file, where each YAML path of it is and what its non-text
+    scalars were written as; builds the single ConfigError that reports the problems."""
 
-    def __init__(self, file: str, source: SourceMap | None = None) -> None:
+    def __init__(self, file: str, like: Problems | None = None) -> None:
         self.file = file
-        self.source = source if source is not None else SourceMap()
         self.items: list[tuple[str, str, int | None]] = []
         """(YAML path, message, line)."""
+        self.lines: dict[str, int] = like.lines if like is not None else {}
+        """{YAML path: 1-based line}; the first occurrence wins (shared with ``like``'s)."""
+        self.written: dict[str, tuple[str, Any]] = like.written if like is not None else {}
+        """{YAML path: (text as written, value it became)} for scalars that did not become text
+        (numbers, booleans, null), so a message can say ``0x10`` or ``~`` rather than 16 or null."""
+        self.yaml11_words: set[str] = like.yaml11_words if like is not None else set()
+        """Paths of unquoted yes/no/on/off: text here, booleans to YAML 1.1 readers."""
 
     def add(self, path: str, message: str, *, line: int | None = None) -> None:
         """Record a problem at ``path`` (``line`` when the path alone does not locate it)."""
-        self.items.append((path, message, self.source.line(path) if line is None else line))
+        at = path
+        while line is None and at and at not in self.lines:  # its nearest ancestor's
+            cut = max(at.rfind("."), at.rfind("["))
+            at = at[:cut] if cut > 0 else ""
+        self.items.append((path, message, self.lines.get(at) if line is None else line))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -117,15 +114,12 @@ class Problems:
             ConfigIssue(message, path=path, file=self.file, line=line)
             for path, message, line in self.items[:MAX_ISSUES]
         ]
-        if len(self.items) > MAX_ISSUES:
-            issues.append(
-                ConfigIssue(f"... and {len(self.items) - MAX_ISSUES} more problems", file=self.file)
-            )
-        return issues
+        more = len(self.items) - MAX_ISSUES
+        return issues + [ConfigIssue(f"... and {more} more problems", file=self.file)] * (more > 0)
 
     def show(self, path: str, value: Any) -> str:
         """``value`` (found at ``path``) as the file wrote it: ``0x10``, ``~``, ``.inf``."""
-        written = self.source.written.get(path)
+        written = self.written.get(path)
         if written is not None and not isinstance(value, str):
             text, parsed = written
             same = type(parsed) is type(value) and (
@@ -136,61 +130,46 @@ class Problems:
                 return _clip(text)
         return show(value)
 
-    @staticmethod
-    def _hint(value: Any) -> str:
-        """Why text a user meant as a number is not one."""
-        if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
-            return (
-                f" (YAML reads {value} as text: write a decimal point and a signed exponent, "
-                "as in 1.0e+6, or the number in full)"
-            )
-        return ""
-
     # ---- typed checks: the value, or None after recording a problem ----
+    def missing(self, raw: Mapping[Any, Any], path: str, key: str, what: str = "") -> bool:
+        """Whether the required ``key`` is missing from ``raw``, recorded (``what`` says why)."""
+        if key not in raw:
+            self.add(join(path, key), f"missing required key {key!r}{what}")
+        return key not in raw
+
+    def get(
+        self, raw: Mapping[Any, Any], path: str, key: str, check: Any, *args: Any, **kw: Any
+    ) -> Any:
+        """``check(raw[key], its path, *args, **kw)`` when ``key`` is in ``raw``, else ``default``
+        (a keyword, None unless given)."""
+        default = kw.pop("default", None)
+        return check(raw[key], join(path, key), *args, **kw) if key in raw else default
+
     def unknown_keys(
-        self, raw: Mapping[Any, Any], path: str, valid: Sequence[str], what: str
+        self, raw: Mapping[Any, Any], path: str, valid: Sequence[str], where: str
     ) -> None:
-        """Record each key of ``raw`` that is not in ``valid``."""
+        """Record each key of ``raw`` that is not in ``valid`` (``where``: "in a pattern")."""
         for key in raw:
             if key not in valid:
                 self.add(
                     join(path, key),
-                    f"unknown key {show(key)} in {what}"
-                    f"{suggest(key, valid)}; valid keys: {choices(valid)}",
+                    f"unknown key {show(key)} {where}{suggest(key, valid)}; "
+                    f"valid keys: {choices(valid)}",
                 )
 
-    def integer(
-        self,
-        value: Any,
-        path: str,
-        *,
-        minimum: int | None = None,
-        maximum: int | None = None,
-        why: str = "",
-    ) -> int | None:
-        """An int in [minimum, maximum] (a whole float counts); ``why`` explains the maximum."""
+    def integer(self, value: Any, path: str, **bounds: Any) -> int | None:
+        """An int (a whole float counts) within ``bounds`` (:meth:`within`'s)."""
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.add(
-                path,
-                f"expected an integer, got {self.show(path, value)}{self._hint(value)}",
-            )
+            self.add(path, f"expected an integer, got {self.show(path, value)}{_hint(value)}")
             return None
-        return value if self.within(value, value, path, minimum, maximum, why_max=why) else None
+        return value if self.within(value, value, path, **bounds) else None
 
-    def number(
-        self,
-        value: Any,
-        path: str,
-        *,
-        minimum: float | None = None,
-        maximum: float | None = None,
-        why: str = "",
-    ) -> float | None:
-        """A finite int or float within the bounds; ``why`` explains them."""
+    def number(self, value: Any, path: str, **bounds: Any) -> float | None:
+        """A finite int or float within ``bounds`` (:meth:`within`'s)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.add(path, f"expected a number, got {self.show(path, value)}{self._hint(value)}")
+            self.add(path, f"expected a number, got {self.show(path, value)}{_hint(value)}")
             return None
         try:
             number = float(value)
@@ -199,27 +178,27 @@ class Problems:
         if not math.isfinite(number):
             self.add(path, f"expected a finite number, got {self.show(path, value)}")
             return None
-        return number if self.within(number, value, path, minimum, maximum, why, why) else None
+        return number if self.within(number, value, path, **bounds) else None
 
     def within(
         self,
         number: float,
         value: Any,
         path: str,
-        minimum: float | None,
-        maximum: float | None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        why: str = "",
         why_min: str = "",
-        why_max: str = "",
     ) -> bool:
         """Whether ``number`` (``value`` as checked) is in [minimum, maximum]; records why not,
-        with ``why_min`` or ``why_max`` as the reason."""
+        ``why`` explaining the maximum and ``why_min`` the minimum."""
         if minimum is not None and number < minimum:
-            word, bound, why = "least", minimum, why_min
+            word, bound, reason = "least", minimum, why_min
         elif maximum is not None and number > maximum:
-            word, bound, why = "most", maximum, why_max
+            word, bound, reason = "most", maximum, why
         else:
             return True
-        reason = f" ({why})" if why else ""
+        reason = f" ({reason})" if reason else ""
         self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
         return False
 

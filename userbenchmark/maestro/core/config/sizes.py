@@ -35,11 +35,9 @@ def parse_size(value: object) -> int:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"expected a finite size, got {value}")
-        if not value.is_integer():
-            if value <= 0:
-                raise ValueError(f"size must be positive, got {value}")
+        if not value.is_integer() and value > 0:
             raise ValueError(f"size {value} is not a whole number of bytes")
-        return _checked(int(value), repr(value))
+        return _checked(int(value), repr(value))  # not positive: says so
     if not isinstance(value, str):
         raise ValueError(f"expected a size {_EXAMPLES}, got {type(value).__name__}")
     text = value.strip()

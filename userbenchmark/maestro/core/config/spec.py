@@ -5,7 +5,8 @@ hands the validated suite to its workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,10 +69,7 @@ class AxisSpec:
 
     def team_of(self, rank: int) -> tuple[int, ...] | None:
         """The team holding ``rank``, or None when the rank is in no team of this axis."""
-        for team in self.teams:
-            if rank in team:
-                return team
-        return None
+        return next((team for team in self.teams if rank in team), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +85,9 @@ class BlockSpec:
     dtype: str
     params: Mapping[str, Any] = field(default_factory=frozen_mapping)
     """Op parameters after defaults; sizes are int bytes, GEMM dims int element counts."""
+    work: str = field(default="", compare=False)
+    """The parameters as the file spells them, after any ``--max-size`` cap (what the block
+    measures; summary.describe_params, set where they are validated or capped)."""
     register_buffers: bool = False
     after: tuple[str, ...] = ()
     """Blocks of the same pattern this block waits for in each iteration (``after:``)."""
@@ -103,6 +104,44 @@ class BlockSpec:
     @property
     def dtype_size_bytes(self) -> int:
         return DTYPE_SIZES_BYTES[self.dtype]
+
+
+def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
+    """The wait-for graph: for each block (by index), the blocks it waits for in an iteration:
+    its ``after:`` names (names not in ``blocks`` are left out) and the block before it on its
+    lane."""
+    index = {block.name: i for i, block in enumerate(blocks)}
+    previous: dict[str, int] = {}
+    out = []
+    for i, block in enumerate(blocks):
+        waits = [index[name] for name in block.after if name in index]
+        if block.lane in previous:
+            waits.append(previous[block.lane])
+        previous[block.lane] = i
+        out.append(tuple(dict.fromkeys(waits)))
+    return tuple(out)
+
+
+def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
+    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
+    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
+    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
+    different communicators in one order."""
+    waits = predecessors(blocks)
+    queues: dict[str, deque[int]] = {}
+    for i, block in enumerate(blocks):
+        queues.setdefault(block.lane, deque()).append(i)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < len(blocks):
+        before = len(order)
+        for queue in queues.values():
+            while queue and done.issuperset(waits[queue[0]]):
+                done.add(queue[0])
+                order.append(queue.popleft())
+        if len(order) == before:
+            break  # the rest wait for each other
+    return tuple(order)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,20 +166,24 @@ class PatternSpec:
     traced_by_rank_us: tuple[float, ...] = ()
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
+    predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    """:func:`predecessors` of the blocks, computed with the spec."""
+    issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """:func:`issue_order` of the blocks, computed with the spec."""
 
-    def block(self, name: str) -> BlockSpec:
-        for spec in self.blocks:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predecessors", predecessors(self.blocks))
+        object.__setattr__(self, "issue_order", issue_order(self.blocks))
+
+    @property
+    def traced(self) -> bool:
+        """The pattern carries traced durations (it was imported from a trace)."""
+        return self.traced_us is not None or any(b.traced_us is not None for b in self.blocks)
 
     @property
     def lanes(self) -> tuple[str, ...]:
         """Lanes in order of first use."""
-        seen: dict[str, None] = {}
-        for spec in self.blocks:
-            seen.setdefault(spec.lane, None)
-        return tuple(seen)
+        return tuple(dict.fromkeys(b.lane for b in self.blocks))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +192,7 @@ class SuiteSpec:
 
     name: str
     source: str
-    """Path of the file it came from."""
+    """The file's path."""
     world_size: int
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)

@@ -118,12 +118,12 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _work(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
-    """:func:`describe_params`, plus GEMM FLOPs."""
-    text = describe_params(cls, params)
+def _work(cls: type[Block] | None, block: BlockSpec) -> str:
+    """The block's work (:func:`describe_params`), plus GEMM FLOPs."""
+    text = block.work
     if cls is not None:
         try:
-            flops = cls.flop_count(params)
+            flops = cls.flop_count(block.params)
         except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
             flops = None
         if isinstance(flops, int) and flops > 0:
@@ -145,7 +145,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     for block in pattern.blocks:
         covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
-        work = _work(_block_class(block.op, import_ops), block.params)
+        work = _work(_block_class(block.op, import_ops), block)
         num_bytes = _block_bytes(suite, block, import_ops)
         size = "?" if num_bytes is None else human_bytes(num_bytes)
         rows.append([block.name, block.op, block.axis, block.lane, block.dtype, work, ranks, size])

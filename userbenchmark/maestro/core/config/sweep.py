@@ -78,14 +78,9 @@ def parse_sweep(raw: Any) -> tuple[tuple[SweepVariable, ...], list[Problem]]:
 
 
 def _listed(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    if not spec:
-        found.append(((), "a sweep list needs at least one value"))
-        return (), ()
-    if len(spec) > MAX_SWEEP_POINTS:
-        message = (
-            f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
-        )
-        found.append(((), message))
+    if not spec or len(spec) > MAX_SWEEP_POINTS:
+        many = f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
+        found.append(((), many if spec else "a sweep list needs at least one value"))
         return (), ()
     labels: list[str] = []
     for i, value in enumerate(spec):
@@ -185,20 +180,15 @@ def geometric_values(
             raise ValueError("geometric sweep bounds are too large for floating point") from exc
     values: list[int | float] = []
     for i in itertools.count():
-        if exact:
-            value: int | float = start * factor**i
-            if value > stop:
-                break
-        else:
-            try:
-                raw = start * factor**i
-            except OverflowError:
-                break
-            if raw > stop * (1 + 1e-12) or not math.isfinite(raw):
-                break
-            value = float(f"{raw:.12g}")
-            if value.is_integer():
-                value = int(value)
+        try:
+            value = start * factor**i
+        except OverflowError:  # floats only
+            break
+        if value > stop * (1 if exact else 1 + 1e-12) or (not exact and not math.isfinite(value)):
+            break
+        if not exact:
+            value = float(f"{value:.12g}")
+            value = int(value) if value.is_integer() else value
         if len(values) >= limit:
             raise ValueError(f"{described} has more than {limit} points")
         values.append(value)

@@ -1,7 +1,6 @@
-"""Read a pattern file into plain data, safely and within bounds, recording each YAML path's line
-and each scalar as written. Only YAML core types are built (any other tag is a problem); hostile
-input (deep nesting, aliases, huge files) meets maestro's own limits before a tree is built,
-whatever PyYAML's version."""
+"""Read a pattern file into plain data, recording each YAML path's line and each scalar as written.
+Only YAML core types are built; hostile input (deep nesting, aliases, huge files) meets maestro's
+own limits before a tree is built, whatever PyYAML's version."""
 
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ def read_file_text(path: Path, file: str) -> str:
 
 
 def read_yaml(text: str, problems: Problems) -> Any:
-    """Plain data of the YAML ``text``, filling ``problems.source``. Problems that leave the rest
+    """Plain data of the YAML ``text``, filling ``problems``' lines and written values. Problems that leave the rest
     readable (a duplicate key, an unsupported tag) are recorded and reading goes on; a syntax
     error, hostile nesting or expansion, or an empty file raise ConfigError at once."""
     file = problems.file
@@ -173,7 +172,6 @@ class _Converter:
 
     def __init__(self, problems: Problems) -> None:
         self.problems = problems
-        self.source = problems.source
         self._scalars = SafeConstructor()
 
     def _issue(self, path: str, message: str, node: Node) -> None:
@@ -184,7 +182,7 @@ class _Converter:
             # YAML 1.1 reads yes/no/on/off as booleans; here they are text (as in YAML 1.2),
             # so `sync: yes` is reported as written and `baseline: yes` is not silently true.
             if record:
-                self.source.yaml11_words.add(path)
+                self.problems.yaml11_words.add(path)
             return node.value
         try:
             value = self._scalars.construct_object(node, deep=True)
@@ -193,21 +191,18 @@ class _Converter:
             self._issue(path, f"unsupported YAML value ({problem})", node)
             return None
         if record and not isinstance(value, str):
-            self.source.written.setdefault(path, (node.value, value))
+            self.problems.written.setdefault(path, (node.value, value))
         return value
 
     def convert(self, node: Node, path: str) -> Any:
-        self.source.lines.setdefault(path, node.start_mark.line + 1)
+        self.problems.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, ScalarNode):
             return self._scalar(node, path)
-        if isinstance(node, SequenceNode):
-            if node.tag != _SEQ_TAG:
-                self._issue(path, f"unsupported YAML tag {node.tag!r}", node)
-                return None
-            return [self.convert(child, index(path, i)) for i, child in enumerate(node.value)]
-        if not isinstance(node, MappingNode) or node.tag != _MAP_TAG:
+        if (type(node), node.tag) not in ((SequenceNode, _SEQ_TAG), (MappingNode, _MAP_TAG)):
             self._issue(path, f"unsupported YAML tag {node.tag!r}", node)
             return None
+        if isinstance(node, SequenceNode):
+            return [self.convert(child, index(path, i)) for i, child in enumerate(node.value)]
         result: dict[Any, Any] = {}
         merges: list[Node] = []
         for key_node, value_node in node.value:
@@ -225,7 +220,7 @@ class _Converter:
                 # Reported, and the first value kept, so the rest of the file is still checked.
                 self._issue(sub, f"duplicate key {key!r}", key_node)
                 continue
-            self.source.lines.setdefault(sub, key_node.start_mark.line + 1)
+            self.problems.lines.setdefault(sub, key_node.start_mark.line + 1)
             result[key] = self.convert(value_node, sub)
         # YAML merge keys (<<: *anchor): explicit keys win, then earlier merged mappings.
         for value_node in merges:

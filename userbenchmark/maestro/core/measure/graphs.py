@@ -23,15 +23,11 @@ holds what its capture allocates (library workspaces; maestro's buffers exist be
 
 
 class CapturedBlock:
-    """A block whose launch was captured once; ``launch`` replays the graph on the current
-    stream (the block's lane)."""
+    """A block's launch captured once: ``launch`` replays the graph on the current stream (the
+    block's lane)."""
 
-    def __init__(self, block: Any, graph: Any) -> None:
-        self.block = block
-        self.graph = graph
-
-    def launch(self) -> None:
-        self.graph.replay()
+    def __init__(self, graph: Any) -> None:
+        self.launch = graph.replay
 
 
 def capture_blocks(
@@ -56,6 +52,6 @@ def capture_blocks(
                     "graph: false",
                     block=names[index],
                 ) from exc
-            captured[index] = CapturedBlock(block, graph)
+            captured[index] = CapturedBlock(graph)
     torch.cuda.synchronize(device)
     return captured

@@ -37,7 +37,7 @@ def issue_runs(
 ) -> list[tuple[int, list[tuple[int, Any]]]]:
     """Runs of (lane position, its next blocks) following ``order`` (block indices; blocks not
     in ``lanes`` left out), consecutive blocks of one lane in one run; lane by lane without
-    ``order``. The CUDA host enqueues in this order (see core/config/dependencies.py)."""
+    ``order``. The CUDA host enqueues in this order (``PatternSpec.issue_order``)."""
     where = {index: (li, block) for li, lane in enumerate(lanes) for index, block in lane.blocks}
     runs: list[tuple[int, list[tuple[int, Any]]]] = []
     for index in order or list(where):

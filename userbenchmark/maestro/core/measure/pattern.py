@@ -19,8 +19,7 @@ from ..analysis import fidelity
 from ..analysis.activities import main_kernel_names
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome
-from ..config.dependencies import issue_order
-from ..config.spec import BlockSpec, PatternSpec
+from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
 from . import windows
 from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
@@ -29,15 +28,6 @@ from .lanes import Lane
 from .rig import Rig
 
 log = logging.getLogger("maestro.pattern")
-
-
-def _awaited(specs: Sequence[BlockSpec], lane_of_block: Sequence[int]) -> list[tuple[int, ...]]:
-    """Each block's ``after:`` blocks on other lanes (a lane runs its blocks in order anyway)."""
-    index = {b.name: i for i, b in enumerate(specs)}
-    return [
-        tuple(index[n] for n in b.after if lane_of_block[index[n]] != li)
-        for b, li in zip(specs, lane_of_block, strict=True)
-    ]
 
 
 def _lane_starts(
@@ -60,8 +50,12 @@ class PatternRun:
         self.classes: list[type[Block]] = [resolve_op(b.op) for b in specs]
         self.present = np.array([rig.comms.team(b.axis) is not None for b in specs], dtype=bool)
         self.lane_of_block = [list(pattern.lanes).index(b.lane) for b in specs]
-        self.order = issue_order(specs)
-        self.after = _awaited(specs, self.lane_of_block)
+        self.order = pattern.issue_order
+        # Each block's waits on other lanes (a lane runs its blocks in order anyway).
+        self.after = [
+            tuple(j for j in waits if self.lane_of_block[j] != self.lane_of_block[i])
+            for i, waits in enumerate(pattern.predecessors)
+        ]
         self.lane_starts = _lane_starts(self.lane_of_block, self.after, self.present)
         self.is_comm = np.array([c.category == "comm" for c in self.classes], dtype=bool)
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
@@ -94,7 +88,7 @@ class PatternRun:
         self._lanes = self.lanes()
         yield "measure", self.measure
         yield "analysis", self.analyse
-        if fidelity.has_traced(self.pattern):  # an imported step reports every rank's makespan
+        if self.pattern.traced:  # an imported step reports every rank's makespan
             yield "analysis", self.trace_steps
         if self.pattern.baseline and len(self.names) > 1:
             yield "baseline", self.baseline

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ..analysis import fidelity
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from ..profilers.profiler import Profiler
@@ -132,7 +131,7 @@ def make_rig(
             agree_start = lambda ns: int(reduce(np.array([ns], dtype=np.int64), "max")[0])  # noqa: E731
         lanes = CpuLanes(barrier=barrier, agree_start=agree_start, timeout_s=suite.timeout_s)
     # Kernel names are kept for a trace, and for an imported step's kernels against its trace's.
-    names = options.trace or any(fidelity.has_traced(p) for p in suite.patterns)
+    names = options.trace or any(p.traced for p in suite.patterns)
     profiler = make_profiler(
         options.profiler,
         on_cuda=place.is_cuda,

@@ -61,26 +61,19 @@ class CompareResult:
     path_a: str
     path_b: str
     judgements: tuple[Judgement, ...]
-    """One per key both files have."""
     only_a: Mapping[str, float]
     only_b: Mapping[str, float]
-    missing: tuple[str, ...] = ()
-    """Patterns and blocks the control has and the treatment lacks (``pattern`` or
-    ``pattern/block``): the treatment did not measure them."""
+    missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
     nan_in_b: Mapping[str, float] = field(default_factory=dict)
     """Keys the other run has a value for (kept here) that this one has as NaN: a figure every
     timed block or pattern has (its latency, its makespan), missing from a block or pattern
     the run has. A failure."""
-    failures: tuple[str, ...] = ()
-    """Patterns the treatment's failures.json says failed."""
-    stack_a: str = "unknown"
+    failures: tuple[str, ...] = ()  # patterns B's failures.json says failed
+    stack_a: str = "unknown"  # what each run ran on (versions, device), from its settings
     stack_b: str = "unknown"
-    """What each run ran on (versions, device), from its settings."""
-    setting_differences: tuple[str, ...] = ()
-    """Measurement settings both runs record with different values (compared under --force)."""
-    notes: tuple[str, ...] = ()
-    """What could not be checked, and why."""
+    setting_differences: tuple[str, ...] = ()  # compared under --force
+    notes: tuple[str, ...] = ()  # what could not be checked, and why
 
     @property
     def regressions(self) -> tuple[Judgement, ...]:
@@ -88,7 +81,6 @@ class CompareResult:
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
     def count(self, verdict: str) -> int:
-        """Number of keys with ``verdict``, of the verdicts that decide."""
         return sum(1 for j in self.judgements if j.verdict == verdict and j.decides)
 
 
@@ -116,20 +108,17 @@ def load_metrics(path: str | Path) -> dict[str, float]:
 
 @dataclass(frozen=True, kw_only=True)
 class _Side:
-    """One run as compare sees it."""
+    """One run as compare sees it: ``settings`` from the metrics file's environ or run.json,
+    ``table_settings`` what the results tables record (None for a metrics file)."""
 
     metrics: dict[str, float]
     settings: dict[str, Any] | None
-    """The run's environ (metrics file) or run.json; None when it records none."""
-    table_settings: dict[str, str] | None
-    """Settings the results tables themselves record (iterations, ops, sizes); None for a
-    metrics file."""
+    table_settings: dict[str, str] | None = None
     failures: tuple[str, ...] = ()
     note: str = ""
 
 
 def _load_side(path: Path) -> _Side:
-    """Read a file or folder once: its metrics, settings and failures."""
     try:
         doc = None if path.is_dir() else read_json_file(path)
         if isinstance(doc, dict) and "metrics" in doc:
@@ -137,7 +126,6 @@ def _load_side(path: Path) -> _Side:
             side = _Side(
                 metrics=_from_metrics_json(doc, path),
                 settings=dict(environ) if isinstance(environ, dict) else None,
-                table_settings=None,
             )
         elif doc is None or isinstance(doc, list):
             side = _results_side(path, doc)
@@ -153,7 +141,10 @@ def _load_side(path: Path) -> _Side:
     except (ResultsError, ValueError) as exc:
         text = str(exc)
         message = text if text.startswith(str(path)) else f"{path}: {text}"
-        raise CompareError(_clip(message)) from None
+        # Clipped: a malformed key can be megabytes long.
+        raise CompareError(
+            message if len(message) <= 500 else message[:500] + "... (cut)"
+        ) from None
     if not side.metrics:
         raise CompareError(f"{path}: holds no metrics")
     return side
@@ -271,8 +262,7 @@ def _setting_differences(a: _Side, b: _Side) -> list[str]:
 
 def exit_code(result: CompareResult) -> int:
     """1 when a metric regressed beyond noise (the harness's only when judged), is NaN on one
-    side, or the treatment lacks patterns or blocks of the control or recorded failures; else
-    0."""
+    side, or the treatment lacks patterns or blocks of the control or recorded failures."""
     nan = result.nan_in_a or result.nan_in_b
     return 1 if result.regressions or nan or result.missing or result.failures else 0
 
@@ -368,7 +358,6 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
 
 
 def _table_settings(found: Results) -> dict[str, str]:
-    """What the results tables record about how each pattern and block was measured."""
     out = {}
     for row in records_of(found.patterns):
         out[f"pattern.{row['pattern']}"] = (
@@ -410,11 +399,6 @@ def _checked(metric: str, value: float, where: str) -> float:
     if problem is not None:
         raise CompareError(f"{where}: invalid value {value!r} for {metric}: {problem}")
     return value
-
-
-def _clip(message: str, limit: int = 500) -> str:
-    """A message cut to ``limit`` characters (a malformed key can be megabytes long)."""
-    return message if len(message) <= limit else message[:limit] + "... (cut)"
 
 
 def _check_floors(overrides: Mapping[str, float]) -> None:

@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_NEW_FILE_MODE = 0o666
-"""What ``open(path, "w")`` asks for; the kernel takes the umask (or default ACL) off."""
+_NEW_FILE_MODE = 0o666  # what open(path, "w") asks: the kernel takes the umask (or ACL) off
 _NAME_ATTEMPTS = 100
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -34,24 +33,18 @@ def _create_temporary(path: Path) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
 
 
-def _existing_permissions(path: Path) -> int | None:
-    """Permission bits of ``path`` when it is a regular file (kept on rewrite), else None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
-
-
 def _write_temporary(path: Path, data: bytes) -> str:
     """``data`` in a fsynced temporary file next to ``path`` (whose folder must exist: a
     folder removed during a run is never created again); returns the temporary's path."""
     fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            keep = _existing_permissions(path)
-            if keep is not None:
-                os.fchmod(fh.fileno(), keep)
+            try:
+                st: os.stat_result | None = os.stat(path)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):  # a rewritten file keeps its mode
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode) & 0o777)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -3,14 +3,15 @@ outlives the run's writer (the local launcher; under torchrun/srun, rank 0)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
 import logging
 import os
 import re
-import secrets
 import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from .files import TEMPORARY_SUFFIX, unlink_quietly
 
 log = logging.getLogger("maestro.output")
 
+# What maestro writes into --output-dir, and its plots: moved aside at start.
 MAESTRO_OUTPUT_NAMES: Final = (
     *(f"{stem}.{ext}" for stem in ("results", "patterns", "pairs") for ext in ("json", "csv")),
     "failures.json",
@@ -29,20 +31,17 @@ MAESTRO_OUTPUT_NAMES: Final = (
     "trace.json",
     "traces",
 )
-"""What maestro writes into ``--output-dir`` (besides ``plot-*.png``): moved aside at start."""
-MAESTRO_OUTPUT_GLOBS: Final = ("plot-*.png",)
-LOCK_NAME: Final = ".maestro.lock"
-"""Lock file of the output directory, removed when the run ends."""
+_PLOT_GLOB: Final = "plot-*.png"
+LOCK_NAME: Final = ".maestro.lock"  # removed when the run ends
+# Where TorchBench looks for metrics files: <repo>/.userbenchmark/maestro.
 DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
-"""Where TorchBench looks for metrics files: ``<repo>/.userbenchmark/maestro``."""
+# An atomic write's temporary: .NAME.<8 hex>.tmp (files.py).
 _TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
-"""An atomic write's temporary (``.NAME.<8 hex>.tmp``, see files.py)."""
 PREVIOUS_PREFIX: Final = "previous-"
+# TorchBench tooling globs metrics-*.json; the name is metrics-YYYYmmddHHMMSS[-N].json.
 METRICS_PREFIX: Final = "metrics-"
-"""TorchBench tooling globs ``metrics-*.json``; the name is ``metrics-YYYYmmddHHMMSS[-N].json``."""
 _METRICS_NAME: Final = re.compile(re.escape(METRICS_PREFIX) + r"\d{14}(-\d+)?\.json")
-_RUN_MARKERS: Final = ("run.json", "results.json", LOCK_NAME)
-"""Files whose presence makes a folder one a maestro run wrote (or is writing)."""
+_RUN_MARKERS: Final = ("run.json", "results.json", LOCK_NAME)  # a folder a run wrote, or writes
 _SPECIAL_ROOTS: Final = ("/proc", "/sys")
 _ATTEMPTS: Final = 1000
 
@@ -50,13 +49,11 @@ _ATTEMPTS: Final = 1000
 @dataclass
 class PreparedOutputs:
     """One run's checked output locations, held while it writes: the output folder (None without
-    ``--output-dir``), the reserved metrics file name (None: no metrics), where an earlier run's
-    files went and their names. ``close()`` releases the folder's lock and the metrics name."""
+    ``--output-dir``) and the reserved metrics file name (None: no metrics). ``close()``
+    releases the folder's lock and the metrics name."""
 
     output_dir: Path | None
     metrics_path: Path | None
-    moved_to: Path | None
-    moved: tuple[str, ...]
     _lock_fd: int | None
     _reservation: Path | None
 
@@ -89,10 +86,10 @@ def prepare_output_locations(
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
     metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
     lock_fd = None if out is None else _lock(out)
-    reservation = None
+    metrics_path = reservation = None
     try:
-        moved_to, moved = (None, ()) if out is None else _move_aside(out, stamp)
-        metrics_path = None
+        if out is not None:
+            _move_aside(out, stamp)
         if metrics is not None:
             _remove_temporaries(metrics)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
@@ -101,7 +98,7 @@ def prepare_output_locations(
             assert out is not None
             _unlock(out, lock_fd)
         raise
-    return PreparedOutputs(out, metrics_path, moved_to, moved, lock_fd, reservation)
+    return PreparedOutputs(out, metrics_path, lock_fd, reservation)
 
 
 def check_output_file(
@@ -113,11 +110,8 @@ def check_output_file(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> Path:
     """``path`` as the file ``option`` names, which a command may write (replacing an earlier
-    file atomically, never through a link): OptionError, one line naming the option, the path
-    and why, when it is empty, a folder, a link or another non-regular file, one of ``inputs``
-    (the same file, hard links included), a file of a maestro run (its results, run.json,
-    plots, a metrics file), or its suffix is not one of ``suffixes`` (it ``writes``: the
-    format)."""
+    file atomically, never through a link); OptionError, one line naming the option, the path
+    and why, for each refusal docs/reliability.md lists ("Files named on the command line")."""
     text = os.fspath(path)
     if not text:
         raise OptionError(f"{option} '': an empty path; name the file to write")
@@ -140,7 +134,7 @@ def check_output_file(
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OptionError(f"{where}: is not a regular file (a pipe, a socket or a device)")
     for source in inputs:
-        if st is not None and _same_inode(st, source):
+        if st is not None and _same_file(st, source):
             raise OptionError(f"{where}: is {os.fspath(source)}, an input of this command")
     if _METRICS_NAME.fullmatch(target.name) or _in_run_folder(target):
         raise OptionError(f"{where}: is a file of a maestro run; name another file")
@@ -151,18 +145,8 @@ def check_output_file(
     return target
 
 
-def _same_inode(st: os.stat_result, source: str | os.PathLike[str]) -> bool:
-    try:
-        other = os.stat(source)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
-
-
 def _in_run_folder(path: Path) -> bool:
-    """Whether ``path`` has the name of a file maestro writes into ``--output-dir`` and lies in
-    a folder a run wrote."""
-    named = path.name in MAESTRO_OUTPUT_NAMES or any(path.match(g) for g in MAESTRO_OUTPUT_GLOBS)
+    named = path.name in MAESTRO_OUTPUT_NAMES or path.match(_PLOT_GLOB)
     return named and any(os.path.lexists(path.parent / m) for m in _RUN_MARKERS)
 
 
@@ -180,7 +164,6 @@ def _under_special_root(path: Path) -> bool:
 
 
 def _usable_dir(option: str, path: Path) -> Path:
-    """``path`` as a directory that exists and takes new files; OptionError otherwise."""
     if _under_special_root(path):
         raise OptionError(
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
@@ -191,27 +174,21 @@ def _usable_dir(option: str, path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OptionError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
-    probe = path / f".maestro-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            os.write(fd, b"probe")
-        finally:
-            os.close(fd)
-        os.unlink(probe)
+        with tempfile.TemporaryFile(dir=path) as probe:  # gone once closed, even after an error
+            probe.write(b"probe")
+            probe.flush()
     except OSError as exc:
-        unlink_quietly(probe)
         raise OptionError(f"{option} {path}: is not writable: {_reason(exc)}") from None
     return path
 
 
-def _same_file(path: Path, fd: int) -> bool:
-    """Whether ``path`` (not followed) is the file open as ``fd``."""
+def _same_file(st: os.stat_result, path: str | os.PathLike[str], *, follow: bool = True) -> bool:
     try:
-        st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        other = os.stat(path, follow_symlinks=follow)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _lock(folder: Path) -> int | None:
@@ -245,7 +222,7 @@ def _lock(folder: Path) -> int | None:
                 "cannot lock %s (%s): another run may write there too", folder, _reason(exc)
             )
             return None
-        if _same_file(path, fd):
+        if _same_file(os.fstat(fd), path, follow=False):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             return fd
@@ -256,7 +233,7 @@ def _lock(folder: Path) -> int | None:
 def _unlock(folder: Path, fd: int) -> None:
     """Remove the lock file while still holding it, then release it: a run that opened the
     file meanwhile finds, once it holds the lock, that the name no longer leads to it."""
-    if _same_file(folder / LOCK_NAME, fd):
+    if _same_file(os.fstat(fd), folder / LOCK_NAME, follow=False):
         unlink_quietly(folder / LOCK_NAME)
     os.close(fd)  # releases the flock
 
@@ -278,8 +255,7 @@ def _read_pid(fd: int) -> str:
 
 def _stale_outputs(folder: Path) -> list[Path]:
     found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
-    for pattern in MAESTRO_OUTPUT_GLOBS:
-        found += sorted(p for p in folder.glob(pattern) if p.is_file() or p.is_symlink())
+    found += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
     for path in found:
         if path.is_symlink():
             raise OptionError(_planted(folder, path.name))
@@ -311,21 +287,19 @@ def _remove_temporaries(folder: Path) -> None:
 def _exclusive_dir(parent: Path, base: str) -> Path:
     for n in range(1, _ATTEMPTS + 1):
         candidate = parent / (base if n == 1 else f"{base}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
+            return candidate
     raise OptionError(f"--output-dir {parent}: no free name {base}-N to move earlier files to")
 
 
-def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]:
+def _move_aside(folder: Path, stamp: str) -> None:
     """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
     a killed run are removed."""
     _remove_temporaries(folder)
     stale = _stale_outputs(folder)
     if not stale:
-        return None, ()
+        return
     try:
         dest = _exclusive_dir(folder, PREVIOUS_PREFIX + stamp)
         for path in stale:
@@ -334,12 +308,10 @@ def _move_aside(folder: Path, stamp: str) -> tuple[Path | None, tuple[str, ...]]
         raise OptionError(
             f"--output-dir {folder}: cannot move the files of an earlier run aside: {_reason(exc)}"
         ) from None
-    names = tuple(p.name for p in stale)
-    shown = ", ".join(names)
+    shown = ", ".join(p.name for p in stale)
     log.info(
-        "moved %d file(s) of an earlier run from %s to %s: %s", len(names), folder, dest, shown
+        "moved %d file(s) of an earlier run from %s to %s: %s", len(stale), folder, dest, shown
     )
-    return dest, names
 
 
 def _reserve_metrics_name(folder: Path, stamp: str) -> tuple[Path, Path]:

@@ -16,22 +16,19 @@ from ..analysis.records import RECORDS, Direction, Domain, Level, Metric, metric
 
 NamePart = Literal["suite", "pattern", "block", "metric"]
 
-PAIR_SEPARATOR: Final = "+"
-"""Joins the two block names of a pair key (``ag+rs``); no block name can contain it."""
+PAIR_SEPARATOR: Final = "+"  # joins a pair key's block names (ag+rs); no block name has it
 
 _NAME = r"[A-Za-z0-9_.-]+"
 _NAME_HINT = "letters, digits and _ . -"
 # A sweep point's suffix, as the loader writes it: "ar_sweep[size=4M]" or "[size=4M,dtype=bf16]".
 _SWEEP_SUFFIX = r"\[[A-Za-z0-9_.,=+-]+\]"
 _PARTS: Final[dict[str, tuple[re.Pattern[str], str]]] = {
-    "suite": (re.compile(_NAME), _NAME_HINT),
-    "pattern": (
-        re.compile(rf"{_NAME}(?:{_SWEEP_SUFFIX})?"),
-        f"{_NAME_HINT}, optionally followed by a sweep suffix like [size=4M]",
-    ),
-    "block": (re.compile(_NAME), _NAME_HINT),
-    "metric": (re.compile(_NAME), _NAME_HINT),
+    part: (re.compile(_NAME), _NAME_HINT) for part in ("suite", "block", "metric")
 }
+_PARTS["pattern"] = (
+    re.compile(rf"{_NAME}(?:{_SWEEP_SUFFIX})?"),
+    f"{_NAME_HINT}, optionally followed by a sweep suffix like [size=4M]",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +36,7 @@ class MetricSpec(Metric):
     """One metric: its record field's :class:`~..analysis.records.Metric`, its name and level."""
 
     name: str
-    level: Level | None
-    """``block``, ``pattern`` or ``pair``; None for a name no record has."""
+    level: Level | None  # None for a name no record has
 
 
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
@@ -64,9 +60,8 @@ REQUIRED_METRICS: Final[Mapping[Level, frozenset[str]]] = MappingProxyType(
 """The metrics every timed block or pattern has (its record requires them): NaN only for a
 block no rank timed."""
 
+# Suffixes of the keys of a metric's 95 % interval and its degrees of freedom (x_ci_low, ...).
 BOUNDS: Final = ("_ci_low", "_ci_high", "_ci_df")
-"""Suffixes of the keys that carry a metric's 95 % interval and its degrees of freedom:
-``latency_avg_us_ci_low``, ``latency_avg_us_ci_high``, ``latency_avg_us_ci_df``."""
 # Name tokens of tail, extreme and spread statistics: a metric of a newer version named so
 # counts from 10 %, any other from 5 %.
 _NOISY_TOKENS: Final[frozenset[str]] = frozenset({"p99", "max", "min", "skew", "stdev"})
@@ -87,11 +82,10 @@ def spec_of(metric: str) -> MetricSpec:
     known = METRICS.get(metric)
     if known is not None:
         return known
-    direction: Direction | None = None
-    if metric.endswith("_us"):
-        direction = "lower"
-    elif metric.endswith(("_gbps", "tflops")):
-        direction = "higher"
+    higher = metric.endswith(("_gbps", "tflops"))
+    direction: Direction | None = (
+        "lower" if metric.endswith("_us") else "higher" if higher else None
+    )
     floor = 0.10 if _NOISY_TOKENS.intersection(metric.split("_")) else 0.05
     return MetricSpec(
         name=metric, level=None, better=direction, domain="finite", meaning="", floor=floor
@@ -111,7 +105,6 @@ class MetricKey:
 
     @property
     def level(self) -> Level:
-        """``block``, ``pair`` or ``pattern``."""
         if self.pair is not None:
             return "pair"
         return "pattern" if self.block is None else "block"
@@ -125,11 +118,6 @@ def check_name(part: NamePart, value: object) -> str:
     if not isinstance(value, str) or not regex.fullmatch(value):
         raise ValueError(f"invalid {part} name {value!r} in a metric key: expected {hint}")
     return value
-
-
-def pair_name(block_a: str, block_b: str) -> str:
-    """``block_a+block_b``: the third part of a pair key; ValueError for an invalid name."""
-    return PAIR_SEPARATOR.join((check_name("block", block_a), check_name("block", block_b)))
 
 
 def metric_key(
@@ -148,7 +136,7 @@ def metric_key(
             raise ValueError(f"a metric key has a block or a pair, not both: {block!r}, {pair!r}")
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise ValueError(f"invalid pair {pair!r} in a metric key: expected (block_a, block_b)")
-        parts.append(pair_name(*pair))
+        parts.append(PAIR_SEPARATOR.join(check_name("block", name) for name in pair))
     elif block is not None:
         parts.append(check_name("block", block))
     parts.append(check_name("metric", metric))

@@ -34,7 +34,6 @@ def matplotlib_available() -> bool:
 
 
 def _matplotlib() -> tuple[Any, Any]:
-    """(Figure, FigureCanvasAgg), or RunError naming what to install."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -58,7 +57,6 @@ def median_makespan_iteration(timeline: Timeline) -> int | None:
 
 
 def _block_colors(names: Sequence[str]) -> dict[str, Any]:
-    """A distinct colour per block name (tab10, then tab20 beyond ten blocks)."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
@@ -75,24 +73,16 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
         ax.set_title("Timeline: no intervals recorded")
         ax.set_axis_off()
         return
-    lanes = list(dict.fromkeys(timeline.block_lanes))
-    labels: list[str] = []
-    drawn: set[str] = set()
-    for rt, starts, ends, present in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
+    rows = _timeline_rows(timeline)
+    drawn = {timeline.block_names[b] for *_, blocks in rows for b in blocks}
+    for y, ((_, starts, ends, present), _, blocks) in enumerate(rows):
         origin_ns = int(starts[present, it].min())
-        for lane in lanes:
-            blocks = [b for b in np.flatnonzero(present) if timeline.block_lanes[b] == lane]
-            if not blocks:
-                continue
-            y = len(labels)
-            labels.append(f"rank {rt.rank} · {lane}")
-            for b in blocks:
-                name = timeline.block_names[b]
-                left_us = (int(starts[b, it]) - origin_ns) / 1000.0
-                width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-                ax.barh(y, width_us, left=left_us, color=colors[name], **_BAR_STYLE)
-                drawn.add(name)
-    ax.set_yticks(range(len(labels)), labels)
+        for b in blocks:
+            left_us = (int(starts[b, it]) - origin_ns) / 1000.0
+            width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
+            color = colors[timeline.block_names[b]]
+            ax.barh(y, width_us, left=left_us, color=color, **_BAR_STYLE)
+    ax.set_yticks(range(len(rows)), [f"rank {arrays[0].rank} · {lane}" for arrays, lane, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time since the rank's first start in this iteration (µs)")
     ax.set_title(f"Iteration {it} (median makespan), each rank on its own clock")
@@ -103,7 +93,6 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
 
 
 def _legend(ax: Any, entries: Sequence[tuple[Any, str]]) -> None:
-    """A legend of (colour, label) patches beside the panel."""
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=color, edgecolor="black", label=label) for color, label in entries]
@@ -116,19 +105,14 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     x = np.arange(len(names), dtype=float)
     width = 0.4
     overlapped = [b.latency_avg_us for b in outcome.blocks]
-    isolated = [b.isolated_latency_avg_us for b in outcome.blocks]
-    has_iso = [math.isfinite(v) for v in isolated]
-    iso_x = [xi - width / 2 for xi, ok in zip(x, has_iso, strict=True) if ok]
-    iso_y = [v for v, ok in zip(isolated, has_iso, strict=True) if ok]
-    if iso_x:
-        ax.bar(iso_x, iso_y, width, color="lightgray", edgecolor="black")
-    bars = ax.bar(
-        x + width / 2,
-        overlapped,
-        width,
-        color=[colors.get(n, "tab:blue") for n in names],
-        edgecolor="black",
-    )
+    isolated = np.array([b.isolated_latency_avg_us for b in outcome.blocks], dtype=float)
+    has_iso = np.isfinite(isolated)
+    if has_iso.any():
+        ax.bar(
+            x[has_iso] - width / 2, isolated[has_iso], width, color="lightgray", edgecolor="black"
+        )
+    colored = [colors.get(n, "tab:blue") for n in names]
+    bars = ax.bar(x + width / 2, overlapped, width, color=colored, edgecolor="black")
     # The slowdown the run computed (overlapped / isolated), where a baseline exists.
     labels = [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks]
     ax.bar_label(bars, labels, padding=2, fontsize="small")
@@ -136,7 +120,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
     ax.set_ylabel("average latency (µs)")
     title = "Average latency per block: isolated vs overlapped"
-    missing = [n for n, ok in zip(names, has_iso, strict=True) if not ok]
+    missing = [n for n, ok in zip(names, has_iso.tolist(), strict=True) if not ok]
     if missing and len(missing) == len(names):
         title += " (no baseline)"
     elif missing:
@@ -147,12 +131,17 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
         _legend(ax, [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")])
 
 
-def _count_rows(timeline: Timeline | None) -> int:
-    """Rows of the timeline panel: (rank, lane) pairs where the rank runs a block."""
-    if timeline is None:
-        return 0
-    lanes = timeline.block_lanes
-    return sum(len({lanes[b] for b in np.flatnonzero(p)}) for *_, p in timeline.rank_arrays())
+def _timeline_rows(timeline: Timeline) -> list[tuple[Any, str, list[int]]]:
+    """The timeline panel's rows: (a rank's arrays, lane, its blocks there) for each (rank,
+    lane) where the rank runs a block, rank by rank."""
+    rows = []
+    for arrays in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
+        present = np.flatnonzero(arrays[3]).tolist()
+        for lane in dict.fromkeys(timeline.block_lanes):
+            blocks = [b for b in present if timeline.block_lanes[b] == lane]
+            if blocks:
+                rows.append((arrays, lane, blocks))
+    return rows
 
 
 def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
@@ -163,7 +152,7 @@ def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
     timeline_names = list(timeline.block_names) if timeline is not None else []
     names = list(dict.fromkeys([b.block for b in outcome.blocks] + timeline_names))
     colors = _block_colors(names)
-    num_rows = max(1, _count_rows(timeline))
+    num_rows = max(1, len(_timeline_rows(timeline)) if timeline is not None else 0)
     fig = Figure(figsize=(11, 3.5 + 0.35 * min(num_rows, 40)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, height_ratios=[max(1.0, 0.25 * num_rows), 1.0])
@@ -181,17 +170,12 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_file_name(pattern: str) -> str:
-    """``plot-<pattern>.png`` with characters unsafe in file names replaced by ``_``."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern"
-    return f"plot-{safe}.png"
-
-
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """:func:`plot_file_name`, suffixed ``-2``, ``-3``... when taken (a@b and a_b sanitise
-    alike and must not overwrite each other); records it in ``used``."""
-    name = plot_file_name(pattern)
-    stem, n = name[: -len(".png")], 2
+    """``plot-<pattern>.png``, characters unsafe in file names replaced by ``_``, suffixed
+    ``-2``, ``-3``... when taken (a@b and a_b sanitise alike and must not overwrite each
+    other); records it in ``used``."""
+    stem = "plot-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern")
+    name, n = f"{stem}.png", 2
     while name in used:
         name, n = f"{stem}-{n}.png", n + 1
     used.add(name)

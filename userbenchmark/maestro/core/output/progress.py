@@ -22,11 +22,9 @@ def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
 
 def format_line(done: int, total: int, label: str, elapsed_s: float) -> str:
     """``[3/10] pattern ag_rs@4M  elapsed 12.3 s  left ~28.7 s`` (no estimate before item 1)."""
-    line = f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s"
     left_s = estimate_left_s(done, total, elapsed_s)
-    if left_s is not None:
-        line += f"  left ~{left_s:.1f} s"
-    return line
+    left = "" if left_s is None else f"  left ~{left_s:.1f} s"
+    return f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s{left}"
 
 
 def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
@@ -64,16 +62,13 @@ class Progress:
         self._closed = False
 
     def start(self) -> None:
-        """Start the clock (the first ``advance`` starts it if this was not called)."""
         if self._started_s is None:
             self._started_s = self._clock()
 
     def elapsed_s(self) -> float:
-        """Seconds since ``start`` (0.0 before it)."""
         return 0.0 if self._started_s is None else max(0.0, self._clock() - self._started_s)
 
     def advance(self, label: str) -> None:
-        """Mark one item finished and redraw the line."""
         self.start()
         self.done += 1
         self._draw(format_line(self.done, self.total, label, self.elapsed_s()))

@@ -18,22 +18,22 @@ import numpy as np
 from ..analysis import overlap
 from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
 from ..analysis.records import PatternOutcome
-from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
+from .trace_layout import (
+    PROCESS_ID_OFFSET,
+    Placement,
+    RankPart,
+    TraceEvents,
+    iteration_bounds,
+    launched,
+    place_patterns,
+)
 
-TRACES_DIR = "traces"
-"""Folder of the output dir holding one file per rank (and no other JSON)."""
-STEP_TID = 1
-"""Host track of each rank's pattern spans and ProfilerStep events."""
-LANE_TID_BASE = 2
-"""Host tracks of lanes (CPU block intervals): 2, 3, ... in order of appearance."""
-API_TID_BASE = 100
-"""Host tracks of the threads that called the CUDA API: 100, 101, ..."""
-DEVICE_PID_BASE = 1 << 20
-"""Device processes are ``DEVICE_PID_BASE + device``; host processes those of trace.json."""
-END_STEP_DUR_US = 1.0
-"""Length of the empty last ProfilerStep."""
-EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}
-"""Kineto's categories of device activities, by activity kind."""
+TRACES_DIR = "traces"  # the output dir's folder of rank files (and no other JSON)
+STEP_TID = 1  # host track of each rank's pattern spans and ProfilerStep events
+LANE_TID_BASE = 2  # host tracks of lanes (CPU block intervals), in order of appearance
+API_TID_BASE = 100  # host tracks of the threads that called the CUDA API
+DEVICE_PID_BASE = 1 << 20  # a GPU's process is this + its device; hosts' are trace.json's
+EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}  # Kineto's, by kind
 _RANK_FILE = re.compile(r"^rank\d+\.json$")
 TIME_NOTE = (
     "ts/dur are microseconds with nanosecond decimals, on a layout: each pattern starts after "
@@ -49,25 +49,6 @@ OVERLAP_NOTE = (
 )
 
 
-def _launched(acts: DeviceActivities) -> np.ndarray:
-    """Per launch call, the index of an activity with its correlation id (there is one)."""
-    order = np.argsort(acts.correlation_id, kind="stable")
-    at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
-    return order[np.minimum(at, len(acts) - 1)]
-
-
-def _iteration_bounds(part: RankPart) -> tuple[np.ndarray, np.ndarray]:
-    """Per iteration, this rank's first start and last end (launch calls included)."""
-    s = np.where(part.present[:, None], part.starts, np.iinfo(np.int64).max).min(axis=0)
-    e = np.where(part.present[:, None], part.ends, np.iinfo(np.int64).min).max(axis=0)
-    acts = part.rt.activities
-    if acts is not None and len(acts.launches):
-        it = acts.iteration[_launched(acts)]  # a launch's iteration is its activities'
-        np.minimum.at(s, it, acts.launches.start_ns)
-        np.maximum.at(e, it, acts.launches.end_ns)
-    return s, e
-
-
 class _RankFile(TraceEvents):
     """The events of one rank's file, built pattern by pattern, and its overlap sums."""
 
@@ -78,23 +59,18 @@ class _RankFile(TraceEvents):
         self.hidden_ns = 0.0
         self.comm_ns = 0.0
         self.overlap_known = True
-        self.clocks: set[str] = set()
-        self.shared: list[bool] = []
         self._api_tids: dict[int, int] = {}
 
     def host(self, tid: int = STEP_TID, name: str = "maestro: patterns and ProfilerSteps") -> int:
-        """The rank's host process, with its track ``tid`` named ``name``."""
         pid = self.process(self.rank + PROCESS_ID_OFFSET, f"rank {self.rank} host", 2 * self.rank)
         self.thread(pid, tid, name)
         return pid
 
     def api_thread(self, thread_id: int, name: str) -> tuple[int, int]:
-        """(pid, tid) of the host track of a thread that called the CUDA API."""
         tid = self._api_tids.setdefault(thread_id, API_TID_BASE + len(self._api_tids))
         return self.host(tid, name), tid
 
     def device(self, device: int) -> int:
-        """The process of one of this rank's GPUs."""
         name = f"rank {self.rank} GPU {device}"
         return self.process(DEVICE_PID_BASE + device, name, 2 * self.rank + 1)
 
@@ -103,9 +79,10 @@ class _RankFile(TraceEvents):
         end = {"maestro": "end marker, no work: HolisticTraceAnalysis drops a trace's last step"}
         self.complete(
             f"ProfilerStep#{step}", "user_annotation", self.host(), STEP_TID, end_us,
-            END_STEP_DUR_US, end,
+            1.0, end,
         )  # fmt: skip
         known = self.overlap_known and self.comm_ns > 0
+        shared = [p["ranks_share_a_clock"] for p in self.patterns]
         return {
             "schemaVersion": 1,
             "distributedInfo": {"backend": backend, "rank": self.rank, "world_size": world_size},
@@ -113,8 +90,8 @@ class _RankFile(TraceEvents):
                 "generator": "maestro",
                 "time_unit": "us",
                 "time_note": TIME_NOTE,
-                "clocks": ", ".join(sorted(self.clocks)),
-                "ranks_share_a_clock": bool(self.shared) and all(self.shared),
+                "clocks": ", ".join(sorted({p["clock"] for p in self.patterns})),
+                "ranks_share_a_clock": bool(shared) and all(shared),
                 "comm_compute_overlap": self.hidden_ns / self.comm_ns if known else None,
                 "comm_compute_overlap_note": OVERLAP_NOTE,
                 "num_steps": step,
@@ -139,12 +116,10 @@ class _PatternOnRank:
             args["category"] = category
 
     def slice(self, name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args):
-        """A slice from ``start_ns`` to ``end_ns`` of the rank's clock."""
         ts = round(self.place.at(self.part, start_ns), 3)
         self.f.complete(name, cat, pid, tid, ts, round((end_ns - start_ns) / 1000.0, 3), args)
 
     def of_block(self, b: Any, it: Any, **more: Any) -> dict[str, Any]:
-        """The args of an event of block ``b`` in iteration ``it`` (ints or numpy ints)."""
         return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:
@@ -153,7 +128,7 @@ class _PatternOnRank:
         pid = self.f.host()
         args = {"pattern": pattern, "rank": self.f.rank, "clock": part.rt.clock}
         self.slice(pattern, "user_annotation", pid, STEP_TID, part.lo_ns, part.hi_ns, args)
-        s, e = _iteration_bounds(part)
+        s, e = iteration_bounds(part.rt, part.starts, part.ends, part.present)
         num_iters = part.starts.shape[1]
         for it in range(num_iters):
             end = int(e[it]) if it + 1 == num_iters else min(int(e[it]), int(s[it + 1]))
@@ -161,12 +136,12 @@ class _PatternOnRank:
             name = f"ProfilerStep#{first_step + it}"
             self.slice(name, "user_annotation", pid, STEP_TID, int(s[it]), end, args)
 
-    def cpu_blocks(self, lane_tids: dict[str, int]) -> None:
+    def cpu_blocks(self) -> None:
         """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
             lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
-            tid = lane_tids[lane]
+            tid = LANE_TID_BASE + self.place.lanes[lane]
             pid = self.f.host(tid, f"lane {lane}")
             ends = part.ends[b].tolist()
             for it, (s, e) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
@@ -197,7 +172,7 @@ class _PatternOnRank:
         activity whose call CUPTI did not report gets a stand-in at its own start, so that
         every device event keeps its CPU correlation."""
         calls = acts.launches
-        for j, i in enumerate(_launched(acts).tolist()):
+        for j, i in enumerate(launched(acts).tolist()):
             thread = int(calls.thread_id[j])
             pid, tid = self.f.api_thread(thread, f"host thread {thread}")
             api = "cuda_driver" if int(calls.api[j]) == API_DRIVER else "cuda_runtime"
@@ -251,11 +226,8 @@ class _PatternOnRank:
             self.f.hidden_ns += hidden
             self.f.comm_ns += comm_ns
 
-    def write(self, first_step: int, lane_tids: dict[str, int]) -> None:
-        """Everything of this pattern on this rank, and its entry in maestroPatterns."""
+    def write(self, first_step: int) -> None:
         part, f = self.part, self.f
-        f.clocks.add(part.rt.clock)
-        f.shared.append(self.timeline.shared_clock)
         self.steps(first_step)
         acts = part.rt.activities
         if acts is not None:
@@ -263,7 +235,7 @@ class _PatternOnRank:
             self.launch_calls(acts)
             self.block_spans(acts)
         else:
-            self.cpu_blocks(lane_tids)
+            self.cpu_blocks()
         self.overlap()
         by_rank = self.place.outcome.comm_compute_overlap_by_rank
         mine = by_rank[f.rank] if f.rank < len(by_rank) else math.nan
@@ -291,13 +263,10 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     world_size = max([len(t.ranks) for t in timelines] + [r + 1 for r in ranks], default=0)
     backend = next((t.backend for t in timelines if t.backend), "unknown")
     files = {rank: _RankFile(rank) for rank in range(world_size)}
-    lane_tids: dict[str, int] = {}
     step, end_us = 0, 0.0
     for place in place_patterns(outcomes, launches=True, whole_us=True):
-        for lane in place.timeline.block_lanes:
-            lane_tids.setdefault(lane, LANE_TID_BASE + len(lane_tids))
         for part in place.parts:
-            _PatternOnRank(files[part.rt.rank], place, part).write(step, lane_tids)
+            _PatternOnRank(files[part.rt.rank], place, part).write(step)
         step += place.parts[0].starts.shape[1]
         # Whole microseconds: HolisticTraceAnalysis rounds fractional ones (see the docs).
         end_us = place.next_us
@@ -316,7 +285,5 @@ def rank_trace_texts(outcomes: Sequence[PatternOutcome]) -> dict[str, str]:
 def stale_rank_files(folder: Path, keep: Iterable[str]) -> list[Path]:
     """Rank files in ``folder`` that this run did not write (a previous, larger run's):
     HolisticTraceAnalysis would read them as ranks of this run."""
-    if not folder.is_dir():
-        return []
     wanted = set(keep)
     return sorted(p for p in folder.iterdir() if _RANK_FILE.match(p.name) and p.name not in wanted)

@@ -37,8 +37,7 @@ log = logging.getLogger("maestro")
 class Reporter:
     """Prints each pattern's table and rewrites every output file after it; ``guard()`` wraps
     each update (the runtime holds SIGINT/SIGTERM meanwhile). Files start with :meth:`start`,
-    once the rank's place and profiler are known. A file that cannot be written is a
-    RunError saying why."""
+    once the rank's place and profiler are known."""
 
     def __init__(
         self,
@@ -52,14 +51,11 @@ class Reporter:
         self.tables = Tables(precision=options.precision)
         self.progress = Progress(total=len(suite.patterns))
         self.progress.start()
-        self.note = self.progress.note
-        """What the run does now, on the progress line (the runtime's ``Sink.note``)."""
-        self.saved = False
-        """Some pattern (finished or failed) is in a file."""
+        self.note = self.progress.note  # the runtime's Sink.note: on the progress line
+        self.saved = False  # some pattern (finished or failed) is in a file
         self._has_files = bool(options.output_dir or options.metrics_path)
         self._guard = guard
-        self._stdout_lost = ""
-        """Why standard output stopped taking the tables (its reader went away), or ""."""
+        self._stdout_lost = ""  # why standard output stopped taking the tables (| head), or ""
 
     @staticmethod
     def check(options: RunOptions) -> None:
@@ -94,7 +90,7 @@ class Reporter:
                 raise RunError(why) from exc
             raise RunError(f"cannot write the results: {cause_of(exc)}") from exc
 
-    def _print(self, text: str = "") -> None:
+    def _print(self, text: str) -> None:
         if self._stdout_lost:
             return
         try:
@@ -112,8 +108,7 @@ class Reporter:
             self.progress.clear()
             for warning in outcome.warnings:
                 log.warning("%s", warning)
-            self._print(self.tables.pattern(pattern, outcome))
-            self._print()
+            self._print(self.tables.pattern(pattern, outcome) + "\n")
             assert self.writer is not None, "start() first"
             self.writer.environ.update(run_info)
             self.writer.add(outcome)
@@ -134,8 +129,7 @@ class Reporter:
         when interrupted, one line saying so."""
         self.progress.close()
         for summary in self.tables.closing():
-            self._print(summary)
-            self._print()
+            self._print(summary + "\n")
         if status == EXIT_INTERRUPTED:
             say(interrupted_message(saved=self.saved))
         if self.saved and self.writer is not None:

@@ -11,7 +11,7 @@ import math
 import numbers
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -45,13 +45,10 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
     return MappingProxyType(columns)
 
 
+# Each table's columns and their pandas dtypes, in file order (results.*, patterns.*, pairs.*).
 BLOCK_COLUMNS: Final = _columns_of(BlockResult)
-"""Columns of the block table (results.*) and their pandas dtypes, in file order."""
 PATTERN_COLUMNS: Final = _columns_of(PatternResult)
-"""Columns of the pattern table (patterns.*) and their dtypes, in file order."""
 PAIR_COLUMNS: Final = _columns_of(PairResult)
-"""Columns of the pair table (pairs.*): block_a comes before block_b in the pattern;
-pairwise_overlap is the mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
 _COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
 _KEY_COLUMNS: Final = {
@@ -59,19 +56,17 @@ _KEY_COLUMNS: Final = {
     "patterns": ("suite", "pattern"),
     "pairs": ("suite", "pattern", "block_a", "block_b"),
 }
+# File stem of each table in --output-dir: results.json, patterns.csv, ...
 TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
     {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
 )
-"""File stem of each table in ``--output-dir``: ``results.json``, ``patterns.csv``, ..."""
 
+# Column of patterns.* before pairs.* existed: {"a|b": fraction} (a JSON text in CSV).
 _LEGACY_PAIRS_COLUMN = "pairwise_overlap"
-"""Column of patterns.* before pairs.* existed: ``{"a|b": fraction}`` (a JSON text in CSV)."""
-_MAX_INT_DIGITS = 309
-"""No float64 or int64 has more digits; longer JSON integers are refused while parsing."""
+_MAX_INT_DIGITS = 309  # no float64 or int64 has more: longer JSON integers are refused early
 
 
-_Row = tuple[str, Mapping[str, Any]]
-"""A raw row and where it was read (``file: record 3``), for error messages."""
+_Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: record 3"
 
 
 class ResultsError(MaestroError, ValueError):
@@ -80,21 +75,15 @@ class ResultsError(MaestroError, ValueError):
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Results:
-    """The three result tables of a run (or of several: rows carry suite and pattern)."""
+    """The three result tables of a run (or of several: rows carry suite and pattern): one row
+    per (pattern, block), :data:`BLOCK_COLUMNS`; per pattern; per pair of blocks."""
 
     blocks: pd.DataFrame
-    """One row per (pattern, block): :data:`BLOCK_COLUMNS`."""
     patterns: pd.DataFrame
-    """One row per pattern: :data:`PATTERN_COLUMNS`."""
     pairs: pd.DataFrame
-    """One row per pair of blocks of a pattern: :data:`PAIR_COLUMNS`."""
-
-    def table(self, name: Table) -> pd.DataFrame:
-        return {"blocks": self.blocks, "patterns": self.patterns, "pairs": self.pairs}[name]
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
-    """A typed column from plain values where None (and NaN) mean 'not applicable'."""
     if dtype == _FLOAT:
         return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
     if dtype == _INT:
@@ -136,14 +125,19 @@ def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
     )
 
 
-_PLAIN: Final = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
+# Each column type's plain Python type, and what a cell of it must be (for error messages).
+_PLAIN: Final = {
+    _INT: (int, "an integer"),
+    _FLOAT: (float, "a number"),
+    _STR: (str, "a string"),
+    _BOOL: (bool, "true or false"),
+}
 
 
 def _plain(value: Any, dtype: str) -> Any:
-    """A cell as a plain Python value: None for NA/NaN, int, float, str or bool."""
     if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
         return None
-    return _PLAIN[dtype](value) if dtype in _PLAIN else value
+    return _PLAIN[dtype][0](value) if dtype in _PLAIN else value
 
 
 def _dtype_of(frame: pd.DataFrame, name: str) -> str:
@@ -155,10 +149,9 @@ def _dtype_of(frame: pd.DataFrame, name: str) -> str:
 
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of a result table as dicts of plain values (None = not applicable), in order."""
-    columns = [(name, _dtype_of(frame, name)) for name in frame.columns]
-    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in columns]
-    names = [name for name, _ in columns]
-    return [dict(zip(names, row, strict=True)) for row in zip(*cells, strict=True)]
+    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
+    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in dtypes.items()]
+    return [dict(zip(dtypes, row, strict=True)) for row in zip(*cells, strict=True)]
 
 
 def json_text(frame: pd.DataFrame) -> str:
@@ -166,34 +159,23 @@ def json_text(frame: pd.DataFrame) -> str:
     return json.dumps(records_of(frame), indent=1) + "\n"
 
 
-def _csv_cell(value: Any, dtype: str) -> str:
-    if value is None:
-        return ""
-    if dtype == _FLOAT:
-        return repr(value)  # shortest text that reads back to the same float
-    if dtype == _BOOL:
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, bool):
         return "true" if value else "false"  # as JSON writes it
-    return str(value)
+    return "" if value is None else str(value)  # a float's str is its repr: reads back exactly
 
 
 def csv_text(frame: pd.DataFrame) -> str:
     """The CSV file of a table: empty cells for 'not applicable', floats as ``repr`` (exact)."""
-    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
-    rows = [[_csv_cell(v, dtypes[n]) for n, v in row.items()] for row in records_of(frame)]
-    text = pd.DataFrame(rows, columns=list(dtypes), dtype=object)
+    rows = [[_csv_cell(v) for v in row.values()] for row in records_of(frame)]
+    text = pd.DataFrame(rows, columns=list(frame.columns), dtype=object)
     return text.to_csv(index=False, lineterminator="\n")
-
-
-class _NumberTooLong(ValueError):
-    def __init__(self, digits: int) -> None:
-        super().__init__(digits)
-        self.digits = digits
 
 
 def _parse_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > _MAX_INT_DIGITS:
-        raise _NumberTooLong(digits)
+        raise ResultsError(f"an integer of {digits} digits is out of range")
     return int(text)
 
 
@@ -211,8 +193,7 @@ def describe(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-MAX_FILE_BYTES = 128 * 2**20
-"""Largest results or metrics file read (128 MiB: about 50,000 block rows)."""
+MAX_FILE_BYTES = 128 * 2**20  # largest results or metrics file read: about 50,000 block rows
 
 
 def read_text_file(path: str | Path, *, limit: int = MAX_FILE_BYTES) -> str:
@@ -225,8 +206,6 @@ def read_text_file(path: str | Path, *, limit: int = MAX_FILE_BYTES) -> str:
             raise ResultsError(f"{path}: is a directory, expected a file")
         if not stat.S_ISREG(info.st_mode):
             raise ResultsError(f"{path}: not a regular file (a pipe or a device)")
-        if info.st_size > limit:
-            raise ResultsError(f"{path}: larger than {limit // 2**20} MiB, not a maestro file")
         with path.open("rb") as fh:
             data = fh.read(limit + 1)
         if len(data) > limit:
@@ -246,8 +225,8 @@ def read_json_file(path: str | Path) -> Any:
         return json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{path}: not JSON ({exc})") from None
-    except _NumberTooLong as exc:
-        raise ResultsError(f"{path}: an integer of {exc.digits} digits is out of range") from None
+    except ResultsError as exc:
+        raise ResultsError(f"{path}: {exc}") from None
     except RecursionError:
         raise ResultsError(f"{path}: JSON nested too deeply to read") from None
     except ValueError as exc:  # anything else the decoder refuses
@@ -267,8 +246,6 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
         value = _csv_value(value, dtype)
-        if not isinstance(value, float) or dtype != _INT:
-            return value
     if dtype == _BOOL:
         if not isinstance(value, bool):
             raise TypeError
@@ -283,8 +260,8 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
 
 
 def _csv_value(text: str, dtype: str) -> Any:
-    """A CSV cell's text as its column's type; an integer column's ``4194304.0`` (older files:
-    pandas wrote integer columns with gaps as floats) as that float, checked by the caller."""
+    """A CSV cell's text as a JSON value of its column's type; an integer column's ``4194304.0``
+    (older files: pandas wrote integer columns with gaps as floats) as that float."""
     if dtype == _BOOL:
         if text not in ("true", "false"):
             raise TypeError
@@ -293,7 +270,7 @@ def _csv_value(text: str, dtype: str) -> Any:
         return float(text)  # CSV: repr text reads back to the same float
     if dtype == _INT:
         try:
-            return _in_int64(int(text))
+            return int(text)
         except ValueError:
             return float(text)
     return text
@@ -303,14 +280,6 @@ def _in_int64(number: int) -> int:
     if not -(2**63) <= number < 2**63:
         raise OverflowError
     return number
-
-
-_EXPECTED: Final = {
-    _INT: "an integer",
-    _FLOAT: "a number",
-    _STR: "a string",
-    _BOOL: "true or false",
-}
 
 
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
@@ -330,7 +299,7 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
                 ) from None
             except (TypeError, ValueError):
                 raise ResultsError(
-                    f"{where}: column {name!r}: expected {_EXPECTED[dtype]}, got {describe(raw)}"
+                    f"{where}: column {name!r}: expected {_PLAIN[dtype][1]}, got {describe(raw)}"
                 ) from None
             if name in _KEY_COLUMNS[table] and not value:
                 raise ResultsError(
@@ -388,8 +357,7 @@ def results_from_records(
     records: Any, where: str, *, table: Table | None = None, text: bool = False
 ) -> Results:
     """Tables from JSON records (CSV strings when ``text``), each row in ``table`` or where its
-    columns say (``block_a``: pairs; a ``block``: blocks; else patterns); an older patterns
-    file's ``pairwise_overlap`` column becomes pair rows."""
+    columns say; an older patterns file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
     rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
@@ -422,7 +390,7 @@ def _results_of_file(path: Path, table: Table) -> Results:
 
 def read_table(path: str | Path, table: Table) -> pd.DataFrame:
     """One table from its JSON or CSV file (by suffix); ResultsError naming the file."""
-    return _results_of_file(Path(path), table).table(table)
+    return getattr(_results_of_file(Path(path), table), table)
 
 
 def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
@@ -437,11 +405,10 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
     blocks = _results_of_file(path["blocks"], "blocks").blocks
     found = _results_of_file(path["patterns"], "patterns")
+    # An older run has no pairs file: its pairs come from the patterns file's legacy column.
     if path["pairs"].exists():
-        pairs = _results_of_file(path["pairs"], "pairs").pairs
-    else:
-        pairs = found.pairs  # an older run: from the patterns file's pairwise_overlap column
-    return Results(blocks=blocks, patterns=found.patterns, pairs=pairs)
+        found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
+    return replace(found, blocks=blocks)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:

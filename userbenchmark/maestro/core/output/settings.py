@@ -9,10 +9,8 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-from ...blocks.registry import resolve_op
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
-from ..config.summary import describe_params
 
 RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
                        "max_size_bytes", "iters_override", "warmup_iters_override",
@@ -38,8 +36,7 @@ def suite_settings(suite: SuiteSpec) -> dict[str, str]:
         )
         for b in p.blocks:
             team = suite.axes[b.axis].team_size
-            work = describe_params(resolve_op(b.op), b.params)
-            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {work}"
+            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {b.work}"
     return out
 
 

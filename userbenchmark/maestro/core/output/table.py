@@ -81,9 +81,7 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-MAX_PAIRS_SHOWN = 12
-"""Pairs printed under a pattern's table (those that ran together most first); all are in
-``pairs.*``."""
+MAX_PAIRS_SHOWN = 12  # under a pattern's table, those that ran together most; pairs.* has all
 
 
 def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[str]:
@@ -184,7 +182,6 @@ def _replay_row(name: str, op: str, *figures: Any, kernel: str = "") -> list[str
 
 
 def _kernels(b: BlockResult) -> str:
-    """The kernel a block ran, and the traced one where it differs."""
     if b.traced_kernel and b.kernel and b.traced_kernel != b.kernel:
         return f"{b.kernel} (traced: {b.traced_kernel})"
     return b.kernel or b.traced_kernel

@@ -14,10 +14,8 @@ import numpy as np
 from ..analysis.records import BlockResult, PatternOutcome
 from .trace_layout import PROCESS_ID_OFFSET, Placement, RankPart, TraceEvents, place_patterns
 
-PATTERN_TRACK_TID = 1
-"""Thread id of each rank's "pattern" track; lanes take 2, 3, ... in order of appearance."""
-BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")
-"""BlockResult fields copied into each event's args where they are finite."""
+PATTERN_TRACK_TID = 1  # each rank's "pattern" track; lanes take 2, 3, ... in order of appearance
+BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")  # where finite
 TIME_ALIGNMENT_NOTE = (
     "Each pattern is placed after the previous one. Where its ranks share a clock (one host, "
     "and timestamps of that host's clock: cupti or perf_counter), the pattern is rebased to the "
@@ -33,17 +31,11 @@ def _figures(result: BlockResult | None) -> dict[str, Any]:
     if result is None:
         return {}
     args = {} if result.size_bytes is None else {"size_bytes": int(result.size_bytes)}
-    for name in BLOCK_ARG_METRICS:
-        value = getattr(result, name)
-        if value is not None and math.isfinite(value):
-            args[name] = float(value)
-    return args
+    figures = {name: getattr(result, name) for name in BLOCK_ARG_METRICS}
+    return args | {n: float(v) for n, v in figures.items() if v is not None and math.isfinite(v)}
 
 
-def _write_rank(
-    out: TraceEvents, place: Placement, part: RankPart, lane_tids: dict[str, int]
-) -> None:
-    """One rank's pattern span and a slice per (block, iteration) on its lane's track."""
+def _write_rank(out: TraceEvents, place: Placement, part: RankPart) -> None:
     timeline, rank = place.timeline, part.rt.rank
     pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
     out.thread(pid, PATTERN_TRACK_TID, "pattern")
@@ -54,7 +46,7 @@ def _write_rank(
     names = place.block_args(rank)
     for b in np.flatnonzero(part.present).tolist():
         name, lane = timeline.block_names[b], timeline.block_lanes[b]
-        tid = out.thread(pid, lane_tids[lane], lane)
+        tid = out.thread(pid, PATTERN_TRACK_TID + 1 + place.lanes[lane], lane)
         args = {**names[b], **_figures(results.get(name))}
         ends = part.ends[b].tolist()
         for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
@@ -66,13 +58,10 @@ def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
     """Trace Event Format dict of every outcome that has a timeline, in microseconds from the
     first pattern's start (``TIME_ALIGNMENT_NOTE`` says what cross-rank alignment means)."""
     out = TraceEvents()
-    lane_tids: dict[str, int] = {}
     patterns_meta: list[dict[str, Any]] = []
     for place in place_patterns(outcomes):
-        for lane in place.timeline.block_lanes:
-            lane_tids.setdefault(lane, PATTERN_TRACK_TID + 1 + len(lane_tids))
         for part in place.parts:
-            _write_rank(out, place, part, lane_tids)
+            _write_rank(out, place, part)
         patterns_meta.append(
             {
                 "pattern": place.timeline.pattern,

@@ -5,33 +5,41 @@ and the Trace Event Format's named tracks and complete events."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..analysis.activities import DeviceActivities
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 
+# The gap after a pattern: a fraction of its span (visible at any zoom), at least 10 µs.
 PATTERN_GAP_FRACTION = 0.1
-"""Gap left after a pattern, as a fraction of its span (so it stays visible at any zoom)."""
 PATTERN_GAP_MIN_US = 10.0
-"""Smallest gap between two patterns, in microseconds."""
-PROCESS_ID_OFFSET = 1
-"""A rank's (host) process is pid rank + 1: Perfetto treats pid 0 as the Linux idle task."""
+PROCESS_ID_OFFSET = 1  # a rank's (host) pid is rank + 1: Perfetto takes pid 0 for the idle task
 
 
-def _extent(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches: bool
-) -> tuple[int, int]:
-    """A rank's first start and last end over the blocks it runs (``launches``: its CUDA
-    launch calls included)."""
-    lo, hi = int(starts[present].min()), int(ends[present].max())
+def launched(acts: DeviceActivities) -> np.ndarray:
+    """Per launch call, the index of an activity with its correlation id (there is one)."""
+    order = np.argsort(acts.correlation_id, kind="stable")
+    at = np.searchsorted(acts.correlation_id[order], acts.launches.correlation_id)
+    return order[np.minimum(at, len(acts) - 1)]
+
+
+def iteration_bounds(
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches=True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration, a rank's first start and last end over the blocks it runs (``launches``:
+    its CUDA launch calls included)."""
+    s = np.where(present[:, None], starts, np.iinfo(np.int64).max).min(axis=0)
+    e = np.where(present[:, None], ends, np.iinfo(np.int64).min).max(axis=0)
     acts = rt.activities
     if launches and acts is not None and len(acts.launches):
-        lo = min(lo, int(acts.launches.start_ns.min()))
-        hi = max(hi, int(acts.launches.end_ns.max()))
-    return lo, hi
+        it = acts.iteration[launched(acts)]  # a launch's iteration is its activities'
+        np.minimum.at(s, it, acts.launches.start_ns)
+        np.maximum.at(e, it, acts.launches.end_ns)
+    return s, e
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,7 @@ class RankPart:
     present: np.ndarray
     lo_ns: int
     hi_ns: int
-    origin_ns: int
-    """The clock reading placed at the pattern's ``start_us``."""
+    origin_ns: int  # the clock reading placed at the pattern's start_us
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,8 @@ class Placement:
     parts: tuple[RankPart, ...]
     start_us: float
     span_us: float
-    next_us: float
-    """Where the next pattern starts: after this one and its gap."""
+    next_us: float  # where the next pattern starts: after this one and its gap
+    lanes: Mapping[str, int]  # each lane's index in the whole trace, in order of appearance
 
     def at(self, part: RankPart, t_ns: int) -> float:
         """A reading of ``part``'s clock on the trace's axis."""
@@ -82,13 +89,16 @@ def place_patterns(
 ) -> Iterator[Placement]:
     """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
     a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
-    start_us = 0.0
+    start_us, lanes = 0.0, {}
     for outcome in outcomes:
         timeline = outcome.timeline
         rows = timeline.rank_arrays() if timeline is not None else []
         if not rows:
             continue
-        extents = [_extent(*row, launches) for row in rows]
+        for lane in timeline.block_lanes:
+            lanes.setdefault(lane, len(lanes))
+        bounds = [iteration_bounds(*row, launches) for row in rows]
+        extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
             RankPart(rt, s, e, p, lo, hi, common_ns if timeline.shared_clock else lo)
@@ -99,7 +109,7 @@ def place_patterns(
         next_us = start_us + (span_us + gap_us)
         if whole_us:
             next_us = float(math.ceil(next_us))
-        yield Placement(outcome, timeline, parts, start_us, span_us, next_us)
+        yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)
         start_us = next_us
 
 
@@ -135,10 +145,8 @@ class TraceEvents:
     def complete(
         self, name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: dict
     ) -> None:
-        """One slice ("X" event); times in microseconds."""
         event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
         self.events.append({**event, "pid": pid, "tid": tid, "args": args})
 
     def all(self) -> list[dict[str, Any]]:
-        """Metadata, then slices."""
         return self.meta + self.events

@@ -25,7 +25,7 @@ def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
     """A latency in microseconds, in ``unit``, fixed-point with ``precision`` decimals, except
     that a non-zero value never prints as zero: it gets the fewest decimals that show it
     (0.0004 ms at precision 2: "0.0004"). NaN prints "n/a", infinities "inf"/"-inf"; never
-    scientific notation. ``precision`` is ``--precision``'s, checked by RunOptions."""
+    scientific notation."""
     value_us = float(value_us)
     if math.isnan(value_us):
         return "n/a"

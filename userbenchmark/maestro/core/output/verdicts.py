@@ -13,8 +13,7 @@ from ..analysis.stats import t_quantile
 from .metric_keys import BOUNDS, Direction, spec_of, split_bound
 
 Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged", "not judged"]
-FAMILY_ALPHA: Final = 0.05
-"""Chance of at least one false alarm among all the metrics of one comparison."""
+FAMILY_ALPHA: Final = 0.05  # chance of a false alarm among all the metrics of a comparison
 WINDOW_SPREADS: Final = 1.0
 """A change smaller than this many window spreads (the standard deviation of a run's window
 means, whichever run's is larger) is within noise. On a 2-core CPU (gloo), identical runs moved
@@ -30,8 +29,7 @@ class Reading:
     value: float
     low: float = math.nan
     high: float = math.nan
-    df: float = math.inf
-    """Degrees of freedom of the interval."""
+    df: float = math.inf  # the interval's degrees of freedom
 
     @property
     def has_interval(self) -> bool:
@@ -45,18 +43,14 @@ class Judgement:
     key: str
     control: Reading
     treatment: Reading
-    change: float
-    """(treatment - control) / control for a relative metric, the difference for an absolute
-    one."""
-    low: float
+    change: float  # (treatment - control) / control; the difference for an absolute metric
+    low: float  # the change's interval at the family's level; NaN: not judged
     high: float
-    """The change's interval at the family's level (``t`` standard errors); NaN: not judged."""
     floor: float | None
     absolute: bool
     direction: Direction | None
     verdict: Verdict
-    decides: bool = True
-    """Whether the verdict counts (False: a harness diagnostic, shown beside the others)."""
+    decides: bool = True  # False: a harness diagnostic, shown beside the verdicts that count
 
 
 def readings(metrics: Mapping[str, float]) -> dict[str, Reading]:

@@ -79,7 +79,7 @@ class OutputWriter:
         if self.output_dir is not None:
             out = self.output_dir
             for table, stem in TABLE_FILES.items():
-                frame = results.table(table)
+                frame = getattr(results, table)
                 texts[out / f"{stem}.json"] = json_text(frame)
                 texts[out / f"{stem}.csv"] = csv_text(frame)
             if self.failures:

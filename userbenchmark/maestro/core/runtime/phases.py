@@ -15,14 +15,21 @@ import torch.distributed as tdist
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
 from ..analysis.records import PatternOutcome
-from ..config.options import RunOptions, shared_options
+from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from ..measure.pattern import PatternRun
 from ..measure.rig import Rig, make_rig
 from . import interrupts, supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
 from .communicators import Communicators
-from .rendezvous import DistContext, LaunchInfo, apply_env, init_distributed, shutdown_distributed
+from .rendezvous import (
+    DistContext,
+    LaunchInfo,
+    apply_env,
+    init_distributed,
+    shared_options,
+    shutdown_distributed,
+)
 
 log = logging.getLogger("maestro")
 

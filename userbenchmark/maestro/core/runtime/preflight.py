@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import ConfigError, OptionError
 from ..config.loader import load_suite
-from ..config.options import RunOptions, apply_overrides
+from ..config.options import RunOptions, apply_overrides, check_graphs
 from ..config.spec import SuiteSpec
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
 
@@ -56,12 +56,13 @@ def resolve_backend(requested: str, cuda_available: bool) -> str:
     return requested
 
 
-def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> None:
-    """OptionError when ``--backend``/``--profiler`` cannot run on this machine, where
-    ``local_workers`` ranks share its GPUs (``--nproc``)."""
+def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> str:
+    """The backend ``--backend`` resolves to here; OptionError when it or ``--profiler`` cannot
+    run on this machine, where ``local_workers`` ranks share its GPUs (``--nproc``)."""
     import torch
 
-    on_cuda = resolve_backend(backend, torch.cuda.is_available()) == "nccl"
+    resolved = resolve_backend(backend, torch.cuda.is_available())
+    on_cuda = resolved == "nccl"
     resolve_profiler(profiler, on_cuda=on_cuda, backend=backend)
     if on_cuda and local_workers > 1 and os.environ.get(SHARED_GPU_VARIABLE) != "1":
         gpus = torch.cuda.device_count()
@@ -72,26 +73,7 @@ def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> Non
                 f"{SHARED_GPU_VARIABLE}=1, NCCL >= 2.30.7, to let ranks share GPUs in a "
                 "correctness test whose timings describe nothing real)"
             )
-
-
-def check_graphs(suite: SuiteSpec, options: RunOptions) -> None:
-    """CUDA-graph mode needs CUDA: ``--graph`` on the CPU is an OptionError, ``graph: true`` in
-    the file a ConfigError naming the pattern."""
-    import torch
-
-    backend = resolve_backend(options.backend, torch.cuda.is_available())
-    graphs = [p for p in suite.patterns if p.graph]
-    if backend == "nccl" or not graphs:
-        return
-    why = f"CUDA graphs need CUDA, and this run uses the {backend} backend on the CPU"
-    if options.graph:
-        raise OptionError(f"--graph: {why}; drop --graph or run on GPUs")
-    names = ", ".join(p.name for p in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
-    raise ConfigError(
-        f"patterns {names}: graph: true, and {why}; set graph: false or run on GPUs",
-        file=suite.source,
-        path=graphs[0].yaml_path,
-    )
+    return resolved
 
 
 def prepare_suite(
@@ -107,7 +89,9 @@ def prepare_suite(
     pattern file ``config``, validated once with the options applied (ConfigError, OptionError)."""
     if local_workers > 1:
         check_nproc(local_workers)
-    check_devices(backend=options.backend, profiler=options.profiler, local_workers=local_workers)
+    backend = check_devices(
+        backend=options.backend, profiler=options.profiler, local_workers=local_workers
+    )
     if sink is not None:
         sink.check(options)
     suite = load_suite(config, world_size=world_size)
@@ -117,7 +101,7 @@ def prepare_suite(
         raise OptionError(
             "; ".join(_placed(i.message, i.file, i.path) for i in err.issues)
         ) from None
-    check_graphs(suite, options)
+    check_graphs(suite, options, backend)
     return suite
 
 

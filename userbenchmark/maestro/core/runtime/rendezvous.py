@@ -4,6 +4,7 @@ start-up checks, the default process group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from ...errors import (
     cause_of,
     say,
 )
+from ..config.options import RunOptions
 from ..measure.rig import RankPlace
 from . import interrupts, supervision
 from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
@@ -158,7 +160,6 @@ def free_port() -> int:
 class DistContext(RankPlace):
     """One rank once distributed is initialised: its place, and the store's side of the shell."""
 
-    launch: LaunchInfo
     agreement: StoreExchange
     ended_watch: EndedWatch | None = None
     hosts_store: bool = False
@@ -252,7 +253,6 @@ def init_distributed(
         world_size=launch.world_size,
         hosts=tuple(h for h, _ in places),
         devices=tuple(d for _, d in places),
-        launch=launch,
         backend=backend,
         device=device,
         agreement=exchange,
@@ -388,6 +388,22 @@ def check_launch(
         first, second = sorted((rank, other))  # name rank 0's side last: it is the reference
         values = {rank: mine, other: peer}
         _compare_shared(values[second], values[first], second, first, source)
+
+
+RANK_LOCAL_OPTIONS = frozenset(
+    {"output_dir", "metrics_dir", "metrics_path", "write_metrics", "precision", "log_level"}
+)
+"""Options that only rank 0 uses (where it writes, how it prints); every other option changes
+what every rank runs, so the ranks of a run must agree on it."""
+
+
+def shared_options(options: RunOptions) -> dict[str, Any]:
+    """The options every rank of a run must share, as plain JSON-able values."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
+        for f in dataclasses.fields(options)
+        if f.name not in RANK_LOCAL_OPTIONS
+    }
 
 
 def _compare_shared(
