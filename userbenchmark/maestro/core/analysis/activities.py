@@ -37,8 +37,18 @@ def check_lengths(obj: Any, names: Sequence[str] = (), rows: int | None = None) 
     return lengths.pop() if lengths else 0
 
 
+class Columns:
+    """A dataclass of arrays with one entry per record (its first field's length)."""
+
+    def __post_init__(self) -> None:
+        check_lengths(self)
+
+    def __len__(self) -> int:
+        return int(getattr(self, dataclasses.fields(self)[0].name).shape[0])
+
+
 @dataclass(frozen=True, kw_only=True)
-class LaunchCalls:
+class LaunchCalls(Columns):
     """The host API calls that launched the activities (CUPTI RUNTIME/DRIVER records)."""
 
     correlation_id: np.ndarray
@@ -51,15 +61,9 @@ class LaunchCalls:
     name_index: np.ndarray
     """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
 
-    def __post_init__(self) -> None:
-        check_lengths(self)
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
-
 
 @dataclass(frozen=True, kw_only=True)
-class DeviceActivities:
+class DeviceActivities(Columns):
     """Every kernel, memcpy and memset of one rank's window that belongs to a block. Harness work
     (the gate's spin kernel, its alignment all_reduce, barriers) is left out: it belongs to no
     block. ``launches`` holds at most one API call per correlation id."""
@@ -90,9 +94,6 @@ class DeviceActivities:
         for index in (self.name_index, self.launches.name_index):
             if index.size and (int(index.min()) < 0 or int(index.max()) >= len(self.names)):
                 raise ValueError("a name index lies outside the names table")
-
-    def __len__(self) -> int:
-        return int(self.block.shape[0])
 
 
 def main_kernel_names(activities: DeviceActivities | None, num_blocks: int) -> tuple[str, ...]:

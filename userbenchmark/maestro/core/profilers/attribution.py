@@ -18,6 +18,7 @@ from ..analysis.activities import (
     KIND_MEMCPY,
     KIND_MEMSET,
     KIND_NAMES,
+    Columns,
     DeviceActivities,
     LaunchCalls,
     check_lengths,
@@ -83,7 +84,7 @@ _OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActivityRecords:
+class ActivityRecords(Columns):
     """Device activities (kernels, memcpys, memsets) of one window, one entry per activity;
     optional arrays left as None become zeros (grid/block dims are 0 for non-kernels)."""
 
@@ -109,22 +110,13 @@ class ActivityRecords:
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
         check_lengths(self)
 
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
-
 
 @dataclass(frozen=True, kw_only=True)
-class ExternalCorrelation:
+class ExternalCorrelation(Columns):
     """CUPTI correlation id -> our external id, one entry per EXTERNAL_CORRELATION record."""
 
     correlation_id: np.ndarray  # uint64
     external_id: np.ndarray  # uint64
-
-    def __post_init__(self) -> None:
-        check_lengths(self)
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,128 +209,11 @@ def _shown(values: np.ndarray) -> str:
     return ", ".join(str(v) for v in vals) + more
 
 
-class _Problems:
-    """What keeps a window's activities from being attributed: one message per kind of
-    problem, with its count under a key (``AttributionError.counts``)."""
-
-    def __init__(self, records: ActivityRecords) -> None:
-        self.records = records
-        self.messages: list[str] = []
-        self.counts: dict[str, int] = {}
-
-    def add(self, key: str, mask: np.ndarray, message: str) -> None:
-        """The records (or cells) under ``mask``, which is not all False, and what is wrong."""
-        self.counts[key] = num = int(np.count_nonzero(mask))
-        self.messages.append(f"{num} {message}")
-
-    def of_records(self, key: str, mask: np.ndarray, text: str) -> None:
-        """The records under ``mask``, described by their kinds and streams."""
-        if mask.any():
-            streams = _shown(np.unique(self.records.stream_id[mask]))
-            summary = _kind_summary(self.records.kind[mask])
-            self.add(key, mask, f"{text} ({summary}; streams {streams})")
-
-    def of_window(
-        self, ext_id: np.ndarray, d: _Decoded, window_id: int, shape: tuple[int, int]
-    ) -> None:
-        """Every problem of the window's records but empty cells (``empty_cells``)."""
-        if not d.this_window.all():
-            self._strays(ext_id, ~d.this_window, window_id)
-        if d.out_of_range.any():
-            bad_blocks = _shown(np.unique(d.block[d.out_of_range]))
-            bad_iters = _shown(np.unique(d.iteration[d.out_of_range]))
-            self.add(
-                "out_of_range",
-                d.out_of_range,
-                f"activities map outside {shape[0]} blocks x {shape[1]} iterations "
-                f"(blocks {bad_blocks}; iterations {bad_iters})",
-            )
-        if d.absent.any():
-            self.add(
-                "absent_block",
-                d.absent,
-                "activities belong to blocks this rank does not run "
-                f"(blocks {_shown(np.unique(d.block[d.absent]))})",
-            )
-        self.of_records(
-            "ambiguous", d.ambiguous, "activities have a correlation id with several external ids"
-        )
-        self.of_records(
-            "incomplete",
-            d.incomplete,
-            "activity records are incomplete (zero or reversed "
-            "timestamps: flushed before the device finished?)",
-        )
-
-    def _strays(self, ext_id: np.ndarray, stray: np.ndarray, window_id: int) -> None:
-        """Records of no block of this window: no id, someone else's, another window's."""
-        found = ext_id != _MISSING
-        ours = (ext_id >> 62) == 1
-        self.of_records(
-            "no_external_id",
-            stray & ~found,
-            "device activities have no external correlation id: "
-            "enqueued outside every pushed block or harness range",
-        )
-        self.of_records(
-            "foreign_external_id",
-            stray & found & ~ours,
-            "activities carry an external id that is not maestro's",
-        )
-        other = ours & stray
-        if other.any():
-            window = (ext_id[other] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
-            wins, wcounts = np.unique(window, return_counts=True)
-            pairs = zip(wins.tolist(), wcounts.tolist(), strict=True)
-            listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
-            self.add(
-                "other_window",
-                other,
-                f"activities belong to other windows ({listed}), not window {window_id}: a "
-                "flush was missing before this window began",
-            )
-
-    def empty_cells(self, empty: np.ndarray) -> None:
-        """(block, iteration) cells of blocks this rank runs that got no activity."""
-        per_block = empty.sum(axis=1)
-        blocks = np.flatnonzero(per_block)
-        listed = "; ".join(
-            f"block {b}: {per_block[b]} of {empty.shape[1]} iterations "
-            f"(first {np.argmax(empty[b])})"
-            for b in blocks[:_SHOWN].tolist()
-        )
-        if blocks.shape[0] > _SHOWN:
-            listed += f"; ... ({blocks.shape[0]} blocks in all)"
-        self.add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
-
-    def raise_any(self, window_id: int) -> None:
-        if self.messages:
-            raise AttributionError(
-                f"window {window_id}: cannot attribute device activity: "
-                + "; ".join(self.messages),
-                self.counts,
-            )
-
-
-def _checked_present(
-    window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None
-) -> np.ndarray:
-    """``present`` as a bool array (default: every block), after checking the window's shape."""
-    encode_external_id(window_id, 0, 0)  # checks window_id
-    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
-        raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
-    if not 1 <= num_iters <= MAX_NUM_ITERS:
-        raise ValueError(f"num_iters must be in [1, {MAX_NUM_ITERS}], got {num_iters}")
-    present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
-    if present.shape != (num_blocks,):
-        raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
-    return present
-
-
 @dataclass(frozen=True)
 class _Decoded:
     """Each record of a window decoded from its external id, and what is wrong with it."""
 
+    ext_id: np.ndarray
     this_window: np.ndarray
     block: np.ndarray
     iteration: np.ndarray
@@ -360,9 +235,9 @@ def _decode(
     window_id: int,
     shape: tuple[int, int],
     present: np.ndarray,
-) -> tuple[np.ndarray, _Decoded]:
-    """(each record's external id, what it says): only what the common path needs; the
-    breakdown of strays is the error path's."""
+) -> _Decoded:
+    """What each record's external id says: only what the common path needs; the breakdown
+    of strays is the error path's."""
     num_blocks, num_iters = shape
     ext_id, ambiguous = _lookup(records.correlation_id, ext_correlation)
     this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
@@ -379,9 +254,99 @@ def _decode(
     start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
     # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
     incomplete = (start <= 0) | (end < start)
-    return ext_id, _Decoded(
-        this_window, block, iteration, mine, gate, out_of_range, absent, ambiguous, incomplete
+    return _Decoded(
+        ext_id,
+        this_window,
+        block,
+        iteration,
+        mine,
+        gate,
+        out_of_range,
+        absent,
+        ambiguous,
+        incomplete,
     )
+
+
+def _raise_problems(
+    records: ActivityRecords, d: _Decoded, window_id: int, empty: np.ndarray
+) -> None:
+    """One AttributionError naming every kind of problem that keeps records from their cells,
+    with its count under a key (``AttributionError.counts``); nothing when there is none."""
+    counts: dict[str, int] = {}
+    messages: list[str] = []
+
+    def add(key: str, mask: np.ndarray, text: str, by_records: bool = False) -> None:
+        if mask.any():
+            counts[key] = num = int(np.count_nonzero(mask))
+            if by_records:  # described by their kinds and streams
+                streams = _shown(np.unique(records.stream_id[mask]))
+                text += f" ({_kind_summary(records.kind[mask])}; streams {streams})"
+            messages.append(f"{num} {text}")
+
+    found, ours, stray = d.ext_id != _MISSING, (d.ext_id >> 62) == 1, ~d.this_window
+    add(
+        "no_external_id",
+        stray & ~found,
+        "device activities have no external correlation id: "
+        "enqueued outside every pushed block or harness range",
+        by_records=True,
+    )
+    add(
+        "foreign_external_id",
+        stray & found & ~ours,
+        "activities carry an external id that is not maestro's",
+        by_records=True,
+    )
+    window = (d.ext_id[stray & ours] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
+    pairs = zip(*np.unique(window, return_counts=True), strict=True)
+    listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
+    add(
+        "other_window",
+        stray & ours,
+        f"activities belong to other windows ({listed}), not window {window_id}: a "
+        "flush was missing before this window began",
+    )
+    blocks, iters = (_shown(np.unique(v[d.out_of_range])) for v in (d.block, d.iteration))
+    add(
+        "out_of_range",
+        d.out_of_range,
+        f"activities map outside {empty.shape[0]} blocks x {empty.shape[1]} iterations "
+        f"(blocks {blocks}; iterations {iters})",
+    )
+    add(
+        "absent_block",
+        d.absent,
+        "activities belong to blocks this rank does not run "
+        f"(blocks {_shown(np.unique(d.block[d.absent]))})",
+    )
+    add(
+        "ambiguous",
+        d.ambiguous,
+        "activities have a correlation id with several external ids",
+        by_records=True,
+    )
+    add(
+        "incomplete",
+        d.incomplete,
+        "activity records are incomplete (zero or reversed timestamps: flushed before the "
+        "device finished?)",
+        by_records=True,
+    )
+    per_block = empty.sum(axis=1)
+    blocks = np.flatnonzero(per_block)
+    listed = "; ".join(
+        f"block {b}: {per_block[b]} of {empty.shape[1]} iterations (first {np.argmax(empty[b])})"
+        for b in blocks[:_SHOWN].tolist()
+    )
+    if blocks.shape[0] > _SHOWN:
+        listed += f"; ... ({blocks.shape[0]} blocks in all)"
+    add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
+    if messages:
+        raise AttributionError(
+            f"window {window_id}: cannot attribute device activity: " + "; ".join(messages),
+            counts,
+        )
 
 
 def _timings(
@@ -438,13 +403,18 @@ def attribute(
     of range or of absent blocks, ambiguous or incomplete records, or a (block, iteration) of
     a present block (``present``: bool per block, default all) that got no activity.
     """
-    present = _checked_present(window_id, num_blocks, num_iters, present)
+    encode_external_id(window_id, 0, 0)  # checks window_id
+    if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+        raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
+    if not 1 <= num_iters <= MAX_NUM_ITERS:
+        raise ValueError(f"num_iters must be in [1, {MAX_NUM_ITERS}], got {num_iters}")
+    present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
+    if present.shape != (num_blocks,):
+        raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
     kind = records.kind
     if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
         raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
-    ext_id, d = _decode(records, ext_correlation, window_id, (num_blocks, num_iters), present)
-    problems = _Problems(records)
-    problems.of_window(ext_id, d, window_id, (num_blocks, num_iters))
+    d = _decode(records, ext_correlation, window_id, (num_blocks, num_iters), present)
     # Everything not good goes to one extra row that is cut off at the end: cheaper than
     # extracting the good subset of every array.
     good = d.good
@@ -452,16 +422,13 @@ def attribute(
     flat = row * num_iters + np.where(good, d.iteration, 0)
     cells = num_blocks * num_iters
     activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
-    empty = (activity_count == 0) & present[:, None]
-    if empty.any():
-        problems.empty_cells(empty)
-    problems.raise_any(window_id)
+    _raise_problems(records, d, window_id, (activity_count == 0) & present[:, None])
     # Every record is good from here on (any problem raised above).
     return _timings(records, d, row, flat, activity_count, per_activity)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ApiRecords:
+class ApiRecords(Columns):
     """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
 
     correlation_id: np.ndarray  # int64
@@ -470,9 +437,6 @@ class ApiRecords:
     cbid: np.ndarray  # int32
     thread_id: np.ndarray  # int64
     api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
-
-    def __post_init__(self) -> None:
-        check_lengths(self)
 
 
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call
