@@ -1,9 +1,6 @@
-"""CUPTI activity profiler: device start/end of every kernel, memcpy and memset of a block.
-
-Each block's enqueue is bracketed by an external correlation id (kind CUSTOM2; Kineto uses
-CUSTOM0/1) and `attribution.attribute` joins the records to (block, iteration). cupti-python
-is imported lazily; never run torch.profiler in the same process (one CUPTI per process).
-"""
+"""CUPTI activity profiler: each block's enqueue is bracketed by an external correlation id
+(kind CUSTOM2; Kineto uses CUSTOM0/1) that `attribution.attribute` joins the records by.
+cupti-python is imported lazily; never run torch.profiler in the same process (one CUPTI)."""
 
 from __future__ import annotations
 
@@ -32,7 +29,6 @@ from .cupti_records import (
     NamedRecords,
     _RecordParser,
     activity_records,
-    api_function_name,
     external_correlation,
     named_records,
 )
@@ -92,10 +88,8 @@ as a Python object by cupti-python."""
 
 
 def api_record_filter(cupti: Any) -> str:
-    """Keep API records only of the functions that enqueue device work
-    (:data:`_DEVICE_WORK_API`); returns what is recorded: ``"launches"``, or ``"all"`` with why
-    where this CUPTI cannot choose per function (``cuptiActivityEnableRuntimeApi`` and
-    ``...DriverApi``, in cupti-python 12.6 and later)."""
+    """Keep API records only of the functions that enqueue device work; returns ``"launches"``,
+    or ``"all"`` with why where this CUPTI cannot choose per function (cupti-python < 12.6)."""
     tables = (
         ("activity_enable_runtime_api", "runtime_api_trace_cbid"),
         ("activity_enable_driver_api", "driver_api_trace_cbid"),
@@ -116,13 +110,8 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration) from CUPTI's activity API, one rank: CLOCK_REALTIME
-    nanoseconds of this host. Per window: begin_window, push/pop around each block's enqueue
-    (the lanes' before/after; push_gate/push_harness for gate and sync work), then end_window
-    (WindowTimings) or attribute_window (the Attribution itself).
-
-    ``trace`` (``--trace``, an imported step): also read kernel names, copy kinds and the API
-    calls into ``last_activities``; it costs parsing time per record, so it is off otherwise.
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host. ``trace``: also
+    read names and API calls into ``last_activities`` (parsing time per record: off otherwise).
     """
 
     name = "cupti"
@@ -151,9 +140,7 @@ class CuptiProfiler(Profiler):
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id
         self._pop_id = cupti.activity_pop_external_correlation_id
-        self._min_buffer_bytes = int(buffer_size_bytes)
-        self._buffer_size_bytes = self._min_buffer_bytes
-        """What the next buffer request gets (sized per window by begin_window)."""
+        self._min_buffer_bytes = self._buffer_size_bytes = int(buffer_size_bytes)
         self.keep_activities = trace
         self._parser = _RecordParser(
             cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=trace
@@ -170,10 +157,8 @@ class CuptiProfiler(Profiler):
         self._shape: tuple[int, int] | None = None
         self.api_records = "all"
         """Which API calls CUPTI records: "launches" (the device work's) or "all (why)"."""
-        self._delivered = 0
-        """Records CUPTI delivered since the last window began."""
-        self._window_records = 0
-        self._window_iters = 0
+        self._delivered = self._window_records = self._window_iters = 0
+        """Records CUPTI delivered since the last window began; in the windows, their iterations."""
         self.last_activities: DeviceActivities | None = None
         """With ``trace``: the last ended window's block activities, named."""
 
@@ -200,14 +185,6 @@ class CuptiProfiler(Profiler):
             ) from exc
         self.api_records = api_record_filter(cupti)
         self._started = True
-
-    @property
-    def records_per_iteration(self) -> float | None:
-        """CUPTI records (every kind) delivered per measured iteration over the windows so far;
-        None before the first window."""
-        if not self._window_iters:
-            return None
-        return self._window_records / self._window_iters
 
     def close(self) -> None:
         """Flush, disable and finalise CUPTI; safe twice and on an exception path."""
@@ -287,10 +264,7 @@ class CuptiProfiler(Profiler):
         return self.attribute_window().timings(self._present, self.last_activities)
 
     def attribute_window(
-        self,
-        num_blocks: int | None = None,
-        num_iters: int | None = None,
-        present: np.ndarray | None = None,
+        self, num_blocks: int | None = None, num_iters: int | None = None
     ) -> Attribution:
         """Synchronize, flush and attribute everything since begin_window."""
         self._require_started()
@@ -302,7 +276,6 @@ class CuptiProfiler(Profiler):
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        present = self._present if present is None else present
         window_id = self._window_id
         self._window_id = None
         self._flush()
@@ -317,7 +290,7 @@ class CuptiProfiler(Profiler):
             window_id=window_id,
             num_blocks=num_blocks,
             num_iters=num_iters,
-            present=present,
+            present=self._present,
             per_activity=named is not None,
         )
         if named is not None:
@@ -335,10 +308,14 @@ class CuptiProfiler(Profiler):
             return None
         domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
         try:
-            return api_function_name(getter(domain, cbid))
+            name = getter(domain, cbid)
         except Exception as exc:  # an id this CUPTI does not know: a generic name
             logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
             return None
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        # Without CUPTI's version suffix (cudaLaunchKernel_v7000), as PyTorch's traces name it.
+        return re.sub(r"_v\d+$", "", name) if isinstance(name, str) and name else None
 
     def push(self, block_index: int, iteration: int) -> None:
         """Attribute what this thread enqueues until pop() to (block_index, iteration)."""
@@ -375,8 +352,8 @@ class CuptiProfiler(Profiler):
             "cupti_python_version": importlib.metadata.version("cupti-python"),
             "cupti_api_records": self.api_records,
         }
-        if self.records_per_iteration is not None:
-            info["cupti_records_per_iteration"] = f"{self.records_per_iteration:.1f}"
+        if self._window_iters:  # CUPTI records (every kind) per measured iteration
+            info["cupti_records_per_iteration"] = f"{self._window_records / self._window_iters:.1f}"
         return info
 
     def _require_started(self) -> None:

@@ -4,7 +4,6 @@ for them: demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, API func
 from __future__ import annotations
 
 import logging
-import re
 from operator import attrgetter
 
 import numpy as np
@@ -67,17 +66,6 @@ def memset_name(memory_kind: int) -> str:
 
 _NAMERS = {"memcpy": memcpy_name, "memset": memset_name}
 """What names a copy or a set, from the kind codes of ``_NAMED_FIELDS``."""
-_VERSION_SUFFIX = re.compile(r"_v\d+$")
-
-
-def api_function_name(name: object) -> str | None:
-    """A callback name without CUPTI's version suffix (``cudaLaunchKernel_v7000`` ->
-    ``cudaLaunchKernel``, the name PyTorch's traces use); None when there is none."""
-    if isinstance(name, bytes):
-        name = name.decode("utf-8", "replace")
-    if not isinstance(name, str) or not name:
-        return None
-    return _VERSION_SUFFIX.sub("", name)
 
 
 class _RecordParser:
