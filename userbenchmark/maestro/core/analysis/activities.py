@@ -1,7 +1,6 @@
-"""One rank's device activities of a measured window, each attributed to its (block, iteration).
-Filled by the CUPTI profiler only when a trace is asked for (``--trace``), gathered on rank 0 with
-the rank's timeline and written as Kineto-style trace files. Arrays are numpy, one entry per
-activity (or per launching API call), so memory stays proportional to the window."""
+"""One rank's device activities of a measured window, each attributed to its (block, iteration):
+filled by the CUPTI profiler for ``--trace`` and written as Kineto-style trace files. numpy arrays,
+one entry per activity (or launching API call): memory proportional to the window."""
 
 from __future__ import annotations
 

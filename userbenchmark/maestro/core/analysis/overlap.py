@@ -1,8 +1,6 @@
-"""Overlap metrics computed from ONE rank's own block intervals, per measured iteration. Intervals
-come as `starts`/`ends` arrays of shape (num_blocks, num_iters) in nanoseconds of one rank's clock
-(timestamps of different hosts are never compared). Blocks a rank does not run are excluded with a
-boolean `present` mask of shape (num_blocks,); their rows may hold any value. All functions are
-vectorised over iterations and never modify their inputs."""
+"""Overlap metrics of ONE rank's block intervals: `starts`/`ends` (num_blocks, num_iters) in ns of
+its own clock, blocks it does not run masked out by `present` (num_blocks,) bool (their rows may
+hold anything). Vectorised over iterations; inputs are never modified."""
 
 from __future__ import annotations
 
@@ -93,11 +91,9 @@ def union_intersection_ns(
 def pairwise_overlap_mean(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks). 1 means
-    the shorter block ran entirely inside the longer one; the diagonal is 1; a pair where either
-    block has zero length gets 0 in that iteration (nothing to overlap). Computed one block's row at
-    a time, so memory stays proportional to blocks x iterations (the full fraction array is blocks^2
-    x iterations). NaN for pairs with an absent block or without iterations."""
+    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks); 0 in an
+    iteration where either has zero length; NaN for an absent block or no iterations. One row at a
+    time: memory stays blocks x iterations (the full fraction array is blocks^2 x iterations)."""
     s, e, mask = _intervals(starts, ends, present)
     # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
     s, e = np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0)
@@ -130,11 +126,9 @@ def comm_hidden_under_compute_ns(
     is_compute: ArrayLike,
     present: ArrayLike | None = None,
 ) -> tuple[float, float]:
-    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window. Every
-    (block, iteration) interval of the rank counts, across iteration boundaries, as
-    HolisticTraceAnalysis counts kernels over a trace: hidden / comm is its time-weighted
-    comm/compute overlap (not a mean of per-iteration ratios). Both are 0 when the rank has no
-    present comm block; hidden is 0 without a compute block."""
+    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window, across
+    iteration boundaries as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
+    comm/compute overlap. Both 0 without a present comm block; hidden 0 without compute."""
     s, e, mask = _intervals(starts, ends, present)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
     compute = _block_mask(is_compute, s.shape[0], "is_compute")
@@ -169,15 +163,9 @@ def overlap_efficiency(
     *,
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
-    """(serial - makespan) / (serial - ideal), where serial = Σ isolated and ideal = the critical
-    path of the isolated latencies (core/analysis/critical_path.py; the longest block when no block
-    waits for another). 1 = perfect overlap (the pattern takes as long as its ideal), 0 = fully
-    serialized. Values outside [0, 1] are real results: below 0 the overlapped run was slower than
-    running the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up). NaN
-    when any input is NaN, or when the headroom serial - ideal (the most overlap could save) is
-    below ``min_headroom_fraction`` of serial: a single block, or blocks so short next to the
-    longest one that the ratio would divide noise by almost nothing (read the blocks' slowdown
-    instead). Elementwise on arrays; a float for scalars."""
+    """(serial - makespan) / (serial - ideal) (serial = Σ isolated, ideal = their critical path): 1
+    perfect overlap, 0 serialized, outside [0, 1] real results. NaN for a NaN input, or a headroom
+    serial - ideal below ``min_headroom_fraction`` of serial (the ratio would divide noise)."""
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)

@@ -209,63 +209,38 @@ def _shown(values: np.ndarray) -> str:
     return ", ".join(str(v) for v in vals) + more
 
 
-@dataclass(frozen=True)
 class _Decoded:
-    """Each record of a window decoded from its external id, and what is wrong with it."""
+    """Each record of a window decoded from its external id, and what is wrong with it: only
+    what the common path needs; the breakdown of strays is the error path's."""
 
-    ext_id: np.ndarray
-    this_window: np.ndarray
-    block: np.ndarray
-    iteration: np.ndarray
-    mine: np.ndarray  # records of a block (not harness, not the gate) of this window
-    gate: np.ndarray  # records of the gate's spin kernel of this window
-    out_of_range: np.ndarray
-    absent: np.ndarray  # records of a block this rank does not run
-    ambiguous: np.ndarray
-    incomplete: np.ndarray
-
-    @property
-    def good(self) -> np.ndarray:
-        return self.mine & ~(self.out_of_range | self.ambiguous | self.incomplete | self.absent)
-
-
-def _decode(
-    records: ActivityRecords,
-    ext_correlation: ExternalCorrelation,
-    window_id: int,
-    shape: tuple[int, int],
-    present: np.ndarray,
-) -> _Decoded:
-    """What each record's external id says: only what the common path needs; the breakdown
-    of strays is the error path's."""
-    num_blocks, num_iters = shape
-    ext_id, ambiguous = _lookup(records.correlation_id, ext_correlation)
-    this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
-    block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
-    iteration = ext_id & (MAX_NUM_ITERS - 1)
-    mine = this_window & (block < GATE_BLOCK)
-    gate = this_window & (block == GATE_BLOCK)
-    out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
-        gate & (iteration >= num_iters)
-    )
-    absent = np.zeros(len(records), dtype=bool)
-    if not present.all():
-        absent = mine & ~out_of_range & ~present[np.minimum(block, num_blocks - 1)]
-    start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
-    # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
-    incomplete = (start <= 0) | (end < start)
-    return _Decoded(
-        ext_id,
-        this_window,
-        block,
-        iteration,
-        mine,
-        gate,
-        out_of_range,
-        absent,
-        ambiguous,
-        incomplete,
-    )
+    def __init__(
+        self,
+        records: ActivityRecords,
+        ext_correlation: ExternalCorrelation,
+        window_id: int,
+        present: np.ndarray,
+        num_iters: int,
+    ) -> None:
+        num_blocks = present.shape[0]
+        ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
+        self.ext_id = ext_id
+        self.this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
+        self.block = block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
+        self.iteration = iteration = ext_id & (MAX_NUM_ITERS - 1)
+        # Records of a block (not harness, not the gate) of this window, and of the gate's.
+        self.mine = mine = self.this_window & (block < GATE_BLOCK)
+        self.gate = gate = self.this_window & (block == GATE_BLOCK)
+        self.out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
+            gate & (iteration >= num_iters)
+        )
+        self.absent = np.zeros(len(records), dtype=bool)  # of a block this rank does not run
+        if not present.all():
+            self.absent = mine & ~self.out_of_range & ~present[np.minimum(block, num_blocks - 1)]
+        start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
+        # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
+        self.incomplete = (start <= 0) | (end < start)
+        bad = self.out_of_range | self.ambiguous | self.incomplete | self.absent
+        self.good = mine & ~bad
 
 
 def _raise_problems(
@@ -414,7 +389,7 @@ def attribute(
     kind = records.kind
     if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
         raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
-    d = _decode(records, ext_correlation, window_id, (num_blocks, num_iters), present)
+    d = _Decoded(records, ext_correlation, window_id, present, num_iters)
     # Everything not good goes to one extra row that is cut off at the end: cheaper than
     # extracting the good subset of every array.
     good = d.good

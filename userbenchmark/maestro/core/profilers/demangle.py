@@ -1,10 +1,6 @@
-"""C++ symbol names as people and tools read them (``ncclDevKernel_AllGather_RING(...)``).
-
-CUPTI reports kernel names as the compiler mangled them (``_Z28ncclDevKernel_...``); PyTorch's
-profiler demangles them with c10's demangler (libstdc++'s ``__cxa_demangle``, the name left as
-it is where that fails), and HolisticTraceAnalysis classifies kernels by the demangled name
-(``^nccl.*Kernel`` is communication).
-"""
+"""Kernel names demangled as PyTorch's profiler does (c10's demangler, the name kept where it
+fails): CUPTI reports ``_Z28ncclDevKernel_...``, and HolisticTraceAnalysis classifies kernels by
+the demangled name (``^nccl.*Kernel`` is communication)."""
 
 from __future__ import annotations
 

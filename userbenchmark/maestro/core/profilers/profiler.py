@@ -9,18 +9,13 @@ from ..analysis.intervals import WindowTimings
 
 
 class Profiler:
-    """Records when each (block, iteration) ran; the hooks do nothing here (an untimed window).
-
-    ``before``/``after`` bracket one block's enqueue: on CPU they run on the lane thread and
-    the block runs synchronously between them; on CUDA they run on the host thread with the
-    lane's stream current, and the device activity enqueued between them is what counts.
-    A registered profiler (profiler_registry.py) names itself, the lanes it times (``cpu`` or
-    ``cuda``) and how a fallback to it is told (``described``).
-    """
+    """Records when each (block, iteration) ran; here the hooks do nothing (an untimed window).
+    ``before``/``after`` bracket one block's enqueue: on CPU the block runs between them on its
+    lane thread; on CUDA the device work enqueued between them, on the lane's stream, counts."""
 
     name = "none"
-    times = ""
-    described = ""
+    times = ""  # the lanes it times: cpu or cuda (profiler_registry.py)
+    described = ""  # how a fallback to it is told
 
     def __init__(self, *, trace: bool = False) -> None:
         """``trace``: keep each window's named activities (``--trace``), where it can."""
