@@ -1,8 +1,6 @@
-"""Attribute device activities to (block, iteration) through external correlation ids.
-
-Pure numpy, no CUPTI: the CUPTI backend fills `ActivityRecords` and `ExternalCorrelation`
-and `attribute` joins them. Nothing is dropped silently: every problem is an AttributionError.
-"""
+"""Attribute device activities to (block, iteration) through external correlation ids: pure
+numpy, no CUPTI (its backend fills `ActivityRecords` and `ExternalCorrelation`). Nothing is
+dropped silently: every problem is an AttributionError."""
 
 from __future__ import annotations
 
@@ -134,10 +132,6 @@ class Attribution:
     """int32 per input record: its block, -1 for harness and gate work (``per_activity``)."""
     activity_iteration: np.ndarray | None = None
     """int32 per input record: its iteration, -1 for harness and gate work."""
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        return self.end_ns - self.start_ns
 
     def timings(self, present: np.ndarray, activities: DeviceActivities | None) -> WindowTimings:
         """The window as every profiler returns it, on CUPTI's clock (CLOCK_REALTIME ns)."""
@@ -370,14 +364,9 @@ def attribute(
     present: np.ndarray | None = None,
     per_activity: bool = False,
 ) -> Attribution:
-    """Map every activity to its (block, iteration) by correlation id; vectorised.
-
-    ``per_activity``: also return each record's (block, iteration) (for traces).
-
-    Raises AttributionError with counts for activities without an id of this window, ids out
-    of range or of absent blocks, ambiguous or incomplete records, or a (block, iteration) of
-    a present block (``present``: bool per block, default all) that got no activity.
-    """
+    """Map every activity to its (block, iteration) by correlation id (``per_activity``: also
+    each record's, for traces); AttributionError for any record that maps to none, and any cell
+    of a ``present`` block (bool per block, default all) without activity."""
     encode_external_id(window_id, 0, 0)  # checks window_id
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
@@ -468,13 +457,9 @@ def window_activities(
     api: ApiRecords,
     api_name: Callable[[int, int], str | None],
 ) -> DeviceActivities:
-    """The block activities of an attributed window, with names and launching API calls.
-
-    ``attribution`` must come from ``attribute(..., per_activity=True)`` on ``records``;
-    ``name_index[i]`` is record i's index into ``names``. Of the API calls, one per
-    correlation id of a kept activity is kept (``_launch_calls``). ``api_name(api, cbid)``
-    names a call (None: unknown; a generic name of the launch kind is used then).
-    """
+    """The block activities of ``attribute(..., per_activity=True)``, named (record i's name is
+    ``names[name_index[i]]``), with one launching API call each, named by ``api_name(api, cbid)``
+    (None: a generic name of the launch kind)."""
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
     chosen = _launch_calls(api, corr)
