@@ -51,37 +51,24 @@ def _kind_name(table: tuple[str, ...], code: int) -> str:
     return table[code] if 0 <= code < len(table) else "Unknown"
 
 
-def memcpy_name(copy_kind: int, src_kind: int, dst_kind: int) -> str:
-    """``Memcpy DtoD (Device -> Device)``: a copy's name as Kineto writes it."""
-    return (
+_NAMERS = {
+    "memcpy": lambda copy_kind, src_kind, dst_kind: (
         f"Memcpy {_kind_name(_COPY_KINDS, copy_kind)} "
         f"({_kind_name(_MEMORY_KINDS, src_kind)} -> {_kind_name(_MEMORY_KINDS, dst_kind)})"
-    )
-
-
-def memset_name(memory_kind: int) -> str:
-    """``Memset (Device)``: a set's name as Kineto writes it."""
-    return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
-
-
-_NAMERS = {"memcpy": memcpy_name, "memset": memset_name}
-"""What names a copy or a set, from the kind codes of ``_NAMED_FIELDS``."""
+    ),
+    "memset": lambda memory_kind: f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})",
+}
+"""A copy's or a set's name as Kineto writes it (``Memcpy DtoD (Device -> Device)``, ``Memset
+(Device)``), from the kind codes of ``_NAMED_FIELDS``."""
 
 
 class _RecordParser:
-    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays.
-
-    ``objects`` reads each field through cupti-python's record objects; ``numpy`` reads only
-    each record's address and gathers the fields from the buffer with cupti-python's own
-    record dtypes, a fraction of the Python work per record. ``auto`` checks ``numpy``
-    against ``objects`` on the first buffers and falls back for good on any difference.
-
-    With ``names`` (a trace is wanted) it also returns, per kernel/memcpy/memset row, an index
-    into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
-    correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
-    from its record object either way (the buffer holds only a pointer to it); without
-    ``names`` none of this is read and API records are skipped.
-    """
+    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays:
+    ``objects`` reads each field of each record object; ``numpy`` gathers them from the buffer
+    by each record's address and cupti-python's record dtypes (a fraction of the Python work);
+    ``auto`` checks ``numpy`` against ``objects`` on the first buffers, falling back for good on
+    any difference. With ``names``, also each row's index into ``self.names`` (``<kind>_name``;
+    a kernel's name is read from its object: the buffer holds a pointer) and the API calls."""
 
     _VERIFY_BUFFERS = 2
 
@@ -165,14 +152,19 @@ class _RecordParser:
                 if name == "ext" and a.external_kind != self.custom2:
                     continue
                 rows[name].append(fields(a))
-                if self.keep_names and name != "ext":
-                    names[name].append(_record_name(name, a))
+                if self.keep_names and name == "kernel":
+                    names[name].append(_kernel_name(a))
+                elif self.keep_names and name != "ext":
+                    names[name].append(_NAMERS[name](*(getattr(a, f) for f in _NAMED_FIELDS[name])))
             elif a.kind in api_codes:
                 api.append((*api_fields(a), api_codes[a.kind]))
-        out = {name: self._rows(name, r) for name, r in rows.items()}
+        out = {}
+        for name, found in rows.items():  # (0, width) where none
+            dtype = np.uint64 if name == "ext" else np.int64
+            out[name] = np.array(found, dtype).reshape(-1, len(_FIELDS[name]))
         if self.keep_names:
             out.update({f"{name}_name": self._interned(found) for name, found in names.items()})
-            out["api"] = self._rows("api", api)
+            out["api"] = np.array(api, dtype=np.int64).reshape(-1, len(_NAMED_FIELDS["api"]) + 1)
         return out
 
     def parse_numpy(self, activities: list) -> dict[str, np.ndarray] | None:
@@ -227,21 +219,6 @@ class _RecordParser:
         distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
         ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
-
-    @staticmethod
-    def _rows(name: str, rows: list[tuple]) -> np.ndarray:
-        dtype = np.uint64 if name == "ext" else np.int64
-        width = 6 if name == "api" else len(_FIELDS[name])
-        if not rows:
-            return np.zeros((0, width), dtype=dtype)
-        return np.array(rows, dtype=dtype)
-
-
-def _record_name(kind: str, record) -> str:
-    """The name a trace shows for a kernel, memcpy or memset record object."""
-    if kind == "kernel":
-        return _kernel_name(record)
-    return _NAMERS[kind](*(getattr(record, f) for f in _NAMED_FIELDS[kind]))
 
 
 def _kernel_name(record) -> str:
