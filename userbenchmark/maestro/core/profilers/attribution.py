@@ -69,11 +69,7 @@ def encode_external_id(window_id: int, block_index: int, iteration: int) -> int:
 
 def _as_int64(a: np.ndarray) -> np.ndarray:
     """int64 view or copy; uint64 values of 2**63 and above become negative (never ours)."""
-    if a.dtype == np.int64:
-        return a
-    if a.dtype == np.uint64:
-        return a.view(np.int64)
-    return a.astype(np.int64)
+    return a.view(np.int64) if a.dtype == np.uint64 else a.astype(np.int64, copy=False)
 
 
 KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
@@ -416,38 +412,6 @@ _GENERIC_API_NAMES = {
 }
 
 
-def _launch_calls(api: ApiRecords, corr: np.ndarray) -> np.ndarray:
-    """Indices of the API calls behind activities of correlation ids ``corr``, one per id:
-    the earliest (a runtime call that calls the driver starts first), the runtime one on a
-    tie."""
-    api_corr = _as_int64(api.correlation_id)
-    chosen = np.flatnonzero(np.isin(api_corr, corr))
-    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-    first = np.ones(chosen.size, dtype=bool)
-    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-    return chosen[first]
-
-
-def _call_names(
-    api: ApiRecords,
-    chosen: np.ndarray,
-    corr: np.ndarray,
-    kind: np.ndarray,
-    table: list[str],
-    api_name: Callable[[int, int], str | None],
-) -> np.ndarray:
-    """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
-    corr_order = np.argsort(corr, kind="stable")
-    at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
-    launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
-    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
-    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-    for code, cbid, kind_code in distinct.tolist():  # one name per (API, callback, kind)
-        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
-        table.append(name)
-    return len(table) - len(distinct) + inverse.reshape(-1)
-
-
 def window_activities(
     records: ActivityRecords,
     attribution: Attribution,
@@ -462,10 +426,26 @@ def window_activities(
     (None: a generic name of the launch kind)."""
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
-    chosen = _launch_calls(api, corr)
-    # Names: the activities' own, then the calls'; compacted to those used.
+    # One API call per kept correlation id: the earliest (a runtime call that calls the driver
+    # starts first), the runtime one on a tie.
+    api_corr = _as_int64(api.correlation_id)
+    chosen = np.flatnonzero(np.isin(api_corr, corr))
+    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
+    first = np.ones(chosen.size, dtype=bool)
+    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
+    chosen = chosen[first]
+    # Names: the activities' own, then the calls' (one per API, callback and kind launched);
+    # compacted to those used.
+    corr_order = np.argsort(corr, kind="stable")
+    at = np.searchsorted(corr[corr_order], api_corr[chosen])
+    launched_kind = records.kind[keep][corr_order][np.minimum(at, corr.size - 1)]
+    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
+    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
     table = list(names)
-    call_names = _call_names(api, chosen, corr, records.kind[keep], table, api_name)
+    for code, cbid, kind_code in distinct.tolist():
+        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
+        table.append(name)
+    call_names = len(table) - len(distinct) + inverse.reshape(-1)
     act_names = name_index[keep].astype(np.int64)
     used, inverse = np.unique(np.concatenate([act_names, call_names]), return_inverse=True)
     inverse = inverse.astype(np.int32)
@@ -475,7 +455,7 @@ def window_activities(
         return np.stack(cols, axis=1).astype(np.int32).reshape(-1, 3)
 
     launches = LaunchCalls(
-        correlation_id=_as_int64(api.correlation_id)[chosen],
+        correlation_id=api_corr[chosen],
         start_ns=_as_int64(api.start_ns)[chosen],
         end_ns=_as_int64(api.end_ns)[chosen],
         api=api.api[chosen].astype(np.uint8),
