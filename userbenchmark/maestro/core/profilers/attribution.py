@@ -314,42 +314,6 @@ def _raise_problems(
         )
 
 
-def _timings(
-    records: ActivityRecords,
-    d: _Decoded,
-    row: np.ndarray,
-    flat: np.ndarray,
-    activity_count: np.ndarray,
-    per_activity: bool,
-) -> Attribution:
-    """The window's figures once every record is attributed: ``row`` is each record's block
-    and ``flat`` its (block, iteration) cell (num_blocks and past the end for no block)."""
-    num_blocks, num_iters = activity_count.shape
-    cells = num_blocks * num_iters
-    first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, flat, _as_int64(records.start_ns))
-    last = np.zeros(cells + 1, dtype=np.int64)
-    np.maximum.at(last, flat, _as_int64(records.end_ns))
-    first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
-    gate = d.gate  # complete: an incomplete record raised
-    gate_end = np.zeros(num_iters, dtype=np.int64)
-    np.maximum.at(gate_end, d.iteration[gate], _as_int64(records.end_ns)[gate])
-    ctas = np.zeros(num_blocks + 1, dtype=np.int64)
-    grid = records.grid_x.astype(np.int64) * records.grid_y * records.grid_z
-    np.maximum.at(ctas, np.where(records.kind == KIND_KERNEL, row, num_blocks), grid)
-    return Attribution(
-        start_ns=first[:cells].reshape(num_blocks, num_iters),
-        end_ns=last[:cells].reshape(num_blocks, num_iters),
-        activity_count=activity_count,
-        kernel_ctas_max=ctas[:num_blocks],
-        gate_end_ns=gate_end,
-        activity_block=np.where(d.mine, d.block, -1).astype(np.int32) if per_activity else None,
-        activity_iteration=(
-            np.where(d.mine, d.iteration, -1).astype(np.int32) if per_activity else None
-        ),
-    )
-
-
 def attribute(
     records: ActivityRecords,
     ext_correlation: ExternalCorrelation,
@@ -384,7 +348,27 @@ def attribute(
     activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
     _raise_problems(records, d, window_id, (activity_count == 0) & present[:, None])
     # Every record is good from here on (any problem raised above).
-    return _timings(records, d, row, flat, activity_count, per_activity)
+    first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, flat, _as_int64(records.start_ns))
+    last = np.zeros(cells + 1, dtype=np.int64)
+    np.maximum.at(last, flat, _as_int64(records.end_ns))
+    first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
+    gate_end = np.zeros(num_iters, dtype=np.int64)
+    np.maximum.at(gate_end, d.iteration[d.gate], _as_int64(records.end_ns)[d.gate])
+    ctas = np.zeros(num_blocks + 1, dtype=np.int64)
+    grid = records.grid_x.astype(np.int64) * records.grid_y * records.grid_z
+    np.maximum.at(ctas, np.where(records.kind == KIND_KERNEL, row, num_blocks), grid)
+    return Attribution(
+        start_ns=first[:cells].reshape(num_blocks, num_iters),
+        end_ns=last[:cells].reshape(num_blocks, num_iters),
+        activity_count=activity_count,
+        kernel_ctas_max=ctas[:num_blocks],
+        gate_end_ns=gate_end,
+        activity_block=np.where(d.mine, d.block, -1).astype(np.int32) if per_activity else None,
+        activity_iteration=(
+            np.where(d.mine, d.iteration, -1).astype(np.int32) if per_activity else None
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
