@@ -9,6 +9,7 @@ import importlib.metadata
 import logging
 import re
 import threading
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,7 @@ class CuptiProfiler(Profiler):
         )
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
-        self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
+        self._chunks: dict[str, list[np.ndarray]] = defaultdict(list)  # rows of _RecordParser
         self._callback_error: BaseException | None = None
         self._enabled: list = []
         self._started = False
@@ -214,12 +215,6 @@ class CuptiProfiler(Profiler):
                 logger.warning("cupti stop: %s failed: %s", step, exc)
         self._take()
         self._window_id = None
-
-    def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
-        names = ["kernel", "memcpy", "memset", "ext"]
-        if self.keep_activities:
-            names += ["kernel_name", "memcpy_name", "memset_name", "api"]
-        return {name: [] for name in names}
 
     def _disable(self) -> None:
         while self._enabled:
@@ -383,9 +378,9 @@ class CuptiProfiler(Profiler):
             rows = self._parser.parse(activities)
             with self._lock:
                 self._delivered += len(activities)
-                for name, chunks in self._chunks.items():
-                    if rows[name].shape[0]:
-                        chunks.append(rows[name])
+                for name, found in rows.items():
+                    if found.shape[0]:
+                        self._chunks[name].append(found)
         except BaseException as exc:  # raised later on the caller's thread, never lost
             if self._callback_error is None:
                 self._callback_error = exc
@@ -395,7 +390,7 @@ class CuptiProfiler(Profiler):
         third item (with ``keep_activities``): each record's name index, the names, and the
         API calls."""
         with self._lock:
-            chunks, self._chunks = self._chunks, self._empty_chunks()
+            chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.
             names = tuple(self._parser.names) if self.keep_activities else ()
         records, ext = activity_records(chunks), external_correlation(chunks["ext"])
