@@ -47,8 +47,8 @@ class Columns:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LaunchCalls(Columns):
-    """The host API calls that launched the activities (CUPTI RUNTIME/DRIVER records)."""
+class ApiRecords(Columns):
+    """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
 
     correlation_id: np.ndarray
     """int64: CUPTI's correlation id, shared with the activities the call launched."""
@@ -57,6 +57,12 @@ class LaunchCalls(Columns):
     api: np.ndarray  # uint8: API_RUNTIME or API_DRIVER
     cbid: np.ndarray  # int32: CUPTI's callback id of the function
     thread_id: np.ndarray  # int64: the calling thread (CUPTI's threadId)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchCalls(ApiRecords):
+    """The API calls that launched a window's block activities, one per correlation id."""
+
     name_index: np.ndarray
     """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
 

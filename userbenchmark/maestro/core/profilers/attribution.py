@@ -16,6 +16,7 @@ from ..analysis.activities import (
     KIND_MEMCPY,
     KIND_MEMSET,
     KIND_NAMES,
+    ApiRecords,
     Columns,
     DeviceActivities,
     LaunchCalls,
@@ -369,18 +370,6 @@ def attribute(
             np.where(d.mine, d.iteration, -1).astype(np.int32) if per_activity else None
         ),
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApiRecords(Columns):
-    """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
-
-    correlation_id: np.ndarray  # int64
-    start_ns: np.ndarray  # int64
-    end_ns: np.ndarray  # int64
-    cbid: np.ndarray  # int32
-    thread_id: np.ndarray  # int64
-    api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
 
 
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call
