@@ -234,85 +234,73 @@ class _Decoded:
         self.good = mine & ~bad
 
 
+_PROBLEMS = {
+    "no_external_id": "device activities have no external correlation id: enqueued outside "
+    "every pushed block or harness range",
+    "foreign_external_id": "activities carry an external id that is not maestro's",
+    "other_window": "activities belong to other windows ({windows}), not window {window_id}: a "
+    "flush was missing before this window began",
+    "out_of_range": "activities map outside {num_blocks} blocks x {num_iters} iterations "
+    "(blocks {blocks}; iterations {iters})",
+    "absent_block": "activities belong to blocks this rank does not run (blocks {absent})",
+    "ambiguous": "activities have a correlation id with several external ids",
+    "incomplete": "activity records are incomplete (zero or reversed timestamps: flushed before "
+    "the device finished?)",
+    "empty_cells": "(block, iteration) got no activity: {cells}",
+}
+"""What keeps records (or cells) from being attributed, under AttributionError.counts' keys."""
+_BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete")
+"""Problems whose records are described by their kinds and streams."""
+
+
 def _raise_problems(
     records: ActivityRecords, d: _Decoded, window_id: int, empty: np.ndarray
 ) -> None:
-    """One AttributionError naming every kind of problem that keeps records from their cells,
-    with its count under a key (``AttributionError.counts``); nothing when there is none."""
-    counts: dict[str, int] = {}
-    messages: list[str] = []
-
-    def add(key: str, mask: np.ndarray, text: str, by_records: bool = False) -> None:
-        if mask.any():
-            counts[key] = num = int(np.count_nonzero(mask))
-            if by_records:  # described by their kinds and streams
-                streams = _shown(np.unique(records.stream_id[mask]))
-                text += f" ({_kind_summary(records.kind[mask])}; streams {streams})"
-            messages.append(f"{num} {text}")
-
+    """One AttributionError naming each kind of problem of the window (:data:`_PROBLEMS`) with
+    its count; nothing when there is none."""
     found, ours, stray = d.ext_id != _MISSING, (d.ext_id >> 62) == 1, ~d.this_window
-    add(
-        "no_external_id",
-        stray & ~found,
-        "device activities have no external correlation id: "
-        "enqueued outside every pushed block or harness range",
-        by_records=True,
-    )
-    add(
-        "foreign_external_id",
-        stray & found & ~ours,
-        "activities carry an external id that is not maestro's",
-        by_records=True,
-    )
-    window = (d.ext_id[stray & ours] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
+    masks = {
+        "no_external_id": stray & ~found,
+        "foreign_external_id": stray & found & ~ours,
+        "other_window": stray & ours,
+        "out_of_range": d.out_of_range,
+        "absent_block": d.absent,
+        "ambiguous": d.ambiguous,
+        "incomplete": d.incomplete,
+        "empty_cells": empty,
+    }
+    counts = {key: int(np.count_nonzero(mask)) for key, mask in masks.items() if mask.any()}
+    if not counts:
+        return
+    window = (d.ext_id[masks["other_window"]] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
     pairs = zip(*np.unique(window, return_counts=True), strict=True)
-    listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
-    add(
-        "other_window",
-        stray & ours,
-        f"activities belong to other windows ({listed}), not window {window_id}: a "
-        "flush was missing before this window began",
-    )
-    blocks, iters = (_shown(np.unique(v[d.out_of_range])) for v in (d.block, d.iteration))
-    add(
-        "out_of_range",
-        d.out_of_range,
-        f"activities map outside {empty.shape[0]} blocks x {empty.shape[1]} iterations "
-        f"(blocks {blocks}; iterations {iters})",
-    )
-    add(
-        "absent_block",
-        d.absent,
-        "activities belong to blocks this rank does not run "
-        f"(blocks {_shown(np.unique(d.block[d.absent]))})",
-    )
-    add(
-        "ambiguous",
-        d.ambiguous,
-        "activities have a correlation id with several external ids",
-        by_records=True,
-    )
-    add(
-        "incomplete",
-        d.incomplete,
-        "activity records are incomplete (zero or reversed timestamps: flushed before the "
-        "device finished?)",
-        by_records=True,
-    )
     per_block = empty.sum(axis=1)
-    blocks = np.flatnonzero(per_block)
     listed = "; ".join(
         f"block {b}: {per_block[b]} of {empty.shape[1]} iterations (first {np.argmax(empty[b])})"
-        for b in blocks[:_SHOWN].tolist()
+        for b in np.flatnonzero(per_block)[:_SHOWN].tolist()
     )
-    if blocks.shape[0] > _SHOWN:
-        listed += f"; ... ({blocks.shape[0]} blocks in all)"
-    add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
-    if messages:
-        raise AttributionError(
-            f"window {window_id}: cannot attribute device activity: " + "; ".join(messages),
-            counts,
-        )
+    if np.count_nonzero(per_block) > _SHOWN:
+        listed += f"; ... ({np.count_nonzero(per_block)} blocks in all)"
+    details = {
+        "windows": _shown(np.array([f"{w}: {c}" for w, c in pairs])),
+        "window_id": window_id,
+        "num_blocks": empty.shape[0],
+        "num_iters": empty.shape[1],
+        "blocks": _shown(np.unique(d.block[d.out_of_range])),
+        "iters": _shown(np.unique(d.iteration[d.out_of_range])),
+        "absent": _shown(np.unique(d.block[d.absent])),
+        "cells": listed,
+    }
+    messages = []
+    for key, num in counts.items():
+        text, mask = _PROBLEMS[key].format(**details), masks[key]
+        if key in _BY_RECORDS:
+            streams = _shown(np.unique(records.stream_id[mask]))
+            text += f" ({_kind_summary(records.kind[mask])}; streams {streams})"
+        messages.append(f"{num} {text}")
+    raise AttributionError(
+        f"window {window_id}: cannot attribute device activity: " + "; ".join(messages), counts
+    )
 
 
 def attribute(
