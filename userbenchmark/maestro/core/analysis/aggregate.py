@@ -336,11 +336,6 @@ def _combined(
     return replace(local, **out)
 
 
-def _split(flat: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
-    ends = np.cumsum([a.size for a in like])
-    return [part.reshape(a.shape) for part, a in zip(np.split(flat, ends[:-1]), like, strict=True)]
-
-
 def reduce_summaries(
     local: WindowAggregate, *, rank: int, world_size: int, reduce: Reducer
 ) -> WindowAggregate:
@@ -349,8 +344,9 @@ def reduce_summaries(
 
     def combine(op: str, dtype: Any, names: tuple[str, ...]) -> list[np.ndarray]:
         parts = [getattr(local, n) for n in names]
-        flat = np.concatenate([p.ravel() for p in parts]).astype(dtype)
-        return _split(reduce(flat, op), parts)
+        flat = reduce(np.concatenate([p.ravel() for p in parts]).astype(dtype), op)
+        split = np.split(flat, np.cumsum([p.size for p in parts])[:-1])
+        return [part.reshape(p.shape) for part, p in zip(split, parts, strict=True)]
 
     out = _combined(local, combine)
     vote = reduce(_vote(local, out.start_hi, rank), "max")
