@@ -123,8 +123,7 @@ class WindowAggregate:
     def pairwise_overlap(self) -> np.ndarray:
         """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|); NaN: never
         met."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.pair_count > 0, self.pair_sum / self.pair_count, np.nan)
+        return overlap.divided(self.pair_sum, self.pair_count, self.pair_count > 0)
 
     @property
     def comm_compute_overlap(self) -> float:
@@ -137,16 +136,12 @@ class WindowAggregate:
     def comm_compute_overlap_by_rank(self) -> np.ndarray:
         """(world,): the same per rank (NaN where a rank has no communication or no compute)."""
         hidden, comm = self.comm_hidden_by_rank_ns
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(comm > 0, hidden / comm, np.nan)
+        return overlap.divided(hidden, comm, comm > 0)
 
     @property
     def activities_per_iter(self) -> np.ndarray:
         """(blocks,): device activities per rank and iteration (NaN: not counted)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per_rank = np.where(
-                self.counted_ranks > 0, self.activity_sum / self.counted_ranks, np.nan
-            )
+        per_rank = overlap.divided(self.activity_sum, self.counted_ranks, self.counted_ranks > 0)
         num_iters = self.latency_ns.shape[1]
         return per_rank / num_iters if num_iters else per_rank
 

@@ -145,7 +145,7 @@ def comm_hidden_under_compute_ns(
     return float(hidden[0]), comm_len
 
 
-def _divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
+def divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
     """num / den where ``where`` holds, NaN elsewhere; a float for scalars."""
     out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
     np.divide(num, den, out=out, where=where)
@@ -171,17 +171,17 @@ def overlap_efficiency(
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         meaningful = (headroom > 0) & (headroom >= min_headroom_fraction * serial)
-    return _divided(gained, headroom, meaningful)
+    return divided(gained, headroom, meaningful)
 
 
 def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
     """overlapped / isolated latency (> 1: overlap slowed the block); NaN unless isolated > 0."""
     iso = np.asarray(isolated_avg_us, dtype=np.float64)
-    return _divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
+    return divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
     """Bus bytes of all blocks (size_bytes * the Block class's bus_factor each) over the
     pattern's makespan (not the longest block), in GB/s (1e9); NaN unless makespan_s > 0."""
     span = np.asarray(makespan_s, dtype=np.float64)
-    return _divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
+    return divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
