@@ -26,7 +26,7 @@ class Profiler:
         return ""
 
     def start(self) -> None:
-        pass
+        """Begin recording (``close``: end it, safe twice)."""
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
@@ -34,16 +34,12 @@ class Profiler:
         pass
 
     def before(self, block: int, iteration: int) -> None:
-        pass
-
-    def after(self, block: int, iteration: int) -> None:
-        pass
+        """A block's enqueue follows until ``after``."""
 
     def gate_begin(self, iteration: int) -> None:
         """Harness work (the gate's spin kernel) follows until ``gate_end``."""
 
-    def gate_end(self, iteration: int) -> None:
-        pass
+    after, gate_end, close = before, gate_begin, start
 
     def end_window(self) -> WindowTimings:
         raise TypeError(f"{type(self).__name__} records no timings")
@@ -51,6 +47,3 @@ class Profiler:
     def run_info(self) -> dict[str, str]:
         """What the profiler says of the run so far, for ``run.json`` (strings)."""
         return {}
-
-    def close(self) -> None:
-        pass
