@@ -136,12 +136,10 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window (the overlapped run, or one block alone). Every series
-    of the window is resampled with the same moving blocks of iterations, so figures of one window
-    keep their correlation (a block's latency and the makespan). Each resample also moves the
-    window's level by a drift drawn from the drift the series showed inside the window: what the
-    resampling of one window misses (a slow wander longer than its blocks), and what a figure
-    comparing two windows (slowdown, efficiency) or two runs needs."""
+    """The bootstrap of one measured window: every series is resampled with the same moving blocks
+    of iterations (figures of one window keep their correlation), and each resample's level moves
+    by a drift drawn from the series' own (a slow wander the blocks miss, which a figure comparing
+    two windows or two runs needs)."""
 
     def __init__(self, seed: int = 0, resamples: int = RESAMPLES) -> None:
         self._seed = seed
