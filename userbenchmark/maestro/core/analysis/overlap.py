@@ -43,16 +43,14 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
 def intersection_ns(
     a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
 ) -> np.ndarray:
-    """Elementwise (inputs broadcast) length of [a_start, a_end] ∩ [b_start, b_end]:
-    max(0, min(ends) - max(starts))."""
+    """Elementwise (broadcast) length of [a_start, a_end] ∩ [b_start, b_end], at least 0."""
     lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
     hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
     return np.maximum(hi - lo, 0)
 
 
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Union length per column of already-validated (num_blocks, num_iters) intervals (0 for
-    no blocks)."""
+    """Union length per column of validated (num_blocks, num_iters) intervals (0: no blocks)."""
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
     order = np.argsort(s, axis=0, kind="stable")
@@ -67,8 +65,7 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 def union_length_ns(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,);
-    0 for no blocks."""
+    """(num_iters,): length of the union of the (present) blocks' intervals (0: no blocks)."""
     s, e, mask = _intervals(starts, ends, present)
     return _union_length(s[mask], e[mask])
 
@@ -126,8 +123,8 @@ def comm_hidden_under_compute_ns(
     is_compute: ArrayLike,
     present: ArrayLike | None = None,
 ) -> tuple[float, float]:
-    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window, across
-    iteration boundaries as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
+    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window,
+    across iterations as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
     comm/compute overlap. Both 0 without a present comm block; hidden 0 without compute."""
     s, e, mask = _intervals(starts, ends, present)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")

@@ -1,5 +1,4 @@
-"""Latency statistics over measured iterations. Pure numpy functions: they copy what they need and
-never modify their inputs."""
+"""Latency statistics over measured iterations: pure numpy, inputs copied and never modified."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from numpy.typing import ArrayLike
 
 @dataclass(frozen=True, kw_only=True)
 class LatencyStats:
-    """Summary of one block's latency over the measured iterations, in microseconds (NaN: not
-    measured)."""
+    """One block's latency over the measured iterations, in µs (NaN: not measured)."""
 
     count: int  # measured iterations
     avg_us: float = math.nan  # arithmetic mean
@@ -148,8 +146,7 @@ class Phase:
         self._shift = np.random.default_rng([seed, 0]).standard_normal(resamples)
 
     def indices(self, num_iters: int, length: int) -> np.ndarray:
-        """(resamples, num_iters) iteration indices: moving blocks of ``length``,
-        deterministic per (num_iters, length)."""
+        """(resamples, num_iters) indices: moving blocks of ``length``, the same per shape."""
         key = (num_iters, length)
         if key not in self._indices:
             rng = np.random.default_rng([self._seed, num_iters, length])

@@ -386,9 +386,8 @@ class CuptiProfiler(Profiler):
                 self._callback_error = exc
 
     def _take(self) -> tuple[ActivityRecords, ExternalCorrelation, NamedRecords | None]:
-        """Everything collected so far, as arrays; the collection starts empty again. The
-        third item (with ``keep_activities``): each record's name index, the names, and the
-        API calls."""
+        """Everything collected so far, as arrays (the third: with ``keep_activities``, the names
+        and API calls); the collection starts empty again."""
         with self._lock:
             chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.

@@ -242,8 +242,7 @@ def _joined(chunks: list[np.ndarray], width: int | None = None) -> np.ndarray:
 
 
 def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
-    """The kernel, memcpy and memset rows of a window's buffers (``_RecordParser.parse``), in
-    that order, as one ActivityRecords."""
+    """The kernel, memcpy and memset rows of a window's buffers, in that order, as one table."""
     parts = [(code, _joined(chunks[name], len(_FIELDS[name]))) for name, code in _KINDS]
     kernel = parts[0][1]
     n = sum(p.shape[0] for _, p in parts)
@@ -277,8 +276,7 @@ def external_correlation(chunks: list[np.ndarray]) -> ExternalCorrelation:
 
 
 def named_records(chunks: dict[str, list[np.ndarray]], names: tuple[str, ...]) -> NamedRecords:
-    """The name rows (in ``activity_records``' order) and the API calls of a window's
-    buffers, parsed with names kept."""
+    """The name rows (in ``activity_records``' order) and API calls of a window's buffers."""
     name_index = np.concatenate([_joined(chunks[f"{k}_name"]) for k, _ in _KINDS])
     rows = _joined(chunks["api"], 6)
     api = ApiRecords(
