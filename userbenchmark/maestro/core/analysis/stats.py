@@ -146,7 +146,7 @@ class Phase:
         self._shift = np.random.default_rng([seed, 0]).standard_normal(resamples)
 
     def indices(self, num_iters: int, length: int) -> np.ndarray:
-        """(resamples, num_iters) indices: moving blocks of ``length``, the same per shape."""
+        """(resamples, num_iters) indices: moving blocks of ``length``, seeded by (n, length)."""
         key = (num_iters, length)
         if key not in self._indices:
             rng = np.random.default_rng([self._seed, num_iters, length])
