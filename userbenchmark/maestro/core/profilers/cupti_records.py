@@ -235,37 +235,27 @@ NamedRecords = tuple[np.ndarray, tuple[str, ...], ApiRecords]
 _KINDS = (("kernel", KIND_KERNEL), ("memcpy", KIND_MEMCPY), ("memset", KIND_MEMSET))
 
 
-def _joined(chunks: list[np.ndarray], width: int | None = None) -> np.ndarray:
-    if chunks:
-        return np.concatenate(chunks)
-    return np.zeros((0, width) if width else 0, dtype=np.int64)
+def _joined(chunks: list[np.ndarray], *width: int) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.zeros((0, *width), dtype=np.int64)
 
 
 def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
     """The kernel, memcpy and memset rows of a window's buffers, in that order, as one table."""
     parts = [(code, _joined(chunks[name], len(_FIELDS[name]))) for name, code in _KINDS]
-    kernel = parts[0][1]
-    n = sum(p.shape[0] for _, p in parts)
-
-    def column(i: int) -> np.ndarray:
-        return np.concatenate([p[:, i] for _, p in parts])
-
-    def kernel_only(i: int) -> np.ndarray:
-        out = np.zeros(n, dtype=np.int32)
-        out[: kernel.shape[0]] = kernel[:, i]
-        return out
-
-    size_bytes = np.zeros(n, dtype=np.int64)
-    size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for _, p in parts[1:]])
+    column = [np.concatenate([p[:, i] for _, p in parts]) for i in range(len(_COMMON))]
+    num_kernels = parts[0][1].shape[0]
+    extra = np.zeros((column[0].shape[0], 1 + len(KERNEL_DIMS)), np.int64)  # bytes, kernel dims
+    extra[num_kernels:, 0] = np.concatenate([p[:, len(_COMMON)] for _, p in parts[1:]])
+    extra[:num_kernels, 1:] = parts[0][1][:, len(_COMMON) :]
     return ActivityRecords(
-        correlation_id=column(0).astype(np.uint64),
-        start_ns=column(1),
-        end_ns=column(2),
+        correlation_id=column[0].astype(np.uint64),
+        start_ns=column[1],
+        end_ns=column[2],
         kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
-        stream_id=column(3),
-        device_id=column(4).astype(np.int32),
-        size_bytes=size_bytes,
-        **{dim: kernel_only(i) for i, dim in enumerate(KERNEL_DIMS, start=len(_COMMON))},
+        stream_id=column[3],
+        device_id=column[4].astype(np.int32),
+        size_bytes=extra[:, 0],
+        **{dim: extra[:, i].astype(np.int32) for i, dim in enumerate(KERNEL_DIMS, start=1)},
     )
 
 
