@@ -3,6 +3,7 @@ for them: demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, API func
 
 from __future__ import annotations
 
+import functools
 import logging
 from operator import attrgetter
 
@@ -10,7 +11,6 @@ import numpy as np
 
 from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
 from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
-from .demangle import demangle
 
 # The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
 logger = logging.getLogger("maestro.cupti")
@@ -219,6 +219,17 @@ class _RecordParser:
         distinct, inverse = np.unique(codes, axis=0, return_inverse=True)
         ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
+
+
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """``name`` demangled as PyTorch's profiler does (c10's demangler), unchanged where that fails
+    or it is no mangled C++ symbol: HolisticTraceAnalysis classifies kernels by that name."""
+    if not name.startswith("_Z"):
+        return name
+    import torch
+
+    return torch._C._demangle(name)
 
 
 def _kernel_name(record) -> str:
