@@ -111,9 +111,9 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host. ``trace``: also
-    read names and API calls into ``last_activities`` (parsing time per record: off otherwise).
-    """
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host. Per window:
+    begin_window, push/pop around each enqueue (the lanes' hooks), end_window or attribute_window.
+    ``trace``: also names and API calls in ``last_activities`` (parsing time: off otherwise)."""
 
     name = "cupti"
     times = "cuda"
@@ -159,7 +159,7 @@ class CuptiProfiler(Profiler):
         self.api_records = "all"
         """Which API calls CUPTI records: "launches" (the device work's) or "all (why)"."""
         self._delivered = self._window_records = self._window_iters = 0
-        """Records CUPTI delivered since the last window began; in the windows, their iterations."""
+        """Records delivered since this window began; the ended windows' records and iterations."""
         self.last_activities: DeviceActivities | None = None
         """With ``trace``: the last ended window's block activities, named."""
 
