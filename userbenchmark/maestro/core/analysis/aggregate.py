@@ -180,9 +180,9 @@ def local_summary(
     shared_clock: bool = False,
     host: HostTimings | None = None,
 ) -> WindowAggregate:
-    """This rank's summary before any reduction (unknown: :data:`_UNKNOWN`). ``shared_clock``:
-    every rank runs on this host; ``lane_of_block`` -1: a lane that waits for another (``after:``),
-    left out of the lanes' first starts."""
+    """This rank's summary before any reduction (unknown: :data:`_UNKNOWN`); ``host``: the lanes'
+    account of the window. ``shared_clock``: every rank runs on this host; ``lane_of_block`` -1:
+    a lane that waits for another (``after:``), left out of the lanes' first starts."""
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
     raw_starts = np.asarray(timings.starts_ns, dtype=np.int64)

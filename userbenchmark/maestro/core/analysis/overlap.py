@@ -88,9 +88,9 @@ def union_intersection_ns(
 def pairwise_overlap_mean(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks); 0 in an
-    iteration where either has zero length; NaN for an absent block or no iterations. One row at a
-    time: memory stays blocks x iterations (the full fraction array is blocks^2 x iterations)."""
+    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks); 1 on
+    the diagonal, 0 in an iteration where either has zero length, NaN for an absent block or no
+    iterations. One row at a time: memory stays blocks x iterations, not blocks^2 x iterations."""
     s, e, mask = _intervals(starts, ends, present)
     # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
     s, e = np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0)
