@@ -52,7 +52,6 @@ def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
     least 1). The input is not sorted in place; empty or non-finite input raises."""
     arr = _as_1d_finite(values, "values")
     k = _nearest_rank_index(q, arr.size)
-    # np.partition returns a new array; the caller's data keeps its order.
     return float(np.partition(arr, k)[k])
 
 

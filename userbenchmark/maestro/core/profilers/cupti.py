@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import logging
 import re
 import threading
 from collections import defaultdict
@@ -31,12 +30,10 @@ from .cupti_records import (
     _RecordParser,
     activity_records,
     external_correlation,
+    logger,
     named_records,
 )
 from .profiler import Profiler
-
-# Under "maestro": its lines get the rank prefix and follow --log-level.
-logger = logging.getLogger("maestro.cupti")
 
 BUFFER_SIZE_BYTES = 32 << 20
 """Smallest buffer handed to CUPTI (it asks for more as they fill). Seen on an H200: every

@@ -12,7 +12,8 @@ import numpy as np
 from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
 from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
 
-# The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
+# The CUPTI profiler's logger (both modules'): under "maestro", its lines get the rank prefix
+# and follow --log-level.
 logger = logging.getLogger("maestro.cupti")
 
 
