@@ -157,35 +157,29 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
     increasing = bool(np.all(ec[1:] > ec[:-1]))
     lo, hi = (int(ec[0]), int(ec[-1])) if increasing else (int(ec.min()), int(ec.max()))
     span = hi - lo + 1
+    conflict = np.zeros(ec.shape[0], bool)  # table entries of an id with several external ids
     if span <= 2 * (ec.shape[0] + n) + _DENSE_SLACK:
         # Correlation ids are a per-process counter, so a window's ids are nearly dense:
         # a direct table is one scatter and one gather, no sort.
         table = np.full(span, _MISSING, dtype=np.int64)
         table[ec - lo] = ev
-        conflict = None if increasing else table[ec - lo] != ev
+        if not increasing:
+            conflict = table[ec - lo] != ev
         inside = (ac >= lo) & (ac <= hi)
         vals = table[np.where(inside, ac - lo, 0)]
         vals[~inside] = _MISSING
     else:
-        ecs, evs, conflict = ec, ev, None
         if not increasing:
             order = np.argsort(ec, kind="stable")
-            ec = ecs = ec[order]
-            evs = ev[order]
-            conflict = np.zeros(ecs.shape[0], bool)
-            conflict[1:] = (ecs[1:] == ecs[:-1]) & (evs[1:] != evs[:-1])
+            ec, ev = ec[order], ev[order]
+            conflict[1:] = (ec[1:] == ec[:-1]) & (ev[1:] != ev[:-1])
         # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
-        pos[qorder] = np.searchsorted(ecs, ac[qorder])
-        posc = np.minimum(pos, ecs.shape[0] - 1)
-        hit = ecs[posc] == ac
-        vals = np.where(hit, evs[posc], _MISSING)
-    if conflict is not None and conflict.any():
-        ambiguous = np.isin(ac, np.unique(ec[conflict]))
-    else:
-        ambiguous = np.zeros(n, bool)
-    return vals, ambiguous
+        pos[qorder] = np.searchsorted(ec, ac[qorder])
+        pos = np.minimum(pos, ec.shape[0] - 1)
+        vals = np.where(ec[pos] == ac, ev[pos], _MISSING)
+    return vals, np.isin(ac, np.unique(ec[conflict]))
 
 
 def _kind_summary(kind: np.ndarray) -> str:
