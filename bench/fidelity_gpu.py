@@ -287,7 +287,7 @@ def held_kernel(
     enqueue_ns = time.perf_counter_ns() - t0
     host_done_ns = time.time_ns()  # CUPTI timestamps are CLOCK_REALTIME, as time.time_ns()
     att = prof.attribute_window()
-    spans_us = [float(d) / 1e3 for d in att.duration_ns[0]]
+    spans_us = [float(d) / 1e3 for d in (att.end_ns - att.start_ns)[0]]
     gate_end = int(att.gate_end_ns[0])
     return {
         "spans_us": spans_us,
@@ -333,7 +333,7 @@ def gated_kernel(
         enqueue_ns += time.perf_counter_ns() - t0
         done_ns.append(time.time_ns())  # CUPTI timestamps are CLOCK_REALTIME
     att = prof.attribute_window()
-    spans_us = [float(d) / 1e3 for d in att.duration_ns[0]]
+    spans_us = [float(d) / 1e3 for d in (att.end_ns - att.start_ns)[0]]
     gate_end = [int(g) for g in att.gate_end_ns]
     return {
         "spans_us": spans_us,

@@ -119,7 +119,7 @@ def process(
     t0 = time.perf_counter()
     att = attribute(records, table, window_id=WINDOW, num_blocks=num_blocks, num_iters=num_iters)
     t1 = time.perf_counter()
-    durations = att.duration_ns
+    durations = att.end_ns - att.start_ns
     for b in range(num_blocks):
         latency_stats(durations[b])
     t2 = time.perf_counter()

@@ -1,7 +1,6 @@
-"""One rank's device activities of a measured window, each attributed to its (block, iteration).
-Filled by the CUPTI profiler only when a trace is asked for (``--trace``), gathered on rank 0 with
-the rank's timeline and written as Kineto-style trace files. Arrays are numpy, one entry per
-activity (or per launching API call), so memory stays proportional to the window."""
+"""One rank's device activities of a measured window, each attributed to its (block, iteration):
+filled by the CUPTI profiler for ``--trace`` and written as Kineto-style trace files. numpy arrays,
+one entry per activity (or launching API call): memory proportional to the window."""
 
 from __future__ import annotations
 
@@ -37,9 +36,19 @@ def check_lengths(obj: Any, names: Sequence[str] = (), rows: int | None = None) 
     return lengths.pop() if lengths else 0
 
 
+class Columns:
+    """A dataclass of arrays with one entry per record (its first field's length)."""
+
+    def __post_init__(self) -> None:
+        check_lengths(self)
+
+    def __len__(self) -> int:
+        return int(getattr(self, dataclasses.fields(self)[0].name).shape[0])
+
+
 @dataclass(frozen=True, kw_only=True)
-class LaunchCalls:
-    """The host API calls that launched the activities (CUPTI RUNTIME/DRIVER records)."""
+class ApiRecords(Columns):
+    """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
 
     correlation_id: np.ndarray
     """int64: CUPTI's correlation id, shared with the activities the call launched."""
@@ -48,18 +57,18 @@ class LaunchCalls:
     api: np.ndarray  # uint8: API_RUNTIME or API_DRIVER
     cbid: np.ndarray  # int32: CUPTI's callback id of the function
     thread_id: np.ndarray  # int64: the calling thread (CUPTI's threadId)
-    name_index: np.ndarray
-    """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
-
-    def __post_init__(self) -> None:
-        check_lengths(self)
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeviceActivities:
+class LaunchCalls(ApiRecords):
+    """The API calls that launched a window's block activities, one per correlation id."""
+
+    name_index: np.ndarray
+    """int32 into ``DeviceActivities.names`` (the function's name, e.g. ``cudaLaunchKernel``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceActivities(Columns):
     """Every kernel, memcpy and memset of one rank's window that belongs to a block. Harness work
     (the gate's spin kernel, its alignment all_reduce, barriers) is left out: it belongs to no
     block. ``launches`` holds at most one API call per correlation id."""
@@ -90,9 +99,6 @@ class DeviceActivities:
         for index in (self.name_index, self.launches.name_index):
             if index.size and (int(index.min()) < 0 or int(index.max()) >= len(self.names)):
                 raise ValueError("a name index lies outside the names table")
-
-    def __len__(self) -> int:
-        return int(self.block.shape[0])
 
 
 def main_kernel_names(activities: DeviceActivities | None, num_blocks: int) -> tuple[str, ...]:

@@ -1,11 +1,6 @@
-"""The cross-rank summary of one window, with memory proportional to blocks x iters.
-
-Each rank reduces its own intervals to the fixed-size arrays of a :class:`WindowAggregate`
-(:func:`local_summary`); each field's metadata names how the ranks combine it (max, min, sum),
-and a few element-wise all_reduces do it (:func:`reduce_summaries`). No rank holds another
-rank's records. Durations and overlap are computed per rank from its own starts and ends;
-instants of different ranks are compared only where they share a clock, in exact int64.
-"""
+"""The cross-rank summary of one window: each rank reduces its own intervals to fixed-size arrays
+whose fields name how the ranks combine them (a few element-wise all_reduces); no rank holds
+another's records, and instants of ranks are compared only on a shared clock, in exact int64."""
 
 from __future__ import annotations
 
@@ -128,8 +123,7 @@ class WindowAggregate:
     def pairwise_overlap(self) -> np.ndarray:
         """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|); NaN: never
         met."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.pair_count > 0, self.pair_sum / self.pair_count, np.nan)
+        return overlap.divided(self.pair_sum, self.pair_count, self.pair_count > 0)
 
     @property
     def comm_compute_overlap(self) -> float:
@@ -142,16 +136,12 @@ class WindowAggregate:
     def comm_compute_overlap_by_rank(self) -> np.ndarray:
         """(world,): the same per rank (NaN where a rank has no communication or no compute)."""
         hidden, comm = self.comm_hidden_by_rank_ns
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(comm > 0, hidden / comm, np.nan)
+        return overlap.divided(hidden, comm, comm > 0)
 
     @property
     def activities_per_iter(self) -> np.ndarray:
         """(blocks,): device activities per rank and iteration (NaN: not counted)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per_rank = np.where(
-                self.counted_ranks > 0, self.activity_sum / self.counted_ranks, np.nan
-            )
+        per_rank = overlap.divided(self.activity_sum, self.counted_ranks, self.counted_ranks > 0)
         num_iters = self.latency_ns.shape[1]
         return per_rank / num_iters if num_iters else per_rank
 
@@ -179,11 +169,6 @@ def _rounds() -> tuple[tuple[str, Any, tuple[str, ...]], ...]:
     return tuple((op, dtype, tuple(names)) for (op, dtype), names in groups.items())
 
 
-def _unknown(name: str, shape: Any) -> np.ndarray:
-    meta = WindowAggregate.__dataclass_fields__[name].metadata
-    return np.full(shape, _UNKNOWN[meta["reduce"], meta["dtype"]], dtype=meta["dtype"])
-
-
 def local_summary(
     timings: WindowTimings,
     *,
@@ -195,13 +180,9 @@ def local_summary(
     shared_clock: bool = False,
     host: HostTimings | None = None,
 ) -> WindowAggregate:
-    """This rank's summary before any reduction; what it does not know is :data:`_UNKNOWN`.
-
-    ``host``: the lanes' account of the window (enqueue times, gate spin, CPU gate openings).
-    ``shared_clock``: every rank runs on this host, so instants of ranks whose profiler reads
-    the host's clock may be compared. ``lane_of_block`` -1: a lane that waits for another
-    (``after:``), left out of the lanes' first starts.
-    """
+    """This rank's summary before any reduction (unknown: :data:`_UNKNOWN`); ``host``: the lanes'
+    account of the window. ``shared_clock``: every rank runs on this host; ``lane_of_block`` -1:
+    a lane that waits for another (``after:``), left out of the lanes' first starts."""
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
     raw_starts = np.asarray(timings.starts_ns, dtype=np.int64)
@@ -228,16 +209,16 @@ def local_summary(
         **_lane_arrays(starts, present, lane_of_block, gate_open, origin),
         **_host_arrays(host, present, num_blocks, num_iters),
         **_instant_arrays(raw_starts, present, gate_open, shared_clock and timings.host_clock),
+        "last_start_vote": np.zeros(num_blocks, dtype=np.int64),
     }
     hidden = out.pop("cc_window")
     out["comm_hidden_by_rank_ns"] = np.zeros((2, max(world_size, 1)))
     out["comm_hidden_by_rank_ns"][:, rank] = hidden
     for f in fields(WindowAggregate):
         if f.metadata.get("raw"):
-            value = getattr(timings, f.name)
-            unknown = _unknown(f.name, num_blocks)
+            value, dtype = getattr(timings, f.name), f.metadata["dtype"]
+            unknown = np.full(num_blocks, _UNKNOWN[f.metadata["reduce"], dtype], dtype=dtype)
             out[f.name] = unknown if value is None else np.where(present, value, unknown)
-    out["last_start_vote"] = np.zeros(num_blocks, dtype=np.int64)
     return WindowAggregate(world_size=world_size, **out)
 
 
@@ -256,11 +237,10 @@ def _overlap_arrays(
             starts[comm], ends[comm], starts[compute], ends[compute]
         )
         cc_iter[1] = overlap.union_length_ns(starts[comm], ends[comm])
-    makespan = np.full(num_iters, -np.inf)
-    if present.any():
-        makespan = overlap.makespan_ns(starts, ends, present)
     return {
-        "makespan_ns": makespan,
+        "makespan_ns": overlap.makespan_ns(starts, ends, present)
+        if present.any()
+        else np.full(num_iters, -np.inf),
         "pair_sum": np.nan_to_num(pair_mean, nan=0.0),
         "pair_count": (~np.isnan(pair_mean)).astype(np.float64),
         "cc_window": cc_window,
@@ -320,9 +300,7 @@ def _instant_arrays(
     """Instants for cross-rank comparison, exact in int64 (unknown unless ``known``)."""
     start = present[:, None] & known
     gate_known = known and gate_open is not None
-    gate = np.zeros(raw_starts.shape[1], dtype=np.int64)
-    if gate_known:
-        gate = np.asarray(gate_open, dtype=np.int64)
+    gate = np.asarray(gate_open if gate_known else np.zeros(raw_starts.shape[1]), dtype=np.int64)
     return {
         "start_hi": np.where(start, raw_starts, _I64.min),
         "start_lo": np.where(start, raw_starts, _I64.max),
@@ -353,11 +331,6 @@ def _combined(
     return replace(local, **out)
 
 
-def _split(flat: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
-    ends = np.cumsum([a.size for a in like])
-    return [part.reshape(a.shape) for part, a in zip(np.split(flat, ends[:-1]), like, strict=True)]
-
-
 def reduce_summaries(
     local: WindowAggregate, *, rank: int, world_size: int, reduce: Reducer
 ) -> WindowAggregate:
@@ -366,8 +339,9 @@ def reduce_summaries(
 
     def combine(op: str, dtype: Any, names: tuple[str, ...]) -> list[np.ndarray]:
         parts = [getattr(local, n) for n in names]
-        flat = np.concatenate([p.ravel() for p in parts]).astype(dtype)
-        return _split(reduce(flat, op), parts)
+        flat = reduce(np.concatenate([p.ravel() for p in parts]).astype(dtype), op)
+        split = np.split(flat, np.cumsum([p.size for p in parts])[:-1])
+        return [part.reshape(p.shape) for part, p in zip(split, parts, strict=True)]
 
     out = _combined(local, combine)
     vote = reduce(_vote(local, out.start_hi, rank), "max")

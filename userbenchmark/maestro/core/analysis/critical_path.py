@@ -1,7 +1,6 @@
-"""The critical path of a pattern: its "ideal" once blocks wait for each other. Blocks that must
-follow each other (``after:``, or one lane's blocks in order) cannot overlap, so perfect overlap
-finishes when the longest chain of such blocks does, each taking its isolated duration: the critical
-path, which is the longest block when nothing waits."""
+"""A pattern's "ideal" once blocks wait for each other (``after:``, one lane's blocks in order):
+perfect overlap ends with the longest chain of such blocks at their isolated durations (the critical
+path; the longest block when nothing waits)."""
 
 from __future__ import annotations
 

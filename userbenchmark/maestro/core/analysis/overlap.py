@@ -1,8 +1,6 @@
-"""Overlap metrics computed from ONE rank's own block intervals, per measured iteration. Intervals
-come as `starts`/`ends` arrays of shape (num_blocks, num_iters) in nanoseconds of one rank's clock
-(timestamps of different hosts are never compared). Blocks a rank does not run are excluded with a
-boolean `present` mask of shape (num_blocks,); their rows may hold any value. All functions are
-vectorised over iterations and never modify their inputs."""
+"""Overlap metrics of ONE rank's block intervals: `starts`/`ends` (num_blocks, num_iters) in ns of
+its own clock, blocks it does not run masked out by `present` (num_blocks,) bool (their rows may
+hold anything). Vectorised over iterations; inputs are never modified."""
 
 from __future__ import annotations
 
@@ -45,16 +43,14 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
 def intersection_ns(
     a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
 ) -> np.ndarray:
-    """Elementwise (inputs broadcast) length of [a_start, a_end] ∩ [b_start, b_end]:
-    max(0, min(ends) - max(starts))."""
+    """Elementwise (broadcast) length of [a_start, a_end] ∩ [b_start, b_end], at least 0."""
     lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
     hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
     return np.maximum(hi - lo, 0)
 
 
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Union length per column of already-validated (num_blocks, num_iters) intervals (0 for
-    no blocks)."""
+    """Union length per column of validated (num_blocks, num_iters) intervals (0: no blocks)."""
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
     order = np.argsort(s, axis=0, kind="stable")
@@ -69,8 +65,7 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 def union_length_ns(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Length of the union of the (present) blocks' intervals, per iteration: (num_iters,);
-    0 for no blocks."""
+    """(num_iters,): length of the union of the (present) blocks' intervals (0: no blocks)."""
     s, e, mask = _intervals(starts, ends, present)
     return _union_length(s[mask], e[mask])
 
@@ -93,11 +88,9 @@ def union_intersection_ns(
 def pairwise_overlap_mean(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> np.ndarray:
-    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks). 1 means
-    the shorter block ran entirely inside the longer one; the diagonal is 1; a pair where either
-    block has zero length gets 0 in that iteration (nothing to overlap). Computed one block's row at
-    a time, so memory stays proportional to blocks x iterations (the full fraction array is blocks^2
-    x iterations). NaN for pairs with an absent block or without iterations."""
+    """Mean over iterations of |A∩B| / min(|A|, |B|) for every block pair: (blocks, blocks); 1 on
+    the diagonal, 0 in an iteration where either has zero length, NaN for an absent block or no
+    iterations. One row at a time: memory stays blocks x iterations, not blocks^2 x iterations."""
     s, e, mask = _intervals(starts, ends, present)
     # Rows of absent blocks may hold sentinels; zero them so the arithmetic stays tame.
     s, e = np.where(mask[:, None], s, 0), np.where(mask[:, None], e, 0)
@@ -130,11 +123,9 @@ def comm_hidden_under_compute_ns(
     is_compute: ArrayLike,
     present: ArrayLike | None = None,
 ) -> tuple[float, float]:
-    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window. Every
-    (block, iteration) interval of the rank counts, across iteration boundaries, as
-    HolisticTraceAnalysis counts kernels over a trace: hidden / comm is its time-weighted
-    comm/compute overlap (not a mean of per-iteration ratios). Both are 0 when the rank has no
-    present comm block; hidden is 0 without a compute block."""
+    """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window,
+    across iterations as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
+    comm/compute overlap. Both 0 without a present comm block; hidden 0 without compute."""
     s, e, mask = _intervals(starts, ends, present)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
     compute = _block_mask(is_compute, s.shape[0], "is_compute")
@@ -151,7 +142,7 @@ def comm_hidden_under_compute_ns(
     return float(hidden[0]), comm_len
 
 
-def _divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
+def divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.ndarray:
     """num / den where ``where`` holds, NaN elsewhere; a float for scalars."""
     out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
     np.divide(num, den, out=out, where=where)
@@ -169,31 +160,25 @@ def overlap_efficiency(
     *,
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
-    """(serial - makespan) / (serial - ideal), where serial = Σ isolated and ideal = the critical
-    path of the isolated latencies (core/analysis/critical_path.py; the longest block when no block
-    waits for another). 1 = perfect overlap (the pattern takes as long as its ideal), 0 = fully
-    serialized. Values outside [0, 1] are real results: below 0 the overlapped run was slower than
-    running the blocks one after another; above 1 it beat the ideal (noise, or blocks sped up). NaN
-    when any input is NaN, or when the headroom serial - ideal (the most overlap could save) is
-    below ``min_headroom_fraction`` of serial: a single block, or blocks so short next to the
-    longest one that the ratio would divide noise by almost nothing (read the blocks' slowdown
-    instead). Elementwise on arrays; a float for scalars."""
+    """(serial - makespan) / (serial - ideal) (serial = Σ isolated, ideal = their critical path): 1
+    perfect overlap, 0 serialized, outside [0, 1] real results. NaN for a NaN input, or a headroom
+    serial - ideal below ``min_headroom_fraction`` of serial (the ratio would divide noise)."""
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         meaningful = (headroom > 0) & (headroom >= min_headroom_fraction * serial)
-    return _divided(gained, headroom, meaningful)
+    return divided(gained, headroom, meaningful)
 
 
 def slowdown(overlapped_avg_us: ArrayLike, isolated_avg_us: ArrayLike) -> float | np.ndarray:
     """overlapped / isolated latency (> 1: overlap slowed the block); NaN unless isolated > 0."""
     iso = np.asarray(isolated_avg_us, dtype=np.float64)
-    return _divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
+    return divided(np.asarray(overlapped_avg_us, dtype=np.float64), iso, iso > 0)
 
 
 def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> float | np.ndarray:
     """Bus bytes of all blocks (size_bytes * the Block class's bus_factor each) over the
     pattern's makespan (not the longest block), in GB/s (1e9); NaN unless makespan_s > 0."""
     span = np.asarray(makespan_s, dtype=np.float64)
-    return _divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
+    return divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9

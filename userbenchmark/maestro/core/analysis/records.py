@@ -1,7 +1,6 @@
-"""Result records: one per (pattern, block), one per pattern, one per pair of blocks. The one schema
-of maestro's results: the files' columns and dtypes (core/output/results.py) and the metrics with
-their direction, domain, meaning and threshold (core/output/metric_keys.py) are read from these
-fields, never written out a second time."""
+"""Result records per (pattern, block), pattern and pair of blocks: the one schema the files'
+columns and dtypes (core/output/results.py) and the metrics with their direction, domain, meaning
+and threshold (core/output/metric_keys.py) are read from, never written out a second time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Latency statistics over measured iterations. Pure numpy functions: they copy what they need and
-never modify their inputs."""
+"""Latency statistics over measured iterations: pure numpy, inputs copied and never modified."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from numpy.typing import ArrayLike
 
 @dataclass(frozen=True, kw_only=True)
 class LatencyStats:
-    """Summary of one block's latency over the measured iterations, in microseconds (NaN: not
-    measured)."""
+    """One block's latency over the measured iterations, in µs (NaN: not measured)."""
 
     count: int  # measured iterations
     avg_us: float = math.nan  # arithmetic mean
@@ -54,7 +52,6 @@ def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
     least 1). The input is not sorted in place; empty or non-finite input raises."""
     arr = _as_1d_finite(values, "values")
     k = _nearest_rank_index(q, arr.size)
-    # np.partition returns a new array; the caller's data keeps its order.
     return float(np.partition(arr, k)[k])
 
 
@@ -136,12 +133,10 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window (the overlapped run, or one block alone). Every series
-    of the window is resampled with the same moving blocks of iterations, so figures of one window
-    keep their correlation (a block's latency and the makespan). Each resample also moves the
-    window's level by a drift drawn from the drift the series showed inside the window: what the
-    resampling of one window misses (a slow wander longer than its blocks), and what a figure
-    comparing two windows (slowdown, efficiency) or two runs needs."""
+    """The bootstrap of one measured window: every series is resampled with the same moving blocks
+    of iterations (figures of one window keep their correlation), and each resample's level moves
+    by a drift drawn from the series' own (a slow wander the blocks miss, which a figure comparing
+    two windows or two runs needs)."""
 
     def __init__(self, seed: int = 0, resamples: int = RESAMPLES) -> None:
         self._seed = seed
@@ -150,8 +145,7 @@ class Phase:
         self._shift = np.random.default_rng([seed, 0]).standard_normal(resamples)
 
     def indices(self, num_iters: int, length: int) -> np.ndarray:
-        """(resamples, num_iters) iteration indices: moving blocks of ``length``,
-        deterministic per (num_iters, length)."""
+        """(resamples, num_iters) indices: moving blocks of ``length``, seeded by (n, length)."""
         key = (num_iters, length)
         if key not in self._indices:
             rng = np.random.default_rng([self._seed, num_iters, length])

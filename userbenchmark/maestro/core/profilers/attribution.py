@@ -1,8 +1,6 @@
-"""Attribute device activities to (block, iteration) through external correlation ids.
-
-Pure numpy, no CUPTI: the CUPTI backend fills `ActivityRecords` and `ExternalCorrelation`
-and `attribute` joins them. Nothing is dropped silently: every problem is an AttributionError.
-"""
+"""Attribute device activities to (block, iteration) through external correlation ids: pure
+numpy, no CUPTI (its backend fills `ActivityRecords` and `ExternalCorrelation`). Nothing is
+dropped silently: every problem is an AttributionError."""
 
 from __future__ import annotations
 
@@ -18,6 +16,8 @@ from ..analysis.activities import (
     KIND_MEMCPY,
     KIND_MEMSET,
     KIND_NAMES,
+    ApiRecords,
+    Columns,
     DeviceActivities,
     LaunchCalls,
     check_lengths,
@@ -70,11 +70,7 @@ def encode_external_id(window_id: int, block_index: int, iteration: int) -> int:
 
 def _as_int64(a: np.ndarray) -> np.ndarray:
     """int64 view or copy; uint64 values of 2**63 and above become negative (never ours)."""
-    if a.dtype == np.int64:
-        return a
-    if a.dtype == np.uint64:
-        return a.view(np.int64)
-    return a.astype(np.int64)
+    return a.view(np.int64) if a.dtype == np.uint64 else a.astype(np.int64, copy=False)
 
 
 KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
@@ -83,7 +79,7 @@ _OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActivityRecords:
+class ActivityRecords(Columns):
     """Device activities (kernels, memcpys, memsets) of one window, one entry per activity;
     optional arrays left as None become zeros (grid/block dims are 0 for non-kernels)."""
 
@@ -109,22 +105,13 @@ class ActivityRecords:
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
         check_lengths(self)
 
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
-
 
 @dataclass(frozen=True, kw_only=True)
-class ExternalCorrelation:
+class ExternalCorrelation(Columns):
     """CUPTI correlation id -> our external id, one entry per EXTERNAL_CORRELATION record."""
 
     correlation_id: np.ndarray  # uint64
     external_id: np.ndarray  # uint64
-
-    def __post_init__(self) -> None:
-        check_lengths(self)
-
-    def __len__(self) -> int:
-        return int(self.correlation_id.shape[0])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,10 +129,6 @@ class Attribution:
     """int32 per input record: its block, -1 for harness and gate work (``per_activity``)."""
     activity_iteration: np.ndarray | None = None
     """int32 per input record: its iteration, -1 for harness and gate work."""
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        return self.end_ns - self.start_ns
 
     def timings(self, present: np.ndarray, activities: DeviceActivities | None) -> WindowTimings:
         """The window as every profiler returns it, on CUPTI's clock (CLOCK_REALTIME ns)."""
@@ -174,35 +157,29 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
     increasing = bool(np.all(ec[1:] > ec[:-1]))
     lo, hi = (int(ec[0]), int(ec[-1])) if increasing else (int(ec.min()), int(ec.max()))
     span = hi - lo + 1
+    conflict = np.zeros(ec.shape[0], bool)  # table entries of an id with several external ids
     if span <= 2 * (ec.shape[0] + n) + _DENSE_SLACK:
         # Correlation ids are a per-process counter, so a window's ids are nearly dense:
         # a direct table is one scatter and one gather, no sort.
         table = np.full(span, _MISSING, dtype=np.int64)
         table[ec - lo] = ev
-        conflict = None if increasing else table[ec - lo] != ev
+        if not increasing:
+            conflict = table[ec - lo] != ev
         inside = (ac >= lo) & (ac <= hi)
         vals = table[np.where(inside, ac - lo, 0)]
         vals[~inside] = _MISSING
     else:
-        ecs, evs, conflict = ec, ev, None
         if not increasing:
             order = np.argsort(ec, kind="stable")
-            ec = ecs = ec[order]
-            evs = ev[order]
-            conflict = np.zeros(ecs.shape[0], bool)
-            conflict[1:] = (ecs[1:] == ecs[:-1]) & (evs[1:] != evs[:-1])
+            ec, ev = ec[order], ev[order]
+            conflict[1:] = (ec[1:] == ec[:-1]) & (ev[1:] != ev[:-1])
         # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
-        pos[qorder] = np.searchsorted(ecs, ac[qorder])
-        posc = np.minimum(pos, ecs.shape[0] - 1)
-        hit = ecs[posc] == ac
-        vals = np.where(hit, evs[posc], _MISSING)
-    if conflict is not None and conflict.any():
-        ambiguous = np.isin(ac, np.unique(ec[conflict]))
-    else:
-        ambiguous = np.zeros(n, bool)
-    return vals, ambiguous
+        pos[qorder] = np.searchsorted(ec, ac[qorder])
+        pos = np.minimum(pos, ec.shape[0] - 1)
+        vals = np.where(ec[pos] == ac, ev[pos], _MISSING)
+    return vals, np.isin(ac, np.unique(ec[conflict]))
 
 
 def _kind_summary(kind: np.ndarray) -> str:
@@ -217,113 +194,122 @@ def _shown(values: np.ndarray) -> str:
     return ", ".join(str(v) for v in vals) + more
 
 
-class _Problems:
-    """What keeps a window's activities from being attributed: one message per kind of
-    problem, with its count under a key (``AttributionError.counts``)."""
+class _Decoded:
+    """Each record of a window decoded from its external id, and what is wrong with it: only
+    what the common path needs; the breakdown of strays is the error path's."""
 
-    def __init__(self, records: ActivityRecords) -> None:
-        self.records = records
-        self.messages: list[str] = []
-        self.counts: dict[str, int] = {}
-
-    def add(self, key: str, mask: np.ndarray, message: str) -> None:
-        """The records (or cells) under ``mask``, which is not all False, and what is wrong."""
-        self.counts[key] = num = int(np.count_nonzero(mask))
-        self.messages.append(f"{num} {message}")
-
-    def of_records(self, key: str, mask: np.ndarray, text: str) -> None:
-        """The records under ``mask``, described by their kinds and streams."""
-        if mask.any():
-            streams = _shown(np.unique(self.records.stream_id[mask]))
-            summary = _kind_summary(self.records.kind[mask])
-            self.add(key, mask, f"{text} ({summary}; streams {streams})")
-
-    def of_window(
-        self, ext_id: np.ndarray, d: _Decoded, window_id: int, shape: tuple[int, int]
+    def __init__(
+        self,
+        records: ActivityRecords,
+        ext_correlation: ExternalCorrelation,
+        window_id: int,
+        present: np.ndarray,
+        num_iters: int,
     ) -> None:
-        """Every problem of the window's records but empty cells (``empty_cells``)."""
-        if not d.this_window.all():
-            self._strays(ext_id, ~d.this_window, window_id)
-        if d.out_of_range.any():
-            bad_blocks = _shown(np.unique(d.block[d.out_of_range]))
-            bad_iters = _shown(np.unique(d.iteration[d.out_of_range]))
-            self.add(
-                "out_of_range",
-                d.out_of_range,
-                f"activities map outside {shape[0]} blocks x {shape[1]} iterations "
-                f"(blocks {bad_blocks}; iterations {bad_iters})",
-            )
-        if d.absent.any():
-            self.add(
-                "absent_block",
-                d.absent,
-                "activities belong to blocks this rank does not run "
-                f"(blocks {_shown(np.unique(d.block[d.absent]))})",
-            )
-        self.of_records(
-            "ambiguous", d.ambiguous, "activities have a correlation id with several external ids"
+        num_blocks = present.shape[0]
+        ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
+        self.ext_id = ext_id
+        self.this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
+        self.block = block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
+        self.iteration = iteration = ext_id & (MAX_NUM_ITERS - 1)
+        # Records of a block (not harness, not the gate) of this window, and of the gate's.
+        self.mine = mine = self.this_window & (block < GATE_BLOCK)
+        self.gate = gate = self.this_window & (block == GATE_BLOCK)
+        self.out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
+            gate & (iteration >= num_iters)
         )
-        self.of_records(
-            "incomplete",
-            d.incomplete,
-            "activity records are incomplete (zero or reversed "
-            "timestamps: flushed before the device finished?)",
-        )
-
-    def _strays(self, ext_id: np.ndarray, stray: np.ndarray, window_id: int) -> None:
-        """Records of no block of this window: no id, someone else's, another window's."""
-        found = ext_id != _MISSING
-        ours = (ext_id >> 62) == 1
-        self.of_records(
-            "no_external_id",
-            stray & ~found,
-            "device activities have no external correlation id: "
-            "enqueued outside every pushed block or harness range",
-        )
-        self.of_records(
-            "foreign_external_id",
-            stray & found & ~ours,
-            "activities carry an external id that is not maestro's",
-        )
-        other = ours & stray
-        if other.any():
-            window = (ext_id[other] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
-            wins, wcounts = np.unique(window, return_counts=True)
-            pairs = zip(wins.tolist(), wcounts.tolist(), strict=True)
-            listed = _shown(np.array([f"{w}: {c}" for w, c in pairs]))
-            self.add(
-                "other_window",
-                other,
-                f"activities belong to other windows ({listed}), not window {window_id}: a "
-                "flush was missing before this window began",
-            )
-
-    def empty_cells(self, empty: np.ndarray) -> None:
-        """(block, iteration) cells of blocks this rank runs that got no activity."""
-        per_block = empty.sum(axis=1)
-        blocks = np.flatnonzero(per_block)
-        listed = "; ".join(
-            f"block {b}: {per_block[b]} of {empty.shape[1]} iterations "
-            f"(first {np.argmax(empty[b])})"
-            for b in blocks[:_SHOWN].tolist()
-        )
-        if blocks.shape[0] > _SHOWN:
-            listed += f"; ... ({blocks.shape[0]} blocks in all)"
-        self.add("empty_cells", empty, f"(block, iteration) got no activity: {listed}")
-
-    def raise_any(self, window_id: int) -> None:
-        if self.messages:
-            raise AttributionError(
-                f"window {window_id}: cannot attribute device activity: "
-                + "; ".join(self.messages),
-                self.counts,
-            )
+        self.absent = np.zeros(len(records), dtype=bool)  # of a block this rank does not run
+        if not present.all():
+            self.absent = mine & ~self.out_of_range & ~present[np.minimum(block, num_blocks - 1)]
+        start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
+        # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
+        self.incomplete = (start <= 0) | (end < start)
+        bad = self.out_of_range | self.ambiguous | self.incomplete | self.absent
+        self.good = mine & ~bad
 
 
-def _checked_present(
-    window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None
-) -> np.ndarray:
-    """``present`` as a bool array (default: every block), after checking the window's shape."""
+_PROBLEMS = {
+    "no_external_id": "device activities have no external correlation id: enqueued outside "
+    "every pushed block or harness range",
+    "foreign_external_id": "activities carry an external id that is not maestro's",
+    "other_window": "activities belong to other windows ({windows}), not window {window_id}: a "
+    "flush was missing before this window began",
+    "out_of_range": "activities map outside {num_blocks} blocks x {num_iters} iterations "
+    "(blocks {blocks}; iterations {iters})",
+    "absent_block": "activities belong to blocks this rank does not run (blocks {absent})",
+    "ambiguous": "activities have a correlation id with several external ids",
+    "incomplete": "activity records are incomplete (zero or reversed timestamps: flushed before "
+    "the device finished?)",
+    "empty_cells": "(block, iteration) got no activity: {cells}",
+}
+"""What keeps records (or cells) from being attributed, under AttributionError.counts' keys."""
+_BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete")
+"""Problems whose records are described by their kinds and streams."""
+
+
+def _raise_problems(
+    records: ActivityRecords, d: _Decoded, window_id: int, empty: np.ndarray
+) -> None:
+    """One AttributionError naming each kind of problem of the window (:data:`_PROBLEMS`) with
+    its count; nothing when there is none."""
+    found, ours, stray = d.ext_id != _MISSING, (d.ext_id >> 62) == 1, ~d.this_window
+    masks = {
+        "no_external_id": stray & ~found,
+        "foreign_external_id": stray & found & ~ours,
+        "other_window": stray & ours,
+        "out_of_range": d.out_of_range,
+        "absent_block": d.absent,
+        "ambiguous": d.ambiguous,
+        "incomplete": d.incomplete,
+        "empty_cells": empty,
+    }
+    counts = {key: int(np.count_nonzero(mask)) for key, mask in masks.items() if mask.any()}
+    if not counts:
+        return
+    window = (d.ext_id[masks["other_window"]] >> _WINDOW_SHIFT) & MAX_WINDOW_ID
+    pairs = zip(*np.unique(window, return_counts=True), strict=True)
+    per_block = empty.sum(axis=1)
+    listed = "; ".join(
+        f"block {b}: {per_block[b]} of {empty.shape[1]} iterations (first {np.argmax(empty[b])})"
+        for b in np.flatnonzero(per_block)[:_SHOWN].tolist()
+    )
+    if np.count_nonzero(per_block) > _SHOWN:
+        listed += f"; ... ({np.count_nonzero(per_block)} blocks in all)"
+    details = {
+        "windows": _shown(np.array([f"{w}: {c}" for w, c in pairs])),
+        "window_id": window_id,
+        "num_blocks": empty.shape[0],
+        "num_iters": empty.shape[1],
+        "blocks": _shown(np.unique(d.block[d.out_of_range])),
+        "iters": _shown(np.unique(d.iteration[d.out_of_range])),
+        "absent": _shown(np.unique(d.block[d.absent])),
+        "cells": listed,
+    }
+    messages = []
+    for key, num in counts.items():
+        text, mask = _PROBLEMS[key].format(**details), masks[key]
+        if key in _BY_RECORDS:
+            streams = _shown(np.unique(records.stream_id[mask]))
+            text += f" ({_kind_summary(records.kind[mask])}; streams {streams})"
+        messages.append(f"{num} {text}")
+    raise AttributionError(
+        f"window {window_id}: cannot attribute device activity: " + "; ".join(messages), counts
+    )
+
+
+def attribute(
+    records: ActivityRecords,
+    ext_correlation: ExternalCorrelation,
+    *,
+    window_id: int,
+    num_blocks: int,
+    num_iters: int,
+    present: np.ndarray | None = None,
+    per_activity: bool = False,
+) -> Attribution:
+    """Map every activity to its (block, iteration) by correlation id (``per_activity``: also
+    each record's, for traces); AttributionError for any record that maps to none, and any cell
+    of a ``present`` block (bool per block, default all) without activity."""
     encode_external_id(window_id, 0, 0)  # checks window_id
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
@@ -332,78 +318,26 @@ def _checked_present(
     present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
     if present.shape != (num_blocks,):
         raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
-    return present
-
-
-@dataclass(frozen=True)
-class _Decoded:
-    """Each record of a window decoded from its external id, and what is wrong with it."""
-
-    this_window: np.ndarray
-    block: np.ndarray
-    iteration: np.ndarray
-    mine: np.ndarray  # records of a block (not harness, not the gate) of this window
-    gate: np.ndarray  # records of the gate's spin kernel of this window
-    out_of_range: np.ndarray
-    absent: np.ndarray  # records of a block this rank does not run
-    ambiguous: np.ndarray
-    incomplete: np.ndarray
-
-    @property
-    def good(self) -> np.ndarray:
-        return self.mine & ~(self.out_of_range | self.ambiguous | self.incomplete | self.absent)
-
-
-def _decode(
-    records: ActivityRecords,
-    ext_correlation: ExternalCorrelation,
-    window_id: int,
-    shape: tuple[int, int],
-    present: np.ndarray,
-) -> tuple[np.ndarray, _Decoded]:
-    """(each record's external id, what it says): only what the common path needs; the
-    breakdown of strays is the error path's."""
-    num_blocks, num_iters = shape
-    ext_id, ambiguous = _lookup(records.correlation_id, ext_correlation)
-    this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
-    block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
-    iteration = ext_id & (MAX_NUM_ITERS - 1)
-    mine = this_window & (block < GATE_BLOCK)
-    gate = this_window & (block == GATE_BLOCK)
-    out_of_range = (mine & ((block >= num_blocks) | (iteration >= num_iters))) | (
-        gate & (iteration >= num_iters)
-    )
-    absent = np.zeros(len(records), dtype=bool)
-    if not present.all():
-        absent = mine & ~out_of_range & ~present[np.minimum(block, num_blocks - 1)]
-    start, end = _as_int64(records.start_ns), _as_int64(records.end_ns)
-    # CUPTI writes 0 for a timestamp it never got (a record flushed before it completed).
-    incomplete = (start <= 0) | (end < start)
-    return ext_id, _Decoded(
-        this_window, block, iteration, mine, gate, out_of_range, absent, ambiguous, incomplete
-    )
-
-
-def _timings(
-    records: ActivityRecords,
-    d: _Decoded,
-    row: np.ndarray,
-    flat: np.ndarray,
-    activity_count: np.ndarray,
-    per_activity: bool,
-) -> Attribution:
-    """The window's figures once every record is attributed: ``row`` is each record's block
-    and ``flat`` its (block, iteration) cell (num_blocks and past the end for no block)."""
-    num_blocks, num_iters = activity_count.shape
+    kind = records.kind
+    if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
+        raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
+    d = _Decoded(records, ext_correlation, window_id, present, num_iters)
+    # Everything not good goes to one extra row that is cut off at the end: cheaper than
+    # extracting the good subset of every array.
+    good = d.good
+    row = np.where(good, d.block, num_blocks)
+    flat = row * num_iters + np.where(good, d.iteration, 0)
     cells = num_blocks * num_iters
+    activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
+    _raise_problems(records, d, window_id, (activity_count == 0) & present[:, None])
+    # Every record is good from here on (any problem raised above).
     first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, flat, _as_int64(records.start_ns))
     last = np.zeros(cells + 1, dtype=np.int64)
     np.maximum.at(last, flat, _as_int64(records.end_ns))
     first[:cells][activity_count.reshape(-1) == 0] = 0  # rows of absent blocks
-    gate = d.gate  # complete: an incomplete record raised
     gate_end = np.zeros(num_iters, dtype=np.int64)
-    np.maximum.at(gate_end, d.iteration[gate], _as_int64(records.end_ns)[gate])
+    np.maximum.at(gate_end, d.iteration[d.gate], _as_int64(records.end_ns)[d.gate])
     ctas = np.zeros(num_blocks + 1, dtype=np.int64)
     grid = records.grid_x.astype(np.int64) * records.grid_y * records.grid_z
     np.maximum.at(ctas, np.where(records.kind == KIND_KERNEL, row, num_blocks), grid)
@@ -420,61 +354,6 @@ def _timings(
     )
 
 
-def attribute(
-    records: ActivityRecords,
-    ext_correlation: ExternalCorrelation,
-    *,
-    window_id: int,
-    num_blocks: int,
-    num_iters: int,
-    present: np.ndarray | None = None,
-    per_activity: bool = False,
-) -> Attribution:
-    """Map every activity to its (block, iteration) by correlation id; vectorised.
-
-    ``per_activity``: also return each record's (block, iteration) (for traces).
-
-    Raises AttributionError with counts for activities without an id of this window, ids out
-    of range or of absent blocks, ambiguous or incomplete records, or a (block, iteration) of
-    a present block (``present``: bool per block, default all) that got no activity.
-    """
-    present = _checked_present(window_id, num_blocks, num_iters, present)
-    kind = records.kind
-    if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
-        raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
-    ext_id, d = _decode(records, ext_correlation, window_id, (num_blocks, num_iters), present)
-    problems = _Problems(records)
-    problems.of_window(ext_id, d, window_id, (num_blocks, num_iters))
-    # Everything not good goes to one extra row that is cut off at the end: cheaper than
-    # extracting the good subset of every array.
-    good = d.good
-    row = np.where(good, d.block, num_blocks)
-    flat = row * num_iters + np.where(good, d.iteration, 0)
-    cells = num_blocks * num_iters
-    activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
-    empty = (activity_count == 0) & present[:, None]
-    if empty.any():
-        problems.empty_cells(empty)
-    problems.raise_any(window_id)
-    # Every record is good from here on (any problem raised above).
-    return _timings(records, d, row, flat, activity_count, per_activity)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApiRecords:
-    """CUDA runtime/driver API calls (CUPTI RUNTIME and DRIVER records), one per call."""
-
-    correlation_id: np.ndarray  # int64
-    start_ns: np.ndarray  # int64
-    end_ns: np.ndarray  # int64
-    cbid: np.ndarray  # int32
-    thread_id: np.ndarray  # int64
-    api: np.ndarray  # uint8, API_RUNTIME / API_DRIVER
-
-    def __post_init__(self) -> None:
-        check_lengths(self)
-
-
 # What a launch is called when CUPTI cannot name its callback id: generic names of the call
 # that launches each kind of activity, in the style of the real ones (HolisticTraceAnalysis
 # knows cudaLaunchKernel and cuLaunchKernel by name).
@@ -488,38 +367,6 @@ _GENERIC_API_NAMES = {
 }
 
 
-def _launch_calls(api: ApiRecords, corr: np.ndarray) -> np.ndarray:
-    """Indices of the API calls behind activities of correlation ids ``corr``, one per id:
-    the earliest (a runtime call that calls the driver starts first), the runtime one on a
-    tie."""
-    api_corr = _as_int64(api.correlation_id)
-    chosen = np.flatnonzero(np.isin(api_corr, corr))
-    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-    first = np.ones(chosen.size, dtype=bool)
-    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-    return chosen[first]
-
-
-def _call_names(
-    api: ApiRecords,
-    chosen: np.ndarray,
-    corr: np.ndarray,
-    kind: np.ndarray,
-    table: list[str],
-    api_name: Callable[[int, int], str | None],
-) -> np.ndarray:
-    """Each chosen call's name, as an index into ``table`` (names are appended to it)."""
-    corr_order = np.argsort(corr, kind="stable")
-    at = np.searchsorted(corr[corr_order], _as_int64(api.correlation_id)[chosen])
-    launched_kind = kind[corr_order][np.minimum(at, corr.size - 1)]
-    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
-    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-    for code, cbid, kind_code in distinct.tolist():  # one name per (API, callback, kind)
-        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
-        table.append(name)
-    return len(table) - len(distinct) + inverse.reshape(-1)
-
-
 def window_activities(
     records: ActivityRecords,
     attribution: Attribution,
@@ -529,19 +376,31 @@ def window_activities(
     api: ApiRecords,
     api_name: Callable[[int, int], str | None],
 ) -> DeviceActivities:
-    """The block activities of an attributed window, with names and launching API calls.
-
-    ``attribution`` must come from ``attribute(..., per_activity=True)`` on ``records``;
-    ``name_index[i]`` is record i's index into ``names``. Of the API calls, one per
-    correlation id of a kept activity is kept (``_launch_calls``). ``api_name(api, cbid)``
-    names a call (None: unknown; a generic name of the launch kind is used then).
-    """
+    """The block activities of ``attribute(..., per_activity=True)``, named (record i's name is
+    ``names[name_index[i]]``), with one launching API call each, named by ``api_name(api, cbid)``
+    (None: a generic name of the launch kind)."""
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
-    chosen = _launch_calls(api, corr)
-    # Names: the activities' own, then the calls'; compacted to those used.
+    # One API call per kept correlation id: the earliest (a runtime call that calls the driver
+    # starts first), the runtime one on a tie.
+    api_corr = _as_int64(api.correlation_id)
+    chosen = np.flatnonzero(np.isin(api_corr, corr))
+    chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
+    first = np.ones(chosen.size, dtype=bool)
+    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
+    chosen = chosen[first]
+    # Names: the activities' own, then the calls' (one per API, callback and kind launched);
+    # compacted to those used.
+    corr_order = np.argsort(corr, kind="stable")
+    at = np.searchsorted(corr[corr_order], api_corr[chosen])
+    launched_kind = records.kind[keep][corr_order][np.minimum(at, corr.size - 1)]
+    keys = np.stack([api.api[chosen], api.cbid[chosen], launched_kind], axis=1).astype(np.int64)
+    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
     table = list(names)
-    call_names = _call_names(api, chosen, corr, records.kind[keep], table, api_name)
+    for code, cbid, kind_code in distinct.tolist():
+        name = api_name(code, cbid) or _GENERIC_API_NAMES.get((code, kind_code), "cudaLaunch")
+        table.append(name)
+    call_names = len(table) - len(distinct) + inverse.reshape(-1)
     act_names = name_index[keep].astype(np.int64)
     used, inverse = np.unique(np.concatenate([act_names, call_names]), return_inverse=True)
     inverse = inverse.astype(np.int32)
@@ -551,7 +410,7 @@ def window_activities(
         return np.stack(cols, axis=1).astype(np.int32).reshape(-1, 3)
 
     launches = LaunchCalls(
-        correlation_id=_as_int64(api.correlation_id)[chosen],
+        correlation_id=api_corr[chosen],
         start_ns=_as_int64(api.start_ns)[chosen],
         end_ns=_as_int64(api.end_ns)[chosen],
         api=api.api[chosen].astype(np.uint8),

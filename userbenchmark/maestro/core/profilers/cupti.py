@@ -1,17 +1,14 @@
-"""CUPTI activity profiler: device start/end of every kernel, memcpy and memset of a block.
-
-Each block's enqueue is bracketed by an external correlation id (kind CUSTOM2; Kineto uses
-CUSTOM0/1) and `attribution.attribute` joins the records to (block, iteration). cupti-python
-is imported lazily; never run torch.profiler in the same process (one CUPTI per process).
-"""
+"""CUPTI activity profiler: each block's enqueue is bracketed by an external correlation id
+(kind CUSTOM2; Kineto uses CUSTOM0/1) that `attribution.attribute` joins the records by.
+cupti-python is imported lazily; never run torch.profiler in the same process (one CUPTI)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
-import logging
 import re
 import threading
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -32,14 +29,11 @@ from .cupti_records import (
     NamedRecords,
     _RecordParser,
     activity_records,
-    api_function_name,
     external_correlation,
+    logger,
     named_records,
 )
 from .profiler import Profiler
-
-# Under "maestro": its lines get the rank prefix and follow --log-level.
-logger = logging.getLogger("maestro.cupti")
 
 BUFFER_SIZE_BYTES = 32 << 20
 """Smallest buffer handed to CUPTI (it asks for more as they fill). Seen on an H200: every
@@ -92,10 +86,8 @@ as a Python object by cupti-python."""
 
 
 def api_record_filter(cupti: Any) -> str:
-    """Keep API records only of the functions that enqueue device work
-    (:data:`_DEVICE_WORK_API`); returns what is recorded: ``"launches"``, or ``"all"`` with why
-    where this CUPTI cannot choose per function (``cuptiActivityEnableRuntimeApi`` and
-    ``...DriverApi``, in cupti-python 12.6 and later)."""
+    """Keep API records only of the functions that enqueue device work; returns ``"launches"``,
+    or ``"all"`` with why where this CUPTI cannot choose per function (cupti-python < 12.6)."""
     tables = (
         ("activity_enable_runtime_api", "runtime_api_trace_cbid"),
         ("activity_enable_driver_api", "driver_api_trace_cbid"),
@@ -116,14 +108,9 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration) from CUPTI's activity API, one rank: CLOCK_REALTIME
-    nanoseconds of this host. Per window: begin_window, push/pop around each block's enqueue
-    (the lanes' before/after; push_gate/push_harness for gate and sync work), then end_window
-    (WindowTimings) or attribute_window (the Attribution itself).
-
-    ``trace`` (``--trace``, an imported step): also read kernel names, copy kinds and the API
-    calls into ``last_activities``; it costs parsing time per record, so it is off otherwise.
-    """
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host. Per window:
+    begin_window, push/pop around each enqueue (the lanes' hooks), end_window or attribute_window.
+    ``trace``: also names and API calls in ``last_activities`` (parsing time: off otherwise)."""
 
     name = "cupti"
     times = "cuda"
@@ -151,16 +138,14 @@ class CuptiProfiler(Profiler):
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id
         self._pop_id = cupti.activity_pop_external_correlation_id
-        self._min_buffer_bytes = int(buffer_size_bytes)
-        self._buffer_size_bytes = self._min_buffer_bytes
-        """What the next buffer request gets (sized per window by begin_window)."""
+        self._min_buffer_bytes = self._buffer_size_bytes = int(buffer_size_bytes)
         self.keep_activities = trace
         self._parser = _RecordParser(
             cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=trace
         )
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
-        self._chunks: dict[str, list[np.ndarray]] = self._empty_chunks()
+        self._chunks: dict[str, list[np.ndarray]] = defaultdict(list)  # rows of _RecordParser
         self._callback_error: BaseException | None = None
         self._enabled: list = []
         self._started = False
@@ -170,10 +155,8 @@ class CuptiProfiler(Profiler):
         self._shape: tuple[int, int] | None = None
         self.api_records = "all"
         """Which API calls CUPTI records: "launches" (the device work's) or "all (why)"."""
-        self._delivered = 0
-        """Records CUPTI delivered since the last window began."""
-        self._window_records = 0
-        self._window_iters = 0
+        self._delivered = self._window_records = self._window_iters = 0
+        """Records delivered since this window began; the ended windows' records and iterations."""
         self.last_activities: DeviceActivities | None = None
         """With ``trace``: the last ended window's block activities, named."""
 
@@ -200,14 +183,6 @@ class CuptiProfiler(Profiler):
             ) from exc
         self.api_records = api_record_filter(cupti)
         self._started = True
-
-    @property
-    def records_per_iteration(self) -> float | None:
-        """CUPTI records (every kind) delivered per measured iteration over the windows so far;
-        None before the first window."""
-        if not self._window_iters:
-            return None
-        return self._window_records / self._window_iters
 
     def close(self) -> None:
         """Flush, disable and finalise CUPTI; safe twice and on an exception path."""
@@ -237,12 +212,6 @@ class CuptiProfiler(Profiler):
                 logger.warning("cupti stop: %s failed: %s", step, exc)
         self._take()
         self._window_id = None
-
-    def _empty_chunks(self) -> dict[str, list[np.ndarray]]:
-        names = ["kernel", "memcpy", "memset", "ext"]
-        if self.keep_activities:
-            names += ["kernel_name", "memcpy_name", "memset_name", "api"]
-        return {name: [] for name in names}
 
     def _disable(self) -> None:
         while self._enabled:
@@ -287,10 +256,7 @@ class CuptiProfiler(Profiler):
         return self.attribute_window().timings(self._present, self.last_activities)
 
     def attribute_window(
-        self,
-        num_blocks: int | None = None,
-        num_iters: int | None = None,
-        present: np.ndarray | None = None,
+        self, num_blocks: int | None = None, num_iters: int | None = None
     ) -> Attribution:
         """Synchronize, flush and attribute everything since begin_window."""
         self._require_started()
@@ -302,7 +268,6 @@ class CuptiProfiler(Profiler):
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        present = self._present if present is None else present
         window_id = self._window_id
         self._window_id = None
         self._flush()
@@ -317,7 +282,7 @@ class CuptiProfiler(Profiler):
             window_id=window_id,
             num_blocks=num_blocks,
             num_iters=num_iters,
-            present=present,
+            present=self._present,
             per_activity=named is not None,
         )
         if named is not None:
@@ -335,10 +300,14 @@ class CuptiProfiler(Profiler):
             return None
         domain = domains.RUNTIME_API if api == API_RUNTIME else domains.DRIVER_API
         try:
-            return api_function_name(getter(domain, cbid))
+            name = getter(domain, cbid)
         except Exception as exc:  # an id this CUPTI does not know: a generic name
             logger.debug("cupti: no name for callback %d of API %d: %s", cbid, api, exc)
             return None
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        # Without CUPTI's version suffix (cudaLaunchKernel_v7000), as PyTorch's traces name it.
+        return re.sub(r"_v\d+$", "", name) if isinstance(name, str) and name else None
 
     def push(self, block_index: int, iteration: int) -> None:
         """Attribute what this thread enqueues until pop() to (block_index, iteration)."""
@@ -375,8 +344,8 @@ class CuptiProfiler(Profiler):
             "cupti_python_version": importlib.metadata.version("cupti-python"),
             "cupti_api_records": self.api_records,
         }
-        if self.records_per_iteration is not None:
-            info["cupti_records_per_iteration"] = f"{self.records_per_iteration:.1f}"
+        if self._window_iters:  # CUPTI records (every kind) per measured iteration
+            info["cupti_records_per_iteration"] = f"{self._window_records / self._window_iters:.1f}"
         return info
 
     def _require_started(self) -> None:
@@ -406,19 +375,18 @@ class CuptiProfiler(Profiler):
             rows = self._parser.parse(activities)
             with self._lock:
                 self._delivered += len(activities)
-                for name, chunks in self._chunks.items():
-                    if rows[name].shape[0]:
-                        chunks.append(rows[name])
+                for name, found in rows.items():
+                    if found.shape[0]:
+                        self._chunks[name].append(found)
         except BaseException as exc:  # raised later on the caller's thread, never lost
             if self._callback_error is None:
                 self._callback_error = exc
 
     def _take(self) -> tuple[ActivityRecords, ExternalCorrelation, NamedRecords | None]:
-        """Everything collected so far, as arrays; the collection starts empty again. The
-        third item (with ``keep_activities``): each record's name index, the names, and the
-        API calls."""
+        """Everything collected so far, as arrays (the third: with ``keep_activities``, the names
+        and API calls); the collection starts empty again."""
         with self._lock:
-            chunks, self._chunks = self._chunks, self._empty_chunks()
+            chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.
             names = tuple(self._parser.names) if self.keep_activities else ()
         records, ext = activity_records(chunks), external_correlation(chunks["ext"])

@@ -3,17 +3,17 @@ for them: demangled kernel symbols, ``Memcpy DtoD (Device -> Device)``, API func
 
 from __future__ import annotations
 
+import functools
 import logging
-import re
 from operator import attrgetter
 
 import numpy as np
 
 from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
 from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
-from .demangle import demangle
 
-# The profiler's own logger (these records are its work), under "maestro" for the rank prefix.
+# The CUPTI profiler's logger (both modules'): under "maestro", its lines get the rank prefix
+# and follow --log-level.
 logger = logging.getLogger("maestro.cupti")
 
 
@@ -52,48 +52,24 @@ def _kind_name(table: tuple[str, ...], code: int) -> str:
     return table[code] if 0 <= code < len(table) else "Unknown"
 
 
-def memcpy_name(copy_kind: int, src_kind: int, dst_kind: int) -> str:
-    """``Memcpy DtoD (Device -> Device)``: a copy's name as Kineto writes it."""
-    return (
+_NAMERS = {
+    "memcpy": lambda copy_kind, src_kind, dst_kind: (
         f"Memcpy {_kind_name(_COPY_KINDS, copy_kind)} "
         f"({_kind_name(_MEMORY_KINDS, src_kind)} -> {_kind_name(_MEMORY_KINDS, dst_kind)})"
-    )
-
-
-def memset_name(memory_kind: int) -> str:
-    """``Memset (Device)``: a set's name as Kineto writes it."""
-    return f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})"
-
-
-_NAMERS = {"memcpy": memcpy_name, "memset": memset_name}
-"""What names a copy or a set, from the kind codes of ``_NAMED_FIELDS``."""
-_VERSION_SUFFIX = re.compile(r"_v\d+$")
-
-
-def api_function_name(name: object) -> str | None:
-    """A callback name without CUPTI's version suffix (``cudaLaunchKernel_v7000`` ->
-    ``cudaLaunchKernel``, the name PyTorch's traces use); None when there is none."""
-    if isinstance(name, bytes):
-        name = name.decode("utf-8", "replace")
-    if not isinstance(name, str) or not name:
-        return None
-    return _VERSION_SUFFIX.sub("", name)
+    ),
+    "memset": lambda memory_kind: f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})",
+}
+"""A copy's or a set's name as Kineto writes it (``Memcpy DtoD (Device -> Device)``, ``Memset
+(Device)``), from the kind codes of ``_NAMED_FIELDS``."""
 
 
 class _RecordParser:
-    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays.
-
-    ``objects`` reads each field through cupti-python's record objects; ``numpy`` reads only
-    each record's address and gathers the fields from the buffer with cupti-python's own
-    record dtypes, a fraction of the Python work per record. ``auto`` checks ``numpy``
-    against ``objects`` on the first buffers and falls back for good on any difference.
-
-    With ``names`` (a trace is wanted) it also returns, per kernel/memcpy/memset row, an index
-    into ``self.names`` (``<kind>_name``), and the RUNTIME/DRIVER API calls (``api`` rows:
-    correlation, start, end, cbid, thread, API_RUNTIME/API_DRIVER). A kernel's name is read
-    from its record object either way (the buffer holds only a pointer to it); without
-    ``names`` none of this is read and API records are skipped.
-    """
+    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays:
+    ``objects`` reads each field of each record object; ``numpy`` gathers them from the buffer
+    by each record's address and cupti-python's record dtypes (a fraction of the Python work);
+    ``auto`` checks ``numpy`` against ``objects`` on the first buffers, falling back for good on
+    any difference. With ``names``, also each row's index into ``self.names`` (``<kind>_name``;
+    a kernel's name is read from its object: the buffer holds a pointer) and the API calls."""
 
     _VERIFY_BUFFERS = 2
 
@@ -177,14 +153,19 @@ class _RecordParser:
                 if name == "ext" and a.external_kind != self.custom2:
                     continue
                 rows[name].append(fields(a))
-                if self.keep_names and name != "ext":
-                    names[name].append(_record_name(name, a))
+                if self.keep_names and name == "kernel":
+                    names[name].append(_kernel_name(a))
+                elif self.keep_names and name != "ext":
+                    names[name].append(_NAMERS[name](*(getattr(a, f) for f in _NAMED_FIELDS[name])))
             elif a.kind in api_codes:
                 api.append((*api_fields(a), api_codes[a.kind]))
-        out = {name: self._rows(name, r) for name, r in rows.items()}
+        out = {}
+        for name, found in rows.items():  # (0, width) where none
+            dtype = np.uint64 if name == "ext" else np.int64
+            out[name] = np.array(found, dtype).reshape(-1, len(_FIELDS[name]))
         if self.keep_names:
             out.update({f"{name}_name": self._interned(found) for name, found in names.items()})
-            out["api"] = self._rows("api", api)
+            out["api"] = np.array(api, dtype=np.int64).reshape(-1, len(_NAMED_FIELDS["api"]) + 1)
         return out
 
     def parse_numpy(self, activities: list) -> dict[str, np.ndarray] | None:
@@ -240,20 +221,16 @@ class _RecordParser:
         ids = np.array([self._intern(name_of(*row)) for row in distinct.tolist()], np.int32)
         return ids[inverse.reshape(-1)]
 
-    @staticmethod
-    def _rows(name: str, rows: list[tuple]) -> np.ndarray:
-        dtype = np.uint64 if name == "ext" else np.int64
-        width = 6 if name == "api" else len(_FIELDS[name])
-        if not rows:
-            return np.zeros((0, width), dtype=dtype)
-        return np.array(rows, dtype=dtype)
 
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """``name`` demangled as PyTorch's profiler does (c10's demangler), unchanged where that fails
+    or it is no mangled C++ symbol: HolisticTraceAnalysis classifies kernels by that name."""
+    if not name.startswith("_Z"):
+        return name
+    import torch
 
-def _record_name(kind: str, record) -> str:
-    """The name a trace shows for a kernel, memcpy or memset record object."""
-    if kind == "kernel":
-        return _kernel_name(record)
-    return _NAMERS[kind](*(getattr(record, f) for f in _NAMED_FIELDS[kind]))
+    return torch._C._demangle(name)
 
 
 def _kernel_name(record) -> str:
@@ -270,38 +247,27 @@ NamedRecords = tuple[np.ndarray, tuple[str, ...], ApiRecords]
 _KINDS = (("kernel", KIND_KERNEL), ("memcpy", KIND_MEMCPY), ("memset", KIND_MEMSET))
 
 
-def _joined(chunks: list[np.ndarray], width: int | None = None) -> np.ndarray:
-    if chunks:
-        return np.concatenate(chunks)
-    return np.zeros((0, width) if width else 0, dtype=np.int64)
+def _joined(chunks: list[np.ndarray], *width: int) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.zeros((0, *width), dtype=np.int64)
 
 
 def activity_records(chunks: dict[str, list[np.ndarray]]) -> ActivityRecords:
-    """The kernel, memcpy and memset rows of a window's buffers (``_RecordParser.parse``), in
-    that order, as one ActivityRecords."""
+    """The kernel, memcpy and memset rows of a window's buffers, in that order, as one table."""
     parts = [(code, _joined(chunks[name], len(_FIELDS[name]))) for name, code in _KINDS]
-    kernel = parts[0][1]
-    n = sum(p.shape[0] for _, p in parts)
-
-    def column(i: int) -> np.ndarray:
-        return np.concatenate([p[:, i] for _, p in parts])
-
-    def kernel_only(i: int) -> np.ndarray:
-        out = np.zeros(n, dtype=np.int32)
-        out[: kernel.shape[0]] = kernel[:, i]
-        return out
-
-    size_bytes = np.zeros(n, dtype=np.int64)
-    size_bytes[kernel.shape[0] :] = np.concatenate([p[:, 5] for _, p in parts[1:]])
+    column = [np.concatenate([p[:, i] for _, p in parts]) for i in range(len(_COMMON))]
+    num_kernels = parts[0][1].shape[0]
+    extra = np.zeros((column[0].shape[0], 1 + len(KERNEL_DIMS)), np.int64)  # bytes, kernel dims
+    extra[num_kernels:, 0] = np.concatenate([p[:, len(_COMMON)] for _, p in parts[1:]])
+    extra[:num_kernels, 1:] = parts[0][1][:, len(_COMMON) :]
     return ActivityRecords(
-        correlation_id=column(0).astype(np.uint64),
-        start_ns=column(1),
-        end_ns=column(2),
+        correlation_id=column[0].astype(np.uint64),
+        start_ns=column[1],
+        end_ns=column[2],
         kind=np.concatenate([np.full(p.shape[0], code, np.uint8) for code, p in parts]),
-        stream_id=column(3),
-        device_id=column(4).astype(np.int32),
-        size_bytes=size_bytes,
-        **{dim: kernel_only(i) for i, dim in enumerate(KERNEL_DIMS, start=len(_COMMON))},
+        stream_id=column[3],
+        device_id=column[4].astype(np.int32),
+        size_bytes=extra[:, 0],
+        **{dim: extra[:, i].astype(np.int32) for i, dim in enumerate(KERNEL_DIMS, start=1)},
     )
 
 
@@ -312,8 +278,7 @@ def external_correlation(chunks: list[np.ndarray]) -> ExternalCorrelation:
 
 
 def named_records(chunks: dict[str, list[np.ndarray]], names: tuple[str, ...]) -> NamedRecords:
-    """The name rows (in ``activity_records``' order) and the API calls of a window's
-    buffers, parsed with names kept."""
+    """The name rows (in ``activity_records``' order) and API calls of a window's buffers."""
     name_index = np.concatenate([_joined(chunks[f"{k}_name"]) for k, _ in _KINDS])
     rows = _joined(chunks["api"], 6)
     api = ApiRecords(

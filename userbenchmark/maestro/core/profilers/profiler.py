@@ -9,18 +9,13 @@ from ..analysis.intervals import WindowTimings
 
 
 class Profiler:
-    """Records when each (block, iteration) ran; the hooks do nothing here (an untimed window).
-
-    ``before``/``after`` bracket one block's enqueue: on CPU they run on the lane thread and
-    the block runs synchronously between them; on CUDA they run on the host thread with the
-    lane's stream current, and the device activity enqueued between them is what counts.
-    A registered profiler (profiler_registry.py) names itself, the lanes it times (``cpu`` or
-    ``cuda``) and how a fallback to it is told (``described``).
-    """
+    """Records when each (block, iteration) ran; here the hooks do nothing (an untimed window).
+    ``before``/``after`` bracket one block's enqueue: on CPU the block runs between them on its
+    lane thread; on CUDA the device work enqueued between them, on the lane's stream, counts."""
 
     name = "none"
-    times = ""
-    described = ""
+    times = ""  # the lanes it times: cpu or cuda (profiler_registry.py)
+    described = ""  # how a fallback to it is told
 
     def __init__(self, *, trace: bool = False) -> None:
         """``trace``: keep each window's named activities (``--trace``), where it can."""
@@ -31,7 +26,7 @@ class Profiler:
         return ""
 
     def start(self) -> None:
-        pass
+        """Begin recording (``close``: end it, safe twice)."""
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
@@ -39,16 +34,12 @@ class Profiler:
         pass
 
     def before(self, block: int, iteration: int) -> None:
-        pass
-
-    def after(self, block: int, iteration: int) -> None:
-        pass
+        """A block's enqueue follows until ``after``."""
 
     def gate_begin(self, iteration: int) -> None:
         """Harness work (the gate's spin kernel) follows until ``gate_end``."""
 
-    def gate_end(self, iteration: int) -> None:
-        pass
+    after, gate_end, close = before, gate_begin, start
 
     def end_window(self) -> WindowTimings:
         raise TypeError(f"{type(self).__name__} records no timings")
@@ -56,6 +47,3 @@ class Profiler:
     def run_info(self) -> dict[str, str]:
         """What the profiler says of the run so far, for ``run.json`` (strings)."""
         return {}
-
-    def close(self) -> None:
-        pass
