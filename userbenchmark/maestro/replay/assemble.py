@@ -85,12 +85,12 @@ def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int]
                 number = item.seq if by_seq else seq[("c", item.group)]
                 keys[(rank, item.index)] = [("c", item.group, number)]
                 seq[("c", item.group)] += 1
-            elif item.kind == "p2p" and item.p2p is not None:
+            elif item.kind == "p2p":
                 own = []
-                for peer, _ in item.p2p.sends:
+                for peer, _ in item.sends:
                     own.append(("p", item.group, rank, peer, seq[("s", item.group, peer)]))
                     seq[("s", item.group, peer)] += 1
-                for peer, _ in item.p2p.recvs:
+                for peer, _ in item.recvs:
                     own.append(("p", item.group, peer, rank, seq[("r", item.group, peer)]))
                     seq[("r", item.group, peer)] += 1
                 keys[(rank, item.index)] = own
@@ -109,7 +109,7 @@ def _check_calls(
             holders[key].add(rank)
     for key, ranks in holders.items():
         if key[0] == "c":
-            team = set(axes.team(key[1])) if key[1] in axes.groups else ranks
+            team = set(axes.groups[key[1]].ranks) if key[1] in axes.groups else ranks
             missing = sorted(team - ranks)
             if missing:
                 group = axes.groups.get(key[1])
@@ -212,7 +212,7 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
     first = calls[0][1]
     cls, size = first.block, first.block.message_size_bytes
     groups = sorted({item.group for _, item in items})
-    teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
+    teams = tuple(sorted({axes.groups[g].ranks for g in groups if g in axes.groups}))
     if not teams:  # a group the traces do not describe: its callers as one team
         teams = (tuple(sorted({rank for rank, _ in items})),)
     largest = max((item for _, item in calls), key=lambda it: size(it.params))
@@ -291,15 +291,14 @@ def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]
     for rb in members:
         for rank in rb.role.ranks:
             item = rb.role.items[rb.items[0]][rank]
-            assert item.p2p is not None
             group = item.group
-            for peer, nbytes in item.p2p.sends:
+            for peer, nbytes in item.sends:
                 edges[(rank, peer)] = max(edges[(rank, peer)], nbytes)
                 carrier[(rank, peer, "send")] = rb
-            for peer, _ in item.p2p.recvs:
+            for peer, _ in item.recvs:
                 carrier[(rank, peer, "recv")] = rb
     family = axes.axis_of.get(group, "")
-    dtype = members[0].first.p2p.dtype if members[0].first.p2p else "uint8"
+    dtype = members[0].first.dtype
     rings = _rings(edges)
     if rings is not None and len(members) <= len({rb.role.number for rb in members}):
         by_len: dict[int, list[tuple[int, ...]]] = defaultdict(list)

@@ -273,7 +273,7 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     )
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
     # Each rank's step: its device work's first start to last end.
-    by_rank = tuple(round(st.span_us, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
+    by_rank = tuple(round(st.end - st.start, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
     pattern = PatternSpec(
         name=step,
         base_name=step,

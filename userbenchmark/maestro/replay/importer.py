@@ -63,13 +63,12 @@ def read_run(paths: Sequence[str]) -> list[RankTrace]:
     if not files:
         raise TraceError("no trace file given")
     traces = [read_trace(f) for f in files]
-    if len(traces) > 1:
-        plain = [t.path for t in traces if not t.distributed]
-        if plain:
-            raise TraceError(
-                f"{plain[0]}: no distributedInfo (not a distributed run), yet several files "
-                "were given: give one file per rank of one distributed run"
-            )
+    plain = [t.path for t in traces if not t.distributed]
+    if plain and len(traces) > 1:
+        raise TraceError(
+            f"{plain[0]}: no distributedInfo (not a distributed run), yet several files "
+            "were given: give one file per rank of one distributed run"
+        )
     sizes = sorted({t.world_size for t in traces})
     if len(sizes) > 1:
         shown = ", ".join(f"{t.path}: {t.world_size}" for t in traces)
@@ -92,14 +91,10 @@ def read_run(paths: Sequence[str]) -> list[RankTrace]:
 
 
 def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
-    starts = {}
-    longest = 0.0
-    for t in traces:
-        span = step_span(t, step_name)
-        starts[t.rank] = t.base_time_us + span.ts
-        longest = max(longest, span.end - span.ts)
+    spans = {t.rank: (t.base_time_us, step_span(t, step_name)) for t in traces}
+    starts = {rank: base + span.ts for rank, (base, span) in spans.items()}
     first = min(starts.values())
-    limit_us = RUN_SKEW_S * 1e6 + 2 * longest
+    limit_us = RUN_SKEW_S * 1e6 + 2 * max(span.end - span.ts for _, span in spans.values())
     for rank, start in starts.items():
         if start - first > limit_us:
             raise TraceError(
@@ -116,7 +111,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     step_name = choose_step(traces, options.step)
     _check_same_run(traces, step_name)
     axes = plan_axes(traces, traces[0].world_size)
-    sizes = axes.sizes()
+    sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
     by_seq = by_sequence_numbers(steps)
