@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
-from ..blocks.compute import Busy, Sleep
+from ..blocks.compute import Busy, Gemm, Sleep
 from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
@@ -255,30 +255,21 @@ def _check_one_call(calls: list[tuple[int, Item]]) -> None:
 
 
 def _compute_block(rb: RoleBlock) -> PatternBlock:
-    ranks = tuple(sorted(rb.role.ranks))
+    item = rb.first
     if rb.kind == "gemm":
-        item = rb.first
-        assert item.block is not None
-        notes = [item.note] if item.note else []
-        return PatternBlock(
-            members=[rb],
-            kind="gemm",
-            block=item.block,
-            params=dict(item.params),
-            dtype=item.dtype,
-            teams=(ranks,),
-            notes=notes,
-        )
-    cls = Sleep if rb.kind == "idle" else Busy
-    params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
-    notes = [rb.first.note] if rb.first.note and rb.first.note != "gemm-shapes" else []
+        cls, params, dtype = Gemm, dict(item.params), item.dtype
+    else:
+        cls, dtype = Sleep if rb.kind == "idle" else Busy, None
+        params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
+    noted = item.note and item.note != "gemm-shapes" and rb.kind != "idle"
     return PatternBlock(
         members=[rb],
         kind=rb.kind,
         block=cls,
         params=params,
-        teams=(ranks,),
-        notes=notes if cls is Busy else [],
+        dtype=dtype,
+        teams=(tuple(sorted(rb.role.ranks)),),
+        notes=[item.note] if noted else [],
     )
 
 

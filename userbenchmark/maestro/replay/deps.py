@@ -73,10 +73,8 @@ def infer(step: RankStep) -> Dependencies:
     """The cross-stream dependencies of one rank's step."""
     index = _Index(step)
     after: dict[int, set[int]] = defaultdict(set)
-    calls = {c.corr: c for c in step.launches}
-    waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
-        unresolved = _from_sync_events(step, index, waits, calls, after)
+        unresolved = _from_sync_events(step, index, after)
         method = "sync events"
     else:
         unresolved = _from_timeline(index, after)
@@ -86,13 +84,11 @@ def infer(step: RankStep) -> Dependencies:
     return Dependencies(after=frozen, method=method, unresolved=unresolved)
 
 
-def _from_sync_events(
-    step: RankStep,
-    index: _Index,
-    waits: list,
-    calls: dict[int, Launch],
-    after: dict[int, set[int]],
-) -> int:
+def _from_sync_events(step: RankStep, index: _Index, after: dict[int, set[int]]) -> int:
+    if len(index.by_stream) == 1:
+        return 0  # one stream: nothing to wait for but its own order
+    calls = {c.corr: c for c in step.launches}
+    waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     records: dict[int, list[float]] = defaultdict(list)
     for call in step.launches:
         if "EventRecord" in call.name:  # cudaEventRecord(WithFlags), cuEventRecord
@@ -103,11 +99,9 @@ def _from_sync_events(
         target = index.first_after(wait.stream, call.ts)
         if target is None:
             continue
-        if len(index.by_stream) == 1:
-            continue  # one stream: nothing to wait for but its own order
-        source = _recorded_source(index, records, call, target)
-        if source is None:
-            source = _latest_fitting(index, call.ts, target)
+        source = _recorded_source(index, records, call, target) or _latest_fitting(
+            index, call.ts, target
+        )
         if source is None:
             unresolved += 1
         else:

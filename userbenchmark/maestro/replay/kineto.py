@@ -100,7 +100,6 @@ class CommRecord:
 class GemmOp:
     """A GEMM op with its input shapes and types (empty without ``record_shapes``)."""
 
-    ext: int
     name: str
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
@@ -333,7 +332,6 @@ class _Collector:
         if name in GEMM_OPS:
             types = args.get("Input type")
             self.t.gemms[ext] = GemmOp(
-                ext=ext,
                 name=self.intern(name),
                 dims=_shapes(args.get("Input Dims")),
                 types=tuple(str(t) for t in types) if isinstance(types, list) else (),

@@ -89,12 +89,10 @@ class Item:
     block: type[Block] | None = None
     """The block replaying it (a collective or a GEMM; None: a stand-in's kernel)."""
     params: dict = field(default_factory=dict)
-    """The block's parameters from the traced call."""
     dtype: str = ""
     kernel: str = ""
     """Its longest kernel's name."""
     group: str = ""
-    """Process group name of a collective or point-to-point call."""
     seq: int | None = None
     """The group's sequence number of a collective (``Seq``; None: not traced)."""
     sends: tuple[tuple[int, int], ...] = ()
@@ -153,11 +151,10 @@ def complete_steps(trace: RankTrace) -> set[str]:
 
 def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
     """Each rank's complete steps, for messages: ``rank 0: ProfilerStep#3, ProfilerStep#4``."""
-    parts = []
-    for t in traces:
-        names = sorted(complete[t.rank], key=step_number)
-        parts.append(f"rank {t.rank}: {', '.join(names) or 'none'}")
-    return "; ".join(parts)
+    return "; ".join(
+        f"rank {t.rank}: {', '.join(sorted(complete[t.rank], key=step_number)) or 'none'}"
+        for t in traces
+    )
 
 
 def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
@@ -234,14 +231,11 @@ class _Owner:
             # A batch (batch_isend_irecv, coalesced calls) may launch under its last record:
             # the records before it, of the same kind, are part of it; others launched nothing.
             own = self.trace.comms[call.ext]
+            batch = (own.group_name, traced_op(own.name))
             earlier = self.pending.pop(call.tid, [])
-            return (*(r for r in earlier if _same_batch(r, own)), own)
+            same = [r for r in earlier if batch[1] and (r.group_name, traced_op(r.name)) == batch]
+            return (*same, own)
         return tuple(self.pending.pop(call.tid, ())) if nccl else ()
-
-
-def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
-    cls = traced_op(own.name)
-    return rec.group_name == own.group_name and cls is not None and traced_op(rec.name) is cls
 
 
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
