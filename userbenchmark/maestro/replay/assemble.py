@@ -362,7 +362,7 @@ def _joined(
     ranks = {r for e in directed for r in e}
     used = {r for e in group_edges for r in e}
     roles = {rb.role.number for rb in group_members}
-    fresh = [rb for rb in members if all(rb is not m for m in group_members)]
+    fresh = [rb for rb in members if rb not in group_members]
     if ranks & used or roles & {rb.role.number for rb in fresh}:
         return False
     group_edges.extend(directed)
@@ -373,12 +373,8 @@ def _joined(
 def _carriers(
     directed: list[tuple[int, int]], carrier: dict[tuple[int, int, str], RoleBlock]
 ) -> list[RoleBlock]:
-    out: list[RoleBlock] = []
-    for a, b in directed:
-        for rb in (carrier.get((a, b, "send")), carrier.get((b, a, "recv"))):
-            if rb is not None and all(rb is not m for m in out):
-                out.append(rb)
-    return out
+    found = (carrier.get(key) for a, b in directed for key in ((a, b, "send"), (b, a, "recv")))
+    return list(dict.fromkeys(rb for rb in found if rb is not None))
 
 
 def _send_recv_block(
@@ -444,14 +440,7 @@ def merge_siblings(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
                     other.teams = tuple(sorted(other.teams + block.teams))
                     other.notes = sorted(set(other.notes) | set(block.notes))
                     break
-            else:
-                merged.append(
-                    dataclasses.replace(
-                        block,
-                        members=list(block.members),
-                        params=dict(block.params),
-                        notes=list(block.notes),
-                    )
-                )
+            else:  # a copy: the blocks as they were stay for a layout without merging
+                merged.append(dataclasses.replace(block))
         out.extend(merged)
     return out

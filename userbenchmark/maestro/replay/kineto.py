@@ -362,27 +362,16 @@ class _Collector:
         if corr is None or not _KEPT_CALLS.search(name):
             return
         ts = self.time(ev, "ts")
-        self.t.launches[corr] = Launch(
-            corr,
-            ts,
-            ts + self.time(ev, "dur", 0.0),
-            int(ev["tid"]),
-            _int_or_none(args.get("External id")),
-            self.intern(name),
-        )
+        end, tid = ts + self.time(ev, "dur", 0.0), int(ev["tid"])
+        ext = _int_or_none(args.get("External id"))
+        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, self.intern(name))
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.saw_kineto = True
         ts = self.time(ev, "ts")
-        self.t.activities.append(
-            Activity(
-                int(args["correlation"]),
-                int(args["stream"]),
-                ts,
-                ts + self.time(ev, "dur"),
-                self.intern(str(ev["name"])),
-            )
-        )
+        corr, stream = int(args["correlation"]), int(args["stream"])
+        end = ts + self.time(ev, "dur")
+        self.t.activities.append(Activity(corr, stream, ts, end, self.intern(str(ev["name"]))))
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.t.syncs.append(

@@ -33,8 +33,6 @@ class Layout:
     axes: list[AxisDef] = field(default_factory=list)
     lanes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Lane name -> {rank: traced stream}."""
-    lane_names: dict[int, str] = field(default_factory=dict)
-    """Lane component -> lane name."""
     like_notes: list[str] = field(default_factory=list)
 
 
@@ -83,12 +81,11 @@ class _Axes:
 
     def used_definitions(self, used: set[str]) -> list[AxisDef]:
         """Definitions of the traced axes used by a block and not made by the mesh."""
-        out = []
-        for name in used:
-            if name == "world" or name in self.mesh:
-                continue
-            out.append(self.defs.get(name) or AxisDef(name=name, teams=self.known[name]))
-        return out
+        return [
+            self.defs.get(name) or AxisDef(name=name, teams=self.known[name])
+            for name in used
+            if name != "world" and name not in self.mesh
+        ]
 
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
@@ -108,16 +105,18 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     layout = Layout(blocks=[])
     comm_axis = _comm_axes(blocks, base_axis, lane_of, layout)
     taken = axis_plan.taken | set(comm_axis.values())
-    _name_lanes(blocks, lane_of, lanes, comm_axis, taken, layout)
+    lane_names = _name_lanes(blocks, lane_of, lanes, comm_axis, taken, layout)
     for block in blocks:
         block.axis = comm_axis.get(id(block), base_axis[id(block)])
-        block.lane = layout.lane_names[lane_of[id(block)]]
+        block.lane = lane_names[lane_of[id(block)]]
     _link_after(blocks)
     layout.blocks = _ordered(blocks)
     position = {id(b): i for i, b in enumerate(layout.blocks)}
     for block in layout.blocks:  # in file order: the same file from the same traces
         block.after.sort(key=lambda b: position[id(b)])
-    _name_blocks(layout.blocks)
+    names: set[str] = set()
+    for block in layout.blocks:
+        block.name = fresh_name(_base_name(block)[:56], names)
     used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]
     bases = {d.like for d in likes}
@@ -134,12 +133,8 @@ def _lanes(blocks: Sequence[PatternBlock]) -> tuple[dict[int, int], dict[int, se
         nodes = [node_ids.setdefault((r, s), len(node_ids)) for r, s, _ in _instances(block)]
         for node in nodes[1:]:
             uf.union(node, nodes[0])
-    lane_of = {}
+    lane_of = {id(b): uf.find(node_ids[_instances(b)[0][:2]]) for b in blocks}
     lanes: dict[int, set] = defaultdict(set)
-    for block in blocks:
-        rank, stream, _ = _instances(block)[0]
-        root = uf.find(node_ids[(rank, stream)])
-        lane_of[id(block)] = root
     for (rank, stream), node in node_ids.items():
         lanes[uf.find(node)].add((rank, stream))
     return lane_of, lanes
@@ -161,23 +156,19 @@ def _comm_axes(
         if block.kind not in ("comm", "p2p"):
             continue
         base, lane = base_axis[id(block)], lane_of[id(block)]
-        first_lane.setdefault(base, lane)
-        key = (base, lane)
-        if key not in variant:
-            if first_lane[base] == lane:
-                variant[key] = base
-            else:
-                ops = Counter(
-                    b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
-                )
-                initials = "".join(w[0] for w in ops.most_common(1)[0][0].split("_"))
-                variant[key] = fresh_name(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
-                layout.axes.append(AxisDef(name=variant[key], like=base))
-                layout.like_notes.append(
-                    f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
-                    f"calls run on axis {variant[key]} (like: {base}, a communicator of its own)"
-                )
-        out[id(block)] = variant[key]
+        if first_lane.setdefault(base, lane) != lane and (base, lane) not in variant:
+            ops = Counter(
+                b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
+            )
+            op = ops.most_common(1)[0][0]
+            initials = "".join(w[0] for w in op.split("_"))
+            name = variant[(base, lane)] = fresh_name(f"{base}_{initials}", taken)  # world_rs
+            layout.axes.append(AxisDef(name=name, like=base))
+            layout.like_notes.append(
+                f"group of axis {base} used on two streams: its {op} calls run on axis {name} "
+                f"(like: {base}, a communicator of its own)"
+            )
+        out[id(block)] = variant.get((base, lane), base)
     return out
 
 
@@ -188,9 +179,9 @@ def _name_lanes(
     comm_axis: dict[int, str],
     taken: set[str],
     layout: Layout,
-) -> None:
-    """Lanes with collectives take their axis's name; the others ``compute`` (the stream of
-    the busiest) or ``stream<N>``. Lanes of disjoint ranks (pipeline stages) may share one."""
+) -> dict[int, str]:
+    """Each lane's name: its collectives' axis, else ``compute`` (the busiest's stream) or
+    ``stream<N>``; lanes of disjoint ranks (pipeline stages) may share one."""
     names: dict[int, str] = {}
     work: Counter = Counter()
     for block in sorted(blocks, key=lambda b: b.start_key()):
@@ -215,10 +206,10 @@ def _name_lanes(
             name = f"{base}_{i}"
         used[name] |= ranks
         names[lane] = name
-    layout.lane_names = names
     for lane, name in names.items():
         layout.lanes.setdefault(name, {}).update(sorted(lanes[lane]))
         layout.lanes[name] = dict(sorted(layout.lanes[name].items()))
+    return names
 
 
 def _link_after(blocks: Sequence[PatternBlock]) -> None:
@@ -295,9 +286,3 @@ def _base_name(block: PatternBlock) -> str:
         return "idle"
     op = slug(item.opname.split("::")[-1], fallback="kernel")
     return f"{label}_{op}" if label else op
-
-
-def _name_blocks(blocks: Sequence[PatternBlock]) -> None:
-    taken: set[str] = set()
-    for block in blocks:
-        block.name = fresh_name(_base_name(block)[:56], taken)
