@@ -5,6 +5,7 @@ the files are not one run's step: an error says which ranks and group."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -109,10 +110,10 @@ def _check_calls(
             holders[key].add(rank)
     for key, ranks in holders.items():
         if key[0] == "c":
-            team = set(axes.groups[key[1]].ranks) if key[1] in axes.groups else ranks
+            group = axes.groups.get(key[1])
+            team = set(group.ranks) if group else ranks
             missing = sorted(team - ranks)
             if missing:
-                group = axes.groups.get(key[1])
                 desc = f"{group.desc} {list(group.ranks)}" if group else key[1]
                 counts = ", ".join(
                     f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
@@ -191,16 +192,11 @@ def _raise_conflicts(
     """RoleConflict naming the ranks whose calls joined different blocks of one role."""
     joined: dict[tuple[int, int], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
     for block_id, rank in linking:
-        rb = everything[block_id]
-        joined[(uf.find(block_id), rb.role.number)][block_id].add(rank)
+        joined[(uf.find(block_id), everything[block_id].role.number)][block_id].add(rank)
     pairs: set[tuple[int, int]] = set()
     for by_block in joined.values():
-        if len(by_block) < 2:
-            continue
-        groups = list(by_block.values())
-        for i, a in enumerate(groups):
-            for b in groups[i + 1 :]:
-                pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
+        for a, b in itertools.combinations(by_block.values(), 2):
+            pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
     if pairs:
         raise RoleConflict(pairs)
 

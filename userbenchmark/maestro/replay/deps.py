@@ -1,7 +1,6 @@
-"""Which device work waited for which, on one rank: cross-stream dependencies between items,
-from the trace's sync events (``Stream Wait Event``, the recording stream inferred and checked
-against the timeline) or, without them, from the timeline; host synchronisations order what
-follows them (docs/replay.md, section 3)."""
+"""Which device work waited for which on one rank: cross-stream dependencies between items from
+the sync events (``Stream Wait Event``, the recording stream inferred and checked against the
+timeline), else the timeline; host syncs order what follows them (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 
@@ -36,12 +35,10 @@ class _Index:
     """Items of a rank by stream in launch order, and by launching thread."""
 
     def __init__(self, step: RankStep) -> None:
-        self.by_stream: dict[int, list[Item]] = {}
-        self.launches: dict[int, list[float]] = {}
-        for stream, items in step.streams.items():
-            ordered = sorted(items, key=lambda it: it.launch)
-            self.by_stream[stream] = ordered
-            self.launches[stream] = [it.launch for it in ordered]
+        self.by_stream = {
+            s: sorted(items, key=lambda it: it.launch) for s, items in step.streams.items()
+        }
+        self.launches = {s: [it.launch for it in items] for s, items in self.by_stream.items()}
         self.by_thread: dict[int, list[tuple[float, Item]]] = defaultdict(list)
         for call in step.launches:
             item = step.launch_items.get(call.corr)
@@ -52,12 +49,10 @@ class _Index:
         self.ends = {s: [it.end for it in items] for s, items in self.by_stream.items()}
 
     def last_before(self, stream: int, ts: float) -> Item | None:
-        """The last item of ``stream`` launched before host time ``ts``."""
         i = bisect.bisect_left(self.launches[stream], ts) - 1
         return self.by_stream[stream][i] if i >= 0 else None
 
     def first_after(self, stream: int, ts: float) -> Item | None:
-        """The first item of ``stream`` launched after host time ``ts``."""
         launches = self.launches.get(stream)
         if launches is None:
             return None

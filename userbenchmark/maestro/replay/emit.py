@@ -248,11 +248,11 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
     world = tuple(range(imp.world_size))
     teams = {WORLD_AXIS: (world,), **imp.axes.teams}
-    for axis in imp.layout.axes:
-        teams.setdefault(axis.name, axis.teams or ())
-    for axis in imp.layout.axes:  # a like axis takes its base's teams
+    for axis in imp.layout.axes:  # a like axis takes its base's teams (bases come first)
         if axis.like:
             teams[axis.name] = teams[axis.like]
+        else:
+            teams.setdefault(axis.name, axis.teams or ())
     likes = {axis.name: axis.like for axis in imp.layout.axes}
     used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
     axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}

@@ -48,12 +48,11 @@ def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
             replace(g, ranks=world) if not g.ranks and g.desc == "default_pg" else g
             for g in trace.groups
         ]
-        found = list(listed)
-        for rec in trace.comms.values():  # a group missing from pg_config: take the record's
-            if rec.group_name and rec.group_name not in groups and rec.group_ranks:
-                found.append(
-                    ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
-                )
+        found = listed + [  # a group missing from pg_config: take the record's
+            ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
+            for rec in trace.comms.values()
+            if rec.group_name and rec.group_name not in groups and rec.group_ranks
+        ]
         for group in found:
             if not group.ranks:
                 continue  # ranks not listed: the group's records may tell them

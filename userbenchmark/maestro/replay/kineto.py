@@ -1,7 +1,6 @@
 """Read one torch.profiler (Kineto) chrome trace into compact records, streaming: ``json.load``
-of a real job's trace (hundreds of MB) builds every event's dictionary at once (about 1 GB of
-Python objects for 200 MB, measured), so the top-level object is walked by hand and each event
-of ``traceEvents`` is decoded alone, reduced to the fields the importer reads, and dropped."""
+of a 200 MB trace builds about 1 GB of Python objects (measured), so the top-level object is walked
+by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and dropped."""
 
 from __future__ import annotations
 
@@ -272,8 +271,9 @@ class _Collector:
         cat = ev.get("cat")
         if ev.get("ph") != "X" or not isinstance(cat, str):
             return
+        handler = _HANDLERS.get(cat)
+        self.saw_kineto |= handler is not None and cat not in ("user_annotation", "cuda_sync")
         try:
-            handler = _HANDLERS.get(cat)
             if handler is not None:
                 handler(self, ev, ev.get("args") or {})
         except (KeyError, TypeError, ValueError) as err:
@@ -320,7 +320,6 @@ class _Collector:
             self.t.annotations.append(span)
 
     def cpu_op(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         ext = _int_or_none(args.get("External id"))
         if ext is None:
             return
@@ -356,7 +355,6 @@ class _Collector:
         )
 
     def runtime(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         name = str(ev["name"])
         corr = _int_or_none(args.get("correlation"))
         if corr is None or not _KEPT_CALLS.search(name):
@@ -367,7 +365,6 @@ class _Collector:
         self.t.launches[corr] = Launch(corr, ts, end, tid, ext, self.intern(name))
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         ts = self.time(ev, "ts")
         corr, stream = int(args["correlation"]), int(args["stream"])
         end = ts + self.time(ev, "dur")

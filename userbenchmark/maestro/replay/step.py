@@ -250,20 +250,18 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
     labels = innermost(names, ((c.tid, c.ts) for c in calls))
     notes: list[str] = []
-    groups, info = _grouped(trace, calls, acts, notes)
-    ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
-    items = [_item(parts, info[key], labels, group_sizes) for key, parts in ordered]
+    groups = _grouped(trace, calls, acts, notes)
+    ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
+    items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
         raise TraceError(
             f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
             f"steps: {_listed([trace], {trace.rank: complete_steps(trace)})})"
         )
-    _check_times([pair for parts in groups.values() for pair in parts], trace)
-    launch_items: dict[int, Item] = {}
-    for i, (item, (_, parts)) in enumerate(zip(items, ordered, strict=True)):
-        item.index = i
-        for call, _ in parts:
-            launch_items[call.corr] = item
+    _check_times([pair for _, parts in groups.values() for pair in parts], trace)
+    launch_items = {
+        call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
+    }
     start, end = min(i.start for i in items), max(i.end for i in items)
     dropped = [
         a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
@@ -286,19 +284,29 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 
 def _grouped(
     trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]], notes: list[str]
-) -> tuple[dict[tuple, list[tuple[Launch, Activity]]], dict[tuple, Meaning]]:
+) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
-    launch order, and each item's meaning (:func:`_classify`, which may add to ``notes``)."""
+    launch order: what the item is, and its (launch, activity) pairs."""
     owner = _Owner(trace, calls, acts)
-    groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
-    info: dict[tuple, Meaning] = {}
+    groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
         for act in acts.get(call.corr, ()):
-            records = owner.comm_records(call, is_nccl_kernel(act.name))
-            key, meaning = _classify(trace, call, act, records, notes)
-            groups.setdefault(key, []).append((call, act))
-            info.setdefault(key, meaning)
-    return groups, info
+            nccl = is_nccl_kernel(act.name)
+            records = owner.comm_records(call, nccl)
+            op = trace.gemms.get(call.ext)
+            meaning: Meaning
+            if records:
+                key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
+            elif nccl:
+                notes.append("an NCCL kernel without its record_param_comms call")
+                key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
+            elif op is not None:
+                key, meaning = ("gemm", act.stream, call.ext), op
+            else:
+                key = ("other", act.stream, call.corr, act.ts)
+                meaning = trace.op_names.get(call.ext) or act.name
+            groups.setdefault(key, (meaning, []))[1].append((call, act))
+    return groups
 
 
 def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:
@@ -324,35 +332,17 @@ def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None
                 )
 
 
-def _classify(
-    trace: RankTrace,
-    call: Launch,
-    act: Activity,
-    records: tuple[CommRecord, ...],
-    notes: list[str],
-) -> tuple[tuple, Meaning]:
-    """The item an activity belongs to (its key) and what the item is."""
-    if records:
-        return ("comm", act.stream, tuple(r.ext for r in records)), records
-    if is_nccl_kernel(act.name):
-        notes.append("an NCCL kernel without its record_param_comms call")
-        return ("other", act.stream, call.corr, act.ts), "nccl"
-    op = trace.gemms.get(call.ext)
-    if op is not None:
-        return ("gemm", act.stream, call.ext), op
-    return ("other", act.stream, call.corr, act.ts), trace.op_names.get(call.ext) or act.name
-
-
 def _item(
-    parts: list[tuple[Launch, Activity]],
+    index: int,
     meaning: Meaning,
+    parts: list[tuple[Launch, Activity]],
     labels: dict[float, str],
     sizes: dict[str, int],
 ) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
     longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
-        index=0,
+        index=index,
         stream=parts[0][1].stream,
         start=min(a.ts for _, a in parts),
         end=max(a.end for _, a in parts),
