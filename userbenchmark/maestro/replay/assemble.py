@@ -139,41 +139,32 @@ def _count(keys: dict, rank: int, kind: str, group: str) -> int:
     )
 
 
-class RoleConflict(Exception):
-    """Ranks grouped in one role whose calls join different blocks of that role (the middle
-    stages of a pipeline look alike but one sends to the other): they must be split."""
-
-    def __init__(self, pairs: set[tuple[int, int]]) -> None:
-        super().__init__(f"ranks to split: {sorted(pairs)}")
-        self.pairs = pairs
-
-
 def build_pattern_blocks(
     roles: Sequence[Role], blocks: dict[int, list[RoleBlock]], axes: GroupAxes, *, by_seq: bool
-) -> list[PatternBlock]:
+) -> tuple[list[PatternBlock], set[tuple[int, int]]]:
     """Pattern blocks from every role's blocks, comm blocks joined across roles (by sequence
-    number, or by order); raises RoleConflict when a call would join two blocks of one role."""
+    number, or by order), and no conflict; or none, and the pairs of ranks to split apart."""
     steps = {rank: role.steps[rank] for role in roles for rank in role.ranks}
     keys = _call_keys(steps, by_seq)
     _check_calls(keys, axes, steps, by_seq)
     everything = [rb for role in roles for rb in blocks[role.number]]
-    ids = {id(rb): i for i, rb in enumerate(everything)}
     uf = _UnionFind()
     first_holder: dict[tuple, int] = {}
     linking: list[tuple[int, int]] = []  # (block id, rank whose call joined it)
-    for rb in everything:
+    for i, rb in enumerate(everything):
         if rb.kind not in ("comm", "p2p"):
             continue
         for rank in rb.role.ranks:
             item = rb.role.items[rb.items[0]][rank]
             for key in keys.get((rank, item.index), ()):
-                holder = first_holder.setdefault(key, ids[id(rb)])
-                uf.union(ids[id(rb)], holder)
-                linking.append((ids[id(rb)], rank))
+                uf.union(i, first_holder.setdefault(key, i))
+                linking.append((i, rank))
     classes: dict[int, list[RoleBlock]] = defaultdict(list)
-    for rb in everything:
-        classes[uf.find(ids[id(rb)])].append(rb)
-    _raise_conflicts(uf, everything, linking)
+    for i, rb in enumerate(everything):
+        classes[uf.find(i)].append(rb)
+    conflicts = _conflicts(uf, everything, linking)
+    if conflicts:
+        return [], conflicts
     out: list[PatternBlock] = []
     for members in classes.values():
         kind = members[0].kind
@@ -183,13 +174,14 @@ def build_pattern_blocks(
             out.extend(_p2p_blocks(members, axes))
         else:
             out.append(_compute_block(members[0]))
-    return out
+    return out, set()
 
 
-def _raise_conflicts(
+def _conflicts(
     uf: _UnionFind, everything: list[RoleBlock], linking: list[tuple[int, int]]
-) -> None:
-    """RoleConflict naming the ranks whose calls joined different blocks of one role."""
+) -> set[tuple[int, int]]:
+    """Pairs of ranks of one role whose calls joined different blocks of that role (the middle
+    stages of a pipeline look alike but one sends to the other): they must be split apart."""
     joined: dict[tuple[int, int], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
     for block_id, rank in linking:
         joined[(uf.find(block_id), everything[block_id].role.number)][block_id].add(rank)
@@ -197,8 +189,7 @@ def _raise_conflicts(
     for by_block in joined.values():
         for a, b in itertools.combinations(by_block.values(), 2):
             pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
-    if pairs:
-        raise RoleConflict(pairs)
+    return pairs
 
 
 def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock:

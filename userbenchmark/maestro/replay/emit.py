@@ -49,14 +49,12 @@ class Coverage:
     """Kernels not replayed: (name, count, µs), most time first."""
 
     def line(self) -> str:
-        total = self.gemm_us + self.comm_us + self.stand_in_us + self.dropped_us
-        parts = (
-            ("GEMMs", self.gemm_us),
-            ("collectives", self.comm_us),
-            ("busy stand-ins", self.stand_in_us),
-            ("dropped", self.dropped_us),
+        parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
+        total = sum(parts)
+        names = ("GEMMs", "collectives", "busy stand-ins", "dropped")
+        shares = ", ".join(
+            f"{n} {100 * us / total:.1f} %" for n, us in zip(names, parts, strict=True)
         )
-        shares = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in parts)
         return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {shares}"
 
 

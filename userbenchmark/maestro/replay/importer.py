@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import OptionError
-from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
+from .assemble import build_pattern_blocks, by_sequence_numbers, merge_siblings
 from .deps import Dependencies, infer
 from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
@@ -122,11 +122,10 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
             role.number: role_blocks(role, idle_us=options.idle_us, keep_idle=options.keep_idle)
             for role in roles
         }
-        try:
-            pattern_blocks = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
+        pattern_blocks, conflicts = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
+        if not conflicts:
             break
-        except RoleConflict as conflict:
-            apart = split_apart(roles, conflict.pairs, apart)
+        apart = split_apart(roles, conflicts, apart)
     else:  # cannot happen: ranks in roles of their own have no conflict
         raise TraceError("cannot tell which ranks do the same work")
     try:  # one block per call on sibling teams, unless that cannot be ordered

@@ -164,12 +164,10 @@ class _Stream:
 
     def _fill(self) -> bool:
         more = self.handle.read(CHUNK_CHARS)
-        if not more:
-            self.eof = True
-            return False
-        self.buf = self.buf[self.pos :] + more
-        self.pos = 0
-        return True
+        self.eof = not more
+        if more:
+            self.buf, self.pos = self.buf[self.pos :] + more, 0
+        return bool(more)
 
     def peek(self) -> str:
         """The next non-blank character ('' at the end of the file)."""

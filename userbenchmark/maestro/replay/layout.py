@@ -4,6 +4,7 @@ order and every ``after:`` hold in the file's order (docs/replay.md, section 3).
 
 from __future__ import annotations
 
+import graphlib
 import heapq
 import itertools
 from collections import Counter, defaultdict
@@ -232,43 +233,36 @@ def _link_after(blocks: Sequence[PatternBlock]) -> None:
 
 
 def _ordered(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
-    """Blocks in an order keeping each rank's lane order and every dependency."""
+    """Blocks in an order keeping each rank's lane order and every dependency, the earliest
+    traced start first among those free to go."""
     index = {id(b): i for i, b in enumerate(blocks)}
-    succ: dict[int, set[int]] = defaultdict(set)
-    indeg = [0] * len(blocks)
-
-    def edge(a: int, b: int) -> None:
-        if a != b and b not in succ[a]:
-            succ[a].add(b)
-            indeg[b] += 1
-
+    graph = graphlib.TopologicalSorter({i: () for i in range(len(blocks))})
     queues: dict[tuple[int, str], list[tuple[float, float, int]]] = defaultdict(list)
     for i, block in enumerate(blocks):
         for rank, _, rb in _instances(block):
             queues[(rank, block.lane)].append((*rb.times[rank], i))
-        for src in block.after:
-            edge(index[id(src)], i)
+        graph.add(i, *(index[id(src)] for src in block.after))
     for queue in queues.values():
         queue.sort()
         for (_, _, a), (_, _, b) in itertools.pairwise(queue):
-            edge(a, b)
-    heap = [(blocks[i].start_key(), i) for i in range(len(blocks)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(blocks[i])
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, (blocks[j].start_key(), j))
-    if len(out) != len(blocks):
-        stuck = [blocks[i] for i in range(len(blocks)) if indeg[i] > 0][:4]
-        what = ", ".join(f"{b.op} on lane {b.lane}" for b in stuck)
+            if a != b:
+                graph.add(b, a)
+    try:
+        graph.prepare()
+    except graphlib.CycleError as err:  # its nodes: a cycle, the first again at the end
+        what = ", ".join(f"{blocks[i].op} on lane {blocks[i].lane}" for i in err.args[1][1:5])
         raise TraceError(
             f"cannot order the blocks: the ranks issue work on shared lanes in different "
             f"orders (among: {what})"
-        )
+        ) from None
+    heap: list[tuple[float, int]] = []
+    out = []
+    while graph.is_active():
+        for i in graph.get_ready():
+            heapq.heappush(heap, (blocks[i].start_key(), i))
+        _, i = heapq.heappop(heap)
+        out.append(blocks[i])
+        graph.done(i)
     return out
 
 

@@ -132,14 +132,12 @@ def complete_steps(trace: RankTrace) -> set[str]:
     """Steps with device work whose every launch has its device work in the trace (the last
     steps of a trace may not: the profiler stopped before the device ran them). One pass."""
     with_work = {act.corr for act in trace.activities}
-    launching: dict[str, bool] = {}
     calls = sorted(trace.launches.values(), key=lambda c: c.ts)
+    launching = {name for name in {c.name for c in calls} if _LAUNCHING.search(name)}
     times = [c.ts for c in calls]
     missing, done_work = [0], [0]
     for c in calls:
-        if c.name not in launching:
-            launching[c.name] = bool(_LAUNCHING.search(c.name))
-        missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+        missing.append(missing[-1] + (c.name in launching and c.corr not in with_work))
         done_work.append(done_work[-1] + (c.corr in with_work))
     done = set()
     for span in trace.steps:
