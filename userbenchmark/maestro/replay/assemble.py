@@ -67,13 +67,6 @@ class _UnionFind:
         self.parent[self.find(a)] = self.find(b)
 
 
-def by_sequence_numbers(steps: Sequence[RankStep]) -> bool:
-    """Whether every collective of the step carries its group's sequence number (``Seq``):
-    calls are then matched across ranks by it, else by their order on each group."""
-    comms = [it for st in steps for it in st.items if it.kind == "comm"]
-    return bool(comms) and all(it.seq is not None for it in comms)
-
-
 def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int], list[tuple]]:
     """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
     collective of sequence number i on a group (or the i-th, ``by_seq`` False),

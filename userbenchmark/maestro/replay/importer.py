@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import OptionError
-from .assemble import build_pattern_blocks, by_sequence_numbers, merge_siblings
+from .assemble import build_pattern_blocks, merge_siblings
 from .deps import Dependencies, infer
 from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
@@ -114,7 +114,9 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
-    by_seq = by_sequence_numbers(steps)
+    # Calls are matched across ranks by ``Seq`` when every collective has one, else by order.
+    comms = [it for st in steps for it in st.items if it.kind == "comm"]
+    by_seq = bool(comms) and all(it.seq is not None for it in comms)
     apart: dict[int, tuple] = {}
     for _ in range(len(traces)):  # each round splits at least one role
         roles = group_roles(steps, deps, apart)

@@ -186,6 +186,5 @@ def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
             block.after = set()
             out.append(idle)
         out.append(block)
-        for rank, (_, end) in block.times.items():
-            last_end[(block.stream, rank)] = end
+        last_end.update({(block.stream, r): end for r, (_, end) in block.times.items()})
     return out
