@@ -287,20 +287,18 @@ class _Collector:
         value = ev.get(key, default) if default is not None else ev[key]
         number = float(value)
         limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
+        if 0 <= number <= limit:  # NaN fails too
+            return number
         if math.isnan(number):
             why = "not a number"
         elif number < 0:
             why = "negative: a trace's times and durations are 0 or more"
         elif math.isinf(number):
             why = "not finite"
-        elif number > limit:
-            why = (
-                f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
-                if key == "dur"
-                else f"beyond {limit:g} µs, where µs are no longer exact"
-            )
+        elif key == "dur":
+            why = f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
         else:
-            return number
+            why = f"beyond {limit:g} µs, where µs are no longer exact"
         cat = ev.get("cat", "?")
         stream = (ev.get("args") or {}).get("stream") if cat in DEVICE_CATS else None
         where = f"{cat}, stream {stream}" if stream is not None else cat

@@ -50,7 +50,6 @@ class _Axes:
         self.known: dict[str, Teams] = dict(axes.teams)
         self.mesh = axes.mesh
         self.world = tuple(range(world_size))
-        self.defs: dict[str, AxisDef] = {}
         self.taken = set(self.known) | {"world"}
 
     def base(self, block: PatternBlock) -> str:
@@ -72,18 +71,16 @@ class _Axes:
         return self._named(teams, f"{block.family or 'group'}_{suffix}")
 
     def _named(self, teams: Teams, base: str) -> str:
-        for name, known in self.known.items():
-            if known == teams:
-                return name
-        name = fresh_name(base, self.taken)
-        self.known[name] = teams
-        self.defs[name] = AxisDef(name=name, teams=teams)
+        name = next((n for n, known in self.known.items() if known == teams), None)
+        if name is None:
+            name = fresh_name(base, self.taken)
+            self.known[name] = teams
         return name
 
     def used_definitions(self, used: set[str]) -> list[AxisDef]:
         """Definitions of the traced axes used by a block and not made by the mesh."""
         return [
-            self.defs.get(name) or AxisDef(name=name, teams=self.known[name])
+            AxisDef(name=name, teams=self.known[name])
             for name in used
             if name != "world" and name not in self.mesh
         ]

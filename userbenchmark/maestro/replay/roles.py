@@ -143,7 +143,12 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
             kind = "busy" if item.kind == "other" else item.kind
             current = RoleBlock(role=role, stream=stream, kind=kind, items=[item.index], times={})
             blocks.append(current)
-    owner = {i: b for b in blocks for i in b.items}
+    _time_and_link(role, blocks)
+    return _with_idle(blocks, idle_us) if keep_idle else blocks
+
+
+def _time_and_link(role: Role, blocks: list[RoleBlock]) -> None:
+    """Each block's times on every rank, and the blocks of other streams it waits for."""
     for block in blocks:
         for rank in role.ranks:
             parts, start = [role.items[i][rank] for i in block.items], role.steps[rank].start
@@ -151,10 +156,10 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
                 min(p.start for p in parts) - start,
                 max(p.end for p in parts) - start,
             )
-    for dst, srcs in role.after.items():  # waits on other streams
+    owner = {i: b for b in blocks for i in b.items}
+    for dst, srcs in role.after.items():
         target = owner[dst]
         target.after |= {owner[src] for src in srcs if owner[src].stream != target.stream}
-    return _with_idle(blocks, idle_us) if keep_idle else blocks
 
 
 def _gap_us(role: Role, before: int, after: int) -> float:
