@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections import Counter
 from functools import cache
@@ -19,12 +20,14 @@ import pytest
 import yaml
 
 from userbenchmark.maestro.core.config.loader import load_suite_text
+from userbenchmark.maestro.replay.command import import_trace
 from userbenchmark.maestro.replay.emit import render
 from userbenchmark.maestro.replay.importer import import_traces
 
 from .test_replay_import import blocks_of, by_op, check_structure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+GOLDEN = DATA.parent / "golden" / "replay"
 FOLDERS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
 ELEM = {"BFloat16": 2, "Float": 4, "Half": 2, "Long": 8, "Int": 4, "Byte": 1}
 S_RULE = {
@@ -199,3 +202,18 @@ def test_the_shipped_imported_pattern_is_what_import_trace_writes(monkeypatch):
     fresh = render(import_traces([args[4]]), name="fsdp2_replay", command=command[1])
     preamble, body = shipped.split("\n#\n", 1)
     assert body == fresh and "time-sharing one H200" in preamble
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_import_trace_writes_the_golden_pattern(folder, monkeypatch):
+    """The file `import-trace tests/data/traces/<folder> -o <folder>.yaml` writes, byte for
+    byte. Regenerate only for an intended change: ``MAESTRO_WRITE_GOLDEN=1 python -m pytest
+    tests/unit/test_replay_real.py``."""
+    monkeypatch.chdir(DATA.parents[2])  # the header names the traces as the command gave them
+    written = {}
+    import_trace([f"tests/data/traces/{folder}"], f"{folder}.yaml", write=written.__setitem__)
+    [text] = written.values()
+    golden = GOLDEN / f"{folder}.yaml"
+    if os.environ.get("MAESTRO_WRITE_GOLDEN") == "1":
+        golden.write_bytes(text)
+    assert text == golden.read_bytes()

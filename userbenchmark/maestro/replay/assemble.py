@@ -5,13 +5,14 @@ the files are not one run's step: an error says which ranks and group."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..blocks.base import Block, TracedCall
 from ..blocks.comm import AllToAll, SendRecv
-from ..blocks.compute import Busy, Sleep
+from ..blocks.compute import Busy, Gemm, Sleep
 from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock
@@ -66,13 +67,6 @@ class _UnionFind:
         self.parent[self.find(a)] = self.find(b)
 
 
-def by_sequence_numbers(steps: Sequence[RankStep]) -> bool:
-    """Whether every collective of the step carries its group's sequence number (``Seq``):
-    calls are then matched across ranks by it, else by their order on each group."""
-    comms = [it for st in steps for it in st.items if it.kind == "comm"]
-    return bool(comms) and all(it.seq is not None for it in comms)
-
-
 def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int], list[tuple]]:
     """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
     collective of sequence number i on a group (or the i-th, ``by_seq`` False),
@@ -85,12 +79,12 @@ def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int]
                 number = item.seq if by_seq else seq[("c", item.group)]
                 keys[(rank, item.index)] = [("c", item.group, number)]
                 seq[("c", item.group)] += 1
-            elif item.kind == "p2p" and item.p2p is not None:
+            elif item.kind == "p2p":
                 own = []
-                for peer, _ in item.p2p.sends:
+                for peer, _ in item.sends:
                     own.append(("p", item.group, rank, peer, seq[("s", item.group, peer)]))
                     seq[("s", item.group, peer)] += 1
-                for peer, _ in item.p2p.recvs:
+                for peer, _ in item.recvs:
                     own.append(("p", item.group, peer, rank, seq[("r", item.group, peer)]))
                     seq[("r", item.group, peer)] += 1
                 keys[(rank, item.index)] = own
@@ -109,10 +103,10 @@ def _check_calls(
             holders[key].add(rank)
     for key, ranks in holders.items():
         if key[0] == "c":
-            team = set(axes.team(key[1])) if key[1] in axes.groups else ranks
+            group = axes.groups.get(key[1])
+            team = set(group.ranks) if group else ranks
             missing = sorted(team - ranks)
             if missing:
-                group = axes.groups.get(key[1])
                 desc = f"{group.desc} {list(group.ranks)}" if group else key[1]
                 counts = ", ".join(
                     f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
@@ -138,41 +132,32 @@ def _count(keys: dict, rank: int, kind: str, group: str) -> int:
     )
 
 
-class RoleConflict(Exception):
-    """Ranks grouped in one role whose calls join different blocks of that role (the middle
-    stages of a pipeline look alike but one sends to the other): they must be split."""
-
-    def __init__(self, pairs: set[tuple[int, int]]) -> None:
-        super().__init__(f"ranks to split: {sorted(pairs)}")
-        self.pairs = pairs
-
-
 def build_pattern_blocks(
     roles: Sequence[Role], blocks: dict[int, list[RoleBlock]], axes: GroupAxes, *, by_seq: bool
-) -> list[PatternBlock]:
+) -> tuple[list[PatternBlock], set[tuple[int, int]]]:
     """Pattern blocks from every role's blocks, comm blocks joined across roles (by sequence
-    number, or by order); raises RoleConflict when a call would join two blocks of one role."""
+    number, or by order), and no conflict; or none, and the pairs of ranks to split apart."""
     steps = {rank: role.steps[rank] for role in roles for rank in role.ranks}
     keys = _call_keys(steps, by_seq)
     _check_calls(keys, axes, steps, by_seq)
     everything = [rb for role in roles for rb in blocks[role.number]]
-    ids = {id(rb): i for i, rb in enumerate(everything)}
     uf = _UnionFind()
     first_holder: dict[tuple, int] = {}
     linking: list[tuple[int, int]] = []  # (block id, rank whose call joined it)
-    for rb in everything:
+    for i, rb in enumerate(everything):
         if rb.kind not in ("comm", "p2p"):
             continue
         for rank in rb.role.ranks:
             item = rb.role.items[rb.items[0]][rank]
             for key in keys.get((rank, item.index), ()):
-                holder = first_holder.setdefault(key, ids[id(rb)])
-                uf.union(ids[id(rb)], holder)
-                linking.append((ids[id(rb)], rank))
+                uf.union(i, first_holder.setdefault(key, i))
+                linking.append((i, rank))
     classes: dict[int, list[RoleBlock]] = defaultdict(list)
-    for rb in everything:
-        classes[uf.find(ids[id(rb)])].append(rb)
-    _raise_conflicts(uf, everything, linking)
+    for i, rb in enumerate(everything):
+        classes[uf.find(i)].append(rb)
+    conflicts = _conflicts(uf, everything, linking)
+    if conflicts:
+        return [], conflicts
     out: list[PatternBlock] = []
     for members in classes.values():
         kind = members[0].kind
@@ -182,27 +167,22 @@ def build_pattern_blocks(
             out.extend(_p2p_blocks(members, axes))
         else:
             out.append(_compute_block(members[0]))
-    return out
+    return out, set()
 
 
-def _raise_conflicts(
+def _conflicts(
     uf: _UnionFind, everything: list[RoleBlock], linking: list[tuple[int, int]]
-) -> None:
-    """RoleConflict naming the ranks whose calls joined different blocks of one role."""
+) -> set[tuple[int, int]]:
+    """Pairs of ranks of one role whose calls joined different blocks of that role (the middle
+    stages of a pipeline look alike but one sends to the other): they must be split apart."""
     joined: dict[tuple[int, int], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
     for block_id, rank in linking:
-        rb = everything[block_id]
-        joined[(uf.find(block_id), rb.role.number)][block_id].add(rank)
+        joined[(uf.find(block_id), everything[block_id].role.number)][block_id].add(rank)
     pairs: set[tuple[int, int]] = set()
     for by_block in joined.values():
-        if len(by_block) < 2:
-            continue
-        groups = list(by_block.values())
-        for i, a in enumerate(groups):
-            for b in groups[i + 1 :]:
-                pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
-    if pairs:
-        raise RoleConflict(pairs)
+        for a, b in itertools.combinations(by_block.values(), 2):
+            pairs |= {(min(x, y), max(x, y)) for x in a for y in b if x != y}
+    return pairs
 
 
 def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock:
@@ -212,7 +192,7 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
     first = calls[0][1]
     cls, size = first.block, first.block.message_size_bytes
     groups = sorted({item.group for _, item in items})
-    teams = tuple(sorted({axes.team(g) for g in groups if g in axes.groups}))
+    teams = tuple(sorted({axes.groups[g].ranks for g in groups if g in axes.groups}))
     if not teams:  # a group the traces do not describe: its callers as one team
         teams = (tuple(sorted({rank for rank, _ in items})),)
     largest = max((item for _, item in calls), key=lambda it: size(it.params))
@@ -255,30 +235,21 @@ def _check_one_call(calls: list[tuple[int, Item]]) -> None:
 
 
 def _compute_block(rb: RoleBlock) -> PatternBlock:
-    ranks = tuple(sorted(rb.role.ranks))
+    item = rb.first
     if rb.kind == "gemm":
-        item = rb.first
-        assert item.block is not None
-        notes = [item.note] if item.note else []
-        return PatternBlock(
-            members=[rb],
-            kind="gemm",
-            block=item.block,
-            params=dict(item.params),
-            dtype=item.dtype,
-            teams=(ranks,),
-            notes=notes,
-        )
-    cls = Sleep if rb.kind == "idle" else Busy
-    params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
-    notes = [rb.first.note] if rb.first.note and rb.first.note != "gemm-shapes" else []
+        cls, params, dtype = Gemm, dict(item.params), item.dtype
+    else:
+        cls, dtype = Sleep if rb.kind == "idle" else Busy, None
+        params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
+    noted = item.note and item.note != "gemm-shapes" and rb.kind != "idle"
     return PatternBlock(
         members=[rb],
         kind=rb.kind,
         block=cls,
         params=params,
-        teams=(ranks,),
-        notes=notes if cls is Busy else [],
+        dtype=dtype,
+        teams=(tuple(sorted(rb.role.ranks)),),
+        notes=[item.note] if noted else [],
     )
 
 
@@ -291,15 +262,14 @@ def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]
     for rb in members:
         for rank in rb.role.ranks:
             item = rb.role.items[rb.items[0]][rank]
-            assert item.p2p is not None
             group = item.group
-            for peer, nbytes in item.p2p.sends:
+            for peer, nbytes in item.sends:
                 edges[(rank, peer)] = max(edges[(rank, peer)], nbytes)
                 carrier[(rank, peer, "send")] = rb
-            for peer, _ in item.p2p.recvs:
+            for peer, _ in item.recvs:
                 carrier[(rank, peer, "recv")] = rb
     family = axes.axis_of.get(group, "")
-    dtype = members[0].first.p2p.dtype if members[0].first.p2p else "uint8"
+    dtype = members[0].first.dtype
     rings = _rings(edges)
     if rings is not None and len(members) <= len({rb.role.number for rb in members}):
         by_len: dict[int, list[tuple[int, ...]]] = defaultdict(list)
@@ -372,7 +342,7 @@ def _joined(
     ranks = {r for e in directed for r in e}
     used = {r for e in group_edges for r in e}
     roles = {rb.role.number for rb in group_members}
-    fresh = [rb for rb in members if all(rb is not m for m in group_members)]
+    fresh = [rb for rb in members if rb not in group_members]
     if ranks & used or roles & {rb.role.number for rb in fresh}:
         return False
     group_edges.extend(directed)
@@ -383,12 +353,8 @@ def _joined(
 def _carriers(
     directed: list[tuple[int, int]], carrier: dict[tuple[int, int, str], RoleBlock]
 ) -> list[RoleBlock]:
-    out: list[RoleBlock] = []
-    for a, b in directed:
-        for rb in (carrier.get((a, b, "send")), carrier.get((b, a, "recv"))):
-            if rb is not None and all(rb is not m for m in out):
-                out.append(rb)
-    return out
+    found = (carrier.get(key) for a, b in directed for key in ((a, b, "send"), (b, a, "recv")))
+    return list(dict.fromkeys(rb for rb in found if rb is not None))
 
 
 def _send_recv_block(
@@ -454,14 +420,7 @@ def merge_siblings(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
                     other.teams = tuple(sorted(other.teams + block.teams))
                     other.notes = sorted(set(other.notes) | set(block.notes))
                     break
-            else:
-                merged.append(
-                    dataclasses.replace(
-                        block,
-                        members=list(block.members),
-                        params=dict(block.params),
-                        notes=list(block.notes),
-                    )
-                )
+            else:  # a copy: the blocks as they were stay for a layout without merging
+                merged.append(dataclasses.replace(block))
         out.extend(merged)
     return out

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.config.loader import load_suite_text
-from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, user_error_message
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
 from .emit import coverage, render
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import TraceError
@@ -18,25 +16,16 @@ from .kineto import TraceError
 PROG = "python -m userbenchmark.maestro import-trace"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ImportReport:
-    """What ``import-trace`` wrote (a file maestro's loader accepts)."""
-
-    path: str
-    imported: Imported
-    text: str
-
-    def summary(self) -> str:
-        blocks = self.imported.layout.blocks
-        ops = Counter(b.op for b in blocks)
-        shown = ", ".join(f"{n} {op}" for op, n in ops.most_common())
-        roles = len(self.imported.roles)
-        who = "one role" if roles == 1 else f"{roles} roles"
-        return (
-            f"wrote {self.path}: {self.imported.step_name} of {self.imported.world_size} "
-            f"rank(s) ({who}) as {len(blocks)} blocks ({shown}) on "
-            f"{len(self.imported.layout.lanes)} lanes\n{coverage(self.imported).line()}"
-        )
+def _summary(path: str, imp: Imported) -> str:
+    """What ``import-trace`` wrote, and the coverage line."""
+    ops = Counter(b.op for b in imp.layout.blocks)
+    shown = ", ".join(f"{n} {op}" for op, n in ops.most_common())
+    who = "one role" if len(imp.roles) == 1 else f"{len(imp.roles)} roles"
+    return (
+        f"wrote {path}: {imp.step_name} of {imp.world_size} rank(s) ({who}) as "
+        f"{len(imp.layout.blocks)} blocks ({shown}) on {len(imp.layout.lanes)} lanes\n"
+        f"{coverage(imp).line()}"
+    )
 
 
 def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
@@ -57,7 +46,7 @@ def import_trace(
     options: ImportOptions | None = None,
     *,
     write: Callable[[Path, bytes], None],
-) -> ImportReport:
+) -> Imported:
     """Import the traces at ``paths`` into the pattern file ``output``, written by ``write``
     (the CLI's atomic writer) once maestro's loader accepts it; TraceError when the traces
     cannot be imported or the file cannot be written (nothing is written then)."""
@@ -81,7 +70,7 @@ def import_trace(
         write(target, text.encode("utf-8"))
     except OSError as err:
         raise TraceError(f"-o {output}: cannot write the file ({err.strerror or err})") from None
-    return ImportReport(path=output, imported=imported, text=text)
+    return imported
 
 
 def run_command(
@@ -98,12 +87,10 @@ def run_command(
     written)."""
     try:
         options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
-        report = import_trace(list(paths), output, options, write=write)
-    except OptionError as err:
-        print(user_error_message(err), file=sys.stderr, flush=True)
+        imported = import_trace(list(paths), output, options, write=write)
+    except (OptionError, TraceError) as err:
+        trace = isinstance(err, TraceError)
+        say(f"maestro: invalid trace: {err}" if trace else user_error_message(err))
         return EXIT_USAGE
-    except TraceError as err:
-        print(f"maestro: invalid trace: {err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    print(report.summary())
+    print(_summary(output, imported))
     return EXIT_OK

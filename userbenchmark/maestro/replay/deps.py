@@ -1,7 +1,6 @@
-"""Which device work waited for which, on one rank: cross-stream dependencies between items,
-from the trace's sync events (``Stream Wait Event``, the recording stream inferred and checked
-against the timeline) or, without them, from the timeline; host synchronisations order what
-follows them (docs/replay.md, section 3)."""
+"""Which device work waited for which on one rank: cross-stream dependencies between items from
+the sync events (``Stream Wait Event``, the recording stream inferred and checked against the
+timeline), else the timeline; host syncs order what follows them (docs/replay.md, section 3)."""
 
 from __future__ import annotations
 
@@ -36,12 +35,10 @@ class _Index:
     """Items of a rank by stream in launch order, and by launching thread."""
 
     def __init__(self, step: RankStep) -> None:
-        self.by_stream: dict[int, list[Item]] = {}
-        self.launches: dict[int, list[float]] = {}
-        for stream, items in step.streams.items():
-            ordered = sorted(items, key=lambda it: it.launch)
-            self.by_stream[stream] = ordered
-            self.launches[stream] = [it.launch for it in ordered]
+        self.by_stream = {
+            s: sorted(items, key=lambda it: it.launch) for s, items in step.streams.items()
+        }
+        self.launches = {s: [it.launch for it in items] for s, items in self.by_stream.items()}
         self.by_thread: dict[int, list[tuple[float, Item]]] = defaultdict(list)
         for call in step.launches:
             item = step.launch_items.get(call.corr)
@@ -52,12 +49,10 @@ class _Index:
         self.ends = {s: [it.end for it in items] for s, items in self.by_stream.items()}
 
     def last_before(self, stream: int, ts: float) -> Item | None:
-        """The last item of ``stream`` launched before host time ``ts``."""
         i = bisect.bisect_left(self.launches[stream], ts) - 1
         return self.by_stream[stream][i] if i >= 0 else None
 
     def first_after(self, stream: int, ts: float) -> Item | None:
-        """The first item of ``stream`` launched after host time ``ts``."""
         launches = self.launches.get(stream)
         if launches is None:
             return None
@@ -73,10 +68,8 @@ def infer(step: RankStep) -> Dependencies:
     """The cross-stream dependencies of one rank's step."""
     index = _Index(step)
     after: dict[int, set[int]] = defaultdict(set)
-    calls = {c.corr: c for c in step.launches}
-    waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
-        unresolved = _from_sync_events(step, index, waits, calls, after)
+        unresolved = _from_sync_events(step, index, after)
         method = "sync events"
     else:
         unresolved = _from_timeline(index, after)
@@ -86,13 +79,11 @@ def infer(step: RankStep) -> Dependencies:
     return Dependencies(after=frozen, method=method, unresolved=unresolved)
 
 
-def _from_sync_events(
-    step: RankStep,
-    index: _Index,
-    waits: list,
-    calls: dict[int, Launch],
-    after: dict[int, set[int]],
-) -> int:
+def _from_sync_events(step: RankStep, index: _Index, after: dict[int, set[int]]) -> int:
+    if len(index.by_stream) == 1:
+        return 0  # one stream: nothing to wait for but its own order
+    calls = {c.corr: c for c in step.launches}
+    waits = [s for s in step.trace.syncs if "Wait" in s.kind and s.corr in calls and s.stream >= 0]
     records: dict[int, list[float]] = defaultdict(list)
     for call in step.launches:
         if "EventRecord" in call.name:  # cudaEventRecord(WithFlags), cuEventRecord
@@ -103,11 +94,9 @@ def _from_sync_events(
         target = index.first_after(wait.stream, call.ts)
         if target is None:
             continue
-        if len(index.by_stream) == 1:
-            continue  # one stream: nothing to wait for but its own order
-        source = _recorded_source(index, records, call, target)
-        if source is None:
-            source = _latest_fitting(index, call.ts, target)
+        source = _recorded_source(index, records, call, target) or _latest_fitting(
+            index, call.ts, target
+        )
         if source is None:
             unresolved += 1
         else:

@@ -49,14 +49,12 @@ class Coverage:
     """Kernels not replayed: (name, count, µs), most time first."""
 
     def line(self) -> str:
-        total = self.gemm_us + self.comm_us + self.stand_in_us + self.dropped_us
-        parts = (
-            ("GEMMs", self.gemm_us),
-            ("collectives", self.comm_us),
-            ("busy stand-ins", self.stand_in_us),
-            ("dropped", self.dropped_us),
+        parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
+        total = sum(parts)
+        names = ("GEMMs", "collectives", "busy stand-ins", "dropped")
+        shares = ", ".join(
+            f"{n} {100 * us / total:.1f} %" for n, us in zip(names, parts, strict=True)
         )
-        shares = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in parts)
         return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {shares}"
 
 
@@ -248,11 +246,11 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
     world = tuple(range(imp.world_size))
     teams = {WORLD_AXIS: (world,), **imp.axes.teams}
-    for axis in imp.layout.axes:
-        teams.setdefault(axis.name, axis.teams or ())
-    for axis in imp.layout.axes:  # a like axis takes its base's teams
+    for axis in imp.layout.axes:  # a like axis takes its base's teams (bases come first)
         if axis.like:
             teams[axis.name] = teams[axis.like]
+        else:
+            teams.setdefault(axis.name, axis.teams or ())
     likes = {axis.name: axis.like for axis in imp.layout.axes}
     used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
     axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}
@@ -273,7 +271,7 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     )
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
     # Each rank's step: its device work's first start to last end.
-    by_rank = tuple(round(st.span_us, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
+    by_rank = tuple(round(st.end - st.start, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
     pattern = PatternSpec(
         name=step,
         base_name=step,

@@ -8,7 +8,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.config.axes import mesh_teams
 from .kineto import ProcessGroup, RankTrace, TraceError
@@ -36,25 +36,23 @@ class GroupAxes:
     mesh: dict[str, int] = field(default_factory=dict)
     """Mesh dimension -> degree, outer to inner, when the mesh axes form a DeviceMesh."""
 
-    def sizes(self) -> dict[str, int]:
-        return {name: len(g.ranks) for name, g in self.groups.items()}
-
-    def team(self, group: str) -> tuple[int, ...]:
-        return self.groups[group].ranks
-
 
 def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
     """Every group of every file by name; the same name with other ranks is an error."""
     groups: dict[str, ProcessGroup] = {}
     where: dict[str, str] = {}
     for trace in traces:
-        listed = [_with_ranks(g, trace.world_size) for g in trace.groups]
-        found = list(listed)
-        for rec in trace.comms.values():  # a group missing from pg_config: take the record's
-            if rec.group_name and rec.group_name not in groups and rec.group_ranks:
-                found.append(
-                    ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
-                )
+        # A default group listed without its ranks (some versions write none) holds them all.
+        world = tuple(range(trace.world_size))
+        listed = [
+            replace(g, ranks=world) if not g.ranks and g.desc == "default_pg" else g
+            for g in trace.groups
+        ]
+        found = listed + [  # a group missing from pg_config: take the record's
+            ProcessGroup(name=rec.group_name, desc=rec.group_desc, ranks=rec.group_ranks)
+            for rec in trace.comms.values()
+            if rec.group_name and rec.group_name not in groups and rec.group_ranks
+        ]
         for group in found:
             if not group.ranks:
                 continue  # ranks not listed: the group's records may tell them
@@ -69,13 +67,6 @@ def collect_groups(traces: Sequence[RankTrace]) -> dict[str, ProcessGroup]:
                     "files come from different runs"
                 )
     return groups
-
-
-def _with_ranks(group: ProcessGroup, world_size: int) -> ProcessGroup:
-    """A default group listed without its ranks (some versions write none) holds them all."""
-    if group.ranks or group.desc != "default_pg":
-        return group
-    return ProcessGroup(name=group.name, desc=group.desc, ranks=tuple(range(world_size)))
 
 
 def _axis_name(desc: str, size: int, world_size: int) -> str:

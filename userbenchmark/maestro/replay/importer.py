@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import OptionError
-from .assemble import RoleConflict, build_pattern_blocks, by_sequence_numbers, merge_siblings
+from .assemble import build_pattern_blocks, merge_siblings
 from .deps import Dependencies, infer
 from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
@@ -63,13 +63,12 @@ def read_run(paths: Sequence[str]) -> list[RankTrace]:
     if not files:
         raise TraceError("no trace file given")
     traces = [read_trace(f) for f in files]
-    if len(traces) > 1:
-        plain = [t.path for t in traces if not t.distributed]
-        if plain:
-            raise TraceError(
-                f"{plain[0]}: no distributedInfo (not a distributed run), yet several files "
-                "were given: give one file per rank of one distributed run"
-            )
+    plain = [t.path for t in traces if not t.distributed]
+    if plain and len(traces) > 1:
+        raise TraceError(
+            f"{plain[0]}: no distributedInfo (not a distributed run), yet several files "
+            "were given: give one file per rank of one distributed run"
+        )
     sizes = sorted({t.world_size for t in traces})
     if len(sizes) > 1:
         shown = ", ".join(f"{t.path}: {t.world_size}" for t in traces)
@@ -92,14 +91,10 @@ def read_run(paths: Sequence[str]) -> list[RankTrace]:
 
 
 def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
-    starts = {}
-    longest = 0.0
-    for t in traces:
-        span = step_span(t, step_name)
-        starts[t.rank] = t.base_time_us + span.ts
-        longest = max(longest, span.end - span.ts)
+    spans = {t.rank: (t.base_time_us, step_span(t, step_name)) for t in traces}
+    starts = {rank: base + span.ts for rank, (base, span) in spans.items()}
     first = min(starts.values())
-    limit_us = RUN_SKEW_S * 1e6 + 2 * longest
+    limit_us = RUN_SKEW_S * 1e6 + 2 * max(span.end - span.ts for _, span in spans.values())
     for rank, start in starts.items():
         if start - first > limit_us:
             raise TraceError(
@@ -116,10 +111,12 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     step_name = choose_step(traces, options.step)
     _check_same_run(traces, step_name)
     axes = plan_axes(traces, traces[0].world_size)
-    sizes = axes.sizes()
+    sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
-    by_seq = by_sequence_numbers(steps)
+    # Calls are matched across ranks by ``Seq`` when every collective has one, else by order.
+    comms = [it for st in steps for it in st.items if it.kind == "comm"]
+    by_seq = bool(comms) and all(it.seq is not None for it in comms)
     apart: dict[int, tuple] = {}
     for _ in range(len(traces)):  # each round splits at least one role
         roles = group_roles(steps, deps, apart)
@@ -127,11 +124,10 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
             role.number: role_blocks(role, idle_us=options.idle_us, keep_idle=options.keep_idle)
             for role in roles
         }
-        try:
-            pattern_blocks = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
+        pattern_blocks, conflicts = build_pattern_blocks(roles, blocks, axes, by_seq=by_seq)
+        if not conflicts:
             break
-        except RoleConflict as conflict:
-            apart = split_apart(roles, conflict.pairs, apart)
+        apart = split_apart(roles, conflicts, apart)
     else:  # cannot happen: ranks in roles of their own have no conflict
         raise TraceError("cannot tell which ranks do the same work")
     try:  # one block per call on sibling teams, unless that cannot be ordered

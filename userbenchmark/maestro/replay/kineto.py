@@ -1,7 +1,6 @@
 """Read one torch.profiler (Kineto) chrome trace into compact records, streaming: ``json.load``
-of a real job's trace (hundreds of MB) builds every event's dictionary at once (about 1 GB of
-Python objects for 200 MB, measured), so the top-level object is walked by hand and each event
-of ``traceEvents`` is decoded alone, reduced to the fields the importer reads, and dropped."""
+of a 200 MB trace builds about 1 GB of Python objects (measured), so the top-level object is walked
+by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and dropped."""
 
 from __future__ import annotations
 
@@ -100,7 +99,6 @@ class CommRecord:
 class GemmOp:
     """A GEMM op with its input shapes and types (empty without ``record_shapes``)."""
 
-    ext: int
     name: str
     dims: tuple[tuple[int, ...], ...]
     types: tuple[str, ...]
@@ -166,12 +164,10 @@ class _Stream:
 
     def _fill(self) -> bool:
         more = self.handle.read(CHUNK_CHARS)
-        if not more:
-            self.eof = True
-            return False
-        self.buf = self.buf[self.pos :] + more
-        self.pos = 0
-        return True
+        self.eof = not more
+        if more:
+            self.buf, self.pos = self.buf[self.pos :] + more, 0
+        return bool(more)
 
     def peek(self) -> str:
         """The next non-blank character ('' at the end of the file)."""
@@ -273,8 +269,9 @@ class _Collector:
         cat = ev.get("cat")
         if ev.get("ph") != "X" or not isinstance(cat, str):
             return
+        handler = _HANDLERS.get(cat)
+        self.saw_kineto |= handler is not None and cat not in ("user_annotation", "cuda_sync")
         try:
-            handler = _HANDLERS.get(cat)
             if handler is not None:
                 handler(self, ev, ev.get("args") or {})
         except (KeyError, TypeError, ValueError) as err:
@@ -290,20 +287,18 @@ class _Collector:
         value = ev.get(key, default) if default is not None else ev[key]
         number = float(value)
         limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
+        if 0 <= number <= limit:  # NaN fails too
+            return number
         if math.isnan(number):
             why = "not a number"
         elif number < 0:
             why = "negative: a trace's times and durations are 0 or more"
         elif math.isinf(number):
             why = "not finite"
-        elif number > limit:
-            why = (
-                f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
-                if key == "dur"
-                else f"beyond {limit:g} µs, where µs are no longer exact"
-            )
+        elif key == "dur":
+            why = f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
         else:
-            return number
+            why = f"beyond {limit:g} µs, where µs are no longer exact"
         cat = ev.get("cat", "?")
         stream = (ev.get("args") or {}).get("stream") if cat in DEVICE_CATS else None
         where = f"{cat}, stream {stream}" if stream is not None else cat
@@ -321,7 +316,6 @@ class _Collector:
             self.t.annotations.append(span)
 
     def cpu_op(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         ext = _int_or_none(args.get("External id"))
         if ext is None:
             return
@@ -333,7 +327,6 @@ class _Collector:
         if name in GEMM_OPS:
             types = args.get("Input type")
             self.t.gemms[ext] = GemmOp(
-                ext=ext,
                 name=self.intern(name),
                 dims=_shapes(args.get("Input Dims")),
                 types=tuple(str(t) for t in types) if isinstance(types, list) else (),
@@ -358,33 +351,20 @@ class _Collector:
         )
 
     def runtime(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         name = str(ev["name"])
         corr = _int_or_none(args.get("correlation"))
         if corr is None or not _KEPT_CALLS.search(name):
             return
         ts = self.time(ev, "ts")
-        self.t.launches[corr] = Launch(
-            corr,
-            ts,
-            ts + self.time(ev, "dur", 0.0),
-            int(ev["tid"]),
-            _int_or_none(args.get("External id")),
-            self.intern(name),
-        )
+        end, tid = ts + self.time(ev, "dur", 0.0), int(ev["tid"])
+        ext = _int_or_none(args.get("External id"))
+        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, self.intern(name))
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.saw_kineto = True
         ts = self.time(ev, "ts")
-        self.t.activities.append(
-            Activity(
-                int(args["correlation"]),
-                int(args["stream"]),
-                ts,
-                ts + self.time(ev, "dur"),
-                self.intern(str(ev["name"])),
-            )
-        )
+        corr, stream = int(args["correlation"]), int(args["stream"])
+        end = ts + self.time(ev, "dur")
+        self.t.activities.append(Activity(corr, stream, ts, end, self.intern(str(ev["name"]))))
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         self.t.syncs.append(

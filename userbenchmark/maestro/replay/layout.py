@@ -4,6 +4,7 @@ order and every ``after:`` hold in the file's order (docs/replay.md, section 3).
 
 from __future__ import annotations
 
+import graphlib
 import heapq
 import itertools
 from collections import Counter, defaultdict
@@ -33,8 +34,6 @@ class Layout:
     axes: list[AxisDef] = field(default_factory=list)
     lanes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Lane name -> {rank: traced stream}."""
-    lane_names: dict[int, str] = field(default_factory=dict)
-    """Lane component -> lane name."""
     like_notes: list[str] = field(default_factory=list)
 
 
@@ -51,7 +50,6 @@ class _Axes:
         self.known: dict[str, Teams] = dict(axes.teams)
         self.mesh = axes.mesh
         self.world = tuple(range(world_size))
-        self.defs: dict[str, AxisDef] = {}
         self.taken = set(self.known) | {"world"}
 
     def base(self, block: PatternBlock) -> str:
@@ -73,22 +71,19 @@ class _Axes:
         return self._named(teams, f"{block.family or 'group'}_{suffix}")
 
     def _named(self, teams: Teams, base: str) -> str:
-        for name, known in self.known.items():
-            if known == teams:
-                return name
-        name = fresh_name(base, self.taken)
-        self.known[name] = teams
-        self.defs[name] = AxisDef(name=name, teams=teams)
+        name = next((n for n, known in self.known.items() if known == teams), None)
+        if name is None:
+            name = fresh_name(base, self.taken)
+            self.known[name] = teams
         return name
 
     def used_definitions(self, used: set[str]) -> list[AxisDef]:
         """Definitions of the traced axes used by a block and not made by the mesh."""
-        out = []
-        for name in used:
-            if name == "world" or name in self.mesh:
-                continue
-            out.append(self.defs.get(name) or AxisDef(name=name, teams=self.known[name]))
-        return out
+        return [
+            AxisDef(name=name, teams=self.known[name])
+            for name in used
+            if name != "world" and name not in self.mesh
+        ]
 
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
@@ -108,16 +103,18 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     layout = Layout(blocks=[])
     comm_axis = _comm_axes(blocks, base_axis, lane_of, layout)
     taken = axis_plan.taken | set(comm_axis.values())
-    _name_lanes(blocks, lane_of, lanes, comm_axis, taken, layout)
+    lane_names = _name_lanes(blocks, lane_of, lanes, comm_axis, taken, layout)
     for block in blocks:
         block.axis = comm_axis.get(id(block), base_axis[id(block)])
-        block.lane = layout.lane_names[lane_of[id(block)]]
+        block.lane = lane_names[lane_of[id(block)]]
     _link_after(blocks)
     layout.blocks = _ordered(blocks)
     position = {id(b): i for i, b in enumerate(layout.blocks)}
     for block in layout.blocks:  # in file order: the same file from the same traces
         block.after.sort(key=lambda b: position[id(b)])
-    _name_blocks(layout.blocks)
+    names: set[str] = set()
+    for block in layout.blocks:
+        block.name = fresh_name(_base_name(block)[:56], names)
     used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]
     bases = {d.like for d in likes}
@@ -134,12 +131,8 @@ def _lanes(blocks: Sequence[PatternBlock]) -> tuple[dict[int, int], dict[int, se
         nodes = [node_ids.setdefault((r, s), len(node_ids)) for r, s, _ in _instances(block)]
         for node in nodes[1:]:
             uf.union(node, nodes[0])
-    lane_of = {}
+    lane_of = {id(b): uf.find(node_ids[_instances(b)[0][:2]]) for b in blocks}
     lanes: dict[int, set] = defaultdict(set)
-    for block in blocks:
-        rank, stream, _ = _instances(block)[0]
-        root = uf.find(node_ids[(rank, stream)])
-        lane_of[id(block)] = root
     for (rank, stream), node in node_ids.items():
         lanes[uf.find(node)].add((rank, stream))
     return lane_of, lanes
@@ -161,23 +154,19 @@ def _comm_axes(
         if block.kind not in ("comm", "p2p"):
             continue
         base, lane = base_axis[id(block)], lane_of[id(block)]
-        first_lane.setdefault(base, lane)
-        key = (base, lane)
-        if key not in variant:
-            if first_lane[base] == lane:
-                variant[key] = base
-            else:
-                ops = Counter(
-                    b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
-                )
-                initials = "".join(w[0] for w in ops.most_common(1)[0][0].split("_"))
-                variant[key] = fresh_name(f"{base}_{initials}", taken)  # world_rs: reduce_scatter
-                layout.axes.append(AxisDef(name=variant[key], like=base))
-                layout.like_notes.append(
-                    f"group of axis {base} used on two streams: its {ops.most_common(1)[0][0]} "
-                    f"calls run on axis {variant[key]} (like: {base}, a communicator of its own)"
-                )
-        out[id(block)] = variant[key]
+        if first_lane.setdefault(base, lane) != lane and (base, lane) not in variant:
+            ops = Counter(
+                b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
+            )
+            op = ops.most_common(1)[0][0]
+            initials = "".join(w[0] for w in op.split("_"))
+            name = variant[(base, lane)] = fresh_name(f"{base}_{initials}", taken)  # world_rs
+            layout.axes.append(AxisDef(name=name, like=base))
+            layout.like_notes.append(
+                f"group of axis {base} used on two streams: its {op} calls run on axis {name} "
+                f"(like: {base}, a communicator of its own)"
+            )
+        out[id(block)] = variant.get((base, lane), base)
     return out
 
 
@@ -188,9 +177,9 @@ def _name_lanes(
     comm_axis: dict[int, str],
     taken: set[str],
     layout: Layout,
-) -> None:
-    """Lanes with collectives take their axis's name; the others ``compute`` (the stream of
-    the busiest) or ``stream<N>``. Lanes of disjoint ranks (pipeline stages) may share one."""
+) -> dict[int, str]:
+    """Each lane's name: its collectives' axis, else ``compute`` (the busiest's stream) or
+    ``stream<N>``; lanes of disjoint ranks (pipeline stages) may share one."""
     names: dict[int, str] = {}
     work: Counter = Counter()
     for block in sorted(blocks, key=lambda b: b.start_key()):
@@ -215,10 +204,10 @@ def _name_lanes(
             name = f"{base}_{i}"
         used[name] |= ranks
         names[lane] = name
-    layout.lane_names = names
     for lane, name in names.items():
         layout.lanes.setdefault(name, {}).update(sorted(lanes[lane]))
         layout.lanes[name] = dict(sorted(layout.lanes[name].items()))
+    return names
 
 
 def _link_after(blocks: Sequence[PatternBlock]) -> None:
@@ -241,43 +230,36 @@ def _link_after(blocks: Sequence[PatternBlock]) -> None:
 
 
 def _ordered(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
-    """Blocks in an order keeping each rank's lane order and every dependency."""
+    """Blocks in an order keeping each rank's lane order and every dependency, the earliest
+    traced start first among those free to go."""
     index = {id(b): i for i, b in enumerate(blocks)}
-    succ: dict[int, set[int]] = defaultdict(set)
-    indeg = [0] * len(blocks)
-
-    def edge(a: int, b: int) -> None:
-        if a != b and b not in succ[a]:
-            succ[a].add(b)
-            indeg[b] += 1
-
+    graph = graphlib.TopologicalSorter({i: () for i in range(len(blocks))})
     queues: dict[tuple[int, str], list[tuple[float, float, int]]] = defaultdict(list)
     for i, block in enumerate(blocks):
         for rank, _, rb in _instances(block):
             queues[(rank, block.lane)].append((*rb.times[rank], i))
-        for src in block.after:
-            edge(index[id(src)], i)
+        graph.add(i, *(index[id(src)] for src in block.after))
     for queue in queues.values():
         queue.sort()
         for (_, _, a), (_, _, b) in itertools.pairwise(queue):
-            edge(a, b)
-    heap = [(blocks[i].start_key(), i) for i in range(len(blocks)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(blocks[i])
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, (blocks[j].start_key(), j))
-    if len(out) != len(blocks):
-        stuck = [blocks[i] for i in range(len(blocks)) if indeg[i] > 0][:4]
-        what = ", ".join(f"{b.op} on lane {b.lane}" for b in stuck)
+            if a != b:
+                graph.add(b, a)
+    try:
+        graph.prepare()
+    except graphlib.CycleError as err:  # its nodes: a cycle, the first again at the end
+        what = ", ".join(f"{blocks[i].op} on lane {blocks[i].lane}" for i in err.args[1][1:5])
         raise TraceError(
             f"cannot order the blocks: the ranks issue work on shared lanes in different "
             f"orders (among: {what})"
-        )
+        ) from None
+    heap: list[tuple[float, int]] = []
+    out = []
+    while graph.is_active():
+        for i in graph.get_ready():
+            heapq.heappush(heap, (blocks[i].start_key(), i))
+        _, i = heapq.heappop(heap)
+        out.append(blocks[i])
+        graph.done(i)
     return out
 
 
@@ -295,9 +277,3 @@ def _base_name(block: PatternBlock) -> str:
         return "idle"
     op = slug(item.opname.split("::")[-1], fallback="kernel")
     return f"{label}_{op}" if label else op
-
-
-def _name_blocks(blocks: Sequence[PatternBlock]) -> None:
-    taken: set[str] = set()
-    for block in blocks:
-        block.name = fresh_name(_base_name(block)[:56], taken)

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .deps import Dependencies
-from .kineto import TraceError
 from .step import Item, RankStep
 
 
@@ -51,19 +50,15 @@ class RoleBlock:
         return max(end - start for start, end in self.times.values())
 
 
-def _stream_keys(step: RankStep) -> dict[int, tuple]:
-    return {s: tuple(it.signature for it in items) for s, items in step.streams.items()}
-
-
 def group_roles(
-    steps: Sequence[RankStep],
-    deps: dict[int, Dependencies],
-    apart: dict[int, tuple] | None = None,
+    steps: Sequence[RankStep], deps: dict[int, Dependencies], apart: dict[int, tuple]
 ) -> list[Role]:
     """Ranks grouped by the work they do, in rank order; every item mapped to its reference.
     Ranks with different ``apart`` tags are never grouped (see :func:`split_apart`)."""
-    keys = {st.rank: _stream_keys(st) for st in steps}
-    apart = apart or {}
+    keys = {
+        st.rank: {s: tuple(it.signature for it in items) for s, items in st.streams.items()}
+        for st in steps
+    }
     programs: dict[tuple, list[RankStep]] = defaultdict(list)
     for st in sorted(steps, key=lambda s: s.rank):
         program = tuple(sorted(Counter(keys[st.rank].values()).items()))
@@ -103,9 +98,8 @@ def _map_items(role: Role, member: RankStep, keys: dict[int, dict[int, tuple]]) 
     ref_keys, own_keys = keys[role.ref.rank], keys[member.rank]
     free = sorted(member.streams, key=lambda s: member.streams[s][0].launch)
     for ref_stream in sorted(role.ref.streams, key=lambda s: role.ref.streams[s][0].launch):
-        match = next((s for s in free if own_keys[s] == ref_keys[ref_stream]), None)
-        if match is None:  # cannot happen: the programs are equal as multisets
-            raise TraceError(f"rank {member.rank}: no stream matches stream {ref_stream}")
+        # One matches: the programs are equal as multisets.
+        match = next(s for s in free if own_keys[s] == ref_keys[ref_stream])
         free.remove(match)
         pairs = zip(role.ref.streams[ref_stream], member.streams[match], strict=True)
         for ref_item, item in pairs:
@@ -149,36 +143,28 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
             kind = "busy" if item.kind == "other" else item.kind
             current = RoleBlock(role=role, stream=stream, kind=kind, items=[item.index], times={})
             blocks.append(current)
-    for block in blocks:
-        _timing(block)
-    _block_deps(role, blocks)
+    _time_and_link(role, blocks)
     return _with_idle(blocks, idle_us) if keep_idle else blocks
+
+
+def _time_and_link(role: Role, blocks: list[RoleBlock]) -> None:
+    """Each block's times on every rank, and the blocks of other streams it waits for."""
+    for block in blocks:
+        for rank in role.ranks:
+            parts, start = [role.items[i][rank] for i in block.items], role.steps[rank].start
+            block.times[rank] = (
+                min(p.start for p in parts) - start,
+                max(p.end for p in parts) - start,
+            )
+    owner = {i: b for b in blocks for i in b.items}
+    for dst, srcs in role.after.items():
+        target = owner[dst]
+        target.after |= {owner[src] for src in srcs if owner[src].stream != target.stream}
 
 
 def _gap_us(role: Role, before: int, after: int) -> float:
     a, b = role.items[before], role.items[after]
     return max(b[r].start - a[r].end for r in role.ranks)
-
-
-def _timing(block: RoleBlock) -> None:
-    role = block.role
-    for rank in role.ranks:
-        step = role.steps[rank]
-        parts = [role.items[i][rank] for i in block.items]
-        block.times[rank] = (
-            min(p.start for p in parts) - step.start,
-            max(p.end for p in parts) - step.start,
-        )
-
-
-def _block_deps(role: Role, blocks: list[RoleBlock]) -> None:
-    owner = {i: b for b in blocks for i in b.items}
-    for dst, srcs in role.after.items():
-        target = owner[dst]
-        for src in srcs:
-            source = owner[src]
-            if source is not target and source.stream != target.stream:
-                target.after.add(source)
 
 
 def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
@@ -205,6 +191,5 @@ def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
             block.after = set()
             out.append(idle)
         out.append(block)
-        for rank, (_, end) in block.times.items():
-            last_end[(block.stream, rank)] = end
+        last_end.update({(block.stream, r): end for r, (_, end) in block.times.items()})
     return out

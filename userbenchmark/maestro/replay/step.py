@@ -15,7 +15,7 @@ from ..blocks.comm import AllToAll, SendRecv
 from ..blocks.compute import Gemm
 from ..blocks.dtypes import DTYPES, traced_dtype
 from ..blocks.registry import traced_op
-from .kineto import Activity, CommRecord, Launch, RankTrace, Span, TraceError
+from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -26,6 +26,8 @@ of one stream overlapping by less are in order."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
+Meaning = tuple[CommRecord, ...] | GemmOp | str
+"""What a step's item is: the collective or p2p calls it runs, a GEMM op, or another op's name."""
 MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
 """Records that mark a point of a call and launch nothing of their own."""
 _OTHER_SIZES = {"Short": 2, "short int": 2, "ComplexFloat": 8, "ComplexDouble": 16}
@@ -66,16 +68,6 @@ def is_nccl_kernel(name: str) -> bool:
     return name.startswith(("ncclDevKernel", "ncclKernel")) or "nccl" in name[:16].lower()
 
 
-@dataclass(frozen=True, kw_only=True)
-class P2P:
-    """Point-to-point transfers of one NCCL launch: (peer global rank, bytes) each way."""
-
-    group: str
-    sends: tuple[tuple[int, int], ...]
-    recvs: tuple[tuple[int, int], ...]
-    dtype: str
-
-
 @dataclass(kw_only=True)
 class Item:
     """Device work of one traced call on one stream of one rank (times in µs, device clock)."""
@@ -97,15 +89,15 @@ class Item:
     block: type[Block] | None = None
     """The block replaying it (a collective or a GEMM; None: a stand-in's kernel)."""
     params: dict = field(default_factory=dict)
-    """The block's parameters from the traced call."""
     dtype: str = ""
     kernel: str = ""
     """Its longest kernel's name."""
     group: str = ""
-    """Process group name of a collective or point-to-point call."""
     seq: int | None = None
     """The group's sequence number of a collective (``Seq``; None: not traced)."""
-    p2p: P2P | None = None
+    sends: tuple[tuple[int, int], ...] = ()
+    """Point-to-point transfers of one NCCL launch: (peer global rank, bytes) each way."""
+    recvs: tuple[tuple[int, int], ...] = ()
     note: str | None = None
 
 
@@ -130,10 +122,6 @@ class RankStep:
     def rank(self) -> int:
         return self.trace.rank
 
-    @property
-    def span_us(self) -> float:
-        return self.end - self.start
-
 
 def step_number(name: str) -> int:
     tail = name.removeprefix("ProfilerStep#")
@@ -144,14 +132,12 @@ def complete_steps(trace: RankTrace) -> set[str]:
     """Steps with device work whose every launch has its device work in the trace (the last
     steps of a trace may not: the profiler stopped before the device ran them). One pass."""
     with_work = {act.corr for act in trace.activities}
-    launching: dict[str, bool] = {}
     calls = sorted(trace.launches.values(), key=lambda c: c.ts)
+    launching = {name for name in {c.name for c in calls} if _LAUNCHING.search(name)}
     times = [c.ts for c in calls]
     missing, done_work = [0], [0]
     for c in calls:
-        if c.name not in launching:
-            launching[c.name] = bool(_LAUNCHING.search(c.name))
-        missing.append(missing[-1] + (launching[c.name] and c.corr not in with_work))
+        missing.append(missing[-1] + (c.name in launching and c.corr not in with_work))
         done_work.append(done_work[-1] + (c.corr in with_work))
     done = set()
     for span in trace.steps:
@@ -163,11 +149,10 @@ def complete_steps(trace: RankTrace) -> set[str]:
 
 def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
     """Each rank's complete steps, for messages: ``rank 0: ProfilerStep#3, ProfilerStep#4``."""
-    parts = []
-    for t in traces:
-        names = sorted(complete[t.rank], key=step_number)
-        parts.append(f"rank {t.rank}: {', '.join(names) or 'none'}")
-    return "; ".join(parts)
+    return "; ".join(
+        f"rank {t.rank}: {', '.join(sorted(complete[t.rank], key=step_number)) or 'none'}"
+        for t in traces
+    )
 
 
 def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
@@ -214,15 +199,9 @@ def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> di
     out: dict[float, str] = {}
     for tid, ts in queries:
         group = by_tid.get(tid, [])
-        best = ""
         # Spans are nested: the innermost one around ts started last among those that hold ts.
-        i = bisect.bisect_right(starts.get(tid, []), ts) - 1
-        while i >= 0:
-            if group[i].end >= ts:
-                best = group[i].name
-                break
-            i -= 1
-        out[ts] = best
+        last = bisect.bisect_right(starts.get(tid, []), ts) - 1
+        out[ts] = next((group[i].name for i in range(last, -1, -1) if group[i].end >= ts), "")
     return out
 
 
@@ -250,14 +229,11 @@ class _Owner:
             # A batch (batch_isend_irecv, coalesced calls) may launch under its last record:
             # the records before it, of the same kind, are part of it; others launched nothing.
             own = self.trace.comms[call.ext]
+            batch = (own.group_name, traced_op(own.name))
             earlier = self.pending.pop(call.tid, [])
-            return (*(r for r in earlier if _same_batch(r, own)), own)
+            same = [r for r in earlier if batch[1] and (r.group_name, traced_op(r.name)) == batch]
+            return (*same, own)
         return tuple(self.pending.pop(call.tid, ())) if nccl else ()
-
-
-def _same_batch(rec: CommRecord, own: CommRecord) -> bool:
-    cls = traced_op(own.name)
-    return rec.group_name == own.group_name and cls is not None and traced_op(rec.name) is cls
 
 
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
@@ -272,20 +248,18 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
     labels = innermost(names, ((c.tid, c.ts) for c in calls))
     notes: list[str] = []
-    groups, info = _grouped(trace, calls, acts, group_sizes, notes)
-    ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].ts)
-    items = [_item(parts, info[key], labels) for key, parts in ordered]
+    groups = _grouped(trace, calls, acts, notes)
+    ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
+    items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
         raise TraceError(
             f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
             f"steps: {_listed([trace], {trace.rank: complete_steps(trace)})})"
         )
-    _check_times([pair for parts in groups.values() for pair in parts], trace)
-    launch_items: dict[int, Item] = {}
-    for i, (item, (_, parts)) in enumerate(zip(items, ordered, strict=True)):
-        item.index = i
-        for call, _ in parts:
-            launch_items[call.corr] = item
+    _check_times([pair for _, parts in groups.values() for pair in parts], trace)
+    launch_items = {
+        call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
+    }
     start, end = min(i.start for i in items), max(i.end for i in items)
     dropped = [
         a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
@@ -307,24 +281,30 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 
 
 def _grouped(
-    trace: RankTrace,
-    calls: list[Launch],
-    acts: dict[int, list[Activity]],
-    group_sizes: dict[str, int],
-    notes: list[str],
-) -> tuple[dict[tuple, list[tuple[Launch, Activity]]], dict[tuple, dict]]:
+    trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]], notes: list[str]
+) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
-    launch order, and each item's meaning (:func:`_classify`, which may add to ``notes``)."""
+    launch order: what the item is, and its (launch, activity) pairs."""
     owner = _Owner(trace, calls, acts)
-    groups: dict[tuple, list[tuple[Launch, Activity]]] = {}
-    info: dict[tuple, dict] = {}
+    groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
         for act in acts.get(call.corr, ()):
-            records = owner.comm_records(call, is_nccl_kernel(act.name))
-            key, meta = _classify(trace, call, act, records, group_sizes, notes)
-            groups.setdefault(key, []).append((call, act))
-            info.setdefault(key, meta)
-    return groups, info
+            nccl = is_nccl_kernel(act.name)
+            records = owner.comm_records(call, nccl)
+            op = trace.gemms.get(call.ext)
+            meaning: Meaning
+            if records:
+                key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
+            elif nccl:
+                notes.append("an NCCL kernel without its record_param_comms call")
+                key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
+            elif op is not None:
+                key, meaning = ("gemm", act.stream, call.ext), op
+            else:
+                key = ("other", act.stream, call.corr, act.ts)
+                meaning = trace.op_names.get(call.ext) or act.name
+            groups.setdefault(key, (meaning, []))[1].append((call, act))
+    return groups
 
 
 def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:
@@ -350,33 +330,17 @@ def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None
                 )
 
 
-def _classify(
-    trace: RankTrace,
-    call: Launch,
-    act: Activity,
-    records: tuple[CommRecord, ...],
-    group_sizes: dict[str, int],
-    notes: list[str],
-) -> tuple[tuple, dict]:
-    """The item an activity belongs to (its key) and what the item is (its meta)."""
-    if records:
-        key = ("comm", act.stream, tuple(r.ext for r in records))
-        return key, {"records": records, "group_sizes": group_sizes}
-    if is_nccl_kernel(act.name):
-        notes.append("an NCCL kernel without its record_param_comms call")
-        return ("other", act.stream, call.corr, act.ts), {"opname": "nccl"}
-    op = trace.gemms.get(call.ext) if call.ext is not None else None
-    if op is not None:
-        return ("gemm", act.stream, call.ext), {"gemm_op": op}
-    opname = trace.op_names.get(call.ext, "") if call.ext is not None else ""
-    return ("other", act.stream, call.corr, act.ts), {"opname": opname or act.name}
-
-
-def _item(parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, str]) -> Item:
+def _item(
+    index: int,
+    meaning: Meaning,
+    parts: list[tuple[Launch, Activity]],
+    labels: dict[float, str],
+    sizes: dict[str, int],
+) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
     longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
-        index=0,
+        index=index,
         stream=parts[0][1].stream,
         start=min(a.ts for _, a in parts),
         end=max(a.end for _, a in parts),
@@ -385,14 +349,14 @@ def _item(parts: list[tuple[Launch, Activity]], meta: dict, labels: dict[float, 
         tid=first_call.tid,
         kind="other",
         label=labels.get(first_call.ts, ""),
-        opname=meta.get("opname", ""),
+        opname=meaning if isinstance(meaning, str) else "",
         signature=("other", parts[0][1].name),
         kernel=longest.name,
     )
-    if "records" in meta:
-        _comm_item(item, meta["records"], meta["group_sizes"])
-    elif "gemm_op" in meta:
-        op = meta["gemm_op"]
+    if isinstance(meaning, tuple):
+        _comm_item(item, meaning, sizes)
+    elif isinstance(meaning, GemmOp):
+        op = meaning
         item.opname = op.name.removeprefix("aten::")
         types = [t for t in op.types if t]
         dtype, _, note = maestro_dtype(types[0]) if types else ("fp32", 4, None)
@@ -417,7 +381,7 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     classes = {traced_op(r.name) for r in records}
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
-        item.p2p = _p2p(records)
+        _p2p(item, records)
         kinds = tuple(sorted(r.name for r in records))
         item.signature = ("p2p", rec.group_desc, team, kinds)
         return
@@ -445,14 +409,13 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
 
-def _p2p(records: tuple[CommRecord, ...]) -> P2P:
-    sends, recvs = [], []
-    dtype = "uint8"
+def _p2p(item: Item, records: tuple[CommRecord, ...]) -> None:
     for rec in records:
-        dtype, elem, _ = maestro_dtype(rec.dtype)
+        item.dtype, elem, _ = maestro_dtype(rec.dtype)
         ranks = rec.group_ranks
         peer = rec.peer if rec.peer is not None else -1
         glob = ranks[peer] if ranks and 0 <= peer < len(ranks) else peer
-        entry = (glob, rec.in_nelems * elem)
-        (sends if rec.name == "send" else recvs).append(entry)
-    return P2P(group=records[0].group_name, sends=tuple(sends), recvs=tuple(recvs), dtype=dtype)
+        if rec.name == "send":
+            item.sends += ((glob, rec.in_nelems * elem),)
+        else:
+            item.recvs += ((glob, rec.in_nelems * elem),)
