@@ -161,7 +161,6 @@ class WindowAggregate:
 
 @functools.cache
 def _rounds() -> tuple[tuple[str, Any, tuple[str, ...]], ...]:
-    """(op, dtype, field names) of every all_reduce of the first round, in field order."""
     groups: dict[tuple[str, Any], list[str]] = {}
     for f in fields(WindowAggregate):
         if "reduce" in f.metadata and f.name != "last_start_vote":
@@ -225,8 +224,7 @@ def local_summary(
 def _overlap_arrays(
     starts: np.ndarray, ends: np.ndarray, present: np.ndarray, comm: np.ndarray, compute: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Makespan, pairwise overlap, and communication hidden under compute: over the whole
-    window (``cc_window``: hidden, comm) and per iteration."""
+    """``cc_window``: (hidden, comm) over the whole window."""
     num_iters = starts.shape[1]
     cc_window = np.zeros(2)
     cc_iter = np.zeros((2, num_iters))
@@ -255,7 +253,6 @@ def _lane_arrays(
     gate_open: np.ndarray | None,
     origin: int,
 ) -> dict[str, np.ndarray]:
-    """Spread of the lanes' first starts, and the longest wait from gate to a first start."""
     num_blocks, num_iters = starts.shape
     lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]} - {-1})
     first = np.full((len(lanes), num_iters), np.inf)
@@ -273,7 +270,6 @@ def _lane_arrays(
 def _host_arrays(
     host: HostTimings | None, present: np.ndarray, num_blocks: int, num_iters: int
 ) -> dict[str, np.ndarray]:
-    """The host's side: enqueue times, launch-bound or late-start iterations, gate spin."""
     out = {
         "launch_avg_ns": np.full(num_blocks, -np.inf),
         "enqueue_ns": np.full(num_iters, -np.inf),
@@ -297,7 +293,6 @@ def _host_arrays(
 def _instant_arrays(
     raw_starts: np.ndarray, present: np.ndarray, gate_open: np.ndarray | None, known: bool
 ) -> dict[str, np.ndarray]:
-    """Instants for cross-rank comparison, exact in int64 (unknown unless ``known``)."""
     start = present[:, None] & known
     gate_known = known and gate_open is not None
     gate = np.asarray(gate_open if gate_known else np.zeros(raw_starts.shape[1]), dtype=np.int64)
@@ -320,8 +315,6 @@ def _vote(local: WindowAggregate, start_hi: np.ndarray, rank: int) -> np.ndarray
 def _combined(
     local: WindowAggregate, combine: Callable[[str, Any, tuple[str, ...]], list[np.ndarray]]
 ) -> WindowAggregate:
-    """``local`` with every first-round field replaced by ``combine(op, dtype, names)``; an
-    unknown float max or min reads NaN."""
     out: dict[str, np.ndarray] = {}
     for op, dtype, names in _rounds():
         for name, value in zip(names, combine(op, dtype, names), strict=True):

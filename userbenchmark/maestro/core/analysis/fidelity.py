@@ -1,8 +1,6 @@
-"""An imported pattern's replay against its trace: each block's mean latency, the step's mean
-makespan and each rank's over their traced durations, with the 95 % interval of the replayed mean
-(the trace is one sample of one step: it has no interval of its own); the kernel each block ran
-against the traced one; and the GEMMs' errors apart for those a collective ran beside in the trace
-and the others."""
+"""An imported pattern's replay against its trace: replayed / traced durations of each block, the
+step and each rank's step, with the replayed mean's 95 % interval (the trace is one sample); the
+kernel each block ran against the traced one; errors apart for blocks that overlapped collectives."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ R = TypeVar("R", BlockResult, PatternResult)
 
 
 def ratio(durations_ns: np.ndarray, traced_us: float | None) -> tuple[float, float, float]:
-    """(replayed mean / traced, low, high): the mean of the finite per-iteration durations (ns)
-    over a traced duration (µs), with the mean's 95 % interval from the same bootstrap as every
-    other figure's (core/analysis/stats.py); NaN where unknown."""
+    """(replayed mean / traced, low, high): the finite durations' (ns) mean over ``traced_us``,
+    with the mean's 95 % interval from the same bootstrap as every other figure; NaN: unknown."""
     x = np.asarray(durations_ns, dtype=np.float64) / 1e3
     x = x[np.isfinite(x)]
     if traced_us is None or not traced_us > 0 or not x.size:
@@ -73,8 +70,7 @@ class ErrorGroup:
     count: int
     mean_error: float
     max_error: float
-    within: int
-    """Blocks within the target."""
+    within: int  # blocks within the target
 
 
 def error_groups(
@@ -131,7 +127,6 @@ def with_fidelity(
 
 
 def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[str, Any]:
-    """One rank's entry of ``replay_by_rank`` (null where unknown)."""
     replayed = float(np.nanmean(steps_ns)) / 1e3 if np.isfinite(steps_ns).any() else math.nan
     names = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
     values = (traced_us, replayed, *ratio(steps_ns, traced_us))
