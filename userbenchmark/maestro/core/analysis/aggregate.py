@@ -339,17 +339,3 @@ def reduce_summaries(
     out = _combined(local, combine)
     vote = reduce(_vote(local, out.start_hi, rank), "max")
     return replace(out, world_size=world_size, last_start_vote=vote)
-
-
-def simulate_ranks(summaries: Sequence[WindowAggregate]) -> WindowAggregate:
-    """The summary every rank would get, computed in one process (tests, scale benchmark):
-    ``summaries[r]`` is rank r's :func:`local_summary` (``rank=r``, world ``len(summaries)``)."""
-    ops = {"max": np.max, "min": np.min, "sum": np.sum}
-
-    def combine(op: str, dtype: Any, names: tuple[str, ...]) -> list[np.ndarray]:
-        return [ops[op](np.stack([getattr(s, n) for s in summaries]), axis=0).astype(dtype)
-                for n in names]  # fmt: skip
-
-    out = _combined(summaries[0], combine)
-    votes = [_vote(s, out.start_hi, r) for r, s in enumerate(summaries)]
-    return replace(out, world_size=len(summaries), last_start_vote=np.max(votes, axis=0))
