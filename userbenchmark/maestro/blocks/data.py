@@ -39,8 +39,7 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
 def fill_operand(
     buf: torch.Tensor, ctx: BlockContext, std: float | None, usual: Callable[[Any], None]
 ) -> None:
-    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset (a
-    block's ``data_std``)."""
+    """``buf`` filled with normal values of a block's ``data_std`` (0: zeros; None: ``usual``)."""
     if std is None:
         usual(buf)
     elif std == 0:
