@@ -2,7 +2,7 @@
 
 An installed torch is never touched: the requirements go around it, plus the cupti-python of its
 CUDA major version; a missing torch is installed (CPU build without an NVIDIA driver), then this
-file runs again. Run as a script, or by TorchBench's ``python install.py --userbenchmark maestro``."""
+file runs again. A script, also run by TorchBench's ``install.py --userbenchmark maestro``."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
 
 def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[str]]:
     """The pip invocations for an environment that has torch. The numpy pin is a requirement,
-    not a ``-c`` constraints file: pip keeps it all the same, and the printed command needs no file."""
+    not a ``-c`` constraints file: pip keeps it all the same, and the printed command is whole."""
     base = [sys.executable, "-m", "pip", "install"]
     if numpy_pin is not None:
         base.append(numpy_pin)

@@ -189,7 +189,7 @@ class AllReduce(_InPlace):
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter, all-gather)."""
+        """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter, gather)."""
         n = _team(team_size)
         return 2 * (n - 1) / n
 

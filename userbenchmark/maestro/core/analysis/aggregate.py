@@ -52,15 +52,12 @@ class WindowAggregate:
     makespan_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of (last end - first start) on that rank."""
     pair_sum: np.ndarray = reduced("sum")
-    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over the ranks that ran
-    both (``pair_count``)."""
+    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over ``pair_count`` ranks."""
     pair_count: np.ndarray = reduced("sum")
     comm_hidden_by_rank_ns: np.ndarray = reduced("sum")
-    """(2, world): each rank's communication time hidden under compute, and its communication
-    time, over the whole window."""
+    """(2, world): each rank's comm time hidden under compute, and its comm time, in the window."""
     comm_compute_by_iter: np.ndarray = reduced("sum")
-    """(2, iters): communication time hidden under compute, and communication time, per
-    iteration summed over ranks (within each iteration only: what the interval resamples)."""
+    """(2, iters): the same per iteration, summed over ranks (what the interval resamples)."""
     lane_skew_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of the spread of the lanes' first starts (NaN: < 2 lanes)."""
     gate_delay_ns: np.ndarray = reduced("max")
@@ -71,13 +68,12 @@ class WindowAggregate:
     kernel_ctas_max: np.ndarray = reduced("max", raw=True)
     """(blocks,): largest kernel grid (CTAs) of the block over ranks (NaN: not known)."""
     launch_avg_ns: np.ndarray = reduced("max")
-    """(blocks,): host time in the block's ``launch``, mean over iterations, max over ranks
-    (NaN: not measured, as on CPU lanes where launch runs the block)."""
+    """(blocks,): host time in the block's ``launch``, mean over iterations (NaN: CPU lanes)."""
     enqueue_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of the host's time to enqueue the whole iteration (NaN: CPU)."""
     late: np.ndarray = reduced("max")
-    """(iters,) 1 where on some rank the start was not protected: the CUDA enqueue outlasted
-    the gate spin, or the agreed CPU start instant had passed when the rank learned it."""
+    """(iters,) 1 where on some rank the CUDA enqueue outlasted the gate spin, or the agreed CPU
+    start instant had passed when the rank learned it."""
     late_known: np.ndarray = reduced("max")
     """(1,) 1 where ``late`` was measured (CUDA gates; CPU starts agreed on an instant)."""
     gate_spin: np.ndarray = reduced("max")
@@ -89,8 +85,8 @@ class WindowAggregate:
     """(iters,) ns: the latest gate opening over the ranks (unknown: no shared clock)."""
     gate_lo: np.ndarray = reduced("min", exact=True)
     last_start_vote: np.ndarray = reduced("max", exact=True)
-    """(blocks,): (iterations a rank started last) x world + (world - 1 - rank), combined in
-    a second round (it needs the combined ``start_hi``)."""
+    """(blocks,): (iterations a rank started last) x world + (world - 1 - rank), combined in a
+    second round (it needs the combined ``start_hi``)."""
 
     @property
     def duration_spread_ns(self) -> np.ndarray:
@@ -99,8 +95,8 @@ class WindowAggregate:
 
     @property
     def start_skew_ns(self) -> np.ndarray:
-        """(blocks, iters): latest minus earliest start of the block over the ranks running it
-        (NaN: no shared clock, or fewer than 2 ranks)."""
+        """(blocks, iters): latest minus earliest start over the ranks (NaN: no shared clock, or
+        fewer than 2 ranks)."""
         known = (self.start_hi != _I64.min) & (self.present_ranks >= 2)[:, None]
         # Unknown entries are sentinels (their difference wraps); only known ones are read.
         return np.where(known, self.start_hi - self.start_lo, np.nan)
@@ -121,8 +117,7 @@ class WindowAggregate:
 
     @property
     def pairwise_overlap(self) -> np.ndarray:
-        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|); NaN: never
-        met."""
+        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|) (NaN: never)."""
         return overlap.divided(self.pair_sum, self.pair_count, self.pair_count > 0)
 
     @property

@@ -1,6 +1,6 @@
 """An imported pattern's replay against its trace: replayed / traced durations of each block, the
 step and each rank's step, with the replayed mean's 95 % interval (the trace is one sample); the
-kernel each block ran against the traced one; errors apart for blocks that overlapped collectives."""
+kernel each block ran against the traced one; errors apart for blocks beside a collective."""
 
 from __future__ import annotations
 

@@ -354,9 +354,10 @@ def _pattern_result(
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
     makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
-    # The ideal: the critical path over ``after:`` and lane order, for the figure and for
-    # each bootstrap resample of its interval.
-    ideal = lambda isolated_us: overlap.critical_path(isolated_us, pattern.predecessors)[0]  # noqa: E731
+
+    def ideal(isolated_us: np.ndarray) -> float:  # for the figure and each resample
+        return overlap.critical_path(isolated_us, pattern.predecessors)[0]
+
     figures = _overlap_figures(ideal, blocks, iso_reps, makespan.avg_us, makespan_rep, noise)
     shared = math.nan
     if bus_bytes and several:

@@ -155,7 +155,7 @@ class Phase:
         self, values: ArrayLike, statistic: str = "mean", *, drift: bool = True
     ) -> np.ndarray:
         """(resamples,) replicates of the ``mean``, ``p50`` or ``p99`` of the finite values
-        (empty: fewer than 2); ``drift`` False for two series of one window divided by each other."""
+        (empty: fewer than 2); ``drift`` False for two series of a window divided by each other."""
         x = np.asarray(values, dtype=np.float64)
         x = x[np.isfinite(x)]
         if x.size < 2:
@@ -173,7 +173,7 @@ class Phase:
 def relative_drift(values: np.ndarray) -> float:
     """How far a series' level moves between windows, relative to its mean: twice (a trend moves
     twice as far between two windows' centres) its halves' mean difference beyond noise. Without
-    it 13-25 % of identical pairs of correlated series false-alarmed in simulations; with it 2-8 %."""
+    it 13-25 % of identical pairs of correlated series false-alarmed in simulations, with it 2-8."""
     n = values.size
     if n < 4:
         return 0.0

@@ -372,8 +372,8 @@ def window_activities(
     api: ApiRecords,
     api_name: Callable[[int, int], str | None],
 ) -> DeviceActivities:
-    """The block activities of ``attribute(..., per_activity=True)``, named (``names[name_index[i]]``),
-    with one launching API call each, named by ``api_name(api, cbid)`` or a generic name."""
+    """The block activities of ``attribute(..., per_activity=True)``, named
+    (``names[name_index[i]]``), with one launching API call each (``api_name`` or generic)."""
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
     # One API call per kept correlation id: the earliest (a runtime call that calls the driver
