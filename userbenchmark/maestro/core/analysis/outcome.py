@@ -145,14 +145,15 @@ def _over_asked_notes(
 
 def _block_result(
     b: int,
-    suite: SuiteSpec,
+    head: dict[str, Any],
     pattern: PatternSpec,
     cls: type[Block],
     agg: WindowAggregate,
     isolated: Isolated,
     noise: _Noise,
     team_size: int,
-    cpu: bool,
+    given_notes: Sequence[str],
+    wrong: np.ndarray | None,
 ) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
     """One block's record, its isolated latency's replicates (µs; empty: not measured) with
     their degrees of freedom, and its bus bytes per iteration (0: none)."""
@@ -189,6 +190,7 @@ def _block_result(
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
+    cpu = head["profiler"] == "host"
     notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
         high < 1.0,
         f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
@@ -199,8 +201,7 @@ def _block_result(
     ctas = agg.kernel_ctas_max[b]
     return (
         BlockResult(
-            suite=suite.name,
-            pattern=pattern.name,
+            **head,
             block=spec.name,
             op=spec.op,
             axis=spec.axis,
@@ -221,7 +222,8 @@ def _block_result(
             activities_per_iter=float(agg.activities_per_iter[b]),
             kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
             enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
-            notes="; ".join(notes),
+            wrong_elements=None if wrong is None else int(wrong[b]),
+            notes="; ".join(n for n in (*given_notes, *notes) if n),
             intervals=intervals,
         ),
         (iso_rep, iso_df),
@@ -245,27 +247,20 @@ def build_outcome(
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     noise = _Noise(len(pattern.blocks))
-    run = {"profiler": profiler, "ranks_per_gpu": ranks_per_gpu}
+    head = dict(
+        suite=suite.name, pattern=pattern.name, profiler=profiler, ranks_per_gpu=ranks_per_gpu
+    )
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
+        given = notes[b] if notes else ()
         result, iso_rep, bus = _block_result(
-            b, suite, pattern, cls, agg, isolated, noise, team_sizes[b], profiler == "host"
+            b, head, pattern, cls, agg, isolated, noise, team_sizes[b], given, wrong
         )
-        blocks.append(
-            dataclasses.replace(
-                result,
-                notes="; ".join(n for n in (*(notes[b] if notes else ()), result.notes) if n),
-                wrong_elements=None if wrong is None else int(wrong[b]),
-                **run,
-            )
-        )
+        blocks.append(result)
         iso_reps.append(iso_rep)
         bus_bytes += bus
-    pattern_result = dataclasses.replace(
-        _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise),
-        peak_memory_bytes=peak_memory_bytes,
-        **run,
-    )
+    pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
+    pattern_result = dataclasses.replace(pattern_result, peak_memory_bytes=peak_memory_bytes)
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
         PairResult(
@@ -341,7 +336,7 @@ def _efficiency_notes(
 
 
 def _pattern_result(
-    suite: SuiteSpec,
+    head: dict[str, Any],
     pattern: PatternSpec,
     agg: WindowAggregate,
     blocks: Sequence[BlockResult],
@@ -373,8 +368,7 @@ def _pattern_result(
     eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)[:2]
     notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval)
     return PatternResult(
-        suite=suite.name,
-        pattern=pattern.name,
+        **head,
         iters=pattern.num_iters,
         num_blocks=len(blocks),
         warmup_iters=pattern.warmup_iters,
