@@ -116,8 +116,7 @@ STREAM_GONE = (BrokenPipeError, ConnectionResetError, ValueError, OSError)
 
 
 def say(line: str) -> None:
-    """Print one message on stderr (every process's messages go through here); a closed stderr
-    loses the line, nothing else."""
+    """Print one message on stderr (every process's); a closed stderr loses the line only."""
     try:
         print(line, file=sys.stderr, flush=True)
     except STREAM_GONE:

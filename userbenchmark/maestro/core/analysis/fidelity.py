@@ -47,9 +47,8 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
 
 
 def kernel_mismatch(traced: str | None, replayed: str) -> str:
-    """What differs between the kernel a block ran and the one its trace ran ('' when they
-    are the same or either is unknown): the words (``_``-separated: tile, layout, epilogue)
-    each has and the other lacks."""
+    """The words (``_``-separated: tile, layout, epilogue) the replayed kernel and the traced one
+    each have and the other lacks ('' when the same or either is unknown)."""
     if not traced or not replayed or traced == replayed:
         return ""
     ours, theirs = replayed.split("_"), traced.split("_")
@@ -103,9 +102,8 @@ def with_fidelity(
     steps_ns: np.ndarray,
     kernels: Sequence[str] = (),
 ) -> PatternOutcome:
-    """The outcome with each block's and the step's replayed / traced ratio and interval,
-    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks), and a note where a
-    block's kernel (``kernels``, one per block, '' when unknown) is not the traced one."""
+    """The outcome with replayed / traced ratios and intervals, every rank's step (``steps_ns``:
+    :func:`rank_steps` summed over ranks), and a note where ``kernels[b]`` is not the traced one."""
     blocks = []
     for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True)):
         replayed = kernels[b] if kernels else ""

@@ -109,8 +109,7 @@ def pairwise_overlap_mean(
 
 
 def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
-    """Last end minus first start over the (present) blocks, per iteration: (num_iters,);
-    ValueError when no block is present (the span of nothing is undefined)."""
+    """(num_iters,): last end minus first start over the present blocks (ValueError: none)."""
     s, e, mask = _intervals(starts, ends, present)
     if not mask.any():
         raise ValueError("makespan of an empty block set")

@@ -46,16 +46,15 @@ def _nearest_rank_index(q: float, n: int) -> int:
 
 
 def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
-    """Nearest-rank percentile, q in [0, 100]: the ceil(q/100 * N)-th smallest value (rank at
-    least 1). The input is not sorted in place; empty or non-finite input raises."""
+    """Nearest-rank percentile, q in [0, 100]: the ceil(q/100 * N)-th smallest value (at least
+    the first); the input is not sorted in place."""
     arr = _as_1d_finite(values, "values")
     k = _nearest_rank_index(q, arr.size)
     return float(np.partition(arr, k)[k])
 
 
 def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
-    """Statistics of per-iteration durations given in nanoseconds, reported in microseconds;
-    ValueError for empty input, negative durations, NaN or infinity."""
+    """Statistics (µs) of per-iteration durations (ns); ValueError for empty, negative or NaN."""
     arr_us = _as_1d_finite(durations_ns, "durations_ns")
     if np.any(arr_us < 0):
         raise ValueError(f"durations_ns contains negative values (min {arr_us.min()} ns)")
