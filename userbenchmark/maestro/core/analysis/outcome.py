@@ -153,7 +153,7 @@ def _block_result(
     noise: _Noise,
     team_size: int,
     given_notes: Sequence[str],
-    wrong: np.ndarray | None,
+    wrong_elements: int | None,
 ) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
     """One block's record, its isolated latency's replicates (µs; empty: not measured) with
     their degrees of freedom, and its bus bytes per iteration (0: none)."""
@@ -222,7 +222,7 @@ def _block_result(
             activities_per_iter=float(agg.activities_per_iter[b]),
             kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
             enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
-            wrong_elements=None if wrong is None else int(wrong[b]),
+            wrong_elements=wrong_elements,
             notes="; ".join(n for n in (*given_notes, *notes) if n),
             intervals=intervals,
         ),
@@ -253,8 +253,9 @@ def build_outcome(
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
         given = notes[b] if notes else ()
+        checked = None if wrong is None else int(wrong[b])
         result, iso_rep, bus = _block_result(
-            b, head, pattern, cls, agg, isolated, noise, team_sizes[b], given, wrong
+            b, head, pattern, cls, agg, isolated, noise, team_sizes[b], given, checked
         )
         blocks.append(result)
         iso_reps.append(iso_rep)
