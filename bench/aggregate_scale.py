@@ -19,21 +19,36 @@ import gc
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from userbenchmark.maestro.core.analysis.aggregate import (
     WindowAggregate,
+    _combined,
     _vote,
     local_summary,
     reduce_summaries,
-    simulate_ranks,
 )
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 
 from ._common import machine_info, machine_lines, markdown_table, median_spread, write_json
+
+
+def simulate_ranks(summaries: Sequence[WindowAggregate]) -> WindowAggregate:
+    """The summary every rank would get, computed in one process (tests and this benchmark):
+    ``summaries[r]`` is rank r's :func:`local_summary` (``rank=r``, world ``len(summaries)``)."""
+    ops = {"max": np.max, "min": np.min, "sum": np.sum}
+
+    def combine(op: str, dtype: Any, names: tuple[str, ...]) -> list[np.ndarray]:
+        return [ops[op](np.stack([getattr(s, n) for s in summaries]), axis=0).astype(dtype)
+                for n in names]  # fmt: skip
+
+    out = _combined(summaries[0], combine)
+    votes = [_vote(s, out.start_hi, r) for r, s in enumerate(summaries)]
+    return replace(out, world_size=len(summaries), last_start_vote=np.max(votes, axis=0))
 
 
 def rank_timings(rank: int, num_blocks: int, num_iters: int, seed: int = 0) -> WindowTimings:

@@ -14,8 +14,7 @@ import torch
 from userbenchmark.maestro.blocks.base import BlockContext
 from userbenchmark.maestro.blocks.compute import Sleep
 from userbenchmark.maestro.core.measure.lanes import CpuLanes, Lane
-from userbenchmark.maestro.core.profilers.host_clock import HostProfiler
-from userbenchmark.maestro.core.profilers.profiler import Profiler
+from userbenchmark.maestro.core.profilers.profiler import HostProfiler, Profiler
 
 from .test_runtime_pure import _block
 

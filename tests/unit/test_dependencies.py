@@ -11,12 +11,13 @@ import time
 import numpy as np
 import pytest
 
+from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.compute import BUSY_CPU_ELEMS, Busy
 from userbenchmark.maestro.blocks.registry import registered_ops
-from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
-from userbenchmark.maestro.core.analysis.critical_path import critical_path
+from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.analysis.overlap import critical_path
 from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.dependencies import find_cycle
 from userbenchmark.maestro.core.config.loader import load_suite_text

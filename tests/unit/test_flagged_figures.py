@@ -9,8 +9,9 @@ import math
 
 import numpy as np
 
+from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import registered_ops
-from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.spec import SuiteSpec
 from userbenchmark.maestro.core.output.table import format_pattern

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import registered_ops
-from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings, host_late
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import PatternResult

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import resolve_op
-from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import RankTimeline, Timeline

@@ -121,9 +121,10 @@ def test_the_mean_interval_covers_the_true_mean():
 def _two_sleeps(rng, n, alone_means=(1000.0, 800.0), together=(1000.0, 800.0), sd=30.0, ramp=0.0):
     """Two sleeps that start together on their own lanes, and each one's window alone (µs);
     ``ramp``: each window's level rises by this fraction from its first to its last iteration."""
+    from bench.aggregate_scale import simulate_ranks
     from tests.unit.test_runtime_pure import _block, _pattern, _timings
     from userbenchmark.maestro.blocks.registry import registered_ops
-    from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+    from userbenchmark.maestro.core.analysis.aggregate import local_summary
     from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
     from userbenchmark.maestro.core.config.spec import SuiteSpec
 

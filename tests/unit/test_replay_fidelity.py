@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import resolve_op
-from userbenchmark.maestro.core.analysis.aggregate import local_summary, simulate_ranks
+from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.fidelity import (
     error_groups,
     kernel_mismatch,

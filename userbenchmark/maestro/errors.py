@@ -66,11 +66,10 @@ class RunError(MaestroError, RuntimeError):
     ) -> None:
         self.rank, self.phase, self.pattern, self.block = rank, phase, pattern, block
         self.detail = message
+        # contained: every communicator is still usable (the agreement step says; False when
+        # unknown); missing: ranks that never reached it (None: no agreement took place).
         self.contained = contained
-        """Every communicator is still usable (the agreement step says; False when unknown)."""
         self.missing = missing
-        """Ranks that never reached the agreement step; ``()`` every rank answered; None: no
-        agreement took place."""
         self.interrupted = interrupted
         where = [f"rank {rank}"] if rank is not None else []
         where += [f"phase {phase}"] if phase else []
@@ -80,18 +79,17 @@ class RunError(MaestroError, RuntimeError):
 
     @property
     def everyone_answered(self) -> bool:
-        """Every rank reached the agreement step, so every rank knows this error."""
+        """Every rank reached the agreement step, so knows this error."""
         return self.missing == ()
 
 
 class OptionError(MaestroError, ValueError):
-    """A command-line option is invalid, or cannot work on this machine (exit status 2): the
-    message names the option, what was given and what is valid."""
+    """A command-line option is invalid, or cannot work on this machine (exit status 2)."""
 
 
 class LaunchError(MaestroError, ValueError):
     """The launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, SLURM_*, MASTER_*) cannot describe
-    a run: not integers, or a rank outside the world (exit status 2, before any worker starts)."""
+    a run (exit status 2, before any worker starts)."""
 
 
 def user_error_message(err: ConfigError | OptionError | LaunchError) -> str:
@@ -118,8 +116,7 @@ STREAM_GONE = (BrokenPipeError, ConnectionResetError, ValueError, OSError)
 
 
 def say(line: str) -> None:
-    """Print one message on stderr (``maestro: ...``): every process prints its messages
-    through here. A closed stderr loses the line, nothing else."""
+    """Print one message on stderr (every process's); a closed stderr loses the line only."""
     try:
         print(line, file=sys.stderr, flush=True)
     except STREAM_GONE:
@@ -136,6 +133,5 @@ def detach_stream(stream: Any) -> None:
 
 
 def interrupted_message(*, saved: bool) -> str:
-    """The one line a run prints when SIGINT/SIGTERM stopped it; ``saved``: some pattern
-    finished and was written to a file."""
+    """The one line a run prints when SIGINT/SIGTERM stopped it."""
     return "maestro: interrupted" + ("; patterns that finished are saved" if saved else "")

@@ -1,10 +1,8 @@
 """Install maestro's dependencies into the running Python environment.
 
-Run as ``python install.py`` in this folder, ``python userbenchmark/maestro/install.py`` from the
-repository, or by TorchBench's ``python install.py --userbenchmark maestro``. An installed torch
-is never touched: the requirements are installed around it, plus the cupti-python of its CUDA
-major version. Only where torch is missing is it installed (the CPU build from PyTorch's CPU
-index without an NVIDIA driver, else PyPI's CUDA build), then this file runs again."""
+An installed torch is never touched: the requirements go around it, plus the cupti-python of its
+CUDA major version; a missing torch is installed (CPU build without an NVIDIA driver), then this
+file runs again. A script, also run by TorchBench's ``install.py --userbenchmark maestro``."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from pathlib import Path
 # Run as a script from this folder (no package context), so only absolute stdlib imports here.
 REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
 
-# The torch a fresh environment gets: the release maestro's CI tests (.ci/run pins the same, and
-# a test checks that the two agree). An environment that has torch keeps its own.
+# The torch a fresh environment gets: the release maestro's CI tests (.ci/run pins the same).
 TESTED_TORCH_VERSION = "2.13.0"
 # PyPI's Linux torch wheels are CUDA builds that pull in GBs of CUDA libraries; the CPU build is
 # published on PyTorch's own index.
@@ -35,8 +32,8 @@ log = logging.getLogger("maestro.install")
 
 
 def cupti_requirement(cuda_version: str | None) -> str | None:
-    """The cupti-python requirement matching torch's CUDA (``13.0`` -> ``cupti-python>=13,<14``:
-    its major version must match the CUDA runtime's); None for a build without CUDA."""
+    """The cupti-python requirement matching torch's CUDA major version (``13.0`` ->
+    ``cupti-python>=13,<14``); None for a build without CUDA."""
     if not cuda_version:
         return None
     major = int(cuda_version.split(".")[0])  # ValueError when there is no number
@@ -75,9 +72,8 @@ def numpy_constraint() -> str | None:
 
 
 def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
-    """The commands that install torch's ``build`` into a fresh environment, then run this file
-    again with torch in place. The CPU build's wheel alone (``--no-deps``) comes from PyTorch's
-    CPU index, its dependencies from the indexes pip is configured with (which still apply)."""
+    """The commands that install torch's ``build``, then run this file again. The CPU wheel alone
+    (``--no-deps``) comes from PyTorch's CPU index, its dependencies from pip's own indexes."""
     pip = [sys.executable, "-m", "pip", "install"]
     torch = f"torch=={TESTED_TORCH_VERSION}"
     rerun = [sys.executable, str(Path(__file__).resolve()), AFTER_TORCH, *rerun_args]
@@ -87,9 +83,8 @@ def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
 
 
 def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[str]]:
-    """The pip invocations to run, in order, in an environment that has torch. The numpy pin
-    (the numpy installed) is a requirement, not a ``-c`` constraints file: pip keeps it and
-    resolves the rest around it all the same, and the printed command needs no file."""
+    """The pip invocations for an environment that has torch. The numpy pin is a requirement,
+    not a ``-c`` constraints file: pip keeps it all the same, and the printed command is whole."""
     base = [sys.executable, "-m", "pip", "install"]
     if numpy_pin is not None:
         base.append(numpy_pin)
@@ -101,7 +96,6 @@ def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[s
 
 
 def _plan(args: argparse.Namespace) -> list[list[str]] | None:
-    """The commands to run; None (after logging why) when none can be planned."""
     if not torch_installed() and args.after_torch_install:
         log.error(
             "torch was installed, but %s cannot find it: install torch into this Python's "

@@ -63,10 +63,9 @@ def run(
     threshold_overrides: Mapping[str, float] | None = None,
     judge_harness: bool = False,
 ) -> Any:
-    """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed,
-    for a descriptive one) beyond noise and past their floor (``threshold_overrides``: other
-    floors by name), the harness's diagnostics only when ``judge_harness``; ValueError when the
-    runs' settings differ. The inputs are not modified."""
+    """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed, if
+    descriptive) beyond noise and past their floor (``threshold_overrides``: floors by name), the
+    harness's only when ``judge_harness``; ValueError when the runs' settings differ."""
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
@@ -112,7 +111,6 @@ def run(
 
 
 def _only(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
-    """Metrics (not interval bounds) of ``mine`` that ``theirs`` lacks."""
     return {
         k: _plain(v) for k, v in sorted(mine.items()) if k not in theirs and not k.endswith(BOUNDS)
     }

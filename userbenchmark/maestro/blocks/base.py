@@ -19,8 +19,7 @@ class _Required:
         return "<required>"
 
 
-REQUIRED: Any = _Required()
-"""Default of a parameter that the YAML must give."""
+REQUIRED: Any = _Required()  # the default of a parameter that the YAML must give
 
 PARAM_KINDS = ("size", "int", "float", "bool", "str", "shape")
 
@@ -46,11 +45,11 @@ class TracedCall:
 
 @dataclass(frozen=True, kw_only=True)
 class Param:
-    """One op parameter: its YAML name, kind, default and meaning."""
+    """One op parameter: its YAML name, kind (one of PARAM_KINDS; a ``size`` in bytes accepts
+    4M/1.5KiB), default and meaning."""
 
     name: str
     kind: str
-    """``size`` (bytes, accepts 4M/1.5KiB), ``int``, ``float``, ``bool``, ``str``, ``shape``."""
     doc: str
     default: Any = REQUIRED
     choices: tuple[Any, ...] | None = None
@@ -71,11 +70,11 @@ class Param:
 
 
 class Block:
-    """Base class of every block; subclasses set ``op``, ``category`` and ``params``."""
+    """Base class of every block; subclasses set ``op``, ``category`` (``comm``, ``compute`` or
+    ``other``: what the comm/compute overlap counts) and ``params``."""
 
     op: ClassVar[str] = ""
     category: ClassVar[str] = "other"
-    """``comm`` (a collective), ``compute`` or ``other``: used by the comm/compute overlap."""
     params: ClassVar[tuple[Param, ...]] = ()
     min_team_size: ClassVar[int] = 1
     trace_names: ClassVar[tuple[str, ...]] = ()
@@ -86,8 +85,8 @@ class Block:
     def normalize_params(
         cls, params: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """Resolve alternative spellings (e.g. GEMM operand shapes into m/n/k) of the parameters
-        after type checks and defaults: (resolved parameters, [(param name, message)])."""
+        """Resolve alternative spellings (GEMM operand shapes into m/n/k) after type checks and
+        defaults: (resolved parameters, [(param name, message)])."""
         return dict(params), []
 
     @classmethod
@@ -140,9 +139,8 @@ class Block:
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
-        """Why ``launch`` enqueues no device work here, or None. On CUDA every timed (block,
-        iteration) must own device activity: a block known to launch none says so here and is not
-        timed, instead of failing attribution."""
+        """Why ``launch`` enqueues no device work here, or None: on CUDA every timed (block,
+        iteration) must own device activity, so such a block is not timed."""
         return None
 
     @classmethod
@@ -179,24 +177,23 @@ class Block:
 
 @dataclass(kw_only=True)
 class BlockContext:
-    """What a block may use at run time: its device, dtype, communicator and team."""
+    """What a block may use at run time: its device, dtype, team (global ranks on the block's
+    axis) and the team's process group (None for blocks that communicate nothing)."""
 
     rank: int
     device: torch.device
     dtype: torch.dtype
     team: tuple[int, ...]
-    """Global ranks of this rank's team on the block's axis."""
     group: Any = None
-    """The team's process group (None for blocks that communicate nothing)."""
     seed: int = 0
     allocator: Callable[..., torch.Tensor] | None = None
-    """Tensor allocator (``empty``-like); registered NCCL memory when asked for."""
+    """``empty``-like; registered NCCL memory when asked for."""
     backend: str = "gloo"
     calibration: dict[str, float] = field(default_factory=dict)
     """Run-wide measured constants (e.g. ``sleep_cycles_per_us`` on CUDA)."""
     graph: bool = False
-    """The block runs inside a CUDA graph (its pattern's ``graph:``): a calibration times its
-    work the same way, since a graph runs kernels with shorter gaps between them."""
+    """Inside a CUDA graph (the pattern's ``graph:``): a calibration times its work the same way
+    (a graph runs kernels with shorter gaps between them)."""
 
     @property
     def team_size(self) -> int:
@@ -210,7 +207,6 @@ class BlockContext:
         """A fresh 1-D buffer on the block's device (never shared with another block)."""
         import torch
 
-        dtype = dtype or self.dtype
         if self.allocator is not None:
-            return self.allocator(numel, dtype)
-        return torch.empty(numel, dtype=dtype, device=self.device)
+            return self.allocator(numel, dtype or self.dtype)
+        return torch.empty(numel, dtype=dtype or self.dtype, device=self.device)

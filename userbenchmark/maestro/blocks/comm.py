@@ -43,7 +43,6 @@ IN_PLACE = Param(
 
 
 def _team(team_size: int) -> int:
-    """``team_size`` as a number of ranks: numpy ints pass; bools, floats and sizes < 1 raise."""
     if isinstance(team_size, bool) or operator.index(team_size) < 1:
         raise ValueError(f"team_size must be an int >= 1, got {team_size!r}")
     return operator.index(team_size)
@@ -54,8 +53,7 @@ class Collective(Block):
 
     category = "comm"
     params = (SIZE,)
-    divide_by_team = False
-    """Whether S must split into team_size equal chunks of whole elements."""
+    divide_by_team = False  # S must split into team_size equal chunks of whole elements
 
     @classmethod
     def idle_reason(cls, params: Mapping[str, Any], *, team_size: int, backend: str) -> str | None:
@@ -118,8 +116,7 @@ class Collective(Block):
     def capped_params(
         cls, params: Mapping[str, Any], *, max_size_bytes: int, dtype: str, team_size: int
     ) -> dict[str, Any]:
-        """S capped at ``max_size_bytes``, rounded down to whole elements (whole chunks of
-        team_size elements where S splits across the team)."""
+        """S capped at ``max_size_bytes``, rounded down to whole elements (or chunks)."""
         if int(params["size"]) <= max_size_bytes:
             return dict(params)
         divide = cls.divide_by_team
@@ -192,8 +189,7 @@ class AllReduce(_InPlace):
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter +
-        all-gather)."""
+        """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter, gather)."""
         n = _team(team_size)
         return 2 * (n - 1) / n
 
@@ -204,15 +200,13 @@ class AllReduce(_InPlace):
 
 
 class _Chunked(_OutOfPlace):
-    """S split into one chunk per rank (all_gather, reduce_scatter, all_to_all); in place the
-    chunk is part of the S-byte buffer, out of place a buffer of its own."""
+    """S split into one chunk per rank; in place the chunk is part of the S-byte buffer."""
 
     divide_by_team = True
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        """(n-1)/n: each rank receives the n-1 chunks it does not hold (a team of 1 moves
-        nothing)."""
+        """(n-1)/n: each rank receives the n-1 chunks it does not hold."""
         n = _team(team_size)
         return (n - 1) / n
 

@@ -57,12 +57,11 @@ DATA_STD = Param(
 
 
 def _off_flag(name: str, doc: str) -> Param:
-    """A bool parameter, off by default and left out of the described settings while off."""
     return Param(name=name, kind="bool", default=False, doc=doc, described_at_default=False)
 
 
 def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
-    """A 2-D operand stored column-major (its first dimension is the contiguous one)."""
+    """Stored column-major (its first dimension is the contiguous one)."""
     two_d = bool(stride) and len(shape) == 2 and len(stride or ()) == 2
     return two_d and stride[0] == 1 < shape[0] and stride[1] != 1  # type: ignore[index]
 
@@ -74,8 +73,8 @@ the median with Linux's default 50 µs timer slack, 40-47 µs (p99 85-125 µs) w
 
 def sleep_until_ns(deadline_ns: int) -> None:
     """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep (no core taken, the GIL
-    released) until :data:`SPIN_NS` before it, spin the rest. Only the last microseconds hold a
-    core: a thread spinning longer takes it from a lane on a host with fewer cores than threads."""
+    released) until :data:`SPIN_NS` before it, spin the rest (a longer spin takes a core from a
+    lane on a host with fewer cores than threads)."""
     if (coarse_ns := deadline_ns - time.perf_counter_ns() - SPIN_NS) > 0:
         time.sleep(coarse_ns / 1e9)
     while time.perf_counter_ns() < deadline_ns:
@@ -131,8 +130,8 @@ class Gemm(Block):
 
     @classmethod
     def traced_params(cls, call: TracedCall) -> tuple[dict[str, Any], str | None] | None:
-        """m, n, k and the operands' layouts from the op's input shapes and strides (bmm: the
-        batches as rows); None when they are not a GEMM's or the dtype is not floating."""
+        """m, n, k and the operands' layouts from the input shapes and strides (bmm: batches as
+        rows); None when they are not a GEMM's or the dtype is not floating."""
         strides = [*call.strides, *[None] * len(call.dims)]
         pairs = [(d, st) for d, st in zip(call.dims, strides, strict=False) if d]
         name = call.name.removeprefix("aten::")
@@ -176,7 +175,6 @@ class Gemm(Block):
     def normalize_params(
         cls, params: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """m/n/k from the explicit dims or the operand shapes; never scaled by dtype size."""
         out = dict(params)
         problems: list[tuple[str, str]] = []
         dims = {d: [(d, int(out[d]))] if out.get(d) is not None else [] for d in "mnk"}
@@ -254,7 +252,6 @@ class Gemm(Block):
         self.tf32 = bool(self.spec.params.get("tf32", False))
 
     def _operand(self, rows: int, cols: int, transposed: bool) -> Any:
-        """A [rows, cols] operand, stored column-major when ``transposed``."""
         flat = self.ctx.empty(rows * cols)
         return flat.view(cols, rows).t() if transposed else flat.view(rows, cols)
 
@@ -317,9 +314,9 @@ BUSY_CPU_ELEMS = 16384
 
 
 class Busy(Block):
-    """Memory-bound compute that occupies the GPU as an elementwise kernel does (every SM, HBM
-    traffic): ``c = a + b`` on CUDA, repeated and sized by calibration at setup so that the
-    block takes ``duration_us`` alone; on CPU the same add in a loop until ``duration_us``."""
+    """Memory-bound compute occupying the GPU as an elementwise kernel does (every SM, HBM):
+    ``c = a + b``, repeated and sized by calibration so the block takes ``duration_us`` alone;
+    on CPU the same add in a loop until ``duration_us``."""
 
     op = "busy"
     category = "compute"
@@ -388,9 +385,8 @@ class Busy(Block):
             torch.add(self.a, self.b, out=self.c)
 
     def _event_span_us(self, enqueue: Callable[[], object], launches: int) -> float:
-        """Median of three spans between two CUDA events around ``enqueue()`` (``launches``
-        kernels), each behind a spin that holds the stream while the host enqueues: kernels run
-        back to back, as in a window behind the gate (without it busy ran 10-20 % short)."""
+        """Median of three event spans around ``enqueue()``, each behind a spin holding the stream
+        while the host enqueues, as behind the gate (without it busy ran 10-20 % short)."""
         import torch
 
         spans_us = []
@@ -405,7 +401,6 @@ class Busy(Block):
         return statistics.median(spans_us)
 
     def _as_run(self, work: Callable[[], object]) -> Callable[[], object]:
-        """``work`` as the block runs it: captured in a CUDA graph when its pattern is one."""
         if not self.ctx.graph:
             return work
         import torch
@@ -416,11 +411,9 @@ class Busy(Block):
         return graph.replay
 
     def _calibrate(self, duration_us: float) -> None:
-        """The kernel count and the elements per kernel whose span (first kernel's start to last
-        one's end, as CUPTI times a block) takes ``duration_us`` alone, eager or in a graph as its
-        pattern runs. Events add about 3 µs around what they time on an H200 (without removing
-        it busy ran 2-8 % short of CUPTI's time): a spin of known length, timed the same way,
-        measures that overhead."""
+        """Kernel count and elements per kernel whose span (as CUPTI times a block) takes
+        ``duration_us`` alone. Events add ~3 µs on an H200 (busy ran 2-8 % short of CUPTI's time
+        without removing it): a spin of known length, timed the same way, measures that."""
         import torch
 
         spin_us = 20.0

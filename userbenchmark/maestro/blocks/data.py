@@ -39,8 +39,7 @@ def fill_random(buf: torch.Tensor, ctx: BlockContext) -> None:
 def fill_operand(
     buf: torch.Tensor, ctx: BlockContext, std: float | None, usual: Callable[[Any], None]
 ) -> None:
-    """``buf`` filled with normal values of ``std`` (0: zeros), or by ``usual`` when unset (a
-    block's ``data_std``)."""
+    """``buf`` filled with normal values of a block's ``data_std`` (0: zeros; None: ``usual``)."""
     if std is None:
         usual(buf)
     elif std == 0:
@@ -50,9 +49,8 @@ def fill_operand(
 
 
 def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
-    """Inputs of an in-place reduction that stay finite however often it repeats: for sum/avg the
-    team's ranks pair up as (+x, -x) (an odd last rank holds 0), for prod values are +-1, for
-    max/min any values stay finite. Reduction speed does not depend on the values."""
+    """Inputs of an in-place reduction that stay finite however often it repeats (the team's
+    values cancel, or are +-1 for prod); reduction speed does not depend on the values."""
     import torch
 
     if not buf.numel():

@@ -13,15 +13,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class DType:
-    """One dtype a pattern may name."""
+    """One dtype a pattern may name; ``trace_names``: how profiler traces spell it (c10's
+    ScalarType and C++ names, ``c10::`` dropped)."""
 
     name: str
     size_bytes: int
-    torch_name: str
-    """Attribute of the ``torch`` module (``bfloat16`` for ``bf16``)."""
+    torch_name: str  # attribute of the ``torch`` module
     floating: bool
     trace_names: tuple[str, ...] = ()
-    """How profiler traces spell it (c10's ScalarType and C++ names, ``c10::`` dropped)."""
 
 
 _TABLE = (  # name, bytes, torch attribute, floating, how traces spell it

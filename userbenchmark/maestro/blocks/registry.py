@@ -28,8 +28,8 @@ class BlockImportError(LookupError):
 
 
 def custom_op_problem(op: str) -> str | None:
-    """Why ``op`` is not a well-formed ``package.module:ClassName``, or None (nothing imported). A
-    ``__main__`` module part is refused: importing it runs a program, never a module of blocks."""
+    """Why ``op`` is not a well-formed ``package.module:ClassName``, or None (nothing imported); a
+    ``__main__`` module is refused: importing it runs a program."""
     module_name, _, class_name = op.partition(":")
     if not module_name or not class_name:
         return f"custom op {op!r} must be written 'package.module:ClassName'"
@@ -48,9 +48,8 @@ def custom_op_problem(op: str) -> str | None:
 
 
 def resolve_op(op: str) -> type[Block]:
-    """The block class of ``op``: a registry name (else KeyError) or ``package.module:ClassName``,
-    whose import runs the module's code (trusted input); anything it raises, SystemExit included,
-    becomes BlockImportError, and only KeyboardInterrupt goes through."""
+    """The block class of a registry name (else KeyError) or ``package.module:ClassName``, whose
+    import runs user code: anything but KeyboardInterrupt it raises becomes BlockImportError."""
     if ":" not in op:
         return registered_ops()[op]
     problem = custom_op_problem(op)

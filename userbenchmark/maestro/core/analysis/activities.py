@@ -23,8 +23,7 @@ API_DRIVER = 2
 
 
 def check_lengths(obj: Any, names: Sequence[str] = (), rows: int | None = None) -> int:
-    """The one length of the 1-D arrays ``obj.<name>`` (default: every field of the dataclass
-    ``obj``) and of ``rows``; ValueError otherwise."""
+    """The one length of ``obj``'s 1-D arrays ``names`` (default: all fields) and ``rows``."""
     lengths = set() if rows is None else {rows}
     for name in names or [f.name for f in dataclasses.fields(obj)]:
         arr = getattr(obj, name)
@@ -85,8 +84,7 @@ class DeviceActivities(Columns):
     block_dims: np.ndarray  # int32 (n, 3): kernel thread-block dims (zeros for memcpy/memset)
     size_bytes: np.ndarray  # int64: bytes of a memcpy/memset (0 for kernels)
     name_index: np.ndarray
-    """int32 into ``names``: the kernel's name, or ``Memcpy DtoD (Device -> Device)``-style
-    names for copies and sets."""
+    """int32 into ``names``: the kernel's, or a ``Memcpy DtoD (Device -> Device)``-style name."""
     names: tuple[str, ...]
     launches: LaunchCalls
 
@@ -102,8 +100,7 @@ class DeviceActivities(Columns):
 
 
 def main_kernel_names(activities: DeviceActivities | None, num_blocks: int) -> tuple[str, ...]:
-    """Per block, the name of the kernel that took most of its device time over the window
-    ('' for a block without kernels here, and for every block without ``activities``)."""
+    """Per block, the kernel that took most of its device time in the window ('' unknown)."""
     if activities is None:
         return ("",) * num_blocks
     kernels = activities.kind == KIND_KERNEL

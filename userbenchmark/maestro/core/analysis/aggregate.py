@@ -52,15 +52,12 @@ class WindowAggregate:
     makespan_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of (last end - first start) on that rank."""
     pair_sum: np.ndarray = reduced("sum")
-    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over the ranks that ran
-    both (``pair_count``)."""
+    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over ``pair_count`` ranks."""
     pair_count: np.ndarray = reduced("sum")
     comm_hidden_by_rank_ns: np.ndarray = reduced("sum")
-    """(2, world): each rank's communication time hidden under compute, and its communication
-    time, over the whole window."""
+    """(2, world): each rank's comm time hidden under compute, and its comm time, in the window."""
     comm_compute_by_iter: np.ndarray = reduced("sum")
-    """(2, iters): communication time hidden under compute, and communication time, per
-    iteration summed over ranks (within each iteration only: what the interval resamples)."""
+    """(2, iters): the same per iteration, summed over ranks (what the interval resamples)."""
     lane_skew_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of the spread of the lanes' first starts (NaN: < 2 lanes)."""
     gate_delay_ns: np.ndarray = reduced("max")
@@ -71,13 +68,12 @@ class WindowAggregate:
     kernel_ctas_max: np.ndarray = reduced("max", raw=True)
     """(blocks,): largest kernel grid (CTAs) of the block over ranks (NaN: not known)."""
     launch_avg_ns: np.ndarray = reduced("max")
-    """(blocks,): host time in the block's ``launch``, mean over iterations, max over ranks
-    (NaN: not measured, as on CPU lanes where launch runs the block)."""
+    """(blocks,): host time in the block's ``launch``, mean over iterations (NaN: CPU lanes)."""
     enqueue_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of the host's time to enqueue the whole iteration (NaN: CPU)."""
     late: np.ndarray = reduced("max")
-    """(iters,) 1 where on some rank the start was not protected: the CUDA enqueue outlasted
-    the gate spin, or the agreed CPU start instant had passed when the rank learned it."""
+    """(iters,) 1 where on some rank the CUDA enqueue outlasted the gate spin, or the agreed CPU
+    start instant had passed when the rank learned it."""
     late_known: np.ndarray = reduced("max")
     """(1,) 1 where ``late`` was measured (CUDA gates; CPU starts agreed on an instant)."""
     gate_spin: np.ndarray = reduced("max")
@@ -89,8 +85,8 @@ class WindowAggregate:
     """(iters,) ns: the latest gate opening over the ranks (unknown: no shared clock)."""
     gate_lo: np.ndarray = reduced("min", exact=True)
     last_start_vote: np.ndarray = reduced("max", exact=True)
-    """(blocks,): (iterations a rank started last) x world + (world - 1 - rank), combined in
-    a second round (it needs the combined ``start_hi``)."""
+    """(blocks,): (iterations a rank started last) x world + (world - 1 - rank), combined in a
+    second round (it needs the combined ``start_hi``)."""
 
     @property
     def duration_spread_ns(self) -> np.ndarray:
@@ -99,8 +95,8 @@ class WindowAggregate:
 
     @property
     def start_skew_ns(self) -> np.ndarray:
-        """(blocks, iters): latest minus earliest start of the block over the ranks running it
-        (NaN: no shared clock, or fewer than 2 ranks)."""
+        """(blocks, iters): latest minus earliest start over the ranks (NaN: no shared clock, or
+        fewer than 2 ranks)."""
         known = (self.start_hi != _I64.min) & (self.present_ranks >= 2)[:, None]
         # Unknown entries are sentinels (their difference wraps); only known ones are read.
         return np.where(known, self.start_hi - self.start_lo, np.nan)
@@ -121,8 +117,7 @@ class WindowAggregate:
 
     @property
     def pairwise_overlap(self) -> np.ndarray:
-        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|); NaN: never
-        met."""
+        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|) (NaN: never)."""
         return overlap.divided(self.pair_sum, self.pair_count, self.pair_count > 0)
 
     @property
@@ -161,7 +156,6 @@ class WindowAggregate:
 
 @functools.cache
 def _rounds() -> tuple[tuple[str, Any, tuple[str, ...]], ...]:
-    """(op, dtype, field names) of every all_reduce of the first round, in field order."""
     groups: dict[tuple[str, Any], list[str]] = {}
     for f in fields(WindowAggregate):
         if "reduce" in f.metadata and f.name != "last_start_vote":
@@ -225,8 +219,7 @@ def local_summary(
 def _overlap_arrays(
     starts: np.ndarray, ends: np.ndarray, present: np.ndarray, comm: np.ndarray, compute: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Makespan, pairwise overlap, and communication hidden under compute: over the whole
-    window (``cc_window``: hidden, comm) and per iteration."""
+    """``cc_window``: (hidden, comm) over the whole window."""
     num_iters = starts.shape[1]
     cc_window = np.zeros(2)
     cc_iter = np.zeros((2, num_iters))
@@ -255,7 +248,6 @@ def _lane_arrays(
     gate_open: np.ndarray | None,
     origin: int,
 ) -> dict[str, np.ndarray]:
-    """Spread of the lanes' first starts, and the longest wait from gate to a first start."""
     num_blocks, num_iters = starts.shape
     lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]} - {-1})
     first = np.full((len(lanes), num_iters), np.inf)
@@ -273,7 +265,6 @@ def _lane_arrays(
 def _host_arrays(
     host: HostTimings | None, present: np.ndarray, num_blocks: int, num_iters: int
 ) -> dict[str, np.ndarray]:
-    """The host's side: enqueue times, launch-bound or late-start iterations, gate spin."""
     out = {
         "launch_avg_ns": np.full(num_blocks, -np.inf),
         "enqueue_ns": np.full(num_iters, -np.inf),
@@ -297,7 +288,6 @@ def _host_arrays(
 def _instant_arrays(
     raw_starts: np.ndarray, present: np.ndarray, gate_open: np.ndarray | None, known: bool
 ) -> dict[str, np.ndarray]:
-    """Instants for cross-rank comparison, exact in int64 (unknown unless ``known``)."""
     start = present[:, None] & known
     gate_known = known and gate_open is not None
     gate = np.asarray(gate_open if gate_known else np.zeros(raw_starts.shape[1]), dtype=np.int64)
@@ -320,8 +310,6 @@ def _vote(local: WindowAggregate, start_hi: np.ndarray, rank: int) -> np.ndarray
 def _combined(
     local: WindowAggregate, combine: Callable[[str, Any, tuple[str, ...]], list[np.ndarray]]
 ) -> WindowAggregate:
-    """``local`` with every first-round field replaced by ``combine(op, dtype, names)``; an
-    unknown float max or min reads NaN."""
     out: dict[str, np.ndarray] = {}
     for op, dtype, names in _rounds():
         for name, value in zip(names, combine(op, dtype, names), strict=True):
@@ -346,17 +334,3 @@ def reduce_summaries(
     out = _combined(local, combine)
     vote = reduce(_vote(local, out.start_hi, rank), "max")
     return replace(out, world_size=world_size, last_start_vote=vote)
-
-
-def simulate_ranks(summaries: Sequence[WindowAggregate]) -> WindowAggregate:
-    """The summary every rank would get, computed in one process (tests, scale benchmark):
-    ``summaries[r]`` is rank r's :func:`local_summary` (``rank=r``, world ``len(summaries)``)."""
-    ops = {"max": np.max, "min": np.min, "sum": np.sum}
-
-    def combine(op: str, dtype: Any, names: tuple[str, ...]) -> list[np.ndarray]:
-        return [ops[op](np.stack([getattr(s, n) for s in summaries]), axis=0).astype(dtype)
-                for n in names]  # fmt: skip
-
-    out = _combined(summaries[0], combine)
-    votes = [_vote(s, out.start_hi, r) for r, s in enumerate(summaries)]
-    return replace(out, world_size=len(summaries), last_start_vote=np.max(votes, axis=0))

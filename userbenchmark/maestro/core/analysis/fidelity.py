@@ -1,8 +1,6 @@
-"""An imported pattern's replay against its trace: each block's mean latency, the step's mean
-makespan and each rank's over their traced durations, with the 95 % interval of the replayed mean
-(the trace is one sample of one step: it has no interval of its own); the kernel each block ran
-against the traced one; and the GEMMs' errors apart for those a collective ran beside in the trace
-and the others."""
+"""An imported pattern's replay against its trace: replayed / traced durations of each block, the
+step and each rank's step, with the replayed mean's 95 % interval (the trace is one sample); the
+kernel each block ran against the traced one; errors apart for blocks beside a collective."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ R = TypeVar("R", BlockResult, PatternResult)
 
 
 def ratio(durations_ns: np.ndarray, traced_us: float | None) -> tuple[float, float, float]:
-    """(replayed mean / traced, low, high): the mean of the finite per-iteration durations (ns)
-    over a traced duration (µs), with the mean's 95 % interval from the same bootstrap as every
-    other figure's (core/analysis/stats.py); NaN where unknown."""
+    """(replayed mean / traced, low, high): the finite durations' (ns) mean over ``traced_us``,
+    with the mean's 95 % interval from the same bootstrap as every other figure; NaN: unknown."""
     x = np.asarray(durations_ns, dtype=np.float64) / 1e3
     x = x[np.isfinite(x)]
     if traced_us is None or not traced_us > 0 or not x.size:
@@ -50,9 +47,8 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
 
 
 def kernel_mismatch(traced: str | None, replayed: str) -> str:
-    """What differs between the kernel a block ran and the one its trace ran ('' when they
-    are the same or either is unknown): the words (``_``-separated: tile, layout, epilogue)
-    each has and the other lacks."""
+    """The words (``_``-separated: tile, layout, epilogue) the replayed kernel and the traced one
+    each have and the other lacks ('' when the same or either is unknown)."""
     if not traced or not replayed or traced == replayed:
         return ""
     ours, theirs = replayed.split("_"), traced.split("_")
@@ -73,8 +69,7 @@ class ErrorGroup:
     count: int
     mean_error: float
     max_error: float
-    within: int
-    """Blocks within the target."""
+    within: int  # blocks within the target
 
 
 def error_groups(
@@ -107,9 +102,8 @@ def with_fidelity(
     steps_ns: np.ndarray,
     kernels: Sequence[str] = (),
 ) -> PatternOutcome:
-    """The outcome with each block's and the step's replayed / traced ratio and interval,
-    every rank's step (``steps_ns``: :func:`rank_steps` summed over ranks), and a note where a
-    block's kernel (``kernels``, one per block, '' when unknown) is not the traced one."""
+    """The outcome with replayed / traced ratios and intervals, every rank's step (``steps_ns``:
+    :func:`rank_steps` summed over ranks), and a note where ``kernels[b]`` is not the traced one."""
     blocks = []
     for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True)):
         replayed = kernels[b] if kernels else ""
@@ -131,7 +125,6 @@ def with_fidelity(
 
 
 def _rank_row(rank: int, traced_us: float | None, steps_ns: np.ndarray) -> dict[str, Any]:
-    """One rank's entry of ``replay_by_rank`` (null where unknown)."""
     replayed = float(np.nanmean(steps_ns)) / 1e3 if np.isfinite(steps_ns).any() else math.nan
     names = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
     values = (traced_us, replayed, *ratio(steps_ns, traced_us))

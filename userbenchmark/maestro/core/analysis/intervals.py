@@ -15,9 +15,8 @@ if TYPE_CHECKING:
 
 @dataclass(kw_only=True)
 class HostTimings:
-    """Host-side facts about one window: what the host spent enqueueing, against the gate,
-    and (CPU lanes) when the gate opened. Arrays a backend does not fill stay empty: on CPU
-    lanes a block runs (not enqueues) inside ``launch``."""
+    """Host-side facts about one window: enqueue times against the gate, and (CPU lanes) when the
+    gate opened. Arrays a backend does not fill stay empty."""
 
     enqueue_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """(iters,): host time from the gate's launch to the last block's enqueue."""
@@ -35,17 +34,15 @@ class HostTimings:
 
 
 def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
-    """(iters,) bool: the host was still enqueueing when the gate could have opened. The
-    gate's spin is launched first, so an iteration enqueued in less than ``gate_us`` was issued
-    in full before any lane could start; a longer one may have let lanes start early."""
+    """(iters,) bool: the host was still enqueueing when the gate (launched first) could have
+    opened, so lanes may have started before every block was issued."""
     return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
 
 
 @dataclass(frozen=True, kw_only=True)
 class WindowTimings:
-    """Timings of one measured window (of a pattern or a baseline run): ``starts_ns`` and
-    ``ends_ns`` are (num_blocks, num_iters) on this rank's own clock; rows of blocks this rank
-    does not run (``present`` False) are zeros and never read."""
+    """Timings of one measured window: ``starts_ns`` and ``ends_ns`` (num_blocks, num_iters) on
+    this rank's own clock; rows of blocks it does not run (``present`` False) are never read."""
 
     starts_ns: np.ndarray
     ends_ns: np.ndarray
@@ -60,7 +57,6 @@ class WindowTimings:
     activity_counts: np.ndarray | None = None
     """Per block: device activities attributed to it in the window (CUPTI only)."""
     kernel_ctas_max: np.ndarray | None = None
-    """Per block: the largest grid (CTAs, x*y*z) of its kernels in the window, 0 without a
-    kernel (CUPTI only): shows what per-axis limits such as nccl max_ctas did."""
+    """Per block: the largest grid (CTAs, x*y*z) of its kernels, 0 without one (CUPTI only)."""
     activities: DeviceActivities | None = None
-    """The window's attributed device activities, names included (CUPTI with --trace)."""
+    """Named, attributed device activities (CUPTI with --trace)."""

@@ -18,7 +18,6 @@ from ...blocks.compute import Busy, Sleep
 from ..config.spec import PatternSpec, SuiteSpec
 from . import overlap
 from .aggregate import WindowAggregate
-from .critical_path import critical_path
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import (
     LatencyStats,
@@ -32,13 +31,6 @@ from .stats import (
 MIN_ITERS_FOR_P99 = 100
 """Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max:
 it is left out rather than written as a second copy of the max."""
-
-
-def ideal_of(pattern: PatternSpec) -> Callable[[np.ndarray], float]:
-    """The ideal makespan from the blocks' isolated latencies (µs): the critical path over
-    ``after:`` and lane order (the longest block when nothing waits). The one place that
-    defines it, for the figure and for each bootstrap resample of its interval."""
-    return lambda isolated_us: critical_path(isolated_us, pattern.predecessors)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +53,7 @@ _NAN_STATS = LatencyStats(count=0)
 
 
 def _stats(durations_ns: np.ndarray) -> LatencyStats:
-    """Statistics of the durations (all NaN when none was timed: an idle block), p99 NaN below
-    MIN_ITERS_FOR_P99. A row with some iterations missing is a bug upstream and raises."""
+    """All NaN for an idle block; a row with some iterations missing is a bug and raises."""
     if np.isnan(durations_ns).all():
         return _NAN_STATS
     stats = latency_stats(durations_ns)
@@ -72,8 +63,6 @@ def _stats(durations_ns: np.ndarray) -> LatencyStats:
 
 
 def _us(values_ns: np.ndarray, how: str) -> float:
-    """``mean``, ``std``, ``max`` or ``p50``/``p99`` of the finite values, in µs (NaN: none, or
-    a p99 of fewer than MIN_ITERS_FOR_P99 values)."""
     finite = values_ns[np.isfinite(values_ns)]
     if not finite.size or (how == "p99" and finite.size < MIN_ITERS_FOR_P99):
         return math.nan
@@ -99,9 +88,8 @@ class _Noise:
         *,
         limits: tuple[float, float] = (0.0, math.inf),
     ) -> np.ndarray:
-        """Record ``name``'s interval from its replicates drawn from ``df`` + 1 independent
-        blocks, within the values it can take (``limits``: >= 0 unless said); returns the
-        replicates."""
+        """Record ``name``'s interval from replicates of ``df`` + 1 independent blocks, within
+        ``limits`` (the values it can take); returns the replicates."""
         if replicates.size:
             with np.errstate(invalid="ignore", divide="ignore"):
                 low, high = interval(estimate, replicates, df)
@@ -139,9 +127,8 @@ FAR_OVER_US = 50.0
 def _over_asked_notes(
     cls: type[Block], params: Mapping[str, Any], avg_us: float, alone_us: float, *, cpu: bool
 ) -> list[str]:
-    """A note when a ``sleep`` or ``busy`` block's average latency, overlapped or alone, is far
-    over the duration it asks for: it waits or works until its deadline, so more is its lane
-    held up. On a GPU what overlaps ``busy`` slows it: only its time alone is judged there."""
+    """A ``sleep`` or ``busy`` block far over its duration was held up (it waits or works until
+    its deadline); on a GPU what overlaps ``busy`` slows it, so only its time alone is judged."""
     if not issubclass(cls, (Sleep, Busy)):
         return []
     asked = float(params["duration_us"])
@@ -158,14 +145,15 @@ def _over_asked_notes(
 
 def _block_result(
     b: int,
-    suite: SuiteSpec,
+    head: dict[str, Any],
     pattern: PatternSpec,
     cls: type[Block],
     agg: WindowAggregate,
     isolated: Isolated,
     noise: _Noise,
     team_size: int,
-    cpu: bool,
+    given_notes: Sequence[str],
+    wrong_elements: int | None,
 ) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
     """One block's record, its isolated latency's replicates (µs; empty: not measured) with
     their degrees of freedom, and its bus bytes per iteration (0: none)."""
@@ -202,6 +190,7 @@ def _block_result(
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
     high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
+    cpu = head["profiler"] == "host"
     notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
         high < 1.0,
         f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
@@ -212,8 +201,7 @@ def _block_result(
     ctas = agg.kernel_ctas_max[b]
     return (
         BlockResult(
-            suite=suite.name,
-            pattern=pattern.name,
+            **head,
             block=spec.name,
             op=spec.op,
             axis=spec.axis,
@@ -234,7 +222,8 @@ def _block_result(
             activities_per_iter=float(agg.activities_per_iter[b]),
             kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
             enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
-            notes="; ".join(notes),
+            wrong_elements=wrong_elements,
+            notes="; ".join(n for n in (*given_notes, *notes) if n),
             intervals=intervals,
         ),
         (iso_rep, iso_df),
@@ -258,27 +247,21 @@ def build_outcome(
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
     noise = _Noise(len(pattern.blocks))
-    run = {"profiler": profiler, "ranks_per_gpu": ranks_per_gpu}
+    head = dict(
+        suite=suite.name, pattern=pattern.name, profiler=profiler, ranks_per_gpu=ranks_per_gpu
+    )
     blocks, iso_reps, bus_bytes = [], [], 0.0
     for b, cls in enumerate(classes):
+        given = notes[b] if notes else ()
+        checked = None if wrong is None else int(wrong[b])
         result, iso_rep, bus = _block_result(
-            b, suite, pattern, cls, agg, isolated, noise, team_sizes[b], profiler == "host"
+            b, head, pattern, cls, agg, isolated, noise, team_sizes[b], given, checked
         )
-        blocks.append(
-            dataclasses.replace(
-                result,
-                notes="; ".join(n for n in (*(notes[b] if notes else ()), result.notes) if n),
-                wrong_elements=None if wrong is None else int(wrong[b]),
-                **run,
-            )
-        )
+        blocks.append(result)
         iso_reps.append(iso_rep)
         bus_bytes += bus
-    pattern_result = dataclasses.replace(
-        _pattern_result(suite, pattern, agg, blocks, iso_reps, bus_bytes, noise),
-        peak_memory_bytes=peak_memory_bytes,
-        **run,
-    )
+    pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
+    pattern_result = dataclasses.replace(pattern_result, peak_memory_bytes=peak_memory_bytes)
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
         PairResult(
@@ -306,8 +289,7 @@ def _overlap_figures(
     makespan_rep: np.ndarray,
     noise: _Noise,
 ) -> dict[str, float]:
-    """Serial, ideal and overlap efficiency (with intervals), when every block was measured
-    alone: each resample recomputes serial and ideal from the same isolated resamples, so the
+    """Each resample recomputes serial and ideal from the same isolated resamples, so the
     interval knows that ideal is one of serial's terms."""
     iso = np.array([b.isolated_latency_avg_us for b in blocks])
     if len(blocks) < 2 or not np.isfinite(iso).all() or not makespan_rep.size:
@@ -336,8 +318,6 @@ def _overlap_figures(
 def _efficiency_notes(
     figures: dict[str, float], makespan_us: float, low: float, high: float
 ) -> list[str]:
-    """A note for an overlap efficiency below 0 beyond noise (its whole interval), and one for
-    a makespan below the ideal (an efficiency above 1), a figure that cannot be, noise or not."""
     efficiency = figures.get("overlap_efficiency", math.nan)
     where = f"overlap efficiency {efficiency:.3f} (95 % interval {low:.3f} to {high:.3f})"
     ideal = figures.get("ideal_us", math.nan)
@@ -357,7 +337,7 @@ def _efficiency_notes(
 
 
 def _pattern_result(
-    suite: SuiteSpec,
+    head: dict[str, Any],
     pattern: PatternSpec,
     agg: WindowAggregate,
     blocks: Sequence[BlockResult],
@@ -370,9 +350,11 @@ def _pattern_result(
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
     makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
-    figures = _overlap_figures(
-        ideal_of(pattern), blocks, iso_reps, makespan.avg_us, makespan_rep, noise
-    )
+
+    def ideal(isolated_us: np.ndarray) -> float:  # for the figure and each resample
+        return overlap.critical_path(isolated_us, pattern.predecessors)[0]
+
+    figures = _overlap_figures(ideal, blocks, iso_reps, makespan.avg_us, makespan_rep, noise)
     shared = math.nan
     if bus_bytes and several:
         shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
@@ -387,8 +369,7 @@ def _pattern_result(
     eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)[:2]
     notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval)
     return PatternResult(
-        suite=suite.name,
-        pattern=pattern.name,
+        **head,
         iters=pattern.num_iters,
         num_blocks=len(blocks),
         warmup_iters=pattern.warmup_iters,
@@ -416,8 +397,7 @@ def _pattern_result(
 def _warnings(
     pattern: PatternSpec, agg: WindowAggregate, wrong: np.ndarray | None, ranks_per_gpu: int | None
 ) -> list[str]:
-    """Per-pattern warnings (a late CPU start is counted in ``host_late_iters`` and summed up
-    once at the end of the run, not warned about per pattern)."""
+    """A late CPU start is not warned about here: the run sums ``host_late_iters`` up once."""
     warnings = []
     if ranks_per_gpu is not None and ranks_per_gpu > 1:
         warnings.append(

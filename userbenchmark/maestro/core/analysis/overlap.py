@@ -1,8 +1,12 @@
 """Overlap metrics of ONE rank's block intervals: `starts`/`ends` (num_blocks, num_iters) in ns of
 its own clock, blocks it does not run masked out by `present` (num_blocks,) bool (their rows may
-hold anything). Vectorised over iterations; inputs are never modified."""
+hold anything), and the critical path that is a pattern's ideal. Inputs are never modified."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -11,7 +15,6 @@ from numpy.typing import ArrayLike
 def _intervals(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validate (num_blocks, num_iters) interval arrays; return (starts, ends, present mask)."""
     s = np.asarray(starts)
     e = np.asarray(ends)
     if s.ndim != 2 or s.shape != e.shape:
@@ -31,7 +34,6 @@ def _intervals(
 
 
 def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarray:
-    """A (num_blocks,) boolean mask; None means every block."""
     if mask is None:
         return np.ones(num_blocks, dtype=bool)
     m = np.asarray(mask)
@@ -50,7 +52,6 @@ def intersection_ns(
 
 
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Union length per column of validated (num_blocks, num_iters) intervals (0: no blocks)."""
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
     order = np.argsort(s, axis=0, kind="stable")
@@ -73,8 +74,8 @@ def union_length_ns(
 def union_intersection_ns(
     starts_a: ArrayLike, ends_a: ArrayLike, starts_b: ArrayLike, ends_b: ArrayLike
 ) -> np.ndarray:
-    """|union(A) ∩ union(B)| per iteration for two block sets of shape (num_blocks_x, num_iters).
-    Uses |U(A) ∩ U(B)| = |U(A)| + |U(B)| - |U(A ∪ B)|. Pass only the rows of present blocks."""
+    """|union(A) ∩ union(B)| per iteration of two block sets (num_blocks_x, num_iters), as
+    |U(A)| + |U(B)| - |U(A ∪ B)|. Pass only the rows of present blocks."""
     sa, ea, _ = _intervals(starts_a, ends_a)
     sb, eb, _ = _intervals(starts_b, ends_b)
     if sa.shape[1] != sb.shape[1]:
@@ -108,8 +109,7 @@ def pairwise_overlap_mean(
 
 
 def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
-    """Last end minus first start over the (present) blocks, per iteration: (num_iters,);
-    ValueError when no block is present (the span of nothing is undefined)."""
+    """(num_iters,): last end minus first start over the present blocks (ValueError: none)."""
     s, e, mask = _intervals(starts, ends, present)
     if not mask.any():
         raise ValueError("makespan of an empty block set")
@@ -182,3 +182,31 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     pattern's makespan (not the longest block), in GB/s (1e9); NaN unless makespan_s > 0."""
     span = np.asarray(makespan_s, dtype=np.float64)
     return divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
+
+
+def critical_path(
+    durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]
+) -> tuple[float, tuple[int, ...]]:
+    """A pattern's ideal once blocks wait for each other (``predecessors[i]``: the blocks block
+    ``i`` waits for): the length (µs) of the longest chain at isolated durations and its blocks,
+    first to last; NaN and () when a duration is not finite; ValueError on a cycle."""
+    durations = np.asarray(durations_us, dtype=np.float64)
+    num = durations.size
+    if len(predecessors) != num:
+        raise ValueError(f"{len(predecessors)} predecessor lists for {num} durations")
+    if not num or not np.isfinite(durations).all():
+        return math.nan, ()
+    finish = np.zeros(num)
+    via = [-1] * num  # the predecessor that finishes last
+    graph = TopologicalSorter({i: predecessors[i] for i in range(num)})
+    try:
+        for i in graph.static_order():
+            if predecessors[i]:
+                via[i] = max(predecessors[i], key=lambda j: finish[j])
+            finish[i] = durations[i] + (finish[via[i]] if via[i] >= 0 else 0.0)
+    except CycleError:
+        raise ValueError("the blocks wait for each other in a cycle") from None
+    path = [int(np.argmax(finish))]
+    while via[path[-1]] >= 0:
+        path.append(via[path[-1]])
+    return float(finish[path[0]]), tuple(reversed(path))

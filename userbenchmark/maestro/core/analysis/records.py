@@ -24,22 +24,20 @@ class Metric:
     """What a record field means as a metric of the metrics file and of ``compare``."""
 
     better: Direction | None
-    """``lower`` or ``higher``; None: descriptive, neither way is better."""
+    """None: descriptive, neither way is better."""
     domain: Domain
-    """Values it can take: ``positive`` (> 0), ``non_negative``, ``fraction`` (in [0, 1]) or any
-    ``finite`` number; anything else is invalid, never judged."""
+    """``positive`` (> 0), ``non_negative``, ``fraction`` (in [0, 1]) or ``finite``; any other
+    value is invalid, never judged."""
     meaning: str
     floor: float | None
-    """The smallest change that counts (run-to-run drift that one run cannot see): a fraction
-    of the control value, or in the metric's own unit when ``absolute``. None: not judged (an
-    extreme or a descriptive figure, whose noise one run does not measure)."""
+    """The smallest change that counts (drift one run cannot see), a fraction of the control
+    value or in the metric's unit when ``absolute``; None: not judged (noise not measured)."""
     absolute: bool = False
     exact: bool = False
     """A count without noise (wrong elements): any change past the floor counts."""
     harness: bool = False
-    """A diagnostic of maestro's own harness (how together it started the blocks, how long
-    the host took to enqueue them), not of the system under test: ``compare`` and the A/B
-    detector show its verdict and never let it decide, unless asked (``--judge-harness``)."""
+    """A diagnostic of maestro's own harness, not of the system under test: ``compare`` and the
+    A/B detector show its verdict and never let it decide, unless ``--judge-harness``."""
 
     @property
     def interval(self) -> bool:
@@ -48,8 +46,7 @@ class Metric:
 
 
 def metric(*, default: Any = math.nan, **info: Any) -> Any:
-    """A record field that is a metric, described by :class:`Metric`'s fields
-    (``default=dataclasses.MISSING``: a required field)."""
+    """A record field that is a metric described by :class:`Metric`'s fields."""
     return field(default=default, metadata={"metric": Metric(**info)})
 
 
@@ -69,8 +66,6 @@ def _rate(meaning: str) -> Any:
 
 
 def _skew(meaning: str, floor: float | None = None, *, harness: bool = True, **info: Any) -> Any:
-    """A spread or a count (>= 0 unless ``domain`` says), lower is better; by default a harness
-    diagnostic (:attr:`Metric.harness`)."""
     info = {"domain": "non_negative", **info}
     return metric(
         better="lower", meaning=meaning, floor=floor, absolute=True, harness=harness, **info
@@ -123,45 +118,42 @@ class BlockResult:
         default=None,
     )
     start_skew_us: float = _skew("spread of the block's start across ranks", 5.0)
-    """Mean over iterations of the latest minus the earliest start of this block over the
-    ranks that run it (the ranks must share a clock: one host; NaN otherwise)."""
+    """Mean over iterations of its latest minus earliest start over the ranks (NaN unless
+    they share a clock: one host)."""
     last_to_start_rank: int | None = None
-    """The rank that started this block last in the most iterations: for a collective, the
-    one the others waited for (None where start skew is unknown)."""
+    """The rank that started it last in the most iterations: for a collective, the one the
+    others waited for (None where start skew is unknown)."""
     duration_spread_us: float = _skew("spread of per-rank mean durations", harness=False)
-    """Largest minus smallest per-rank mean duration (a collective's early rank waits longest)."""
     activities_per_iter: float = math.nan
     kernel_ctas_max: int | None = None
-    """Largest grid (CTAs) of the block's kernels, max over ranks (CUPTI only): a per-axis
-    ``nccl: {max_ctas: N}`` shows here as at most N for the axis's NCCL kernels."""
+    """Largest grid (CTAs) of its kernels over ranks (CUPTI): an axis's ``nccl: {max_ctas: N}``
+    shows here as at most N."""
     enqueue_avg_us: float = _skew("host time in the block's launch per iteration")
-    """Host time in the block's ``launch`` per iteration (CUDA; max over ranks)."""
+    """CUDA; max over ranks."""
     traced_us: float = math.nan
-    """The block's duration in the trace it was imported from (its ``traced_us``; NaN: none)."""
+    """Its duration in the trace it was imported from (NaN: none)."""
     kernel: str = ""
     """An imported block's kernel that took most of its time on rank 0 (CUPTI; '' unknown)."""
     traced_kernel: str = ""
-    """The kernel the trace ran for it (its ``traced_kernel``; '' none)."""
     traced_overlap: float = math.nan
-    """Share of its traced time a collective ran beside it (its ``traced_overlap``; NaN none)."""
+    """Share of its traced time a collective ran beside it (NaN: none)."""
     replay_ratio: float = math.nan
-    """Replayed / traced: latency_avg_us / traced_us."""
+    """latency_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
     replay_ratio_ci_high: float = math.nan
-    """95 % interval of replay_ratio: the replayed mean's over iterations / traced_us (the
-    trace is one sample, without an interval of its own)."""
+    """95 % interval of the replayed mean / traced_us (the trace is one sample, without an
+    interval of its own)."""
     profiler: str = ""
     ranks_per_gpu: int | None = None
-    """Ranks sharing one GPU (1 normally; more only in NCCL's multi-rank test mode, whose
-    timings describe nothing real); None on CPU."""
+    """1 normally; more only in NCCL's multi-rank test mode (timings describe nothing real);
+    None on CPU."""
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
     intervals: dict[str, tuple[float, float, int]] = field(
         default_factory=dict, metadata=_INTERVALS
     )
-    """95 % interval (low, high) of each metric that has one, and its degrees of freedom (the
-    independent blocks of iterations it rests on, less one): the files' ``<name>_ci_low``,
-    ``<name>_ci_high`` and ``<name>_ci_df`` columns, beside the figure."""
+    """(low, high, degrees of freedom) of each metric's 95 % interval: the files'
+    ``<name>_ci_low``, ``_ci_high`` and ``_ci_df`` columns."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +166,7 @@ class PatternResult:
     num_blocks: int
     warmup_iters: int = 0
     sync: str = "barrier"
-    """How iterations were separated and started (``barrier``, ``barrier-only``, ``none``)."""
     graph: bool = False
-    """CUDA-graph mode: each block's launch captured once and replayed."""
     makespan_avg_us: float = _latency("mean of last end - first start", default=_REQUIRED)
     makespan_p99_us: float = _latency("99th-percentile makespan (100 iterations or more)", None)
     serial_us: float = _latency("sum of the blocks' isolated latencies")
@@ -189,41 +179,35 @@ class PatternResult:
     lane_skew_p99_us: float = _skew("p99 gap between the lanes' first kernels")
     lane_skew_max_us: float = _skew("largest gap between the lanes' first kernels")
     gate_skew_p50_us: float = _skew("median spread of the ranks' gate openings")
-    """Median over iterations of the spread across ranks of the instant their gates opened
-    (ranks on one host, with a profiler on the host clock; NaN otherwise)."""
+    """NaN unless the ranks share a host and the profiler uses the host clock."""
     gate_skew_max_us: float = _skew("largest spread of the ranks' gate openings")
     gate_delay_max_us: float = _skew(
         "largest wait from the gate to a lane's first start", domain="finite"
     )
-    """Largest wait from the gate opening to a lane's first activity (GPU-side: a lane
-    waiting for SMs or copy engines held by another lane shows here)."""
+    """GPU-side: a lane waiting for SMs or copy engines held by another lane shows here."""
     gate_spin_us: float = math.nan
-    """The gate kernel's spin per iteration, calibrated from the warmup (CUDA)."""
+    """Calibrated from the warmup (CUDA)."""
     enqueue_max_us: float = _skew("longest host enqueue of one iteration")
-    """Longest host enqueue of one iteration, gate included (CUDA; max over ranks)."""
+    """Gate included (CUDA; max over ranks)."""
     host_late_iters: int | None = _skew("iterations launch-bound on some rank", default=None)
-    """Iterations whose enqueue outlasted the gate spin on some rank (launch-bound)."""
+    """Iterations whose enqueue outlasted the gate spin on some rank."""
     traced_us: float = math.nan
-    """The traced step: the pattern's ``traced_us`` (the longest rank's; NaN: none)."""
+    """The traced step (the longest rank's; NaN: none)."""
     replay_ratio: float = math.nan
-    """Replayed / traced step: makespan_avg_us / traced_us."""
+    """makespan_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
     replay_ratio_ci_high: float = math.nan
-    """95 % interval of replay_ratio (see BlockResult.replay_ratio_ci_high)."""
     replay_by_rank: str = ""
-    """Each rank's step as JSON, ``[{"rank": 0, "traced_us": .., "replayed_us": .., "ratio":
-    .., "ci_low": .., "ci_high": ..}, ...]``: its own traced step against its own mean
-    makespan (null: unknown); empty for a pattern without traced durations."""
+    """Each rank's step as JSON (``rank``, ``traced_us``, ``replayed_us``, ``ratio``, ``ci_low``,
+    ``ci_high``; null: unknown); empty for a pattern without traced durations."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
     ranks_per_gpu: int | None = None
-    """Ranks sharing one GPU (see BlockResult.ranks_per_gpu)."""
     notes: str = ""
     """Figures to read with care and why (``; ``-separated), e.g. an efficiency outside [0, 1]."""
     intervals: dict[str, tuple[float, float, int]] = field(
         default_factory=dict, metadata=_INTERVALS
     )
-    """95 % interval of each metric that has one (see BlockResult.intervals)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,17 +217,15 @@ class PairResult:
     suite: str
     pattern: str
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
-    """(a, b): a comes before b in the pattern (the files' ``block_a``, ``block_b`` columns)."""
-    # Descriptive: blocks that overlap more are not better or worse (two blocks on one lane
-    # are meant not to), and running at the same time is not sharing nothing (read the
-    # blocks' slowdown beside it): no direction, not judged.
+    """(a, b): a comes before b in the pattern."""
+    # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at
+    # the same time is not sharing nothing (read their slowdown beside it).
     pairwise_overlap: float = metric(
         better=None,
         domain="fraction",
         meaning="time both blocks were running / the shorter block's time",
         floor=None,
     )
-    """Mean over ranks and iterations of |A∩B| / min(|A|,|B|)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,9 +237,8 @@ class PatternOutcome:
     pairs: tuple[PairResult, ...] = ()
     warnings: tuple[str, ...] = ()
     timeline: Timeline | None = None
-    """Every rank's intervals; present on rank 0 when a trace or plot was asked for."""
+    """On rank 0 when a trace or plot was asked for."""
     comm_compute_overlap_by_rank: tuple[float, ...] = ()
-    """Per rank, communication time hidden under compute / communication time (NaN: none)."""
 
     @property
     def check_failed(self) -> bool:
@@ -291,8 +272,7 @@ class RankTimeline:
     clock: str
     """``perf_counter``, ``cuda_event`` or ``cupti`` (see ``WindowTimings.clock``)."""
     activities: DeviceActivities | None = None
-    """The window's device activities with their names and launching API calls (CUPTI with
-    ``--trace`` only; None otherwise)."""
+    """CUPTI with ``--trace`` only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,17 +286,15 @@ class Timeline:
     """The lane (stream or thread) each block runs on; blocks on one lane run in order."""
     ranks: tuple[RankTimeline, ...]
     shared_clock: bool = False
-    """Every rank's timestamps are one clock (ranks on one host, and a profiler clock of that
-    host: CUPTI's CLOCK_REALTIME or perf_counter's CLOCK_MONOTONIC; CUDA events are not)."""
+    """Ranks on one host, with a profiler on its clock (CUPTI's CLOCK_REALTIME or
+    perf_counter's CLOCK_MONOTONIC; CUDA events are not)."""
     block_categories: tuple[str, ...] = ()
-    """Each block's category (``comm``, ``compute``, ...; empty: unknown): what maestro's
-    comm/compute overlap counts as communication and as computation."""
+    """``comm``, ``compute``, ... per block (empty: unknown), as the comm/compute overlap reads."""
     backend: str = ""
-    """The process-group backend of the run (``nccl``, ``gloo``)."""
 
     def rank_arrays(self) -> list[tuple[RankTimeline, np.ndarray, np.ndarray, np.ndarray]]:
-        """(rank timeline, starts, ends, present) as numpy arrays, for each rank that ran a
-        block for at least one iteration; ValueError when a rank's arrays disagree in shape."""
+        """(rank timeline, starts, ends, present) of each rank that ran a block at least once;
+        ValueError when a rank's arrays disagree in shape."""
         rows = []
         for rt in self.ranks:
             starts = np.asarray(rt.starts_ns, dtype=np.int64)

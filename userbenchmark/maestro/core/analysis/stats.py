@@ -25,7 +25,6 @@ class LatencyStats:
 
 
 def _as_1d_finite(values: ArrayLike, what: str) -> np.ndarray:
-    """Return `values` as a new 1-D float64 array; reject empty, non-1-D and non-finite input."""
     arr = np.array(values, dtype=np.float64, copy=True)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
@@ -37,7 +36,6 @@ def _as_1d_finite(values: ArrayLike, what: str) -> np.ndarray:
 
 
 def _nearest_rank_index(q: float, n: int) -> int:
-    """0-based index of the nearest-rank q-th percentile among n sorted values."""
     q = float(q)
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
@@ -48,16 +46,15 @@ def _nearest_rank_index(q: float, n: int) -> int:
 
 
 def percentile_nearest_rank(values: ArrayLike, q: float) -> float:
-    """Nearest-rank percentile, q in [0, 100]: the ceil(q/100 * N)-th smallest value (rank at
-    least 1). The input is not sorted in place; empty or non-finite input raises."""
+    """Nearest-rank percentile, q in [0, 100]: the ceil(q/100 * N)-th smallest value (at least
+    the first); the input is not sorted in place."""
     arr = _as_1d_finite(values, "values")
     k = _nearest_rank_index(q, arr.size)
     return float(np.partition(arr, k)[k])
 
 
 def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
-    """Statistics of per-iteration durations given in nanoseconds, reported in microseconds;
-    ValueError for empty input, negative durations, NaN or infinity."""
+    """Statistics (µs) of per-iteration durations (ns); ValueError for empty, negative or NaN."""
     arr_us = _as_1d_finite(durations_ns, "durations_ns")
     if np.any(arr_us < 0):
         raise ValueError(f"durations_ns contains negative values (min {arr_us.min()} ns)")
@@ -117,10 +114,9 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def block_length(values: np.ndarray) -> int:
-    """Iterations resampled together: n^(1/3) (the usual moving-block length), or twice the
-    series' correlation time (1 + r) / (1 - r) from its lag-1 autocorrelation r when that is
-    longer, so a slow host or a clock ramp stays inside the resamples; at most n / 2 (once was
-    not enough for r = 0.7 in seeded simulations)."""
+    """Iterations resampled together: n^(1/3), or twice the correlation time (1 + r) / (1 - r)
+    of the lag-1 autocorrelation r when longer (once was not enough for r = 0.7 in seeded
+    simulations), so a slow host or a clock ramp stays inside the resamples; at most n / 2."""
     n = values.size
     length = max(1, round(n ** (1 / 3)))
     centred = values - values.mean()
@@ -133,10 +129,9 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window: every series is resampled with the same moving blocks
-    of iterations (figures of one window keep their correlation), and each resample's level moves
-    by a drift drawn from the series' own (a slow wander the blocks miss, which a figure comparing
-    two windows or two runs needs)."""
+    """The bootstrap of one measured window: every series resampled with the same moving blocks
+    of iterations (figures of one window keep their correlation), each resample's level moved by
+    a drift drawn from the series' own (a slow wander the blocks miss)."""
 
     def __init__(self, seed: int = 0, resamples: int = RESAMPLES) -> None:
         self._seed = seed
@@ -158,9 +153,8 @@ class Phase:
     def resample(
         self, values: ArrayLike, statistic: str = "mean", *, drift: bool = True
     ) -> np.ndarray:
-        """(resamples,) replicates of the ``mean``, ``p50`` or ``p99`` (nearest rank) of the
-        finite values, with the window's drift unless ``drift`` is False (two series of one
-        window that are divided by each other); empty when fewer than 2 values are finite."""
+        """(resamples,) replicates of the ``mean``, ``p50`` or ``p99`` of the finite values
+        (empty: fewer than 2); ``drift`` False for two series of a window divided by each other."""
         x = np.asarray(values, dtype=np.float64)
         x = x[np.isfinite(x)]
         if x.size < 2:
@@ -176,17 +170,14 @@ class Phase:
 
 
 def relative_drift(values: np.ndarray) -> float:
-    """How far the level of a series moves from one window to the next, relative to its mean,
-    judged by how far it moved inside its own window beyond what noise explains:
-    2 sqrt(max(0, d^2 - 4 var / n)) / mean, with d the difference of the means of its second
-    and first halves (4 var / n is d^2's mean without drift), on the values clipped to their
-    5th and 95th percentiles (a preemption or two is noise, not a move of the level). Twice: a
-    steady trend moves twice as far between the centres of two windows as between the centres
-    of one window's halves. (In seeded simulations, without this term 13 to 25 % of identical
-    pairs of correlated series false-alarmed; with it 2 to 8 %.)"""
+    """How far a series' level moves between windows, relative to its mean: twice (a trend moves
+    twice as far between two windows' centres) its halves' mean difference beyond noise. Without
+    it 13-25 % of identical pairs of correlated series false-alarmed in simulations, with it 2-8."""
     n = values.size
     if n < 4:
         return 0.0
+    # d^2 - 4 var / n: 4 var / n is d^2's mean without drift; clipped to the 5th and 95th
+    # percentiles, a preemption or two is noise, not a move of the level.
     x = np.clip(values, *np.percentile(values, [5, 95]))
     mean, half = float(x.mean()), n // 2
     d = float(x[half:].mean() - x[:half].mean())
@@ -202,9 +193,8 @@ def degrees_of_freedom(values: ArrayLike) -> int:
 
 
 def interval(estimate: float, replicates: np.ndarray, df: int) -> tuple[float, float]:
-    """The 95 % interval of ``estimate`` from its bootstrap replicates: the percentile
-    interval, widened by t/z for ``df`` (few independent blocks make the percentile interval
-    too narrow), on the log scale for positive figures. NaN bounds without replicates."""
+    """The 95 % interval of ``estimate``: the replicates' percentile interval widened by t/z for
+    ``df`` (few independent blocks make it too narrow), on the log scale for positive figures."""
     finite = replicates[np.isfinite(replicates)]
     if not math.isfinite(estimate) or finite.size < 0.9 * max(replicates.size, 1):
         return math.nan, math.nan

@@ -80,8 +80,8 @@ _OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 @dataclass(frozen=True, kw_only=True)
 class ActivityRecords(Columns):
-    """Device activities (kernels, memcpys, memsets) of one window, one entry per activity;
-    optional arrays left as None become zeros (grid/block dims are 0 for non-kernels)."""
+    """Device activities (kernels, memcpys, memsets) of one window; optional arrays left None
+    become zeros."""
 
     correlation_id: np.ndarray  # uint64, CUPTI correlation id of the launching API call
     start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
@@ -116,19 +116,17 @@ class ExternalCorrelation(Columns):
 
 @dataclass(frozen=True, kw_only=True)
 class Attribution:
-    """Per (block, iteration) timing of one window, arrays shaped (num_blocks, num_iters);
-    rows of blocks this rank does not run (``present`` False) are zeros."""
+    """Per (block, iteration) timing of one window, (num_blocks, num_iters); rows of blocks
+    this rank does not run are zeros."""
 
     start_ns: np.ndarray  # earliest activity start
     end_ns: np.ndarray  # latest activity end
     activity_count: np.ndarray
-    kernel_ctas_max: np.ndarray
-    """(num_blocks,) the largest kernel grid (CTAs, x*y*z) of each block, 0 without a kernel."""
+    kernel_ctas_max: np.ndarray  # (num_blocks,) largest grid (CTAs, x*y*z); 0 without a kernel
     gate_end_ns: np.ndarray  # (num_iters,) end of the gate's spin kernel (gate open); 0 if none
+    # int32 per input record (``per_activity``): its block and iteration, -1 for harness work.
     activity_block: np.ndarray | None = None
-    """int32 per input record: its block, -1 for harness and gate work (``per_activity``)."""
     activity_iteration: np.ndarray | None = None
-    """int32 per input record: its iteration, -1 for harness and gate work."""
 
     def timings(self, present: np.ndarray, activities: DeviceActivities | None) -> WindowTimings:
         """The window as every profiler returns it, on CUPTI's clock (CLOCK_REALTIME ns)."""
@@ -195,8 +193,8 @@ def _shown(values: np.ndarray) -> str:
 
 
 class _Decoded:
-    """Each record of a window decoded from its external id, and what is wrong with it: only
-    what the common path needs; the breakdown of strays is the error path's."""
+    """Each record decoded from its external id, and what is wrong with it (strays are broken
+    down on the error path only)."""
 
     def __init__(
         self,
@@ -250,8 +248,6 @@ _BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete
 def _raise_problems(
     records: ActivityRecords, d: _Decoded, window_id: int, empty: np.ndarray
 ) -> None:
-    """One AttributionError naming each kind of problem of the window (:data:`_PROBLEMS`) with
-    its count; nothing when there is none."""
     found, ours, stray = d.ext_id != _MISSING, (d.ext_id >> 62) == 1, ~d.this_window
     masks = {
         "no_external_id": stray & ~found,
@@ -307,9 +303,9 @@ def attribute(
     present: np.ndarray | None = None,
     per_activity: bool = False,
 ) -> Attribution:
-    """Map every activity to its (block, iteration) by correlation id (``per_activity``: also
-    each record's, for traces); AttributionError for any record that maps to none, and any cell
-    of a ``present`` block (bool per block, default all) without activity."""
+    """Each activity's (block, iteration) by correlation id (``per_activity``: kept per record,
+    for traces); AttributionError for a record that maps to none, or a cell of a ``present``
+    block (default: all) without activity."""
     encode_external_id(window_id, 0, 0)  # checks window_id
     if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"num_blocks must be in [1, {MAX_NUM_BLOCKS}], got {num_blocks}")
@@ -376,9 +372,8 @@ def window_activities(
     api: ApiRecords,
     api_name: Callable[[int, int], str | None],
 ) -> DeviceActivities:
-    """The block activities of ``attribute(..., per_activity=True)``, named (record i's name is
-    ``names[name_index[i]]``), with one launching API call each, named by ``api_name(api, cbid)``
-    (None: a generic name of the launch kind)."""
+    """The block activities of ``attribute(..., per_activity=True)``, named
+    (``names[name_index[i]]``), with one launching API call each (``api_name`` or generic)."""
     keep = np.flatnonzero(attribution.activity_block >= 0)
     corr = _as_int64(records.correlation_id)[keep]
     # One API call per kept correlation id: the earliest (a runtime call that calls the driver

@@ -35,14 +35,12 @@ from .cupti_records import (
 )
 from .profiler import Profiler
 
+# On an H200 a buffer is delivered on CUPTI's own thread, ~15 µs of Python per record (20-35 per
+# torch.mm), competing with the host's enqueue for the GIL: a window's records go to buffers
+# sized to hold them all, delivered once it ends (flushing every iteration made each GEMM
+# launch ~7x slower on the host, 224 vs 34 µs, and the host outlasted the gate every time).
 BUFFER_SIZE_BYTES = 32 << 20
-"""Smallest buffer handed to CUPTI (it asks for more as they fill). Seen on an H200: every
-buffer is delivered on CUPTI's own thread, cupti-python spends ~12 us per record making
-record objects and parsing adds ~3 us, with 20-35 records (API and correlation records
-included) per torch.mm. A buffer delivered mid-window competes with the host's enqueue for
-the GIL, so a window's records go to buffers sized to hold all of them, delivered once the
-window ends. Flushing every iteration instead made each block's launch ~7x slower on the
-host (224 vs 34 µs per GEMM launch) and the host outlasted the gate in every iteration."""
+"""Smallest buffer handed to CUPTI (it asks for more as they fill)."""
 BYTES_PER_LAUNCH = 4096
 """Room per block launch in a window's buffer: ~35 records of 40-200 bytes, with margin."""
 MAX_BUFFER_SIZE_BYTES = 256 << 20
@@ -77,12 +75,8 @@ def cupti_available() -> tuple[bool, str]:
 
 
 _DEVICE_WORK_API = re.compile(r"Launch|Memcpy|Memset")
-"""Runtime and driver functions whose API records are kept: those that enqueue kernels, copies
-and sets (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch, cudaMemcpyAsync, ...), whose
-records carry the correlation an activity is attributed by. Every other call (event queries,
-device and stream getters, event records) enqueues no device work: on an H200 the host's
-``Event.query`` polls alone made about 360 records per wait, 2 million in one run, each built
-as a Python object by cupti-python."""
+"""API records kept: the calls that enqueue device work. Others cost: on an H200 the host's
+``Event.query`` polls alone made ~360 records per wait, 2 million in one run."""
 
 
 def api_record_filter(cupti: Any) -> str:
@@ -108,9 +102,9 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host. Per window:
-    begin_window, push/pop around each enqueue (the lanes' hooks), end_window or attribute_window.
-    ``trace``: also names and API calls in ``last_activities`` (parsing time: off otherwise)."""
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host: begin_window,
+    push/pop around each enqueue, end_window. ``trace``: also names and API calls in
+    ``last_activities`` (parsing time: off otherwise)."""
 
     name = "cupti"
     times = "cuda"
@@ -153,12 +147,10 @@ class CuptiProfiler(Profiler):
         self._depth = 0
         self._present: np.ndarray | None = None
         self._shape: tuple[int, int] | None = None
-        self.api_records = "all"
-        """Which API calls CUPTI records: "launches" (the device work's) or "all (why)"."""
+        self.api_records = "all"  # or "launches" (api_record_filter)
+        # Records delivered since this window began; the ended windows' records and iterations.
         self._delivered = self._window_records = self._window_iters = 0
-        """Records delivered since this window began; the ended windows' records and iterations."""
         self.last_activities: DeviceActivities | None = None
-        """With ``trace``: the last ended window's block activities, named."""
 
     @classmethod
     def unusable(cls) -> str:
@@ -166,7 +158,6 @@ class CuptiProfiler(Profiler):
         return "" if ok else why
 
     def start(self) -> None:
-        """Register the buffer callbacks and enable the activity kinds."""
         if self._started:
             return
         cupti = self._cupti
@@ -224,8 +215,8 @@ class CuptiProfiler(Profiler):
         num_iters: int | None = None,
         present: np.ndarray | None = None,
     ) -> None:
-        """Flush and discard everything captured so far (warmup included); open a window.
-        num_blocks/num_iters/present, if given, are the window's shape and size its buffer."""
+        """Flush and discard everything captured so far (warmup included); open a window whose
+        shape (num_blocks/num_iters/present, if given) sizes its buffer."""
         self._require_started()
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
@@ -293,7 +284,6 @@ class CuptiProfiler(Profiler):
         return att
 
     def _callback_name(self, api: int, cbid: int) -> str | None:
-        """The API function's name from CUPTI; None when CUPTI cannot name it."""
         getter = getattr(self._cupti, "get_callback_name", None)
         domains = getattr(self._cupti, "CallbackDomain", None)
         if getter is None or domains is None:
@@ -383,8 +373,6 @@ class CuptiProfiler(Profiler):
                 self._callback_error = exc
 
     def _take(self) -> tuple[ActivityRecords, ExternalCorrelation, NamedRecords | None]:
-        """Everything collected so far, as arrays (the third: with ``keep_activities``, the names
-        and API calls); the collection starts empty again."""
         with self._lock:
             chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.

@@ -59,17 +59,12 @@ _NAMERS = {
     ),
     "memset": lambda memory_kind: f"Memset ({_kind_name(_MEMORY_KINDS, memory_kind)})",
 }
-"""A copy's or a set's name as Kineto writes it (``Memcpy DtoD (Device -> Device)``, ``Memset
-(Device)``), from the kind codes of ``_NAMED_FIELDS``."""
 
 
 class _RecordParser:
-    """Turns one CUPTI buffer's record objects into int64 (uint64 for "ext") row arrays:
-    ``objects`` reads each field of each record object; ``numpy`` gathers them from the buffer
-    by each record's address and cupti-python's record dtypes (a fraction of the Python work);
-    ``auto`` checks ``numpy`` against ``objects`` on the first buffers, falling back for good on
-    any difference. With ``names``, also each row's index into ``self.names`` (``<kind>_name``;
-    a kernel's name is read from its object: the buffer holds a pointer) and the API calls."""
+    """One CUPTI buffer's records as int64 (uint64 for "ext") rows: ``objects`` reads each field
+    of each record object, ``numpy`` gathers them by address (a fraction of the Python work),
+    ``auto`` checks one against the other first. ``names``: also name indices and API calls."""
 
     _VERIFY_BUFFERS = 2
 
@@ -80,8 +75,7 @@ class _RecordParser:
         self.codes = {name: int(getattr(kinds, kind)) for name, (kind, _) in _READ.items()}
         self.keep_names = names
         self.api_codes = {int(kinds.RUNTIME): API_RUNTIME, int(kinds.DRIVER): API_DRIVER}
-        self.names: list[str] = []
-        """Every name seen so far; rows hold indices into it (it only grows)."""
+        self.names: list[str] = []  # every name seen so far (rows index it; it only grows)
         self._name_ids: dict[str, int] = {}
         self.custom2 = int(cupti.ExternalCorrelationKind.CUSTOM2)
         self.mode = mode
@@ -224,8 +218,8 @@ class _RecordParser:
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
-    """``name`` demangled as PyTorch's profiler does (c10's demangler), unchanged where that fails
-    or it is no mangled C++ symbol: HolisticTraceAnalysis classifies kernels by that name."""
+    """``name`` demangled as PyTorch's profiler does (``_Z28ncclDevKernel_...`` reads
+    ``ncclDevKernel_AllGather_RING(...)``): HolisticTraceAnalysis classifies kernels by it."""
     if not name.startswith("_Z"):
         return name
     import torch
@@ -234,8 +228,6 @@ def demangle(name: str) -> str:
 
 
 def _kernel_name(record) -> str:
-    """A kernel record's name, demangled as PyTorch's profiler shows it (CUPTI gives the
-    mangled symbol: ``_Z28ncclDevKernel_...`` reads ``ncclDevKernel_AllGather_RING(...)``)."""
     name = record.name
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")

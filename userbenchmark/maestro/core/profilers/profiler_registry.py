@@ -6,10 +6,8 @@ from __future__ import annotations
 import logging
 
 from ...errors import OptionError
-from .cuda_events import EventProfiler
 from .cupti import CuptiProfiler
-from .host_clock import HostProfiler
-from .profiler import Profiler
+from .profiler import EventProfiler, HostProfiler, Profiler
 
 log = logging.getLogger("maestro")
 
