@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .axes import AxisDraft
-from .blocks import DTYPES, OpResolver, check_block
-from .dependencies import check_after
+from .blocks import DTYPES, OpResolver, check_after, check_block
 from .problems import Problems, index, join
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
 from .sweep import (

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import RunError
 from ..analysis.records import PatternOutcome, Timeline
-from .files import atomic_write_bytes
+from .locations import atomic_write_bytes
 from .verdicts import Judgement
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"

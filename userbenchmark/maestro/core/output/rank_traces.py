@@ -18,7 +18,7 @@ import numpy as np
 from ..analysis import overlap
 from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
 from ..analysis.records import PatternOutcome
-from .trace_layout import (
+from .trace import (
     PROCESS_ID_OFFSET,
     Placement,
     RankPart,

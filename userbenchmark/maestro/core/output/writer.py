@@ -1,7 +1,6 @@
-"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, all rewritten
-after each finished pattern, together and atomically (files.py) with SIGINT/SIGTERM held meanwhile:
-a run killed or interrupted at any moment leaves complete files that agree with each other and hold
-every pattern that finished."""
+"""Files rank 0 writes: results/patterns/pairs JSON+CSV and TorchBench's metrics JSON, rewritten
+after each finished pattern, together and atomically (locations.py) with SIGINT/SIGTERM
+held meanwhile: a run killed at any moment leaves complete files that agree with each other."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.records import PatternOutcome
-from .files import atomic_write_files
+from .locations import atomic_write_files
 from .rank_traces import TRACES_DIR, rank_trace_texts, stale_rank_files
 from .trace import trace_text
 
