@@ -226,7 +226,6 @@ def _op_checks(
 
 
 def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
-    """``value`` checked and converted by the parameter's kind; None after a problem."""
     kind = param.kind
     typed = {"int": p.integer, "float": p.number, "bool": p.boolean}
     if kind in typed:

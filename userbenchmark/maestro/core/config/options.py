@@ -131,7 +131,6 @@ def check_graphs(suite: SuiteSpec, options: RunOptions, backend: str) -> None:
 
 
 def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> BlockSpec:
-    """The block with its op's byte counts capped (the op decides what that means)."""
     cls = resolve_op(block.op)  # validated already: resolves
     team_size, source = suite.axes[block.axis].team_size, suite.source
     where = f"--max-size {max_size_bytes} bytes: {block.op} block {block.name!r}"
@@ -165,9 +164,8 @@ _NOT_CONTENT = frozenset({"name", "sweep_point", "yaml_path"})
 
 
 def _content(spec: Any) -> tuple[Any, ...]:
-    """What a pattern (or block) measures: every field of the frozen spec but its names and
-    places, in a comparable form. Equal keys measure the same thing; a field added to the
-    specs counts without being listed here."""
+    """What a pattern (or block) measures: every field but its names and places, comparable; a
+    field added to the specs counts without being listed here."""
     values = []
     for f in dataclasses.fields(spec):
         if f.name in _NOT_CONTENT:

@@ -1,7 +1,6 @@
-"""Typed, frozen objects that a validated pattern file becomes (the loader builds them). Everything
-downstream (runtime, profilers, reports) consumes these and never the raw YAML. Mappings are
-read-only so a spec cannot be changed after validation, and every spec pickles: the local launcher
-hands the validated suite to its workers."""
+"""The typed, frozen objects a validated pattern file becomes; everything downstream reads these,
+never the YAML. Mappings are read-only, and every spec pickles: the local launcher hands the
+validated suite to its workers."""
 
 from __future__ import annotations
 
@@ -123,10 +122,9 @@ def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
 
 
 def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
-    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
-    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
-    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
-    different communicators in one order."""
+    """Blocks after those they wait for, lane by lane, round after round (a cycle left out): the
+    CUDA enqueue order, so awaited events are recorded first and every rank enqueues collectives
+    of different communicators in one order."""
     waits = predecessors(blocks)
     queues: dict[str, deque[int]] = {}
     for i, block in enumerate(blocks):

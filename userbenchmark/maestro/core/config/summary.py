@@ -66,7 +66,6 @@ def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | 
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    """``0-7`` for a run of consecutive ranks, else a list, shortened past a few ranks."""
     if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"{ranks[0]}-{ranks[-1]}"
     if len(ranks) > _MAX_RANKS_SHOWN:
@@ -119,7 +118,6 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
 
 
 def _work(cls: type[Block] | None, block: BlockSpec) -> str:
-    """The block's work (:func:`describe_params`), plus GEMM FLOPs."""
     text = block.work
     if cls is not None:
         try:

@@ -104,9 +104,7 @@ def _refuse_deep_or_large(events: Any, file: str) -> None:
 
 def _refuse_deep_flow(text: str, file: str) -> None:
     """Refuse flow nesting past MAX_DEPTH before libyaml (PyYAML 6.0.4+) stops at 1000 levels with
-    its own message, which a run of brackets on one line reaches before the first event. Every
-    bracket, quoted or not, counts toward a bound of the depth; past MAX_DEPTH the prefix up to that
-    bracket (far below libyaml's limit) is parsed for the real depth."""
+    its own message; every bracket, quoted or not, bounds the depth from above."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return
     depth = 0

@@ -151,8 +151,6 @@ def _load_side(path: Path) -> _Side:
 
 
 def _results_side(path: Path, records: list[Any] | None) -> _Side:
-    """An ``--output-dir`` (``records`` None) or one results file's records, with the
-    run.json and failures.json beside them."""
     folder = path if records is None else path.parent
     if records is None:
         if not (path / "results.json").exists():
@@ -249,8 +247,6 @@ def compare_files(
 
 
 def _setting_differences(a: _Side, b: _Side) -> list[str]:
-    """The measurement settings two sides differ in, each once: from run.json where both
-    record one, else from the results' columns."""
     differences, recorded = [], set()
     if a.settings is not None and b.settings is not None:
         differences += setting_differences(a.settings, b.settings)
@@ -344,7 +340,6 @@ def _fmt_change(change: float, absolute: bool) -> str:
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
-    """Patterns, then blocks, that keys of ``a`` name and no key of ``b`` does."""
 
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]

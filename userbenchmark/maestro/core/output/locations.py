@@ -38,7 +38,6 @@ def unlink_quietly(path: str | os.PathLike[str]) -> None:
 
 
 def _create_temporary(path: Path) -> tuple[int, str]:
-    """An exclusive new ``.NAME.<random>.tmp`` next to ``path``: (descriptor, its path)."""
     for _ in range(_NAME_ATTEMPTS):
         tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
         with contextlib.suppress(FileExistsError):
@@ -359,8 +358,6 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
 
 
 def _move_aside(folder: Path, stamp: str) -> None:
-    """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
-    a killed run are removed."""
     _remove_temporaries(folder)
     stale = _stale_outputs(folder)
     if not stale:

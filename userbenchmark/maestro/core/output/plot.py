@@ -33,13 +33,15 @@ def matplotlib_available() -> bool:
         return False
 
 
-def _matplotlib() -> tuple[Any, Any]:
+def _figure(width: float, height: float) -> Any:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise RunError(MISSING_MATPLOTLIB) from None
-    return Figure, FigureCanvasAgg
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def median_makespan_iteration(timeline: Timeline) -> int | None:
@@ -67,7 +69,6 @@ _BAR_STYLE = {"height": 0.7, "edgecolor": "black", "linewidth": 0.5}
 
 
 def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -> None:
-    """Top panel: one iteration, one row per (rank, lane), times relative to the rank's start."""
     it = median_makespan_iteration(timeline) if timeline is not None else None
     if timeline is None or it is None:
         ax.set_title("Timeline: no intervals recorded")
@@ -100,7 +101,6 @@ def _legend(ax: Any, entries: Sequence[tuple[Any, str]]) -> None:
 
 
 def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> None:
-    """Bottom panel: average latency per block, isolated (where measured) beside overlapped."""
     names = [b.block for b in outcome.blocks]
     x = np.arange(len(names), dtype=float)
     width = 0.4
@@ -132,8 +132,6 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
 
 
 def _timeline_rows(timeline: Timeline) -> list[tuple[Any, str, list[int]]]:
-    """The timeline panel's rows: (a rank's arrays, lane, its blocks there) for each (rank,
-    lane) where the rank runs a block, rank by rank."""
     rows = []
     for arrays in sorted(timeline.rank_arrays(), key=lambda r: r[0].rank):
         present = np.flatnonzero(arrays[3]).tolist()
@@ -146,24 +144,20 @@ def _timeline_rows(timeline: Timeline) -> list[tuple[Any, str, list[int]]]:
 
 def plot_pattern(outcome: PatternOutcome, path: str | Path) -> Path:
     """Draw ``outcome`` as a two-panel PNG at ``path`` (RunError without matplotlib)."""
-    Figure, FigureCanvasAgg = _matplotlib()
-    path = Path(path)
     timeline = outcome.timeline
     timeline_names = list(timeline.block_names) if timeline is not None else []
     names = list(dict.fromkeys([b.block for b in outcome.blocks] + timeline_names))
-    colors = _block_colors(names)
     num_rows = max(1, len(_timeline_rows(timeline)) if timeline is not None else 0)
-    fig = Figure(figsize=(11, 3.5 + 0.35 * min(num_rows, 40)), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _figure(11, 3.5 + 0.35 * min(num_rows, 40))
+    colors = _block_colors(names)
     top, bottom = fig.subplots(2, 1, height_ratios=[max(1.0, 0.25 * num_rows), 1.0])
     _draw_timeline(top, timeline, colors)
     _draw_latency(bottom, outcome, colors)
     fig.suptitle(f"{outcome.pattern.suite} / {outcome.pattern.pattern}")
-    return _save(fig, path)
+    return _save(fig, Path(path))
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """``fig`` at ``path`` in the format its suffix names (PNG without one), atomically."""
     buf = io.BytesIO()
     fig.savefig(buf, format=path.suffix[1:].lower() or "png")
     atomic_write_bytes(path, buf.getvalue())
@@ -192,10 +186,7 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
     rows = [j for j in judgements if j.key.endswith("/latency_avg_us") and j.key.count("/") == 3]
     if not rows:
         raise ValueError("no block has an average latency in both files: nothing to plot")
-    Figure, FigureCanvasAgg = _matplotlib()
-    fig = Figure(figsize=(10, 1.5 + 0.45 * len(rows)), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    ax = _figure(10, 1.5 + 0.45 * len(rows)).subplots()
     y = np.arange(len(rows), dtype=float)
     for offset, side, label in ((-0.15, "control", "A"), (0.15, "treatment", "B")):
         for yi, j in zip(y, rows, strict=True):
@@ -211,4 +202,4 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     ax.set_title(title + "\nB in red: regressed beyond noise; green: improved")
-    return _save(fig, Path(path))
+    return _save(ax.figure, Path(path))

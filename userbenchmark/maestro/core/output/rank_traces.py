@@ -1,8 +1,6 @@
-"""Kineto-style trace files, one per rank (``traces/rank<r>.json``), that HolisticTraceAnalysis and
-Perfetto read: the rank's patterns one after another, a ``ProfilerStep#<k>`` per measured iteration
-and an empty last step (HolisticTraceAnalysis drops a file's last step). With CUPTI and ``--trace``
-the device events are CUPTI's records with their launching API calls; otherwise each (block,
-iteration) is a CPU ``user_annotation`` with no stream: no tool counts it as GPU work."""
+"""Kineto-style ``traces/rank<r>.json`` for HolisticTraceAnalysis and Perfetto: a ProfilerStep per
+iteration and an empty last one (HTA drops a file's last step); CUPTI's device records with their
+API calls, else each (block, iteration) a CPU ``user_annotation`` no tool counts as GPU work."""
 
 from __future__ import annotations
 
@@ -50,8 +48,6 @@ OVERLAP_NOTE = (
 
 
 class _RankFile(TraceEvents):
-    """The events of one rank's file, built pattern by pattern, and its overlap sums."""
-
     def __init__(self, rank: int) -> None:
         super().__init__()
         self.rank = rank
@@ -102,8 +98,6 @@ class _RankFile(TraceEvents):
 
 
 class _PatternOnRank:
-    """One rank's share of one pattern, written into the rank's file."""
-
     def __init__(self, f: _RankFile, place: Placement, part: RankPart) -> None:
         self.f, self.place, self.part = f, place, part
         self.timeline = place.timeline

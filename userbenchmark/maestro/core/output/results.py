@@ -31,9 +31,8 @@ _BOUND_DTYPES = (_FLOAT, _FLOAT, _INT)
 
 
 def _columns_of(record_type: type) -> Mapping[str, str]:
-    """File columns of a record type and their pandas dtypes, in field order: one column per
-    field (a field naming ``columns`` in its metadata, like a pair's blocks, gives several),
-    and each metric with an interval followed by ``<name>_ci_low``, ``_ci_high``, ``_ci_df``."""
+    """File columns of a record type and their pandas dtypes, in field order (a field's metadata
+    ``columns`` may give several); a metric with an interval is followed by its BOUNDS."""
     columns: dict[str, str] = {}
     for f in dataclasses.fields(record_type):
         if "intervals" in f.metadata:
@@ -318,7 +317,6 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
 
 
 def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
-    """Pair rows from the ``pairwise_overlap`` column of an older patterns file, ``source``."""
     pairs = []
     for where, row in rows:
         cell = row.get(_LEGACY_PAIRS_COLUMN)

@@ -68,7 +68,6 @@ def _num(value: float | int | None, digits: int = 2) -> str:
 
 
 def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) -> str:
-    """``1.234 [1.100, 1.400]``: a figure and its 95 % interval (the figure alone without one)."""
     value = getattr(record, name)
     low, high, _ = record.intervals.get(name, (math.nan, math.nan, 0))
     if math.isnan(low) or math.isnan(value):
@@ -221,7 +220,6 @@ def _kernels(b: BlockResult) -> str:
 
 
 def _gemm_error_lines(outcome: PatternOutcome) -> list[str]:
-    """The GEMMs' per-kernel errors, apart for those a collective ran beside in the trace."""
     gemms = [b for b in outcome.blocks if b.op == "gemm" and not math.isnan(b.traced_us)]
     if not gemms:
         return []
