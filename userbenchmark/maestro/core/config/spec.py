@@ -39,7 +39,6 @@ class FrozenMapping(Mapping[str, Any]):
 
 
 frozen_mapping = FrozenMapping
-"""A read-only copy of a mapping."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,8 +188,7 @@ class SuiteSpec:
     """A whole validated pattern file."""
 
     name: str
-    source: str
-    """The file's path."""
+    source: str  # the file's path
     world_size: int
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)

@@ -52,8 +52,7 @@ def read_file_text(path: Path, file: str) -> str:
 
 
 def read_yaml(text: str, problems: Problems) -> Any:
-    """Plain data of the YAML ``text``, filling ``problems``' lines and written values. Problems that leave the rest
-    readable (a duplicate key, an unsupported tag) are recorded and reading goes on; a syntax
+    """Plain data of the YAML ``text``, filling ``problems``' lines and written values; a syntax
     error, hostile nesting or expansion, or an empty file raise ConfigError at once."""
     file = problems.file
     if len(text) > MAX_FILE_BYTES:

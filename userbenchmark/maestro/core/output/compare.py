@@ -101,8 +101,7 @@ def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
 
 
 def load_metrics(path: str | Path) -> dict[str, float]:
-    """Read one file (or an ``--output-dir``) into ``{metric key: float}``; CompareError,
-    naming the file, when it cannot be used or holds a value no metric can take."""
+    """One file (or an ``--output-dir``) as ``{metric key: float}``; CompareError naming it."""
     return _load_side(Path(path)).metrics
 
 
@@ -283,12 +282,16 @@ def format_compare_table(result: CompareResult) -> str:
     text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
-    nan = {**result.nan_in_a, **result.nan_in_b}
-    counts += [f"{len(nan)} NaN on one side"] if nan else []
-    counts += [f"{len(result.only_a)} only in A"] if result.only_a else []
-    counts += [f"{len(result.only_b)} only in B"] if result.only_b else []
-    shown = sum(not j.decides for j in result.judgements)
-    counts += [f"{shown} harness diagnostics (shown, deciding nothing)"] if shown else []
+    others = (
+        (len(result.nan_in_a) + len(result.nan_in_b), "NaN on one side"),
+        (len(result.only_a), "only in A"),
+        (len(result.only_b), "only in B"),
+        (
+            sum(not j.decides for j in result.judgements),
+            "harness diagnostics (shown, deciding nothing)",
+        ),
+    )
+    counts += [f"{n} {what}" for n, what in others if n]
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
     if result.setting_differences:
         head.append(

@@ -1,7 +1,6 @@
-"""Rank 0's side of a run, in one place: the sink the command line hands the ranks (the
-runtime's ``Sink``): the progress line, the tables, the writer, where the metrics file goes and
-its ``environ`` (settings.py), the closing lines. A closed standard output (``| head -1``)
-costs the tables printed after it, never a file."""
+"""Rank 0's side of a run: the sink the command line hands the ranks (the runtime's ``Sink``): the
+progress line, the tables, the writer, the metrics file's ``environ`` (settings.py), the closing
+lines. A closed standard output (``| head -1``) costs the tables printed after it, never a file."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ from typing import Any
 
 from ..analysis.records import PatternOutcome
 from .locations import atomic_write_files
-from .rank_traces import TRACES_DIR, rank_trace_texts, stale_rank_files
-from .trace import trace_text
+from .trace import TRACES_DIR, rank_trace_texts, stale_rank_files, trace_text
 
 
 class OutputWriter:
