@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.output.metric_keys import BOUNDS, spec_of, split_bound
-from .core.output.settings import setting_differences
+from .core.output.reporter import setting_differences
 from .core.output.verdicts import judge_all, readings
 
 BENCHMARK_NAME = "maestro"

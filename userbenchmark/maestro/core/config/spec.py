@@ -13,9 +13,8 @@ from ...blocks.dtypes import DTYPE_SIZES_BYTES
 
 PRIORITIES = ("normal", "high")
 SYNC_MODES = ("barrier", "barrier-only", "none")
-"""How iterations are separated: ``barrier`` (a host barrier, then every rank's gate opens at
-one agreed instant), ``barrier-only`` (each rank opens its gate when it leaves the barrier:
-starts differ by the barrier's release skew), ``none`` (no barrier: lanes run on)."""
+"""``barrier``: a host barrier, then every rank's gate opens at one agreed instant;
+``barrier-only``: each gate opens as its rank leaves the barrier; ``none``: lanes run on."""
 WORLD_AXIS = "world"
 
 

@@ -21,6 +21,7 @@ from .metric_keys import (
     parse_metric_key,
     split_bound,
 )
+from .reporter import measurement_settings, setting_differences, stack_line
 from .results import (
     TABLE_FILES,
     Results,
@@ -32,7 +33,6 @@ from .results import (
     records_of,
     results_from_records,
 )
-from .settings import measurement_settings, setting_differences, stack_line
 from .verdicts import Judgement, Reading, judge_all, readings
 
 
@@ -66,9 +66,8 @@ class CompareResult:
     missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
     nan_in_b: Mapping[str, float] = field(default_factory=dict)
-    """Keys the other run has a value for (kept here) that this one has as NaN: a figure every
-    timed block or pattern has (its latency, its makespan), missing from a block or pattern
-    the run has. A failure."""
+    """Keys of a figure every timed block or pattern has (its latency, its makespan) that this run
+    lacks (NaN) and the other has (its value kept here): a failure."""
     failures: tuple[str, ...] = ()  # patterns B's failures.json says failed
     stack_a: str = "unknown"  # what each run ran on (versions, device), from its settings
     stack_b: str = "unknown"

@@ -15,11 +15,8 @@ from .metric_keys import BOUNDS, Direction, spec_of, split_bound
 Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged", "not judged"]
 FAMILY_ALPHA: Final = 0.05  # chance of a false alarm among all the metrics of a comparison
 WINDOW_SPREADS: Final = 1.0
-"""A change smaller than this many window spreads (the standard deviation of a run's window
-means, whichever run's is larger) is within noise. On a 2-core CPU (gloo), identical runs moved
-collectives and GEMMs between runs by up to 3x their fixed floors while their window means
-spread as widely; sleeps' windows spread by 1-3 %, so a 10 % change stays found
-(BENCHMARKS.md, noise)."""
+"""A change within this many window spreads (std of a run's window means, the larger) is noise:
+identical 2-core gloo runs moved by up to 3x their floors, as their windows spread (BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
