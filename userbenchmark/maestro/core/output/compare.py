@@ -1,5 +1,5 @@
 """``compare``: two runs' files (metrics JSON, result records or an ``--output-dir``) as
-``{metric key: float}``, every common key judged against both runs' noise (verdicts.py). Any
+``{metric key: float}``, every common key judged against both runs' noise (metric_keys.py). Any
 file, however malformed, ends in CompareError naming it, never in another exception."""
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ from ...errors import MaestroError
 from .metric_keys import (
     METRICS,
     REQUIRED_METRICS,
+    Judgement,
+    Reading,
+    judge_all,
     metric_value_problem,
     parse_metric_key,
+    readings,
     split_bound,
 )
 from .reporter import measurement_settings, setting_differences, stack_line
@@ -33,7 +37,6 @@ from .results import (
     records_of,
     results_from_records,
 )
-from .verdicts import Judgement, Reading, judge_all, readings
 
 
 class CompareError(MaestroError, ValueError):

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import RunError
 from ..analysis.records import PatternOutcome, Timeline
 from .locations import atomic_write_bytes
-from .verdicts import Judgement
+from .metric_keys import Judgement
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install matplotlib"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
