@@ -317,15 +317,6 @@ def _read_pid(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
-def _stale_outputs(folder: Path) -> list[Path]:
-    found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
-    found += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
-    for path in found:
-        if path.is_symlink():
-            raise OptionError(_planted(folder, path.name))
-    return found
-
-
 def _remove_temporaries(folder: Path) -> None:
     """Remove the temporaries of maestro's files a killed run left in ``folder`` (a metrics
     file's only when no live run reserved its name), naming them in one log line."""
@@ -359,7 +350,11 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
 
 def _move_aside(folder: Path, stamp: str) -> None:
     _remove_temporaries(folder)
-    stale = _stale_outputs(folder)
+    stale = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
+    stale += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
+    for path in stale:
+        if path.is_symlink():
+            raise OptionError(_planted(folder, path.name))
     if not stale:
         return
     try:
