@@ -1,5 +1,5 @@
-"""Command-line choices of a run, and the validated suite they turn a pattern file into; ``--max-size``
-caps sizes to what the op's own validation accepts, as if the file had been written so."""
+"""Command-line choices of a run, and the validated suite they turn a pattern file into;
+``--max-size`` caps sizes to what each op's own validation accepts, as if the file said so."""
 
 from __future__ import annotations
 
@@ -181,9 +181,8 @@ def _content(spec: Any) -> tuple[Any, ...]:
 
 def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     """``suite`` with every collective's size capped at ``max_size_bytes`` and every GEMM's
-    operands scaled below it; sleeps unchanged. Sweep points of one pattern that become
-    identical are kept once (the first, under its own name), so result names stay unique.
-    ``max_size_bytes`` is ``--max-size``'s, a positive size by then (``parse_size``)."""
+    operands scaled below it; sweep points of one pattern that become identical are kept once
+    (the first, under its own name), so result names stay unique."""
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:

@@ -40,8 +40,7 @@ PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_u
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
 MAX_ITERS: Final = 1_000_000
-"""Most iterations (measured, and warmup) of one pattern: well inside the 2**24 iteration
-numbers of the profiler's correlation ids (core/profilers/attribution.py)."""
+"""Most iterations (measured, and warmup) of one pattern: see ITERS_WHY."""
 ITERS_WHY: Final = (
     "iteration numbers must fit the profiler's 24-bit correlation ids, and every iteration's "
     "timings are kept in host memory until the pattern's window ends"

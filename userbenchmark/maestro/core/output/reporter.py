@@ -45,9 +45,8 @@ STACK: Final = {"maestro_version": "maestro", "pytorch_version": "torch", "cuda_
 
 
 def suite_settings(suite: SuiteSpec) -> dict[str, str]:
-    """What each pattern and block measures, after command-line overrides and --max-size:
-    ``pattern.<name>`` -> iterations, warmup, sync and graph mode; ``block.<pattern>/<block>``
-    -> op, dtype, team size and parameters."""
+    """What each pattern (``pattern.<name>``) and block (``block.<pattern>/<block>``) measures,
+    after command-line overrides and --max-size."""
     out = {}
     for p in suite.patterns:
         out[f"pattern.{p.name}"] = (
@@ -119,9 +118,8 @@ def measurement_settings(environ: Mapping[str, object]) -> dict[str, str]:
 def setting_differences(
     a: Mapping[str, object], b: Mapping[str, object], *, skip: Collection[str] = ()
 ) -> list[str]:
-    """One line per measurement setting both runs record with different values, but those in
-    ``skip`` (a pattern or block only one run has is not a difference: compare reports it as
-    only in A or B)."""
+    """One line per measurement setting both runs record with different values, but ``skip``'s (a
+    pattern or block only one run has is not a difference: compare reports it as only in A or B)."""
     sa, sb = measurement_settings(a), measurement_settings(b)
     return [
         f"{key}: A {sa[key]!r}, B {sb[key]!r}"
