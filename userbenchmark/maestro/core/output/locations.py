@@ -99,7 +99,7 @@ _PLOT_GLOB: Final = "plot-*.png"
 LOCK_NAME: Final = ".maestro.lock"  # removed when the run ends
 # Where TorchBench looks for metrics files: <repo>/.userbenchmark/maestro.
 DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
-# An atomic write's temporary: .NAME.<8 hex>.tmp (files.py).
+# An atomic write's temporary: .NAME.<8 hex>.tmp (_create_temporary).
 _TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
 PREVIOUS_PREFIX: Final = "previous-"
 # TorchBench tooling globs metrics-*.json; the name is metrics-YYYYmmddHHMMSS[-N].json.
