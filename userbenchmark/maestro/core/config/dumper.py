@@ -96,8 +96,6 @@ def dump_suite(
 
 
 def _defaults(suite: SuiteSpec) -> dict[str, Any]:
-    """The file's ``defaults``: the blocks' commonest dtype, register_buffers when every block
-    has it, and each setting every pattern shares (else the loader's default)."""
     blocks = [b for p in suite.patterns for b in p.blocks]
     dtypes = Counter(b.dtype for b in blocks).most_common(1)
     defaults = {

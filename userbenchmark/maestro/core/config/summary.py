@@ -19,8 +19,6 @@ _FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
 
 
 def _with_unit(count: int, units: Sequence[str], step: int) -> str:
-    """``count`` in the largest of ``units`` (each ``step`` times the one before) it reaches,
-    to three significant digits; below the first step, exactly."""
     value, i = float(count), 0
     while value >= step and i < len(units) - 1:
         value, i = value / step, i + 1
