@@ -343,7 +343,7 @@ def compare_command(
         parse_threshold_overrides,
     )
     from .core.output.locations import check_output_file
-    from .core.output.plot import PLOT_SUFFIXES, plot_compare
+    from .core.output.writer import PLOT_SUFFIXES, plot_compare
 
     try:
         if plot_path is not None:  # before anything is read

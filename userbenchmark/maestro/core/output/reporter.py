@@ -263,7 +263,7 @@ class Reporter:
     @staticmethod
     def check(options: RunOptions) -> None:
         """OptionError for a file this machine cannot write (``--plot`` without matplotlib)."""
-        from .plot import MISSING_MATPLOTLIB, matplotlib_available
+        from .writer import MISSING_MATPLOTLIB, matplotlib_available
 
         if options.plot and not matplotlib_available():
             raise OptionError(MISSING_MATPLOTLIB)
