@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench._common import machine_info, machine_lines, maestro_env, markdown_table, write_json
 from userbenchmark.maestro.core.output.compare import load_metrics
-from userbenchmark.maestro.core.output.verdicts import judge_all, readings
+from userbenchmark.maestro.core.output.metric_keys import judge_all, readings
 
 GEMM_M = 8192
 GEMM_STEPS = (0, 64, 128, 256, 512)  # m + this: 0, 0.78, 1.56, 3.13, 6.25 %

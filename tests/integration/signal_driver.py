@@ -12,7 +12,7 @@ import signal
 import sys
 
 from userbenchmark.maestro.cli import main
-from userbenchmark.maestro.core.output import files as outputs
+from userbenchmark.maestro.core.output import locations as outputs
 
 
 def _signal_inside_update(n: int) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from userbenchmark.maestro.blocks.registry import resolve_op
-from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite
+from userbenchmark.maestro.core.config.options import apply_max_size
 
 from .helpers import read_records
 

@@ -19,8 +19,8 @@ from userbenchmark.maestro.blocks.registry import registered_ops, resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
-from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import load_suite_text
+from userbenchmark.maestro.core.config.options import apply_max_size
 
 # nccl-tests doc/PERFORMANCE.md: busBw = algBw * factor, n ranks.
 NCCL_TESTS_FACTORS = {

@@ -175,7 +175,7 @@ def test_option_errors_are_labelled_as_options(argv, message, capsys):
 
 
 def test_plot_without_matplotlib_is_an_option_error(monkeypatch, tmp_path, capsys):
-    from userbenchmark.maestro.core.output import plot
+    from userbenchmark.maestro.core.output import writer as plot
 
     monkeypatch.setattr(plot, "matplotlib_available", lambda: False)
     assert cli.main(["run", "--plot", "--output-dir", str(tmp_path)]) == 2

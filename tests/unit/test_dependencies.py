@@ -18,9 +18,9 @@ from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.overlap import critical_path
-from userbenchmark.maestro.core.config.capping import apply_max_size
-from userbenchmark.maestro.core.config.dependencies import find_cycle
+from userbenchmark.maestro.core.config.blocks import find_cycle
 from userbenchmark.maestro.core.config.loader import load_suite_text
+from userbenchmark.maestro.core.config.options import apply_max_size
 from userbenchmark.maestro.core.config.spec import issue_order, predecessors
 from userbenchmark.maestro.core.config.summary import suite_summary
 from userbenchmark.maestro.core.measure.lanes import CpuLanes, Lane, issue_runs

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
-from userbenchmark.maestro.core.output import files as outputs
-from userbenchmark.maestro.core.output.files import atomic_write_files
+from userbenchmark.maestro.core.output import locations as outputs
+from userbenchmark.maestro.core.output.locations import atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
 from userbenchmark.maestro.core.runtime import interrupts
 

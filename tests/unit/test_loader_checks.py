@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from userbenchmark.maestro.blocks.registry import BlockImportError, resolve_op
-from userbenchmark.maestro.core.config import yaml_reader
+from userbenchmark.maestro.core.config import loader as yaml_reader
 from userbenchmark.maestro.core.config.loader import load_suite, load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
 from userbenchmark.maestro.core.config.patterns import MAX_ITERS

@@ -17,7 +17,7 @@ from userbenchmark.maestro.core.analysis.stats import (
     relative_drift,
     t_quantile,
 )
-from userbenchmark.maestro.core.output.verdicts import Reading, judge_all
+from userbenchmark.maestro.core.output.metric_keys import Reading, judge_all
 
 
 @pytest.mark.parametrize(

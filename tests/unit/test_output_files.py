@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
-from userbenchmark.maestro.core.output.files import atomic_write_bytes, atomic_write_files
+from userbenchmark.maestro.core.output.locations import atomic_write_bytes, atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
 
 

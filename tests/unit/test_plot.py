@@ -17,7 +17,7 @@ from userbenchmark.maestro.core.analysis.records import (
     RankTimeline,
     Timeline,
 )
-from userbenchmark.maestro.core.output.plot import (
+from userbenchmark.maestro.core.output.writer import (
     MISSING_MATPLOTLIB,
     median_makespan_iteration,
     plot_pattern,
@@ -162,7 +162,7 @@ def test_plot_pattern_writes_png(mpl, tmp_path):
 def test_timeline_panel_bars(mpl):
     from matplotlib.figure import Figure
 
-    from userbenchmark.maestro.core.output.plot import _block_colors, _draw_timeline
+    from userbenchmark.maestro.core.output.writer import _block_colors, _draw_timeline
 
     outcome = make_outcome()
     ax = Figure().subplots()
@@ -189,7 +189,7 @@ def test_timeline_panel_bars(mpl):
 def test_latency_panel_skips_missing_baseline(mpl):
     from matplotlib.figure import Figure
 
-    from userbenchmark.maestro.core.output.plot import _block_colors, _draw_latency
+    from userbenchmark.maestro.core.output.writer import _block_colors, _draw_latency
 
     colors = _block_colors(["allgather", "gemm", "reduce_scatter"])
     ax = Figure().subplots()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from userbenchmark.maestro.core.output.progress import (
+from userbenchmark.maestro.core.output.reporter import (
     Progress,
     estimate_left_s,
     format_line,
@@ -205,7 +205,7 @@ def test_a_note_of_steps_says_the_block_and_the_time_left_from_the_first(clean_e
 
 def test_a_run_notes_each_phase_and_baseline_block(tmp_path, monkeypatch, capsys, cli_here):
     from userbenchmark.maestro import cli
-    from userbenchmark.maestro.core.output import progress
+    from userbenchmark.maestro.core.output import reporter as progress
 
     monkeypatch.setattr(progress, "progress_wanted", lambda stream: True)
     config = tmp_path / "p.yaml"

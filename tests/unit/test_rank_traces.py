@@ -23,7 +23,7 @@ from userbenchmark.maestro.core.analysis.records import (
     RankTimeline,
     Timeline,
 )
-from userbenchmark.maestro.core.output.rank_traces import (
+from userbenchmark.maestro.core.output.trace import (
     TRACES_DIR,
     build_rank_traces,
     rank_trace_texts,

@@ -21,7 +21,7 @@ from userbenchmark.maestro.core.config.spec import (
     SuiteSpec,
     frozen_mapping,
 )
-from userbenchmark.maestro.core.output.files import atomic_write_bytes
+from userbenchmark.maestro.core.output.locations import atomic_write_bytes
 from userbenchmark.maestro.core.output.results import metrics_from_results, results_of
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.output.writer import OutputWriter

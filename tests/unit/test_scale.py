@@ -11,9 +11,8 @@ from userbenchmark.maestro.blocks.comm import Collective
 from userbenchmark.maestro.blocks.compute import cap_gemm_dims
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.cli import main, run_command
-from userbenchmark.maestro.core.config.capping import apply_max_size
 from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
+from userbenchmark.maestro.core.config.options import RunOptions, apply_max_size, apply_overrides
 from userbenchmark.maestro.errors import ConfigError
 
 

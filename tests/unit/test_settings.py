@@ -13,7 +13,7 @@ from userbenchmark.maestro.core.output.compare import (
     compare_files,
     format_compare_table,
 )
-from userbenchmark.maestro.core.output.settings import (
+from userbenchmark.maestro.core.output.reporter import (
     measurement_settings,
     setting_differences,
     stack_line,

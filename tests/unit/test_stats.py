@@ -15,7 +15,7 @@ from userbenchmark.maestro.core.analysis.stats import (
     latency_stats,
     percentile_nearest_rank,
 )
-from userbenchmark.maestro.core.output.units import (
+from userbenchmark.maestro.core.output.table import (
     choose_latency_unit,
     format_in_unit,
 )

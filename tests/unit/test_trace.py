@@ -15,8 +15,12 @@ from userbenchmark.maestro.core.analysis.records import (
     RankTimeline,
     Timeline,
 )
-from userbenchmark.maestro.core.output.trace import PATTERN_TRACK_TID, build_trace
-from userbenchmark.maestro.core.output.trace_layout import PATTERN_GAP_MIN_US, PROCESS_ID_OFFSET
+from userbenchmark.maestro.core.output.trace import (
+    PATTERN_GAP_MIN_US,
+    PATTERN_TRACK_TID,
+    PROCESS_ID_OFFSET,
+    build_trace,
+)
 
 BLOCKS = ("allgather", "gemm", "reduce_scatter")
 LANES = ("dp", "tp", "dp")

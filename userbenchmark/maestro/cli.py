@@ -343,7 +343,7 @@ def compare_command(
         parse_threshold_overrides,
     )
     from .core.output.locations import check_output_file
-    from .core.output.plot import PLOT_SUFFIXES, plot_compare
+    from .core.output.writer import PLOT_SUFFIXES, plot_compare
 
     try:
         if plot_path is not None:  # before anything is read
@@ -420,8 +420,7 @@ def import_trace_command(**params: Any) -> int:
     """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or
     folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
     Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
-    from .core.output.files import atomic_write_bytes
-    from .core.output.locations import check_output_file
+    from .core.output.locations import atomic_write_bytes, check_output_file
     from .replay.command import run_command
     from .replay.kineto import TraceError, iter_trace_files
 

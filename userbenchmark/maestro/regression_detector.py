@@ -1,5 +1,5 @@
 """TorchBench's A/B hook: its ``regression_detector.py`` calls ``run(control, treatment)`` with
-two parsed metrics files, judged as ``compare`` judges them (core/output/verdicts.py)."""
+two parsed metrics files, judged as ``compare`` judges them (core/output/metric_keys.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.output.metric_keys import BOUNDS, spec_of, split_bound
-from .core.output.settings import setting_differences
-from .core.output.verdicts import judge_all, readings
+from .core.output.metric_keys import BOUNDS, judge_all, readings, spec_of, split_bound
+from .core.output.reporter import setting_differences
 
 BENCHMARK_NAME = "maestro"
 

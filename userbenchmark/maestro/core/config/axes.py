@@ -140,7 +140,6 @@ def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
 def _declared_axis(
     p: Problems, name: str, path: str, spec: dict[Any, Any], world_size: int | None
 ) -> AxisDraft:
-    """An ``axes:`` entry that is no mesh dimension: its teams, or the axis it is ``like``."""
     draft = AxisDraft(name=name, path=path, valid=False)
     if "teams" in spec and "like" in spec:
         p.add(path, "give either teams or like, not both")
@@ -285,7 +284,6 @@ def _teams(
 def _rank_problem(
     p: Problems, rank: Any, rank_path: str, world_size: int | None, seen: dict[int, str]
 ) -> str:
-    """What is wrong with a team's rank ('' when nothing); ``seen``: the axis's ranks so far."""
     if isinstance(rank, bool) or not isinstance(rank, int):
         return f"a rank must be an integer, got {p.show(rank_path, rank)}"
     if rank < 0:

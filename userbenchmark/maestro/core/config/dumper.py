@@ -96,8 +96,6 @@ def dump_suite(
 
 
 def _defaults(suite: SuiteSpec) -> dict[str, Any]:
-    """The file's ``defaults``: the blocks' commonest dtype, register_buffers when every block
-    has it, and each setting every pattern shares (else the loader's default)."""
     blocks = [b for p in suite.patterns for b in p.blocks]
     dtypes = Counter(b.dtype for b in blocks).most_common(1)
     defaults = {
@@ -115,7 +113,6 @@ def _setting(pattern: PatternSpec, key: str) -> Any:
 
 
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
-    """What ``axes:`` says of each axis: teams or like, and its options when not the defaults."""
     out = {}
     for name, axis in suite.axes.items():
         body: dict[str, Any] = {"like": axis.like} if axis.like is not None else {}
@@ -131,7 +128,6 @@ def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
 def _pattern(
     pattern: PatternSpec, defaults: dict[str, Any], comments: Mapping[tuple[str, str], str]
 ) -> list[str]:
-    """One pattern entry: its settings that differ from the file's defaults, and its blocks."""
     head = {key: value for key in SETTINGS if (value := _setting(pattern, key)) != defaults[key]}
     head |= {"traced_us": pattern.traced_us, "traced_by_rank_us": list(pattern.traced_by_rank_us)}
     lines = [f"  - name: {scalar(pattern.name)}"]

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .axes import AxisDraft
-from .blocks import DTYPES, OpResolver, check_block
-from .dependencies import check_after
+from .blocks import DTYPES, OpResolver, check_after, check_block
 from .problems import Problems, index, join
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
 from .sweep import (
@@ -41,8 +40,7 @@ PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_u
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
 MAX_ITERS: Final = 1_000_000
-"""Most iterations (measured, and warmup) of one pattern: well inside the 2**24 iteration
-numbers of the profiler's correlation ids (core/profilers/attribution.py)."""
+"""Most iterations (measured, and warmup) of one pattern: see ITERS_WHY."""
 ITERS_WHY: Final = (
     "iteration numbers must fit the profiler's 24-bit correlation ids, and every iteration's "
     "timings are kept in host memory until the pattern's window ends"
@@ -88,8 +86,6 @@ def check_settings(
 
 @dataclass(frozen=True)
 class _File:
-    """What each pattern of a file is checked against."""
-
     defaults: dict[str, Any]
     axes: dict[str, AxisDraft]
     ops: OpResolver
@@ -154,7 +150,6 @@ def _listed(value: Any) -> list[Any]:
 
 
 def _at(path: str, rel: tuple[Any, ...]) -> str:
-    """The YAML path of ``rel`` (keys and list indices) below ``path``."""
     for part in rel:
         path = index(path, part) if isinstance(part, int) else join(path, part)
     return path
@@ -166,14 +161,12 @@ def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) ->
 
 
 def _body(entry: dict[Any, Any]) -> dict[Any, Any]:
-    """A pattern entry but its name and sweep: what a sweep point substitutes into."""
     return {k: v for k, v in entry.items() if k not in ("name", "sweep")}
 
 
 def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[Point], set[str]]:
-    """The points to check the pattern at (from its valid, used variables; [()] without a sweep),
-    and the paths of values referring to a variable without values (bad, undefined): their
-    problems are reported once, as sweep problems, not again at every point."""
+    """The points to check the pattern at, and the paths of values referring to a variable without
+    values: their problems are reported once, as sweep problems, not again at every point."""
     variables: tuple[SweepVariable, ...] = ()
     ok = True
     raw_sweep = entry.get("sweep")
@@ -320,8 +313,7 @@ def _pattern_point(
 
 
 def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple[float, ...]:
-    """The optional ``traced_by_rank_us``: each rank's own traced step (µs), one per rank (the
-    world axis's one team)."""
+    """Each rank's own traced step (µs), one per rank."""
     size = len(world[0]) if world else None
     if not isinstance(value, list) or len(value) != (size or len(value)):
         count = f"{size} durations" if size else "durations"

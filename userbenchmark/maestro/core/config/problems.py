@@ -48,7 +48,6 @@ def show(value: Any) -> str:
 
 
 def _bound(value: float) -> str:
-    """A bound for a message: 60000000 rather than 6e+07."""
     if float(value).is_integer() and abs(value) < 1e16:
         return str(int(value))
     return f"{value:g}"
@@ -59,7 +58,6 @@ def _clip(text: str) -> str:
 
 
 def _hint(value: Any) -> str:
-    """Why text a user meant as a number is not one."""
     if isinstance(value, str) and _FLOAT_AS_TEXT.fullmatch(value):
         return (
             f" (YAML reads {value} as text: write a decimal point and a signed exponent, "

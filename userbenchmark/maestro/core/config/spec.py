@@ -1,7 +1,6 @@
-"""Typed, frozen objects that a validated pattern file becomes (the loader builds them). Everything
-downstream (runtime, profilers, reports) consumes these and never the raw YAML. Mappings are
-read-only so a spec cannot be changed after validation, and every spec pickles: the local launcher
-hands the validated suite to its workers."""
+"""The typed, frozen objects a validated pattern file becomes; everything downstream reads these,
+never the YAML. Mappings are read-only, and every spec pickles: the local launcher hands the
+validated suite to its workers."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from ...blocks.dtypes import DTYPE_SIZES_BYTES
 
 PRIORITIES = ("normal", "high")
 SYNC_MODES = ("barrier", "barrier-only", "none")
-"""How iterations are separated: ``barrier`` (a host barrier, then every rank's gate opens at
-one agreed instant), ``barrier-only`` (each rank opens its gate when it leaves the barrier:
-starts differ by the barrier's release skew), ``none`` (no barrier: lanes run on)."""
+"""``barrier``: a host barrier, then every rank's gate opens at one agreed instant;
+``barrier-only``: each gate opens as its rank leaves the barrier; ``none``: lanes run on."""
 WORLD_AXIS = "world"
 
 
@@ -40,7 +38,6 @@ class FrozenMapping(Mapping[str, Any]):
 
 
 frozen_mapping = FrozenMapping
-"""A read-only copy of a mapping."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,10 +120,9 @@ def predecessors(blocks: Sequence[BlockSpec]) -> tuple[tuple[int, ...], ...]:
 
 
 def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
-    """Blocks after those they wait for: lane by lane (first use order), each as far as its waits
-    allow, round after round; a cycle is left out. The CUDA host enqueues in this order, so awaited
-    events are recorded first and every rank (skipping what it does not run) enqueues collectives of
-    different communicators in one order."""
+    """Blocks after those they wait for, lane by lane, round after round (a cycle left out): the
+    CUDA enqueue order, so awaited events are recorded first and every rank enqueues collectives
+    of different communicators in one order."""
     waits = predecessors(blocks)
     queues: dict[str, deque[int]] = {}
     for i, block in enumerate(blocks):
@@ -191,8 +187,7 @@ class SuiteSpec:
     """A whole validated pattern file."""
 
     name: str
-    source: str
-    """The file's path."""
+    source: str  # the file's path
     world_size: int
     env: Mapping[str, str] = field(default_factory=frozen_mapping)
     axes: Mapping[str, AxisSpec] = field(default_factory=frozen_mapping)

@@ -19,8 +19,6 @@ _FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
 
 
 def _with_unit(count: int, units: Sequence[str], step: int) -> str:
-    """``count`` in the largest of ``units`` (each ``step`` times the one before) it reaches,
-    to three significant digits; below the first step, exactly."""
     value, i = float(count), 0
     while value >= step and i < len(units) - 1:
         value, i = value / step, i + 1
@@ -66,7 +64,6 @@ def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | 
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    """``0-7`` for a run of consecutive ranks, else a list, shortened past a few ranks."""
     if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"{ranks[0]}-{ranks[-1]}"
     if len(ranks) > _MAX_RANKS_SHOWN:
@@ -119,7 +116,6 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
 
 
 def _work(cls: type[Block] | None, block: BlockSpec) -> str:
-    """The block's work (:func:`describe_params`), plus GEMM FLOPs."""
     text = block.work
     if cls is not None:
         try:

@@ -1,5 +1,5 @@
 """``compare``: two runs' files (metrics JSON, result records or an ``--output-dir``) as
-``{metric key: float}``, every common key judged against both runs' noise (verdicts.py). Any
+``{metric key: float}``, every common key judged against both runs' noise (metric_keys.py). Any
 file, however malformed, ends in CompareError naming it, never in another exception."""
 
 from __future__ import annotations
@@ -17,10 +17,15 @@ from ...errors import MaestroError
 from .metric_keys import (
     METRICS,
     REQUIRED_METRICS,
+    Judgement,
+    Reading,
+    judge_all,
     metric_value_problem,
     parse_metric_key,
+    readings,
     split_bound,
 )
+from .reporter import measurement_settings, setting_differences, stack_line
 from .results import (
     TABLE_FILES,
     Results,
@@ -32,8 +37,6 @@ from .results import (
     records_of,
     results_from_records,
 )
-from .settings import measurement_settings, setting_differences, stack_line
-from .verdicts import Judgement, Reading, judge_all, readings
 
 
 class CompareError(MaestroError, ValueError):
@@ -66,9 +69,8 @@ class CompareResult:
     missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
     nan_in_b: Mapping[str, float] = field(default_factory=dict)
-    """Keys the other run has a value for (kept here) that this one has as NaN: a figure every
-    timed block or pattern has (its latency, its makespan), missing from a block or pattern
-    the run has. A failure."""
+    """Keys of a figure every timed block or pattern has (its latency, its makespan) that this run
+    lacks (NaN) and the other has (its value kept here): a failure."""
     failures: tuple[str, ...] = ()  # patterns B's failures.json says failed
     stack_a: str = "unknown"  # what each run ran on (versions, device), from its settings
     stack_b: str = "unknown"
@@ -101,8 +103,7 @@ def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
 
 
 def load_metrics(path: str | Path) -> dict[str, float]:
-    """Read one file (or an ``--output-dir``) into ``{metric key: float}``; CompareError,
-    naming the file, when it cannot be used or holds a value no metric can take."""
+    """One file (or an ``--output-dir``) as ``{metric key: float}``; CompareError naming it."""
     return _load_side(Path(path)).metrics
 
 
@@ -151,8 +152,6 @@ def _load_side(path: Path) -> _Side:
 
 
 def _results_side(path: Path, records: list[Any] | None) -> _Side:
-    """An ``--output-dir`` (``records`` None) or one results file's records, with the
-    run.json and failures.json beside them."""
     folder = path if records is None else path.parent
     if records is None:
         if not (path / "results.json").exists():
@@ -249,8 +248,6 @@ def compare_files(
 
 
 def _setting_differences(a: _Side, b: _Side) -> list[str]:
-    """The measurement settings two sides differ in, each once: from run.json where both
-    record one, else from the results' columns."""
     differences, recorded = [], set()
     if a.settings is not None and b.settings is not None:
         differences += setting_differences(a.settings, b.settings)
@@ -287,12 +284,16 @@ def format_compare_table(result: CompareResult) -> str:
     text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
-    nan = {**result.nan_in_a, **result.nan_in_b}
-    counts += [f"{len(nan)} NaN on one side"] if nan else []
-    counts += [f"{len(result.only_a)} only in A"] if result.only_a else []
-    counts += [f"{len(result.only_b)} only in B"] if result.only_b else []
-    shown = sum(not j.decides for j in result.judgements)
-    counts += [f"{shown} harness diagnostics (shown, deciding nothing)"] if shown else []
+    others = (
+        (len(result.nan_in_a) + len(result.nan_in_b), "NaN on one side"),
+        (len(result.only_a), "only in A"),
+        (len(result.only_b), "only in B"),
+        (
+            sum(not j.decides for j in result.judgements),
+            "harness diagnostics (shown, deciding nothing)",
+        ),
+    )
+    counts += [f"{n} {what}" for n, what in others if n]
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
     if result.setting_differences:
         head.append(
@@ -344,7 +345,6 @@ def _fmt_change(change: float, absolute: bool) -> str:
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
-    """Patterns, then blocks, that keys of ``a`` name and no key of ``b`` does."""
 
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]

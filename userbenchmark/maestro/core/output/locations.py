@@ -1,5 +1,6 @@
 """Where a run writes, checked and claimed before any worker starts, by the process that
-outlives the run's writer (the local launcher; under torchrun/srun, rank 0)."""
+outlives the run's writer (the local launcher; under torchrun/srun, rank 0), and atomic writes:
+readers see a file's old contents or its new ones, never a part."""
 
 from __future__ import annotations
 
@@ -10,18 +11,81 @@ import fcntl
 import logging
 import os
 import re
+import secrets
 import stat
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from ...errors import OptionError
 from ..config.options import RunOptions
-from .files import TEMPORARY_SUFFIX, unlink_quietly
 
 log = logging.getLogger("maestro.output")
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+# open(path, "w")'s mode, less the umask: mkstemp's 0600 would hide files from dashboards.
+_NEW_FILE_MODE = 0o666
+_NAME_ATTEMPTS = 100
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def unlink_quietly(path: str | os.PathLike[str]) -> None:
+    """Remove ``path``; one already gone (or not removable) is no error."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    for _ in range(_NAME_ATTEMPTS):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMPORARY_SUFFIX}")
+        with contextlib.suppress(FileExistsError):
+            return os.open(tmp, _CREATE_FLAGS, _NEW_FILE_MODE), tmp
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(path.parent))
+
+
+def _write_temporary(path: Path, data: bytes) -> str:
+    """``data`` in a fsynced temporary file next to ``path`` (whose folder must exist: a
+    folder removed during a run is never created again); returns the temporary's path."""
+    fd, tmp = _create_temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            try:
+                st: os.stat_result | None = os.stat(path)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):  # a rewritten file keeps its mode
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode) & 0o777)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_files(files: Mapping[Path, bytes]) -> None:
+    """Write every file so readers see old or new contents, never a part, all together (every
+    temporary is complete before the first rename); a failure leaves no temporary behind."""
+    written: dict[Path, str] = {}
+    try:
+        for path, data in files.items():
+            written[path] = _write_temporary(path, data)
+        for path in list(written):
+            os.replace(written[path], path)
+            del written[path]  # only once renamed: a failed rename still cleans its temporary
+    except BaseException:
+        for tmp in written.values():
+            unlink_quietly(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
+    atomic_write_files({path: data})
+
 
 # What maestro writes into --output-dir, and its plots: moved aside at start.
 MAESTRO_OUTPUT_NAMES: Final = (
@@ -35,7 +99,7 @@ _PLOT_GLOB: Final = "plot-*.png"
 LOCK_NAME: Final = ".maestro.lock"  # removed when the run ends
 # Where TorchBench looks for metrics files: <repo>/.userbenchmark/maestro.
 DEFAULT_METRICS_DIR: Final = Path(__file__).resolve().parents[4] / ".userbenchmark" / "maestro"
-# An atomic write's temporary: .NAME.<8 hex>.tmp (files.py).
+# An atomic write's temporary: .NAME.<8 hex>.tmp (_create_temporary).
 _TEMPORARY: Final = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}" + re.escape(TEMPORARY_SUFFIX))
 PREVIOUS_PREFIX: Final = "previous-"
 # TorchBench tooling globs metrics-*.json; the name is metrics-YYYYmmddHHMMSS[-N].json.
@@ -253,15 +317,6 @@ def _read_pid(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
-def _stale_outputs(folder: Path) -> list[Path]:
-    found = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
-    found += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
-    for path in found:
-        if path.is_symlink():
-            raise OptionError(_planted(folder, path.name))
-    return found
-
-
 def _remove_temporaries(folder: Path) -> None:
     """Remove the temporaries of maestro's files a killed run left in ``folder`` (a metrics
     file's only when no live run reserved its name), naming them in one log line."""
@@ -294,10 +349,12 @@ def _exclusive_dir(parent: Path, base: str) -> Path:
 
 
 def _move_aside(folder: Path, stamp: str) -> None:
-    """Move an earlier run's files into ``folder/previous-<stamp>``; only the temporaries of
-    a killed run are removed."""
     _remove_temporaries(folder)
-    stale = _stale_outputs(folder)
+    stale = [folder / name for name in MAESTRO_OUTPUT_NAMES if os.path.lexists(folder / name)]
+    stale += sorted(p for p in folder.glob(_PLOT_GLOB) if p.is_file() or p.is_symlink())
+    for path in stale:
+        if path.is_symlink():
+            raise OptionError(_planted(folder, path.name))
     if not stale:
         return
     try:

@@ -1,17 +1,18 @@
-"""Rank 0's side of a run, in one place: the sink the command line hands the ranks (the
-runtime's ``Sink``): the progress line, the tables, the writer, where the metrics file goes and
-its ``environ`` (settings.py), the closing lines. A closed standard output (``| head -1``)
-costs the tables printed after it, never a file."""
+"""Rank 0's side of a run: the sink the command line hands the ranks (the runtime's ``Sink``): the
+progress line, the tables, the writer, the closing lines, and the metrics file's ``environ``,
+written and read back (compare). A closed standard output costs later tables, never a file."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TextIO
 
 from ...errors import (
     EXIT_INTERRUPTED,
@@ -26,12 +27,214 @@ from ...errors import (
 from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
-from .progress import Progress
-from .settings import run_environ
 from .table import Tables
 from .writer import OutputWriter
 
 log = logging.getLogger("maestro")
+
+RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
+                       "max_size_bytes", "iters_override", "warmup_iters_override",
+                       "graph_override")  # fmt: skip
+"""Run-wide measurement settings (environ keys)."""
+SETTING_PREFIXES: Final = ("pattern.", "block.")
+"""Per-pattern and per-block measurement settings (environ keys with these prefixes)."""
+STACK: Final = {"maestro_version": "maestro", "pytorch_version": "torch", "cuda_version": "CUDA",
+                "nccl_version": "NCCL", "cupti_python_version": "cupti-python",
+                "device": "device"}  # fmt: skip
+"""What the runs ran on (environ key: label): shown beside a comparison, never refused."""
+
+
+def suite_settings(suite: SuiteSpec) -> dict[str, str]:
+    """What each pattern (``pattern.<name>``) and block (``block.<pattern>/<block>``) measures,
+    after command-line overrides and --max-size."""
+    out = {}
+    for p in suite.patterns:
+        out[f"pattern.{p.name}"] = (
+            f"iters={p.num_iters} warmup_iters={p.warmup_iters} sync={p.sync} "
+            f"graph={str(p.graph).lower()}"
+        )
+        for b in p.blocks:
+            team = suite.axes[b.axis].team_size
+            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {b.work}"
+    return out
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def run_environ(
+    suite: SuiteSpec,
+    options: RunOptions,
+    dist: Any,
+    profiler: str,
+    calibration: Mapping[str, float],
+) -> dict[str, str]:
+    """The metrics file's ``environ`` from the rank's ``dist`` (backend, hosts, ranks per GPU,
+    device): the settings (:data:`RUN_SETTINGS`, ``pattern.*``, ``block.*``), the :data:`STACK`,
+    the host, ``calibration`` (``sleep_cycles_per_us``...) and the file's ``env.<NAME>``."""
+    import torch
+
+    from ... import __version__
+
+    hosts, device = dist.hosts, dist.device
+    info = {
+        "maestro_version": __version__,
+        "pytorch_version": torch.__version__,
+        "pytorch_git_version": str(getattr(torch.version, "git_version", "")),
+        "backend": dist.backend,
+        "profiler": profiler,
+        "world_size": str(len(hosts)),
+        "num_hosts": str(len(set(hosts)) or 1),
+        "ranks_per_gpu": _text(dist.ranks_per_gpu),
+        "max_size_bytes": _text(options.max_size_bytes),
+        "iters_override": _text(options.iters),
+        "warmup_iters_override": _text(options.warmup_iters),
+        "graph_override": _text(options.graph),
+        "config": suite.source,
+        "suite": suite.name,
+        "hostname": os.uname().nodename if hasattr(os, "uname") else "",
+    }
+    if device.type == "cuda":
+        info["cuda_version"] = str(torch.version.cuda)
+        info["device"] = torch.cuda.get_device_name(device)
+        with contextlib.suppress(Exception):  # NCCL may be absent from a CUDA build
+            info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+    info.update({key: repr(float(value)) for key, value in calibration.items()})
+    info.update(suite_settings(suite))
+    info.update({f"env.{key}": value for key, value in suite.env.items()})
+    return info
+
+
+def measurement_settings(environ: Mapping[str, object]) -> dict[str, str]:
+    """The entries of ``environ`` that decide what was measured."""
+    return {
+        key: str(value)
+        for key, value in environ.items()
+        if key in RUN_SETTINGS or key.startswith(SETTING_PREFIXES)
+    }
+
+
+def setting_differences(
+    a: Mapping[str, object], b: Mapping[str, object], *, skip: Collection[str] = ()
+) -> list[str]:
+    """One line per measurement setting both runs record with different values, but ``skip``'s (a
+    pattern or block only one run has is not a difference: compare reports it as only in A or B)."""
+    sa, sb = measurement_settings(a), measurement_settings(b)
+    return [
+        f"{key}: A {sa[key]!r}, B {sb[key]!r}"
+        for key in sorted(sa.keys() & sb.keys() - set(skip))
+        if sa[key] != sb[key]
+    ]
+
+
+def stack_line(environ: Mapping[str, object]) -> str:
+    """``torch 2.11.0+cu130, CUDA 13.0, NCCL 2.28.9, ...`` (what the run ran on)."""
+    parts = [f"{label} {environ[key]}" for key, label in STACK.items() if environ.get(key)]
+    return ", ".join(parts) or "unknown"
+
+
+def estimate_left_s(done: int, total: int, elapsed_s: float) -> float | None:
+    """Seconds left if the remaining items take as long as the finished ones did on average
+    (None before the first finished; 0.0 once ``done >= total``)."""
+    if done == 0:
+        return None
+    if done >= total:
+        return 0.0
+    return elapsed_s / done * (total - done)
+
+
+def format_line(done: int, total: int, label: str, elapsed_s: float) -> str:
+    """``[3/10] pattern ag_rs@4M  elapsed 12.3 s  left ~28.7 s`` (no estimate before item 1)."""
+    left_s = estimate_left_s(done, total, elapsed_s)
+    left = "" if left_s is None else f"  left ~{left_s:.1f} s"
+    return f"[{done}/{total}] {label}  elapsed {elapsed_s:.1f} s{left}"
+
+
+def progress_wanted(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``stream`` is a terminal and neither ``CI`` nor ``MAESTRO_NO_PROGRESS`` is set."""
+    env = os.environ if environ is None else environ
+    if env.get("CI") or env.get("MAESTRO_NO_PROGRESS"):
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # no isatty, or a closed or detached stream
+        return False
+
+
+class Progress:
+    """Counts finished items and redraws one line (carriage return) after each of them;
+    ``enabled=None`` decides from the stream and the environment (``progress_wanted``)."""
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total = total
+        # Resolved at call time, not import time, so redirected stderr (pytest, tools) counts.
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = progress_wanted(self.stream) if enabled is None else enabled
+        self.done = 0
+        self._clock = clock
+        self._started_s: float | None = None
+        self._steps_started_s = 0.0
+        self._printed_width = 0
+        self._closed = False
+
+    def start(self) -> None:
+        if self._started_s is None:
+            self._started_s = self._clock()
+
+    def elapsed_s(self) -> float:
+        return 0.0 if self._started_s is None else max(0.0, self._clock() - self._started_s)
+
+    def advance(self, label: str) -> None:
+        self.start()
+        self.done += 1
+        self._draw(format_line(self.done, self.total, label, self.elapsed_s()))
+
+    def note(self, doing: str, step: int = 0, steps: int = 0) -> None:
+        """Redraw the line with what the next item is doing; counts nothing. With ``steps``:
+        block ``step`` of them, and the time left if the rest take as long as those since
+        block 0 (``ag_rs: baseline, block 3 of 55, left ~12.0 s``)."""
+        self.start()
+        if steps:
+            now = self._clock()
+            if step == 0:
+                self._steps_started_s = now
+            left_s = estimate_left_s(step, steps, now - self._steps_started_s)
+            left = "" if left_s is None else f", left ~{left_s:.1f} s"
+            doing = f"{doing}, block {step + 1} of {steps}{left}"
+        self._draw(f"[{self.done}/{self.total}] {doing}  elapsed {self.elapsed_s():.1f} s")
+
+    def _draw(self, line: str) -> None:
+        if not self.enabled or self._closed:
+            return
+        # Pad with spaces so a shorter line fully covers the longer one before it.
+        pad = " " * max(0, self._printed_width - len(line))
+        self.stream.write("\r" + line + pad)
+        self.stream.flush()
+        self._printed_width = len(line)
+
+    def clear(self) -> None:
+        """Erase the drawn line, so a table printed next starts at column 0 on a clean line."""
+        if self._printed_width and not self._closed:
+            self.stream.write("\r" + " " * self._printed_width + "\r")
+            self.stream.flush()
+            self._printed_width = 0
+
+    def close(self) -> None:
+        """End the line with a newline if anything was drawn; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._printed_width:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 class Reporter:
@@ -60,14 +263,14 @@ class Reporter:
     @staticmethod
     def check(options: RunOptions) -> None:
         """OptionError for a file this machine cannot write (``--plot`` without matplotlib)."""
-        from .plot import MISSING_MATPLOTLIB, matplotlib_available
+        from .writer import MISSING_MATPLOTLIB, matplotlib_available
 
         if options.plot and not matplotlib_available():
             raise OptionError(MISSING_MATPLOTLIB)
 
     def start(self, place: Any, profiler: Any, calibration: Mapping[str, float]) -> None:
         """Open the writer with the metrics file's ``environ``: the run's settings on ``place``
-        (settings.run_environ), the ``profiler``'s and the gate's ``calibration``."""
+        (run_environ), the ``profiler``'s and the gate's ``calibration``."""
         environ = run_environ(self.suite, self.options, place, profiler.name, calibration)
         self.writer = OutputWriter(
             output_dir=Path(self.options.output_dir) if self.options.output_dir else None,

@@ -31,9 +31,8 @@ _BOUND_DTYPES = (_FLOAT, _FLOAT, _INT)
 
 
 def _columns_of(record_type: type) -> Mapping[str, str]:
-    """File columns of a record type and their pandas dtypes, in field order: one column per
-    field (a field naming ``columns`` in its metadata, like a pair's blocks, gives several),
-    and each metric with an interval followed by ``<name>_ci_low``, ``_ci_high``, ``_ci_df``."""
+    """File columns of a record type and their pandas dtypes, in field order (a field's metadata
+    ``columns`` may give several); a metric with an interval is followed by its BOUNDS."""
     columns: dict[str, str] = {}
     for f in dataclasses.fields(record_type):
         if "intervals" in f.metadata:
@@ -255,7 +254,9 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     if dtype == _FLOAT:
         return float(value)  # OverflowError for an integer beyond float64
     if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
-        return _in_int64(int(value))
+        if not -(2**63) <= (number := int(value)) < 2**63:
+            raise OverflowError
+        return number
     raise TypeError
 
 
@@ -274,12 +275,6 @@ def _csv_value(text: str, dtype: str) -> Any:
         except ValueError:
             return float(text)
     return text
-
-
-def _in_int64(number: int) -> int:
-    if not -(2**63) <= number < 2**63:
-        raise OverflowError
-    return number
 
 
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
@@ -318,7 +313,6 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
 
 
 def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
-    """Pair rows from the ``pairwise_overlap`` column of an older patterns file, ``source``."""
     pairs = []
     for where, row in rows:
         cell = row.get(_LEGACY_PAIRS_COLUMN)
@@ -347,12 +341,6 @@ def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
     return pairs
 
 
-def _table_of_row(row: Mapping[str, Any]) -> Table:
-    if "block_a" in row or "block_b" in row:
-        return "pairs"
-    return "blocks" if row.get("block") not in (None, "") else "patterns"
-
-
 def results_from_records(
     records: Any, where: str, *, table: Table | None = None, text: bool = False
 ) -> Results:
@@ -366,7 +354,9 @@ def results_from_records(
             raise ResultsError(
                 f"{where}: record {index}: expected an object, got {describe(record)}"
             )
-        rows[table or _table_of_row(record)].append((f"{where}: record {index}", record))
+        kind = "blocks" if record.get("block") not in (None, "") else "patterns"
+        kind = "pairs" if "block_a" in record or "block_b" in record else kind
+        rows[table or kind].append((f"{where}: record {index}", record))
     rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
     return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
+from numpy.typing import ArrayLike
 from tabulate import tabulate
 
 from ..analysis.fidelity import error_groups
@@ -17,9 +18,41 @@ from ..analysis.outcome import MIN_ITERS_FOR_P99
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec
-from .units import choose_latency_unit, format_in_unit
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
+
+# Microseconds per unit. Units are spelled in ASCII so tables and CSV stay plain text.
+LATENCY_UNIT_SCALE_US: Final[dict[str, float]] = {"us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def choose_latency_unit(values_us: ArrayLike) -> str:
+    """One display unit for a column of latencies in microseconds: the largest unit that the
+    smallest positive finite value fills at least once ("us" when there is none)."""
+    arr = np.asarray(values_us, dtype=np.float64).ravel()
+    positive = arr[np.isfinite(arr) & (arr > 0)]
+    smallest = float(positive.min()) if positive.size else 0.0
+    return next((u for u in ("s", "ms") if smallest >= LATENCY_UNIT_SCALE_US[u]), "us")
+
+
+def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
+    """A latency in microseconds, in ``unit``, with ``precision`` decimals, or the fewest that
+    show a non-zero value (0.0004 ms at precision 2: "0.0004"); NaN "n/a"; never scientific."""
+    value_us = float(value_us)
+    if math.isnan(value_us):
+        return "n/a"
+    if math.isinf(value_us):
+        return "inf" if value_us > 0 else "-inf"
+    value = value_us / LATENCY_UNIT_SCALE_US[unit]
+    text = f"{value:.{precision}f}"
+    if value == 0.0 or float(text) != 0.0:
+        return text
+    # Start one short of the first significant digit (0.00096 rounds to 0.001) and step up.
+    decimals = max(precision + 1, -math.floor(math.log10(abs(value))) - 1)
+    text = f"{value:.{decimals}f}"
+    while float(text) == 0.0:
+        decimals += 1
+        text = f"{value:.{decimals}f}"
+    return text
 
 
 def _num(value: float | int | None, digits: int = 2) -> str:
@@ -35,7 +68,6 @@ def _num(value: float | int | None, digits: int = 2) -> str:
 
 
 def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) -> str:
-    """``1.234 [1.100, 1.400]``: a figure and its 95 % interval (the figure alone without one)."""
     value = getattr(record, name)
     low, high, _ = record.intervals.get(name, (math.nan, math.nan, 0))
     if math.isnan(low) or math.isnan(value):
@@ -188,7 +220,6 @@ def _kernels(b: BlockResult) -> str:
 
 
 def _gemm_error_lines(outcome: PatternOutcome) -> list[str]:
-    """The GEMMs' per-kernel errors, apart for those a collective ran beside in the trace."""
     gemms = [b for b in outcome.blocks if b.op == "gemm" and not math.isnan(b.traced_us)]
     if not gemms:
         return []
