@@ -455,7 +455,7 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
 def test_a_rank_runs_one_intra_op_thread_unless_the_user_chose():
     import torch
 
-    from userbenchmark.maestro.core.runtime.worker import one_intra_op_thread_unless_chosen
+    from userbenchmark.maestro.core.runtime.phases import one_intra_op_thread_unless_chosen
 
     before = torch.get_num_threads()
     try:

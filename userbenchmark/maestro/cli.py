@@ -20,7 +20,7 @@ import click
 from .blocks.dtypes import DTYPES
 from .core.config.options import RunOptions
 from .core.profilers.profiler_registry import profiler_names
-from .core.runtime.logs import configure_logging
+from .core.runtime.supervision import configure_logging
 from .errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -173,7 +173,7 @@ def cmd_run(params: dict[str, Any]) -> int:
             from .core.runtime.launcher import launch_local
 
             return launch_local(suite, options, world_size, Reporter)
-        from .core.runtime.worker import run_worker
+        from .core.runtime.phases import run_worker
 
         return run_worker(suite, options, Reporter)
     finally:

@@ -3,9 +3,13 @@ measured. The cluster shell runs each phase and agrees after it (core/runtime/ph
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -22,12 +26,14 @@ from ..analysis.records import PatternOutcome
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
 from . import windows
-from .graphs import GRAPH_MEMORY_MARGIN_BYTES, CapturedBlock, capture_blocks
-from .hostmem import available_host_memory, check_host_memory
 from .lanes import Lane
-from .rig import Rig
+from .rig import RegisteredPool, Rig
 
 log = logging.getLogger("maestro.pattern")
+
+GRAPH_MEMORY_MARGIN_BYTES = 64 << 20
+"""Device memory set aside per captured block in the pre-flight check: a graph's private pool
+holds what its capture allocates (library workspaces; maestro's buffers exist before it)."""
 
 
 def _lane_starts(
@@ -61,8 +67,7 @@ class PatternRun:
         self.is_compute = np.array([c.category == "compute" for c in self.classes], dtype=bool)
         self.blocks: list[Block | None] = [None] * len(specs)
         self.pools: dict[str, Any] = {}
-        self.captured: dict[int, CapturedBlock] = {}
-        """CUDA-graph mode: each block's captured launch, by block index (after capture)."""
+        self.captured: dict[int, Any] = {}  # CUDA-graph mode: {block index: its replay as launch}
         self.team_sizes = [rig.comms.axis(b.axis).team_size for b in specs]
         # Blocks known to launch no device work (a 1-rank NCCL all_reduce) run but are not
         # timed: CUPTI would find nothing to attribute. Same answer on every rank.
@@ -162,8 +167,6 @@ class PatternRun:
         )
 
     def _pool(self, axis: str) -> Any:  # one per communicator and pattern
-        from .registration import RegisteredPool
-
         if axis not in self.pools:
             self.pools[axis] = RegisteredPool(self.rig.comms.group(axis), self.rig.place.device)
         return self.pools[axis]
@@ -200,7 +203,7 @@ class PatternRun:
             # of the replays, which sizes the gate for them. The measured window starts after
             # all of it: capture and warmups never reach the numbers.
             ops = [b.op for b in self.pattern.blocks]
-            self.captured = capture_blocks(lanes, self.names, ops, self.rig.place.device)
+            self.captured = _capture_blocks(lanes, self.names, ops, self.rig.place.device)
             lanes = self.lanes()
             windows.warmup(self, lanes, self.present)
         self.timings, self.host = windows.timed(self, lanes, self.pattern.num_iters, self.timed)
@@ -306,3 +309,142 @@ class PatternRun:
         if self.timeline is not None:
             outcome = dataclasses.replace(outcome, timeline=self.timeline)
         return outcome
+
+
+def _capture_blocks(
+    lanes: Sequence[Lane], names: Sequence[str], ops: Sequence[str], device: Any
+) -> dict[int, Any]:
+    # One graph per block, replayed on its lane stream after the gate event with its external
+    # correlation id pushed around replay(): CUPTI attributes each kernel per block and
+    # iteration as in eager mode (H200, torch 2.11, cupti-python 13.0.1); a graph of a whole
+    # iteration would give every kernel one id. Communicators and handles exist (after warmup).
+    pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
+    captured: dict[int, Any] = {}
+    torch.cuda.synchronize(device)
+    for lane in lanes:
+        for index, block in lane.blocks:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=lane.stream):
+                    block.launch()
+            except Exception as exc:
+                raise RunError(
+                    f"op {ops[index]} cannot be captured into a CUDA graph with torch "
+                    f"{torch.__version__} ({type(exc).__name__}: {exc}); run this pattern with "
+                    "graph: false",
+                    block=names[index],
+                ) from exc
+            captured[index] = SimpleNamespace(launch=graph.replay)
+    torch.cuda.synchronize(device)
+    return captured
+
+
+# Host memory a CPU run may still allocate: the smaller of MemAvailable and what the memory
+# cgroup and its ancestors leave (v1 or v2); an OOM-killed rank says nothing.
+UNLIMITED_BYTES = 2**60
+"""A cgroup v1 limit at least this large means no limit (the kernel's 'unlimited' is a page-
+rounded 2**63 - 1)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """How much memory may still be allocated, and which reading said so."""
+
+    available_bytes: int
+    source: str
+    """``MemAvailable in /proc/meminfo``, or a cgroup's limit less its usage (and the cgroup)."""
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):  # unreadable, or "max": no limit
+        return None
+
+
+def _meminfo(proc: Path) -> HostMemory | None:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                kib = int(line.split()[1])
+                return HostMemory(kib * 1024, f"MemAvailable in {proc / 'meminfo'}")
+    return None
+
+
+def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+    """The least room left by this process's memory cgroups and their ancestors (each
+    hierarchy with a memory controller: v2's unified one, v1's ``memory``)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    best: HostMemory | None = None
+    for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
+        if controllers == "":  # cgroup v2 (unified)
+            unified = cgroup_root / "unified"
+            root = unified if (unified / "cgroup.controllers").exists() else cgroup_root
+            limit_name, usage_name = "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            root = cgroup_root / "memory"
+            limit_name, usage_name = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        current = root / path.lstrip("/")
+        if not current.is_dir():  # a cgroup namespace: this process's cgroup is the root
+            current = root
+        while True:
+            limit = _read_int(current / limit_name)
+            usage = _read_int(current / usage_name)
+            if limit is not None and usage is not None and limit < UNLIMITED_BYTES:
+                left = max(0, limit - usage)
+                if best is None or left < best.available_bytes:
+                    best = HostMemory(
+                        left, f"the cgroup's {limit_name} less {usage_name} ({current})"
+                    )
+            if current == root or current.parent == current:
+                break
+            current = current.parent
+    return best
+
+
+def available_host_memory(
+    *, proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup"
+) -> HostMemory | None:
+    """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
+    read (not Linux)."""
+    proc, cgroup_root = Path(proc), Path(cgroup_root)
+    readings = [r for r in (_meminfo(proc), _cgroup(proc, cgroup_root)) if r is not None]
+    return min(readings, key=lambda r: r.available_bytes, default=None)
+
+
+NAMED_SHARE = 0.9
+"""A refusal names the largest blocks that together need this share of the memory."""
+
+
+def check_host_memory(
+    blocks: Sequence[tuple[str, int]], *, local_ranks: int, memory: HostMemory | None
+) -> None:
+    """RunError when ``local_ranks`` ranks, each allocating ``blocks`` ((name, bytes) as
+    ``Block.host_buffer_bytes`` counts them), do not fit in ``memory``; it names the few
+    blocks that need most of it."""
+    need = sum(n for _, n in blocks)
+    total = need * local_ranks
+    if memory is None or total <= memory.available_bytes:  # needing nothing always fits
+        return
+    gib = 2**30
+    largest = sorted(blocks, key=lambda b: -b[1])
+    named, covered = [], 0
+    for name, nbytes in largest:
+        if covered >= NAMED_SHARE * need:
+            break
+        named.append(f"{name} ({nbytes / gib:.2f} GiB)")
+        covered += nbytes
+    rest = len(blocks) - len(named)
+    others = f" and {rest} more" if rest else ""
+    ranks = "the rank" if local_ranks == 1 else f"the {local_ranks} ranks"
+    raise RunError(
+        f"blocks {', '.join(named)}{others} need {need / gib:.2f} GiB of host memory per rank, "
+        f"{total / gib:.2f} GiB for {ranks} on this host, and only "
+        f"{memory.available_bytes / gib:.2f} GiB is available ({memory.source}); use smaller "
+        "sizes (--max-size), or fewer ranks per host"
+    )

@@ -17,14 +17,14 @@ from ..analysis.aggregate import Reducer, WindowAggregate, local_summary, reduce
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.records import RankTimeline, Timeline
 from ..profilers.profiler import Profiler
-from .gate import (
+from .lanes import (
     DEFAULT_GATE_US,
     DEFAULT_START_MARGIN_US,
+    Lane,
     calibrated_gate_us,
     calibrated_start_margin_us,
     gc_paused,
 )
-from .lanes import Lane
 
 log = logging.getLogger("maestro.pattern")
 

@@ -27,7 +27,6 @@ from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision
 from .agreement import agreement_timeout_s
-from .logs import configure_logging
 
 if TYPE_CHECKING:
     from .phases import SinkFactory
@@ -57,9 +56,9 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
 
-    from .worker import run_worker  # a running rank's modules: imported in the worker only
+    from .phases import run_worker  # a running rank's modules: imported in the worker only
 
-    configure_logging(job.options.log_level)
+    supervision.configure_logging(job.options.log_level)
     status = run_worker(job.suite, job.options, job.sink)
     supervision.leave(status, rank)
     if status != EXIT_OK:

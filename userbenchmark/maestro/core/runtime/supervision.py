@@ -1,7 +1,7 @@
 """Keeping a run's processes together: no process outlives the run, no wait lasts forever. The
 local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends what
 cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`), refuses a
-block's ``os._exit`` and ends its own children (docs/reliability.md)."""
+block's ``os._exit`` and ends its own children (docs/reliability.md). Also the log set-up."""
 
 from __future__ import annotations
 
@@ -32,6 +32,27 @@ STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
 """Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome)."""
 
 _real_exit = os._exit
+
+
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"maestro: {record.levelname.lower()}: {super().format(record)}"
+
+
+def configure_logging(level: str = "INFO", *, ranked: bool = True) -> None:
+    """Log to stderr at ``level``; ``ranked`` lines carry the rank (``[maestro r1] WARNING``),
+    the others (validate, compare, the local launcher: no rank) read ``maestro: warning: ...``."""
+    handler = logging.StreamHandler(sys.stderr)
+    if ranked:  # the launcher set RANK (or SLURM_PROCID) before this process configured logging
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+        fmt = "[maestro r%(rank)s] %(levelname)s %(message)s"
+        handler.setFormatter(logging.Formatter(fmt, defaults={"rank": rank}))
+    else:
+        handler.setFormatter(_PlainFormatter("%(message)s"))
+    root = logging.getLogger("maestro")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
 
 
 def die_with_parent(parent_pid: int) -> None:
