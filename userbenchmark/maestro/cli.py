@@ -50,8 +50,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
-    """SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
-    and one line (a run installs its own handlers once it starts)."""
+    # SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
+    # and one line (a run installs its own handlers once it starts).
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> int:
@@ -84,7 +84,6 @@ def cli() -> None:
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
     from .core.config.sizes import parse_size
 
     try:
@@ -97,7 +96,6 @@ _FLAG = {"is_flag": True}
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
-    """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
     given = {f.name: params[f.name] for f in dataclasses.fields(RunOptions) if f.name in params}
     given.update(
         write_metrics=not params["no_metrics"],
@@ -112,7 +110,6 @@ def _options_of(params: dict[str, Any]) -> RunOptions:
 
 
 def _world_size(nproc: int | None, launch: Any) -> int:
-    """The run's world size: the launcher's, else ``--nproc`` (OptionError when they clash)."""
     if nproc is not None and nproc < 1:
         raise OptionError(f"--nproc must be at least 1, got {nproc}")
     if launch.launcher == "none":
@@ -439,7 +436,6 @@ def import_trace_command(**params: Any) -> int:
 
 
 def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
-    """Run a click command without click's own ``sys.exit``; returns the exit status."""
     try:
         status = command.main(
             args=None if argv is None else list(argv), prog_name=prog_name, standalone_mode=False

@@ -41,9 +41,8 @@ MAX_START_MARGIN_US = 200_000.0
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a window, as ``timeit`` does: a collection
-    pauses every thread for up to tens of ms (torch and pandas loaded), which would land in an
-    enqueue or a CPU lane's block. Reference counting still frees what a window drops."""
+    """The cyclic garbage collector off for a window, as ``timeit`` does: a collection pauses
+    every thread for up to tens of ms (torch and pandas loaded), landing in a block's timing."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -56,11 +55,8 @@ def gc_paused() -> Iterator[None]:
 def _twice_the_slowest_us(
     samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
 ) -> float:
-    """2x the slowest warmup sample + ``pad_us``, clamped to [low_us, high_us]; ``default_us``
-    without samples. The first sample is left out when there are others: it pays one-time
-    costs (on an H200 the first launch of a GEMM new to the process blocked the host for the
-    whole gate spin, with lazy and eager module loading alike: ``bench/fidelity_gpu.py
-    --first-launch-probe``; counted, every pattern's gate was twice the previous one's)."""
+    # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
+    # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
     samples = np.asarray(samples_ns, dtype=np.float64)
     if samples.size > 1:
         samples = samples[1:]
@@ -122,8 +118,8 @@ class Lane:
     name: str
     blocks: list[tuple[int, Any]]
     stream: Any = None
+    # {block index: blocks of other lanes of this window it waits for in each iteration}
     after: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    """{block index: blocks of other lanes of this window it waits for in each iteration}."""
 
 
 def issue_runs(
@@ -146,23 +142,20 @@ def issue_runs(
 
 
 class _CpuWindow:
-    """The lane threads' shared state in one CPU window: barriers, how many iterations each
-    block finished (what ``after`` waits on), failures. Past ``timeout_s`` the barriers and
+    """The lane threads' shared state in one CPU window. Past ``timeout_s`` the barriers and
     waits break: a lane stuck in a block or a wait cannot hold the rank forever."""
 
     def __init__(self, lanes: Sequence[Lane], num_blocks: int, timeout_s: float) -> None:
         self.gate = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
         self.done = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
         self.errors: list[tuple[str, BaseException]] = []
-        self.running = [""] * len(lanes)
-        """The block each lane is in ("" between blocks and while waiting for one)."""
-        self._count = [0] * num_blocks
+        self.running = [""] * len(lanes)  # the block each lane is in ("" between blocks)
+        self._count = [0] * num_blocks  # iterations each block finished (what after waits on)
         self._changed = threading.Condition()
         self._aborted = False
         self._timeout_s = timeout_s
 
-    def release(self) -> None:
-        """Break every barrier and wait: the lanes return."""
+    def release(self) -> None:  # break every barrier and wait: the lanes return
         self.gate.abort()
         self.done.abort()
         with self._changed:
@@ -180,8 +173,6 @@ class _CpuWindow:
     def lane_main(
         self, li: int, lane: Lane, num_iters: int, profiler: Profiler, names: Sequence[str]
     ) -> None:
-        """One lane's thread: each iteration, after the gate, its blocks in order, each once
-        the blocks it waits for finished that iteration (the wait is not in its timing)."""
         # The process's intra-op thread count for this thread too: OpenMP keeps it per thread,
         # and a new thread's first GEMM otherwise started a team as wide as the host, whose
         # worker spun between GEMMs (a 128³ GEMM read 4 ms at 2 ranks on 2 cores, 60 µs after).
@@ -224,14 +215,11 @@ class CpuLanes:
         timeout_s: float,
     ) -> None:
         self._barrier = barrier  # cross-rank barrier between iterations (sync group)
-        self._agree_start = agree_start
-        """The latest of every rank's proposed start (ns of perf_counter); None: no shared clock."""
+        self._agree_start = agree_start  # the latest proposed start (ns); None: no shared clock
         self._timeout_s = timeout_s
-        self.start_margin_us = DEFAULT_START_MARGIN_US
-        """Lead of the agreed start; set per pattern from its warmup."""
+        self.start_margin_us = DEFAULT_START_MARGIN_US  # set per pattern from its warmup
 
     def _open_gate(self, sync: str, it: int, out: HostTimings) -> None:
-        """Wait for this iteration's start: the agreed instant, the barrier, or nothing."""
         if sync == "barrier" and self._agree_start is not None:
             t0 = time.perf_counter_ns()
             target = self._agree_start(t0 + round(self.start_margin_us * 1e3))
@@ -307,12 +295,10 @@ class CpuLanes:
         return out
 
 
+# A device wait sleeps between event queries, doubling: polling without sleeping made 889,097
+# CUDA calls on an H200 (about 360 per wait) and took a core from the host's ranks and lanes.
 POLL_FIRST_S = 20e-6
-POLL_MAX_S = 500e-6
-"""A device wait sleeps between event queries, from ``POLL_FIRST_S`` doubling up to
-``POLL_MAX_S``: each query is a CUDA runtime call (an H200 run made 889,097 of them, about 360
-per wait, when it polled without sleeping), and a thread that polls takes a core from the
-ranks and lanes that share the host. A wait ends at most ``POLL_MAX_S`` after the work did."""
+POLL_MAX_S = 500e-6  # a wait ends at most this long after the work did
 
 
 def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
@@ -352,13 +338,11 @@ class CudaLanes:
     ) -> None:
         self._barrier = barrier
         self._timeout_s = timeout_s
-        self._align = align
-        """Enqueues the cross-rank alignment on the current stream; None for a single rank."""
+        self._align = align  # enqueues the cross-rank alignment; None for a single rank
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
-        self.gate_us = DEFAULT_GATE_US
-        """Spin length; set per pattern from its warmup (:func:`calibrated_gate_us`)."""
+        self.gate_us = DEFAULT_GATE_US  # set per pattern from its warmup
 
     def make_stream(self, priority: str) -> Any:
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
@@ -434,9 +418,8 @@ class CudaLanes:
         return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
 
     def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
-        """Whether the gate stream, ``streams`` and the current stream finished their work
-        within ``timeout_s`` (a bounded ``torch.cuda.synchronize``: a collective that never
-        ends must not hold the rank forever once the failure is agreed)."""
+        """Whether the gate stream, ``streams`` and the current stream finished within
+        ``timeout_s``: a bounded ``torch.cuda.synchronize`` (a collective may never end)."""
         events = []
         for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
             event = torch.cuda.Event()

@@ -31,16 +31,16 @@ from .rig import RegisteredPool, Rig
 
 log = logging.getLogger("maestro.pattern")
 
+# Device memory set aside per captured block: a graph's private pool holds what its capture
+# allocates (library workspaces; maestro's buffers exist before it).
 GRAPH_MEMORY_MARGIN_BYTES = 64 << 20
-"""Device memory set aside per captured block in the pre-flight check: a graph's private pool
-holds what its capture allocates (library workspaces; maestro's buffers exist before it)."""
 
 
 def _lane_starts(
     lane_of_block: Sequence[int], after: Sequence[tuple[int, ...]], present: np.ndarray
 ) -> list[int]:
-    """Each block's lane, or -1 where its lane's first block here waits for another lane (a
-    rank that runs the awaited block): such a lane is left out of lane skew and gate delay."""
+    # -1 where a lane's first block here waits for another lane: left out of lane skew and
+    # gate delay.
     firsts: dict[int, int] = {}
     for i in np.flatnonzero(present):
         firsts.setdefault(lane_of_block[i], int(i))
@@ -341,9 +341,7 @@ def _capture_blocks(
 
 # Host memory a CPU run may still allocate: the smaller of MemAvailable and what the memory
 # cgroup and its ancestors leave (v1 or v2); an OOM-killed rank says nothing.
-UNLIMITED_BYTES = 2**60
-"""A cgroup v1 limit at least this large means no limit (the kernel's 'unlimited' is a page-
-rounded 2**63 - 1)."""
+UNLIMITED_BYTES = 2**60  # a cgroup v1 limit this large is none (page-rounded 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -351,8 +349,7 @@ class HostMemory:
     """How much memory may still be allocated, and which reading said so."""
 
     available_bytes: int
-    source: str
-    """``MemAvailable in /proc/meminfo``, or a cgroup's limit less its usage (and the cgroup)."""
+    source: str  # MemAvailable in /proc/meminfo, or a cgroup's limit less its usage
 
 
 def _read_int(path: Path) -> int | None:
@@ -372,8 +369,7 @@ def _meminfo(proc: Path) -> HostMemory | None:
 
 
 def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
-    """The least room left by this process's memory cgroups and their ancestors (each
-    hierarchy with a memory controller: v2's unified one, v1's ``memory``)."""
+    # The least room left by this process's memory cgroups and their ancestors, v1 or v2.
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
@@ -417,8 +413,7 @@ def available_host_memory(
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 
-NAMED_SHARE = 0.9
-"""A refusal names the largest blocks that together need this share of the memory."""
+NAMED_SHARE = 0.9  # a refusal names the largest blocks that together need this share
 
 
 def check_host_memory(
@@ -432,9 +427,8 @@ def check_host_memory(
     if memory is None or total <= memory.available_bytes:  # needing nothing always fits
         return
     gib = 2**30
-    largest = sorted(blocks, key=lambda b: -b[1])
     named, covered = [], 0
-    for name, nbytes in largest:
+    for name, nbytes in sorted(blocks, key=lambda b: -b[1]):
         if covered >= NAMED_SHARE * need:
             break
         named.append(f"{name} ({nbytes / gib:.2f} GiB)")

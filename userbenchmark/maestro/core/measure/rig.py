@@ -37,12 +37,9 @@ class RankPlace:
     rank: int
     world_size: int
     backend: str
-    device: Any
-    """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
-    hosts: tuple[str, ...] = ()
-    """Host name of every rank, by rank."""
-    devices: tuple[int, ...] = ()
-    """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
+    device: Any  # torch.device of this rank (cuda:LOCAL_RANK or cpu)
+    hosts: tuple[str, ...] = ()  # host name of every rank, by rank
+    devices: tuple[int, ...] = ()  # CUDA device index of every rank, by rank (-1 for CPU ranks)
 
     @property
     def one_host(self) -> bool:
@@ -67,24 +64,21 @@ class Rig:
 
     suite: SuiteSpec
     place: RankPlace
-    comms: Any
-    """This rank's process group on each axis (``team``, ``group``, ``axis``)."""
+    comms: Any  # this rank's process group on each axis (team, group, axis)
     profiler: Profiler
     lanes: CpuLanes | CudaLanes
+    # gloo group of the iteration barriers and the cross-rank figures (the agreement goes
+    # through the store, so a failed rank's agreement never meets a peer's barrier).
     sync_group: Any
-    """gloo group of the iteration barriers and the cross-rank figures (the agreement goes
-    through the store, so a failed rank's agreement never meets a peer's barrier)."""
     seed: int = 0
     calibration: dict[str, float] = field(default_factory=dict)
     streams: dict[str, Any] = field(default_factory=dict)
     window_id: int = 0
-    collect_timeline: bool = False
-    """Gather every rank's intervals on rank 0 (for ``--trace`` and ``--plot``)."""
-    note: Callable[..., None] | None = None
-    """Rank 0's progress line: what a pattern is doing now (None on other ranks)."""
+    collect_timeline: bool = False  # every rank's intervals on rank 0 (--trace, --plot)
+    note: Callable[..., None] | None = None  # rank 0's progress line (None on other ranks)
+    # Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
+    # torn down any more; the rank leaves once the failure is saved and printed.
     wedged: bool = False
-    """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
-    torn down any more; the rank leaves once the failure is saved and printed."""
 
     def lane_stream(self, name: str, priority: str) -> Any:
         if not self.place.is_cuda:
@@ -98,9 +92,8 @@ class Rig:
 def make_rig(
     suite: SuiteSpec, options: RunOptions, place: RankPlace, comms: Any, sync_group: Any
 ) -> Rig:
-    """This rank's rig for ``suite``: its lanes and their gate (the alignment of every rank's
-    CUDA gate, or the agreed start of CPU lanes), then its profiler (started: CUPTI records
-    from here on, the gate's calibration left out)."""
+    """This rank's rig for ``suite``: its lanes and their gate, then its profiler (started: CUPTI
+    records from here on, the gate's calibration left out)."""
     registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
     if registered and place.is_cuda:
         require_support(place.device.index or 0)

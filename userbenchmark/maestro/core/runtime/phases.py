@@ -77,16 +77,14 @@ class SinkFactory(Protocol):
 
 @dataclass
 class _Ending:
-    """How this rank's run ends, as far as it knows: the status, whether every rank answered
-    (nobody waits again for one that died or hung), the ranks a verdict named as gone and that
-    verdict, a signal after the last agreement (no closing round to hold)."""
+    """How this rank's run ends, as far as it knows."""
 
     rank: int
     status: int = EXIT_OK
-    everyone_answered: bool = True
-    missing: set[int] = field(default_factory=set)
+    everyone_answered: bool = True  # False: nobody waits again for a rank that died or hung
+    missing: set[int] = field(default_factory=set)  # the ranks a verdict named as gone
     verdict: str = ""
-    late_interrupt: bool = False
+    late_interrupt: bool = False  # a signal after the last agreement: no closing round
 
     def failed(self, err: RunError) -> None:
         self.everyone_answered = err.everyone_answered
@@ -177,8 +175,7 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
 
 
 def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], Any]) -> None:
-    """Run ``work``, then agree with every rank: each raises the same error when one failed. An
-    interrupt is reported through the agreement too: every rank stops with the same message."""
+    # An interrupt is reported through the agreement too: every rank stops with one message.
     error: BaseException | None = None
     if rig.note is not None:
         rig.note(f"{pattern}: {phase}")
@@ -206,8 +203,6 @@ def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Patter
     except RunError as err:
         failed = True
         if not err.contained:
-            # Some ranks may have collectives in flight that their peers will never join:
-            # abort the communicators before teardown waits on them.
             rig.wedged = not rig.comms.abort()
         raise
     finally:
@@ -218,9 +213,8 @@ def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Patter
 def _one_pattern(
     rig: Rig, dist: DistContext, pattern: PatternSpec, end: _Ending, report: Sink | None
 ) -> bool:
-    """Measure ``pattern``, report it, and agree that it was torn down and reported (phase
-    ``output``: a teardown's error, or rank 0's files that cannot be written, stop every rank).
-    False: the run stops here."""
+    # Phase output: a teardown's error, or rank 0's files that cannot be written, stop every
+    # rank. False: the run stops here.
     outcome, failure, error = None, None, None
     try:
         outcome = measure_pattern(rig, dist, pattern)
@@ -259,7 +253,6 @@ def _agree_output(
     report: Sink | None,
     stop_on_error: bool,
 ) -> bool:
-    """The agreement that ends a pattern; False: the run stops."""
     try:
         agree(dist.agreement, dist.rank, "output", error, pattern=pattern)
     except RunError as err:  # a teardown, or rank 0's files
@@ -276,8 +269,7 @@ def _agree_output(
 
 
 def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None) -> None:
-    """Rank 0 closes its report, the ranks a verdict gave up on are told, the others leave
-    together (a launcher that sees one fail kills the rest), the rig is torn down."""
+    # The others leave together: a launcher that sees one fail kills the rest.
     if report is not None:
         report.close(end.status)
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
@@ -306,13 +298,11 @@ def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None
 
 
 def _leave_wedged(status: int, rank: int) -> None:
-    """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
-    everything is saved and printed, so the process ends here."""
+    # NCCL could not be aborted: tearing down would hang too, and everything is saved.
     supervision.hard_exit(status or EXIT_FAILED, rank)
 
 
-LINGER_S = 1.0
-"""How long a rank's exit waits for threads its blocks left running before it ends anyway."""
+LINGER_S = 1.0  # how long a rank's exit waits for threads its blocks left running
 
 
 def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None = None) -> int:
@@ -351,11 +341,9 @@ def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None =
 
 
 def one_intra_op_thread_unless_chosen(environ: Mapping[str, str]) -> None:
-    """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise, whoever started
-    the rank (``--nproc``, torchrun, srun, or none: the only process of a one-rank run). CPU
-    blocks run on lane threads of their own, and an intra-op pool as wide as the host competes
-    with them: a one-rank 256³ GEMM on a 2-core host then ran at one of two speeds, set per
-    process (244 or 330-400 µs; 308-331 µs with one thread)."""
+    """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise: a host-wide pool
+    competes with the lane threads (a one-rank 256³ GEMM on 2 cores ran at 244 or 330-400 µs,
+    set per process; 308-331 µs with one thread)."""
     if "OMP_NUM_THREADS" not in environ:
         import torch
 

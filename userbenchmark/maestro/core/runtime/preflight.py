@@ -15,12 +15,9 @@ from ..profilers.profiler_registry import no_gpu, resolve_profiler
 
 SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
 
-MAX_LOCAL_WORKERS = 256
-"""Most workers ``--nproc`` starts on one machine; more ranks come from torchrun or srun."""
-FILES_PER_WORKER = 8
-"""Open files the local launcher holds per worker (about five measured on Linux)."""
-FILES_RESERVED = 64
-"""Open files the launcher needs for itself (Python, torch, the rendezvous store)."""
+MAX_LOCAL_WORKERS = 256  # most --nproc workers on one machine; more come from torchrun or srun
+FILES_PER_WORKER = 8  # open files the local launcher holds per worker (about five measured)
+FILES_RESERVED = 64  # open files the launcher needs for itself (Python, torch, the store)
 
 
 def check_nproc(nproc: int, *, limit: int | None = None) -> None:
@@ -84,9 +81,9 @@ def prepare_suite(
     local_workers: int = 1,
     sink: Any = None,
 ) -> SuiteSpec:
-    """Everything checked before any worker starts: ``--nproc``, the backend and profiler
-    against this machine, what the ``sink`` (a phases.SinkFactory) cannot write here, then the
-    pattern file ``config``, validated once with the options applied (ConfigError, OptionError)."""
+    """Everything checked before any worker starts: ``--nproc``, backend and profiler here, what
+    the ``sink`` (a phases.SinkFactory) cannot write here, then the pattern file ``config``,
+    validated once with the options applied (ConfigError, OptionError)."""
     if local_workers > 1:
         check_nproc(local_workers)
     backend = check_devices(

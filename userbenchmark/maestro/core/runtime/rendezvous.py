@@ -42,8 +42,7 @@ class LaunchInfo:
     rank: int
     world_size: int
     local_rank: int
-    launcher: str
-    """``torchrun`` (RANK set), ``slurm`` (only SLURM_* set) or ``none``."""
+    launcher: str  # torchrun (RANK set), slurm (only SLURM_* set) or none
 
 
 # The variables each launcher sets: (rank, world size, local rank), and who sets them.
@@ -63,7 +62,6 @@ def _launch_int(env: Mapping[str, str], key: str, launcher: str) -> int:
 
 
 def _launch_info(env: Mapping[str, str], launcher: str) -> LaunchInfo:
-    """The launch that ``env`` describes, checked: a rank inside the world, a local rank >= 0."""
     rank_key, world_key, local_key = _TORCHRUN_VARS if launcher == "torchrun" else _SLURM_VARS
     rank = _launch_int(env, rank_key, launcher)
     world = _launch_int(env, world_key, launcher)
@@ -162,8 +160,7 @@ class DistContext(RankPlace):
 
     agreement: StoreExchange
     ended_watch: EndedWatch | None = None
-    hosts_store: bool = False
-    """The rendezvous store lives in this process: it goes away when this process ends."""
+    hosts_store: bool = False  # the rendezvous store lives (and ends) with this process
 
 
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
@@ -193,19 +190,16 @@ def init_distributed(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> DistContext:
-    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks
-    (:func:`check_launch`, with ``shared`` and ``source``), the default process group, every
-    rank's host and device. Each step waits at most ``timeout_s``; any failure of torch's is a
-    RunError of the phase ``start-up``."""
+    """Initialise torch.distributed for this rank: the rendezvous store, :func:`check_launch`,
+    the default process group, every rank's host and device. Each step waits at most
+    ``timeout_s``; any failure of torch's is a RunError of the phase ``start-up``."""
     import torch
     import torch.distributed as dist
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":
-        # When a collective times out, torch's watchdog aborts the communicator (ending the
-        # kernels that wait for a dead peer) but leaves the process alive, so the rank reports
-        # through the agreement step; its default (3) kills the process with a C++ stack.
-        # A user's own setting wins.
+        # On a collective's timeout torch's watchdog aborts the communicator but leaves the
+        # process alive to reach the agreement step (3, its default, kills it with a C++ stack).
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         device = torch.device("cuda", gpu_index(launch.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
@@ -268,7 +262,6 @@ def _hint() -> str:
 
 
 def _everyones(store: Any, key: str, launch: LaunchInfo, mine: Any, timeout_s: float) -> list:
-    """Every rank's ``mine`` (JSON-able), by rank, through the store."""
     store.set(f"{key}/{launch.rank}", json.dumps(mine))
     keys = [f"{key}/{r}" for r in range(launch.world_size)]
     if not wait_for_keys(store, keys, timeout_s):
@@ -348,10 +341,9 @@ def check_launch(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> None:
-    """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
-    or a rank runs another ``shared["pattern_sha256"]`` (ConfigError naming ``source``) or
-    other ``shared["options"]`` (OptionError) than rank 0. A rank reads the other side's
-    values before writing its world size, so both sides always see the mismatch."""
+    """Fail fast when ranks have different world sizes, a rank is claimed twice, or a rank runs
+    another pattern text (ConfigError) or options (OptionError) than rank 0. A rank reads the
+    other side's values before writing its world size: both sides see the mismatch."""
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
         raise RunError(
@@ -409,7 +401,6 @@ def shared_options(options: RunOptions) -> dict[str, Any]:
 def _compare_shared(
     theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
 ) -> None:
-    """Raise when rank ``their_rank`` runs another text or options than ``our_rank``."""
     digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
     options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     if digest and reference and digest != reference:
@@ -441,7 +432,6 @@ def shutdown_distributed(ctx: DistContext | None = None) -> None:
 
     if ctx is not None and ctx.ended_watch is not None:
         ctx.ended_watch.stop()
-
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

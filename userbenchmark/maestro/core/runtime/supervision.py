@@ -13,9 +13,9 @@ import signal
 import sys
 import threading
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,11 @@ from ...errors import EXIT_FAILED, say
 
 log = logging.getLogger("maestro.launcher")
 
-EXIT_GRACE_S = 10.0
-"""How long a worker may take to leave once the run's outcome is known before it is killed."""
+EXIT_GRACE_S = 10.0  # a worker's time to leave once the outcome is known, then it is killed
 WATCH_POLL_S = 0.05
-WHERE_BYTES = 240
-"""Room on the board for each worker's last agreement step."""
+WHERE_BYTES = 240  # room on the board for each worker's last agreement step
+# Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome).
 STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
-"""Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome)."""
 
 _real_exit = os._exit
 
@@ -83,13 +81,12 @@ class WorkerBoard:
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-_board: WorkerBoard | None = None
-"""The board of the local launcher this process is a worker of (None: no such launcher)."""
+_board: WorkerBoard | None = None  # the board of this worker's local launcher (None: none)
 _rank = -1
 
 
 def attach(board: WorkerBoard, rank: int) -> None:
-    """This process is worker ``rank`` of ``board`` (called first thing in a worker)."""
+    """This process is worker ``rank`` of ``board`` (first thing in a worker)."""
     global _board, _rank
     _board, _rank = board, rank
     board.pids[rank] = os.getpid()
@@ -153,8 +150,7 @@ def exited_peers() -> tuple[int, ...]:
     )
 
 
-def _runs(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended: only its parent's wait is missing)."""
+def _runs(pid: int) -> bool:  # a zombie has ended: only its parent's wait is missing
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except (OSError, IndexError):
@@ -165,7 +161,7 @@ _exit_hooks: list[Callable[[], None]] = []
 
 
 def on_hard_exit(hook: Callable[[], None]) -> None:
-    """Run ``hook`` (releasing the output folder's lock) before :func:`hard_exit` ends us."""
+    """Run ``hook`` (releasing the output folder's lock) before :func:`hard_exit`."""
     _exit_hooks.append(hook)
 
 
@@ -284,20 +280,13 @@ def kill_group(pid: int) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-@dataclass(frozen=True)
-class Kill:
-    """A worker the watchdog ended, and why."""
-
-    rank: int
-    reason: str
+Kill = namedtuple("Kill", "rank reason")  # a worker the watchdog ended, and why
 
 
 class Watchdog:
-    """The launcher's thread that SIGKILLs what cannot end by itself: at once, a worker a verdict
-    named as gone (stopped, hung; one that never said its pid: a spawned worker missing from the
-    board) and the process group of a worker that ended; a worker still running
-    :data:`EXIT_GRACE_S` after every worker had its verdict, or ``exit_deadline_s`` after another
-    exited. ``abandon()``: torch's launcher still waits :data:`EXIT_GRACE_S` after all ended."""
+    """The launcher's thread that SIGKILLs at once a worker a verdict named as gone and the group
+    of one that ended; one still running EXIT_GRACE_S after every verdict or ``exit_deadline_s``
+    after another exited. ``abandon()``: torch still waits EXIT_GRACE_S after all ended."""
 
     def __init__(
         self,
@@ -314,8 +303,7 @@ class Watchdog:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
         self.kills: list[Kill] = []
-        self.exits: dict[int, int] = {}
-        """Each ended worker's status (negative: the signal), by rank."""
+        self.exits: dict[int, int] = {}  # each ended worker's status (negative: the signal)
         self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
         self._kill, self._kill_group, self._unattached = kill, kill_group, unattached
         self._since: dict[str, float] = {}
@@ -331,7 +319,6 @@ class Watchdog:
             self._thread.join()
 
     def killed(self, rank: int) -> bool:
-        """Whether this watchdog ended ``rank``."""
         return any(k.rank == rank for k in self.kills)
 
     def _loop(self) -> None:
@@ -341,14 +328,13 @@ class Watchdog:
             except Exception as exc:  # never let the watchdog die silently
                 log.debug("watchdog: %s", exc)
 
-    def _for(self, name: str, holds: bool, now: float) -> float:
-        """How long it is since ``holds`` first held (-1 while it never did)."""
+    def _for(self, name: str, holds: bool, now: float) -> float:  # -1 while it never held
         if holds:
             self._since.setdefault(name, now)
         return now - self._since[name] if name in self._since else -1.0
 
     def check(self) -> None:
-        """One look at the board (the thread calls it every :data:`WATCH_POLL_S`)."""
+        """One look at the board (the thread calls it every WATCH_POLL_S)."""
         board, now = self.board, self._clock()
         ranks = range(board.num_workers)
         for r in ranks:
@@ -375,8 +361,6 @@ class Watchdog:
             self._abandon()
 
     def _end_missing(self, rank: int, running: bool) -> None:
-        """End a worker a verdict named as gone: its process, or one spawned that never said
-        its pid (stopped before it could)."""
         if running:
             self._end(rank, "did not reach the run's agreement step (stopped or hung)")
         elif not self.board.pids[rank] and not self.killed(rank):
@@ -385,7 +369,7 @@ class Watchdog:
                 self.kills.append(Kill(rank, "never started (stopped or hung)"))
 
     def _end(self, rank: int, reason: str) -> None:
-        if rank not in (k.rank for k in self.kills):
+        if not self.killed(rank):
             try:
                 self._kill(self.board.pids[rank])
             except ProcessLookupError:
