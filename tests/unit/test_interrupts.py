@@ -13,7 +13,7 @@ from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutc
 from userbenchmark.maestro.core.output import files as outputs
 from userbenchmark.maestro.core.output.files import atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
-from userbenchmark.maestro.core.runtime import interrupts
+from userbenchmark.maestro.core.runtime import supervision as interrupts
 
 
 @pytest.fixture

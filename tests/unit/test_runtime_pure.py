@@ -24,8 +24,7 @@ from userbenchmark.maestro.core.output.files import atomic_write_bytes
 from userbenchmark.maestro.core.output.results import metrics_from_results, results_of
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.output.writer import OutputWriter
-from userbenchmark.maestro.core.runtime.preflight import resolve_backend
-from userbenchmark.maestro.core.runtime.rendezvous import apply_env, detect_launch
+from userbenchmark.maestro.core.runtime.rendezvous import apply_env, detect_launch, resolve_backend
 from userbenchmark.maestro.errors import LaunchError, OptionError
 
 

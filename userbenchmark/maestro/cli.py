@@ -125,10 +125,10 @@ def _world_size(nproc: int | None, launch: Any) -> int:
 def cmd_run(params: dict[str, Any]) -> int:
     """Check what can be checked before a worker starts (each failure one line, exit 2), in
     order: the launcher's variables, the options, this machine and the pattern file, validated
-    once (preflight.prepare_suite), then the output locations; then run."""
+    once (rendezvous.prepare_suite), then the output locations; then run."""
     from .core.output.locations import metrics_folder, prepare_output_locations
     from .core.output.reporter import Reporter
-    from .core.runtime import preflight, rendezvous, supervision
+    from .core.runtime import rendezvous, supervision
 
     try:
         launch = rendezvous.detect_launch()
@@ -147,7 +147,7 @@ def cmd_run(params: dict[str, Any]) -> int:
         configure_logging(options.log_level, ranked=not local)
         if launch.rank != 0:  # one copy of the loader's warnings per run
             logging.getLogger("maestro.config").setLevel(logging.ERROR)
-        suite = preflight.prepare_suite(
+        suite = rendezvous.prepare_suite(
             params["config"],
             options,
             world_size=world_size,

@@ -15,7 +15,6 @@ from typing import Any
 from ...blocks.base import Block
 from ...errors import RunError, cause_of
 from . import supervision
-from .interrupts import PeerExited
 
 log = logging.getLogger("maestro.agreement")
 
@@ -39,7 +38,9 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
     """This rank's status from the exception a phase raised (None: success)."""
     if error is None:
         return RankStatus(rank=rank, ok=True)
-    if isinstance(error, PeerExited):  # the launcher ends the run: a peer failed, not this rank
+    if isinstance(
+        error, supervision.PeerExited
+    ):  # the launcher ends the run: a peer failed, not this rank
         message, exited = f"another rank stopped: {error}", tuple(error.ranks)
         return RankStatus(rank=rank, ok=False, message=message, contained=False, exited=exited,
                           secondary=True)  # fmt: skip

@@ -33,7 +33,7 @@ from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from ..measure.pattern import PatternRun
 from ..measure.rig import Rig, make_rig
-from . import interrupts, supervision
+from . import supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
 from .communicators import Communicators
 from .rendezvous import (
@@ -100,9 +100,9 @@ def run_suite(
     a ``sink`` of it; returns the exit status (0, 1 a pattern failed, 130 interrupted).
     ConfigError/OptionError: ranks started inconsistently; RunError: this rank cannot join."""
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
-    restore_signals = interrupts.install()
+    restore_signals = supervision.install()
     try:
-        with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
+        with supervision.deliverable():  # the rendezvous may wait long for a missing rank
             dist = init_distributed(
                 launch,
                 backend=options.backend,
@@ -116,7 +116,7 @@ def run_suite(
     end = _Ending(dist.rank)
     report = None
     if sink is not None and dist.rank == 0:
-        report = sink(suite, options, guard=interrupts.held)
+        report = sink(suite, options, guard=supervision.held)
     rig = None
     try:
         rig = _phase_setup(suite, options, dist)
@@ -126,7 +126,7 @@ def run_suite(
         for pattern in suite.patterns:
             if not _one_pattern(rig, dist, pattern, end, report):
                 break
-        if end.status == EXIT_OK and interrupts.pending_interrupt():
+        if end.status == EXIT_OK and supervision.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
             # there is nobody to tell and nothing to wait for; only the exit status says it.
             end.late_interrupt = True
@@ -138,7 +138,7 @@ def run_suite(
     except KeyboardInterrupt as exc:
         # A second signal outside a phase: this rank leaves at once, without the agreement.
         end.everyone_answered = False
-        peer = isinstance(exc, interrupts.PeerExited)  # the launcher reports the exited worker
+        peer = isinstance(exc, supervision.PeerExited)  # the launcher reports the exited worker
         end.status = EXIT_FAILED if peer else EXIT_INTERRUPTED
     except BaseException as exc:  # SystemExit or a bug: reported, and left to the others
         end.everyone_answered = False
@@ -166,7 +166,7 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
     error: BaseException | None = None
     groups = len(suite.axes) + 2  # each new group may wait timeout_s for its peers
     try:
-        with interrupts.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
+        with supervision.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
             rig = setup_rig(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
@@ -182,7 +182,7 @@ def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable
     # Where a rank that ends without a word was: the phase the others' agreement will name.
     supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
     try:
-        with interrupts.deliverable():  # the only place a signal stops a pattern
+        with supervision.deliverable():  # the only place a signal stops a pattern
             work()
     except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
@@ -322,7 +322,7 @@ def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None =
     except RunError as err:
         say(f"maestro: rank {rank}: {err}")
         supervision.reached_verdict(EXIT_FAILED, err.missing or ())  # the launcher ends them
-    except interrupts.PeerExited:
+    except supervision.PeerExited:
         pass  # another worker ended before the run began: the launcher says which
     except KeyboardInterrupt:
         if rank == 0 and supervision.forwarded():  # else the local launcher knows who and why
