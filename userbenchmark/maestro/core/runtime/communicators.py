@@ -62,8 +62,7 @@ class Communicators:
         self.timeout_s = timeout_s
         self._axes = dict(axes)
         self._groups: dict[str, Any] = {}
-        names = list(self._axes) if used is None else [a for a in self._axes if a in set(used)]
-        for name in names:
+        for name in list(self._axes) if used is None else [a for a in self._axes if a in set(used)]:
             self._create(self._axes[name])
 
     def _create(self, axis: AxisSpec) -> None:

@@ -60,10 +60,9 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 class WorkerBoard:
-    """What the local launcher and its workers share: each worker's pid, stage, status, last
-    agreement step and whether a verdict named it as gone; whether the launcher forwards the
-    user's signal (``interrupted``) and whether rank 0 printed why the run ended (``told``).
-    No locks: each cell has one writer, or writers that all write the same value."""
+    """What the local launcher and its workers share: each worker's pid, stage, status, last step
+    and whether a verdict named it gone; whether the user's signal came (``interrupted``) and
+    rank 0 said why the run ended (``told``). No locks: each cell's writers write one value."""
 
     def __init__(self, num_workers: int, context: Any) -> None:
         self.num_workers = num_workers
@@ -445,11 +444,6 @@ def install() -> Callable[[], None]:
         _state.__init__()
 
     return restore
-
-
-def pending() -> bool:
-    """True when a signal arrived that no deliverable region has raised yet."""
-    return _state.pending is not None
 
 
 def holding() -> bool:
