@@ -79,7 +79,6 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
 )
 def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
-    # No rank outside ``run``, which sets up its own logging.
     configure_logging("INFO", ranked=False)
 
 

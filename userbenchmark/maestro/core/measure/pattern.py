@@ -339,8 +339,6 @@ def _capture_blocks(
     return captured
 
 
-# Host memory a CPU run may still allocate: the smaller of MemAvailable and what the memory
-# cgroup and its ancestors leave (v1 or v2); an OOM-killed rank says nothing.
 UNLIMITED_BYTES = 2**60  # a cgroup v1 limit this large is none (page-rounded 2**63 - 1)
 
 
@@ -369,7 +367,6 @@ def _meminfo(proc: Path) -> HostMemory | None:
 
 
 def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
-    # The least room left by this process's memory cgroups and their ancestors, v1 or v2.
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:

@@ -210,7 +210,6 @@ def launch_local(
 
 
 def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exits: dict) -> int:
-    # Says which worker was killed, or ended without a word; 130 only for the user's interrupt.
     for kill in watchdog.kills:
         log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)
     if board.interrupted.value:

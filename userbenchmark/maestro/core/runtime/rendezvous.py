@@ -48,7 +48,6 @@ class LaunchInfo:
     launcher: str  # torchrun (RANK set), slurm (only SLURM_* set) or none
 
 
-# The variables each launcher sets: (rank, world size, local rank), and who sets them.
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 _WHO = {"torchrun": "torchrun (or a launcher like it)", "slurm": "srun"}
