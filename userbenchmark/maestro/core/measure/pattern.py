@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
@@ -21,13 +22,21 @@ from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..analysis import fidelity
 from ..analysis.activities import main_kernel_names
+from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
+from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.outcome import Isolated, build_outcome
-from ..analysis.records import PatternOutcome
+from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
-from . import windows
-from .lanes import Lane
-from .rig import RegisteredPool, Rig
+from .lanes import (
+    DEFAULT_GATE_US,
+    DEFAULT_START_MARGIN_US,
+    Lane,
+    calibrated_gate_us,
+    calibrated_start_margin_us,
+    gc_paused,
+)
+from .rig import RegisteredPool, Rig, reducer
 
 log = logging.getLogger("maestro.pattern")
 
@@ -101,7 +110,7 @@ class PatternRun:
             yield "check", self.check
         if self.rig.place.is_cuda:
             peak = np.array([float(torch.cuda.max_memory_allocated(self.rig.place.device))])
-            self.peak = int(windows.reducer(self.rig.sync_group)(peak, "max")[0])
+            self.peak = int(reducer(self.rig.sync_group)(peak, "max")[0])
 
     def setup(self) -> None:
         rig, place = self.rig, self.rig.place
@@ -193,28 +202,122 @@ class PatternRun:
                 lanes[li].after[i] = waits
         return [lanes[k] for k in sorted(lanes)]
 
+    # One window (issued with the garbage collector paused) and its figures over the ranks.
+    def _issue(
+        self,
+        lanes: Sequence[Lane],
+        num_iters: int,
+        present: np.ndarray,
+        profiler: Profiler,
+        sync: str | None = None,
+    ) -> HostTimings:
+        """Run ``lanes`` for ``num_iters`` under ``profiler``; ``sync`` overrides the pattern's."""
+        rig = self.rig
+        rig.window_id += 1
+        profiler.begin_window(rig.window_id, len(self.names), num_iters, present)
+        with gc_paused():
+            sync = sync or self.pattern.sync
+            return rig.lanes.run_window(
+                lanes, num_iters, profiler, sync=sync, block_names=self.names, order=self.order
+            )
+
+    def timed_window(
+        self, lanes: Sequence[Lane], num_iters: int, present: np.ndarray, sync: str | None = None
+    ) -> tuple[WindowTimings, HostTimings]:
+        host = self._issue(lanes, num_iters, present, self.rig.profiler, sync)
+        return self.rig.profiler.end_window(), host
+
+    def warmup(self, lanes: Sequence[Lane], present: np.ndarray, sync: str | None = None) -> None:
+        """Run the warmup iterations (never timed) and size the gate from their enqueue, from the
+        default gate (no pattern inherits another's). Ranks agree on the longest gate: ranks whose
+        gates opened apart would start their collectives apart and time each other."""
+        rig, cuda = self.rig, self.rig.place.is_cuda
+        if cuda:
+            rig.lanes.gate_us = DEFAULT_GATE_US
+        else:
+            rig.lanes.start_margin_us = DEFAULT_START_MARGIN_US
+        if self.pattern.warmup_iters <= 0:
+            return
+        # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the gate
+        # is sized for them; never ended: the next window's begin discards its records.
+        host = self._issue(lanes, self.pattern.warmup_iters, present, rig.profiler, sync)
+        reduce = reducer(rig.sync_group)
+        if not cuda:
+            proposal = np.array([calibrated_start_margin_us(host.agree_ns)])
+            rig.lanes.start_margin_us = float(reduce(proposal, "max")[0])
+            return
+        rig.lanes.gate_us = float(reduce(np.array([calibrated_gate_us(host.enqueue_ns)]), "max")[0])
+        log.debug(
+            "pattern %s: gate spin %.1f µs (this rank's warmup enqueue µs: %s)",
+            self.pattern.name,
+            rig.lanes.gate_us,
+            host.enqueue_ns / 1e3,
+        )
+
+    def _summary(self, timings: WindowTimings, host: HostTimings) -> WindowAggregate:
+        place = self.rig.place
+        local = local_summary(
+            timings,
+            lane_of_block=self.lane_starts,
+            is_comm=self.is_comm,
+            is_compute=self.is_compute,
+            rank=place.rank,
+            world_size=place.world_size,
+            shared_clock=place.one_host,
+            host=host,
+        )
+        reduce = reducer(self.rig.sync_group)
+        return reduce_summaries(local, rank=place.rank, world_size=place.world_size, reduce=reduce)
+
+    def _gather_timeline(self, timings: WindowTimings) -> Timeline | None:
+        # Every rank's intervals on rank 0 (None elsewhere), only for --trace/--plot.
+        place = self.rig.place
+        mine = RankTimeline(
+            rank=place.rank,
+            starts_ns=np.asarray(timings.starts_ns, dtype=np.int64),
+            ends_ns=np.asarray(timings.ends_ns, dtype=np.int64),
+            present=np.asarray(timings.present, dtype=bool),
+            clock=timings.clock,
+            activities=timings.activities,  # CUPTI with --trace only
+        )
+        gathered: list[Any] = [None] * place.world_size
+        tdist.all_gather_object(gathered, mine, group=self.rig.sync_group)
+        if place.rank != 0:
+            return None
+        return Timeline(
+            pattern=self.pattern.name,
+            block_names=tuple(self.names),
+            block_lanes=tuple(self.pattern.lanes[i] for i in self.lane_of_block),
+            ranks=tuple(sorted(gathered, key=lambda r: r.rank)),
+            shared_clock=place.one_host and timings.host_clock,
+            block_categories=tuple(c.category for c in self.classes),
+            backend=place.backend,
+        )
+
     def measure(self) -> None:
         lanes = self._lanes
-        windows.warmup(self, lanes, self.present)
+        self.warmup(lanes, self.present)
         if self.pattern.graph:
             if self.pattern.warmup_iters == 0:  # communicators exist before capture
-                windows.issue(self, lanes, 1, self.present, Profiler())
+                self._issue(lanes, 1, self.present, Profiler())
             # Eager warmup first (communicators, library handles), then capture, then a warmup
             # of the replays, which sizes the gate for them. The measured window starts after
             # all of it: capture and warmups never reach the numbers.
             ops = [b.op for b in self.pattern.blocks]
             self.captured = _capture_blocks(lanes, self.names, ops, self.rig.place.device)
             lanes = self.lanes()
-            windows.warmup(self, lanes, self.present)
-        self.timings, self.host = windows.timed(self, lanes, self.pattern.num_iters, self.timed)
+            self.warmup(lanes, self.present)
+        self.timings, self.host = self.timed_window(lanes, self.pattern.num_iters, self.timed)
 
     def analyse(self) -> None:
-        self.agg = windows.summary(self, self.timings, self.host)
+        self.agg = self._summary(self.timings, self.host)
         if self.rig.collect_timeline:
-            self.timeline = windows.timeline(self, self.timings)
+            self.timeline = self._gather_timeline(self.timings)
 
-    def trace_steps(self) -> None:
-        self.steps = windows.rank_steps(self, self.timings)
+    def trace_steps(self) -> None:  # (world, iters): every rank's makespan per iteration (ns)
+        place = self.rig.place
+        mine = fidelity.rank_steps(self.timings, place.rank, place.world_size)
+        self.steps = reducer(self.rig.sync_group)(mine, "sum")
 
     def baseline(self) -> None:  # each block alone, for the pattern's iterations
         num_blocks, note = len(self.names), self.rig.note
@@ -232,9 +335,9 @@ class PatternRun:
             # host barrier or alignment collective between them. On CPU its lane would then
             # run warm where the pattern's ran after a wait.
             sync = "none" if self.rig.place.is_cuda and not self.is_comm[b] else None
-            windows.warmup(self, lanes, only, sync)
-            timings, host = windows.timed(self, lanes, self.pattern.num_iters, only, sync)
-            rows[b] = windows.summary(self, timings, host).latency_ns[b]
+            self.warmup(lanes, only, sync)
+            timings, host = self.timed_window(lanes, self.pattern.num_iters, only, sync)
+            rows[b] = self._summary(timings, host).latency_ns[b]
         self.isolated = Isolated(latency_ns=rows)
 
     def check(self) -> None:
@@ -242,7 +345,7 @@ class PatternRun:
         for block in self.blocks:
             if block is not None:
                 block.prepare_check()
-        windows.issue(self, self.lanes(), 1, self.present, Profiler())
+        self._issue(self.lanes(), 1, self.present, Profiler())
         if self.rig.place.is_cuda:
             torch.cuda.synchronize(self.rig.place.device)
         for i, block in enumerate(self.blocks):
@@ -253,7 +356,7 @@ class PatternRun:
                     raise RunError(
                         f"verify failed: {type(exc).__name__}: {exc}", block=self.names[i]
                     ) from exc
-        self.wrong = windows.reducer(self.rig.sync_group)(wrong, "sum")
+        self.wrong = reducer(self.rig.sync_group)(wrong, "sum")
 
     def teardown(self, *, failed: bool, drain_s: float) -> None:
         """Free the graphs, blocks and buffers once the device is done with them (after a

@@ -20,14 +20,28 @@ import torch
 import torch.distributed as tdist
 
 from ...errors import RunError
+from ..analysis.aggregate import Reducer
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from ..profilers.profiler import Profiler
 from ..profilers.profiler_registry import make_profiler
 from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
-from .windows import reducer
 
 log = logging.getLogger("maestro")
+
+
+def reducer(group: Any) -> Reducer:
+    """A :data:`Reducer` over a (gloo) process group."""
+    ops = {"max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN, "sum": tdist.ReduceOp.SUM}
+
+    def reduce(values: np.ndarray, op: str) -> np.ndarray:
+        array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
+        dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
+        tdist.all_reduce(tensor, op=ops[op], group=group)
+        return tensor.numpy()
+
+    return reduce
 
 
 @dataclass(kw_only=True)
