@@ -1,8 +1,6 @@
-"""Lanes and the start gate: how one window of iterations is issued. CPU: one thread per lane,
-a ``threading.Barrier`` releases every lane at once each iteration. CUDA: one stream per lane;
-a spin kernel on a gate stream, then an event every lane waits on, and only then does the host
-enqueue the blocks: every lane starts when the spin ends, not when the host got to it. The
-gate's sizes are calibrated from each pattern's warmup."""
+"""Lanes and the start gate, sized from each pattern's warmup. CPU: a thread per lane, released
+together by a barrier. CUDA: a stream per lane waiting on a spin kernel's event, enqueued only
+then: every lane starts when the spin ends, not when the host got to it."""
 
 from __future__ import annotations
 
@@ -202,10 +200,9 @@ class _CpuWindow:
 
 
 class CpuLanes:
-    """Each lane on its own thread; a ``threading.Barrier`` is the gate. With ``sync: barrier``
-    every rank proposes ``now + margin`` (``perf_counter``: CLOCK_MONOTONIC, one clock per host),
-    an all_reduce MAX agrees on the latest, and every rank opens its gate then; without a shared
-    clock (several hosts) or with ``sync: barrier-only`` a rank opens it leaving the barrier."""
+    """Each lane on its own thread. ``sync: barrier``: every rank proposes ``now + margin`` on
+    CLOCK_MONOTONIC, an all_reduce MAX picks the latest and every gate opens then; without a
+    shared clock (several hosts) or with ``barrier-only`` a rank opens it leaving the barrier."""
 
     def __init__(
         self,
@@ -322,10 +319,9 @@ def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
 
 
 class CudaLanes:
-    """Lanes on CUDA streams behind a GPU-side start gate. With ``sync: barrier``, after the host
-    barrier a one-element all_reduce on a communicator of its own runs on the gate stream before
-    the spin: every rank's spin starts when the last rank joined it, on the device, not when
-    each host left the barrier (``sync: barrier-only`` skips it)."""
+    """Lanes on CUDA streams behind a GPU-side start gate. ``sync: barrier``: after the host
+    barrier a one-element all_reduce on its own communicator precedes the spin on the gate
+    stream, so every spin starts when the last rank joined (``barrier-only`` skips it)."""
 
     def __init__(
         self,

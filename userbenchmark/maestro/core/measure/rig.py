@@ -1,8 +1,6 @@
-"""What one rank measures with, made once per run: its place in the job, the communicators (the
-cluster shell makes them), its profiler, its lanes and their gate, and the gloo group of its
-cross-rank figures; ``register_buffers``' pools (a ``torch.cuda.MemPool`` over NCCL's
-``mem_allocator``, support probed in a child process: an unsupported allocator killed a process
-later)."""
+"""What one rank measures with, made once per run: its place, communicators, profiler, lanes,
+gate and cross-rank reducer; ``register_buffers``' pools over NCCL's ``mem_allocator`` (support
+probed in a child process: touching an unsupported allocator killed a process later)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Start N local workers through torch's own launcher API when no launcher started us. Workers
-get the suite the command line validated and start with SIGINT/SIGTERM blocked (a signal during
-torch's import waits for their handler). They die with the launcher, whose watchdog
-(supervision.py) ends what cannot end by itself."""
+"""Start N local workers through torch's launcher API when no launcher started us. They start
+with SIGINT/SIGTERM blocked (a signal during torch's import waits for their handler) and die
+with the launcher, whose watchdog (supervision.py) ends what cannot end by itself."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""One rank's whole run, the cluster shell around core/measure: meet the other ranks, set up the
-rig, run each pattern's phases and agree with every rank after each one (agreement.py), hand
-each outcome to rank 0's sink, leave together; one exit status per process (run_worker). One
-rank's failure ends every rank with the same error; what finished before is saved."""
+"""One rank's whole run, the cluster shell around core/measure: each pattern's phases, each agreed
+with every rank (one rank's failure ends every rank with the same error), each outcome handed
+to rank 0's sink; one exit status per process (run_worker)."""
 
 from __future__ import annotations
 

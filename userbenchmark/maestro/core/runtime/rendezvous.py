@@ -1,7 +1,6 @@
-"""Start-up: this process's place (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else srun's
-SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else one rank), the checks made before any worker starts
-(the options against this machine, the one validation of the pattern file), the rendezvous
-store and its start-up checks, the default process group."""
+"""Start-up: this process's place (torchrun's RANK..., else srun's SLURM_PROCID..., else one
+rank), the checks made before any worker starts (options, this machine, the one validation of
+the pattern file), the rendezvous store and its checks, the default process group."""
 
 from __future__ import annotations
 
