@@ -358,7 +358,7 @@ def in_process(
     """
     import torch
 
-    from userbenchmark.maestro.core.measure.gate import calibrate_sleep_cycles_per_us
+    from userbenchmark.maestro.core.measure.lanes import calibrate_sleep_cycles_per_us
     from userbenchmark.maestro.core.profilers.cupti import CuptiProfiler, cupti_available
 
     out: dict[str, dict[str, Any]] = {name: {} for name in op_names()}
@@ -443,7 +443,7 @@ def kineto_reference(
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from userbenchmark.maestro.core.measure.gate import calibrate_sleep_cycles_per_us
+    from userbenchmark.maestro.core.measure.lanes import calibrate_sleep_cycles_per_us
 
     errors: dict[str, str] = {}
     cycles_per_us = calibrate_sleep_cycles_per_us(torch.device("cuda", 0))
@@ -643,7 +643,7 @@ def first_launch_probe() -> dict[str, Any]:
     """
     import torch
 
-    from userbenchmark.maestro.core.measure.gate import calibrate_sleep_cycles_per_us
+    from userbenchmark.maestro.core.measure.lanes import calibrate_sleep_cycles_per_us
 
     dev = torch.device("cuda", 0)
     rate = calibrate_sleep_cycles_per_us(dev)

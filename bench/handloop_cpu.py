@@ -147,10 +147,13 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.measure.gate import DEFAULT_START_MARGIN_US
-    from userbenchmark.maestro.core.runtime.phases import measure_pattern, setup_rig
+    from userbenchmark.maestro.core.measure.lanes import DEFAULT_START_MARGIN_US
+    from userbenchmark.maestro.core.runtime.phases import (
+        measure_pattern,
+        one_intra_op_thread_unless_chosen,
+        setup_rig,
+    )
     from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
-    from userbenchmark.maestro.core.runtime.worker import one_intra_op_thread_unless_chosen
 
     one_intra_op_thread_unless_chosen(os.environ)  # as maestro's own ranks
     suite = load_suite(config, world_size=2)

@@ -130,7 +130,6 @@ def worker(
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.measure import windows
     from userbenchmark.maestro.core.measure.pattern import PatternRun
     from userbenchmark.maestro.core.runtime.phases import setup_rig
     from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
@@ -161,7 +160,7 @@ def worker(
     def maestro_window() -> float:
         dist.barrier(group=timer_group)
         s = time.perf_counter()
-        timings, _ = windows.timed(run, lanes, num_iters, run.present)
+        timings, _ = run.timed_window(lanes, num_iters, run.present)
         return time.perf_counter() - s
 
     def hand_window() -> float:
@@ -170,7 +169,7 @@ def worker(
         hand.window(num_iters)
         return time.perf_counter() - s
 
-    windows.warmup(run, lanes, run.present)
+    run.warmup(lanes, run.present)
     hand.window(pattern.warmup_iters)
     maestro_s, hand_s, ratios = [], [], []
     for rep in range(opts["reps"]):

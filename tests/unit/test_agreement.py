@@ -198,7 +198,7 @@ def _communicators(backend, groups):
 
 
 def test_a_rank_stopped_by_the_launcher_is_secondary_and_names_who_exited():
-    from userbenchmark.maestro.core.runtime.interrupts import PeerExited
+    from userbenchmark.maestro.core.runtime.supervision import PeerExited
 
     status = status_of(0, PeerExited((2,)))
     assert status.secondary and not status.interrupted and status.exited == (2,)
@@ -227,7 +227,7 @@ def test_waiting_for_keys_times_out_quietly_and_sees_keys():
 
 def test_once_the_launcher_ends_the_run_the_agreement_waits_less(monkeypatch):
     from userbenchmark.maestro.core.runtime import agreement
-    from userbenchmark.maestro.core.runtime.interrupts import PeerExited
+    from userbenchmark.maestro.core.runtime.supervision import PeerExited
 
     monkeypatch.setattr(agreement, "ENDING_WAIT_S", 0.3)
     store = _store()

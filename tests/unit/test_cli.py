@@ -232,7 +232,7 @@ def test_validate_passes_no_import_to_the_loader(monkeypatch, capsys):
 
 
 def test_run_validates_the_file_once_with_the_runs_world_size(monkeypatch, capsys):
-    from userbenchmark.maestro.core.runtime import preflight
+    from userbenchmark.maestro.core.runtime import rendezvous as preflight
 
     calls: list[dict] = []
     monkeypatch.setattr(preflight, "load_suite", _recording_loader(calls, fail=True))

@@ -14,7 +14,7 @@ from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTim
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import PatternResult
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
-from userbenchmark.maestro.core.measure.gate import (
+from userbenchmark.maestro.core.measure.lanes import (
     DEFAULT_GATE_US,
     MAX_GATE_US,
     MIN_GATE_US,
@@ -176,7 +176,7 @@ def test_cpu_windows_have_no_host_figures():
 def test_gc_is_paused_inside_a_window_and_restored():
     import gc
 
-    from userbenchmark.maestro.core.measure.gate import gc_paused
+    from userbenchmark.maestro.core.measure.lanes import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

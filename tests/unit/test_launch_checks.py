@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from userbenchmark.maestro.core.runtime import preflight
-from userbenchmark.maestro.core.runtime.logs import configure_logging
+from userbenchmark.maestro.core.runtime import rendezvous as preflight
 from userbenchmark.maestro.core.runtime.rendezvous import check_rendezvous_env, detect_launch
+from userbenchmark.maestro.core.runtime.supervision import configure_logging
 from userbenchmark.maestro.errors import LaunchError, OptionError
 
 

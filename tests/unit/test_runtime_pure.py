@@ -25,8 +25,7 @@ from userbenchmark.maestro.core.output.locations import atomic_write_bytes
 from userbenchmark.maestro.core.output.results import metrics_from_results, results_of
 from userbenchmark.maestro.core.output.table import format_pattern
 from userbenchmark.maestro.core.output.writer import OutputWriter
-from userbenchmark.maestro.core.runtime.preflight import resolve_backend
-from userbenchmark.maestro.core.runtime.rendezvous import apply_env, detect_launch
+from userbenchmark.maestro.core.runtime.rendezvous import apply_env, detect_launch, resolve_backend
 from userbenchmark.maestro.errors import LaunchError, OptionError
 
 
@@ -456,7 +455,7 @@ def test_build_outcome_untimed_block_is_nan_with_its_note_and_pattern_survives()
 def test_a_rank_runs_one_intra_op_thread_unless_the_user_chose():
     import torch
 
-    from userbenchmark.maestro.core.runtime.worker import one_intra_op_thread_unless_chosen
+    from userbenchmark.maestro.core.runtime.phases import one_intra_op_thread_unless_chosen
 
     before = torch.get_num_threads()
     try:

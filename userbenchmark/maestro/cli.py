@@ -20,7 +20,7 @@ import click
 from .blocks.dtypes import DTYPES
 from .core.config.options import RunOptions
 from .core.profilers.profiler_registry import profiler_names
-from .core.runtime.logs import configure_logging
+from .core.runtime.supervision import configure_logging
 from .errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -50,8 +50,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
-    """SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
-    and one line (a run installs its own handlers once it starts)."""
+    # SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
+    # and one line (a run installs its own handlers once it starts).
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> int:
@@ -79,12 +79,10 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
 )
 def cli() -> None:
     """Maestro: overlap benchmark for collectives and compute."""
-    # No rank outside ``run``, which sets up its own logging.
     configure_logging("INFO", ranked=False)
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """A size such as ``64K`` or ``4MiB``, parsed as pattern files parse sizes."""
     from .core.config.sizes import parse_size
 
     try:
@@ -97,7 +95,6 @@ _FLAG = {"is_flag": True}
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
-    """The run's options from the parsed ``run`` command line (OptionError: see RunOptions)."""
     given = {f.name: params[f.name] for f in dataclasses.fields(RunOptions) if f.name in params}
     given.update(
         write_metrics=not params["no_metrics"],
@@ -112,7 +109,6 @@ def _options_of(params: dict[str, Any]) -> RunOptions:
 
 
 def _world_size(nproc: int | None, launch: Any) -> int:
-    """The run's world size: the launcher's, else ``--nproc`` (OptionError when they clash)."""
     if nproc is not None and nproc < 1:
         raise OptionError(f"--nproc must be at least 1, got {nproc}")
     if launch.launcher == "none":
@@ -128,10 +124,10 @@ def _world_size(nproc: int | None, launch: Any) -> int:
 def cmd_run(params: dict[str, Any]) -> int:
     """Check what can be checked before a worker starts (each failure one line, exit 2), in
     order: the launcher's variables, the options, this machine and the pattern file, validated
-    once (preflight.prepare_suite), then the output locations; then run."""
+    once (rendezvous.prepare_suite), then the output locations; then run."""
     from .core.output.locations import metrics_folder, prepare_output_locations
     from .core.output.reporter import Reporter
-    from .core.runtime import preflight, rendezvous, supervision
+    from .core.runtime import rendezvous, supervision
 
     try:
         launch = rendezvous.detect_launch()
@@ -150,7 +146,7 @@ def cmd_run(params: dict[str, Any]) -> int:
         configure_logging(options.log_level, ranked=not local)
         if launch.rank != 0:  # one copy of the loader's warnings per run
             logging.getLogger("maestro.config").setLevel(logging.ERROR)
-        suite = preflight.prepare_suite(
+        suite = rendezvous.prepare_suite(
             params["config"],
             options,
             world_size=world_size,
@@ -173,7 +169,7 @@ def cmd_run(params: dict[str, Any]) -> int:
             from .core.runtime.launcher import launch_local
 
             return launch_local(suite, options, world_size, Reporter)
-        from .core.runtime.worker import run_worker
+        from .core.runtime.phases import run_worker
 
         return run_worker(suite, options, Reporter)
     finally:
@@ -438,7 +434,6 @@ def import_trace_command(**params: Any) -> int:
 
 
 def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
-    """Run a click command without click's own ``sys.exit``; returns the exit status."""
     try:
         status = command.main(
             args=None if argv is None else list(argv), prog_name=prog_name, standalone_mode=False

@@ -1,13 +1,15 @@
-"""Lanes and the start gate: how one window of iterations is issued. CPU: one thread per lane,
-a ``threading.Barrier`` releases every lane at once each iteration. CUDA: one stream per lane;
-a spin kernel on a gate stream, then an event every lane waits on, and only then does the host
-enqueue the blocks: every lane starts when the spin ends, not when the host got to it."""
+"""Lanes and the start gate, sized from each pattern's warmup. CPU: a thread per lane, released
+together by a barrier. CUDA: a stream per lane waiting on a spin kernel's event, enqueued only
+then: every lane starts when the spin ends, not when the host got to it."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,93 @@ from ...blocks.compute import fine_timer_slack, sleep_until_ns
 from ...errors import RunError
 from ..analysis.intervals import HostTimings
 from ..profilers.profiler import Profiler
-from .gate import DEFAULT_GATE_US, DEFAULT_START_MARGIN_US
+
+log = logging.getLogger("maestro.lanes")
+
+DEFAULT_GATE_US = 200.0
+"""Gate spin of a pattern's first warmup iterations, before calibration."""
+MIN_GATE_US = 50.0
+MAX_GATE_US = 100_000.0
+"""Longest calibrated gate spin; a host slower than this is reported as launch-bound."""
+DEFAULT_START_MARGIN_US = 2_000.0
+"""Lead of a CPU pattern's agreed start instant over the agreement, before calibration."""
+MIN_START_MARGIN_US = 2_000.0
+"""Agreeing on a start took 0.46 ms at the median, 2.9 ms at p90 and 5.1 ms at p99 on a
+2-core CPU host (two ranks, others' work running); 2x the slowest of a few warmup
+iterations missed that tail, so the start was late in 2 to 11 of 20 iterations."""
+MAX_START_MARGIN_US = 200_000.0
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a window, as ``timeit`` does: a collection pauses
+    every thread for up to tens of ms (torch and pandas loaded), landing in a block's timing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _twice_the_slowest_us(
+    samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
+) -> float:
+    # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
+    # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
+    samples = np.asarray(samples_ns, dtype=np.float64)
+    if samples.size > 1:
+        samples = samples[1:]
+    if not samples.size:
+        return default_us
+    return float(np.clip(2.0 * samples.max() / 1e3 + pad_us, low_us, high_us))
+
+
+def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
+    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs, in
+    [MIN_GATE_US, MAX_GATE_US] (a slower host shows up as launch-bound iterations)."""
+    return _twice_the_slowest_us(
+        enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
+    )
+
+
+def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
+    """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
+    agreement + 100 µs, so the instant is still ahead when the last rank learns it."""
+    return _twice_the_slowest_us(
+        agree_ns,
+        pad_us=100.0,
+        low_us=MIN_START_MARGIN_US,
+        high_us=MAX_START_MARGIN_US,
+        default_us=DEFAULT_START_MARGIN_US,
+    )
+
+
+def calibrate_sleep_cycles_per_us(device: object) -> float:
+    """Cycles of ``torch.cuda._sleep`` per µs, measured with events: a ~50 ms spin first (the
+    first spin on an idle GPU runs far slower: clock ramp-up), then the slope between two
+    lengths (removing launch offsets)."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(100_000_000)
+        torch.cuda.synchronize()
+
+        def timed(cycles: int) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e3  # µs
+
+        small, large = 1_000_000, 10_000_000
+        samples = []
+        for _ in range(3):
+            t_small, t_large = timed(small), timed(large)
+            samples.append((large - small) / max(t_large - t_small, 1e-3))
+    rate = float(np.median(samples))
+    log.debug("torch.cuda._sleep: %.1f cycles/µs", rate)
+    return rate
 
 
 @dataclass(kw_only=True)
@@ -28,8 +116,8 @@ class Lane:
     name: str
     blocks: list[tuple[int, Any]]
     stream: Any = None
+    # {block index: blocks of other lanes of this window it waits for in each iteration}
     after: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    """{block index: blocks of other lanes of this window it waits for in each iteration}."""
 
 
 def issue_runs(
@@ -52,23 +140,20 @@ def issue_runs(
 
 
 class _CpuWindow:
-    """The lane threads' shared state in one CPU window: barriers, how many iterations each
-    block finished (what ``after`` waits on), failures. Past ``timeout_s`` the barriers and
+    """The lane threads' shared state in one CPU window. Past ``timeout_s`` the barriers and
     waits break: a lane stuck in a block or a wait cannot hold the rank forever."""
 
     def __init__(self, lanes: Sequence[Lane], num_blocks: int, timeout_s: float) -> None:
         self.gate = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
         self.done = threading.Barrier(len(lanes) + 1, timeout=timeout_s)
         self.errors: list[tuple[str, BaseException]] = []
-        self.running = [""] * len(lanes)
-        """The block each lane is in ("" between blocks and while waiting for one)."""
-        self._count = [0] * num_blocks
+        self.running = [""] * len(lanes)  # the block each lane is in ("" between blocks)
+        self._count = [0] * num_blocks  # iterations each block finished (what after waits on)
         self._changed = threading.Condition()
         self._aborted = False
         self._timeout_s = timeout_s
 
-    def release(self) -> None:
-        """Break every barrier and wait: the lanes return."""
+    def release(self) -> None:  # break every barrier and wait: the lanes return
         self.gate.abort()
         self.done.abort()
         with self._changed:
@@ -86,8 +171,6 @@ class _CpuWindow:
     def lane_main(
         self, li: int, lane: Lane, num_iters: int, profiler: Profiler, names: Sequence[str]
     ) -> None:
-        """One lane's thread: each iteration, after the gate, its blocks in order, each once
-        the blocks it waits for finished that iteration (the wait is not in its timing)."""
         # The process's intra-op thread count for this thread too: OpenMP keeps it per thread,
         # and a new thread's first GEMM otherwise started a team as wide as the host, whose
         # worker spun between GEMMs (a 128³ GEMM read 4 ms at 2 ranks on 2 cores, 60 µs after).
@@ -117,10 +200,9 @@ class _CpuWindow:
 
 
 class CpuLanes:
-    """Each lane on its own thread; a ``threading.Barrier`` is the gate. With ``sync: barrier``
-    every rank proposes ``now + margin`` (``perf_counter``: CLOCK_MONOTONIC, one clock per host),
-    an all_reduce MAX agrees on the latest, and every rank opens its gate then; without a shared
-    clock (several hosts) or with ``sync: barrier-only`` a rank opens it leaving the barrier."""
+    """Each lane on its own thread. ``sync: barrier``: every rank proposes ``now + margin`` on
+    CLOCK_MONOTONIC, an all_reduce MAX picks the latest and every gate opens then; without a
+    shared clock (several hosts) or with ``barrier-only`` a rank opens it leaving the barrier."""
 
     def __init__(
         self,
@@ -130,14 +212,11 @@ class CpuLanes:
         timeout_s: float,
     ) -> None:
         self._barrier = barrier  # cross-rank barrier between iterations (sync group)
-        self._agree_start = agree_start
-        """The latest of every rank's proposed start (ns of perf_counter); None: no shared clock."""
+        self._agree_start = agree_start  # the latest proposed start (ns); None: no shared clock
         self._timeout_s = timeout_s
-        self.start_margin_us = DEFAULT_START_MARGIN_US
-        """Lead of the agreed start; set per pattern from its warmup."""
+        self.start_margin_us = DEFAULT_START_MARGIN_US  # set per pattern from its warmup
 
     def _open_gate(self, sync: str, it: int, out: HostTimings) -> None:
-        """Wait for this iteration's start: the agreed instant, the barrier, or nothing."""
         if sync == "barrier" and self._agree_start is not None:
             t0 = time.perf_counter_ns()
             target = self._agree_start(t0 + round(self.start_margin_us * 1e3))
@@ -213,12 +292,10 @@ class CpuLanes:
         return out
 
 
+# A device wait sleeps between event queries, doubling: polling without sleeping made 889,097
+# CUDA calls on an H200 (about 360 per wait) and took a core from the host's ranks and lanes.
 POLL_FIRST_S = 20e-6
-POLL_MAX_S = 500e-6
-"""A device wait sleeps between event queries, from ``POLL_FIRST_S`` doubling up to
-``POLL_MAX_S``: each query is a CUDA runtime call (an H200 run made 889,097 of them, about 360
-per wait, when it polled without sleeping), and a thread that polls takes a core from the
-ranks and lanes that share the host. A wait ends at most ``POLL_MAX_S`` after the work did."""
+POLL_MAX_S = 500e-6  # a wait ends at most this long after the work did
 
 
 def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
@@ -242,10 +319,9 @@ def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
 
 
 class CudaLanes:
-    """Lanes on CUDA streams behind a GPU-side start gate. With ``sync: barrier``, after the host
-    barrier a one-element all_reduce on a communicator of its own runs on the gate stream before
-    the spin: every rank's spin starts when the last rank joined it, on the device, not when
-    each host left the barrier (``sync: barrier-only`` skips it)."""
+    """Lanes on CUDA streams behind a GPU-side start gate. ``sync: barrier``: after the host
+    barrier a one-element all_reduce on its own communicator precedes the spin on the gate
+    stream, so every spin starts when the last rank joined (``barrier-only`` skips it)."""
 
     def __init__(
         self,
@@ -258,13 +334,11 @@ class CudaLanes:
     ) -> None:
         self._barrier = barrier
         self._timeout_s = timeout_s
-        self._align = align
-        """Enqueues the cross-rank alignment on the current stream; None for a single rank."""
+        self._align = align  # enqueues the cross-rank alignment; None for a single rank
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
-        self.gate_us = DEFAULT_GATE_US
-        """Spin length; set per pattern from its warmup (:func:`calibrated_gate_us`)."""
+        self.gate_us = DEFAULT_GATE_US  # set per pattern from its warmup
 
     def make_stream(self, priority: str) -> Any:
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
@@ -340,9 +414,8 @@ class CudaLanes:
         return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
 
     def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
-        """Whether the gate stream, ``streams`` and the current stream finished their work
-        within ``timeout_s`` (a bounded ``torch.cuda.synchronize``: a collective that never
-        ends must not hold the rank forever once the failure is agreed)."""
+        """Whether the gate stream, ``streams`` and the current stream finished within
+        ``timeout_s``: a bounded ``torch.cuda.synchronize`` (a collective may never end)."""
         events = []
         for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
             event = torch.cuda.Event()

@@ -1,11 +1,13 @@
-"""What one rank measures with, made once per run: its place in the job, the communicators (the
-cluster shell makes them), its profiler, its lanes and their gate, and the gloo group of its
-cross-rank figures."""
+"""What one rank measures with, made once per run: its place, communicators, profiler, lanes,
+gate and cross-rank reducer; ``register_buffers``' pools over NCCL's ``mem_allocator`` (support
+probed in a child process: touching an unsupported allocator killed a process later)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,15 +17,29 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from ...errors import RunError
+from ..analysis.aggregate import Reducer
 from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from ..profilers.profiler import Profiler
 from ..profilers.profiler_registry import make_profiler
-from .gate import calibrate_sleep_cycles_per_us
-from .lanes import CpuLanes, CudaLanes
-from .windows import reducer
+from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
 
 log = logging.getLogger("maestro")
+
+
+def reducer(group: Any) -> Reducer:
+    """A :data:`Reducer` over a (gloo) process group."""
+    ops = {"max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN, "sum": tdist.ReduceOp.SUM}
+
+    def reduce(values: np.ndarray, op: str) -> np.ndarray:
+        array = np.asarray(values)  # float64 or int64 (exact instants): the dtype is kept
+        dtype = np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=dtype)).clone()
+        tdist.all_reduce(tensor, op=ops[op], group=group)
+        return tensor.numpy()
+
+    return reduce
 
 
 @dataclass(kw_only=True)
@@ -33,12 +49,9 @@ class RankPlace:
     rank: int
     world_size: int
     backend: str
-    device: Any
-    """torch.device of this rank (cuda:LOCAL_RANK or cpu)."""
-    hosts: tuple[str, ...] = ()
-    """Host name of every rank, by rank."""
-    devices: tuple[int, ...] = ()
-    """CUDA device index of every rank, by rank (-1 for CPU ranks)."""
+    device: Any  # torch.device of this rank (cuda:LOCAL_RANK or cpu)
+    hosts: tuple[str, ...] = ()  # host name of every rank, by rank
+    devices: tuple[int, ...] = ()  # CUDA device index of every rank, by rank (-1 for CPU ranks)
 
     @property
     def one_host(self) -> bool:
@@ -63,24 +76,21 @@ class Rig:
 
     suite: SuiteSpec
     place: RankPlace
-    comms: Any
-    """This rank's process group on each axis (``team``, ``group``, ``axis``)."""
+    comms: Any  # this rank's process group on each axis (team, group, axis)
     profiler: Profiler
     lanes: CpuLanes | CudaLanes
+    # gloo group of the iteration barriers and the cross-rank figures (the agreement goes
+    # through the store, so a failed rank's agreement never meets a peer's barrier).
     sync_group: Any
-    """gloo group of the iteration barriers and the cross-rank figures (the agreement goes
-    through the store, so a failed rank's agreement never meets a peer's barrier)."""
     seed: int = 0
     calibration: dict[str, float] = field(default_factory=dict)
     streams: dict[str, Any] = field(default_factory=dict)
     window_id: int = 0
-    collect_timeline: bool = False
-    """Gather every rank's intervals on rank 0 (for ``--trace`` and ``--plot``)."""
-    note: Callable[..., None] | None = None
-    """Rank 0's progress line: what a pattern is doing now (None on other ranks)."""
+    collect_timeline: bool = False  # every rank's intervals on rank 0 (--trace, --plot)
+    note: Callable[..., None] | None = None  # rank 0's progress line (None on other ranks)
+    # Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
+    # torn down any more; the rank leaves once the failure is saved and printed.
     wedged: bool = False
-    """Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
-    torn down any more; the rank leaves once the failure is saved and printed."""
 
     def lane_stream(self, name: str, priority: str) -> Any:
         if not self.place.is_cuda:
@@ -94,13 +104,10 @@ class Rig:
 def make_rig(
     suite: SuiteSpec, options: RunOptions, place: RankPlace, comms: Any, sync_group: Any
 ) -> Rig:
-    """This rank's rig for ``suite``: its lanes and their gate (the alignment of every rank's
-    CUDA gate, or the agreed start of CPU lanes), then its profiler (started: CUPTI records
-    from here on, the gate's calibration left out)."""
+    """This rank's rig for ``suite``: its lanes and their gate, then its profiler (started: CUPTI
+    records from here on, the gate's calibration left out)."""
     registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
     if registered and place.is_cuda:
-        from .registration import require_support
-
         require_support(place.device.index or 0)
     elif registered and place.rank == 0:
         log.warning(
@@ -150,3 +157,98 @@ def make_rig(
         calibration=calibration,
         collect_timeline=options.trace or options.plot,
     )
+
+
+PROBE_TIMEOUT_S = 120.0
+
+# Runs in a fresh interpreter on the parent's device: a 1-rank NCCL group (in-process store,
+# no port), a pool over its allocator, a registered all_reduce on a pool tensor.
+_PROBE = """
+import sys, torch, torch.distributed as dist
+device = torch.device("cuda", int(sys.argv[1]))
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+try:
+    backend = dist.group.WORLD._get_backend(device)
+    pool = torch.cuda.MemPool(backend.mem_allocator)
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.ones(1 << 16, device=device)
+    backend.register_mem_pool(pool)
+    dist.all_reduce(t)
+    torch.cuda.synchronize(device)
+    backend.deregister_mem_pool(pool)
+    print("ok" if t[0].item() == 1.0 else "wrong result")
+finally:
+    dist.destroy_process_group()
+"""
+
+
+@functools.cache
+def probe_mem_allocator(device_index: int) -> tuple[bool, str]:
+    """(supported, detail): whether this torch/NCCL can back a MemPool with NCCL memory."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(device_index)],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"the probe did not finish in {PROBE_TIMEOUT_S:.0f} s"
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and out and out[-1] == "ok":
+        return True, "ok"
+    return False, _last_error_line(proc.stderr) or f"probe exited with {proc.returncode}"
+
+
+def _last_error_line(stderr: str) -> str:
+    """The exception line of a traceback (``RuntimeError: ...``), without rank prefixes."""
+    lines = [ln.split("]: ", 1)[-1].strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error:" in ln or "error:" in ln]
+    return (errors or lines or [""])[-1]
+
+
+def require_support(device_index: int) -> None:
+    """Raise a RunError naming torch and NCCL when registered buffers are unavailable."""
+    ok, detail = probe_mem_allocator(device_index)
+    if ok:
+        return
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # a CUDA torch without NCCL
+        nccl = "unknown"
+    raise RunError(
+        f"register_buffers: torch {torch.__version__} with NCCL {nccl} cannot allocate "
+        f"buffers from NCCL's memory allocator ({detail}); set register_buffers: false, or "
+        "use a torch build whose ProcessGroupNCCL supports mem_allocator",
+        phase="setup",
+    )
+
+
+class RegisteredPool:
+    """One MemPool per communicator; blocks allocate from it, then it is registered."""
+
+    def __init__(self, group: Any, device: Any) -> None:
+        self.device = device
+        self.backend = group._get_backend(device)
+        self.pool = torch.cuda.MemPool(self.backend.mem_allocator)
+        self.registered = False
+
+    def allocator(self) -> Callable[[int, Any], Any]:
+        """An ``empty``-like allocator drawing from the pool (for BlockContext.allocator)."""
+
+        def empty(numel: int, dtype: Any) -> Any:
+            with torch.cuda.use_mem_pool(self.pool, device=self.device):
+                return torch.empty(numel, dtype=dtype, device=self.device)
+
+        return empty
+
+    def register(self) -> None:
+        self.backend.register_mem_pool(self.pool)
+        self.registered = True
+
+    def release(self) -> None:
+        if self.registered:
+            self.backend.deregister_mem_pool(self.pool)
+            self.registered = False

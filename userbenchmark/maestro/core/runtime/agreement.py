@@ -15,7 +15,6 @@ from typing import Any
 from ...blocks.base import Block
 from ...errors import RunError, cause_of
 from . import supervision
-from .interrupts import PeerExited
 
 log = logging.getLogger("maestro.agreement")
 
@@ -28,22 +27,20 @@ class RankStatus:
     ok: bool
     message: str = ""
     block: str = ""
-    contained: bool = True
-    """False when the failure left collectives half-issued (communicators must not be reused)."""
-    secondary: bool = False
-    """True when this rank only saw a peer stop (a timed-out barrier or collective)."""
+    contained: bool = True  # False: collectives left half-issued (communicators not reusable)
+    secondary: bool = False  # this rank only saw a peer stop (a timed-out barrier or collective)
     interrupted: bool = False
-    phase: str = ""
-    """Where this rank failed, when not the step's own phase (a pattern's teardown)."""
-    exited: tuple[int, ...] = ()
-    """Ranks whose process this rank knows has ended (its local launcher said so)."""
+    phase: str = ""  # where this rank failed, when not the step's own phase (a teardown)
+    exited: tuple[int, ...] = ()  # ranks whose process its local launcher saw end
 
 
 def status_of(rank: int, error: BaseException | None, *, contained: bool = True) -> RankStatus:
     """This rank's status from the exception a phase raised (None: success)."""
     if error is None:
         return RankStatus(rank=rank, ok=True)
-    if isinstance(error, PeerExited):  # the launcher ends the run: a peer failed, not this rank
+    if isinstance(
+        error, supervision.PeerExited
+    ):  # the launcher ends the run: a peer failed, not this rank
         message, exited = f"another rank stopped: {error}", tuple(error.ranks)
         return RankStatus(rank=rank, ok=False, message=message, contained=False, exited=exited,
                           secondary=True)  # fmt: skip
@@ -62,8 +59,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
 
 
 def _block_in(error: BaseException | None) -> str:
-    """The block whose method raised ``error`` (innermost in its traceback), or "": names the
-    block of a ``SystemExit`` or any error raised past maestro's wrapping."""
+    """The innermost block in ``error``'s traceback: names it for errors past maestro's wrapping."""
     name, tb = "", error and error.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
@@ -73,8 +69,7 @@ def _block_in(error: BaseException | None) -> str:
     return name
 
 
-_STUCK = "did not return within timeout_s"
-"""A block that did not return: stuck itself, or waiting on a peer that stopped."""
+_STUCK = "did not return within timeout_s"  # a block stuck itself, or waiting on a stopped peer
 _SECONDARY_MARKERS = (  # an error with one of these only says that a peer stopped answering
     _STUCK,
     "Timed out",
@@ -88,10 +83,9 @@ _SECONDARY_MARKERS = (  # an error with one of these only says that a peer stopp
 
 
 def grace_s(timeout_s: float) -> float:
-    """How long a rank that already timed out waits at the agreement for the others (ranks
-    that timed out on one failure arrive within seconds); whoever is missing then is gone.
-    Also how long it waits for its NCCL communicators to abort, then for the device to drain
-    (either can hang while kernels hold the GPU: the rank then leaves without them)."""
+    """How long a rank that timed out waits at the agreement (ranks that timed out on one failure
+    arrive within seconds), and for its NCCL communicators to abort, then for the device to
+    drain (either can hang while kernels hold the GPU: the rank then leaves without them)."""
     return 5.0 + 0.25 * timeout_s
 
 
@@ -107,13 +101,11 @@ def watchdog_timeout_s(timeout_s: float) -> float:
     return timeout_s + agreement_timeout_s(timeout_s) + 3 * grace_s(timeout_s)
 
 
-ENDING_WAIT_S = 20.0
-"""Longest wait once the local launcher ends the run (torch kills its workers 30 s later)."""
-SLOW_POLL_AFTER_S = 5.0
-"""A wait polls every 10 ms at most for this long, then every 100 ms."""
+ENDING_WAIT_S = 20.0  # once the local launcher ends the run (torch kills workers 30 s later)
+SLOW_POLL_AFTER_S = 5.0  # a wait polls every 10 ms at most for this long, then every 100 ms
+# A store wait past its deadline by this much: the store's host is gone (a call to a store
+# whose host stopped never returns by itself).
 STORE_SLACK_S = 2.0
-"""How much longer than its own deadline a store wait may take before the store's host counts
-as gone (a call to a store whose host stopped never returns by itself)."""
 
 
 def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
@@ -131,16 +123,14 @@ def wait_for_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
     return True
 
 
-ENDED_PREFIX = "ended/"
-"""Store keys ``ended/<rank>``: the verdict that gave up on that rank."""
+ENDED_PREFIX = "ended/"  # store keys ended/<rank>: the verdict that gave up on that rank
 ENDED_POLL_S = 0.5
-ENDED_ACK_WAIT_S = 2.0
-"""How long the poster waits for those ranks to see it (the store may live in its process)."""
+ENDED_ACK_WAIT_S = 2.0  # the poster waits for them to see it (the store may live in its process)
 
 
 def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = True) -> None:
     """Tell the ranks ``missing`` that the run ended without them (``message``: the verdict);
-    ``wait`` (the store lives here): until every one of them saw it (:data:`ENDED_ACK_WAIT_S`)."""
+    ``wait`` (the store lives here): until every one of them saw it."""
     for rank in missing:
         store.set(f"{ENDED_PREFIX}{rank}", message)
     if wait:
@@ -205,8 +195,7 @@ class StoreExchange:
         self.round = 0
 
     def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
-        """A deadline on store calls that should end within ``seconds``: past it (and
-        :data:`STORE_SLACK_S`) the rank exits naming the store's host."""
+        """A deadline on store calls: past ``seconds`` the rank exits naming the store's host."""
         owner = self.owner or "the rendezvous store's host"
         return supervision.deadline(
             seconds + STORE_SLACK_S,
@@ -298,7 +287,7 @@ def agree(
 def _agreed_error(
     failed: list[RankStatus], missing: list[int], *, phase: str, pattern: str, world_size: int
 ) -> RunError:
-    """The one error every rank raises (pure: same inputs, same message on every rank)."""
+    # Pure: the same inputs give every rank the same message.
     primary = sorted((s for s in failed if not s.secondary), key=lambda s: s.rank)
     # Nearest the cause first: a missing rank (its peers waited on it), then a stuck block,
     # then a timeout; among missing ranks, one whose process is known to have ended.
@@ -334,8 +323,6 @@ def _first_cause(
     exited: set[int],
     phase: str,
 ) -> tuple[str, str, str]:
-    """(block, detail, phase) of the rank named first: one that failed itself, else one that
-    only waited when nobody is missing, else the first missing one."""
     if primary:
         first = primary[0]
         detail = (

@@ -18,8 +18,7 @@ from .agreement import grace_s, watchdog_timeout_s
 
 log = logging.getLogger("maestro.comms")
 
-GATE_GROUP = "(gate)"
-"""Key of the gate's alignment group among the axes' groups (no axis name has parentheses)."""
+GATE_GROUP = "(gate)"  # the gate's alignment group among the axes' (no axis has parentheses)
 
 
 def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
@@ -63,8 +62,7 @@ class Communicators:
         self.timeout_s = timeout_s
         self._axes = dict(axes)
         self._groups: dict[str, Any] = {}
-        names = list(self._axes) if used is None else [a for a in self._axes if a in set(used)]
-        for name in names:
+        for name in list(self._axes) if used is None else [a for a in self._axes if a in set(used)]:
             self._create(self._axes[name])
 
     def _create(self, axis: AxisSpec) -> None:
@@ -83,14 +81,12 @@ class Communicators:
                 self.backend,
             )
         mine = None
-        # gloo: its operations end at the timeout. NCCL: the watchdog's timeout, after
-        # maestro's own deadline on device work (which aborts the communicators itself).
+        # NCCL: the watchdog's timeout, after maestro's own deadline on device work.
         timeout_s = watchdog_timeout_s(self.timeout_s) if self.backend == "nccl" else self.timeout_s
         timeout = timedelta(seconds=timeout_s)
         for team in axis.teams:
             kwargs = {"ranks": list(team), "backend": self.backend, "timeout": timeout}
-            if self.backend == "nccl":
-                # A fresh object per group: new_group writes into it.
+            if self.backend == "nccl":  # a fresh object per group: new_group writes into it
                 kwargs["pg_options"] = nccl_options(axis, timeout)
             group = dist.new_group(**kwargs)
             if self.rank in team:
@@ -118,11 +114,9 @@ class Communicators:
         return self._axes[axis].team_of(self.rank)
 
     def abort(self) -> bool:
-        """Abort every communicator (unusable afterwards) after a failure left collectives
-        half-issued; False when it did not end within :func:`agreement.grace_s` (kernels hold the
-        GPU: the caller leaves without tearing NCCL down). NCCL groups all at once, as torch's
-        ``_abort_process_group()`` does (one by one they can block each other:
-        pytorch/pytorch#119797), else each in turn; gloo has none (its operations timed out)."""
+        """Abort every communicator after a failure left collectives half-issued; False when it
+        did not end within grace_s (kernels hold the GPU). NCCL groups all at once (one by one
+        they can block each other: pytorch/pytorch#119797); gloo's operations timed out."""
         groups = dict(self._groups)
         self._groups = {name: None for name in self._groups}
         if self.backend != "nccl":
@@ -161,7 +155,6 @@ class Communicators:
 
     @staticmethod
     def _abort_all() -> bool:
-        """Abort every process group of this process; False where torch cannot."""
         abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort_all is None or not dist.is_initialized():
             return False

@@ -1,8 +1,6 @@
-"""Start N local workers through torch's own launcher API when no launcher started us. Workers
-get the suite the command line validated and start with SIGINT/SIGTERM blocked (a signal during
-torch's import waits for their handler); torch's agent forwards the launcher's signal. They die
-with the launcher; its watchdog (supervision.py) ends what cannot end by itself, and the
-launcher ends once its workers have, whatever they left behind."""
+"""Start N local workers through torch's launcher API when no launcher started us. They start
+with SIGINT/SIGTERM blocked (a signal during torch's import waits for their handler) and die
+with the launcher, whose watchdog (supervision.py) ends what cannot end by itself."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from ..config.options import RunOptions
 from ..config.spec import SuiteSpec
 from . import supervision
 from .agreement import agreement_timeout_s
-from .logs import configure_logging
 
 if TYPE_CHECKING:
     from .phases import SinkFactory
@@ -35,14 +32,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("maestro.launcher")
 
 _ROUTED = (signal.SIGINT, signal.SIGTERM)
-_OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)
-"""Statuses a worker leaves with after printing why; any other is reported by the launcher."""
+_OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)  # a worker printed why itself
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What every worker runs (one object: torch's launcher rewrites string arguments)."""
-
+class _Job:  # one object: torch's launcher rewrites string arguments
     suite: SuiteSpec
     options: RunOptions
     parent_pid: int
@@ -50,16 +44,16 @@ class _Job:
 
 
 def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
-    """One worker process. A failure leaves as SystemExit: torch's launcher sees the exit
-    status at once, instead of waiting for a returned value after every other worker."""
+    # A failure leaves as SystemExit: torch's launcher sees the exit status at once, instead
+    # of waiting for a returned value after every other worker.
     rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
     supervision.die_with_parent(job.parent_pid)
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
 
-    from .worker import run_worker  # a running rank's modules: imported in the worker only
+    from .phases import run_worker  # a running rank's modules: imported in the worker only
 
-    configure_logging(job.options.log_level)
+    supervision.configure_logging(job.options.log_level)
     status = run_worker(job.suite, job.options, job.sink)
     supervision.leave(status, rank)
     if status != EXIT_OK:
@@ -69,9 +63,9 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
 
 @contextmanager
 def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
-    """Block SIGINT/SIGTERM in this thread (workers inherit it), receive them in a helper
-    thread and run this thread's handler, looked up then (torch's agent installs its own), for
-    the first one; later ones would cut torch's shutdown of the workers short."""
+    # Block SIGINT/SIGTERM here (workers inherit it); a helper thread runs this thread's
+    # handler, looked up then (torch's agent installs its own), for the first one only: later
+    # ones would cut torch's shutdown of the workers short.
     main = threading.current_thread() is threading.main_thread()
     if not main or not hasattr(signal, "sigtimedwait"):
         yield
@@ -117,8 +111,7 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
 
 
 @contextmanager
-def _quiet_torch_launcher() -> Iterator[None]:
-    """Silence torch's launcher logs: the workers and this launcher say what happened."""
+def _quiet_torch_launcher() -> Iterator[None]:  # the workers and this launcher say it
     prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
     names = [name for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
     previous = {name: logging.getLogger(name).level for name in names}
@@ -148,16 +141,14 @@ def exit_deadline_s(timeout_s: float) -> float:
     return agreement_timeout_s(timeout_s) + supervision.EXIT_GRACE_S
 
 
+# torch's launcher's wait between its SIGTERM and SIGKILL to a worker where LaunchConfig has
+# no shutdown_timeout (torch < 2.12).
 TORCH_SHUTDOWN_DEFAULT_S = 30
-"""What torch's launcher waits between its SIGTERM and SIGKILL to a worker where ``LaunchConfig``
-has no ``shutdown_timeout`` (torch < 2.12)."""
 
 
 def _shutdown_timeout_kwargs(launch_config: type, deadline_s: float) -> dict[str, int]:
-    """``shutdown_timeout`` for torch's ``LaunchConfig`` where its signature has it (torch 2.12
-    and newer): workers ended by torch get the whole exit deadline to save and leave. Older
-    releases kill them ``TORCH_SHUTDOWN_DEFAULT_S`` after the SIGTERM; the watchdog and
-    ``_outcome`` still report every worker, and nothing is passed that torch would refuse."""
+    # torch >= 2.12: workers ended by torch get the whole exit deadline to save and leave;
+    # older ones kill them sooner, and the watchdog and _outcome still report every worker.
     if "shutdown_timeout" in inspect.signature(launch_config).parameters:
         return {"shutdown_timeout": math.ceil(deadline_s)}
     if deadline_s > TORCH_SHUTDOWN_DEFAULT_S:
@@ -218,8 +209,6 @@ def launch_local(
 
 
 def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exits: dict) -> int:
-    """The run's exit status once every worker has ended; says which worker was killed, or
-    ended without a word. 130 only for the user's interrupt."""
     for kill in watchdog.kills:
         log.warning("rank %d %s: ended it with SIGKILL", kill.rank, kill.reason)
     if board.interrupted.value:
@@ -252,8 +241,7 @@ def _outcome(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, exi
 
 
 def _abandon(board: supervision.WorkerBoard, watchdog: supervision.Watchdog, logs: str) -> None:
-    """Every worker ended and torch's launcher still waits (for the result of a worker that
-    vanished): report and end the launcher here."""
+    # Every worker ended and torch's launcher still waits (for a worker that vanished).
     status = _outcome(board, watchdog, dict(watchdog.exits))
     shutil.rmtree(logs, ignore_errors=True)
     supervision.hard_exit(status, -1)

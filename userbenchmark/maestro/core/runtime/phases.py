@@ -1,31 +1,45 @@
-"""One rank's whole run, the cluster shell around core/measure: meet the other ranks, set up the
-rig, run each pattern's phases and agree with every rank after each one (agreement.py), hand
-each outcome to rank 0's sink, leave together. One rank's failure ends every rank with the
-same error, and what finished before is saved (docs/reliability.md)."""
+"""One rank's whole run, the cluster shell around core/measure: each pattern's phases, each agreed
+with every rank (one rank's failure ends every rank with the same error), each outcome handed
+to rank 0's sink; one exit status per process (run_worker)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch.distributed as tdist
 
-from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError, cause_of, say
+from ...errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    OptionError,
+    RunError,
+    cause_of,
+    interrupted_message,
+    say,
+    user_error_message,
+)
 from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from ..measure.pattern import PatternRun
 from ..measure.rig import Rig, make_rig
-from . import interrupts, supervision
+from . import supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
 from .communicators import Communicators
 from .rendezvous import (
     DistContext,
     LaunchInfo,
     apply_env,
+    detect_launch,
     init_distributed,
     shared_options,
     shutdown_distributed,
@@ -62,16 +76,14 @@ class SinkFactory(Protocol):
 
 @dataclass
 class _Ending:
-    """How this rank's run ends, as far as it knows: the status, whether every rank answered
-    (nobody waits again for one that died or hung), the ranks a verdict named as gone and that
-    verdict, a signal after the last agreement (no closing round to hold)."""
+    """How this rank's run ends, as far as it knows."""
 
     rank: int
     status: int = EXIT_OK
-    everyone_answered: bool = True
-    missing: set[int] = field(default_factory=set)
+    everyone_answered: bool = True  # False: nobody waits again for a rank that died or hung
+    missing: set[int] = field(default_factory=set)  # the ranks a verdict named as gone
     verdict: str = ""
-    late_interrupt: bool = False
+    late_interrupt: bool = False  # a signal after the last agreement: no closing round
 
     def failed(self, err: RunError) -> None:
         self.everyone_answered = err.everyone_answered
@@ -87,9 +99,9 @@ def run_suite(
     a ``sink`` of it; returns the exit status (0, 1 a pattern failed, 130 interrupted).
     ConfigError/OptionError: ranks started inconsistently; RunError: this rank cannot join."""
     apply_env(suite.env)  # before the first communicator: NCCL reads NCCL_* once
-    restore_signals = interrupts.install()
+    restore_signals = supervision.install()
     try:
-        with interrupts.deliverable():  # the rendezvous may wait long for a missing rank
+        with supervision.deliverable():  # the rendezvous may wait long for a missing rank
             dist = init_distributed(
                 launch,
                 backend=options.backend,
@@ -103,7 +115,7 @@ def run_suite(
     end = _Ending(dist.rank)
     report = None
     if sink is not None and dist.rank == 0:
-        report = sink(suite, options, guard=interrupts.held)
+        report = sink(suite, options, guard=supervision.held)
     rig = None
     try:
         rig = _phase_setup(suite, options, dist)
@@ -113,7 +125,7 @@ def run_suite(
         for pattern in suite.patterns:
             if not _one_pattern(rig, dist, pattern, end, report):
                 break
-        if end.status == EXIT_OK and interrupts.pending_interrupt():
+        if end.status == EXIT_OK and supervision.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
             # there is nobody to tell and nothing to wait for; only the exit status says it.
             end.late_interrupt = True
@@ -125,7 +137,7 @@ def run_suite(
     except KeyboardInterrupt as exc:
         # A second signal outside a phase: this rank leaves at once, without the agreement.
         end.everyone_answered = False
-        peer = isinstance(exc, interrupts.PeerExited)  # the launcher reports the exited worker
+        peer = isinstance(exc, supervision.PeerExited)  # the launcher reports the exited worker
         end.status = EXIT_FAILED if peer else EXIT_INTERRUPTED
     except BaseException as exc:  # SystemExit or a bug: reported, and left to the others
         end.everyone_answered = False
@@ -153,7 +165,7 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
     error: BaseException | None = None
     groups = len(suite.axes) + 2  # each new group may wait timeout_s for its peers
     try:
-        with interrupts.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
+        with supervision.deliverable(), dist.agreement.waiting(groups * suite.timeout_s, dist.rank):
             rig = setup_rig(suite, options, dist)
     except (Exception, KeyboardInterrupt) as exc:  # reported through the agreement step
         error = exc
@@ -162,15 +174,14 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
 
 
 def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], Any]) -> None:
-    """Run ``work``, then agree with every rank: each raises the same error when one failed. An
-    interrupt is reported through the agreement too: every rank stops with the same message."""
+    # An interrupt is reported through the agreement too: every rank stops with one message.
     error: BaseException | None = None
     if rig.note is not None:
         rig.note(f"{pattern}: {phase}")
     # Where a rank that ends without a word was: the phase the others' agreement will name.
     supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
     try:
-        with interrupts.deliverable():  # the only place a signal stops a pattern
+        with supervision.deliverable():  # the only place a signal stops a pattern
             work()
     except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
@@ -191,8 +202,6 @@ def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Patter
     except RunError as err:
         failed = True
         if not err.contained:
-            # Some ranks may have collectives in flight that their peers will never join:
-            # abort the communicators before teardown waits on them.
             rig.wedged = not rig.comms.abort()
         raise
     finally:
@@ -203,9 +212,8 @@ def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Patter
 def _one_pattern(
     rig: Rig, dist: DistContext, pattern: PatternSpec, end: _Ending, report: Sink | None
 ) -> bool:
-    """Measure ``pattern``, report it, and agree that it was torn down and reported (phase
-    ``output``: a teardown's error, or rank 0's files that cannot be written, stop every rank).
-    False: the run stops here."""
+    # Phase output: a teardown's error, or rank 0's files that cannot be written, stop every
+    # rank. False: the run stops here.
     outcome, failure, error = None, None, None
     try:
         outcome = measure_pattern(rig, dist, pattern)
@@ -244,7 +252,6 @@ def _agree_output(
     report: Sink | None,
     stop_on_error: bool,
 ) -> bool:
-    """The agreement that ends a pattern; False: the run stops."""
     try:
         agree(dist.agreement, dist.rank, "output", error, pattern=pattern)
     except RunError as err:  # a teardown, or rank 0's files
@@ -261,8 +268,7 @@ def _agree_output(
 
 
 def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None) -> None:
-    """Rank 0 closes its report, the ranks a verdict gave up on are told, the others leave
-    together (a launcher that sees one fail kills the rest), the rig is torn down."""
+    # The others leave together: a launcher that sees one fail kills the rest.
     if report is not None:
         report.close(end.status)
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
@@ -291,6 +297,53 @@ def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None
 
 
 def _leave_wedged(status: int, rank: int) -> None:
-    """NCCL could not be aborted (kernels hold the GPU): tearing down would hang too, and
-    everything is saved and printed, so the process ends here."""
+    # NCCL could not be aborted: tearing down would hang too, and everything is saved.
     supervision.hard_exit(status or EXIT_FAILED, rank)
+
+
+LINGER_S = 1.0  # how long a rank's exit waits for threads its blocks left running
+
+
+def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None = None) -> int:
+    """Run ``suite`` on this rank (rank 0 reporting to a ``sink``); returns its exit status.
+    What ends the run before its own protocol takes over is said here in one line; what blocks
+    leave behind cannot hold the exit (children ended, threads given :data:`LINGER_S`)."""
+    launch = detect_launch()
+    rank, status = launch.rank, EXIT_FAILED
+    one_intra_op_thread_unless_chosen(os.environ)
+    try:
+        with supervision.exits_refused():
+            status = run_suite(suite, options, launch, sink)
+    except (ConfigError, OptionError) as err:
+        if rank == 0:  # every rank found it; one says it
+            say(user_error_message(err))
+        status = EXIT_USAGE
+    except RunError as err:
+        say(f"maestro: rank {rank}: {err}")
+        supervision.reached_verdict(EXIT_FAILED, err.missing or ())  # the launcher ends them
+    except supervision.PeerExited:
+        pass  # another worker ended before the run began: the launcher says which
+    except KeyboardInterrupt:
+        if rank == 0 and supervision.forwarded():  # else the local launcher knows who and why
+            say(interrupted_message(saved=False))
+        status = EXIT_INTERRUPTED
+    except BaseException as exc:  # torch or the machine, before the run's own protocol
+        say(f"maestro: rank {rank}, phase start-up: {cause_of(exc)}")
+    supervision.end_children()
+    main = threading.main_thread()
+    if any(t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()):
+        # A block's thread would hold the interpreter's exit forever.
+        timer = threading.Timer(LINGER_S, supervision.hard_exit, (status, rank))
+        timer.daemon = True
+        timer.start()
+    return status
+
+
+def one_intra_op_thread_unless_chosen(environ: Mapping[str, str]) -> None:
+    """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise: a host-wide pool
+    competes with the lane threads (a one-rank 256³ GEMM on 2 cores ran at 244 or 330-400 µs,
+    set per process; 308-331 µs with one thread)."""
+    if "OMP_NUM_THREADS" not in environ:
+        import torch
+
+        torch.set_num_threads(1)

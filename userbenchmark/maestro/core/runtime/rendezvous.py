@@ -1,6 +1,6 @@
-"""Distributed start-up: this process's place (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else
-srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else one rank), the rendezvous store and its
-start-up checks, the default process group."""
+"""Start-up: this process's place (torchrun's RANK..., else srun's SLURM_PROCID..., else one
+rank), the checks made before any worker starts (options, this machine, the one validation of
+the pattern file), the rendezvous store and its checks, the default process group."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ from ...errors import (
     cause_of,
     say,
 )
-from ..config.options import RunOptions
+from ..config.loader import load_suite
+from ..config.options import RunOptions, apply_overrides, check_graphs
+from ..config.spec import SuiteSpec
 from ..measure.rig import RankPlace
-from . import interrupts, supervision
+from ..profilers.profiler_registry import no_gpu, resolve_profiler
+from . import supervision
 from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
-from .preflight import SHARED_GPU_VARIABLE, resolve_backend
 
 log = logging.getLogger("maestro.dist")
 
@@ -42,11 +44,9 @@ class LaunchInfo:
     rank: int
     world_size: int
     local_rank: int
-    launcher: str
-    """``torchrun`` (RANK set), ``slurm`` (only SLURM_* set) or ``none``."""
+    launcher: str  # torchrun (RANK set), slurm (only SLURM_* set) or none
 
 
-# The variables each launcher sets: (rank, world size, local rank), and who sets them.
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 _WHO = {"torchrun": "torchrun (or a launcher like it)", "slurm": "srun"}
@@ -63,7 +63,6 @@ def _launch_int(env: Mapping[str, str], key: str, launcher: str) -> int:
 
 
 def _launch_info(env: Mapping[str, str], launcher: str) -> LaunchInfo:
-    """The launch that ``env`` describes, checked: a rank inside the world, a local rank >= 0."""
     rank_key, world_key, local_key = _TORCHRUN_VARS if launcher == "torchrun" else _SLURM_VARS
     rank = _launch_int(env, rank_key, launcher)
     world = _launch_int(env, world_key, launcher)
@@ -135,6 +134,100 @@ def _check_interfaces(env: Mapping[str, str]) -> None:
         )
 
 
+SHARED_GPU_VARIABLE = "NCCL_MULTI_RANK_GPU_ENABLE"
+
+MAX_LOCAL_WORKERS = 256  # most --nproc workers on one machine; more come from torchrun or srun
+FILES_PER_WORKER = 8  # open files the local launcher holds per worker (about five measured)
+FILES_RESERVED = 64  # open files the launcher needs for itself (Python, torch, the store)
+
+
+def check_nproc(nproc: int, *, limit: int | None = None) -> None:
+    """OptionError when ``--nproc`` is more workers than this machine can start: maestro's
+    limit, or what the open-file limit (``limit``, default ``ulimit -n``) leaves."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit
+    by_files = max(1, (soft - FILES_RESERVED) // FILES_PER_WORKER)
+    most, why = (
+        MAX_LOCAL_WORKERS,
+        "maestro's limit for one machine; start more ranks with torchrun or srun across machines",
+    )
+    if soft != resource.RLIM_INFINITY and soft >= 0 and by_files < MAX_LOCAL_WORKERS:
+        most = by_files
+        why = (
+            f"the launcher holds about {FILES_PER_WORKER} open files per worker and may open "
+            f"{soft} (ulimit -n); raise the limit or start fewer workers"
+        )
+    if nproc > most:
+        raise OptionError(f"--nproc must be at most {most}, got {nproc}: {why}")
+
+
+def resolve_backend(requested: str, cuda_available: bool) -> str:
+    """``auto`` is NCCL when CUDA is available, else gloo; NCCL without CUDA is an OptionError."""
+    if requested == "nccl" and not cuda_available:
+        raise OptionError(
+            f"--backend nccl needs CUDA, and {no_gpu()}; use --backend gloo (or auto, which "
+            "picks gloo without CUDA)"
+        )
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    return requested
+
+
+def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> str:
+    """The backend ``--backend`` resolves to here; OptionError when it or ``--profiler`` cannot
+    run on this machine, where ``local_workers`` ranks share its GPUs (``--nproc``)."""
+    import torch
+
+    resolved = resolve_backend(backend, torch.cuda.is_available())
+    on_cuda = resolved == "nccl"
+    resolve_profiler(profiler, on_cuda=on_cuda, backend=backend)
+    if on_cuda and local_workers > 1 and os.environ.get(SHARED_GPU_VARIABLE) != "1":
+        gpus = torch.cuda.device_count()
+        if local_workers > gpus:
+            raise OptionError(
+                f"--nproc {local_workers} on the nccl backend needs one GPU per worker, and "
+                f"torch sees {gpus}; use --nproc {gpus} or fewer, or --backend gloo (or set "
+                f"{SHARED_GPU_VARIABLE}=1, NCCL >= 2.30.7, to let ranks share GPUs in a "
+                "correctness test whose timings describe nothing real)"
+            )
+    return resolved
+
+
+def prepare_suite(
+    config: str,
+    options: RunOptions,
+    *,
+    world_size: int,
+    local_workers: int = 1,
+    sink: Any = None,
+) -> SuiteSpec:
+    """Everything checked before any worker starts: ``--nproc``, backend and profiler here, what
+    the ``sink`` (a phases.SinkFactory) cannot write here, then the pattern file ``config``,
+    validated once with the options applied (ConfigError, OptionError)."""
+    if local_workers > 1:
+        check_nproc(local_workers)
+    backend = check_devices(
+        backend=options.backend, profiler=options.profiler, local_workers=local_workers
+    )
+    if sink is not None:
+        sink.check(options)
+    suite = load_suite(config, world_size=world_size)
+    try:
+        suite = apply_overrides(suite, options)
+    except ConfigError as err:  # the file is fine: the option does not fit it
+        raise OptionError(
+            "; ".join(_placed(i.message, i.file, i.path) for i in err.issues)
+        ) from None
+    check_graphs(suite, options, backend)
+    return suite
+
+
+def _placed(message: str, file: str, path: str) -> str:
+    where = ": ".join(part for part in (file, path) if part)
+    return f"{message} ({where})" if where else message
+
+
 def apply_env(values: Mapping[str, str]) -> dict[str, str | None]:
     """Set process-wide variables (before the first communicator); returns previous values.
     Only the named keys: library threads may read the environment concurrently."""
@@ -162,8 +255,7 @@ class DistContext(RankPlace):
 
     agreement: StoreExchange
     ended_watch: EndedWatch | None = None
-    hosts_store: bool = False
-    """The rendezvous store lives in this process: it goes away when this process ends."""
+    hosts_store: bool = False  # the rendezvous store lives (and ends) with this process
 
 
 def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
@@ -193,19 +285,16 @@ def init_distributed(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> DistContext:
-    """Initialise torch.distributed for this rank: the rendezvous store, the start-up checks
-    (:func:`check_launch`, with ``shared`` and ``source``), the default process group, every
-    rank's host and device. Each step waits at most ``timeout_s``; any failure of torch's is a
-    RunError of the phase ``start-up``."""
+    """Initialise torch.distributed for this rank: the rendezvous store, :func:`check_launch`,
+    the default process group, every rank's host and device. Each step waits at most
+    ``timeout_s``; any failure of torch's is a RunError of the phase ``start-up``."""
     import torch
     import torch.distributed as dist
 
     backend = resolve_backend(backend, torch.cuda.is_available())
     if backend == "nccl":
-        # When a collective times out, torch's watchdog aborts the communicator (ending the
-        # kernels that wait for a dead peer) but leaves the process alive, so the rank reports
-        # through the agreement step; its default (3) kills the process with a C++ stack.
-        # A user's own setting wins.
+        # On a collective's timeout torch's watchdog aborts the communicator but leaves the
+        # process alive to reach the agreement step (3, its default, kills it with a C++ stack).
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         device = torch.device("cuda", gpu_index(launch.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
@@ -246,7 +335,7 @@ def init_distributed(
             partial(_store_client, store.host, store.port, timeout_s),
             rank=launch.rank,
             leave=partial(_leave_ended, launch.rank),
-            holding=interrupts.holding,
+            holding=supervision.holding,
         ).start()
     return DistContext(
         rank=launch.rank,
@@ -268,7 +357,6 @@ def _hint() -> str:
 
 
 def _everyones(store: Any, key: str, launch: LaunchInfo, mine: Any, timeout_s: float) -> list:
-    """Every rank's ``mine`` (JSON-able), by rank, through the store."""
     store.set(f"{key}/{launch.rank}", json.dumps(mine))
     keys = [f"{key}/{r}" for r in range(launch.world_size)]
     if not wait_for_keys(store, keys, timeout_s):
@@ -348,10 +436,9 @@ def check_launch(
     shared: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> None:
-    """Fail fast when ranks were started with different world sizes, a rank is claimed twice,
-    or a rank runs another ``shared["pattern_sha256"]`` (ConfigError naming ``source``) or
-    other ``shared["options"]`` (OptionError) than rank 0. A rank reads the other side's
-    values before writing its world size, so both sides always see the mismatch."""
+    """Fail fast when ranks have different world sizes, a rank is claimed twice, or a rank runs
+    another pattern text (ConfigError) or options (OptionError) than rank 0. A rank reads the
+    other side's values before writing its world size: both sides see the mismatch."""
     rank, world = launch.rank, launch.world_size
     if store.add(f"claims/{rank}", 1) > 1:
         raise RunError(
@@ -409,7 +496,6 @@ def shared_options(options: RunOptions) -> dict[str, Any]:
 def _compare_shared(
     theirs: Mapping[str, Any], ours: Mapping[str, Any], their_rank: int, our_rank: int, source: str
 ) -> None:
-    """Raise when rank ``their_rank`` runs another text or options than ``our_rank``."""
     digest, reference = theirs.get("pattern_sha256"), ours.get("pattern_sha256")
     options, reference_options = theirs.get("options") or {}, ours.get("options") or {}
     if digest and reference and digest != reference:
@@ -441,7 +527,6 @@ def shutdown_distributed(ctx: DistContext | None = None) -> None:
 
     if ctx is not None and ctx.ended_watch is not None:
         ctx.ended_watch.stop()
-
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -1,7 +1,6 @@
-"""Keeping a run's processes together: no process outlives the run, no wait lasts forever. The
-local launcher and its workers share a :class:`WorkerBoard`; its :class:`Watchdog` ends what
-cannot end by itself. Every rank bounds waits nothing else bounds (:func:`deadline`), refuses a
-block's ``os._exit`` and ends its own children (docs/reliability.md)."""
+"""Keeping a run's processes together: no process outlives the run, no wait lasts forever, no
+signal stops a rank where no agreement step follows (the launcher's :class:`Watchdog`, deadlines,
+signal regions; docs/reliability.md). Also the log set-up."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ import signal
 import sys
 import threading
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,34 @@ from ...errors import EXIT_FAILED, say
 
 log = logging.getLogger("maestro.launcher")
 
-EXIT_GRACE_S = 10.0
-"""How long a worker may take to leave once the run's outcome is known before it is killed."""
+EXIT_GRACE_S = 10.0  # a worker's time to leave once the outcome is known, then it is killed
 WATCH_POLL_S = 0.05
-WHERE_BYTES = 240
-"""Room on the board for each worker's last agreement step."""
+WHERE_BYTES = 240  # room on the board for each worker's last agreement step
+# Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome).
 STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
-"""Stages of a worker on the board, in order (VERDICT: rank 0 saved and printed the outcome)."""
 
 _real_exit = os._exit
+
+
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"maestro: {record.levelname.lower()}: {super().format(record)}"
+
+
+def configure_logging(level: str = "INFO", *, ranked: bool = True) -> None:
+    """Log to stderr at ``level``; ``ranked`` lines carry the rank (``[maestro r1] WARNING``),
+    the others (validate, compare, the local launcher: no rank) read ``maestro: warning: ...``."""
+    handler = logging.StreamHandler(sys.stderr)
+    if ranked:  # the launcher set RANK (or SLURM_PROCID) before this process configured logging
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+        fmt = "[maestro r%(rank)s] %(levelname)s %(message)s"
+        handler.setFormatter(logging.Formatter(fmt, defaults={"rank": rank}))
+    else:
+        handler.setFormatter(_PlainFormatter("%(message)s"))
+    root = logging.getLogger("maestro")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -42,10 +60,9 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 class WorkerBoard:
-    """What the local launcher and its workers share: each worker's pid, stage, status, last
-    agreement step and whether a verdict named it as gone; whether the launcher forwards the
-    user's signal (``interrupted``) and whether rank 0 printed why the run ended (``told``).
-    No locks: each cell has one writer, or writers that all write the same value."""
+    """What the local launcher and its workers share: each worker's pid, stage, status, last step
+    and whether a verdict named it gone; whether the user's signal came (``interrupted``) and
+    rank 0 said why the run ended (``told``). No locks: each cell's writers write one value."""
 
     def __init__(self, num_workers: int, context: Any) -> None:
         self.num_workers = num_workers
@@ -62,13 +79,12 @@ class WorkerBoard:
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-_board: WorkerBoard | None = None
-"""The board of the local launcher this process is a worker of (None: no such launcher)."""
+_board: WorkerBoard | None = None  # the board of this worker's local launcher (None: none)
 _rank = -1
 
 
 def attach(board: WorkerBoard, rank: int) -> None:
-    """This process is worker ``rank`` of ``board`` (called first thing in a worker)."""
+    """This process is worker ``rank`` of ``board`` (first thing in a worker)."""
     global _board, _rank
     _board, _rank = board, rank
     board.pids[rank] = os.getpid()
@@ -132,8 +148,7 @@ def exited_peers() -> tuple[int, ...]:
     )
 
 
-def _runs(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended: only its parent's wait is missing)."""
+def _runs(pid: int) -> bool:  # a zombie has ended: only its parent's wait is missing
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except (OSError, IndexError):
@@ -144,7 +159,7 @@ _exit_hooks: list[Callable[[], None]] = []
 
 
 def on_hard_exit(hook: Callable[[], None]) -> None:
-    """Run ``hook`` (releasing the output folder's lock) before :func:`hard_exit` ends us."""
+    """Run ``hook`` (releasing the output folder's lock) before :func:`hard_exit`."""
     _exit_hooks.append(hook)
 
 
@@ -263,20 +278,13 @@ def kill_group(pid: int) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-@dataclass(frozen=True)
-class Kill:
-    """A worker the watchdog ended, and why."""
-
-    rank: int
-    reason: str
+Kill = namedtuple("Kill", "rank reason")  # a worker the watchdog ended, and why
 
 
 class Watchdog:
-    """The launcher's thread that SIGKILLs what cannot end by itself: at once, a worker a verdict
-    named as gone (stopped, hung; one that never said its pid: a spawned worker missing from the
-    board) and the process group of a worker that ended; a worker still running
-    :data:`EXIT_GRACE_S` after every worker had its verdict, or ``exit_deadline_s`` after another
-    exited. ``abandon()``: torch's launcher still waits :data:`EXIT_GRACE_S` after all ended."""
+    """The launcher's thread that SIGKILLs at once a worker a verdict named as gone and the group
+    of one that ended; one still running EXIT_GRACE_S after every verdict or ``exit_deadline_s``
+    after another exited. ``abandon()``: torch still waits EXIT_GRACE_S after all ended."""
 
     def __init__(
         self,
@@ -293,8 +301,7 @@ class Watchdog:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
         self.kills: list[Kill] = []
-        self.exits: dict[int, int] = {}
-        """Each ended worker's status (negative: the signal), by rank."""
+        self.exits: dict[int, int] = {}  # each ended worker's status (negative: the signal)
         self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
         self._kill, self._kill_group, self._unattached = kill, kill_group, unattached
         self._since: dict[str, float] = {}
@@ -310,7 +317,6 @@ class Watchdog:
             self._thread.join()
 
     def killed(self, rank: int) -> bool:
-        """Whether this watchdog ended ``rank``."""
         return any(k.rank == rank for k in self.kills)
 
     def _loop(self) -> None:
@@ -320,14 +326,13 @@ class Watchdog:
             except Exception as exc:  # never let the watchdog die silently
                 log.debug("watchdog: %s", exc)
 
-    def _for(self, name: str, holds: bool, now: float) -> float:
-        """How long it is since ``holds`` first held (-1 while it never did)."""
+    def _for(self, name: str, holds: bool, now: float) -> float:  # -1 while it never held
         if holds:
             self._since.setdefault(name, now)
         return now - self._since[name] if name in self._since else -1.0
 
     def check(self) -> None:
-        """One look at the board (the thread calls it every :data:`WATCH_POLL_S`)."""
+        """One look at the board (the thread calls it every WATCH_POLL_S)."""
         board, now = self.board, self._clock()
         ranks = range(board.num_workers)
         for r in ranks:
@@ -354,8 +359,6 @@ class Watchdog:
             self._abandon()
 
     def _end_missing(self, rank: int, running: bool) -> None:
-        """End a worker a verdict named as gone: its process, or one spawned that never said
-        its pid (stopped before it could)."""
         if running:
             self._end(rank, "did not reach the run's agreement step (stopped or hung)")
         elif not self.board.pids[rank] and not self.killed(rank):
@@ -364,9 +367,113 @@ class Watchdog:
                 self.kills.append(Kill(rank, "never started (stopped or hung)"))
 
     def _end(self, rank: int, reason: str) -> None:
-        if rank not in (k.rank for k in self.kills):
+        if not self.killed(rank):
             try:
                 self._kill(self.board.pids[rank])
             except ProcessLookupError:
                 return
             self.kills.append(Kill(rank, reason))
+
+
+# Signals. SIGINT/SIGTERM stop a rank only inside deliverable() regions (a phase's work, which
+# reaches the agreement step), never between two output files (held()). Elsewhere a signal
+# waits for the next region; a second one outside raises at once. A SIGTERM from torch's
+# launcher ending the run (exited_peers) raises PeerExited.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class PeerExited(KeyboardInterrupt):
+    """SIGTERM from the local launcher ending the run because other workers exited: not a
+    user's interrupt. ``ranks``: the workers known to have exited."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        shown = ", ".join(map(str, ranks))
+        super().__init__(f"the launcher is ending the run: worker {shown} exited")
+        self.ranks = ranks
+
+
+class _State:
+    def __init__(self) -> None:
+        self.open_depth = 0  # inside deliverable(): raise at once
+        self.held_depth = 0  # inside held(): never raise
+        self.pending: int | None = None  # a signal received and not yet raised
+        self.exited: tuple[int, ...] = ()  # the pending SIGTERM came from the launcher
+
+
+_state = _State()
+
+
+def _raise(signum: int) -> None:
+    exited, _state.pending, _state.exited = _state.exited, None, ()
+    if exited:
+        raise PeerExited(exited)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _handler(signum: int, frame: Any) -> None:
+    repeated = _state.pending is not None
+    if not repeated:
+        _state.exited = exited_peers() if signum == signal.SIGTERM else ()
+    elif signum == signal.SIGINT:
+        _state.exited = ()  # a Ctrl-C after the launcher's SIGTERM is the user's
+    _state.pending = signum
+    if not _state.held_depth and (_state.open_depth or repeated):
+        _raise(signum)
+
+
+def install() -> Callable[[], None]:
+    """Install the handler for SIGINT and SIGTERM; returns a function that restores the old
+    ones (outside the main thread nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    _state.__init__()
+    for s in _SIGNALS:
+        signal.signal(s, _handler)
+    # maestro's local launcher starts workers with these signals blocked, so that one arriving
+    # while a worker imports torch waits for this handler instead of raising mid-import. Those
+    # that waited (Ctrl-C and the launcher's forwarded signal: one interrupt) run their
+    # handler inside the unblocking call; held, they become pending, not a second signal.
+    if hasattr(signal, "pthread_sigmask"):
+        with held():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _state.__init__()
+
+    return restore
+
+
+def holding() -> bool:
+    """True inside :func:`held` (output files are being written)."""
+    return _state.held_depth > 0
+
+
+def pending_interrupt() -> bool:
+    """True when a user's signal (not the launcher ending the run) waits to be raised."""
+    return _state.pending is not None and not _state.exited
+
+
+@contextmanager
+def deliverable() -> Iterator[None]:
+    """A region an interrupt may stop: a pending one is raised on entry, a new one at once."""
+    if _state.pending is not None and not _state.held_depth:
+        _raise(_state.pending)
+    _state.open_depth += 1
+    try:
+        yield
+    finally:
+        _state.open_depth -= 1
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A region no interrupt may split (writing a set of files); signals wait until the next
+    deliverable region."""
+    _state.held_depth += 1
+    try:
+        yield
+    finally:
+        _state.held_depth -= 1
