@@ -36,7 +36,10 @@ def cupti_requirement(cuda_version: str | None) -> str | None:
     ``cupti-python>=13,<14``); None for a build without CUDA."""
     if not cuda_version:
         return None
-    major = int(cuda_version.split(".")[0])  # ValueError when there is no number
+    major_text = cuda_version.split(".")[0]
+    if not major_text.isdigit():
+        raise ValueError(f"cannot read a CUDA major version from {cuda_version!r}")
+    major = int(major_text)
     return f"cupti-python>={major},<{major + 1}"
 
 
@@ -74,6 +77,8 @@ def numpy_constraint() -> str | None:
 def torch_commands(build: str, rerun_args: list[str]) -> list[list[str]]:
     """The commands that install torch's ``build``, then run this file again. The CPU wheel alone
     (``--no-deps``) comes from PyTorch's CPU index, its dependencies from pip's own indexes."""
+    if build not in TORCH_BUILDS:
+        raise ValueError(f"unknown torch build {build!r}; valid builds: {', '.join(TORCH_BUILDS)}")
     pip = [sys.executable, "-m", "pip", "install"]
     torch = f"torch=={TESTED_TORCH_VERSION}"
     rerun = [sys.executable, str(Path(__file__).resolve()), AFTER_TORCH, *rerun_args]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .deps import Dependencies
+from .kineto import TraceError
 from .step import Item, RankStep
 
 
@@ -99,7 +100,9 @@ def _map_items(role: Role, member: RankStep, keys: dict[int, dict[int, tuple]]) 
     free = sorted(member.streams, key=lambda s: member.streams[s][0].launch)
     for ref_stream in sorted(role.ref.streams, key=lambda s: role.ref.streams[s][0].launch):
         # One matches: the programs are equal as multisets.
-        match = next(s for s in free if own_keys[s] == ref_keys[ref_stream])
+        match = next((s for s in free if own_keys[s] == ref_keys[ref_stream]), None)
+        if match is None:
+            raise TraceError(f"rank {member.rank}: no stream matches stream {ref_stream}")
         free.remove(match)
         pairs = zip(role.ref.streams[ref_stream], member.streams[match], strict=True)
         for ref_item, item in pairs:
