@@ -67,7 +67,9 @@ def warmup_discard(prof: CuptiProfiler, torch) -> None:
     print(f"  end_window (sync+flush+join) took {us(time.perf_counter_ns() - t0)}")
     acts = prof.last_activities
     print(f"  per-iteration activity count {att.activity_count[0].tolist()}")
-    print(f"  kernel duration: {us(att.duration_ns[0])}; largest grid {att.kernel_ctas_max[0]}")
+    print(
+        f"  kernel duration: {us((att.end_ns - att.start_ns)[0])}; largest grid {att.kernel_ctas_max[0]}"
+    )
     check(
         len(acts) == 20 and bool((acts.kind == KIND_KERNEL).all()),
         "exactly 20 kernels in the measured window",
@@ -111,7 +113,9 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
     delay = att.start_ns.min(axis=0) - att.gate_end_ns
     print(f"  start skew |block0 - block1|: {us(skew)}")
     print(f"  gate open -> first lane start: {us(delay)}")
-    print(f"  durations block0 {us(att.duration_ns[0])}; block1 {us(att.duration_ns[1])}")
+    print(
+        f"  durations block0 {us((att.end_ns - att.start_ns)[0])}; block1 {us((att.end_ns - att.start_ns)[1])}"
+    )
     check(bool((att.gate_end_ns > 0).all()), "gate end seen for every iteration")
     check(float(np.median(skew)) < 20_000, "median start skew below 20 us")
 
@@ -155,7 +159,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             print(
                 f"  block{b} ({label}): memcpy {int((acts.kind[mine] == KIND_MEMCPY).sum())}, "
                 f"kernel {int((acts.kind[mine] == KIND_KERNEL).sum())}, streams "
-                f"{sorted(set(acts.stream_id[mine].tolist()))}, {us(att.duration_ns[b])}"
+                f"{sorted(set(acts.stream_id[mine].tolist()))}, {us((att.end_ns - att.start_ns)[b])}"
             )
         copies = acts.size_bytes[acts.kind != KIND_KERNEL]
         print(f"  memcpy sizes {sorted(set(copies.tolist()))} bytes")
