@@ -248,7 +248,7 @@ def test_each_block_carries_its_kernel_beside_the_traced_one_in_table_and_files(
 
 
 def test_main_kernel_names_take_the_kernel_with_most_of_a_blocks_time():
-    from userbenchmark.maestro.core.analysis.activities import (
+    from userbenchmark.maestro.core.analysis.intervals import (
         KIND_KERNEL,
         KIND_MEMCPY,
         DeviceActivities,
@@ -278,7 +278,7 @@ def test_main_kernel_names_take_the_kernel_with_most_of_a_blocks_time():
 
 
 def _no_launches():
-    from userbenchmark.maestro.core.analysis.activities import LaunchCalls
+    from userbenchmark.maestro.core.analysis.intervals import LaunchCalls
 
     return LaunchCalls(
         correlation_id=np.zeros(0, np.int64),

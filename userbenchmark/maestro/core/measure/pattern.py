@@ -16,7 +16,7 @@ from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..analysis import fidelity
-from ..analysis.activities import main_kernel_names
+from ..analysis.intervals import main_kernel_names
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome
 from ..config.spec import PatternSpec

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.activities import (
+from ..analysis.intervals import (
     API_DRIVER,
     API_RUNTIME,
     KIND_KERNEL,
@@ -20,9 +20,9 @@ from ..analysis.activities import (
     Columns,
     DeviceActivities,
     LaunchCalls,
+    WindowTimings,
     check_lengths,
 )
-from ..analysis.intervals import WindowTimings
 
 # External id layout (63 bits, so every id is also a non-negative int64):
 #   bit 62: tag (marks an id as ours), bits 40..61: window, 24..39: block, 0..23: iteration.

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.activities import API_RUNTIME, DeviceActivities
-from ..analysis.intervals import WindowTimings
+from ..analysis.intervals import API_RUNTIME, DeviceActivities, WindowTimings
 from .attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,

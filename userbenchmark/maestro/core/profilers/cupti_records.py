@@ -9,7 +9,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
+from ..analysis.intervals import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
 from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
 
 # The CUPTI profiler's logger (both modules'): under "maestro", its lines get the rank prefix
