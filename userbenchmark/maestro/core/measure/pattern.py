@@ -15,9 +15,8 @@ from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
-from ..analysis import fidelity
 from ..analysis.intervals import main_kernel_names
-from ..analysis.outcome import Isolated, build_outcome
+from ..analysis.outcome import Isolated, build_outcome, with_fidelity
 from ..analysis.records import PatternOutcome
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
@@ -302,7 +301,7 @@ class PatternRun:
         )
         if self.steps is not None:
             kernels = main_kernel_names(self.timings.activities, len(self.names))
-            outcome = fidelity.with_fidelity(outcome, self.pattern, self.agg, self.steps, kernels)
+            outcome = with_fidelity(outcome, self.pattern, self.agg, self.steps, kernels)
         if self.timeline is not None:
             outcome = dataclasses.replace(outcome, timeline=self.timeline)
         return outcome

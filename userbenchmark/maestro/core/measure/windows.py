@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ..analysis import fidelity
+from ..analysis import outcome
 from ..analysis.aggregate import Reducer, WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings
 from ..analysis.records import RankTimeline, Timeline
@@ -144,5 +144,5 @@ def timeline(run: Any, timings: WindowTimings) -> Timeline | None:
 def rank_steps(run: Any, timings: WindowTimings) -> np.ndarray:
     """(world, iters): every rank's makespan per iteration (ns), on every rank."""
     place = run.rig.place
-    mine = fidelity.rank_steps(timings, place.rank, place.world_size)
+    mine = outcome.rank_steps(timings, place.rank, place.world_size)
     return reducer(run.rig.sync_group)(mine, "sum")
