@@ -97,7 +97,7 @@ class WindowAggregate:
         """(blocks,): the rank whose start was the latest in the most iterations (ties: the
         lowest rank); -1 where unknown (no shared clock, fewer than 2 ranks)."""
         world, vote = self.world_size, self.last_start_vote
-        known = ((self.start_hi != _I64.min) & (self.present_ranks >= 2)[:, None]).any(axis=1)
+        known = np.isfinite(self.start_skew_ns).any(axis=1)
         return np.where(known & (vote // world > 0), world - 1 - vote % world, -1).astype(np.int64)
 
     @property

@@ -150,7 +150,6 @@ def divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.n
 
 
 MIN_HEADROOM_FRACTION = 0.05
-"""Overlap efficiency is reported only when serial - ideal is at least this part of serial."""
 
 
 def overlap_efficiency(

@@ -60,8 +60,7 @@ def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
         raise ValueError(f"durations_ns contains negative values (min {arr_us.min()} ns)")
     arr_us /= 1e3  # our own copy
     n = arr_us.size
-    k50 = _nearest_rank_index(50.0, n)
-    k99 = _nearest_rank_index(99.0, n)
+    k50, k99 = (_nearest_rank_index(q, n) for q in (50.0, 99.0))
     part = np.partition(arr_us, [k50, k99])
     return LatencyStats(
         count=n,

@@ -74,8 +74,6 @@ def _as_int64(a: np.ndarray) -> np.ndarray:
 
 
 KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
-"""Kernel grid and block dims: fields of ActivityRecords as of CUPTI's kernel records."""
-_OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +97,7 @@ class ActivityRecords(Columns):
 
     def __post_init__(self) -> None:
         n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
-        for name in _OPTIONAL_FIELDS:
+        for name in ("device_id", "size_bytes", *KERNEL_DIMS):
             if getattr(self, name) is None:
                 dtype = np.int64 if name == "size_bytes" else np.int32
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
@@ -242,7 +240,6 @@ _PROBLEMS = {
 }
 """What keeps records (or cells) from being attributed, under AttributionError.counts' keys."""
 _BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete")
-"""Problems whose records are described by their kinds and streams."""
 
 
 def _raise_problems(

@@ -116,9 +116,8 @@ class CuptiProfiler(Profiler):
         buffer_size_bytes: int = BUFFER_SIZE_BYTES,
         parse: str = "auto",
     ) -> None:
-        ok, message = cupti_available()
-        if not ok:
-            raise RuntimeError(message)
+        if why := self.unusable():
+            raise RuntimeError(why)
         from cupti import cupti
 
         self._cupti = cupti
