@@ -199,9 +199,8 @@ def local_summary(
         **_instant_arrays(raw_starts, present, gate_open, shared_clock and timings.host_clock),
         "last_start_vote": np.zeros(num_blocks, dtype=np.int64),
     }
-    hidden = out.pop("cc_window")
     out["comm_hidden_by_rank_ns"] = np.zeros((2, max(world_size, 1)))
-    out["comm_hidden_by_rank_ns"][:, rank] = hidden
+    out["comm_hidden_by_rank_ns"][:, rank] = out.pop("cc_window")
     return WindowAggregate(world_size=world_size, **out)
 
 

@@ -492,8 +492,7 @@ def error_groups(
     groups: dict[str, list[float]] = {"overlapped a collective": [], "ran alone": []}
     for ratio_, overlap_ in zip(ratios, overlaps, strict=True):
         if math.isfinite(ratio_):
-            key = "overlapped a collective" if overlap_ else "ran alone"
-            groups[key].append(abs(ratio_ - 1))
+            groups["overlapped a collective" if overlap_ else "ran alone"].append(abs(ratio_ - 1))
     out = [
         ErrorGroup(
             name=name,
