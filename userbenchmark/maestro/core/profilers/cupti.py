@@ -184,20 +184,17 @@ class CuptiProfiler(Profiler):
                 self._pop_id(self._ext_kind)
             except Exception:
                 break
-        try:
-            import torch
+        import torch  # imported already: cupti_available() did
 
-            torch.cuda.synchronize()
-        except Exception as exc:  # a failed CUDA context must not hide the original error
-            logger.warning("cupti stop: synchronize failed: %s", exc)
         for step, call in (
+            ("synchronize", torch.cuda.synchronize),
             ("flush", lambda: self._cupti.activity_flush_all(self._flush_forced)),
             ("disable", self._disable),
             ("finalize", self._cupti.finalize),
         ):
             try:
                 call()
-            except Exception as exc:
+            except Exception as exc:  # a failed CUDA context must not hide the original error
                 logger.warning("cupti stop: %s failed: %s", step, exc)
         self._take()
         self._window_id = None
