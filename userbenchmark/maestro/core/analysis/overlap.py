@@ -80,10 +80,8 @@ def union_intersection_ns(
     sb, eb, _ = _intervals(starts_b, ends_b)
     if sa.shape[1] != sb.shape[1]:
         raise ValueError(f"num_iters differ: {sa.shape[1]} vs {sb.shape[1]}")
-    both_s = np.concatenate([sa, sb], axis=0)
-    both_e = np.concatenate([ea, eb], axis=0)
-    inter = _union_length(sa, ea) + _union_length(sb, eb) - _union_length(both_s, both_e)
-    return np.maximum(inter, 0)  # exact for ints; guards float rounding
+    both = _union_length(np.concatenate([sa, sb]), np.concatenate([ea, eb]))
+    return np.maximum(_union_length(sa, ea) + _union_length(sb, eb) - both, 0)  # float rounding
 
 
 def pairwise_overlap_mean(

@@ -101,9 +101,8 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host: begin_window,
-    push/pop around each enqueue, end_window. ``trace``: also names and API calls in
-    ``last_activities`` (parsing time: off otherwise)."""
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host; ``trace``: also
+    names and API calls in ``last_activities`` (parsing time: off otherwise)."""
 
     name = "cupti"
     times = "cuda"
