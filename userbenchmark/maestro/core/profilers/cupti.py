@@ -81,12 +81,10 @@ _DEVICE_WORK_API = re.compile(r"Launch|Memcpy|Memset")
 def api_record_filter(cupti: Any) -> str:
     """Keep API records only of the functions that enqueue device work; returns ``"launches"``,
     or ``"all"`` with why where this CUPTI cannot choose per function (cupti-python < 12.6)."""
-    tables = (
-        ("activity_enable_runtime_api", "runtime_api_trace_cbid"),
-        ("activity_enable_driver_api", "driver_api_trace_cbid"),
-    )
-    for enable_name, table_name in tables:
-        enable, table = getattr(cupti, enable_name, None), getattr(cupti, table_name, None)
+    for api in ("runtime", "driver"):
+        enable_name = f"activity_enable_{api}_api"
+        enable = getattr(cupti, enable_name, None)
+        table = getattr(cupti, f"{api}_api_trace_cbid", None)
         if enable is None or table is None:
             return f"all (this cupti-python has no {enable_name})"
         for member in table:

@@ -86,11 +86,8 @@ class _RecordParser:
             if names:
                 self._dtypes["api"] = cupti.activity_api_dtype
             for name, dtype in self._dtypes.items():
-                wanted = set(_FIELDS.get(name, ()))
-                if names:
-                    wanted |= set(_NAMED_FIELDS.get(name, ()))
-                missing = wanted - set(dtype.names)
-                if missing:
+                wanted = {*_FIELDS.get(name, ()), *(_NAMED_FIELDS.get(name, ()) if names else ())}
+                if missing := wanted - set(dtype.names):
                     raise KeyError(f"{name} record dtype lacks {sorted(missing)}")
         except (AttributeError, KeyError) as exc:
             self._fallback(f"record dtypes unusable: {exc}")
