@@ -203,11 +203,10 @@ class _Decoded:
         num_iters: int,
     ) -> None:
         num_blocks = present.shape[0]
-        ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
-        self.ext_id = ext_id
-        self.this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
-        self.block = block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
-        self.iteration = iteration = ext_id & (MAX_NUM_ITERS - 1)
+        self.ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
+        self.this_window = (self.ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
+        self.block = block = (self.ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
+        self.iteration = iteration = self.ext_id & (MAX_NUM_ITERS - 1)
         # Records of a block (not harness, not the gate) of this window, and of the gate's.
         self.mine = mine = self.this_window & (block < GATE_BLOCK)
         self.gate = gate = self.this_window & (block == GATE_BLOCK)

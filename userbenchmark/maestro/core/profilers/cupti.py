@@ -251,8 +251,7 @@ class CuptiProfiler(Profiler):
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        window_id = self._window_id
-        self._window_id = None
+        window_id, self._window_id = self._window_id, None
         self._flush()
         records, ext, named = self._take()
         with self._lock:
