@@ -185,9 +185,8 @@ def _kind_summary(kind: np.ndarray) -> str:
 
 
 def _shown(values: np.ndarray) -> str:
-    vals = values[:_SHOWN].tolist()
     more = "" if values.shape[0] <= _SHOWN else f", ... ({values.shape[0]} in all)"
-    return ", ".join(str(v) for v in vals) + more
+    return ", ".join(str(v) for v in values[:_SHOWN].tolist()) + more
 
 
 class _Decoded:
