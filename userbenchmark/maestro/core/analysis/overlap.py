@@ -195,9 +195,8 @@ def critical_path(
         return math.nan, ()
     finish = np.zeros(num)
     via = [-1] * num  # the predecessor that finishes last
-    graph = TopologicalSorter({i: predecessors[i] for i in range(num)})
     try:
-        for i in graph.static_order():
+        for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
             if predecessors[i]:
                 via[i] = max(predecessors[i], key=lambda j: finish[j])
             finish[i] = durations[i] + (finish[via[i]] if via[i] >= 0 else 0.0)
