@@ -207,7 +207,7 @@ def maestro_ratios(suite: Any, tmp: Path, iters: int) -> dict[str, dict[str, flo
 
 def report(gemms: list[dict[str, Any]], measured: dict, maestro: dict) -> str:
     """Per GEMM the ratio under each candidate, then per candidate how many are within 3 %."""
-    from userbenchmark.maestro.core.analysis.fidelity import kernel_mismatch
+    from userbenchmark.maestro.core.analysis.outcome import kernel_mismatch
 
     ratios: dict[str, list[float]] = defaultdict(list)
     rows, kernels = [], []

@@ -13,9 +13,8 @@ import pytest
 
 from bench.aggregate_scale import simulate_ranks
 from tests.hta_support import load_traces
-from userbenchmark.maestro.core.analysis.activities import API_DRIVER, API_RUNTIME
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
-from userbenchmark.maestro.core.analysis.intervals import WindowTimings
+from userbenchmark.maestro.core.analysis.intervals import API_DRIVER, API_RUNTIME, WindowTimings
 from userbenchmark.maestro.core.analysis.records import (
     BlockResult,
     PatternOutcome,

@@ -12,15 +12,16 @@ import pytest
 from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
-from userbenchmark.maestro.core.analysis.fidelity import (
+from userbenchmark.maestro.core.analysis.intervals import WindowTimings
+from userbenchmark.maestro.core.analysis.outcome import (
+    Isolated,
+    build_outcome,
     error_groups,
     kernel_mismatch,
     rank_steps,
     ratio,
     with_fidelity,
 )
-from userbenchmark.maestro.core.analysis.intervals import WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.output.results import results_of
 from userbenchmark.maestro.core.output.table import Tables, format_fidelity
@@ -248,7 +249,7 @@ def test_each_block_carries_its_kernel_beside_the_traced_one_in_table_and_files(
 
 
 def test_main_kernel_names_take_the_kernel_with_most_of_a_blocks_time():
-    from userbenchmark.maestro.core.analysis.activities import (
+    from userbenchmark.maestro.core.analysis.intervals import (
         KIND_KERNEL,
         KIND_MEMCPY,
         DeviceActivities,
@@ -278,7 +279,7 @@ def test_main_kernel_names_take_the_kernel_with_most_of_a_blocks_time():
 
 
 def _no_launches():
-    from userbenchmark.maestro.core.analysis.activities import LaunchCalls
+    from userbenchmark.maestro.core.analysis.intervals import LaunchCalls
 
     return LaunchCalls(
         correlation_id=np.zeros(0, np.int64),

@@ -19,21 +19,12 @@ Reducer = Callable[[np.ndarray, str], np.ndarray]
 dtype (float64 or int64) is kept."""
 
 _I64 = np.iinfo(np.int64)
-_UNKNOWN = {
-    ("max", np.float64): -np.inf,
-    ("min", np.float64): np.inf,
-    ("sum", np.float64): 0.0,
-    ("max", np.int64): _I64.min,
-    ("min", np.int64): _I64.max,
-}
-"""What a rank puts where it knows nothing: the identity of the reduction."""
 
 
-def reduced(op: str, *, exact: bool = False, raw: bool = False) -> Any:
+def reduced(op: str, *, exact: bool = False) -> Any:
     """A field the ranks combine with ``op``; ``exact``: int64 instants (else float64, where
-    an unknown max or min reads NaN once reduced); ``raw``: each rank's value is the
-    :class:`WindowTimings` field of the same name, per block (unknown where None or absent)."""
-    return field(metadata={"reduce": op, "dtype": np.int64 if exact else np.float64, "raw": raw})
+    an unknown max or min reads NaN once reduced)."""
+    return field(metadata={"reduce": op, "dtype": np.int64 if exact else np.float64})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +56,7 @@ class WindowAggregate:
     activity_sum: np.ndarray = reduced("sum")
     """(blocks,): device activities summed over the ranks that counted them (``counted_ranks``)."""
     counted_ranks: np.ndarray = reduced("sum")
-    kernel_ctas_max: np.ndarray = reduced("max", raw=True)
+    kernel_ctas_max: np.ndarray = reduced("max")
     """(blocks,): largest kernel grid (CTAs) of the block over ranks (NaN: not known)."""
     launch_avg_ns: np.ndarray = reduced("max")
     """(blocks,): host time in the block's ``launch``, mean over iterations (NaN: CPU lanes)."""
@@ -106,7 +97,7 @@ class WindowAggregate:
         """(blocks,): the rank whose start was the latest in the most iterations (ties: the
         lowest rank); -1 where unknown (no shared clock, fewer than 2 ranks)."""
         world, vote = self.world_size, self.last_start_vote
-        known = ((self.start_hi != _I64.min) & (self.present_ranks >= 2)[:, None]).any(axis=1)
+        known = np.isfinite(self.start_skew_ns).any(axis=1)
         return np.where(known & (vote // world > 0), world - 1 - vote % world, -1).astype(np.int64)
 
     @property
@@ -174,8 +165,8 @@ def local_summary(
     shared_clock: bool = False,
     host: HostTimings | None = None,
 ) -> WindowAggregate:
-    """This rank's summary before any reduction (unknown: :data:`_UNKNOWN`); ``host``: the lanes'
-    account of the window. ``shared_clock``: every rank runs on this host; ``lane_of_block`` -1:
+    """This rank's summary before any reduction (unknown: the reduction's identity); ``host``: the
+    lanes' account of the window. ``shared_clock``: every rank runs on this host; ``lane_of_block`` -1:
     a lane that waits for another (``after:``), left out of the lanes' first starts."""
     present = np.asarray(timings.present, dtype=bool)
     num_blocks, num_iters = timings.starts_ns.shape
@@ -199,20 +190,17 @@ def local_summary(
         if counted
         else np.zeros(num_blocks),
         "counted_ranks": (present & counted).astype(np.float64),
+        "kernel_ctas_max": np.full(num_blocks, -np.inf)
+        if timings.kernel_ctas_max is None
+        else np.where(present, timings.kernel_ctas_max, -np.inf),
         **_overlap_arrays(starts, ends, present, is_comm & present, is_compute & present),
         **_lane_arrays(starts, present, lane_of_block, gate_open, origin),
         **_host_arrays(host, present, num_blocks, num_iters),
         **_instant_arrays(raw_starts, present, gate_open, shared_clock and timings.host_clock),
         "last_start_vote": np.zeros(num_blocks, dtype=np.int64),
     }
-    hidden = out.pop("cc_window")
     out["comm_hidden_by_rank_ns"] = np.zeros((2, max(world_size, 1)))
-    out["comm_hidden_by_rank_ns"][:, rank] = hidden
-    for f in fields(WindowAggregate):
-        if f.metadata.get("raw"):
-            value, dtype = getattr(timings, f.name), f.metadata["dtype"]
-            unknown = np.full(num_blocks, _UNKNOWN[f.metadata["reduce"], dtype], dtype=dtype)
-            out[f.name] = unknown if value is None else np.where(present, value, unknown)
+    out["comm_hidden_by_rank_ns"][:, rank] = out.pop("cc_window")
     return WindowAggregate(world_size=world_size, **out)
 
 

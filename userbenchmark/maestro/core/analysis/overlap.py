@@ -80,10 +80,8 @@ def union_intersection_ns(
     sb, eb, _ = _intervals(starts_b, ends_b)
     if sa.shape[1] != sb.shape[1]:
         raise ValueError(f"num_iters differ: {sa.shape[1]} vs {sb.shape[1]}")
-    both_s = np.concatenate([sa, sb], axis=0)
-    both_e = np.concatenate([ea, eb], axis=0)
-    inter = _union_length(sa, ea) + _union_length(sb, eb) - _union_length(both_s, both_e)
-    return np.maximum(inter, 0)  # exact for ints; guards float rounding
+    both = _union_length(np.concatenate([sa, sb]), np.concatenate([ea, eb]))
+    return np.maximum(_union_length(sa, ea) + _union_length(sb, eb) - both, 0)  # float rounding
 
 
 def pairwise_overlap_mean(
@@ -150,7 +148,6 @@ def divided(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> float | np.n
 
 
 MIN_HEADROOM_FRACTION = 0.05
-"""Overlap efficiency is reported only when serial - ideal is at least this part of serial."""
 
 
 def overlap_efficiency(
@@ -198,9 +195,8 @@ def critical_path(
         return math.nan, ()
     finish = np.zeros(num)
     via = [-1] * num  # the predecessor that finishes last
-    graph = TopologicalSorter({i: predecessors[i] for i in range(num)})
     try:
-        for i in graph.static_order():
+        for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
             if predecessors[i]:
                 via[i] = max(predecessors[i], key=lambda j: finish[j])
             finish[i] = durations[i] + (finish[via[i]] if via[i] >= 0 else 0.0)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 if TYPE_CHECKING:
-    from .activities import DeviceActivities
+    from .intervals import DeviceActivities
 
 Direction = Literal["lower", "higher"]
 Domain = Literal["positive", "non_negative", "fraction", "finite"]

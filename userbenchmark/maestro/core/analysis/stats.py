@@ -60,8 +60,7 @@ def latency_stats(durations_ns: ArrayLike) -> LatencyStats:
         raise ValueError(f"durations_ns contains negative values (min {arr_us.min()} ns)")
     arr_us /= 1e3  # our own copy
     n = arr_us.size
-    k50 = _nearest_rank_index(50.0, n)
-    k99 = _nearest_rank_index(99.0, n)
+    k50, k99 = (_nearest_rank_index(q, n) for q in (50.0, 99.0))
     part = np.partition(arr_us, [k50, k99])
     return LatencyStats(
         count=n,
@@ -133,11 +132,10 @@ class Phase:
     of iterations (figures of one window keep their correlation), each resample's level moved by
     a drift drawn from the series' own (a slow wander the blocks miss)."""
 
-    def __init__(self, seed: int = 0, resamples: int = RESAMPLES) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self._seed = seed
-        self._resamples = resamples
         self._indices: dict[tuple[int, int], np.ndarray] = {}
-        self._shift = np.random.default_rng([seed, 0]).standard_normal(resamples)
+        self._shift = np.random.default_rng([seed, 0]).standard_normal(RESAMPLES)
 
     def indices(self, num_iters: int, length: int) -> np.ndarray:
         """(resamples, num_iters) indices: moving blocks of ``length``, seeded by (n, length)."""
@@ -145,9 +143,9 @@ class Phase:
         if key not in self._indices:
             rng = np.random.default_rng([self._seed, num_iters, length])
             count = -(-num_iters // length)
-            starts = rng.integers(0, num_iters - length + 1, size=(self._resamples, count))
+            starts = rng.integers(0, num_iters - length + 1, size=(RESAMPLES, count))
             blocks = starts[:, :, None] + np.arange(length)
-            self._indices[key] = blocks.reshape(self._resamples, -1)[:, :num_iters]
+            self._indices[key] = blocks.reshape(RESAMPLES, -1)[:, :num_iters]
         return self._indices[key]
 
     def resample(

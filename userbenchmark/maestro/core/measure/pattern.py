@@ -20,11 +20,9 @@ from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
-from ..analysis import fidelity
-from ..analysis.activities import main_kernel_names
 from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
-from ..analysis.intervals import HostTimings, WindowTimings
-from ..analysis.outcome import Isolated, build_outcome
+from ..analysis.intervals import HostTimings, WindowTimings, main_kernel_names
+from ..analysis.outcome import Isolated, build_outcome, rank_steps, with_fidelity
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
@@ -316,7 +314,7 @@ class PatternRun:
 
     def trace_steps(self) -> None:  # (world, iters): every rank's makespan per iteration (ns)
         place = self.rig.place
-        mine = fidelity.rank_steps(self.timings, place.rank, place.world_size)
+        mine = rank_steps(self.timings, place.rank, place.world_size)
         self.steps = reducer(self.rig.sync_group)(mine, "sum")
 
     def baseline(self) -> None:  # each block alone, for the pattern's iterations
@@ -408,7 +406,7 @@ class PatternRun:
         )
         if self.steps is not None:
             kernels = main_kernel_names(self.timings.activities, len(self.names))
-            outcome = fidelity.with_fidelity(outcome, self.pattern, self.agg, self.steps, kernels)
+            outcome = with_fidelity(outcome, self.pattern, self.agg, self.steps, kernels)
         if self.timeline is not None:
             outcome = dataclasses.replace(outcome, timeline=self.timeline)
         return outcome

@@ -13,8 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from tabulate import tabulate
 
-from ..analysis.fidelity import error_groups
-from ..analysis.outcome import MIN_ITERS_FOR_P99
+from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec

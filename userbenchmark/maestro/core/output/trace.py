@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import overlap
-from ..analysis.activities import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
+from ..analysis.intervals import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
 from ..analysis.records import BlockResult, PatternOutcome, RankTimeline, Timeline
 
 # The gap after a pattern: a fraction of its span (visible at any zoom), at least 10 µs.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.activities import (
+from ..analysis.intervals import (
     API_DRIVER,
     API_RUNTIME,
     KIND_KERNEL,
@@ -20,9 +20,9 @@ from ..analysis.activities import (
     Columns,
     DeviceActivities,
     LaunchCalls,
+    WindowTimings,
     check_lengths,
 )
-from ..analysis.intervals import WindowTimings
 
 # External id layout (63 bits, so every id is also a non-negative int64):
 #   bit 62: tag (marks an id as ours), bits 40..61: window, 24..39: block, 0..23: iteration.
@@ -74,8 +74,6 @@ def _as_int64(a: np.ndarray) -> np.ndarray:
 
 
 KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "xyz")
-"""Kernel grid and block dims: fields of ActivityRecords as of CUPTI's kernel records."""
-_OPTIONAL_FIELDS = ("device_id", "size_bytes", *KERNEL_DIMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +97,7 @@ class ActivityRecords(Columns):
 
     def __post_init__(self) -> None:
         n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
-        for name in _OPTIONAL_FIELDS:
+        for name in ("device_id", "size_bytes", *KERNEL_DIMS):
             if getattr(self, name) is None:
                 dtype = np.int64 if name == "size_bytes" else np.int32
                 object.__setattr__(self, name, np.zeros(n, dtype=dtype))
@@ -187,9 +185,8 @@ def _kind_summary(kind: np.ndarray) -> str:
 
 
 def _shown(values: np.ndarray) -> str:
-    vals = values[:_SHOWN].tolist()
     more = "" if values.shape[0] <= _SHOWN else f", ... ({values.shape[0]} in all)"
-    return ", ".join(str(v) for v in vals) + more
+    return ", ".join(str(v) for v in values[:_SHOWN].tolist()) + more
 
 
 class _Decoded:
@@ -205,11 +202,10 @@ class _Decoded:
         num_iters: int,
     ) -> None:
         num_blocks = present.shape[0]
-        ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
-        self.ext_id = ext_id
-        self.this_window = (ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
-        self.block = block = (ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
-        self.iteration = iteration = ext_id & (MAX_NUM_ITERS - 1)
+        self.ext_id, self.ambiguous = _lookup(records.correlation_id, ext_correlation)
+        self.this_window = (self.ext_id >> _WINDOW_SHIFT) == ((_TAG >> _WINDOW_SHIFT) | window_id)
+        self.block = block = (self.ext_id >> _BLOCK_SHIFT) & HARNESS_BLOCK
+        self.iteration = iteration = self.ext_id & (MAX_NUM_ITERS - 1)
         # Records of a block (not harness, not the gate) of this window, and of the gate's.
         self.mine = mine = self.this_window & (block < GATE_BLOCK)
         self.gate = gate = self.this_window & (block == GATE_BLOCK)
@@ -242,7 +238,6 @@ _PROBLEMS = {
 }
 """What keeps records (or cells) from being attributed, under AttributionError.counts' keys."""
 _BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete")
-"""Problems whose records are described by their kinds and streams."""
 
 
 def _raise_problems(

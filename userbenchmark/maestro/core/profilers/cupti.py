@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.activities import API_RUNTIME, DeviceActivities
-from ..analysis.intervals import WindowTimings
+from ..analysis.intervals import API_RUNTIME, DeviceActivities, WindowTimings
 from .attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
@@ -82,12 +81,10 @@ _DEVICE_WORK_API = re.compile(r"Launch|Memcpy|Memset")
 def api_record_filter(cupti: Any) -> str:
     """Keep API records only of the functions that enqueue device work; returns ``"launches"``,
     or ``"all"`` with why where this CUPTI cannot choose per function (cupti-python < 12.6)."""
-    tables = (
-        ("activity_enable_runtime_api", "runtime_api_trace_cbid"),
-        ("activity_enable_driver_api", "driver_api_trace_cbid"),
-    )
-    for enable_name, table_name in tables:
-        enable, table = getattr(cupti, enable_name, None), getattr(cupti, table_name, None)
+    for api in ("runtime", "driver"):
+        enable_name = f"activity_enable_{api}_api"
+        enable = getattr(cupti, enable_name, None)
+        table = getattr(cupti, f"{api}_api_trace_cbid", None)
         if enable is None or table is None:
             return f"all (this cupti-python has no {enable_name})"
         for member in table:
@@ -102,9 +99,8 @@ def api_record_filter(cupti: Any) -> str:
 
 
 class CuptiProfiler(Profiler):
-    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host: begin_window,
-    push/pop around each enqueue, end_window. ``trace``: also names and API calls in
-    ``last_activities`` (parsing time: off otherwise)."""
+    """Device timestamps per (block, iteration), CLOCK_REALTIME ns of this host; ``trace``: also
+    names and API calls in ``last_activities`` (parsing time: off otherwise)."""
 
     name = "cupti"
     times = "cuda"
@@ -117,9 +113,8 @@ class CuptiProfiler(Profiler):
         buffer_size_bytes: int = BUFFER_SIZE_BYTES,
         parse: str = "auto",
     ) -> None:
-        ok, message = cupti_available()
-        if not ok:
-            raise RuntimeError(message)
+        if why := self.unusable():
+            raise RuntimeError(why)
         from cupti import cupti
 
         self._cupti = cupti
@@ -186,20 +181,17 @@ class CuptiProfiler(Profiler):
                 self._pop_id(self._ext_kind)
             except Exception:
                 break
-        try:
-            import torch
+        import torch  # imported already: cupti_available() did
 
-            torch.cuda.synchronize()
-        except Exception as exc:  # a failed CUDA context must not hide the original error
-            logger.warning("cupti stop: synchronize failed: %s", exc)
         for step, call in (
+            ("synchronize", torch.cuda.synchronize),
             ("flush", lambda: self._cupti.activity_flush_all(self._flush_forced)),
             ("disable", self._disable),
             ("finalize", self._cupti.finalize),
         ):
             try:
                 call()
-            except Exception as exc:
+            except Exception as exc:  # a failed CUDA context must not hide the original error
                 logger.warning("cupti stop: %s failed: %s", step, exc)
         self._take()
         self._window_id = None
@@ -259,8 +251,7 @@ class CuptiProfiler(Profiler):
             if self._shape is None:
                 raise ValueError("end_window needs num_blocks and num_iters")
             num_blocks, num_iters = self._shape
-        window_id = self._window_id
-        self._window_id = None
+        window_id, self._window_id = self._window_id, None
         self._flush()
         records, ext, named = self._take()
         with self._lock:

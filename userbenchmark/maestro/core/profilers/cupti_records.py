@@ -9,7 +9,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..analysis.activities import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
+from ..analysis.intervals import API_DRIVER, API_RUNTIME, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET
 from .attribution import KERNEL_DIMS, ActivityRecords, ApiRecords, ExternalCorrelation
 
 # The CUPTI profiler's logger (both modules'): under "maestro", its lines get the rank prefix
@@ -86,11 +86,8 @@ class _RecordParser:
             if names:
                 self._dtypes["api"] = cupti.activity_api_dtype
             for name, dtype in self._dtypes.items():
-                wanted = set(_FIELDS.get(name, ()))
-                if names:
-                    wanted |= set(_NAMED_FIELDS.get(name, ()))
-                missing = wanted - set(dtype.names)
-                if missing:
+                wanted = {*_FIELDS.get(name, ()), *(_NAMED_FIELDS.get(name, ()) if names else ())}
+                if missing := wanted - set(dtype.names):
                     raise KeyError(f"{name} record dtype lacks {sorted(missing)}")
         except (AttributeError, KeyError) as exc:
             self._fallback(f"record dtypes unusable: {exc}")
@@ -102,11 +99,10 @@ class _RecordParser:
         self._to_verify = 0
 
     def _intern(self, name: str) -> int:
-        index = self._name_ids.get(name)
-        if index is None:
-            index = self._name_ids[name] = len(self.names)
+        if name not in self._name_ids:
+            self._name_ids[name] = len(self.names)
             self.names.append(name)
-        return index
+        return self._name_ids[name]
 
     def _interned(self, names: list[str]) -> np.ndarray:
         return np.array([self._intern(n) for n in names], dtype=np.int32).reshape(-1)
@@ -183,7 +179,6 @@ class _RecordParser:
             return mem[at[:, None] + np.arange(dtype.itemsize)].copy().view(dtype)[:, 0]
 
         out = {}
-        named = self.keep_names
         for name, code in self.codes.items():
             recs = gather(self._dtypes[name], offsets[kinds == code])
             if name == "ext":
@@ -191,16 +186,14 @@ class _RecordParser:
             target = np.uint64 if name == "ext" else np.int64
             # Per field first: stacking uint64 with int32 columns would promote to float64.
             out[name] = np.stack([recs[f].astype(target) for f in _FIELDS[name]], axis=1)
-            if not named:
-                continue
-            if name == "kernel":
+            if self.keep_names and name == "kernel":
                 # The name is a pointer into CUPTI's memory: read through the record object.
                 which = np.flatnonzero(kinds == code).tolist()
                 out["kernel_name"] = self._interned([_kernel_name(activities[i]) for i in which])
-            elif name in _NAMERS:
+            elif self.keep_names and name in _NAMERS:
                 codes = np.stack([recs[f].astype(np.int64) for f in _NAMED_FIELDS[name]], axis=1)
                 out[f"{name}_name"] = self._names_of_codes(codes, _NAMERS[name])
-        if named:  # RUNTIME and DRIVER records share one layout; in record order
+        if self.keep_names:  # RUNTIME and DRIVER records share one layout; in record order
             is_api = np.isin(kinds, list(self.api_codes))
             recs = gather(self._dtypes["api"], offsets[is_api])
             cols = [recs[f].astype(np.int64) for f in _NAMED_FIELDS["api"]]

@@ -57,8 +57,7 @@ def resolve_profiler(requested: str, *, on_cuda: bool, backend: str = "auto") ->
             f"--profiler {requested} times CPU lanes; on CUDA (backend nccl) it would time the "
             f"enqueue, not the GPU work: use --profiler {_alternatives('cuda')}"
         )
-    why = chosen.unusable()
-    if why:
+    if why := chosen.unusable():
         other = next(p for p in fitting if p is not chosen)
         raise OptionError(
             f"--profiler {requested} cannot run: {why}; or use --profiler {other.name} (or auto, "
