@@ -284,14 +284,12 @@ def format_compare_table(result: CompareResult) -> str:
     text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
+    harness = sum(not j.decides for j in result.judgements)
     others = (
         (len(result.nan_in_a) + len(result.nan_in_b), "NaN on one side"),
         (len(result.only_a), "only in A"),
         (len(result.only_b), "only in B"),
-        (
-            sum(not j.decides for j in result.judgements),
-            "harness diagnostics (shown, deciding nothing)",
-        ),
+        (harness, "harness diagnostics (shown, deciding nothing)"),
     )
     counts += [f"{n} {what}" for n, what in others if n]
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]

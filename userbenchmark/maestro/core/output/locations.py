@@ -158,9 +158,7 @@ def prepare_output_locations(
             _remove_temporaries(metrics)
             metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
-        if lock_fd is not None:
-            assert out is not None
-            _unlock(out, lock_fd)
+        PreparedOutputs(out, None, lock_fd, None).close()  # the lock only: no name was reserved
         raise
     return PreparedOutputs(out, metrics_path, lock_fd, reservation)
 

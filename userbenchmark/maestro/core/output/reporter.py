@@ -28,7 +28,7 @@ from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from .table import Tables
-from .writer import OutputWriter
+from .writer import MISSING_MATPLOTLIB, OutputWriter, matplotlib_available
 
 log = logging.getLogger("maestro")
 
@@ -263,8 +263,6 @@ class Reporter:
     @staticmethod
     def check(options: RunOptions) -> None:
         """OptionError for a file this machine cannot write (``--plot`` without matplotlib)."""
-        from .writer import MISSING_MATPLOTLIB, matplotlib_available
-
         if options.plot and not matplotlib_available():
             raise OptionError(MISSING_MATPLOTLIB)
 

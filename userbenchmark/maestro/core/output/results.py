@@ -269,12 +269,10 @@ def _csv_value(text: str, dtype: str) -> Any:
         return text == "true"
     if dtype == _FLOAT:
         return float(text)  # CSV: repr text reads back to the same float
-    if dtype == _INT:
-        try:
-            return int(text)
-        except ValueError:
-            return float(text)
-    return text
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:

@@ -85,14 +85,9 @@ class Placement:
         ]
 
 
-def place_patterns(
-    outcomes: Sequence[PatternOutcome],
-    *,
-    launches: bool = False,
-    whole_us: bool = False,
-) -> Iterator[Placement]:
-    """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
-    a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
+def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> Iterator[Placement]:
+    """Every outcome whose timeline some rank ran, each after the previous one (``hta``, for the
+    rank files: a rank's extent includes its CUDA launch calls, each pattern on a whole µs)."""
     start_us, lanes = 0.0, {}
     for outcome in outcomes:
         timeline = outcome.timeline
@@ -101,7 +96,7 @@ def place_patterns(
             continue
         for lane in timeline.block_lanes:
             lanes.setdefault(lane, len(lanes))
-        bounds = [iteration_bounds(*row, launches) for row in rows]
+        bounds = [iteration_bounds(*row, hta) for row in rows]
         extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
@@ -111,7 +106,7 @@ def place_patterns(
         span_us = max(p.hi_ns - p.origin_ns for p in parts) / 1000.0
         gap_us = max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us)
         next_us = start_us + (span_us + gap_us)
-        if whole_us:
+        if hta:
             next_us = float(math.ceil(next_us))
         yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)
         start_us = next_us
@@ -465,7 +460,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     backend = next((t.backend for t in timelines if t.backend), "unknown")
     files = {rank: _RankFile(rank) for rank in range(world_size)}
     step, end_us = 0, 0.0
-    for place in place_patterns(outcomes, launches=True, whole_us=True):
+    for place in place_patterns(outcomes, hta=True):
         for part in place.parts:
             _PatternOnRank(files[part.rt.rank], place, part).write(step)
         step += place.parts[0].starts.shape[1]
