@@ -441,8 +441,7 @@ def _geometric(
         or not isinstance(factor, int | float)
         or not 1 < factor < math.inf  # not math.isfinite: an int past float range is fine
     ):
-        message = f"factor must be a number greater than 1, got {_show(factor)}"
-        found.append((("factor",), message))
+        found.append((("factor",), f"factor must be a number greater than 1, got {_show(factor)}"))
     if found:
         return (), ()
     try:
@@ -504,8 +503,7 @@ def num_points(variables: Sequence[SweepVariable]) -> int:
 
 def sweep_points(variables: Sequence[SweepVariable]) -> Iterator[Point]:
     """Each point as (name, value, label) triples; the first variable varies slowest."""
-    columns = (zip(v.values, v.labels, strict=True) for v in variables)
-    for combo in itertools.product(*columns):
+    for combo in itertools.product(*(zip(v.values, v.labels, strict=True) for v in variables)):
         yield tuple((v.name, *pair) for v, pair in zip(variables, combo, strict=True))
 
 

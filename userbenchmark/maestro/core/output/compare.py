@@ -347,8 +347,7 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]
         patterns = {f"{k.suite}/{k.pattern}" for k in parsed}
-        blocks = {f"{k.suite}/{k.pattern}/{k.block}" for k in parsed if k.block}
-        return patterns, blocks
+        return patterns, {f"{k.suite}/{k.pattern}/{k.block}" for k in parsed if k.block}
 
     (pa, ba), (pb, bb) = units(a), units(b)
     lost = pa - pb

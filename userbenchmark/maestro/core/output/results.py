@@ -305,8 +305,7 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
     extra = [n for _, row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
         # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
-        cells = (row.get(name) for _, row in rows)
-        frame[name] = np.fromiter(cells, dtype=object, count=len(rows))
+        frame[name] = np.fromiter((row.get(name) for _, row in rows), dtype=object, count=len(rows))
     return frame
 
 

@@ -104,8 +104,7 @@ def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> 
             for (rt, s, e, p), (lo, hi) in zip(rows, extents, strict=True)
         )
         span_us = max(p.hi_ns - p.origin_ns for p in parts) / 1000.0
-        gap_us = max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us)
-        next_us = start_us + (span_us + gap_us)
+        next_us = start_us + (span_us + max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us))
         if hta:
             next_us = float(math.ceil(next_us))
         yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)

@@ -138,8 +138,7 @@ def median_makespan_iteration(timeline: Timeline) -> int | None:
         return None
     num_iters = min(len(m) for m in per_rank)
     makespans = np.max(np.stack([m[:num_iters] for m in per_rank]), axis=0)
-    order = np.argsort(makespans, kind="stable")
-    return int(order[(num_iters - 1) // 2])
+    return int(np.argsort(makespans, kind="stable")[(num_iters - 1) // 2])
 
 
 def _block_colors(names: Sequence[str]) -> dict[str, Any]:
@@ -165,8 +164,7 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
         for b in blocks:
             left_us = (int(starts[b, it]) - origin_ns) / 1000.0
             width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-            color = colors[timeline.block_names[b]]
-            ax.barh(y, width_us, left=left_us, color=color, **_BAR_STYLE)
+            ax.barh(y, width_us, left=left_us, color=colors[timeline.block_names[b]], **_BAR_STYLE)
     ax.set_yticks(range(len(rows)), [f"rank {arrays[0].rank} · {lane}" for arrays, lane, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time since the rank's first start in this iteration (µs)")
