@@ -66,7 +66,6 @@ class AxisDraft:
     valid: bool = True
 
     def spec(self) -> AxisSpec:
-        """The AxisSpec of an axis whose teams are known."""
         assert self.teams is not None
         return AxisSpec(
             name=self.name,

@@ -122,17 +122,16 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     timeout_s = p.get(data, "", "timeout_s", p.number, **limits, why=TIMEOUT_WHY)
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
-    defaults = dict(DEFAULT_VALUES)
     raw_defaults = data.get("defaults", {})
-    if isinstance(raw_defaults, dict):
-        p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "in defaults")
-        defaults = check_settings(p, raw_defaults, "defaults", defaults)
-    else:
+    if not isinstance(raw_defaults, dict):
         p.add(
             "defaults",
             f"defaults must be a mapping with keys {choices(DEFAULT_KEYS)}, "
             f"got {p.show('defaults', raw_defaults)}",
         )
+        raw_defaults = {}
+    p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "in defaults")
+    defaults = check_settings(p, raw_defaults, "defaults", DEFAULT_VALUES)
     axes = check_axes(p, data, world_size)
     patterns = check_patterns(p, data, defaults, axes, ops)
     if p:

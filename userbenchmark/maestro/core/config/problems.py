@@ -85,8 +85,7 @@ class Problems:
 
     def __init__(self, file: str, like: Problems | None = None) -> None:
         self.file = file
-        self.items: list[tuple[str, str, int | None]] = []
-        """(YAML path, message, line)."""
+        self.items: list[tuple[str, str, int | None]] = []  # (YAML path, message, line)
         self.lines: dict[str, int] = like.lines if like is not None else {}
         """{YAML path: 1-based line}; the first occurrence wins (shared with ``like``'s)."""
         self.written: dict[str, tuple[str, Any]] = like.written if like is not None else {}

@@ -163,9 +163,7 @@ class PatternSpec:
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
     predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
-    """:func:`predecessors` of the blocks, computed with the spec."""
     issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    """:func:`issue_order` of the blocks, computed with the spec."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "predecessors", predecessors(self.blocks))

@@ -79,7 +79,6 @@ class CompareResult:
 
     @property
     def regressions(self) -> tuple[Judgement, ...]:
-        """What regressed, of the verdicts that decide (not the harness's, unless asked)."""
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
     def count(self, verdict: str) -> int:

@@ -228,7 +228,6 @@ class Progress:
             self._printed_width = 0
 
     def close(self) -> None:
-        """End the line with a newline if anything was drawn; later calls do nothing."""
         if self._closed:
             return
         self._closed = True

@@ -76,7 +76,6 @@ class Placement:
         return self.start_us + (t_ns - part.origin_ns) / 1000.0
 
     def block_args(self, rank: int) -> list[dict[str, Any]]:
-        """What every event of each block carries first: its pattern, name, op, lane, rank."""
         ops = {b.block: b.op for b in self.outcome.blocks}
         t = self.timeline
         return [
@@ -122,7 +121,6 @@ class TraceEvents:
         self._threads: set[tuple[int, int]] = set()
 
     def process(self, pid: int, name: str, sort_index: int) -> int:
-        """``pid``, named and ordered on its first use."""
         if pid not in self._processes:
             self._processes.add(pid)
             self._meta("process_name", pid, 0, {"name": name})
@@ -130,7 +128,6 @@ class TraceEvents:
         return pid
 
     def thread(self, pid: int, tid: int, name: str) -> int:
-        """``tid`` of ``pid``, named (and ordered by tid) on its first use."""
         if (pid, tid) not in self._threads:
             self._threads.add((pid, tid))
             self._meta("thread_name", pid, tid, {"name": name})
@@ -318,7 +315,6 @@ class _PatternOnRank:
         return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:
-        """The pattern's span and one ProfilerStep per iteration on the host's step track."""
         part, pattern = self.part, self.timeline.pattern
         pid = self.f.host()
         args = {"pattern": pattern, "rank": self.f.rank, "clock": part.rt.clock}
@@ -332,7 +328,6 @@ class _PatternOnRank:
             self.slice(name, "user_annotation", pid, STEP_TID, int(s[it]), end, args)
 
     def cpu_blocks(self) -> None:
-        """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
             lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
@@ -408,7 +403,6 @@ class _PatternOnRank:
             self.slice(name, "gpu_user_annotation", pid, stream, int(first[g]), int(last[g]), args)
 
     def overlap(self) -> None:
-        """Add this pattern's communication time, and what compute hid of it, to the file's."""
         categories, present = self.timeline.block_categories, self.part.present
         comm = np.array([c == "comm" for c in categories], dtype=bool)
         compute = np.array([c == "compute" for c in categories], dtype=bool)
