@@ -47,12 +47,6 @@ def show(value: Any) -> str:
     return _clip(text)
 
 
-def _bound(value: float) -> str:
-    if float(value).is_integer() and abs(value) < 1e16:
-        return str(int(value))
-    return f"{value:g}"
-
-
 def _clip(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -196,7 +190,8 @@ class Problems:
         else:
             return True
         reason = f" ({reason})" if reason else ""
-        self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
+        shown = str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
+        self.add(path, f"must be at {word} {shown}, got {self.show(path, value)}{reason}")
         return False
 
     def boolean(self, value: Any, path: str) -> bool | None:

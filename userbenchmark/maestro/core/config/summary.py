@@ -79,13 +79,11 @@ def _teams(axis: AxisSpec) -> str:
 
 
 def _axis_options(axis: AxisSpec) -> str:
-    parts = []
-    if axis.like:
-        parts.append(f"like {axis.like}")
-    if axis.priority != "normal":
-        parts.append(f"priority {axis.priority}")
-    if axis.nccl:
-        parts.append("nccl " + " ".join(f"{k}={_value(v)}" for k, v in axis.nccl.items()))
+    parts = [f"like {axis.like}"] if axis.like else []
+    parts += [f"priority {axis.priority}"] if axis.priority != "normal" else []
+    parts += (
+        ["nccl " + " ".join(f"{k}={_value(v)}" for k, v in axis.nccl.items())] if axis.nccl else []
+    )
     return "; ".join(parts)
 
 

@@ -28,7 +28,7 @@ from ..analysis.records import PatternOutcome
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from .table import Tables
-from .writer import MISSING_MATPLOTLIB, OutputWriter, matplotlib_available
+from .writer import OutputWriter
 
 log = logging.getLogger("maestro")
 
@@ -262,6 +262,8 @@ class Reporter:
     @staticmethod
     def check(options: RunOptions) -> None:
         """OptionError for a file this machine cannot write (``--plot`` without matplotlib)."""
+        from .writer import MISSING_MATPLOTLIB, matplotlib_available
+
         if options.plot and not matplotlib_available():
             raise OptionError(MISSING_MATPLOTLIB)
 
