@@ -330,7 +330,6 @@ def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
 
 
 def _axis_env(raw: Any, path: str, p: Problems, axis: str) -> None:
-    """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
     nccl = sorted(k for k in env if k.startswith("NCCL_"))
     why_nccl = (

@@ -334,9 +334,7 @@ def _fmt(reading: Reading) -> str:
 
 
 def _fmt_change(change: float, absolute: bool) -> str:
-    if math.isinf(change):
-        return "+inf" if change > 0 else "-inf"
-    if absolute:
+    if absolute or math.isinf(change):  # an infinite change prints as +inf or -inf, no %
         return f"{change:+.4g}"
     return f"{change * 100:+.2f}%" if abs(change) < 100 else f"{change * 100:+.3g}%"
 

@@ -150,22 +150,20 @@ def prepare_output_locations(
     """Check, create and claim the run's output locations (OptionError naming the option,
     path and reason): the output folder locked, an earlier run's files moved aside, a killed
     run's temporaries removed, a metrics name reserved (docs/reliability.md)."""
-    now = now or _dt.datetime.now()
-    stamp = now.strftime("%Y%m%d%H%M%S")
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d%H%M%S")
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
     metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
-    lock_fd = None if out is None else _lock(out)
-    metrics_path = reservation = None
+    prepared = PreparedOutputs(out, None, None if out is None else _lock(out), None)
     try:
         if out is not None:
             _move_aside(out, stamp)
         if metrics is not None:
             _remove_temporaries(metrics)
-            metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
+            prepared.metrics_path, prepared._reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
-        PreparedOutputs(out, None, lock_fd, None).close()  # the lock only: no name was reserved
+        prepared.close()
         raise
-    return PreparedOutputs(out, metrics_path, lock_fd, reservation)
+    return prepared
 
 
 def check_output_file(

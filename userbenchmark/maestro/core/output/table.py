@@ -40,9 +40,7 @@ def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
     value_us = float(value_us)
     if math.isnan(value_us):
         return "n/a"
-    if math.isinf(value_us):
-        return "inf" if value_us > 0 else "-inf"
-    value = value_us / LATENCY_UNIT_SCALE_US[unit]
+    value = value_us / LATENCY_UNIT_SCALE_US[unit]  # infinite: prints as inf or -inf below
     text = f"{value:.{precision}f}"
     if value == 0.0 or float(text) != 0.0:
         return text
