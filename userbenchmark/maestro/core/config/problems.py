@@ -37,10 +37,8 @@ def index(path: str, i: int) -> str:
 
 def show(value: Any) -> str:
     """A parsed value for a message (see :meth:`Problems.show` for the text as written)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     text = repr(value)
     if len(text) > 60 and isinstance(value, dict | list):
         return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
