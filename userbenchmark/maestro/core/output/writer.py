@@ -4,6 +4,7 @@ meanwhile, and the plots (matplotlib, optional, imported only to draw on an Agg 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -109,8 +110,6 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 def matplotlib_available() -> bool:
     """Whether ``--plot`` can work (checked before a run starts)."""
-    import importlib.util
-
     try:
         return importlib.util.find_spec("matplotlib") is not None
     except (ImportError, ValueError):  # a broken or None entry in sys.modules
