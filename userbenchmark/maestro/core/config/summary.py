@@ -101,12 +101,11 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
     declared = {p.name: p for p in getattr(cls, "params", ())}
-    kinds = {name: p.kind for name, p in declared.items()}
     hidden = {
         n for n, p in declared.items() if not p.described_at_default and p.default is not None
     }
     parts = (
-        f"{k}={_value(v, kinds.get(k, ''))}"
+        f"{k}={_value(v, declared[k].kind if k in declared else '')}"
         for k, v in params.items()
         if v is not None and not (k in hidden and v == declared[k].default)
     )
