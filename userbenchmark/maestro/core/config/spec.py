@@ -60,10 +60,6 @@ class AxisSpec:
         """Ranks per team (all teams of an axis have this size)."""
         return len(self.teams[0])
 
-    @property
-    def num_teams(self) -> int:
-        return len(self.teams)
-
     def team_of(self, rank: int) -> tuple[int, ...] | None:
         """The team holding ``rank``, or None when the rank is in no team of this axis."""
         return next((team for team in self.teams if rank in team), None)

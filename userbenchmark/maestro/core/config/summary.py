@@ -74,7 +74,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _teams(axis: AxisSpec) -> str:
     shown = " ".join(f"[{_ranks(team)}]" for team in axis.teams[:_MAX_TEAMS_SHOWN])
-    more = axis.num_teams - _MAX_TEAMS_SHOWN
+    more = len(axis.teams) - _MAX_TEAMS_SHOWN
     return shown + (f" ... and {more} more" if more > 0 else "")
 
 
@@ -168,9 +168,8 @@ def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
 
 
 def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
-    """A readable summary of a validated suite, what ``validate`` prints on success; with
-    ``import_ops=False`` (for a suite loaded that way) no custom op is imported: their work and
-    bytes show as ``?``."""
+    """What ``validate`` prints for a valid suite; with ``import_ops=False`` (for a suite loaded
+    that way) no custom op is imported: their work and bytes show as ``?``."""
     lines = [
         f"suite {suite.name}: {suite.source}",
         f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "
@@ -180,7 +179,7 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in suite.env.items()))
     lines += ["", f"axes ({len(suite.axes)}):"]
     rows = [
-        [a.name, f"{a.num_teams} x {a.team_size}", _teams(a), _axis_options(a)]
+        [a.name, f"{len(a.teams)} x {a.team_size}", _teams(a), _axis_options(a)]
         for a in suite.axes.values()
     ]
     lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")

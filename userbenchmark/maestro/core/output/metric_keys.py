@@ -105,9 +105,7 @@ class MetricKey:
 
     @property
     def level(self) -> Level:
-        if self.pair is not None:
-            return "pair"
-        return "pattern" if self.block is None else "block"
+        return "pair" if self.pair is not None else "pattern" if self.block is None else "block"
 
 
 def check_name(part: NamePart, value: object) -> str:

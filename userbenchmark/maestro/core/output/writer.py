@@ -246,9 +246,8 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """``plot-<pattern>.png``, characters unsafe in file names replaced by ``_``, suffixed
-    ``-2``, ``-3``... when taken (a@b and a_b sanitise alike and must not overwrite each
-    other); records it in ``used``."""
+    """``plot-<pattern>.png`` with unsafe characters as ``_``, suffixed ``-2``, ``-3``... when
+    taken in ``used`` (a@b and a_b sanitise alike), and recorded there."""
     stem = "plot-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern")
     name, n = f"{stem}.png", 2
     while name in used:
