@@ -81,8 +81,7 @@ class _File:
     defaults: dict[str, Any]
     axes: dict[str, AxisDraft]
     ops: OpResolver
-    homes: dict[str, list[str]]
-    """{block name as written: the names of the patterns that have a block of that name}."""
+    homes: dict[str, list[str]]  # block name as written -> the patterns with a block of that name
 
 
 def check_patterns(
@@ -321,8 +320,7 @@ MAX_SWEEP_POINTS: Final = 10_000
 
 RelPath = tuple[Any, ...]
 Problem = tuple[RelPath, str]
-Point = tuple[tuple[str, Any, str], ...]
-"""One sweep point: a (variable, value, label) triple per variable."""
+Point = tuple[tuple[str, Any, str], ...]  # one sweep point: (variable, value, label) per variable
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
