@@ -67,13 +67,7 @@ def check_settings(
         "graph": p.boolean,
         "register_buffers": p.boolean,
     }
-    settings = dict(base)
-    for key in DEFAULT_KEYS:
-        if key in raw:
-            value = checks[key](raw[key], join(path, key))
-            if value is not None:
-                settings[key] = value
-    return settings
+    return base | {k: v for k in DEFAULT_KEYS if (v := p.get(raw, path, k, checks[k])) is not None}
 
 
 @dataclass(frozen=True)
