@@ -101,7 +101,7 @@ def with_op_params(suite: Any, op: str, params: dict[str, Any]) -> str:
     """The one-pattern ``suite`` as a pattern file, each block of ``op`` with ``params`` added."""
     import dataclasses
 
-    from userbenchmark.maestro.core.config.dumper import dump_suite
+    from userbenchmark.maestro.core.config.loader import dump_suite
 
     pattern = suite.patterns[0]
     blocks = tuple(

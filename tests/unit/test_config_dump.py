@@ -12,8 +12,14 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.config.dumper import dump_suite, flow, scalar
-from userbenchmark.maestro.core.config.loader import load_suite, load_suite_text, shipped_configs
+from userbenchmark.maestro.core.config.loader import (
+    dump_suite,
+    flow,
+    load_suite,
+    load_suite_text,
+    scalar,
+    shipped_configs,
+)
 from userbenchmark.maestro.core.config.spec import SuiteSpec
 from userbenchmark.maestro.errors import ConfigError
 

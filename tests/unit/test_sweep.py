@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from userbenchmark.maestro.core.config.sweep import (
+from userbenchmark.maestro.core.config.patterns import (
     MAX_SWEEP_POINTS,
     SweepVariable,
     check_references,

@@ -1,6 +1,6 @@
 """The imported pattern as a SuiteSpec, and its file: a header of comments saying where every
 number came from, what was approximated and what share of the step's GPU time was kept, then
-the suite written by maestro's own dumper (core/config/dumper.py)."""
+the suite written by maestro's own dumper (core/config/loader.py's dump_suite)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.analysis.overlap import union_intersection_ns
-from ..core.config.dumper import dump_suite
+from ..core.config.loader import dump_suite
 from ..core.config.patterns import DEFAULT_VALUES
 from ..core.config.spec import (
     WORLD_AXIS,

@@ -4,7 +4,6 @@ what it could still build, so one run reports every problem."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import re
@@ -43,13 +42,9 @@ def mesh_teams(shape: Sequence[int], dim: int) -> tuple[tuple[int, ...], ...]:
     """DeviceMesh teams of dimension ``dim``: ranks row-major over ``shape``, each team the ranks
     differing only along ``dim``; ``mesh_teams([2, 2], 1) == ((0, 1), (2, 3))``, and dim 0 gives
     ``((0, 2), (1, 3))``."""
-    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-    others = [i for i in range(len(shape)) if i != dim]
-    teams = []
-    for idx in itertools.product(*(range(shape[i]) for i in others)):
-        base = sum(j * strides[i] for i, j in zip(others, idx, strict=True))
-        teams.append(tuple(base + j * strides[dim] for j in range(shape[dim])))
-    return tuple(teams)
+    step, degree = math.prod(shape[dim + 1 :]), shape[dim]
+    firsts = (r for r in range(math.prod(shape)) if r // step % degree == 0)  # ascending
+    return tuple(tuple(range(first, first + step * degree, step)) for first in firsts)
 
 
 @dataclass
@@ -66,7 +61,6 @@ class AxisDraft:
     valid: bool = True
 
     def spec(self) -> AxisSpec:
-        """The AxisSpec of an axis whose teams are known."""
         assert self.teams is not None
         return AxisSpec(
             name=self.name,
@@ -331,7 +325,6 @@ def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
 
 
 def _axis_env(raw: Any, path: str, p: Problems, axis: str) -> None:
-    """Accept a per-axis env but warn: it cannot be applied (values are process-wide)."""
     env = check_env(p, raw, path)
     nccl = sorted(k for k in env if k.startswith("NCCL_"))
     why_nccl = (

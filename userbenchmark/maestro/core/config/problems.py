@@ -37,20 +37,12 @@ def index(path: str, i: int) -> str:
 
 def show(value: Any) -> str:
     """A parsed value for a message (see :meth:`Problems.show` for the text as written)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     text = repr(value)
     if len(text) > 60 and isinstance(value, dict | list):
         return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
     return _clip(text)
-
-
-def _bound(value: float) -> str:
-    if float(value).is_integer() and abs(value) < 1e16:
-        return str(int(value))
-    return f"{value:g}"
 
 
 def _clip(text: str) -> str:
@@ -85,8 +77,7 @@ class Problems:
 
     def __init__(self, file: str, like: Problems | None = None) -> None:
         self.file = file
-        self.items: list[tuple[str, str, int | None]] = []
-        """(YAML path, message, line)."""
+        self.items: list[tuple[str, str, int | None]] = []  # (YAML path, message, line)
         self.lines: dict[str, int] = like.lines if like is not None else {}
         """{YAML path: 1-based line}; the first occurrence wins (shared with ``like``'s)."""
         self.written: dict[str, tuple[str, Any]] = like.written if like is not None else {}
@@ -197,7 +188,8 @@ class Problems:
         else:
             return True
         reason = f" ({reason})" if reason else ""
-        self.add(path, f"must be at {word} {_bound(bound)}, got {self.show(path, value)}{reason}")
+        shown = str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
+        self.add(path, f"must be at {word} {shown}, got {self.show(path, value)}{reason}")
         return False
 
     def boolean(self, value: Any, path: str) -> bool | None:

@@ -26,8 +26,7 @@ _EXAMPLES: Final = "such as 4096, 64K, 1.5MiB or 2G (K/M/G/T are powers of 1024)
 
 def parse_size(value: object) -> int:
     """Bytes of ``value``: an int (bytes), a whole float, or a string such as "4M" or "1.5KiB";
-    ValueError saying which rule failed (not a size, not positive, not whole bytes, or larger than
-    any machine's address space)."""
+    ValueError saying which rule failed."""
     if isinstance(value, bool):
         raise ValueError(f"expected a size {_EXAMPLES}, got a boolean ({str(value).lower()})")
     if isinstance(value, int):

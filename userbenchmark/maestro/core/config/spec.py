@@ -60,10 +60,6 @@ class AxisSpec:
         """Ranks per team (all teams of an axis have this size)."""
         return len(self.teams[0])
 
-    @property
-    def num_teams(self) -> int:
-        return len(self.teams)
-
     def team_of(self, rank: int) -> tuple[int, ...] | None:
         """The team holding ``rank``, or None when the rank is in no team of this axis."""
         return next((team for team in self.teams if rank in team), None)
@@ -163,9 +159,7 @@ class PatternSpec:
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
     predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
-    """:func:`predecessors` of the blocks, computed with the spec."""
     issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    """:func:`issue_order` of the blocks, computed with the spec."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "predecessors", predecessors(self.blocks))

@@ -74,18 +74,16 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _teams(axis: AxisSpec) -> str:
     shown = " ".join(f"[{_ranks(team)}]" for team in axis.teams[:_MAX_TEAMS_SHOWN])
-    more = axis.num_teams - _MAX_TEAMS_SHOWN
+    more = len(axis.teams) - _MAX_TEAMS_SHOWN
     return shown + (f" ... and {more} more" if more > 0 else "")
 
 
 def _axis_options(axis: AxisSpec) -> str:
-    parts = []
-    if axis.like:
-        parts.append(f"like {axis.like}")
-    if axis.priority != "normal":
-        parts.append(f"priority {axis.priority}")
-    if axis.nccl:
-        parts.append("nccl " + " ".join(f"{k}={_value(v)}" for k, v in axis.nccl.items()))
+    parts = [f"like {axis.like}"] if axis.like else []
+    parts += [f"priority {axis.priority}"] if axis.priority != "normal" else []
+    parts += (
+        ["nccl " + " ".join(f"{k}={_value(v)}" for k, v in axis.nccl.items())] if axis.nccl else []
+    )
     return "; ".join(parts)
 
 
@@ -103,12 +101,11 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     """A block's parameters as the file spells them (``size=4M reduce_op=sum``,
     ``m=4096 n=2048 k=1024 tf32=false``): what it measured, after any ``--max-size`` cap."""
     declared = {p.name: p for p in getattr(cls, "params", ())}
-    kinds = {name: p.kind for name, p in declared.items()}
     hidden = {
         n for n, p in declared.items() if not p.described_at_default and p.default is not None
     }
     parts = (
-        f"{k}={_value(v, kinds.get(k, ''))}"
+        f"{k}={_value(v, declared[k].kind if k in declared else '')}"
         for k, v in params.items()
         if v is not None and not (k in hidden and v == declared[k].default)
     )
@@ -171,9 +168,8 @@ def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
 
 
 def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
-    """A readable summary of a validated suite, what ``validate`` prints on success; with
-    ``import_ops=False`` (for a suite loaded that way) no custom op is imported: their work and
-    bytes show as ``?``."""
+    """What ``validate`` prints for a valid suite; with ``import_ops=False`` (for a suite loaded
+    that way) no custom op is imported: their work and bytes show as ``?``."""
     lines = [
         f"suite {suite.name}: {suite.source}",
         f"world size {suite.world_size}, timeout {suite.timeout_s:g} s, "
@@ -183,7 +179,7 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in suite.env.items()))
     lines += ["", f"axes ({len(suite.axes)}):"]
     rows = [
-        [a.name, f"{a.num_teams} x {a.team_size}", _teams(a), _axis_options(a)]
+        [a.name, f"{len(a.teams)} x {a.team_size}", _teams(a), _axis_options(a)]
         for a in suite.axes.values()
     ]
     lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")

@@ -79,7 +79,6 @@ class CompareResult:
 
     @property
     def regressions(self) -> tuple[Judgement, ...]:
-        """What regressed, of the verdicts that decide (not the harness's, unless asked)."""
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
     def count(self, verdict: str) -> int:
@@ -284,14 +283,12 @@ def format_compare_table(result: CompareResult) -> str:
     text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
     verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
     counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
+    harness = sum(not j.decides for j in result.judgements)
     others = (
         (len(result.nan_in_a) + len(result.nan_in_b), "NaN on one side"),
         (len(result.only_a), "only in A"),
         (len(result.only_b), "only in B"),
-        (
-            sum(not j.decides for j in result.judgements),
-            "harness diagnostics (shown, deciding nothing)",
-        ),
+        (harness, "harness diagnostics (shown, deciding nothing)"),
     )
     counts += [f"{n} {what}" for n, what in others if n]
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
@@ -337,9 +334,7 @@ def _fmt(reading: Reading) -> str:
 
 
 def _fmt_change(change: float, absolute: bool) -> str:
-    if math.isinf(change):
-        return "+inf" if change > 0 else "-inf"
-    if absolute:
+    if absolute or math.isinf(change):  # an infinite change prints as +inf or -inf, no %
         return f"{change:+.4g}"
     return f"{change * 100:+.2f}%" if abs(change) < 100 else f"{change * 100:+.3g}%"
 
@@ -349,8 +344,7 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]
         patterns = {f"{k.suite}/{k.pattern}" for k in parsed}
-        blocks = {f"{k.suite}/{k.pattern}/{k.block}" for k in parsed if k.block}
-        return patterns, blocks
+        return patterns, {f"{k.suite}/{k.pattern}/{k.block}" for k in parsed if k.block}
 
     (pa, ba), (pb, bb) = units(a), units(b)
     lost = pa - pb

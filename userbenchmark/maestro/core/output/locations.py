@@ -126,7 +126,12 @@ class PreparedOutputs:
             unlink_quietly(self._reservation)
             self._reservation = None
         if self._lock_fd is not None and self.output_dir is not None:
-            _unlock(self.output_dir, self._lock_fd)
+            # The lock file goes while still held, then the lock: a run that opened the file
+            # meanwhile finds, once it holds the lock, that the name no longer leads to it.
+            lock = self.output_dir / LOCK_NAME
+            if _same_file(os.fstat(self._lock_fd), lock, follow=False):
+                unlink_quietly(lock)
+            os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
     def __enter__(self) -> PreparedOutputs:
@@ -145,24 +150,20 @@ def prepare_output_locations(
     """Check, create and claim the run's output locations (OptionError naming the option,
     path and reason): the output folder locked, an earlier run's files moved aside, a killed
     run's temporaries removed, a metrics name reserved (docs/reliability.md)."""
-    now = now or _dt.datetime.now()
-    stamp = now.strftime("%Y%m%d%H%M%S")
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d%H%M%S")
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
     metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
-    lock_fd = None if out is None else _lock(out)
-    metrics_path = reservation = None
+    prepared = PreparedOutputs(out, None, None if out is None else _lock(out), None)
     try:
         if out is not None:
             _move_aside(out, stamp)
         if metrics is not None:
             _remove_temporaries(metrics)
-            metrics_path, reservation = _reserve_metrics_name(metrics, stamp)
+            prepared.metrics_path, prepared._reservation = _reserve_metrics_name(metrics, stamp)
     except BaseException:
-        if lock_fd is not None:
-            assert out is not None
-            _unlock(out, lock_fd)
+        prepared.close()
         raise
-    return PreparedOutputs(out, metrics_path, lock_fd, reservation)
+    return prepared
 
 
 def check_output_file(
@@ -200,18 +201,15 @@ def check_output_file(
     for source in inputs:
         if st is not None and _same_file(st, source):
             raise OptionError(f"{where}: is {os.fspath(source)}, an input of this command")
-    if _METRICS_NAME.fullmatch(target.name) or _in_run_folder(target):
+    named = target.name in MAESTRO_OUTPUT_NAMES or target.match(_PLOT_GLOB)
+    in_run_folder = named and any(os.path.lexists(target.parent / m) for m in _RUN_MARKERS)
+    if _METRICS_NAME.fullmatch(target.name) or in_run_folder:
         raise OptionError(f"{where}: is a file of a maestro run; name another file")
     if target.suffix.lower() not in suffixes:
         raise OptionError(
             f"{where}: writes {writes}: name a file ending in {' or '.join(suffixes)}"
         )
     return target
-
-
-def _in_run_folder(path: Path) -> bool:
-    named = path.name in MAESTRO_OUTPUT_NAMES or path.match(_PLOT_GLOB)
-    return named and any(os.path.lexists(path.parent / m) for m in _RUN_MARKERS)
 
 
 def metrics_folder(options: RunOptions) -> Path | None:
@@ -292,14 +290,6 @@ def _lock(folder: Path) -> int | None:
             return fd
         os.close(fd)  # the run that held it removed the file as it ended: take a new one
     raise OptionError(f"--output-dir {folder}: {LOCK_NAME} keeps changing; is a run starting?")
-
-
-def _unlock(folder: Path, fd: int) -> None:
-    """Remove the lock file while still holding it, then release it: a run that opened the
-    file meanwhile finds, once it holds the lock, that the name no longer leads to it."""
-    if _same_file(os.fstat(fd), folder / LOCK_NAME, follow=False):
-        unlink_quietly(folder / LOCK_NAME)
-    os.close(fd)  # releases the flock
 
 
 def _planted(folder: Path, name: str) -> str:

@@ -80,9 +80,8 @@ def split_bound(metric: str) -> tuple[str, int | None]:
 def spec_of(metric: str) -> MetricSpec:
     """The spec of a known metric; for another name (a newer version's), one inferred from its
     unit: ``_us`` lower is better, ``_gbps`` and ``tflops`` higher, otherwise descriptive."""
-    known = METRICS.get(metric)
-    if known is not None:
-        return known
+    if metric in METRICS:
+        return METRICS[metric]
     higher = metric.endswith(("_gbps", "tflops"))
     direction: Direction | None = (
         "lower" if metric.endswith("_us") else "higher" if higher else None
@@ -106,9 +105,7 @@ class MetricKey:
 
     @property
     def level(self) -> Level:
-        if self.pair is not None:
-            return "pair"
-        return "pattern" if self.block is None else "block"
+        return "pair" if self.pair is not None else "pattern" if self.block is None else "block"
 
 
 def check_name(part: NamePart, value: object) -> str:

@@ -35,9 +35,7 @@ log = logging.getLogger("maestro")
 RUN_SETTINGS: Final = ("backend", "profiler", "world_size", "num_hosts", "ranks_per_gpu",
                        "max_size_bytes", "iters_override", "warmup_iters_override",
                        "graph_override")  # fmt: skip
-"""Run-wide measurement settings (environ keys)."""
 SETTING_PREFIXES: Final = ("pattern.", "block.")
-"""Per-pattern and per-block measurement settings (environ keys with these prefixes)."""
 STACK: Final = {"maestro_version": "maestro", "pytorch_version": "torch", "cuda_version": "CUDA",
                 "nccl_version": "NCCL", "cupti_python_version": "cupti-python",
                 "device": "device"}  # fmt: skip
@@ -228,7 +226,6 @@ class Progress:
             self._printed_width = 0
 
     def close(self) -> None:
-        """End the line with a newline if anything was drawn; later calls do nothing."""
         if self._closed:
             return
         self._closed = True

@@ -85,10 +85,8 @@ class Results:
 def _column(values: Sequence[Any], dtype: str) -> Any:
     if dtype == _FLOAT:
         return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
-    if dtype == _INT:
-        return pd.array([None if v is None else int(v) for v in values], dtype=_INT)
-    if dtype == _BOOL:
-        return pd.array([None if v is None else bool(v) for v in values], dtype=_BOOL)
+    if dtype in (_INT, _BOOL):
+        return pd.array([None if v is None else _PLAIN[dtype][0](v) for v in values], dtype=dtype)
     return pd.array(list(values), dtype=_STR)
 
 
@@ -180,12 +178,9 @@ def _parse_int(text: str) -> int:
 
 def describe(value: Any, limit: int = 60) -> str:
     """A short, safe description of a JSON value for an error message (never a deep repr)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    if value is None:
-        return "null"
+    for kind, text in ((dict, "an object"), (list, "a list"), (type(None), "null")):
+        if isinstance(value, kind):
+            return text
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
         return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
     text = repr(value[: limit + 1] if isinstance(value, str) else value)
@@ -269,12 +264,10 @@ def _csv_value(text: str, dtype: str) -> Any:
         return text == "true"
     if dtype == _FLOAT:
         return float(text)  # CSV: repr text reads back to the same float
-    if dtype == _INT:
-        try:
-            return int(text)
-        except ValueError:
-            return float(text)
-    return text
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
@@ -307,8 +300,7 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
     extra = [n for _, row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
         # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
-        cells = (row.get(name) for _, row in rows)
-        frame[name] = np.fromiter(cells, dtype=object, count=len(rows))
+        frame[name] = np.fromiter((row.get(name) for _, row in rows), dtype=object, count=len(rows))
     return frame
 
 

@@ -39,9 +39,7 @@ def format_in_unit(value_us: float, unit: str, precision: int = 2) -> str:
     value_us = float(value_us)
     if math.isnan(value_us):
         return "n/a"
-    if math.isinf(value_us):
-        return "inf" if value_us > 0 else "-inf"
-    value = value_us / LATENCY_UNIT_SCALE_US[unit]
+    value = value_us / LATENCY_UNIT_SCALE_US[unit]  # infinite: prints as inf or -inf below
     text = f"{value:.{precision}f}"
     if value == 0.0 or float(text) != 0.0:
         return text
@@ -143,18 +141,16 @@ def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[s
         # Running at the same time is not sharing nothing: the slowdowns beside each pair say
         # whether the two took turns (two GEMMs on all SMs overlap 1.0 and slow down 2x).
         slowdown = {b.block: _num(b.slowdown, 2) for b in outcome.blocks}
-        shown = pairs  # in block order; when too many, those that ran together most
+        shown, more = pairs, ""  # in block order; when too many, those that ran together most
         if len(pairs) > MAX_PAIRS_SHOWN:
             shown = sorted(pairs, key=lambda pair: -np.nan_to_num(pair.pairwise_overlap))
+            more = f"; {len(pairs) - MAX_PAIRS_SHOWN} more pairs in pairs.json"
         text = ", ".join(
             f"{'∩'.join(pair.blocks)} {_num(pair.pairwise_overlap, 2)} "
             f"({', '.join(slowdown[name] for name in pair.blocks)})"
             for pair in shown[:MAX_PAIRS_SHOWN]
         )
-        more = len(pairs) - MAX_PAIRS_SHOWN
-        if more > 0:
-            text += f"; {more} more pairs in pairs.json"
-        lines.append(f"ran together (both running / shorter block; their slowdowns): {text}")
+        lines.append(f"ran together (both running / shorter block; their slowdowns): {text}{more}")
     return lines
 
 

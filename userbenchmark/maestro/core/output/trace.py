@@ -76,7 +76,6 @@ class Placement:
         return self.start_us + (t_ns - part.origin_ns) / 1000.0
 
     def block_args(self, rank: int) -> list[dict[str, Any]]:
-        """What every event of each block carries first: its pattern, name, op, lane, rank."""
         ops = {b.block: b.op for b in self.outcome.blocks}
         t = self.timeline
         return [
@@ -85,14 +84,9 @@ class Placement:
         ]
 
 
-def place_patterns(
-    outcomes: Sequence[PatternOutcome],
-    *,
-    launches: bool = False,
-    whole_us: bool = False,
-) -> Iterator[Placement]:
-    """Every outcome whose timeline some rank ran, each after the previous one (``launches``:
-    a rank's extent includes its CUDA launch calls; ``whole_us``: on a whole microsecond)."""
+def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> Iterator[Placement]:
+    """Every outcome whose timeline some rank ran, each after the previous one (``hta``, for the
+    rank files: a rank's extent includes its CUDA launch calls, each pattern on a whole µs)."""
     start_us, lanes = 0.0, {}
     for outcome in outcomes:
         timeline = outcome.timeline
@@ -101,7 +95,7 @@ def place_patterns(
             continue
         for lane in timeline.block_lanes:
             lanes.setdefault(lane, len(lanes))
-        bounds = [iteration_bounds(*row, launches) for row in rows]
+        bounds = [iteration_bounds(*row, hta) for row in rows]
         extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
@@ -109,9 +103,8 @@ def place_patterns(
             for (rt, s, e, p), (lo, hi) in zip(rows, extents, strict=True)
         )
         span_us = max(p.hi_ns - p.origin_ns for p in parts) / 1000.0
-        gap_us = max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us)
-        next_us = start_us + (span_us + gap_us)
-        if whole_us:
+        next_us = start_us + (span_us + max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us))
+        if hta:
             next_us = float(math.ceil(next_us))
         yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)
         start_us = next_us
@@ -128,7 +121,6 @@ class TraceEvents:
         self._threads: set[tuple[int, int]] = set()
 
     def process(self, pid: int, name: str, sort_index: int) -> int:
-        """``pid``, named and ordered on its first use."""
         if pid not in self._processes:
             self._processes.add(pid)
             self._meta("process_name", pid, 0, {"name": name})
@@ -136,7 +128,6 @@ class TraceEvents:
         return pid
 
     def thread(self, pid: int, tid: int, name: str) -> int:
-        """``tid`` of ``pid``, named (and ordered by tid) on its first use."""
         if (pid, tid) not in self._threads:
             self._threads.add((pid, tid))
             self._meta("thread_name", pid, tid, {"name": name})
@@ -324,7 +315,6 @@ class _PatternOnRank:
         return {**more, **self.block_args[int(b)], "pattern_iteration": int(it)}
 
     def steps(self, first_step: int) -> None:
-        """The pattern's span and one ProfilerStep per iteration on the host's step track."""
         part, pattern = self.part, self.timeline.pattern
         pid = self.f.host()
         args = {"pattern": pattern, "rank": self.f.rank, "clock": part.rt.clock}
@@ -338,7 +328,6 @@ class _PatternOnRank:
             self.slice(name, "user_annotation", pid, STEP_TID, int(s[it]), end, args)
 
     def cpu_blocks(self) -> None:
-        """Each (block, iteration) as a CPU user annotation on its lane's host track."""
         part = self.part
         for b in np.flatnonzero(part.present).tolist():
             lane, name = self.timeline.block_lanes[b], self.timeline.block_names[b]
@@ -414,7 +403,6 @@ class _PatternOnRank:
             self.slice(name, "gpu_user_annotation", pid, stream, int(first[g]), int(last[g]), args)
 
     def overlap(self) -> None:
-        """Add this pattern's communication time, and what compute hid of it, to the file's."""
         categories, present = self.timeline.block_categories, self.part.present
         comm = np.array([c == "comm" for c in categories], dtype=bool)
         compute = np.array([c == "compute" for c in categories], dtype=bool)
@@ -465,7 +453,7 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     backend = next((t.backend for t in timelines if t.backend), "unknown")
     files = {rank: _RankFile(rank) for rank in range(world_size)}
     step, end_us = 0, 0.0
-    for place in place_patterns(outcomes, launches=True, whole_us=True):
+    for place in place_patterns(outcomes, hta=True):
         for part in place.parts:
             _PatternOnRank(files[part.rt.rank], place, part).write(step)
         step += place.parts[0].starts.shape[1]

@@ -4,6 +4,7 @@ meanwhile, and the plots (matplotlib, optional, imported only to draw on an Agg 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -109,8 +110,6 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 def matplotlib_available() -> bool:
     """Whether ``--plot`` can work (checked before a run starts)."""
-    import importlib.util
-
     try:
         return importlib.util.find_spec("matplotlib") is not None
     except (ImportError, ValueError):  # a broken or None entry in sys.modules
@@ -138,8 +137,7 @@ def median_makespan_iteration(timeline: Timeline) -> int | None:
         return None
     num_iters = min(len(m) for m in per_rank)
     makespans = np.max(np.stack([m[:num_iters] for m in per_rank]), axis=0)
-    order = np.argsort(makespans, kind="stable")
-    return int(order[(num_iters - 1) // 2])
+    return int(np.argsort(makespans, kind="stable")[(num_iters - 1) // 2])
 
 
 def _block_colors(names: Sequence[str]) -> dict[str, Any]:
@@ -165,8 +163,7 @@ def _draw_timeline(ax: Any, timeline: Timeline | None, colors: dict[str, Any]) -
         for b in blocks:
             left_us = (int(starts[b, it]) - origin_ns) / 1000.0
             width_us = (int(ends[b, it]) - int(starts[b, it])) / 1000.0
-            color = colors[timeline.block_names[b]]
-            ax.barh(y, width_us, left=left_us, color=color, **_BAR_STYLE)
+            ax.barh(y, width_us, left=left_us, color=colors[timeline.block_names[b]], **_BAR_STYLE)
     ax.set_yticks(range(len(rows)), [f"rank {arrays[0].rank} · {lane}" for arrays, lane, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time since the rank's first start in this iteration (µs)")
@@ -249,9 +246,8 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def unique_plot_name(pattern: str, used: set[str]) -> str:
-    """``plot-<pattern>.png``, characters unsafe in file names replaced by ``_``, suffixed
-    ``-2``, ``-3``... when taken (a@b and a_b sanitise alike and must not overwrite each
-    other); records it in ``used``."""
+    """``plot-<pattern>.png`` with unsafe characters as ``_``, suffixed ``-2``, ``-3``... when
+    taken in ``used`` (a@b and a_b sanitise alike), and recorded there."""
     stem = "plot-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", pattern).strip("._") or "pattern")
     name, n = f"{stem}.png", 2
     while name in used:

@@ -92,7 +92,7 @@ class Communicators:
             if self.rank in team:
                 mine = group
         self._groups[axis.name] = mine
-        log.debug("axis %s: %d team(s) of %d", axis.name, axis.num_teams, axis.team_size)
+        log.debug("axis %s: %d team(s) of %d", axis.name, len(axis.teams), axis.team_size)
 
     def gate_group(self) -> Any:
         """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
