@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -108,9 +108,8 @@ def _check_calls(
             missing = sorted(team - ranks)
             if missing:
                 desc = f"{group.desc} {list(group.ranks)}" if group else key[1]
-                counts = ", ".join(
-                    f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
-                )
+                calls = Counter(r for (r, _), own in keys.items() for k in own if k[:2] == key[:2])
+                counts = ", ".join(f"rank {r}: {calls[r]}" for r in sorted(team) if r in steps)
                 lacking = ", ".join(map(str, missing))
                 which = f"; rank(s) {lacking} lack the call of sequence number {key[2]}"
                 raise TraceError(
@@ -124,12 +123,6 @@ def _check_calls(
                 f"but rank {dst} receives from rank {src} fewer times in this step: the files "
                 "are not one run's step"
             )
-
-
-def _count(keys: dict, rank: int, kind: str, group: str) -> int:
-    return sum(
-        1 for (r, _), own in keys.items() if r == rank for k in own if k[:2] == (kind, group)
-    )
 
 
 def build_pattern_blocks(
@@ -284,13 +277,8 @@ def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]
 
 def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
     """The transfers as disjoint rings (each rank sends once and receives once), or None."""
-    nxt: dict[int, int] = {}
-    prev: dict[int, int] = {}
-    for a, b in edges:
-        if a in nxt or b in prev:
-            return None
-        nxt[a], prev[b] = b, a
-    if set(nxt) != set(prev):
+    nxt, prev = {a: b for a, b in edges}, {b: a for a, b in edges}
+    if not len(nxt) == len(prev) == len(edges) or set(nxt) != set(prev):
         return None
     rings, seen = [], set()
     for start in sorted(nxt):

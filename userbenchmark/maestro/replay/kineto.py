@@ -159,12 +159,10 @@ class _Stream:
         self.path = path
         self.buf = ""
         self.pos = 0
-        self.eof = False
         self.decoder = json.JSONDecoder()
 
     def _fill(self) -> bool:
         more = self.handle.read(CHUNK_CHARS)
-        self.eof = not more
         if more:
             self.buf, self.pos = self.buf[self.pos :] + more, 0
         return bool(more)
@@ -196,14 +194,14 @@ class _Stream:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as err:
-                if self.eof or not self._fill():
+                if not self._fill():
                     raise TraceError(
                         f"{self.path}: not valid JSON ({err.msg} near character "
                         f"{err.pos}); the file may be cut short"
                     ) from None
                 continue
             cut = end == len(self.buf) and not isinstance(value, dict | list)
-            if cut and not self.eof and self._fill():
+            if cut and self._fill():
                 continue  # a number or literal may go on in the next chunk: decode it again
             self.pos = end
             return value
@@ -216,28 +214,22 @@ def _walk(stream: _Stream, on_key: Callable[[str, Any], None], on_event: Callabl
             f"{stream.path}: not a torch.profiler (Kineto) trace: the file is not a JSON object"
         )
     stream.expect("{")
-    if stream.peek() == "}":
-        stream.expect("}")
-        return
-    while True:
+    done = stream.peek() == "}" and stream.expect("}")
+    while not done:
         key = stream.value()
         stream.expect(":")
         if key == "traceEvents":
             stream.expect("[")
-            if stream.peek() != "]":
-                while True:
-                    event = stream.value()
-                    if isinstance(event, dict):
-                        on_event(event)
-                    if stream.expect(",]") == "]":
-                        break
-            else:
-                stream.expect("]")
+            ended = stream.peek() == "]" and stream.expect("]")
+            while not ended:
+                event = stream.value()
+                if isinstance(event, dict):
+                    on_event(event)
+                ended = stream.expect(",]") == "]"
             on_key(key, None)
         else:
             on_key(key, stream.value())
-        if stream.expect(",}") == "}":
-            return
+        done = stream.expect(",}") == "}"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -267,13 +259,12 @@ class _Collector:
     def event(self, ev: dict[str, Any]) -> None:
         self.t.num_events += 1
         cat = ev.get("cat")
-        if ev.get("ph") != "X" or not isinstance(cat, str):
+        handler = _HANDLERS.get(cat) if ev.get("ph") == "X" and isinstance(cat, str) else None
+        if handler is None:
             return
-        handler = _HANDLERS.get(cat)
-        self.saw_kineto |= handler is not None and cat not in ("user_annotation", "cuda_sync")
+        self.saw_kineto |= cat not in ("user_annotation", "cuda_sync")
         try:
-            if handler is not None:
-                handler(self, ev, ev.get("args") or {})
+            handler(self, ev, ev.get("args") or {})
         except (KeyError, TypeError, ValueError) as err:
             name = ev.get("name", "?")
             raise TraceError(
@@ -367,14 +358,9 @@ class _Collector:
         self.t.activities.append(Activity(corr, stream, ts, end, self.intern(str(ev["name"]))))
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.t.syncs.append(
-            SyncEvent(
-                kind=self.intern(str(args.get("cuda_sync_kind") or ev["name"])),
-                stream=int(args.get("stream", -1)),
-                corr=int(args.get("correlation", -1)),
-                ts=self.time(ev, "ts"),
-            )
-        )
+        kind = self.intern(str(args.get("cuda_sync_kind") or ev["name"]))
+        stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
+        self.t.syncs.append(SyncEvent(kind, stream, corr, self.time(ev, "ts")))
 
     def top_level(self, key: str, value: Any) -> None:
         """A key of the file's top-level object (``traceEvents`` was walked by then)."""

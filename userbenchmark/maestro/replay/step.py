@@ -412,10 +412,10 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
 def _p2p(item: Item, records: tuple[CommRecord, ...]) -> None:
     for rec in records:
         item.dtype, elem, _ = maestro_dtype(rec.dtype)
-        ranks = rec.group_ranks
         peer = rec.peer if rec.peer is not None else -1
-        glob = ranks[peer] if ranks and 0 <= peer < len(ranks) else peer
+        glob = rec.group_ranks[peer] if 0 <= peer < len(rec.group_ranks) else peer
+        transfer = ((glob, rec.in_nelems * elem),)
         if rec.name == "send":
-            item.sends += ((glob, rec.in_nelems * elem),)
+            item.sends += transfer
         else:
-            item.recvs += ((glob, rec.in_nelems * elem),)
+            item.recvs += transfer
