@@ -315,27 +315,18 @@ def _pair_blocks(
         else:
             units.extend(((e,), _carriers([e], carrier)) for e in directed)
     groups: list[tuple[list, list[RoleBlock]]] = []
-    for directed, members in units:
-        if not any(_joined(group, directed, members) for group in groups):
+    for directed, members in units:  # joins the first group it shares no rank or role call with
+        ranks = set(itertools.chain(*directed))
+        for group_edges, group_members in groups:
+            fresh = [rb for rb in members if rb not in group_members]
+            roles = {rb.role.number for rb in group_members} & {rb.role.number for rb in fresh}
+            if not ranks & set(itertools.chain(*group_edges)) and not roles:
+                group_edges.extend(directed)
+                group_members.extend(fresh)
+                break
+        else:
             groups.append((list(directed), list(members)))
     return [_send_recv_block(e, m, edges, family, dtype) for e, m in groups]
-
-
-def _joined(
-    group: tuple[list, list[RoleBlock]], directed: Sequence[tuple[int, int]], members: list
-) -> bool:
-    """Add the transfers ``directed`` and their ``members`` to ``group`` when they share no
-    rank with it and bring no role call it already has; whether they were added."""
-    group_edges, group_members = group
-    ranks = {r for e in directed for r in e}
-    used = {r for e in group_edges for r in e}
-    roles = {rb.role.number for rb in group_members}
-    fresh = [rb for rb in members if rb not in group_members]
-    if ranks & used or roles & {rb.role.number for rb in fresh}:
-        return False
-    group_edges.extend(directed)
-    group_members.extend(fresh)
-    return True
 
 
 def _carriers(

@@ -69,11 +69,9 @@ def infer(step: RankStep) -> Dependencies:
     index = _Index(step)
     after: dict[int, set[int]] = defaultdict(set)
     if step.trace.syncs:  # recorded with sync events (a step may have no stream wait)
-        unresolved = _from_sync_events(step, index, after)
-        method = "sync events"
+        method, unresolved = "sync events", _from_sync_events(step, index, after)
     else:
-        unresolved = _from_timeline(index, after)
-        method = "timeline"
+        method, unresolved = "timeline", _from_timeline(index, after)
     _from_host_syncs(step, index, after)
     frozen = {dst: frozenset(srcs) for dst, srcs in after.items() if srcs}
     return Dependencies(after=frozen, method=method, unresolved=unresolved)

@@ -48,7 +48,6 @@ class _Axes:
 
     def __init__(self, axes: GroupAxes, world_size: int) -> None:
         self.known: dict[str, Teams] = dict(axes.teams)
-        self.mesh = axes.mesh
         self.world = tuple(range(world_size))
         self.taken = set(self.known) | {"world"}
 
@@ -76,14 +75,6 @@ class _Axes:
             name = fresh_name(base, self.taken)
             self.known[name] = teams
         return name
-
-    def used_definitions(self, used: set[str]) -> list[AxisDef]:
-        """Definitions of the traced axes used by a block and not made by the mesh."""
-        return [
-            AxisDef(name=name, teams=self.known[name])
-            for name in used
-            if name != "world" and name not in self.mesh
-        ]
 
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
@@ -118,7 +109,8 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]
     bases = {d.like for d in likes}
-    plain = axis_plan.used_definitions((used | bases) - {d.name for d in likes})
+    defined = (used | bases) - {d.name for d in likes} - {"world", *axes.mesh}
+    plain = [AxisDef(name=name, teams=axis_plan.known[name]) for name in defined]
     layout.axes = sorted(plain, key=lambda d: d.name) + sorted(likes, key=lambda d: d.name)
     return layout
 
