@@ -60,8 +60,7 @@ def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
         return
     gen = _generator(ctx, ctx.team[0], buf.device)  # every rank of the team draws the same x
     if op == "prod":
-        signs = torch.randint(0, 2, buf.shape, generator=gen, device=buf.device) * 2 - 1
-        buf.copy_(signs)
+        buf.copy_(torch.randint(0, 2, buf.shape, generator=gen, device=buf.device) * 2 - 1)
         return
     x = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
     x.uniform_(0.25, 1.0, generator=gen)

@@ -17,7 +17,6 @@ PROG = "python -m userbenchmark.maestro import-trace"
 
 
 def _summary(path: str, imp: Imported) -> str:
-    """What ``import-trace`` wrote, and the coverage line."""
     ops = Counter(b.op for b in imp.layout.blocks)
     shown = ", ".join(f"{n} {op}" for op, n in ops.most_common())
     who = "one role" if len(imp.roles) == 1 else f"{len(imp.roles)} roles"

@@ -153,7 +153,6 @@ def _header(imp: Imported, command: str) -> list[str]:
 
 
 def _coverage_lines(imp: Imported) -> list[str]:
-    """The coverage line, and the kernels dropped (the first six, and how many more)."""
     cover = coverage(imp)
     lines = [cover.line()[0].upper() + cover.line()[1:]]
     if cover.dropped:

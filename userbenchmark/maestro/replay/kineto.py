@@ -245,8 +245,6 @@ def _ranks(text: Any) -> tuple[int, ...]:
 
 
 class _Collector:
-    """Turns decoded events into the records of a RankTrace."""
-
     def __init__(self, trace: RankTrace) -> None:
         self.t = trace
         self.names: dict[str, str] = {}
@@ -266,9 +264,8 @@ class _Collector:
         try:
             handler(self, ev, ev.get("args") or {})
         except (KeyError, TypeError, ValueError) as err:
-            name = ev.get("name", "?")
             raise TraceError(
-                f"{self.t.path}: event {name!r} ({cat}) lacks a field torch.profiler writes: "
+                f"{self.t.path}: event {ev.get('name', '?')!r} ({cat}) lacks a field torch.profiler writes: "
                 f"{type(err).__name__}: {err}"
             ) from None
 
@@ -402,7 +399,6 @@ _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None
 
 
 def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) -> int:
-    """``distributedInfo[key]``, a rank or a world size: refused unless an integer."""
     value = info.get(key, default)
     minimum = 1 if key == "world_size" else 0
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -411,12 +407,6 @@ def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) 
             f"{minimum} or more, as torch.distributed writes it"
         )
     return value
-
-
-def _open(path: Path) -> IO[str]:
-    with open(path, "rb") as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
 
 
 def read_trace(path: str | Path) -> RankTrace:
@@ -431,7 +421,9 @@ def read_trace(path: str | Path) -> RankTrace:
         raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
     collector = _Collector(trace)
     try:
-        with _open(path) as handle:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open if gzipped else open)(path, "rt", encoding="utf-8") as handle:
             _walk(_Stream(handle, str(path)), collector.top_level, collector.event)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
@@ -472,7 +464,6 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
-    """A list of per-input shapes (or strides) as tuples; () when the trace has none."""
     if not isinstance(value, list):
         return ()
     return tuple(tuple(d) for d in value if isinstance(d, list))

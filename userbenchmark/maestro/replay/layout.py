@@ -106,10 +106,9 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     names: set[str] = set()
     for block in layout.blocks:
         block.name = fresh_name(_base_name(block)[:56], names)
-    used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]
-    bases = {d.like for d in likes}
-    defined = (used | bases) - {d.name for d in likes} - {"world", *axes.mesh}
+    defined = {b.axis for b in layout.blocks} | {d.like for d in likes}
+    defined -= {d.name for d in likes} | {"world", *axes.mesh}
     plain = [AxisDef(name=name, teams=axis_plan.known[name]) for name in defined]
     layout.axes = sorted(plain, key=lambda d: d.name) + sorted(likes, key=lambda d: d.name)
     return layout

@@ -65,11 +65,10 @@ def group_roles(
         programs[(apart.get(st.rank, ()), program)].append(st)
     roles = []
     for number, members in enumerate(programs.values()):
-        ref = members[0]
         role = Role(
             number=number,
             ranks=tuple(m.rank for m in members),
-            ref=ref,
+            ref=members[0],
             steps={m.rank: m for m in members},
         )
         for member in members:
