@@ -68,9 +68,8 @@ class _UnionFind:
 
 
 def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int], list[tuple]]:
-    """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
-    collective of sequence number i on a group (or the i-th, ``by_seq`` False),
-    ('p', group, src, dst, i) for the i-th transfer src -> dst."""
+    """(rank, item index) -> keys naming the call across ranks: ('c', group, i), collective i
+    on a group (by sequence number, or order), ('p', group, src, dst, i), transfer i src -> dst."""
     keys: dict[tuple[int, int], list[tuple]] = {}
     for rank, step in steps.items():
         seq: dict[tuple, int] = defaultdict(int)
@@ -212,8 +211,7 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
 
 
 def _check_one_call(calls: list[tuple[int, Item]]) -> None:
-    """TraceError when the ranks' records of one collective call disagree on its op, dtype or
-    size (all_to_all's sizes may differ: uneven splits)."""
+    """All_to_all's sizes may differ between ranks (uneven splits)."""
     (first_rank, first), size = calls[0], calls[0][1].block.message_size_bytes
     for rank, item in calls:
         if (item.block, item.dtype) != (first.block, first.dtype) or (
@@ -303,9 +301,8 @@ def _pair_blocks(
     family: str,
     dtype: str,
 ) -> list[PatternBlock]:
-    """send_recv blocks on pairs: a pair's two directions are one block when each role
-    carries them in one call, else one block per direction; pairs that share no rank and no
-    role's call are teams of one block."""
+    """send_recv on pairs: a pair's two directions are one block when each role carries them in
+    one call, else one per direction; pairs sharing no rank or role call are one block's teams."""
     units: list[tuple[tuple[tuple[int, int], ...], list[RoleBlock]]] = []
     for pair in sorted({(min(a, b), max(a, b)) for a, b in edges}):
         directed = [e for e in (pair, pair[::-1]) if e in edges]

@@ -51,8 +51,6 @@ def import_trace(
     cannot be imported or the file cannot be written (nothing is written then)."""
     options = options or ImportOptions()
     target = Path(output)
-    if target.is_dir():
-        raise TraceError(f"-o {output}: is a folder; name the pattern file to write")
     if not target.parent.is_dir() and str(target.parent):
         raise TraceError(f"-o {output}: the folder {target.parent} does not exist")
     imported = import_traces(paths, options)

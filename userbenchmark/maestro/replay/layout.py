@@ -78,7 +78,6 @@ class _Axes:
 
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
-    """(rank, traced stream, role block) of every rank the block runs on."""
     return [
         (rank, rb.role.items[rb.items[0]][rank].stream, rb)
         for rb in block.members

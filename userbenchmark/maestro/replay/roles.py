@@ -147,7 +147,6 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
 
 
 def _time_and_link(role: Role, blocks: list[RoleBlock]) -> None:
-    """Each block's times on every rank, and the blocks of other streams it waits for."""
     for block in blocks:
         for rank in role.ranks:
             parts, start = [role.items[i][rank] for i in block.items], role.steps[rank].start
@@ -167,9 +166,8 @@ def _gap_us(role: Role, before: int, after: int) -> float:
 
 
 def _with_idle(blocks: list[RoleBlock], idle_us: float) -> list[RoleBlock]:
-    """Blocks with an ``idle`` block before each one that started more than ``idle_us`` after
-    its lane, its dependencies and the step allowed it to (on the slowest rank); the idle
-    block takes over the dependencies, and the block follows it on its lane."""
+    """An ``idle`` block before each one that started over ``idle_us`` after its lane, deps and
+    step allowed (slowest rank); it takes over the dependencies, the block follows it."""
     out: list[RoleBlock] = []
     last_end: dict[tuple[int, int], float] = {}
     for block in sorted(blocks, key=lambda b: (b.stream, b.first.start)):
