@@ -9,6 +9,7 @@ import json
 import math
 import re
 import stat
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -247,12 +248,8 @@ def _ranks(text: Any) -> tuple[int, ...]:
 class _Collector:
     def __init__(self, trace: RankTrace) -> None:
         self.t = trace
-        self.names: dict[str, str] = {}
         self.saw_kineto = False
         self.saw_events = False
-
-    def intern(self, name: str) -> str:
-        return self.names.setdefault(name, name)
 
     def event(self, ev: dict[str, Any]) -> None:
         self.t.num_events += 1
@@ -297,7 +294,7 @@ class _Collector:
 
     def annotation(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         ts = self.time(ev, "ts")
-        span = Span(self.intern(str(ev["name"])), ts, ts + self.time(ev, "dur"), int(ev["tid"]))
+        span = Span(sys.intern(str(ev["name"])), ts, ts + self.time(ev, "dur"), int(ev["tid"]))
         if span.name.startswith("ProfilerStep#"):
             self.t.steps.append(span)
         else:
@@ -311,11 +308,11 @@ class _Collector:
         if name == "record_param_comms":
             self.comm(ev, args, ext)
             return
-        self.t.op_names[ext] = self.intern(name)
+        self.t.op_names[ext] = sys.intern(name)
         if name in GEMM_OPS:
             types = args.get("Input type")
             self.t.gemms[ext] = GemmOp(
-                name=self.intern(name),
+                name=sys.intern(name),
                 dims=_shapes(args.get("Input Dims")),
                 types=tuple(str(t) for t in types) if isinstance(types, list) else (),
                 strides=_shapes(args.get("Input Strides")),
@@ -326,12 +323,12 @@ class _Collector:
             ext=ext,
             ts=self.time(ev, "ts"),
             tid=int(ev["tid"]),
-            name=self.intern(str(args.get("Collective name", ""))),
+            name=sys.intern(str(args.get("Collective name", ""))),
             in_nelems=int(args.get("In msg nelems", args.get("In msg size")) or 0),
             out_nelems=int(args.get("Out msg nelems", args.get("Out msg size")) or 0),
-            dtype=self.intern(str(args.get("dtype", ""))),
-            group_name=self.intern(str(args.get("Process Group Name", ""))),
-            group_desc=self.intern(str(args.get("Process Group Description", ""))),
+            dtype=sys.intern(str(args.get("dtype", ""))),
+            group_name=sys.intern(str(args.get("Process Group Name", ""))),
+            group_desc=sys.intern(str(args.get("Process Group Description", ""))),
             group_ranks=_ranks(args.get("Process Group Ranks")),
             peer=_int_or_none(args.get("Rank")),
             in_splits=_ranks(args.get("In split size")),
@@ -346,16 +343,16 @@ class _Collector:
         ts = self.time(ev, "ts")
         end, tid = ts + self.time(ev, "dur", 0.0), int(ev["tid"])
         ext = _int_or_none(args.get("External id"))
-        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, self.intern(name))
+        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, sys.intern(name))
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         ts = self.time(ev, "ts")
         corr, stream = int(args["correlation"]), int(args["stream"])
         end = ts + self.time(ev, "dur")
-        self.t.activities.append(Activity(corr, stream, ts, end, self.intern(str(ev["name"]))))
+        self.t.activities.append(Activity(corr, stream, ts, end, sys.intern(str(ev["name"]))))
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        kind = self.intern(str(args.get("cuda_sync_kind") or ev["name"]))
+        kind = sys.intern(str(args.get("cuda_sync_kind") or ev["name"]))
         stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
         self.t.syncs.append(SyncEvent(kind, stream, corr, self.time(ev, "ts")))
 
