@@ -304,17 +304,6 @@ def render(imp: Imported, *, name: str, command: str) -> str:
     return dump_suite(suite, header=_header(imp, command), comments=comments)
 
 
-def _summary(path: str, imp: Imported) -> str:
-    ops = Counter(b.op for b in imp.layout.blocks)
-    shown = ", ".join(f"{n} {op}" for op, n in ops.most_common())
-    who = "one role" if len(imp.roles) == 1 else f"{len(imp.roles)} roles"
-    return (
-        f"wrote {path}: {imp.step_name} of {imp.world_size} rank(s) ({who}) as "
-        f"{len(imp.layout.blocks)} blocks ({shown}) on {len(imp.layout.lanes)} lanes\n"
-        f"{coverage(imp).line()}"
-    )
-
-
 def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
     """The command as a user would type it again (for the file's header)."""
     args = [*paths, "-o", output]
@@ -377,5 +366,11 @@ def run_command(
         trace = isinstance(err, TraceError)
         say(f"maestro: invalid trace: {err}" if trace else user_error_message(err))
         return EXIT_USAGE
-    print(_summary(output, imported))
+    ops = Counter(b.op for b in imported.layout.blocks).most_common()
+    who = "one role" if len(imported.roles) == 1 else f"{len(imported.roles)} roles"
+    print(
+        f"wrote {output}: {imported.step_name} of {imported.world_size} rank(s) ({who}) as "
+        f"{len(imported.layout.blocks)} blocks ({', '.join(f'{n} {op}' for op, n in ops)}) on "
+        f"{len(imported.layout.lanes)} lanes\n{coverage(imported).line()}"
+    )
     return EXIT_OK

@@ -409,14 +409,13 @@ def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) 
 def read_trace(path: str | Path) -> RankTrace:
     """Read one trace file (``.json`` or gzip-compressed): raises TraceError naming the file."""
     path = Path(path)
-    trace = RankTrace(path=str(path))
     try:  # a FIFO or a device would block the read, or never end
         regular = stat.S_ISREG(path.stat().st_mode)
     except OSError:
         regular = True  # said below, by the open that fails
     if not regular:
         raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
-    collector = _Collector(trace)
+    collector = _Collector(RankTrace(path=str(path)))
     try:
         with open(path, "rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
@@ -442,7 +441,7 @@ def read_trace(path: str | Path) -> RankTrace:
             f"{path}: not a torch.profiler (Kineto) trace: {what} (export one with "
             "torch.profiler.profile(activities=[CPU, CUDA]) and export_chrome_trace)"
         )
-    return trace
+    return collector.t
 
 
 def iter_trace_files(paths: list[str]) -> Iterator[Path]:

@@ -187,11 +187,8 @@ def _name_lanes(
         ranks = {r for r, _ in lanes[lane]}
         stream = min(lanes[lane])[1]
         base = "compute" if stream == main else f"stream{stream}"
-        name = base
-        for i in itertools.count(2):
-            if name not in taken and not used[name] & ranks:
-                break
-            name = f"{base}_{i}"
+        tried = itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+        name = next(n for n in tried if n not in taken and not used[n] & ranks)
         used[name] |= ranks
         names[lane] = name
     for lane, name in names.items():

@@ -127,7 +127,7 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
     for stream, items in role.ref.streams.items():
         current: RoleBlock | None = None
         for item in items:
-            joins = (
+            if (
                 current is not None
                 and item.kind == "other"
                 and current.kind == "busy"
@@ -135,8 +135,7 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
                 and item.index not in role.after
                 and current.items[-1] not in sources
                 and _gap_us(role, current.items[-1], item.index) <= idle_us
-            )
-            if joins and current is not None:
+            ):
                 current.items.append(item.index)
                 continue
             kind = "busy" if item.kind == "other" else item.kind
