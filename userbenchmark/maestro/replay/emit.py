@@ -73,8 +73,7 @@ def coverage(imp: Imported) -> Coverage:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
         for act in st.dropped:
-            us = min(act.end, st.end) - max(act.ts, st.start)
-            dropped.setdefault(act.name, []).append(us)
+            dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
     return Coverage(
         gemm_us=by_kind["gemm"],

@@ -186,10 +186,8 @@ def step_span(trace: RankTrace, name: str) -> Span:
 def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> dict[float, str]:
     """For each (tid, ts), the name of the innermost span of that thread around ts."""
     by_tid: dict[int, list[Span]] = defaultdict(list)
-    for s in spans:
+    for s in sorted(spans, key=lambda s: (s.ts, -s.end)):
         by_tid[s.tid].append(s)
-    for group in by_tid.values():
-        group.sort(key=lambda s: (s.ts, -s.end))
     starts = {tid: [s.ts for s in group] for tid, group in by_tid.items()}
     out: dict[float, str] = {}
     for tid, ts in queries:
