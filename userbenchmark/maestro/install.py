@@ -24,7 +24,6 @@ TESTED_TORCH_VERSION = "2.13.0"
 # PyPI's Linux torch wheels are CUDA builds that pull in GBs of CUDA libraries; the CPU build is
 # published on PyTorch's own index.
 CPU_INDEX_URL = "https://download.pytorch.org/whl/cpu"
-TORCH_BUILDS = ("cpu", "cuda")
 # Marks the second run, after torch was installed: torch missing then is an error, not a loop.
 AFTER_TORCH = "--after-torch-install"
 
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--torch-build",
-        choices=TORCH_BUILDS,
+        choices=("cpu", "cuda"),
         help="only where torch is missing: the build to install (default: cuda when an NVIDIA "
         "driver is found, else cpu)",
     )

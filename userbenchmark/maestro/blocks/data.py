@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .base import BlockContext
 
 
-def _generator(ctx: BlockContext, rank: int, device: Any = "cpu") -> torch.Generator:
+def _generator(ctx: BlockContext, rank: int, device: Any) -> torch.Generator:
     """A generator on ``device`` (values are drawn where the buffer lives: a host draw and copy
     of a GEMM's operands took seconds per pattern on an H200 host)."""
     import torch

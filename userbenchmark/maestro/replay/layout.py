@@ -145,10 +145,9 @@ def _comm_axes(
             continue
         base, lane = base_axis[id(block)], lane_of[id(block)]
         if first_lane.setdefault(base, lane) != lane and (base, lane) not in variant:
-            ops = Counter(
+            op = Counter(
                 b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
-            )
-            op = ops.most_common(1)[0][0]
+            ).most_common(1)[0][0]
             initials = "".join(w[0] for w in op.split("_"))
             name = variant[(base, lane)] = fresh_name(f"{base}_{initials}", taken)  # world_rs
             layout.axes.append(AxisDef(name=name, like=base))
