@@ -70,7 +70,6 @@ class Span:
     ts: float
     end: float
     tid: int
-    ext: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
