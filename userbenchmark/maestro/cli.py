@@ -417,7 +417,7 @@ def import_trace_command(**params: Any) -> int:
     folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
     Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
     from .core.output.locations import atomic_write_bytes, check_output_file
-    from .replay.command import run_command
+    from .replay.emit import run_command
     from .replay.kineto import TraceError, iter_trace_files
 
     inputs = paths = list(params["paths"])

@@ -88,13 +88,12 @@ def run(
             details[key] = TorchBenchABTestMetric(
                 control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
-    judged = judge_all(
+    for j in judge_all(
         readings(numbers_c),
         readings(numbers_t),
         floors=threshold_overrides,
         judge_harness=judge_harness,
-    )
-    for j in judged:
+    ):
         if j.verdict in ("regressed", "changed") and j.decides:
             a, b = j.control.value, j.treatment.value
             details[j.key] = TorchBenchABTestMetric(control=a, treatment=b, delta=_delta(a, b))

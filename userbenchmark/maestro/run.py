@@ -9,6 +9,5 @@ def run(args: Sequence[str]) -> None:
     """Run maestro with command-line ``args``; exits non-zero when the run failed."""
     from .cli import run_from_torchbench
 
-    status = run_from_torchbench(args)
-    if status:
+    if status := run_from_torchbench(args):
         raise SystemExit(status)

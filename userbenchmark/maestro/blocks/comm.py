@@ -399,6 +399,5 @@ class SendRecv(_OutOfPlace):
 
     def verify(self) -> int:
         prev = (self.ctx.team_rank - 1) % self.ctx.team_size
-        return count_wrong(
-            self.out, check_values(prev, self.numel(), self.out), "copy", self.ctx.team_size
-        )
+        expected = check_values(prev, self.numel(), self.out)
+        return count_wrong(self.out, expected, "copy", self.ctx.team_size)

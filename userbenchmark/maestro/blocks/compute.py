@@ -211,8 +211,7 @@ class Gemm(Block):
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
         m, n, k = params["m"], params["n"], params["k"]
-        bias = n if params.get("bias") else 0
-        return (m * k + k * n + m * n + bias) * DTYPE_SIZES_BYTES[dtype]
+        return (m * k + k * n + m * n + (n if params.get("bias") else 0)) * DTYPE_SIZES_BYTES[dtype]
 
     @classmethod
     def flop_count(cls, params: Mapping[str, Any]) -> int:

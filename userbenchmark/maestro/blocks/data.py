@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .base import BlockContext
 
 
-def _generator(ctx: BlockContext, rank: int, device: Any = "cpu") -> torch.Generator:
+def _generator(ctx: BlockContext, rank: int, device: Any) -> torch.Generator:
     """A generator on ``device`` (values are drawn where the buffer lives: a host draw and copy
     of a GEMM's operands took seconds per pattern on an H200 host)."""
     import torch
@@ -60,8 +60,7 @@ def fill_zero_sum(buf: torch.Tensor, ctx: BlockContext, op: str) -> None:
         return
     gen = _generator(ctx, ctx.team[0], buf.device)  # every rank of the team draws the same x
     if op == "prod":
-        signs = torch.randint(0, 2, buf.shape, generator=gen, device=buf.device) * 2 - 1
-        buf.copy_(signs)
+        buf.copy_(torch.randint(0, 2, buf.shape, generator=gen, device=buf.device) * 2 - 1)
         return
     x = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
     x.uniform_(0.25, 1.0, generator=gen)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -68,9 +68,8 @@ class _UnionFind:
 
 
 def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int], list[tuple]]:
-    """(rank, item index) -> the keys naming the call across ranks: ('c', group, i) for the
-    collective of sequence number i on a group (or the i-th, ``by_seq`` False),
-    ('p', group, src, dst, i) for the i-th transfer src -> dst."""
+    """(rank, item index) -> keys naming the call across ranks: ('c', group, i), collective i
+    on a group (by sequence number, or order), ('p', group, src, dst, i), transfer i src -> dst."""
     keys: dict[tuple[int, int], list[tuple]] = {}
     for rank, step in steps.items():
         seq: dict[tuple, int] = defaultdict(int)
@@ -108,9 +107,8 @@ def _check_calls(
             missing = sorted(team - ranks)
             if missing:
                 desc = f"{group.desc} {list(group.ranks)}" if group else key[1]
-                counts = ", ".join(
-                    f"rank {r}: {_count(keys, r, 'c', key[1])}" for r in sorted(team) if r in steps
-                )
+                calls = Counter(r for (r, _), own in keys.items() for k in own if k[:2] == key[:2])
+                counts = ", ".join(f"rank {r}: {calls[r]}" for r in sorted(team) if r in steps)
                 lacking = ", ".join(map(str, missing))
                 which = f"; rank(s) {lacking} lack the call of sequence number {key[2]}"
                 raise TraceError(
@@ -124,12 +122,6 @@ def _check_calls(
                 f"but rank {dst} receives from rank {src} fewer times in this step: the files "
                 "are not one run's step"
             )
-
-
-def _count(keys: dict, rank: int, kind: str, group: str) -> int:
-    return sum(
-        1 for (r, _), own in keys.items() if r == rank for k in own if k[:2] == (kind, group)
-    )
 
 
 def build_pattern_blocks(
@@ -219,8 +211,7 @@ def _collective_block(members: list[RoleBlock], axes: GroupAxes) -> PatternBlock
 
 
 def _check_one_call(calls: list[tuple[int, Item]]) -> None:
-    """TraceError when the ranks' records of one collective call disagree on its op, dtype or
-    size (all_to_all's sizes may differ: uneven splits)."""
+    """All_to_all's sizes may differ between ranks (uneven splits)."""
     (first_rank, first), size = calls[0], calls[0][1].block.message_size_bytes
     for rank, item in calls:
         if (item.block, item.dtype) != (first.block, first.dtype) or (
@@ -284,13 +275,8 @@ def _p2p_blocks(members: list[RoleBlock], axes: GroupAxes) -> list[PatternBlock]
 
 def _rings(edges: dict[tuple[int, int], int]) -> list[tuple[int, ...]] | None:
     """The transfers as disjoint rings (each rank sends once and receives once), or None."""
-    nxt: dict[int, int] = {}
-    prev: dict[int, int] = {}
-    for a, b in edges:
-        if a in nxt or b in prev:
-            return None
-        nxt[a], prev[b] = b, a
-    if set(nxt) != set(prev):
+    nxt, prev = {a: b for a, b in edges}, {b: a for a, b in edges}
+    if not len(nxt) == len(prev) == len(edges) or set(nxt) != set(prev):
         return None
     rings, seen = [], set()
     for start in sorted(nxt):
@@ -315,9 +301,8 @@ def _pair_blocks(
     family: str,
     dtype: str,
 ) -> list[PatternBlock]:
-    """send_recv blocks on pairs: a pair's two directions are one block when each role
-    carries them in one call, else one block per direction; pairs that share no rank and no
-    role's call are teams of one block."""
+    """send_recv on pairs: a pair's two directions are one block when each role carries them in
+    one call, else one per direction; pairs sharing no rank or role call are one block's teams."""
     units: list[tuple[tuple[tuple[int, int], ...], list[RoleBlock]]] = []
     for pair in sorted({(min(a, b), max(a, b)) for a, b in edges}):
         directed = [e for e in (pair, pair[::-1]) if e in edges]
@@ -327,27 +312,18 @@ def _pair_blocks(
         else:
             units.extend(((e,), _carriers([e], carrier)) for e in directed)
     groups: list[tuple[list, list[RoleBlock]]] = []
-    for directed, members in units:
-        if not any(_joined(group, directed, members) for group in groups):
+    for directed, members in units:  # joins the first group it shares no rank or role call with
+        ranks = set(itertools.chain(*directed))
+        for group_edges, group_members in groups:
+            fresh = [rb for rb in members if rb not in group_members]
+            roles = {rb.role.number for rb in group_members} & {rb.role.number for rb in fresh}
+            if not ranks & set(itertools.chain(*group_edges)) and not roles:
+                group_edges.extend(directed)
+                group_members.extend(fresh)
+                break
+        else:
             groups.append((list(directed), list(members)))
     return [_send_recv_block(e, m, edges, family, dtype) for e, m in groups]
-
-
-def _joined(
-    group: tuple[list, list[RoleBlock]], directed: Sequence[tuple[int, int]], members: list
-) -> bool:
-    """Add the transfers ``directed`` and their ``members`` to ``group`` when they share no
-    rank with it and bring no role call it already has; whether they were added."""
-    group_edges, group_members = group
-    ranks = {r for e in directed for r in e}
-    used = {r for e in group_edges for r in e}
-    roles = {rb.role.number for rb in group_members}
-    fresh = [rb for rb in members if rb not in group_members]
-    if ranks & used or roles & {rb.role.number for rb in fresh}:
-        return False
-    group_edges.extend(directed)
-    group_members.extend(fresh)
-    return True
 
 
 def _carriers(

@@ -1,18 +1,20 @@
-"""The imported pattern as a SuiteSpec, and its file: a header of comments saying where every
-number came from, what was approximated and what share of the step's GPU time was kept, then
-the suite written by maestro's own dumper (core/config/loader.py's dump_suite)."""
+"""``import-trace``: the imported pattern as a SuiteSpec, and its file (a header of comments on
+where every number came from, what was approximated and what share of the step's GPU time was
+kept, then the suite by maestro's dumper), written once maestro's loader accepts it."""
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..core.analysis.overlap import union_intersection_ns
-from ..core.config.loader import dump_suite
+from ..core.config.loader import dump_suite, load_suite_text
 from ..core.config.patterns import DEFAULT_VALUES
 from ..core.config.spec import (
     WORLD_AXIS,
@@ -22,10 +24,13 @@ from ..core.config.spec import (
     SuiteSpec,
     frozen_mapping,
 )
+from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
 from .assemble import PatternBlock
 from .group_axes import slug
-from .importer import Imported
+from .importer import Imported, ImportOptions, import_traces
+from .kineto import TraceError
 
+PROG = "python -m userbenchmark.maestro import-trace"
 HEADER_WIDTH = 96
 """Characters of a header comment line after ``# `` (the file stays readable at 100)."""
 TRACED_US_RULE = (
@@ -67,8 +72,7 @@ def coverage(imp: Imported) -> Coverage:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
         for act in st.dropped:
-            us = min(act.end, st.end) - max(act.ts, st.start)
-            dropped.setdefault(act.name, []).append(us)
+            dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
     return Coverage(
         gemm_us=by_kind["gemm"],
@@ -153,7 +157,6 @@ def _header(imp: Imported, command: str) -> list[str]:
 
 
 def _coverage_lines(imp: Imported) -> list[str]:
-    """The coverage line, and the kernels dropped (the first six, and how many more)."""
     cover = coverage(imp)
     lines = [cover.line()[0].upper() + cover.line()[1:]]
     if cover.dropped:
@@ -297,3 +300,77 @@ def render(imp: Imported, *, name: str, command: str) -> str:
     step = suite.patterns[0].name
     comments = {(step, b.name): text for b in imp.layout.blocks if (text := _comment(b))}
     return dump_suite(suite, header=_header(imp, command), comments=comments)
+
+
+def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
+    """The command as a user would type it again (for the file's header)."""
+    args = [*paths, "-o", output]
+    if options.step is not None:
+        args += ["--step", str(options.step)]
+    if not options.keep_idle:
+        args.append("--no-idle")
+    elif options.idle_us != ImportOptions().idle_us:
+        args += ["--idle-us", f"{options.idle_us:g}"]
+    return " ".join([PROG, *(shlex.quote(a) for a in args)])
+
+
+def import_trace(
+    paths: Sequence[str],
+    output: str,
+    options: ImportOptions | None = None,
+    *,
+    write: Callable[[Path, bytes], None],
+) -> Imported:
+    """Import the traces at ``paths`` into the pattern file ``output``, written by ``write``
+    (the CLI's atomic writer) once maestro's loader accepts it; TraceError when the traces
+    cannot be imported or the file cannot be written (nothing is written then)."""
+    options = options or ImportOptions()
+    target = Path(output)
+    if target.is_dir():
+        raise TraceError(f"-o {output}: is a folder; name the pattern file to write")
+    if not target.parent.is_dir() and str(target.parent):
+        raise TraceError(f"-o {output}: the folder {target.parent} does not exist")
+    imported = import_traces(paths, options)
+    text = render(imported, name=target.stem, command=command_line(paths, output, options))
+    try:  # what maestro cannot run is never written
+        load_suite_text(text, file=output)
+    except ConfigError as err:
+        first, more = err.issues[0], len(err.issues) - 1
+        raise TraceError(
+            f"maestro's loader rejects the pattern imported from these traces, so nothing was "
+            f"written: {first}" + (f" (and {more} more problems)" if more else "")
+        ) from None
+    try:
+        write(target, text.encode("utf-8"))
+    except OSError as err:
+        raise TraceError(f"-o {output}: cannot write the file ({err.strerror or err})") from None
+    return imported
+
+
+def run_command(
+    *,
+    paths: Sequence[str],
+    output: str,
+    step: int | None,
+    idle_us: float,
+    no_idle: bool,
+    write: Callable[[Path, bytes], None],
+) -> int:
+    """The ``import-trace`` command: import, print what was written, return the exit status
+    (0 written, 2 bad options or traces that cannot be imported: one line on stderr, nothing
+    written)."""
+    try:
+        options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+        imported = import_trace(list(paths), output, options, write=write)
+    except (OptionError, TraceError) as err:
+        trace = isinstance(err, TraceError)
+        say(f"maestro: invalid trace: {err}" if trace else user_error_message(err))
+        return EXIT_USAGE
+    ops = Counter(b.op for b in imported.layout.blocks).most_common()
+    who = "one role" if len(imported.roles) == 1 else f"{len(imported.roles)} roles"
+    print(
+        f"wrote {output}: {imported.step_name} of {imported.world_size} rank(s) ({who}) as "
+        f"{len(imported.layout.blocks)} blocks ({', '.join(f'{n} {op}' for op, n in ops)}) on "
+        f"{len(imported.layout.lanes)} lanes\n{coverage(imported).line()}"
+    )
+    return EXIT_OK

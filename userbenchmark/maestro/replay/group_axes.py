@@ -94,8 +94,7 @@ def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
                 base = "group"
             name = fresh_name(base, taken)
             out.teams[name] = tuple(g.ranks for g in part)
-            for g in part:
-                out.axis_of[g.name] = name
+            out.axis_of |= {g.name: name for g in part}
     out.mesh = find_mesh(out.teams, world_size)
     return out
 

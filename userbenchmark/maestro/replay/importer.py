@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from ..errors import OptionError
 from .assemble import build_pattern_blocks, merge_siblings
-from .deps import Dependencies, infer
 from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
-from .roles import Role, group_roles, role_blocks, split_apart
+from .roles import Dependencies, Role, group_roles, infer, role_blocks, split_apart
 from .step import RankStep, build_step, choose_step, step_span
 
 IDLE_US = 20.0

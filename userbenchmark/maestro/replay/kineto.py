@@ -9,6 +9,7 @@ import json
 import math
 import re
 import stat
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,7 +70,6 @@ class Span:
     ts: float
     end: float
     tid: int
-    ext: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +159,10 @@ class _Stream:
         self.path = path
         self.buf = ""
         self.pos = 0
-        self.eof = False
         self.decoder = json.JSONDecoder()
 
     def _fill(self) -> bool:
         more = self.handle.read(CHUNK_CHARS)
-        self.eof = not more
         if more:
             self.buf, self.pos = self.buf[self.pos :] + more, 0
         return bool(more)
@@ -196,14 +194,14 @@ class _Stream:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as err:
-                if self.eof or not self._fill():
+                if not self._fill():
                     raise TraceError(
                         f"{self.path}: not valid JSON ({err.msg} near character "
                         f"{err.pos}); the file may be cut short"
                     ) from None
                 continue
             cut = end == len(self.buf) and not isinstance(value, dict | list)
-            if cut and not self.eof and self._fill():
+            if cut and self._fill():
                 continue  # a number or literal may go on in the next chunk: decode it again
             self.pos = end
             return value
@@ -216,28 +214,22 @@ def _walk(stream: _Stream, on_key: Callable[[str, Any], None], on_event: Callabl
             f"{stream.path}: not a torch.profiler (Kineto) trace: the file is not a JSON object"
         )
     stream.expect("{")
-    if stream.peek() == "}":
-        stream.expect("}")
-        return
-    while True:
+    done = stream.peek() == "}" and stream.expect("}")
+    while not done:
         key = stream.value()
         stream.expect(":")
         if key == "traceEvents":
             stream.expect("[")
-            if stream.peek() != "]":
-                while True:
-                    event = stream.value()
-                    if isinstance(event, dict):
-                        on_event(event)
-                    if stream.expect(",]") == "]":
-                        break
-            else:
-                stream.expect("]")
+            ended = stream.peek() == "]" and stream.expect("]")
+            while not ended:
+                event = stream.value()
+                if isinstance(event, dict):
+                    on_event(event)
+                ended = stream.expect(",]") == "]"
             on_key(key, None)
         else:
             on_key(key, stream.value())
-        if stream.expect(",}") == "}":
-            return
+        done = stream.expect(",}") == "}"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -253,31 +245,23 @@ def _ranks(text: Any) -> tuple[int, ...]:
 
 
 class _Collector:
-    """Turns decoded events into the records of a RankTrace."""
-
     def __init__(self, trace: RankTrace) -> None:
         self.t = trace
-        self.names: dict[str, str] = {}
         self.saw_kineto = False
         self.saw_events = False
-
-    def intern(self, name: str) -> str:
-        return self.names.setdefault(name, name)
 
     def event(self, ev: dict[str, Any]) -> None:
         self.t.num_events += 1
         cat = ev.get("cat")
-        if ev.get("ph") != "X" or not isinstance(cat, str):
+        handler = _HANDLERS.get(cat) if ev.get("ph") == "X" and isinstance(cat, str) else None
+        if handler is None:
             return
-        handler = _HANDLERS.get(cat)
-        self.saw_kineto |= handler is not None and cat not in ("user_annotation", "cuda_sync")
+        self.saw_kineto |= cat not in ("user_annotation", "cuda_sync")
         try:
-            if handler is not None:
-                handler(self, ev, ev.get("args") or {})
+            handler(self, ev, ev.get("args") or {})
         except (KeyError, TypeError, ValueError) as err:
-            name = ev.get("name", "?")
             raise TraceError(
-                f"{self.t.path}: event {name!r} ({cat}) lacks a field torch.profiler writes: "
+                f"{self.t.path}: event {ev.get('name', '?')!r} ({cat}) lacks a field torch.profiler writes: "
                 f"{type(err).__name__}: {err}"
             ) from None
 
@@ -309,7 +293,7 @@ class _Collector:
 
     def annotation(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         ts = self.time(ev, "ts")
-        span = Span(self.intern(str(ev["name"])), ts, ts + self.time(ev, "dur"), int(ev["tid"]))
+        span = Span(sys.intern(str(ev["name"])), ts, ts + self.time(ev, "dur"), int(ev["tid"]))
         if span.name.startswith("ProfilerStep#"):
             self.t.steps.append(span)
         else:
@@ -323,11 +307,11 @@ class _Collector:
         if name == "record_param_comms":
             self.comm(ev, args, ext)
             return
-        self.t.op_names[ext] = self.intern(name)
+        self.t.op_names[ext] = sys.intern(name)
         if name in GEMM_OPS:
             types = args.get("Input type")
             self.t.gemms[ext] = GemmOp(
-                name=self.intern(name),
+                name=sys.intern(name),
                 dims=_shapes(args.get("Input Dims")),
                 types=tuple(str(t) for t in types) if isinstance(types, list) else (),
                 strides=_shapes(args.get("Input Strides")),
@@ -338,12 +322,12 @@ class _Collector:
             ext=ext,
             ts=self.time(ev, "ts"),
             tid=int(ev["tid"]),
-            name=self.intern(str(args.get("Collective name", ""))),
+            name=sys.intern(str(args.get("Collective name", ""))),
             in_nelems=int(args.get("In msg nelems", args.get("In msg size")) or 0),
             out_nelems=int(args.get("Out msg nelems", args.get("Out msg size")) or 0),
-            dtype=self.intern(str(args.get("dtype", ""))),
-            group_name=self.intern(str(args.get("Process Group Name", ""))),
-            group_desc=self.intern(str(args.get("Process Group Description", ""))),
+            dtype=sys.intern(str(args.get("dtype", ""))),
+            group_name=sys.intern(str(args.get("Process Group Name", ""))),
+            group_desc=sys.intern(str(args.get("Process Group Description", ""))),
             group_ranks=_ranks(args.get("Process Group Ranks")),
             peer=_int_or_none(args.get("Rank")),
             in_splits=_ranks(args.get("In split size")),
@@ -358,23 +342,18 @@ class _Collector:
         ts = self.time(ev, "ts")
         end, tid = ts + self.time(ev, "dur", 0.0), int(ev["tid"])
         ext = _int_or_none(args.get("External id"))
-        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, self.intern(name))
+        self.t.launches[corr] = Launch(corr, ts, end, tid, ext, sys.intern(name))
 
     def device(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         ts = self.time(ev, "ts")
         corr, stream = int(args["correlation"]), int(args["stream"])
         end = ts + self.time(ev, "dur")
-        self.t.activities.append(Activity(corr, stream, ts, end, self.intern(str(ev["name"]))))
+        self.t.activities.append(Activity(corr, stream, ts, end, sys.intern(str(ev["name"]))))
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        self.t.syncs.append(
-            SyncEvent(
-                kind=self.intern(str(args.get("cuda_sync_kind") or ev["name"])),
-                stream=int(args.get("stream", -1)),
-                corr=int(args.get("correlation", -1)),
-                ts=self.time(ev, "ts"),
-            )
-        )
+        kind = sys.intern(str(args.get("cuda_sync_kind") or ev["name"]))
+        stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
+        self.t.syncs.append(SyncEvent(kind, stream, corr, self.time(ev, "ts")))
 
     def top_level(self, key: str, value: Any) -> None:
         """A key of the file's top-level object (``traceEvents`` was walked by then)."""
@@ -416,7 +395,6 @@ _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None
 
 
 def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) -> int:
-    """``distributedInfo[key]``, a rank or a world size: refused unless an integer."""
     value = info.get(key, default)
     minimum = 1 if key == "world_size" else 0
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -427,25 +405,20 @@ def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) 
     return value
 
 
-def _open(path: Path) -> IO[str]:
-    with open(path, "rb") as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
-
-
 def read_trace(path: str | Path) -> RankTrace:
     """Read one trace file (``.json`` or gzip-compressed): raises TraceError naming the file."""
     path = Path(path)
-    trace = RankTrace(path=str(path))
     try:  # a FIFO or a device would block the read, or never end
         regular = stat.S_ISREG(path.stat().st_mode)
     except OSError:
         regular = True  # said below, by the open that fails
     if not regular:
         raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
-    collector = _Collector(trace)
+    collector = _Collector(RankTrace(path=str(path)))
     try:
-        with _open(path) as handle:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open if gzipped else open)(path, "rt", encoding="utf-8") as handle:
             _walk(_Stream(handle, str(path)), collector.top_level, collector.event)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
@@ -467,7 +440,7 @@ def read_trace(path: str | Path) -> RankTrace:
             f"{path}: not a torch.profiler (Kineto) trace: {what} (export one with "
             "torch.profiler.profile(activities=[CPU, CUDA]) and export_chrome_trace)"
         )
-    return trace
+    return collector.t
 
 
 def iter_trace_files(paths: list[str]) -> Iterator[Path]:
@@ -486,7 +459,6 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
-    """A list of per-input shapes (or strides) as tuples; () when the trace has none."""
     if not isinstance(value, list):
         return ()
     return tuple(tuple(d) for d in value if isinstance(d, list))

@@ -48,7 +48,6 @@ class _Axes:
 
     def __init__(self, axes: GroupAxes, world_size: int) -> None:
         self.known: dict[str, Teams] = dict(axes.teams)
-        self.mesh = axes.mesh
         self.world = tuple(range(world_size))
         self.taken = set(self.known) | {"world"}
 
@@ -77,17 +76,8 @@ class _Axes:
             self.known[name] = teams
         return name
 
-    def used_definitions(self, used: set[str]) -> list[AxisDef]:
-        """Definitions of the traced axes used by a block and not made by the mesh."""
-        return [
-            AxisDef(name=name, teams=self.known[name])
-            for name in used
-            if name != "world" and name not in self.mesh
-        ]
-
 
 def _instances(block: PatternBlock) -> list[tuple[int, int, RoleBlock]]:
-    """(rank, traced stream, role block) of every rank the block runs on."""
     return [
         (rank, rb.role.items[rb.items[0]][rank].stream, rb)
         for rb in block.members
@@ -115,10 +105,10 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     names: set[str] = set()
     for block in layout.blocks:
         block.name = fresh_name(_base_name(block)[:56], names)
-    used = {b.axis for b in layout.blocks}
     likes = [d for d in layout.axes if d.like]
-    bases = {d.like for d in likes}
-    plain = axis_plan.used_definitions((used | bases) - {d.name for d in likes})
+    defined = {b.axis for b in layout.blocks} | {d.like for d in likes}
+    defined -= {d.name for d in likes} | {"world", *axes.mesh}
+    plain = [AxisDef(name=name, teams=axis_plan.known[name]) for name in defined]
     layout.axes = sorted(plain, key=lambda d: d.name) + sorted(likes, key=lambda d: d.name)
     return layout
 
@@ -155,10 +145,9 @@ def _comm_axes(
             continue
         base, lane = base_axis[id(block)], lane_of[id(block)]
         if first_lane.setdefault(base, lane) != lane and (base, lane) not in variant:
-            ops = Counter(
+            op = Counter(
                 b.op for b in blocks if base_axis[id(b)] == base and lane_of[id(b)] == lane
-            )
-            op = ops.most_common(1)[0][0]
+            ).most_common(1)[0][0]
             initials = "".join(w[0] for w in op.split("_"))
             name = variant[(base, lane)] = fresh_name(f"{base}_{initials}", taken)  # world_rs
             layout.axes.append(AxisDef(name=name, like=base))
@@ -197,11 +186,8 @@ def _name_lanes(
         ranks = {r for r, _ in lanes[lane]}
         stream = min(lanes[lane])[1]
         base = "compute" if stream == main else f"stream{stream}"
-        name = base
-        for i in itertools.count(2):
-            if name not in taken and not used[name] & ranks:
-                break
-            name = f"{base}_{i}"
+        tried = itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+        name = next(n for n in tried if n not in taken and not used[n] & ranks)
         used[name] |= ranks
         names[lane] = name
     for lane, name in names.items():

@@ -64,10 +64,6 @@ def comm_call(rec: CommRecord, team_size: int) -> TracedCall:
     )
 
 
-def is_nccl_kernel(name: str) -> bool:
-    return name.startswith(("ncclDevKernel", "ncclKernel")) or "nccl" in name[:16].lower()
-
-
 @dataclass(kw_only=True)
 class Item:
     """Device work of one traced call on one stream of one rank (times in µs, device clock)."""
@@ -148,7 +144,6 @@ def complete_steps(trace: RankTrace) -> set[str]:
 
 
 def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
-    """Each rank's complete steps, for messages: ``rank 0: ProfilerStep#3, ProfilerStep#4``."""
     return "; ".join(
         f"rank {t.rank}: {', '.join(sorted(complete[t.rank], key=step_number)) or 'none'}"
         for t in traces
@@ -191,10 +186,8 @@ def step_span(trace: RankTrace, name: str) -> Span:
 def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> dict[float, str]:
     """For each (tid, ts), the name of the innermost span of that thread around ts."""
     by_tid: dict[int, list[Span]] = defaultdict(list)
-    for s in spans:
+    for s in sorted(spans, key=lambda s: (s.ts, -s.end)):
         by_tid[s.tid].append(s)
-    for group in by_tid.values():
-        group.sort(key=lambda s: (s.ts, -s.end))
     starts = {tid: [s.ts for s in group] for tid, group in by_tid.items()}
     out: dict[float, str] = {}
     for tid, ts in queries:
@@ -289,7 +282,7 @@ def _grouped(
     groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
         for act in acts.get(call.corr, ()):
-            nccl = is_nccl_kernel(act.name)
+            nccl = "nccl" in act.name[:16].lower()  # ncclDevKernel_*, ncclKernel_*
             records = owner.comm_records(call, nccl)
             op = trace.gemms.get(call.ext)
             meaning: Meaning
@@ -308,8 +301,6 @@ def _grouped(
 
 
 def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None:
-    """Refuse device work no GPU can do: a kernel starting before its launch, or two kernels
-    of one stream overlapping (a stream runs its work in order)."""
     by_stream: dict[int, list[Activity]] = defaultdict(list)
     for call, act in parts:
         if act.ts < call.ts - LAUNCH_SKEW_US:
@@ -338,7 +329,6 @@ def _item(
     sizes: dict[str, int],
 ) -> Item:
     first_call = min((c for c, _ in parts), key=lambda c: c.ts)
-    longest = max((a for _, a in parts), key=lambda a: a.end - a.ts)
     item = Item(
         index=index,
         stream=parts[0][1].stream,
@@ -351,7 +341,7 @@ def _item(
         label=labels.get(first_call.ts, ""),
         opname=meaning if isinstance(meaning, str) else "",
         signature=("other", parts[0][1].name),
-        kernel=longest.name,
+        kernel=max((a for _, a in parts), key=lambda a: a.end - a.ts).name,
     )
     if isinstance(meaning, tuple):
         _comm_item(item, meaning, sizes)
@@ -382,8 +372,7 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
         _p2p(item, records)
-        kinds = tuple(sorted(r.name for r in records))
-        item.signature = ("p2p", rec.group_desc, team, kinds)
+        item.signature = ("p2p", rec.group_desc, team, tuple(sorted(r.name for r in records)))
         return
     cls = classes.pop() if len(classes) == 1 else None
     if cls is None or cls.category != "comm":
@@ -412,10 +401,10 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
 def _p2p(item: Item, records: tuple[CommRecord, ...]) -> None:
     for rec in records:
         item.dtype, elem, _ = maestro_dtype(rec.dtype)
-        ranks = rec.group_ranks
         peer = rec.peer if rec.peer is not None else -1
-        glob = ranks[peer] if ranks and 0 <= peer < len(ranks) else peer
+        glob = rec.group_ranks[peer] if 0 <= peer < len(rec.group_ranks) else peer
+        transfer = ((glob, rec.in_nelems * elem),)
         if rec.name == "send":
-            item.sends += ((glob, rec.in_nelems * elem),)
+            item.sends += transfer
         else:
-            item.recvs += ((glob, rec.in_nelems * elem),)
+            item.recvs += transfer
