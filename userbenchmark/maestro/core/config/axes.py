@@ -96,8 +96,7 @@ def check_world_size(p: Problems, data: dict[Any, Any], arg: Any) -> int | None:
 
 def check_env(p: Problems, raw: Any, path: str) -> dict[str, str]:
     """Environment variables as text; names the launcher owns are refused."""
-    if not isinstance(raw, dict):
-        p.add(path, f"expected a mapping of environment variables, got {p.show(path, raw)}")
+    if not p.mapping(raw, path, "expected a mapping of environment variables"):
         return {}
     env: dict[str, str] = {}
     for key, value in raw.items():
@@ -158,12 +157,8 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
     if "mesh" in data:
         _mesh(p, data["mesh"], world_size, axes)
     raw_axes = data.get("axes", {})
-    if not isinstance(raw_axes, dict):
-        p.add(
-            "axes",
-            f"axes must be a mapping of axis names to {{teams: ...}} or "
-            f"{{like: <axis>}}, got {p.show('axes', raw_axes)}",
-        )
+    expected = "axes must be a mapping of axis names to {teams: ...} or {like: <axis>}"
+    if not p.mapping(raw_axes, "axes", expected):
         raw_axes = {}
     mesh_dims = [n for n in axes if n != WORLD_AXIS]
     for name, spec in raw_axes.items():
@@ -177,11 +172,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
                 "pick another name",
             )
             continue
-        if not isinstance(spec, dict):
-            p.add(
-                path,
-                f"an axis is a mapping with keys {choices(AXIS_KEYS)}, got {p.show(path, spec)}",
-            )
+        if not p.mapping(spec, path, f"an axis is a mapping with keys {choices(AXIS_KEYS)}"):
             continue
         p.unknown_keys(spec, path, AXIS_KEYS, f"in axis {name!r}")
         if name in mesh_dims:
@@ -296,8 +287,7 @@ def _rank_problem(
 
 
 def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        p.add(path, f"nccl must be a mapping of ProcessGroupNCCL options, got {p.show(path, raw)}")
+    if not p.mapping(raw, path, "nccl must be a mapping of ProcessGroupNCCL options"):
         return {}
     options: dict[str, Any] = {}
     for key, value in raw.items():

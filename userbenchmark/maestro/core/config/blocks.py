@@ -71,12 +71,7 @@ def check_block(
     ops: OpResolver,
 ) -> BlockSpec | None:
     """The BlockSpec of the block ``raw`` at ``path``, or None after recording its problems."""
-    if not isinstance(raw, dict):
-        p.add(
-            path,
-            f"a block is a mapping with name, op, axis and the op's parameters, got "
-            f"{p.show(path, raw)}",
-        )
+    if not p.mapping(raw, path, "a block is a mapping with name, op, axis and the op's parameters"):
         return None
     start = len(p)
     p.missing(raw, path, "name")

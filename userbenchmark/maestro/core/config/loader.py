@@ -110,12 +110,10 @@ def load_suite_text(
 
 
 def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> SuiteSpec:
-    if not isinstance(data, dict):
-        p.add(
-            "",
-            "the file must be a mapping with keys such as name, world_size, mesh, axes "
-            f"and patterns, got {p.show('', data)}",
-        )
+    expected = (
+        "the file must be a mapping with keys such as name, world_size, mesh, axes and patterns"
+    )
+    if not p.mapping(data, "", expected):
         raise ConfigError(p.issues())
     p.unknown_keys(data, "", TOP_KEYS, "in the top level")
     # An optional section left empty (`env:` with every entry commented out) is absent.
@@ -128,12 +126,8 @@ def _suite(p: Problems, data: Any, world_size_arg: Any, ops: OpResolver) -> Suit
     stop_on_error = p.boolean(data.get("stop_on_error", True), "stop_on_error") is not False
     env = check_env(p, data.get("env"), "env") if "env" in data else {}
     raw_defaults = data.get("defaults", {})
-    if not isinstance(raw_defaults, dict):
-        p.add(
-            "defaults",
-            f"defaults must be a mapping with keys {choices(DEFAULT_KEYS)}, "
-            f"got {p.show('defaults', raw_defaults)}",
-        )
+    expected = f"defaults must be a mapping with keys {choices(DEFAULT_KEYS)}"
+    if not p.mapping(raw_defaults, "defaults", expected):
         raw_defaults = {}
     p.unknown_keys(raw_defaults, "defaults", DEFAULT_KEYS, "in defaults")
     defaults = check_settings(p, raw_defaults, "defaults", DEFAULT_VALUES)

@@ -104,8 +104,7 @@ def check_patterns(
     total_blocks = 0
     for i, entry in enumerate(raw):
         path = index("patterns", i)
-        if not isinstance(entry, dict):
-            p.add(path, f"a pattern is a mapping with name and blocks, got {p.show(path, entry)}")
+        if not p.mapping(entry, path, "a pattern is a mapping with name and blocks"):
             continue
         p.unknown_keys(entry, path, PATTERN_KEYS, "in a pattern")
         base = None

@@ -126,6 +126,12 @@ class Problems:
             self.add(join(path, key), f"missing required key {key!r}{what}")
         return key not in raw
 
+    def mapping(self, value: Any, path: str, expected: str) -> bool:
+        """Whether ``value`` is a mapping; if not, ``expected, got <value>`` is recorded."""
+        if not isinstance(value, dict):
+            self.add(path, f"{expected}, got {self.show(path, value)}")
+        return isinstance(value, dict)
+
     def get(
         self, raw: Mapping[Any, Any], path: str, key: str, check: Any, *args: Any, **kw: Any
     ) -> Any:
