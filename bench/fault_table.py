@@ -7,8 +7,9 @@ the last process gone, the exit statuses) to a JSON file:
     python -m bench.fault_table faults.json [more.json ...]
 
 The GPU fault tests (tests/gpu/test_multi_gpu_faults.py) write the same rows to
-``$MAESTRO_GPU_OUT/faults.json``; give that file too. Prints markdown: the date and machine,
-then one row per case; a time over its limit is marked.
+``$MAESTRO_GPU_OUT/faults.json``; give that file too. Each row records when and on what it
+was measured (``append_row``). Prints markdown: for each machine, the date and the machine, then
+one row per case; a time over its limit is marked.
 """
 
 from __future__ import annotations
@@ -68,14 +69,41 @@ def table_rows(rows: Iterable[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
-def render(rows: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
-    """The markdown: a line naming the date and machine, then the table."""
-    machine = (
-        f"{info.get('cpu', '?')}, {info.get('usable_cpus', info.get('logical_cpus', '?'))} "
-        f"usable CPUs, torch {info.get('torch', '?')}, Python {info.get('python', '?')}"
+def machine_text(info: dict[str, Any]) -> str:
+    """The machine a row was measured on, as the table's heading names it."""
+    device = f"{info['device']}, " if info.get("device") else ""
+    return (
+        f"{device}{info.get('cpu', '?')}, "
+        f"{info.get('usable_cpus', info.get('logical_cpus', '?'))} usable CPUs, "
+        f"torch {info.get('torch', '?')}, Python {info.get('python', '?')}"
     )
-    head = f"Measured {info.get('date_utc', '?')} on {machine}."
-    return head + "\n\n" + markdown_table(HEADERS, table_rows(rows))
+
+
+def append_row(path: Path, row: dict[str, Any], device: str | None = None) -> None:
+    """Append one measured case to the JSON list at ``path``, stamped with this machine (and
+    ``device``, the GPU it ran on) and the UTC date, so a table made elsewhere names them."""
+    info = {**machine_info(), "device": device}
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows.append({**row, "machine": machine_text(info), "date_utc": info["date_utc"]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1))
+
+
+def render(rows: Sequence[dict[str, Any]]) -> str:
+    """The markdown: for each machine in the order first measured, a line naming it and the
+    first date its rows were measured, then their table (pure)."""
+    by_machine: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_machine.setdefault(row.get("machine") or "a machine the rows do not name", []).append(
+            row
+        )
+    parts = []
+    for machine, group in by_machine.items():
+        date = min((str(r["date_utc"]) for r in group if r.get("date_utc")), default="?")
+        parts.append(
+            f"Measured {date} on {machine}.\n\n{markdown_table(HEADERS, table_rows(group))}"
+        )
+    return "\n\n".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fault_table: {name}: expected a JSON list of fault rows", file=sys.stderr)
             return 2
         rows.extend(found)
-    print(render(rows, machine_info()))
+    print(render(rows))
     return 1 if any(over_the_limit(r) for r in rows) else 0
 
 

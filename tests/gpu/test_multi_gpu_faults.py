@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from bench.fault_table import append_row  # noqa: E402
 from tests.gpu.test_multi_gpu import runnable  # noqa: E402
 from tests.integration.fault_blocks import fault_moment  # noqa: E402
 from tests.integration.helpers import REPO_ROOT, subprocess_env  # noqa: E402
@@ -49,21 +50,16 @@ def _record(
 ) -> None:
     print(f"{case}: {launcher}, all gone after {elapsed_s:.1f} s, exit statuses {statuses}")
     if KEEP:
-        path = Path(KEEP) / "faults.json"
-        rows = json.loads(path.read_text()) if path.exists() else []
-        rows.append(
-            {
-                "fault": case,
-                "launcher": launcher,
-                "backend": "nccl",
-                "timeout_s": NCCL_TIMEOUT_S,
-                "all_gone_s": elapsed_s,
-                "limit_s": EXIT_DEADLINE_S if limit_s is None else limit_s,
-                "exit": statuses,
-            }
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rows, indent=1))
+        row = {
+            "fault": case,
+            "launcher": launcher,
+            "backend": "nccl",
+            "timeout_s": NCCL_TIMEOUT_S,
+            "all_gone_s": elapsed_s,
+            "limit_s": EXIT_DEADLINE_S if limit_s is None else limit_s,
+            "exit": statuses,
+        }
+        append_row(Path(KEEP) / "faults.json", row, torch.cuda.get_device_name(0))
 
 
 NCCL_TIMEOUT_S = 20.0

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.fault_table import append_row
 from userbenchmark.maestro.core.runtime.agreement import grace_s
 from userbenchmark.maestro.core.runtime.rendezvous import free_port
 from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
@@ -56,12 +57,8 @@ def record(
 ) -> None:
     """Append one measured case to the fault table file named by ``MAESTRO_FAULT_TABLE``."""
     path = os.environ.get(TABLE_VARIABLE)
-    if not path:
-        return
-    table = Path(path)
-    rows = json.loads(table.read_text()) if table.exists() else []
-    rows.append(
-        {
+    if path:
+        row = {
             "fault": fault,
             "launcher": launcher,
             "backend": "gloo",
@@ -70,9 +67,7 @@ def record(
             "limit_s": None if limit_s is None else round(limit_s, 2),
             "exit": statuses,
         }
-    )
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text(json.dumps(rows, indent=1))
+        append_row(Path(path), row)
 
 
 FAULT = "tests.integration.fault_blocks:FailOnRank"
