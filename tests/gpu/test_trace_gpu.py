@@ -89,6 +89,11 @@ def test_two_gpu_trace_overlap_matches_hta(tmp_path, monkeypatch):
     monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
     out = _traced_run(tmp_path, "trace_two_gpus.yaml", 2)
     docs = _check_rank_files(out, 2)
+    for doc in docs.values():
+        device = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and "stream" in e["args"]]
+        assert any(name.startswith("ncclDevKernel") for name in device)
+        assert 0 <= doc["maestro"]["comm_compute_overlap"] <= 1
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed")  # rest needs it
     analysis, warnings = load_traces(out / "traces")
     assert warnings == [] and analysis.t.get_ranks() == [0, 1]
     table = analysis.get_comm_comp_overlap(visualize=False)
