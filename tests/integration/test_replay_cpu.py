@@ -1,7 +1,7 @@
 """Every multi-rank trace of tests/data/traces, imported and replayed at its world size on CPU
-with --max-size 64K (as docs/replay.md runs it): each run finishes, and reports every rank's
-step against the trace. A 4-rank TP x DP step once refused to start: its busy stand-ins were
-counted at their CUDA size by the host-memory check."""
+with --max-size 64K (as docs/replay.md runs it): each run finishes and reports every rank's
+step; the cap changed the step, so none is set against the trace. A 4-rank TP x DP step once
+refused to start: its busy stand-ins were counted at their CUDA size by the host-memory check."""
 
 from __future__ import annotations
 
@@ -31,4 +31,4 @@ def test_a_multi_rank_trace_replays_at_its_world_size_on_cpu(tmp_path, capfd, fo
     (pattern,) = json.loads((tmp_path / "out" / "patterns.json").read_text())
     ranks = json.loads(pattern["replay_by_rank"])
     assert [r["rank"] for r in ranks] == list(range(world))
-    assert all(r["replayed_us"] > 0 and r["traced_us"] > 0 for r in ranks)
+    assert all(r["replayed_us"] > 0 and r["traced_us"] is None for r in ranks)

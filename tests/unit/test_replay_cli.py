@@ -16,8 +16,8 @@ import yaml
 from userbenchmark.maestro import cli
 
 from ..docblocks import bash_blocks
-from .replay_scenarios import compute_rank, ddp_rank
-from .replay_traces import write_all
+from .replay_scenarios import ddp_rank
+from .replay_traces import TraceBuilder, write_all
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,31 +104,52 @@ def test_a_corrupt_trace_is_refused_by_the_real_command(tmp_path):
     assert done.stderr.startswith("maestro: invalid trace:") and "Traceback" not in done.stderr
 
 
-def _replay_on_cpu(config: str, nproc: int, out: Path, capfd) -> None:
-    """Run an imported file on CPU as the docs do; its report and files hold the fidelity."""
-    argv = ["run", "-c", config, "--nproc", str(nproc), "--max-size", "64K", "--iters", "2"]
+def _replay_on_cpu(config: str, nproc: int, out: Path, capfd, *cap: str) -> tuple[list, dict, str]:
+    """Run an imported file on CPU (``cap``: ``--max-size SIZE``, as the docs run a real step);
+    its report holds the replay against the trace. Returns the blocks, the step and stderr."""
+    argv = ["run", "-c", config, "--nproc", str(nproc), *cap, "--iters", "2"]
     argv += ["--warmup-iters", "1", "--no-baseline", "--no-metrics", "--output-dir", str(out)]
     assert cli.main(argv) == 0
-    assert "replayed against the trace" in capfd.readouterr().out
-    blocks = json.loads((out / "results.json").read_text())
-    assert blocks and all(b["traced_us"] >= 0 and b["replay_ratio"] > 0 for b in blocks)
+    printed = capfd.readouterr()
+    assert "replayed against the trace" in printed.out
     (step,) = json.loads((out / "patterns.json").read_text())
-    assert step["replay_ratio"] == pytest.approx(step["makespan_avg_us"] / step["traced_us"])
     ranks = json.loads(step["replay_by_rank"])
     assert [r["rank"] for r in ranks] == list(range(nproc))
-    assert all(r["ci_low"] <= r["ratio"] <= r["ci_high"] for r in ranks)
+    assert all(r["replayed_us"] > 0 for r in ranks)
+    return json.loads((out / "results.json").read_text()), step, printed.err
 
 
 def test_an_imported_step_runs_on_cpu_and_reports_its_fidelity(tmp_path, capfd):
-    traces = write_all([compute_rank()], tmp_path / "traces")
+    trace = TraceBuilder(rank=0, world_size=1, distributed=False)  # small enough for a CPU
+    trace.step(3, 0, 2000)
+    trace.launch(stream=7, launch=5, start=10, dur=30, op="aten::native_layer_norm")
+    trace.gemm(stream=7, launch=10, start=41, dur=300, m=256, n=256, k=128, op="aten::addmm")
+    trace.gemm(stream=7, launch=20, start=342, dur=280, m=256, n=128, k=256)
     out = tmp_path / "step.yaml"
-    assert cli.main(["import-trace", str(traces), "-o", str(out)]) == 0
+    assert (
+        cli.main(["import-trace", str(write_all([trace], tmp_path / "traces")), "-o", str(out)])
+        == 0
+    )
     capfd.readouterr()
-    _replay_on_cpu(str(out), 1, tmp_path / "out", capfd)
+    blocks, step, _ = _replay_on_cpu(str(out), 1, tmp_path / "out", capfd)
+    assert blocks and all(b["traced_us"] >= 0 and b["replay_ratio"] > 0 for b in blocks)
+    assert step["replay_ratio"] == pytest.approx(step["makespan_avg_us"] / step["traced_us"])
+    (rank,) = json.loads(step["replay_by_rank"])
+    assert rank["ci_low"] <= rank["ratio"] <= rank["ci_high"]
 
 
-def test_the_shipped_imported_step_runs_on_cpu_at_two_ranks(tmp_path, capfd):
-    _replay_on_cpu("fsdp2_replay", 2, tmp_path, capfd)
+def test_a_capped_replay_leaves_out_what_the_cap_changed(tmp_path, capfd):
+    # --max-size 64K caps every collective and GEMM of the FSDP2 step: the trace timed other
+    # sizes, so those blocks and the step get no ratio; busy and sleep blocks keep theirs.
+    blocks, step, err = _replay_on_cpu("fsdp2_replay", 2, tmp_path, capfd, "--max-size", "64K")
+    kept = {b["op"] for b in blocks if b["traced_us"] is not None}
+    dropped = {b["op"] for b in blocks if b["traced_us"] is None}
+    assert kept == {"busy", "sleep"} and {"all_gather", "reduce_scatter", "gemm"} <= dropped
+    assert all(b["replay_ratio"] > 0 for b in blocks if b["traced_us"] is not None)
+    assert all(b["replay_ratio"] is None for b in blocks if b["traced_us"] is None)
+    assert step["traced_us"] is None and step["replay_ratio"] is None
+    assert all(r["traced_us"] is None for r in json.loads(step["replay_by_rank"]))
+    assert "--max-size changed 35 of its 84 imported blocks" in err
 
 
 def test_the_import_command_of_the_replay_page_runs_as_written(tmp_path):

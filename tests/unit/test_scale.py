@@ -232,6 +232,32 @@ patterns:
     }
 
 
+def test_a_capped_imported_block_and_its_step_lose_their_traced_durations(caplog):
+    # Traced at the file's sizes: a capped block's replay against the trace would compare
+    # another size with it (0.03 for a 16M-capped GEMM of the FSDP2 replay on an H200).
+    text = """
+name: imported
+world_size: 2
+patterns:
+  - name: step
+    traced_us: 900
+    traced_by_rank_us: [900, 850]
+    blocks:
+      - {name: ar, op: all_reduce, size: 1G, traced_us: 500, traced_kernel: k, traced_overlap: 0.5}
+      - {name: idle, op: sleep, duration_us: 20, traced_us: 21}
+"""
+    suite = load_suite_text(text, file="imported.yaml")
+    with caplog.at_level("WARNING", logger="maestro.config"):
+        (step,) = apply_max_size(suite, 1024).patterns
+    ar, idle = step.blocks
+    assert (ar.traced_us, ar.traced_kernel, ar.traced_overlap) == (None, None, None)
+    assert idle.traced_us == 21 and step.traced
+    assert step.traced_us is None and step.traced_by_rank_us == ()
+    assert "pattern 'step': --max-size changed 1 of its 2 imported blocks" in caplog.text
+    caplog.clear()
+    assert apply_max_size(suite, 1 << 40) == suite and not caplog.text  # nothing capped
+
+
 def test_cap_below_smallest_valid_size_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         apply_max_size(suite(), 16)

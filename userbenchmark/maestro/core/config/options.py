@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,8 @@ from ...errors import ConfigError, OptionError
 from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
 from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .summary import describe_params
+
+logger = logging.getLogger("maestro.config")
 
 MAX_SEED = 2**32 - 1
 """Largest ``--seed``: each rank seeds its generator with ``seed * 1_000_003 + rank``, which
@@ -155,7 +158,12 @@ def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> Bl
             path=block.yaml_path,
         )
     return dataclasses.replace(
-        block, params=frozen_mapping(params), work=describe_params(cls, params)
+        block,
+        params=frozen_mapping(params),
+        work=describe_params(cls, params),
+        traced_us=None,  # traced at the file's sizes, not these
+        traced_kernel=None,
+        traced_overlap=None,
     )
 
 
@@ -188,6 +196,17 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     for pattern in suite.patterns:
         blocks = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
         capped = dataclasses.replace(pattern, blocks=blocks)
+        pairs = zip(blocks, pattern.blocks, strict=True)
+        untraced = sum(b.traced_us != old.traced_us for b, old in pairs)
+        if untraced:  # the trace describes neither these blocks nor the step any more
+            capped = dataclasses.replace(capped, traced_us=None, traced_by_rank_us=())
+            logger.warning(
+                "pattern %r: --max-size changed %d of its %d imported blocks, so the trace does "
+                "not describe them: their replay against it, and the step's, is left out",
+                pattern.name,
+                untraced,
+                sum(b.traced_us is not None for b in pattern.blocks),
+            )
         key = _content(capped)
         if pattern.sweep_point and key in seen:
             continue
