@@ -157,14 +157,9 @@ def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> Bl
             file=source,
             path=block.yaml_path,
         )
-    return dataclasses.replace(
-        block,
-        params=frozen_mapping(params),
-        work=describe_params(cls, params),
-        traced_us=None,  # traced at the file's sizes, not these
-        traced_kernel=None,
-        traced_overlap=None,
-    )
+    untraced = {"traced_us": None, "traced_kernel": None, "traced_overlap": None}  # other sizes
+    work = describe_params(cls, params)
+    return dataclasses.replace(block, params=frozen_mapping(params), work=work, **untraced)
 
 
 _NOT_CONTENT = frozenset({"name", "sweep_point", "yaml_path"})
@@ -194,18 +189,16 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
     for pattern in suite.patterns:
-        blocks = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
-        capped = dataclasses.replace(pattern, blocks=blocks)
-        pairs = zip(blocks, pattern.blocks, strict=True)
-        untraced = sum(b.traced_us != old.traced_us for b, old in pairs)
+        new = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
+        capped = dataclasses.replace(pattern, blocks=new)
+        untraced = sum(a.traced_us != b.traced_us for a, b in zip(pattern.blocks, new, strict=True))
         if untraced:  # the trace describes neither these blocks nor the step any more
             capped = dataclasses.replace(capped, traced_us=None, traced_by_rank_us=())
+            total = sum(b.traced_us is not None for b in pattern.blocks)
             logger.warning(
-                "pattern %r: --max-size changed %d of its %d imported blocks, so the trace does "
-                "not describe them: their replay against it, and the step's, is left out",
-                pattern.name,
-                untraced,
-                sum(b.traced_us is not None for b in pattern.blocks),
+                f"pattern {pattern.name!r}: --max-size changed {untraced} of its {total} imported "
+                "blocks, so the trace does not describe them: their replay against it, and the "
+                "step's, is left out"
             )
         key = _content(capped)
         if pattern.sweep_point and key in seen:
