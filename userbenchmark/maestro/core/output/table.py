@@ -194,9 +194,8 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     p = outcome.pattern
     gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""
     title = f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}{gpu})"
-    summary = _overlap_lines(outcome, unit, precision) + _timing_lines(p)
     lines = [title, _block_table(outcome, unit, precision)]
-    lines += ["  " + s for s in summary]
+    lines += ["  " + s for s in _overlap_lines(outcome, unit, precision) + _timing_lines(p)]
     lines += [f"  note: {note}" for note in p.notes.split("; ") if p.notes]
     lines += [f"  note: {b.block}: {b.notes}" for b in outcome.blocks if b.notes]
     return "\n".join(lines)
