@@ -192,8 +192,7 @@ def files_read(path: str | Path) -> list[Path]:
     failures.json in that folder (or beside that file), so that no output replaces one."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    stems = (*TABLE_FILES.values(), "run", "failures")
-    return [path, *(folder / f"{stem}.json" for stem in stems)]
+    return [path, *(folder / f"{stem}.json" for stem in (*TABLE_FILES.values(), "run", "failures"))]
 
 
 def compare_files(

@@ -267,8 +267,7 @@ def format_sweep_summary(
     headers = ["point", "block", "size", f"avg ({u})", "algbw GB/s", "busbw GB/s"]
     headers += ["TFLOP/s", "slowdown"]
     first = points[0][1].pattern
-    base = first.pattern.split("[", 1)[0]
-    title = f"== {first.suite} / {base}: sweep of {len(points)} points"
+    title = f"== {first.suite} / {first.pattern.split('[', 1)[0]}: sweep of {len(points)} points"
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
