@@ -191,8 +191,7 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)
     peak = max(
-        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns),
-        default=0,
+        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns), default=0
     )
     lines.append("")
     uncounted = not import_ops and any(":" in b.op for p in suite.patterns for b in p.blocks)

@@ -339,7 +339,6 @@ def _fmt_change(change: float, absolute: bool) -> str:
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
-
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]
         patterns = {f"{k.suite}/{k.pattern}" for k in parsed}
