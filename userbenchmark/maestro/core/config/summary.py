@@ -104,12 +104,11 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     hidden = {
         n for n, p in declared.items() if not p.described_at_default and p.default is not None
     }
-    parts = (
+    return " ".join(
         f"{k}={_value(v, declared[k].kind if k in declared else '')}"
         for k, v in params.items()
         if v is not None and not (k in hidden and v == declared[k].default)
     )
-    return " ".join(parts)
 
 
 def _work(cls: type[Block] | None, block: BlockSpec) -> str:

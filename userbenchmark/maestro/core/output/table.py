@@ -86,11 +86,10 @@ def pattern_unit(outcome: PatternOutcome) -> str:
 
 
 def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
-    blocks = outcome.blocks
     u = UNIT_LABEL[unit]
     show_p99 = outcome.pattern.iters >= MIN_ITERS_FOR_P99
-    show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in blocks)
-    show_check = any(b.wrong_elements is not None for b in blocks)
+    show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in outcome.blocks)
+    show_check = any(b.wrong_elements is not None for b in outcome.blocks)
     headers = ["block", "op", "axis", "size", f"avg ({u})", f"min ({u})", f"max ({u})"]
     headers += [f"p99 ({u})"] if show_p99 else []
     headers += ["algbw GB/s", "busbw GB/s", "TFLOP/s"]
@@ -99,7 +98,7 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     latencies = LATENCY_COLUMNS[:4] if show_p99 else LATENCY_COLUMNS[:3]
     fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
     rows = []
-    for b in blocks:
+    for b in outcome.blocks:
         row = [b.block, b.op, f"{b.axis}({b.team_size})", _size(b.size_bytes)]
         row += [fmt(getattr(b, c)) for c in latencies]
         row += [_num(b.algbw_gbps), _num(b.busbw_gbps), _num(b.tflops)]
