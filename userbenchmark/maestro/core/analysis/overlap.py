@@ -15,8 +15,7 @@ from numpy.typing import ArrayLike
 def _intervals(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    s = np.asarray(starts)
-    e = np.asarray(ends)
+    s, e = np.asarray(starts), np.asarray(ends)
     if s.ndim != 2 or s.shape != e.shape:
         raise ValueError(
             f"starts and ends must be 2-D (num_blocks, num_iters) of equal shape, "
