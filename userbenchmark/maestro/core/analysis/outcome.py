@@ -263,7 +263,6 @@ def build_outcome(
         iso_reps.append(iso_rep)
         bus_bytes += bus
     pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
-    pattern_result = dataclasses.replace(pattern_result, peak_memory_bytes=peak_memory_bytes)
     names = [b.name for b in pattern.blocks]
     pairs = tuple(
         PairResult(
@@ -276,7 +275,7 @@ def build_outcome(
     )
     return PatternOutcome(
         blocks=tuple(blocks),
-        pattern=pattern_result,
+        pattern=dataclasses.replace(pattern_result, peak_memory_bytes=peak_memory_bytes),
         pairs=pairs,
         warnings=tuple(_warnings(pattern, agg, wrong, ranks_per_gpu)),
         comm_compute_overlap_by_rank=tuple(float(v) for v in agg.comm_compute_overlap_by_rank),

@@ -15,8 +15,7 @@ from numpy.typing import ArrayLike
 def _intervals(
     starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    s = np.asarray(starts)
-    e = np.asarray(ends)
+    s, e = np.asarray(starts), np.asarray(ends)
     if s.ndim != 2 or s.shape != e.shape:
         raise ValueError(
             f"starts and ends must be 2-D (num_blocks, num_iters) of equal shape, "
@@ -59,8 +58,7 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     e_sorted = np.take_along_axis(e, order, axis=0)
     reach = np.maximum.accumulate(e_sorted, axis=0)
     covered_to = np.concatenate([s_sorted[:1], reach[:-1]], axis=0)
-    added = np.maximum(e_sorted - np.maximum(s_sorted, covered_to), 0)
-    return added.sum(axis=0)
+    return np.maximum(e_sorted - np.maximum(s_sorted, covered_to), 0).sum(axis=0)
 
 
 def union_length_ns(

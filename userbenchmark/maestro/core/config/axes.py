@@ -341,8 +341,7 @@ def _resolve_likes(p: Problems, axes: dict[str, AxisDraft]) -> None:
                 draft.valid = False
             elif target in chain:
                 if target == draft.name:
-                    cycle = " -> ".join([*chain, target])
-                    p.add(join(draft.path, "like"), f"like cycle: {cycle}")
+                    p.add(join(draft.path, "like"), f"like cycle: {' -> '.join([*chain, target])}")
                 draft.valid = False
             else:
                 chain.append(target)

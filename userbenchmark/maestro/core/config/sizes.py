@@ -74,8 +74,7 @@ def format_size(size_bytes: int) -> str:
     with localcontext() as ctx:
         ctx.prec = 200  # x / 1024**p has at most 10p decimals: always exact here
         for unit in ("K", "M", "G", "T"):
-            scaled = Decimal(size_bytes) / UNIT_BYTES[unit]
-            text = f"{scaled.normalize():f}" + unit
+            text = f"{(Decimal(size_bytes) / UNIT_BYTES[unit]).normalize():f}" + unit
             if len(text) <= len(best):
                 best = text
     return best

@@ -104,12 +104,11 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     hidden = {
         n for n, p in declared.items() if not p.described_at_default and p.default is not None
     }
-    parts = (
+    return " ".join(
         f"{k}={_value(v, declared[k].kind if k in declared else '')}"
         for k, v in params.items()
         if v is not None and not (k in hidden and v == declared[k].default)
     )
-    return " ".join(parts)
 
 
 def _work(cls: type[Block] | None, block: BlockSpec) -> str:
@@ -191,8 +190,7 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)
     peak = max(
-        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns),
-        default=0,
+        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns), default=0
     )
     lines.append("")
     uncounted = not import_ops and any(":" in b.op for p in suite.patterns for b in p.blocks)

@@ -192,8 +192,7 @@ def files_read(path: str | Path) -> list[Path]:
     failures.json in that folder (or beside that file), so that no output replaces one."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    stems = (*TABLE_FILES.values(), "run", "failures")
-    return [path, *(folder / f"{stem}.json" for stem in stems)]
+    return [path, *(folder / f"{stem}.json" for stem in (*TABLE_FILES.values(), "run", "failures"))]
 
 
 def compare_files(
@@ -340,7 +339,6 @@ def _fmt_change(change: float, absolute: bool) -> str:
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
-
     def units(keys: Iterable[str]) -> tuple[set[str], set[str]]:
         parsed = [parse_metric_key(k) for k in keys]
         patterns = {f"{k.suite}/{k.pattern}" for k in parsed}

@@ -119,12 +119,7 @@ def check_name(part: NamePart, value: object) -> str:
 
 
 def metric_key(
-    suite: str,
-    pattern: str,
-    block: str | None,
-    metric: str,
-    *,
-    pair: tuple[str, str] | None = None,
+    suite: str, pattern: str, block: str | None, metric: str, *, pair: tuple[str, str] | None = None
 ) -> str:
     """Build ``suite/pattern/block/metric``, ``suite/pattern/a+b/metric`` for ``pair=(a, b)``,
     or ``suite/pattern/metric`` when both are None."""

@@ -213,8 +213,7 @@ class Progress:
         if not self.enabled or self._closed:
             return
         # Pad with spaces so a shorter line fully covers the longer one before it.
-        pad = " " * max(0, self._printed_width - len(line))
-        self.stream.write("\r" + line + pad)
+        self.stream.write("\r" + line + " " * max(0, self._printed_width - len(line)))
         self.stream.flush()
         self._printed_width = len(line)
 

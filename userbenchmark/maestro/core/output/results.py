@@ -353,7 +353,9 @@ def results_from_records(
     return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
 
 
-def _read_csv_rows(path: Path) -> list[dict[str, str]]:
+def _results_of_file(path: Path, table: Table) -> Results:
+    if path.suffix != ".csv":
+        return results_from_records(read_json_file(path), str(path), table=table)
     source = io.StringIO(read_text_file(path))
     try:
         text = pd.read_csv(source, dtype=str, keep_default_na=False, na_filter=False)
@@ -361,13 +363,7 @@ def _read_csv_rows(path: Path) -> list[dict[str, str]]:
         raise ResultsError(f"{path}: empty, expected a CSV header") from None
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise ResultsError(f"{path}: not a CSV table ({exc})") from None
-    return text.to_dict(orient="records")
-
-
-def _results_of_file(path: Path, table: Table) -> Results:
-    if path.suffix == ".csv":
-        return results_from_records(_read_csv_rows(path), str(path), table=table, text=True)
-    return results_from_records(read_json_file(path), str(path), table=table)
+    return results_from_records(text.to_dict(orient="records"), str(path), table=table, text=True)
 
 
 def read_table(path: str | Path, table: Table) -> pd.DataFrame:

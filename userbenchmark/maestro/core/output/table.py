@@ -86,11 +86,10 @@ def pattern_unit(outcome: PatternOutcome) -> str:
 
 
 def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
-    blocks = outcome.blocks
     u = UNIT_LABEL[unit]
     show_p99 = outcome.pattern.iters >= MIN_ITERS_FOR_P99
-    show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in blocks)
-    show_check = any(b.wrong_elements is not None for b in blocks)
+    show_iso = any(not math.isnan(b.isolated_latency_avg_us) for b in outcome.blocks)
+    show_check = any(b.wrong_elements is not None for b in outcome.blocks)
     headers = ["block", "op", "axis", "size", f"avg ({u})", f"min ({u})", f"max ({u})"]
     headers += [f"p99 ({u})"] if show_p99 else []
     headers += ["algbw GB/s", "busbw GB/s", "TFLOP/s"]
@@ -99,7 +98,7 @@ def _block_table(outcome: PatternOutcome, unit: str, precision: int) -> str:
     latencies = LATENCY_COLUMNS[:4] if show_p99 else LATENCY_COLUMNS[:3]
     fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
     rows = []
-    for b in blocks:
+    for b in outcome.blocks:
         row = [b.block, b.op, f"{b.axis}({b.team_size})", _size(b.size_bytes)]
         row += [fmt(getattr(b, c)) for c in latencies]
         row += [_num(b.algbw_gbps), _num(b.busbw_gbps), _num(b.tflops)]
@@ -194,9 +193,8 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     p = outcome.pattern
     gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""
     title = f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}{gpu})"
-    summary = _overlap_lines(outcome, unit, precision) + _timing_lines(p)
     lines = [title, _block_table(outcome, unit, precision)]
-    lines += ["  " + s for s in summary]
+    lines += ["  " + s for s in _overlap_lines(outcome, unit, precision) + _timing_lines(p)]
     lines += [f"  note: {note}" for note in p.notes.split("; ") if p.notes]
     lines += [f"  note: {b.block}: {b.notes}" for b in outcome.blocks if b.notes]
     return "\n".join(lines)
@@ -268,8 +266,7 @@ def format_sweep_summary(
     headers = ["point", "block", "size", f"avg ({u})", "algbw GB/s", "busbw GB/s"]
     headers += ["TFLOP/s", "slowdown"]
     first = points[0][1].pattern
-    base = first.pattern.split("[", 1)[0]
-    title = f"== {first.suite} / {base}: sweep of {len(points)} points"
+    title = f"== {first.suite} / {first.pattern.split('[', 1)[0]}: sweep of {len(points)} points"
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
