@@ -165,7 +165,7 @@ def _assert_interrupted(status: int, err: str, last_line: str) -> None:
     # ranks' own warnings: a loaded machine makes a rank warn that it started late, which is
     # the run's log, not the interrupt's output.
     for line in lines[:-1]:
-        warning = re.match(r"\[maestro r\d+\] WARNING ", line)
+        warning = re.match(r"maestro r\d+: warning: ", line)
         assert line.startswith("maestro: pattern ") or warning, err[-3000:]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import uuid
 
 import click
 import pytest
@@ -220,15 +222,40 @@ def _recording_loader(calls: list[dict], *, fail: bool = False):
     return load_suite
 
 
-def test_validate_passes_no_import_to_the_loader(monkeypatch, capsys):
-    calls: list[dict] = []
-    monkeypatch.setattr(loader, "load_suite", _recording_loader(calls))
-    assert cli.main(["validate", "quickstart", "--world-size", "2", "--no-import"]) == 0
-    assert calls == [{"world_size": 2, "import_ops": False}]
-    calls.clear()
-    assert cli.main(["validate", "quickstart", "--world-size", "2"]) == 0
-    assert calls[0]["import_ops"] is True
-    assert "suite quickstart" in capsys.readouterr().out
+MARKING_MODULE = """
+import pathlib
+pathlib.Path(__file__).with_name("imported.marker").write_text("imported")
+from userbenchmark.maestro.blocks.compute import Gemm
+class Mine(Gemm):
+    \"\"\"A user's GEMM whose module leaves a mark when it is imported.\"\"\"
+"""
+
+
+def test_validate_no_import_imports_nothing_and_validate_says_it_imports(
+    tmp_path, monkeypatch, capsys
+):
+    from userbenchmark.maestro.core.config import blocks
+
+    module = f"marking_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(MARKING_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(blocks, "_ANNOUNCED", set())
+    config = tmp_path / "custom.yaml"
+    config.write_text(
+        "name: c\nworld_size: 1\npatterns:\n  - name: p\n    blocks:\n"
+        f"      - {{name: a, op: '{module}:Mine', m: 64, n: 64, k: 64}}\n"
+    )
+    assert cli.main(["validate", str(config), "--no-import"]) == 0
+    captured = capsys.readouterr()
+    assert not (tmp_path / "imported.marker").exists() and module not in sys.modules
+    assert "custom ops not imported, not counted" in captured.out
+    assert "trusted code" not in captured.err
+    for _ in range(2):  # said once per process
+        assert cli.main(["validate", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert (tmp_path / "imported.marker").exists()
+    assert captured.err.count(f"importing module '{module}' runs its code") == 1, captured.err
+    assert "48 KiB" in captured.out  # its buffers counted once imported
 
 
 def test_run_validates_the_file_once_with_the_runs_world_size(monkeypatch, capsys):
@@ -364,3 +391,32 @@ def test_cuda_graphs_on_gloo_are_refused_before_any_worker(tmp_path, capsys):
     argv = ["run", "-c", str(config), "--nproc", "2", "--graph", "--backend", "gloo"]
     assert cli.main(argv) == 2
     assert "CUDA graphs" in capsys.readouterr().err
+
+
+# ---- validate NAME: the world sizes a shipped file's header lists ----
+@pytest.mark.parametrize("name", loader.shipped_configs())
+def test_validate_works_on_every_shipped_config_without_a_world_size(name, capsys):
+    assert cli.main(["validate", name]) == 0, capsys.readouterr().err
+    sizes = loader.listed_world_sizes(name)
+    out = capsys.readouterr().out
+    assert sizes and f"\nworld size {sizes[0]}," in out
+    if len(sizes) > 1:
+        listed = ", ".join(map(str, sizes[1:]))
+        assert out.endswith(f"also valid at the other world sizes its header lists: {listed}\n")
+
+
+def test_validate_names_the_listed_world_size_a_file_fails_at(tmp_path, capsys):
+    config = tmp_path / "listed.yaml"
+    config.write_text(
+        "# World size: 2 (also runs at: 4, 3; 4K must split evenly)\n\nname: listed\npatterns:\n"
+        "  - name: p\n    blocks:\n      - {name: ag, op: all_gather, size: 4K}\n"
+    )
+    assert loader.listed_world_sizes(config) == (2, 4, 3)
+    assert cli.main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "maestro: invalid configuration at world size 3, which the file's header lists:\n"
+    ), err
+    config.write_text(config.read_text().replace("# World", "# Any world"))
+    assert cli.main(["validate", str(config)]) == 2  # no listed size: as before
+    assert "the world size is unknown" in capsys.readouterr().err

@@ -179,7 +179,14 @@ def test_log_lines_inside_a_run_carry_the_rank(maestro_logger, monkeypatch, caps
     monkeypatch.setenv("RANK", "3")
     configure_logging("INFO")
     logging.getLogger("maestro.pattern").warning("slow")
-    assert capsys.readouterr().err == "[maestro r3] WARNING slow\n"
+    assert capsys.readouterr().err == "maestro r3: warning: slow\n"
+
+
+def test_log_lines_escape_what_a_terminal_would_act_on(maestro_logger, capsys):
+    configure_logging("INFO", ranked=False)
+    logging.getLogger("maestro.config").warning("%s: custom op", "a\x1b[2J\nfile is valid")
+    err = capsys.readouterr().err
+    assert err == "maestro: warning: a\\x1b[2J\\nfile is valid: custom op\n", err
 
 
 # ---- every rank runs rank 0's pattern text and options ----

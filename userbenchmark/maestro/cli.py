@@ -258,7 +258,8 @@ def run_command(**params: Any) -> int:
 @click.option(
     "--world-size",
     type=int,
-    help="world size to validate against (when the file does not fix it)",
+    help="world size to validate against (default: the file's world_size, else every size its "
+    "header lists: '# World size: 8 (also runs at: 2, 4)')",
 )
 @click.option(
     "--no-import",
@@ -270,17 +271,29 @@ def run_command(**params: Any) -> int:
 def validate_command(config: str, world_size: int | None, no_import: bool) -> int:
     """Check the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) and
     summarise it: exit status 0 when it is valid, 2 with every problem found when not."""
-    from .core.config.loader import load_suite
+    from .core.config.loader import listed_world_sizes, load_suite
     from .core.config.summary import suite_summary
 
+    sizes: tuple[int | None, ...] = (world_size,)
+    suites = []
     try:
         if world_size is not None and world_size < 1:
             raise OptionError(f"--world-size must be at least 1, got {world_size}")
-        suite = load_suite(config, world_size=world_size, import_ops=not no_import)
+        if world_size is None:  # the file's world_size, else each size its header lists
+            sizes = listed_world_sizes(config) or sizes
+        for size in sizes:
+            suites.append(load_suite(config, world_size=size, import_ops=not no_import))
     except (ConfigError, OptionError) as err:
-        say(user_error_message(err))
+        message = user_error_message(err)
+        if world_size is None and sizes[0] is not None:
+            where = f" at world size {sizes[len(suites)]}, which the file's header lists:\n"
+            message = message.replace(":\n", where, 1)
+        say(message)
         return EXIT_USAGE
-    print(suite_summary(suite))
+    print(suite_summary(suites[0], import_ops=not no_import))
+    if len(suites) > 1:
+        others = ", ".join(str(s.world_size) for s in suites[1:])
+        print(f"also valid at the other world sizes its header lists: {others}")
     return EXIT_OK
 
 

@@ -29,7 +29,8 @@ class ConfigIssue:
 
     def __str__(self) -> str:
         where = (self.file or "<config>") + ("" if self.line is None else f":{self.line}")
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        parts = (where, self.path, self.message) if self.path else (where, self.message)
+        return ": ".join(map(printable, parts))
 
 
 class ConfigError(MaestroError, ValueError):
@@ -92,13 +93,22 @@ class LaunchError(MaestroError, ValueError):
     a run (exit status 2, before any worker starts)."""
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on escaped as Python writes it
+    (``\\x1b``, ``\\n``): a user's string in a message can neither move the cursor, clear the
+    screen, nor start a line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def user_error_message(err: ConfigError | OptionError | LaunchError) -> str:
-    """The one message an input error prints (exit status 2): what kind, then what and where."""
+    """The one message an input error prints (exit status 2): what kind, then what and where
+    (one line but for a ConfigError's one line per problem)."""
     if isinstance(err, ConfigError):
         return f"maestro: invalid configuration:\n{err}"
-    if isinstance(err, LaunchError):
-        return f"maestro: invalid launch environment: {err}"
-    return f"maestro: invalid option: {err}"
+    kind = "launch environment" if isinstance(err, LaunchError) else "option"
+    return f"maestro: invalid {kind}: {printable(str(err))}"
 
 
 def cause_of(exc: BaseException) -> str:
@@ -116,9 +126,10 @@ STREAM_GONE = (BrokenPipeError, ConnectionResetError, ValueError, OSError)
 
 
 def say(line: str) -> None:
-    """Print one message on stderr (every process's); a closed stderr loses the line only."""
+    """Print one message on stderr (every process's), each of its lines :func:`printable`; a
+    closed stderr loses the line only."""
     try:
-        print(line, file=sys.stderr, flush=True)
+        print("\n".join(map(printable, line.split("\n"))), file=sys.stderr, flush=True)
     except STREAM_GONE:
         detach_stream(sys.stderr)
 

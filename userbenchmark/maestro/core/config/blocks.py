@@ -4,6 +4,7 @@ blocks it waits for (``after:``), with no cycle in its pattern's wait-for graph 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -23,6 +24,8 @@ BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", 
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
 
 _CUSTOM: Final = "a custom 'package.module:ClassName'"
+_ANNOUNCED: set[str] = set()  # custom ops' modules this process said it imports
+logger = logging.getLogger("maestro.config")
 DTYPES: Final = tuple(DTYPE_SIZES_BYTES)
 
 
@@ -49,6 +52,15 @@ class OpResolver:
     def _resolve(self, op: str) -> type[Block] | str | None:
         if ":" in op and not self.import_ops:
             return custom_op_problem(op)
+        module = op.partition(":")[0]
+        if ":" in op and module not in _ANNOUNCED and custom_op_problem(op) is None:
+            _ANNOUNCED.add(module)  # said once per process
+            logger.warning(
+                "custom op %r: importing module %r runs its code as yours (trusted code; "
+                "validate --no-import checks a file without importing it)",
+                op,
+                module,
+            )
         try:
             return resolve_op(op)
         except KeyError:

@@ -75,6 +75,26 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     )
 
 
+_HEADER_SIZES: Final = re.compile(
+    r"#\s*world size:\s*(\d+)(?:\s*\(also runs at:((?:\s*\d+\s*,?)+))?", re.IGNORECASE
+)
+
+
+def listed_world_sizes(source: str | Path) -> tuple[int, ...]:
+    """The world sizes the leading comments of the pattern file ``source`` list, the main one
+    first (``# World size: 8 (also runs at: 2, 4)``: 8, 2, 4), as every shipped file states
+    them; empty when they list none."""
+    path = resolve_config_path(source)
+    for line in read_file_text(path, str(path)).splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break  # past the header
+        found = _HEADER_SIZES.match(line.strip())
+        if found:
+            also = (found[2] or "").replace(",", " ").split()
+            return tuple(dict.fromkeys(int(n) for n in (found[1], *also)))
+    return ()
+
+
 def load_suite(
     source: str | Path, *, world_size: int | None = None, import_ops: bool = True
 ) -> SuiteSpec:

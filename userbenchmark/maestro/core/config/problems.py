@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ...errors import ConfigIssue
+from ...errors import ConfigIssue, printable
 
 MAX_ISSUES: Final = 100
 """Most problems one ConfigError lists; the rest are counted in a last line."""
@@ -26,8 +26,10 @@ _FLOAT_AS_TEXT: Final = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[
 
 
 def join(path: str, key: Any) -> str:
-    """The YAML path of ``key`` in the mapping at ``path``: ``patterns[0].blocks``."""
-    return f"{path}.{key}" if path else str(key)
+    """The YAML path of ``key`` in the mapping at ``path``: ``patterns[0].blocks``; a key's
+    control characters escaped (:func:`printable`), as every message shows it."""
+    key = printable(str(key))
+    return f"{path}.{key}" if path else key
 
 
 def index(path: str, i: int) -> str:

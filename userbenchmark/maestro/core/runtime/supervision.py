@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...errors import EXIT_FAILED, say
+from ...errors import EXIT_FAILED, printable, say
 
 log = logging.getLogger("maestro.launcher")
 
@@ -31,21 +31,24 @@ STARTING, RUNNING, VERDICT, LEAVING = 0, 1, 2, 3
 _real_exit = os._exit
 
 
-class _PlainFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return f"maestro: {record.levelname.lower()}: {super().format(record)}"
+class _Formatter(logging.Formatter):
+    # One spelling for every log line: "maestro: warning: ..." ("maestro r1: ..." in a rank),
+    # its message one printable line (a user's string in it cannot drive the terminal).
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return f"{self.prefix}: {record.levelname.lower()}: {printable(record.message)}"
 
 
 def configure_logging(level: str = "INFO", *, ranked: bool = True) -> None:
-    """Log to stderr at ``level``; ``ranked`` lines carry the rank (``[maestro r1] WARNING``),
+    """Log to stderr at ``level``; ``ranked`` lines carry the rank (``maestro r1: warning:``),
     the others (validate, compare, the local launcher: no rank) read ``maestro: warning: ...``."""
     handler = logging.StreamHandler(sys.stderr)
-    if ranked:  # the launcher set RANK (or SLURM_PROCID) before this process configured logging
-        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-        fmt = "[maestro r%(rank)s] %(levelname)s %(message)s"
-        handler.setFormatter(logging.Formatter(fmt, defaults={"rank": rank}))
-    else:
-        handler.setFormatter(_PlainFormatter("%(message)s"))
+    # The launcher set RANK (or SLURM_PROCID) before this process configured logging.
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    handler.setFormatter(_Formatter(f"maestro r{rank}" if ranked else "maestro"))
     root = logging.getLogger("maestro")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
