@@ -420,3 +420,25 @@ def test_validate_names_the_listed_world_size_a_file_fails_at(tmp_path, capsys):
     config.write_text(config.read_text().replace("# World", "# Any world"))
     assert cli.main(["validate", str(config)]) == 2  # no listed size: as before
     assert "the world size is unknown" in capsys.readouterr().err
+
+
+# ---- a file too large for the CPU says so before anything starts ----
+def test_a_run_too_large_for_the_cpu_says_so_before_it_starts_and_names_max_size(
+    monkeypatch, tmp_path, capsys
+):
+    import torch
+
+    from userbenchmark.maestro.core.config.summary import large_for_cpu
+    from userbenchmark.maestro.core.runtime import launcher
+
+    assert large_for_cpu(loader.load_suite("quickstart", world_size=2)) == ""
+    said = large_for_cpu(loader.load_suite("fsdp", world_size=2))
+    assert "backward (3.77 GiB of buffers, 244 TFLOP of GEMM work)" in said, said
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(launcher, "launch_local", lambda *args: started.append(capsys.readouterr()))
+    argv = ["run", "-c", "fsdp", "--nproc", "2", "--metrics-dir", str(tmp_path)]
+    cli.main(argv)
+    assert started and started[0].err.count("--max-size 64K runs every pattern") == 1
+    cli.main([*argv, "--max-size", "64K"])
+    assert "large for a CPU run" not in started[1].err

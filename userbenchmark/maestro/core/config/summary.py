@@ -3,8 +3,8 @@ block's work, and the bytes each rank allocates per pattern (from Block.buffer_b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from tabulate import tabulate
 
@@ -45,13 +45,54 @@ def rank_buffer_bytes(
     """Bytes each rank (index = global rank) allocates for ``pattern``'s blocks: nothing for a
     block whose axis has no team holding the rank, and 0 for custom ops left unimported
     (``import_ops`` False)."""
+    return _per_rank(suite, pattern, lambda block: _block_bytes(suite, block, import_ops))
+
+
+def _per_rank(
+    suite: SuiteSpec, pattern: PatternSpec, amount: Callable[[BlockSpec], int | None]
+) -> tuple[int, ...]:
     per_rank = [0] * suite.world_size
     for block in pattern.blocks:
-        num_bytes = _block_bytes(suite, block, import_ops) or 0
+        num = amount(block) or 0
         for team in suite.axes[block.axis].teams:
             for rank in team:
-                per_rank[rank] += num_bytes
+                per_rank[rank] += num
     return tuple(per_rank)
+
+
+def _flops(cls: type[Block] | None, block: BlockSpec) -> int:
+    try:
+        flops = cls.flop_count(block.params) if cls is not None else 0
+    except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
+        flops = 0
+    return flops if isinstance(flops, int) and flops > 0 else 0
+
+
+LARGE_FOR_CPU_BYTES: Final = 2**30
+"""Buffers per rank over which a CPU run says, before it starts, that it is large."""
+LARGE_FOR_CPU_FLOP: Final = 10**12
+"""GEMM work per rank over a pattern's iterations (warmup and baseline included) over which a
+CPU run says so: 10 s at 100 GFLOP/s, more than one core of most CPUs does."""
+
+
+def large_for_cpu(suite: SuiteSpec) -> str:
+    """Why ``suite`` is large for a CPU run (each such pattern's buffers and GEMM work per rank,
+    naming ``--max-size``), or ``""``."""
+    large = []
+    for p in suite.patterns:
+        num_bytes = max(rank_buffer_bytes(suite, p))
+        runs = (p.warmup_iters + p.num_iters) * (2 if p.baseline else 1)
+        flops = runs * max(_per_rank(suite, p, lambda b: _flops(_block_class(b.op), b)))
+        if num_bytes > LARGE_FOR_CPU_BYTES or flops > LARGE_FOR_CPU_FLOP:
+            work = f"{_with_unit(flops, _FLOP_UNITS, 1000)} of GEMM work" if flops else "no GEMM"
+            large.append(f"{p.name} ({human_bytes(num_bytes)} of buffers, {work})")
+    if not large:
+        return ""
+    shown = ", ".join(large[:3]) + (f" and {len(large) - 3} more" if len(large) > 3 else "")
+    return (
+        f"large for a CPU run, per rank: {shown}; a CPU core does about 10 to 100 GFLOP/s, so "
+        "expect minutes or more: --max-size 64K runs every pattern at tiny sizes"
+    )
 
 
 def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | None:
@@ -112,15 +153,8 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
 
 
 def _work(cls: type[Block] | None, block: BlockSpec) -> str:
-    text = block.work
-    if cls is not None:
-        try:
-            flops = cls.flop_count(block.params)
-        except Exception:  # noqa: BLE001 - a summary must not fail on a custom block
-            flops = None
-        if isinstance(flops, int) and flops > 0:
-            text += f" ({_with_unit(flops, _FLOP_UNITS, 1000)})"
-    return text
+    flops = _flops(cls, block)
+    return block.work + (f" ({_with_unit(flops, _FLOP_UNITS, 1000)})" if flops else "")
 
 
 def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[str]:

@@ -29,6 +29,7 @@ from ...errors import (
 from ..config.loader import load_suite
 from ..config.options import RunOptions, apply_overrides, check_graphs
 from ..config.spec import SuiteSpec
+from ..config.summary import large_for_cpu
 from ..measure.rig import RankPlace
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
 from . import supervision
@@ -220,6 +221,9 @@ def prepare_suite(
             "; ".join(_placed(i.message, i.file, i.path) for i in err.issues)
         ) from None
     check_graphs(suite, options, backend)
+    large = large_for_cpu(suite) if backend == "gloo" else ""
+    if large:  # said before anything starts
+        logging.getLogger("maestro.config").warning("%s", large)
     return suite
 
 
