@@ -5,6 +5,7 @@ the duration it asks for. A replay read efficiency 2.046 [0.972, 576] and a 19.5
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.analysis.stats import measurable, unmeasurable_note
 from userbenchmark.maestro.core.config.spec import SuiteSpec
 from userbenchmark.maestro.core.output.table import format_pattern
 
@@ -107,3 +109,66 @@ def test_on_a_gpu_only_busy_alone_is_judged():
     assert fine.notes == ""
     assert slow_alone.notes.startswith("average latency alone 90.0 µs: far over the 19.5 µs")
     assert slow_alone.notes.endswith("its lane waited")
+
+
+# ---- a figure whose interval is wider than its own range is "not measurable here" ----
+def _noisy(iters: int, sigma: float = 1.2):
+    rng = np.random.default_rng(1)
+    together = [rng.lognormal(np.log(1000), sigma, iters), rng.lognormal(np.log(700), sigma, iters)]
+    alone = [rng.lognormal(np.log(900), sigma, iters), rng.lognormal(np.log(600), sigma, iters)]
+    return _outcome([GEMM, GEMM], together, alone)
+
+
+def _renamed(outcome, pattern: str):
+    blocks = tuple(dataclasses.replace(b, pattern=pattern) for b in outcome.blocks)
+    pairs = tuple(dataclasses.replace(pair, pattern=pattern) for pair in outcome.pairs)
+    head = dataclasses.replace(outcome.pattern, pattern=pattern)
+    return dataclasses.replace(outcome, blocks=blocks, pairs=pairs, pattern=head)
+
+
+def test_an_efficiency_and_slowdowns_wider_than_their_range_read_not_measurable_with_why():
+    out = _noisy(12)
+    p, b0 = out.pattern, out.blocks[0]
+    low, high, _ = p.intervals["overlap_efficiency"]
+    assert high - low > 1 and not measurable("overlap_efficiency", p.overlap_efficiency, low, high)
+    assert (
+        "overlap efficiency not measurable here" in p.notes and "too few iterations (12" in p.notes
+    )
+    assert (
+        "slowdown not measurable here" in b0.notes and "wider than the slowdown itself" in b0.notes
+    )
+    text = format_pattern(out)
+    assert "overlap efficiency not measurable (see note)" in text
+    assert f"{p.overlap_efficiency:.3f} [" not in text.split("note:")[0]  # no noise as a figure
+    assert text.count("not measurable (see note)") == 3, text  # efficiency and both slowdowns
+    # Many iterations that vary as much: the host's noise, not their number, is named.
+    assert "the iterations vary too much (a noisy host)" in _noisy(100, 2.0).blocks[0].notes
+
+
+def test_the_rule_holds_each_figure_to_its_own_range():
+    assert measurable("overlap_efficiency", 0.5, 0.0, 1.0)  # exactly the range: still read
+    assert not measurable("overlap_efficiency", 0.5, -0.3, 0.71)
+    assert measurable("slowdown", 1.2, 0.7, 1.9) and not measurable("slowdown", 1.2, 0.7, 1.91)
+    assert measurable("latency_avg_us", 5.0, 0.0, 1e9)  # other figures: judged by compare
+    assert measurable("slowdown", 1.2, math.nan, math.nan)  # no interval: nothing to say
+    assert unmeasurable_note("slowdown", 1.2, (0.7, 1.9, 20), 100) == ""
+
+
+def test_the_metrics_file_leaves_out_what_is_not_measurable_and_the_results_keep_it(tmp_path):
+    import json
+
+    from userbenchmark.maestro.core.output.writer import OutputWriter
+
+    noisy, steady = _noisy(12), _outcome([GEMM, GEMM], [[900.0] * 8] * 2, [[800.0] * 8] * 2)
+    writer = OutputWriter(output_dir=tmp_path, metrics_path=tmp_path / "m.json", environ={})
+    writer.add(noisy)
+    writer.add(_renamed(steady, "q"))
+    metrics = json.loads((tmp_path / "m.json").read_text())["metrics"]
+    assert not [
+        k for k in metrics if k.startswith("s/p/") and ("slowdown" in k or "efficiency" in k)
+    ]
+    assert "s/q/b0/slowdown" in metrics and "s/q/b0/slowdown_ci_high" in metrics
+    assert writer.num_metrics == len([k for k in metrics if "_ci_" not in k])
+    rows = json.loads((tmp_path / "results.json").read_text())
+    row = next(r for r in rows if r["pattern"] == "p" and r["block"] == "b0")
+    assert row["slowdown"] == noisy.blocks[0].slowdown and "not measurable here" in row["notes"]

@@ -51,3 +51,18 @@ def test_a_config_name_with_escapes_is_escaped_in_the_not_found_message(capsys):
     assert cli.main(["validate", f"nowhere{HOSTILE}"]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\r" not in err and err.count("\n") == 2, err
+
+
+def test_a_run_that_finished_no_pattern_does_not_say_metrics_were_written(tmp_path, capsys):
+    from userbenchmark.maestro.core.config.loader import load_suite
+    from userbenchmark.maestro.core.config.options import RunOptions
+    from userbenchmark.maestro.core.output.reporter import Reporter
+    from userbenchmark.maestro.core.output.writer import OutputWriter
+
+    path = tmp_path / "metrics-20260101000000.json"
+    reporter = Reporter(load_suite("quickstart", world_size=1), RunOptions(metrics_path=str(path)))
+    reporter.writer = OutputWriter(output_dir=None, metrics_path=path, environ={})
+    reporter.failed("overlap_ar_gemm", "interrupted")  # an interrupted first pattern
+    reporter.close(130)
+    out = capsys.readouterr().out
+    assert "metrics written" not in out and f"maestro: {path} holds no metric" in out, out

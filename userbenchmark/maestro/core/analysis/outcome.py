@@ -28,6 +28,7 @@ from .stats import (
     interval,
     latency_stats,
     percentile_nearest_rank,
+    unmeasurable_note,
 )
 
 MIN_ITERS_FOR_P99 = 100
@@ -191,14 +192,15 @@ def _block_result(
     start_skew = _us(agg.start_skew_ns[b], "mean")
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
-    high = intervals.get("slowdown", (math.nan, math.nan, 0))[1]
+    slow_interval = intervals.get("slowdown", (math.nan,) * 3)
     cpu = head["profiler"] == "host"
     notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
-        high < 1.0,
-        f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
-        "overlapped than alone; the isolated run was slower (clocks, caches, a busier machine) "
-        "or the block gained from the overlap",
+        slow_interval[1] < 1.0,
+        f"slowdown {slowdown:.3f} (95 % interval up to {slow_interval[1]:.3f}) < 1 beyond noise: "
+        "faster overlapped than alone; the isolated run was slower (clocks, caches, a busier "
+        "machine) or the block gained from the overlap",
     )
+    notes.append(unmeasurable_note("slowdown", slowdown, slow_interval, pattern.num_iters))
     last = int(agg.last_to_start_rank[b])
     ctas = agg.kernel_ctas_max[b]
     return (
@@ -367,8 +369,12 @@ def _pattern_result(
         df = degrees_of_freedom(agg.comm_compute_by_iter[1])
         noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
     intervals = noise.take()
-    eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)[:2]
-    notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval)
+    eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)
+    notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval[:2])
+    efficiency = figures.get("overlap_efficiency", math.nan)
+    notes.append(
+        unmeasurable_note("overlap_efficiency", efficiency, eff_interval, pattern.num_iters)
+    )
     return PatternResult(
         **head,
         iters=pattern.num_iters,
@@ -390,7 +396,7 @@ def _pattern_result(
         gate_spin_us=agg.gate_spin_us,
         enqueue_max_us=_us(agg.enqueue_ns, "max"),
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
-        notes="; ".join(notes),
+        notes="; ".join(filter(None, notes)),
         intervals=intervals,
     )
 

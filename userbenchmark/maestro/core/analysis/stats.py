@@ -207,3 +207,35 @@ def interval(estimate: float, replicates: np.ndarray, df: int) -> tuple[float, f
         estimate - max(estimate - low, 0.0) * widen,
         estimate + max(high - estimate, 0.0) * widen,
     )
+
+
+NOT_MEASURABLE = "not measurable here"
+FEW_WINDOWS = 10
+"""Independent windows of iterations under which a too wide interval is put down to too few
+iterations, rather than to iterations that vary too much."""
+_RANGES = {"overlap_efficiency": "its range, 0 to 1", "slowdown": "the slowdown itself"}
+
+
+def measurable(name: str, value: float, low: float, high: float) -> bool:
+    """False when the 95 % interval [low, high] of the figure ``name`` is wider than the range
+    it is read in: overlap efficiency's 0 to 1, a slowdown's own value (a ratio known to no
+    better than ±50 %); True for other figures and where there is no interval."""
+    span = 1.0 if name == "overlap_efficiency" else abs(value) if name == "slowdown" else math.inf
+    return not high - low > span
+
+
+def unmeasurable_note(name: str, value: float, interval: tuple[float, ...], iters: int) -> str:
+    """Why the figure ``name`` is not measurable here (:func:`measurable`), with its value and
+    interval; ``""`` when it is."""
+    low, high, df = interval
+    if measurable(name, value, low, high):
+        return ""
+    why = (
+        f"too few iterations ({iters}, {df + 1:.0f} independent windows of them): run more iters"
+        if df + 1 < FEW_WINDOWS
+        else "the iterations vary too much (a noisy host): run on a quieter machine"
+    )
+    return (
+        f"{name.replace('_', ' ')} {NOT_MEASURABLE}: {value:.3f}, its 95 % interval "
+        f"[{low:.3f}, {high:.3f}] wider than {_RANGES[name]}: {why}"
+    )

@@ -332,8 +332,11 @@ class Reporter:
         if status == EXIT_INTERRUPTED:
             say(interrupted_message(saved=self.saved))
         if self.saved and self.writer is not None:
-            if self.writer.metrics_path is not None:
-                self._print(f"maestro: metrics written to {self.writer.metrics_path}")
+            count, path = self.writer.num_metrics, self.writer.metrics_path
+            if path is not None and count:
+                self._print(f"maestro: {count} metrics written to {path}")
+            elif path is not None:
+                self._print(f"maestro: {path} holds no metric: no pattern finished")
             if self.writer.output_dir is not None:
                 self._print(f"maestro: results written to {self.writer.output_dir}")
         if self._stdout_lost:

@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
+from ..analysis.stats import measurable
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec
 
@@ -64,10 +65,16 @@ def _num(value: float | int | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def _with_interval(record: BlockResult | PatternResult, name: str, digits: int) -> str:
+def _with_interval(
+    record: BlockResult | PatternResult, name: str, digits: int, *, bounds: bool = True
+) -> str:
+    """The figure ``name`` and its interval; "not measurable" where the interval is wider than
+    the figure's range (the note under the table says why, with the value)."""
     value = getattr(record, name)
     low, high, _ = record.intervals.get(name, (math.nan, math.nan, 0))
-    if math.isnan(low) or math.isnan(value):
+    if not measurable(name, value, low, high):
+        return "not measurable (see note)" if bounds else "not measurable"
+    if math.isnan(low) or math.isnan(value) or not bounds:
         return _num(value, digits)
     return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
 
@@ -139,7 +146,7 @@ def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[s
     if pairs:
         # Running at the same time is not sharing nothing: the slowdowns beside each pair say
         # whether the two took turns (two GEMMs on all SMs overlap 1.0 and slow down 2x).
-        slowdown = {b.block: _num(b.slowdown, 2) for b in outcome.blocks}
+        slowdown = {b.block: _with_interval(b, "slowdown", 2, bounds=False) for b in outcome.blocks}
         shown, more = pairs, ""  # in block order; when too many, those that ran together most
         if len(pairs) > MAX_PAIRS_SHOWN:
             shown = sorted(pairs, key=lambda pair: -np.nan_to_num(pair.pairwise_overlap))
@@ -259,7 +266,7 @@ def format_sweep_summary(
     rows = [
         [label, b.block, _size(b.size_bytes)]
         + [format_in_unit(b.latency_avg_us, unit, precision), _num(b.algbw_gbps)]
-        + [_num(b.busbw_gbps), _num(b.tflops), _num(b.slowdown, 3)]
+        + [_num(b.busbw_gbps), _num(b.tflops), _with_interval(b, "slowdown", 3, bounds=False)]
         for label, outcome in points
         for b in outcome.blocks
     ]
