@@ -330,3 +330,60 @@ def test_no_metrics_dir_means_no_metrics_file(tmp_path):
         assert prepared.metrics_path is None
     with prepare_output_locations(None, None) as nothing:
         assert nothing.output_dir is None and nothing.metrics_path is None
+
+
+# ---- a run's inputs are never moved nor overwritten; names too long are one line ----
+@pytest.mark.parametrize("name", ["results.json", "traces/my_op.py", "plot-p.png"])
+def test_an_input_among_what_a_run_moves_or_writes_is_refused_before_anything_moves(tmp_path, name):
+    out = tmp_path / "pd"
+    (out / "traces").mkdir(parents=True)
+    source = out / name
+    source.write_text("name: mine\n")
+    (out / "patterns.json").write_text("an earlier run's")
+    with pytest.raises(OptionError, match=rf"{source} is an input of this run, and "):
+        prepare_output_locations(out, None, now=NOW, inputs=[source])
+    assert source.read_text() == "name: mine\n" and (out / "patterns.json").exists()
+    assert not list(out.glob("previous-*")) and not (out / LOCK_NAME).exists()
+    with pytest.raises(OptionError, match="is an input of this run"):  # through a link too
+        (tmp_path / "link.yaml").symlink_to(source)
+        prepare_output_locations(out, None, now=NOW, inputs=[tmp_path / "link.yaml"])
+    (tmp_path / "mine.yaml").write_text("name: mine\n")
+    with prepare_output_locations(out, None, now=NOW, inputs=[tmp_path / "mine.yaml"]):
+        assert (out / f"previous-{STAMP}" / "patterns.json").exists()  # others still move
+
+
+def test_run_of_a_pattern_file_inside_the_output_folder_under_a_results_name_is_refused(
+    tmp_path, capsys, cli_here
+):
+    from userbenchmark.maestro import cli
+    from userbenchmark.maestro.core.config.loader import resolve_config_path
+
+    out = tmp_path / "pd"
+    out.mkdir()
+    (out / "results.json").write_text(resolve_config_path("quickstart").read_text())
+    argv = ["run", "-c", str(out / "results.json"), "--output-dir", str(out), "--no-metrics"]
+    assert cli.main(argv) == 2
+    assert "is an input of this run" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--metrics-dir"])
+def test_a_path_component_over_255_bytes_is_one_line_and_status_2(
+    tmp_path, capsys, option, cli_here
+):
+    from userbenchmark.maestro import cli
+
+    folder = tmp_path / ("a" * 300)
+    assert cli.main(["run", "--iters", "1", option, str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"maestro: invalid option: {option} {folder}: cannot be created: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_output_file_name_over_255_bytes_is_one_line_and_status_2(tmp_path, capsys, cli_here):
+    from userbenchmark.maestro import cli
+
+    output = tmp_path / ("a" * 300 + ".yaml")
+    assert cli.main(["import-trace", str(tmp_path), "-o", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"maestro: invalid option: -o {output}: ") and err.count("\n") == 1

@@ -121,6 +121,14 @@ def _world_size(nproc: int | None, launch: Any) -> int:
     return int(launch.world_size)
 
 
+def _run_inputs(suite: Any) -> list[str]:
+    """What a run reads and must never move nor overwrite: its pattern file and the modules of
+    its custom ops (imported by then)."""
+    modules = {b.op.partition(":")[0] for p in suite.patterns for b in p.blocks if ":" in b.op}
+    files = (getattr(sys.modules.get(name), "__file__", None) for name in sorted(modules))
+    return [suite.source, *filter(None, files)]
+
+
 def cmd_run(params: dict[str, Any]) -> int:
     """Check what can be checked before a worker starts (each failure one line, exit 2), in
     order: the launcher's variables, the options, this machine and the pattern file, validated
@@ -156,7 +164,9 @@ def cmd_run(params: dict[str, Any]) -> int:
         # Only rank 0 writes: it (or the local launcher, which outlives its workers) claims the
         # output locations; the other ranks of a torchrun/srun launch do not touch them.
         if launch.rank == 0:
-            outputs = prepare_output_locations(options.output_dir, metrics_folder(options))
+            outputs = prepare_output_locations(
+                options.output_dir, metrics_folder(options), inputs=_run_inputs(suite)
+            )
             supervision.on_hard_exit(outputs.close)
             if outputs.metrics_path is not None:
                 options = dataclasses.replace(options, metrics_path=str(outputs.metrics_path))

@@ -146,13 +146,27 @@ def prepare_output_locations(
     metrics_dir: str | os.PathLike[str] | None,
     *,
     now: _dt.datetime | None = None,
+    inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> PreparedOutputs:
     """Check, create and claim the run's output locations (OptionError naming the option,
     path and reason): the output folder locked, an earlier run's files moved aside, a killed
-    run's temporaries removed, a metrics name reserved (docs/reliability.md)."""
+    run's temporaries removed, a metrics name reserved (docs/reliability.md); refused before
+    anything moves when one of ``inputs`` (the run's pattern file, custom ops' modules) is among
+    the files it would move aside or rewrite."""
     stamp = (now or _dt.datetime.now()).strftime("%Y%m%d%H%M%S")
     out = None if output_dir is None else _usable_dir("--output-dir", Path(output_dir))
     metrics = None if metrics_dir is None else _usable_dir("--metrics-dir", Path(metrics_dir))
+    for source in inputs if out is not None else ():
+        claimed = [out / name for name in MAESTRO_OUTPUT_NAMES] + sorted(out.glob(_PLOT_GLOB))
+        hit = next(
+            (c for c in claimed if _same_file(os.stat(source), c) or _inside(source, c)), None
+        )
+        if hit is not None:
+            raise OptionError(
+                f"--output-dir {out}: {os.fspath(source)} is an input of this run, and {hit.name} "
+                "is a name a run moves aside and writes there: copy it elsewhere, or choose "
+                "another folder"
+            )
     prepared = PreparedOutputs(out, None, None if out is None else _lock(out), None)
     try:
         if out is not None:
@@ -230,12 +244,13 @@ def _usable_dir(option: str, path: Path) -> Path:
         raise OptionError(
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
         )
-    if path.exists() and not path.is_dir():
-        raise OptionError(f"{option} {path}: is a file, expected a directory")
-    try:
+    try:  # a name too long (over 255 bytes a component), a NUL byte, no permission
+        if path.exists() and not path.is_dir():
+            raise OptionError(f"{option} {path}: is a file, expected a directory")
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OptionError(f"{option} {path}: cannot be created: {_reason(exc)}") from None
+    except (OSError, ValueError) as exc:
+        why = _reason(exc) if isinstance(exc, OSError) else exc
+        raise OptionError(f"{option} {path}: cannot be created: {why}") from None
     try:
         with tempfile.TemporaryFile(dir=path) as probe:  # gone once closed, even after an error
             probe.write(b"probe")
@@ -251,6 +266,11 @@ def _same_file(st: os.stat_result, path: str | os.PathLike[str], *, follow: bool
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _inside(path: str | os.PathLike[str], folder: Path) -> bool:
+    inner, outer = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.isdir(outer) and inner.startswith(outer + os.sep)
 
 
 def _lock(folder: Path) -> int | None:
