@@ -22,15 +22,15 @@ SLURM_RANK_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 def cli_here(monkeypatch):
     """For a test that calls maestro's command line (``cli.main``) in this process, as a user's
     shell would start it: no launcher variables; the 'maestro' logger, which a command points
-    at the stderr of its call, and SIGTERM as they were afterwards."""
+    at the stderr of its call, and SIGTERM and SIGHUP as they were afterwards."""
     for key in (*LAUNCH_VARIABLES, "MASTER_PORT", "GLOO_SOCKET_IFNAME", *SLURM_RANK_VARIABLES):
         monkeypatch.delenv(key, raising=False)
     logger = logging.getLogger("maestro")
     saved = (logger.handlers[:], logger.level, logger.propagate)
-    sigterm = signal.getsignal(signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
-    assert signal.getsignal(signal.SIGTERM) == sigterm
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 @pytest.fixture(scope="session")

@@ -579,19 +579,23 @@ def test_nproc_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
     _assert_gone_in_time("SIGKILL of the launcher", "--nproc 2", gone, [run.proc.returncode])
 
 
-def test_nproc_ctrl_c(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_nproc_ctrl_c_or_a_closed_terminal(tmp_path, signum):
+    """A terminal's Ctrl-C (SIGINT) or its closing (SIGHUP) reaches the whole process group:
+    the launcher, Python's resource tracker and the workers; the same single line for both."""
     run = LocalRun(tmp_path, SLOW)
     run.wait_for((run.out / "results.json").exists, "finished pattern")
     time.sleep(0.3)
     run.watch()
     sent = time.monotonic()
-    os.killpg(run.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+    os.killpg(run.proc.pid, signum)
     gone = run.all_gone() - sent
     err = run.stderr()
     assert run.proc.returncode == 130, err[-3000:]
     assert err.strip().splitlines()[-1] == "maestro: interrupted; patterns that finished are saved"
     assert "Traceback" not in err
-    _assert_gone_in_time("Ctrl-C (SIGINT to the process group)", "--nproc 2", gone, [130])
+    fault = "Ctrl-C (SIGINT" if signum == signal.SIGINT else "a closed terminal (SIGHUP"
+    _assert_gone_in_time(f"{fault} to the process group)", "--nproc 2", gone, [130])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP])

@@ -173,8 +173,9 @@ def test_a_held_launcher_sigterm_is_no_pending_interrupt(peers_exited):
         pass
 
 
-def test_without_exited_siblings_sigterm_interrupts(installed):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_without_exited_siblings_sigterm_or_sighup_interrupts(installed, signum):
     with pytest.raises(KeyboardInterrupt) as info, interrupts.deliverable():
-        _signal_self(signal.SIGTERM)
+        _signal_self(signum)
         raise AssertionError("not interrupted")  # pragma: no cover
     assert not isinstance(info.value, interrupts.PeerExited)

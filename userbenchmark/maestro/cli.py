@@ -20,7 +20,7 @@ import click
 from .blocks.dtypes import DTYPES
 from .core.config.options import RunOptions
 from .core.profilers.profiler_registry import profiler_names
-from .core.runtime.supervision import configure_logging
+from .core.runtime.supervision import TERMINATING, configure_logging
 from .errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -50,15 +50,16 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
-    # SIGINT, and SIGTERM unless a caller chose its handling, end the command with status 130
-    # and one line (a run installs its own handlers once it starts).
+    # SIGINT, and SIGTERM and SIGHUP (a closed terminal) unless a caller chose their handling,
+    # end the command with status 130 and one line (a run installs its own handlers once it
+    # starts).
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> int:
         main = threading.current_thread() is threading.main_thread()
-        ours = main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        if ours:
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
+        ours = [s for s in TERMINATING if main and signal.getsignal(s) is signal.SIG_DFL]
+        for signum in ours:
+            signal.signal(signum, signal.default_int_handler)
         try:
             return command(*args, **kwargs)
         except KeyboardInterrupt:
@@ -66,8 +67,8 @@ def _interruptible(command: Callable[..., int]) -> Callable[..., int]:
                 say(interrupted_message(saved=False))  # one line per run
             return EXIT_INTERRUPTED
         finally:
-            if ours:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for signum in ours:
+                signal.signal(signum, signal.SIG_DFL)
 
     return wrapper
 

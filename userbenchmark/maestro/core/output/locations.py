@@ -245,12 +245,14 @@ def _usable_dir(option: str, path: Path) -> Path:
             f"{option} {path}: is under /proc or /sys (kernel interfaces, not a place for files)"
         )
     try:  # a name too long (over 255 bytes a component), a NUL byte, no permission
-        if path.exists() and not path.is_dir():
-            raise OptionError(f"{option} {path}: is a file, expected a directory")
-        path.mkdir(parents=True, exist_ok=True)
+        a_file = path.exists() and not path.is_dir()
+        if not a_file:
+            path.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as exc:
         why = _reason(exc) if isinstance(exc, OSError) else exc
         raise OptionError(f"{option} {path}: cannot be created: {why}") from None
+    if a_file:
+        raise OptionError(f"{option} {path}: is a file, expected a directory")
     try:
         with tempfile.TemporaryFile(dir=path) as probe:  # gone once closed, even after an error
             probe.write(b"probe")

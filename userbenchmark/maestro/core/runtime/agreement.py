@@ -326,7 +326,9 @@ def _first_cause(
     if primary:
         first = primary[0]
         detail = (
-            "interrupted (SIGINT/SIGTERM); the run stops" if first.interrupted else first.message
+            "interrupted (SIGINT, SIGTERM or SIGHUP); the run stops"
+            if first.interrupted
+            else first.message
         )
         return first.block, detail, first.phase or phase
     if not missing:

@@ -1,5 +1,5 @@
 """Start N local workers through torch's launcher API when no launcher started us. They start
-with SIGINT/SIGTERM blocked (a signal during torch's import waits for their handler) and die
+with SIGINT/SIGTERM/SIGHUP blocked (a signal during torch's import waits for their handler) and die
 with the launcher, whose watchdog (supervision.py) ends what cannot end by itself."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("maestro.launcher")
 
-_ROUTED = (signal.SIGINT, signal.SIGTERM)
+_ROUTED = (signal.SIGINT, *supervision.TERMINATING)
 _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)  # a worker printed why itself
 
 
@@ -63,19 +63,25 @@ def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
 
 @contextmanager
 def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
-    # Block SIGINT/SIGTERM here (workers inherit it); a helper thread runs this thread's
+    # Block SIGINT/SIGTERM/SIGHUP here (workers inherit it); a helper thread runs this thread's
     # handler, looked up then (torch's agent installs its own), for the first one only: later
     # ones would cut torch's shutdown of the workers short.
     main = threading.current_thread() is threading.main_thread()
     if not main or not hasattr(signal, "sigtimedwait"):
         yield
         return
-    handlers = {s: signal.getsignal(s) for s in (*_ROUTED, signal.SIGHUP, signal.SIGQUIT)}
-    # Python's resource tracker (started with the first spawned process) unblocks both signals
+    handlers = {s: signal.getsignal(s) for s in (*_ROUTED, signal.SIGQUIT)}
+    # Python's resource tracker (started with the first spawned process) unblocks the signals
     # after starting itself, the way this function blocks them (bpo-33613): start it first.
+    # It ignores SIGINT and SIGTERM, not the SIGHUP a closed terminal sends the whole process
+    # group: ignored (as its child inherits), or every worker's exit prints its traceback.
     from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, handlers[signal.SIGHUP] or signal.SIG_DFL)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ROUTED)
     stop = threading.Event()
 

@@ -378,11 +378,14 @@ class Watchdog:
             self.kills.append(Kill(rank, reason))
 
 
-# Signals. SIGINT/SIGTERM stop a rank only inside deliverable() regions (a phase's work, which
-# reaches the agreement step), never between two output files (held()). Elsewhere a signal
-# waits for the next region; a second one outside raises at once. A SIGTERM from torch's
-# launcher ending the run (exited_peers) raises PeerExited.
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Signals. SIGINT/SIGTERM (and SIGHUP, a closed terminal, as SIGTERM) stop a rank only inside
+# deliverable() regions (a phase's work, which reaches the agreement step), never between two
+# output files (held()). Elsewhere a signal waits for the next region; a second one outside
+# raises at once. A SIGTERM from torch's launcher ending the run (exited_peers) raises
+# PeerExited.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a run as the user's interrupt does (status 130, one line)."""
+_SIGNALS = (signal.SIGINT, *TERMINATING)
 
 
 class PeerExited(KeyboardInterrupt):
@@ -425,7 +428,7 @@ def _handler(signum: int, frame: Any) -> None:
 
 
 def install() -> Callable[[], None]:
-    """Install the handler for SIGINT and SIGTERM; returns a function that restores the old
+    """Install the handler for SIGINT, SIGTERM and SIGHUP; returns a function that restores the old
     ones (outside the main thread nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
