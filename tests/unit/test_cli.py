@@ -442,3 +442,13 @@ def test_a_run_too_large_for_the_cpu_says_so_before_it_starts_and_names_max_size
     assert started and started[0].err.count("--max-size 64K runs every pattern") == 1
     cli.main([*argv, "--max-size", "64K"])
     assert "large for a CPU run" not in started[1].err
+
+
+def test_list_blocks_shows_each_ops_whole_first_paragraph(capsys):
+    assert cli.main(["list-blocks"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "busy (compute): Memory-bound compute occupying the GPU as an elementwise kernel does "
+        "(every SM, HBM): `c = a + b`, repeated and sized by calibration so the block takes "
+        "`duration_us` alone; on CPU the same add in a loop until `duration_us`.\n"
+    ) in out

@@ -7,6 +7,7 @@ import logging
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def test_the_dry_run_prints_what_a_run_executes_and_it_can_be_run_again(
     lines = capsys.readouterr().out.splitlines()
     printed = [shlex.split(line) for line in lines]
     assert printed == _executed(monkeypatch)
-    assert printed[0][-3:] == ["numpy==1.26.4", "-r", str(install.REQUIREMENTS)]
+    assert printed[0][-4:] == ["numpy==1.26.4", "-r", str(install.REQUIREMENTS), "matplotlib>=3.6"]
     assert printed[1][-2:] == ["numpy==1.26.4", "cupti-python>=13,<14"]
     for command in printed:
         assert "-c" not in command  # no constraints file that is gone once the dry run ends
@@ -77,7 +78,7 @@ def test_without_numpy_there_is_no_pin(monkeypatch, capsys):
     install.main(["--dry-run"])
     lines = capsys.readouterr().out.splitlines()
     assert [shlex.split(line)[1:] for line in lines] == [
-        ["-m", "pip", "install", "-r", str(install.REQUIREMENTS)]
+        ["-m", "pip", "install", "-r", str(install.REQUIREMENTS), "matplotlib>=3.6"]
     ]
 
 
@@ -154,3 +155,21 @@ def test_a_fresh_environment_gets_the_torch_ci_tests():
 
 def test_torch_still_missing_after_its_install_is_an_error_not_a_loop(no_torch, monkeypatch):
     assert _executed(monkeypatch, [install.AFTER_TORCH], status=1) == []
+
+
+def test_reading_torchs_cuda_version_before_numpy_is_installed_prints_no_warning():
+    # The set-up's second pass imports torch before the requirements bring numpy.
+    probe = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "from userbenchmark.maestro import install\nprint(install.torch_cuda_version())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(install.__file__).parents[2],  # the checkout, where the package is found
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr[-2000:]
+    assert "Failed to initialize NumPy" not in proc.stderr, proc.stderr[-2000:]

@@ -66,3 +66,19 @@ def test_a_run_that_finished_no_pattern_does_not_say_metrics_were_written(tmp_pa
     reporter.close(130)
     out = capsys.readouterr().out
     assert "metrics written" not in out and f"maestro: {path} holds no metric" in out, out
+
+
+def test_one_iteration_is_written_in_the_singular():
+    from userbenchmark.maestro.core.config.sizes import counted
+    from userbenchmark.maestro.core.output.table import format_pattern
+
+    from .test_flagged_figures import GEMM, _outcome
+
+    text = format_pattern(_outcome([GEMM, GEMM], [[900.0], [800.0]], [[850.0], [700.0]]))
+    assert "(1 iteration, profiler host)" in text and "with 1 iteration (< 100)" in text, text
+    assert "1 iterations" not in text
+    assert (counted(0, "lane"), counted(1, "lane"), counted(2, "lane")) == (
+        "0 lanes",
+        "1 lane",
+        "2 lanes",
+    )

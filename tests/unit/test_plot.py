@@ -199,6 +199,14 @@ def test_latency_panel_skips_missing_baseline(mpl):
     assert ax.get_title().endswith("(no baseline: reduce_scatter)")
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["×1.50", "×1.60", ""]  # slowdown over the overlapped bars
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "×1.23: slowdown, overlapped / isolated" in legend  # what the labels are
+
+    wide = make_outcome()  # a slowdown whose interval is wider than itself: no figure drawn
+    first = replace(wide.blocks[0], intervals={"slowdown": (0.2, 9.0, 3)})
+    ax = Figure().subplots()
+    _draw_latency(ax, replace(wide, blocks=(first, *wide.blocks[1:])), colors)
+    assert [t.get_text() for t in ax.texts] == ["×?", "×1.60", ""]
 
     ax = Figure().subplots()
     _draw_latency(ax, make_outcome(isolated=(math.nan,) * 3), colors)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import signal
@@ -409,7 +410,9 @@ def list_blocks_command() -> int:
     print("Keys of every block:")
     print(tabulate(common, headers=["key", "type", "default", "meaning"]))
     for name, cls in registered_ops().items():
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        doc = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()).replace(
+            "``", "`"
+        )
         print(f"\n{name} ({cls.category}): {doc}")
         rows = []
         for p in cls.params:

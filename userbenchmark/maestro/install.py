@@ -14,10 +14,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 # Run as a script from this folder (no package context), so only absolute stdlib imports here.
 REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
+# Optional at run time (maestro runs without it), installed here so that --plot works too.
+PLOT_REQUIREMENT = "matplotlib>=3.6"
 
 # The torch a fresh environment gets: the release maestro's CI tests (.ci/run pins the same).
 TESTED_TORCH_VERSION = "2.13.0"
@@ -50,8 +53,10 @@ def torch_installed() -> bool:
 
 def torch_cuda_version() -> str | None:
     """``torch.version.cuda`` of the installed torch; RuntimeError when torch is missing."""
-    try:
-        import torch
+    try:  # numpy may not be installed yet (the requirements bring it): torch warns then
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            import torch
     except ImportError as exc:
         raise RuntimeError(
             f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); repair "
@@ -93,7 +98,7 @@ def pip_commands(cuda_version: str | None, numpy_pin: str | None) -> list[list[s
     base = [sys.executable, "-m", "pip", "install"]
     if numpy_pin is not None:
         base.append(numpy_pin)
-    commands = [[*base, "-r", str(REQUIREMENTS)]]
+    commands = [[*base, "-r", str(REQUIREMENTS), PLOT_REQUIREMENT]]
     cupti = cupti_requirement(cuda_version)
     if cupti is not None:
         commands.append([*base, cupti])

@@ -78,3 +78,8 @@ def format_size(size_bytes: int) -> str:
             if len(text) <= len(best):
                 best = text
     return best
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 iteration``, ``2 iterations``: a count and its noun, plural but for one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

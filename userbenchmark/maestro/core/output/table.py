@@ -16,7 +16,7 @@ from tabulate import tabulate
 from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..analysis.stats import measurable
-from ..config.sizes import format_size
+from ..config.sizes import counted, format_size
 from ..config.spec import PatternSpec
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
@@ -179,7 +179,7 @@ def _timing_lines(p: PatternResult) -> list[str]:
             f"{_num(p.enqueue_max_us, 1)} µs per iteration"
         )
         if p.host_late_iters:
-            gate += f" ({p.host_late_iters} iterations launch-bound)"
+            gate += f" ({counted(p.host_late_iters, 'iteration')} launch-bound)"
         if not math.isnan(p.gate_delay_max_us):
             gate += f", first start up to {_num(p.gate_delay_max_us)} µs after the gate opened"
         lines.append(gate)
@@ -187,8 +187,8 @@ def _timing_lines(p: PatternResult) -> list[str]:
         lines.append(f"ranks started apart in {p.host_late_iters} of {p.iters} iterations")
     if p.iters < MIN_ITERS_FOR_P99:
         lines.append(
-            f"p99 left out: with {p.iters} iterations (< {MIN_ITERS_FOR_P99}) the nearest-rank "
-            "p99 is the max"
+            f"p99 left out: with {counted(p.iters, 'iteration')} (< {MIN_ITERS_FOR_P99}) the "
+            "nearest-rank p99 is the max"
         )
     return lines
 
@@ -199,7 +199,9 @@ def format_pattern(outcome: PatternOutcome, *, precision: int = 2, unit: str | N
     unit = unit or pattern_unit(outcome)
     p = outcome.pattern
     gpu = f", ranks per GPU: {p.ranks_per_gpu}" if p.ranks_per_gpu else ""
-    title = f"== {p.suite} / {p.pattern}  ({p.iters} iterations, profiler {p.profiler}{gpu})"
+    title = (
+        f"== {p.suite} / {p.pattern}  ({counted(p.iters, 'iteration')}, profiler {p.profiler}{gpu})"
+    )
     lines = [title, _block_table(outcome, unit, precision)]
     lines += ["  " + s for s in _overlap_lines(outcome, unit, precision) + _timing_lines(p)]
     lines += [f"  note: {note}" for note in p.notes.split("; ") if p.notes]
@@ -286,7 +288,7 @@ def late_start_note(patterns: Sequence[PatternResult]) -> str:
     iters = sum(p.host_late_iters or 0 for p in late)
     which = ", ".join(f"{p.pattern} {p.host_late_iters}/{p.iters}" for p in late[:5])
     return (
-        f"note: in {iters} iterations of {len(late)} of {len(patterns)} patterns ({which}"
+        f"note: in {counted(iters, 'iteration')} of {len(late)} of {len(patterns)} patterns ({which}"
         f"{', ...' if len(late) > 5 else ''}) a rank learned the agreed start instant after "
         "it had passed, so the ranks did not start together and a collective's latency there "
         "includes waiting for the late rank (a busy host; more warmup_iters calibrate the "

@@ -210,7 +210,7 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     colored = [colors.get(n, "tab:blue") for n in names]
     bars = ax.bar(x + width / 2, overlapped, width, color=colored, edgecolor="black")
     # The slowdown the run computed (overlapped / isolated), where a baseline exists.
-    labels = [f"×{b.slowdown:.2f}" if math.isfinite(b.slowdown) else "" for b in outcome.blocks]
+    labels = ["" if math.isnan(b.slowdown) else _slowdown_label(b) for b in outcome.blocks]
     ax.bar_label(bars, labels, padding=2, fontsize="small")
     ax.margins(y=0.15)
     ax.set_xticks(x, names, rotation=20 if len(names) > 4 else 0)
@@ -224,7 +224,13 @@ def _draw_latency(ax: Any, outcome: PatternOutcome, colors: dict[str, Any]) -> N
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     if names:
-        _legend(ax, [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")])
+        entries = [("lightgray", "isolated (alone)"), ("white", "overlapped (block colour)")]
+        _legend(ax, [*entries, ("white", "×1.23: slowdown, overlapped / isolated")])
+
+
+def _slowdown_label(block: Any) -> str:
+    low, high, _ = block.intervals.get("slowdown", (math.nan,) * 3)
+    return f"×{block.slowdown:.2f}" if measurable("slowdown", block.slowdown, low, high) else "×?"
 
 
 def _timeline_rows(timeline: Timeline) -> list[tuple[Any, str, list[int]]]:
