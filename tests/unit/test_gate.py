@@ -161,7 +161,7 @@ def test_host_late_on_one_rank_is_reported_with_its_numbers():
     assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([60.0, 20.0])
     (warning,) = out.warnings
     assert "1 of 2 iterations (1)" in warning and "150.0 µs" in warning and "140.0 µs" in warning
-    assert "(1 iterations launch-bound)" in format_pattern(out)
+    assert "(1 iteration launch-bound)" in format_pattern(out)
 
 
 def test_cpu_windows_have_no_host_figures():

@@ -20,7 +20,7 @@ from ...errors import RunError
 from ..analysis.records import PatternOutcome, Timeline
 from ..analysis.stats import measurable
 from .locations import atomic_write_bytes, atomic_write_files
-from .metric_keys import BOUNDS, Judgement, split_bound
+from .metric_keys import Judgement, split_bound
 from .trace import TRACES_DIR, rank_trace_texts, stale_rank_files, trace_text
 
 
@@ -97,23 +97,11 @@ class OutputWriter:
                 for name, text in rank_trace_texts(self.outcomes).items():
                     texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
         if self.metrics_path is not None:
-            metrics = measurable_metrics(metrics_from_results(results))
+            metrics = metrics_from_results(results)
             self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
             doc = {"name": "maestro", "environ": self.environ, "metrics": metrics}
             texts[self.metrics_path] = json.dumps(doc, indent=2) + "\n"
         return texts
-
-
-def measurable_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """``metrics`` without the figures whose interval is wider than their range, nor their
-    bounds (stats.measurable): a dashboard would plot noise as a change; the results files
-    keep them, with a note saying why they are not measurable."""
-    dropped: set[str] = set()
-    for key, value in metrics.items():
-        low, high = (metrics.get(key + bound, math.nan) for bound in BOUNDS[:2])
-        if not measurable(key.rpartition("/")[2], value, low, high):
-            dropped.update([key, *(key + bound for bound in BOUNDS)])
-    return {key: value for key, value in metrics.items() if key not in dropped}
 
 
 # ---- plots: per pattern, one iteration's timeline per rank and lane and latency alone vs
