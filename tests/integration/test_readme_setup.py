@@ -54,17 +54,18 @@ def readme_commands(heading: str) -> tuple[str, ...]:
     return next(b for b in bash_blocks(README) if b.line > line).commands
 
 
-def fresh_venv(path: Path, *, inherit: bool = False) -> dict[str, str]:
+def fresh_venv(path: Path, *, inherit: bool = False, pip: bool | None = None) -> dict[str, str]:
     """A new virtual environment at ``path``; returns the variables of a shell that activated
     it (``source path/bin/activate``), without inherited launcher variables.
 
-    ``inherit``: no pip of its own; a ``.pth`` file puts this environment's packages after its
-    own, so it takes a second and installs nothing, and its ``python`` is still a virtual
-    environment's, which only finds those packages when started by its own path.
+    ``inherit``: a ``.pth`` file puts this environment's packages after its own, so it takes a
+    second and installs nothing, and its ``python`` is still a virtual environment's, which
+    only finds those packages when started by its own path; no pip of its own unless ``pip``.
     """
     command = [sys.executable, "-m", "venv", str(path)]
+    with_pip = not inherit if pip is None else pip
     subprocess.run(
-        [*command, "--without-pip"] if inherit else command, check=True, timeout=RUN_HANG_S
+        command if with_pip else [*command, "--without-pip"], check=True, timeout=RUN_HANG_S
     )
     if inherit:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -168,3 +169,23 @@ def test_readme_test_commands_pass_in_a_virtual_environment(tmp_path):
     )
     *_, out = run_commands(commands, ROOT, env, RUN_HANG_S)
     assert " passed" in out and "failed" not in out and "deselected" in out, out[-3000:]
+
+
+def test_readme_package_install_runs_maestro_and_load_results_from_any_folder(tmp_path):
+    install, run, load = readme_commands("## Installed as a package")
+    checkout = tmp_path / "maestro"
+    checkout.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", checkout)
+    shutil.copytree(
+        ROOT / "userbenchmark",
+        checkout / "userbenchmark",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    env = fresh_venv(tmp_path / "venv", inherit=True, pip=True) | PIP_SETTINGS
+    run_commands((install,), checkout, env, SETUP_HANG_S)
+    elsewhere = tmp_path / "elsewhere"  # no checkout here: the installed package runs
+    elsewhere.mkdir()
+    *_, out = run_commands((run, load), elsewhere, env, RUN_HANG_S)
+    assert "allgather" in out and "reduce_scatter" in out, out
+    assert (elsewhere / "quickstart-results" / "results.json").exists()
+    assert list((checkout / ".userbenchmark" / "maestro").glob("metrics-*.json"))

@@ -475,8 +475,9 @@ def _invoke(command: click.Command, argv: Sequence[str] | None, prog_name: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m userbenchmark.maestro ARGS``; ``argv`` defaults to ``sys.argv[1:]``."""
-    return _invoke(cli, argv, PROG)
+    """``python -m userbenchmark.maestro ARGS`` (or the installed ``maestro ARGS``); ``argv``
+    defaults to ``sys.argv[1:]``."""
+    return _invoke(cli, argv, "maestro" if os.path.basename(sys.argv[0]) == "maestro" else PROG)
 
 
 def run_from_torchbench(args: Sequence[str]) -> int:
