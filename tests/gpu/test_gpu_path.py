@@ -14,7 +14,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
+from tests.gpu.device_limits import assert_sane_speed  # noqa: E402
 from tests.integration.helpers import read_records, run_maestro  # noqa: E402
+from userbenchmark.maestro.core.config.loader import load_suite  # noqa: E402
 
 CONFIG = str(Path(__file__).with_name("gpu_checks.yaml"))
 KEEP = os.environ.get("MAESTRO_GPU_OUT")
@@ -144,9 +146,31 @@ def test_quickstart_under_events_with_a_block_that_is_not_timed(tmp_path):
 
 @pytest.mark.parametrize("config", ["quickstart", "ag_rs"])
 def test_shipped_configs_run_on_gpu(tmp_path, config):
+    # One rank: what the loader makes of the file ran, block for block; a 1-rank in-place
+    # NCCL all_reduce launches nothing (not timed); the 1-rank all_gather and reduce_scatter
+    # are one device copy each (no bus: busbw not applicable); a GEMM under the device's peak.
     out = _run(tmp_path, "auto", config=config)
-    assert read_records(out)
+    records = read_records(out)
     print(json.dumps(read_records(out, "patterns.json"), indent=1)[:2000])
+    suite = load_suite(config, world_size=1)
+    assert {(r["pattern"], r["block"]) for r in records} == {
+        (p.name, b.name) for p in suite.patterns for b in p.blocks
+    }
+    for rec in records:
+        if rec["op"] == "all_reduce":
+            assert rec["latency_avg_us"] is None and rec["notes"].startswith("not timed"), rec
+            continue
+        assert rec["latency_avg_us"] > 0 and rec["team_size"] == 1, rec
+        per_iter = rec["activities_per_iter"]
+        assert per_iter >= 1 and per_iter == pytest.approx(round(per_iter), abs=1e-9), rec
+        assert_sane_speed(rec)
+        if rec["op"] in ("all_gather", "reduce_scatter"):
+            assert per_iter == 1 and rec["busbw_gbps"] is None, rec
+        if rec["isolated_latency_avg_us"] is not None:  # sharing the GPU never speeds one up
+            assert rec["slowdown"] >= 0.9, rec
+    if config == "ag_rs":  # the same bytes copied: alone, within 2x of each other
+        alone = sorted(r["isolated_latency_avg_us"] for r in records)
+        assert alone[1] <= 2 * alone[0], alone
 
 
 def test_one_rank_collectives_without_device_work_are_reported_not_timed(tmp_path):

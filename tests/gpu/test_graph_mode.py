@@ -26,7 +26,17 @@ def graph_out(tmp_path_factory):
     pytest.importorskip("cupti")
     out = tmp_path_factory.mktemp("graph")
     proc = run_maestro(
-        ["run", "-c", CONFIG, "--profiler", "cupti", "--output-dir", str(out), "--no-metrics"],
+        [
+            "run",
+            "-c",
+            CONFIG,
+            "--profiler",
+            "cupti",
+            "--output-dir",
+            str(out),
+            "--no-metrics",
+            "--trace",
+        ],
         timeout=400,
     )
     print(proc.stdout)
@@ -62,6 +72,47 @@ def test_every_activity_attributed_once_under_graphs(graph_out):
         assert graph["activities_per_iter"] == eager["activities_per_iter"], name
         assert float(graph["activities_per_iter"]).is_integer(), graph
         assert graph["latency_avg_us"] > 0
+
+
+def _device_work(out: Path, pattern: str) -> dict[str, dict[int, list[str]]]:
+    """{block: {iteration: names of the device activities attributed to it}} on rank 0."""
+    doc = json.loads((out / "traces" / "rank0.json").read_text())
+    found: dict[str, dict[int, list[str]]] = {}
+    for e in doc["traceEvents"]:
+        args = e.get("args", {})
+        if e.get("ph") == "X" and "stream" in args and args.get("pattern") == pattern:
+            found.setdefault(args["block"], {}).setdefault(args["pattern_iteration"], [])
+            found[args["block"]][args["pattern_iteration"]].append(e["name"])
+    return found
+
+
+KERNELS = {
+    "mm": lambda n: "nccl" not in n and not n.startswith("Memcpy") and "spin_kernel" not in n,
+    "ag": lambda n: n.startswith("Memcpy DtoD"),  # a 1-rank all_gather is a device copy
+    "nap": lambda n: "spin_kernel" in n,  # torch.cuda._sleep
+}
+
+
+def test_each_block_gets_its_own_kernels_in_every_iteration_eager_and_under_graphs(graph_out):
+    # Not only equal counts: in both modes every iteration of every block holds the same
+    # device work, of the block's own kind (a GEMM kernel, the copy, the spin), and nothing of
+    # another block's.
+    blocks = _by_mode(graph_out, "small")
+    names = {}
+    for mode in (False, True):
+        work = _device_work(graph_out, f"small[mode={str(mode).lower()}]")
+        assert set(work) == set(KERNELS), work.keys()
+        for name, looks_like in KERNELS.items():
+            rec, per_iter = blocks[mode][name], work[name]
+            assert sorted(per_iter) == list(range(rec["iters"])), (mode, name)
+            assert {len(v) for v in per_iter.values()} == {rec["activities_per_iter"]}, rec
+            kinds = {tuple(sorted(v)) for v in per_iter.values()}
+            assert len(kinds) == 1, (mode, name, kinds)  # the same work every iteration
+            (kernels,) = kinds
+            assert all(looks_like(k) or k.startswith("Memset") for k in kernels), kernels
+            names[mode, name] = {k for k in kernels if not k.startswith("Memset")}
+    for name in KERNELS:  # a replay runs what the eager launch ran
+        assert names[False, name] == names[True, name] and names[True, name], name
 
 
 def test_check_is_clean_under_graphs(graph_out):

@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.gpu.device_limits import assert_sane_speed, peak_tflops  # noqa: E402
 from tests.integration.helpers import (  # noqa: E402
     NCCL_TESTS_BUS_FACTOR,
     REPO_ROOT,
@@ -29,8 +30,11 @@ from tests.integration.helpers import (  # noqa: E402
     read_records,
     run_maestro,
 )
-from tests.integration.test_shipped_configs import stated_world_sizes  # noqa: E402
-from userbenchmark.maestro.core.config.loader import CONFIGS_DIR  # noqa: E402
+from userbenchmark.maestro.core.config.loader import (  # noqa: E402
+    CONFIGS_DIR,
+    listed_world_sizes,
+    load_suite,
+)
 
 COMM_OPS = frozenset(NCCL_TESTS_BUS_FACTOR)
 
@@ -80,6 +84,10 @@ MIB = 1 << 20
 COMPARE_FROM_BYTES = 64 * MIB
 """From this size up the GPU time dominates launch costs: maestro and the loop must agree."""
 RATIO_TOLERANCE = 0.03
+SLOWDOWN_FLOOR = 0.9
+"""No block runs faster overlapped than alone beyond a GPU's run-to-run noise."""
+BIG_GEMM_SHARE = 0.2
+"""A GEMM of 8192 rows or more in bf16 reaches at least this share of the device's peak."""
 SHARED_GPU_MAX_CTAS = "2"
 """CTAs per NCCL kernel where ranks share a GPU and many collectives run at once. A collective's
 kernels on every rank must be resident together to progress; seven communicators of 4-8 ranks
@@ -145,7 +153,7 @@ def _finite(value) -> bool:
 def ag_rs_runs(tmp_path_factory):
     pytest.importorskip("cupti")
     tmp = tmp_path_factory.mktemp("ag_rs")
-    assert SMALL_WORLD in stated_world_sizes(CONFIGS_DIR / "ag_rs.yaml")
+    assert SMALL_WORLD in listed_world_sizes(CONFIGS_DIR / "ag_rs.yaml")
     return {
         "4M": _run(tmp, "ag_rs", "ag_rs", SMALL_WORLD, profiler="cupti"),
         "sweep": _run(
@@ -164,6 +172,9 @@ def _check_ag_rs_pattern(out: Path, pattern: str) -> list[list]:
         _whole_activities(rec)
         assert rec["latency_avg_us"] > 0 and _finite(rec["isolated_latency_avg_us"]), rec
         assert _finite(rec["slowdown"]) and rec["slowdown"] > 0, rec
+        if not shares_gpus(SMALL_WORLD):
+            assert_sane_speed(rec)
+            assert rec["slowdown"] >= SLOWDOWN_FLOOR, rec  # sharing links never speeds one up
         rows.append([pattern, name, rec["latency_avg_us"], rec["isolated_latency_avg_us"]])
         rows[-1] += [rec["slowdown"], rec["activities_per_iter"]]
     pairs = pair_overlaps(out)
@@ -181,6 +192,16 @@ def test_ag_rs_sweep_1m_to_1g(ag_rs_runs):
     for size in SIZES:
         for row in _check_ag_rs_pattern(ag_rs_runs["sweep"], f"ag_rs[size={size}]"):
             print(row)
+    if shares_gpus(SMALL_WORLD):
+        return
+    records, pairs = read_records(ag_rs_runs["sweep"]), pair_overlaps(ag_rs_runs["sweep"])
+    for name in ("allgather", "reduce_scatter"):
+        rec = {size: by_block(records, f"ag_rs[size={size}]")[name] for size in SIZES}
+        alone = [rec[size]["isolated_latency_avg_us"] for size in SIZES[2:]]  # from 16M
+        assert alone == sorted(alone) and len(set(alone)) == len(alone), (name, alone)
+        assert rec["1G"]["algbw_gbps"] > 2 * rec["1M"]["algbw_gbps"], (name, rec)
+    for size in SIZES[3:]:  # from 64M both run long enough to be in flight together
+        assert pairs[(f"ag_rs[size={size}]", "allgather", "reduce_scatter")] > 0.5, pairs
 
 
 # --- b. standalone collectives against a hand-written CUDA-event loop ----------------------
@@ -238,15 +259,31 @@ def test_standalone_busbw_is_algbw_times_nccl_tests_factor(standalone):
 
 
 def test_fsdp_at_2_ranks(tmp_path):
-    assert SMALL_WORLD in stated_world_sizes(CONFIGS_DIR / "fsdp.yaml")
+    assert SMALL_WORLD in listed_world_sizes(CONFIGS_DIR / "fsdp.yaml")
     out = _run(tmp_path, "fsdp2", "fsdp", SMALL_WORLD)
-    for rec in read_records(out):
+    suite = load_suite("fsdp", world_size=SMALL_WORLD)
+    records = read_records(out)
+    assert {(r["pattern"], r["block"]) for r in records} == {
+        (p.name, b.name) for p in suite.patterns for b in p.blocks
+    }
+    real = not shares_gpus(SMALL_WORLD)
+    for rec in records:
         assert _finite(rec["slowdown"]) and rec["slowdown"] > 0, rec
+        _whole_activities(rec)
+        if real:
+            assert_sane_speed(rec)
+            assert rec["slowdown"] >= SLOWDOWN_FLOOR, rec
+        if real and rec["op"] == "gemm":  # 8192 x 4096 x 11008 bf16: no launch-bound GEMM
+            assert rec["tflops"] >= BIG_GEMM_SHARE * peak_tflops(), rec
     for name, pat in _patterns(out).items():
         print(name, pat["overlap_efficiency"], pat["shared_busbw_gbps"], pat["makespan_avg_us"])
         assert _finite(pat["shared_busbw_gbps"]) and pat["shared_busbw_gbps"] > 0, pat
-        if not shares_gpus(SMALL_WORLD):  # time-shared ranks may leave no headroom to judge
+        if real:  # time-shared ranks may leave no headroom to judge
             assert _finite(pat["overlap_efficiency"]), pat
+            assert (pat["overlap_efficiency_ci_low"] or 0.0) <= 1.0, pat  # makespan < ideal
+            assert pat["makespan_avg_us"] >= max(
+                r["latency_avg_us"] for r in records if r["pattern"] == name
+            ), pat  # the makespan spans every block of the iteration
 
 
 # --- d. per-axis options: CTA limits and stream priority -----------------------------------
@@ -278,6 +315,7 @@ def test_max_ctas_1_is_slower_than_32(axis_options):
 
 
 def test_priority_under_gemm_contention_is_measured(axis_options):
+    slowdowns = {}
     for pattern in ("contention_high", "contention_normal"):
         blocks = by_block(axis_options, pattern)
         ar, gemm = blocks["allreduce"], blocks["gemm"]
@@ -288,6 +326,14 @@ def test_priority_under_gemm_contention_is_measured(axis_options):
         )
         assert ar["latency_avg_us"] > 0 and gemm["latency_avg_us"] > 0
         assert _finite(ar["slowdown"]) and _finite(gemm["slowdown"])
+        slowdowns[pattern] = ar["slowdown"]
+        if not shares_gpus(SMALL_WORLD):
+            for rec in (ar, gemm):
+                assert_sane_speed(rec)
+                assert rec["slowdown"] >= SLOWDOWN_FLOOR, rec  # both want the same SMs
+            assert gemm["tflops"] >= BIG_GEMM_SHARE * peak_tflops(), gemm  # 8192^3 bf16
+    if not shares_gpus(SMALL_WORLD):  # a high-priority stream never makes it slower
+        assert slowdowns["contention_high"] <= 1.1 * slowdowns["contention_normal"], slowdowns
 
 
 # --- e. check mode under overlap -------------------------------------------------------------
@@ -317,7 +363,7 @@ def shipped_runs(tmp_path_factory):
 
     def get(path: Path) -> tuple[Path, int]:
         if path.stem not in done:
-            sizes = stated_world_sizes(path)
+            sizes = listed_world_sizes(path)
             world = sizes[0] if sizes[0] <= BIG_WORLD else BIG_WORLD
             if world not in sizes or not runnable(world):
                 pytest.skip(f"{path.name} states world sizes {sizes}; this machine runs {world}")
@@ -340,11 +386,18 @@ def test_shipped_config_at_its_world_size(shipped_runs, path):
     out, world = shipped_runs(path)
     records = read_records(out)
     assert records
+    suite = load_suite(path, world_size=world)
+    assert {(r["pattern"], r["block"]) for r in records} <= {
+        (p.name, b.name) for p in suite.patterns for b in p.blocks
+    }
     for rec in records:
         if rec["op"] in COMM_OPS:
             assert rec["wrong_elements"] == 0, rec
         if _timed(rec):
-            assert rec["latency_avg_us"] > 0, rec
+            assert rec["latency_avg_us"] > 0 and rec["team_size"] <= world, rec
+            _whole_activities(rec)
+            if not shares_gpus(world):
+                assert_sane_speed(rec)
     trace = json.loads((out / "trace.json").read_text())
     pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert len(pids) == world, pids  # one process per rank
@@ -365,16 +418,20 @@ def test_mesh_dp_x_tp_collectives_on_both_axes(tmp_path):
     for name, rec in blocks.items():
         print(name, rec["latency_avg_us"], rec["slowdown"], rec["busbw_gbps"], rec["tflops"])
         assert rec["latency_avg_us"] > 0 and _finite(rec["slowdown"]), rec
+        _whole_activities(rec)
         if rec["op"] in COMM_OPS:
             assert rec["wrong_elements"] == 0, rec
             assert rec["busbw_gbps"] > 0, rec
+        if not shares_gpus(BIG_WORLD):
+            assert_sane_speed(rec)
+            assert rec["slowdown"] >= SLOWDOWN_FLOOR, rec
     assert blocks["gemm"]["tflops"] > 0
 
 
 @needs_4
 def test_moe_at_two_capacity_factors(tmp_path):
     path = CONFIGS_DIR / ("moe.yaml" if BIG_WORLD == 8 else "moe_4.yaml")
-    world = stated_world_sizes(path)[0]
+    world = listed_world_sizes(path)[0]
     extra = ("--iters", "5", "--warmup-iters", "2") if shares_gpus(world) else ()
     out = _run(tmp_path, f"moe{world}", str(path), world, extra=extra)
     records = read_records(out)
@@ -389,6 +446,8 @@ def test_moe_at_two_capacity_factors(tmp_path):
             # 25% more bytes at bandwidth-bound sizes (64M and 80M) takes longer alone.
             assert big["isolated_latency_avg_us"] > small["isolated_latency_avg_us"], (small, big)
             assert _finite(small["slowdown"]) and _finite(big["slowdown"])
+            for rec in (small, big):
+                assert_sane_speed(rec)
     for pattern in ("cf1.0", "cf1.25"):
         pat = _patterns(out)[pattern]
         print(pattern, pat["makespan_avg_us"], pat["overlap_efficiency"])

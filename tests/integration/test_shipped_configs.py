@@ -13,30 +13,19 @@ meshes and every op run in test_run_cpu.py); the documented commands run more of
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from userbenchmark.maestro.blocks.registry import resolve_op
-from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, load_suite
-from userbenchmark.maestro.core.config.options import apply_max_size
+from userbenchmark.maestro.core.config.loader import CONFIGS_DIR, listed_world_sizes, load_suite
+from userbenchmark.maestro.core.config.options import RunOptions, apply_max_size, apply_overrides
 
 from .helpers import read_records
 
 pytestmark = pytest.mark.integration
 
 MAX_SIZE_BYTES = 64 * 1024
-_HEADER_RE = re.compile(r"^# World size: (\d+)(?: \(also runs at: ([0-9, ]+))?", re.MULTILINE)
 CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
-
-
-def stated_world_sizes(path: Path) -> tuple[int, ...]:
-    """(stated, *also runs at) from the file's header; () when the header has no such line."""
-    match = _HEADER_RE.search(path.read_text())
-    if match is None:
-        return ()
-    more = [int(n) for n in re.findall(r"\d+", match.group(2) or "")]
-    return (int(match.group(1)), *more)
 
 
 def test_configs_folder_has_the_shipped_patterns():
@@ -59,7 +48,7 @@ def test_configs_folder_has_the_shipped_patterns():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_shipped_config_validates_at_each_stated_world_size(path):
-    sizes = stated_world_sizes(path)
+    sizes = listed_world_sizes(path)
     assert sizes, (
         f"{path.name}: the header must state the world size in a line "
         "'# World size: N (also runs at: A, B)'"
@@ -91,18 +80,22 @@ def test_moe_capacity_factor_changes_the_shapes():
 
 
 def test_a_shipped_config_runs_on_cpu(shipped_run):
-    # The documented CPU smoke run of a shipped file: capped sizes, few iterations.
+    # The documented CPU smoke run of a shipped file: capped sizes, few iterations. What ran is
+    # what the loader makes of the file with the run's own options, block for block.
     path = CONFIGS_DIR / f"{shipped_run.config}.yaml"
     nproc = shipped_run.nproc
-    assert nproc in stated_world_sizes(path)
+    assert nproc in listed_world_sizes(path)
     assert shipped_run.proc.returncode == 0, shipped_run.proc.stderr[-3000:]
-    expected = apply_max_size(load_suite(path, world_size=nproc), MAX_SIZE_BYTES)
+    options = RunOptions(max_size_bytes=MAX_SIZE_BYTES, iters=2, warmup_iters=1, baseline=False)
+    expected = apply_overrides(load_suite(path, world_size=nproc), options)
+    blocks = {(p.name, b.name): (p, b) for p in expected.patterns for b in p.blocks}
     records = read_records(shipped_run.out)
-    got = {(r["pattern"], r["block"]) for r in records}
-    assert got == {(p.name, b.name) for p in expected.patterns for b in p.blocks}
+    assert {(r["pattern"], r["block"]) for r in records} == set(blocks)
     for record in records:
-        assert record["team_size"] <= nproc
-        assert record["iters"] == 2
+        pattern, block = blocks[record["pattern"], record["block"]]
+        size = resolve_op(block.op).message_size_bytes(block.params)
+        assert (record["op"], record["axis"], record["work"]) == (block.op, block.axis, block.work)
+        assert record["team_size"] == expected.axes[block.axis].team_size
+        assert record["iters"] == pattern.num_iters == 2
+        assert record["size_bytes"] == size and (size is None or size <= MAX_SIZE_BYTES)
         assert record["latency_avg_us"] > 0
-        if record["size_bytes"] is not None:
-            assert record["size_bytes"] <= MAX_SIZE_BYTES

@@ -237,25 +237,53 @@ def test_once_the_launcher_ends_the_run_the_agreement_waits_less(monkeypatch):
     assert time.monotonic() - start < 5 and missing == [1] and statuses[0].exited == (1,)
 
 
+class _CountingStore:
+    """A store whose ``check`` calls are counted: what the watch has looked at is observable."""
+
+    def __init__(self, store) -> None:
+        self.store, self.checks = store, 0
+
+    def check(self, keys):
+        self.checks += 1
+        return self.store.check(keys)
+
+    def get(self, key):
+        return self.store.get(key)
+
+    def set(self, key, value):
+        return self.store.set(key, value)
+
+
+def _wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + 5  # a hang limit, not a speed check
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within 5 s"
+        time.sleep(0.01)
+
+
 def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
     from userbenchmark.maestro.core.runtime.agreement import EndedWatch, post_ended
 
     store = _store()
+    counting = _CountingStore(store)
     left: list[str] = []
-    holding = [True]
+    holding, asked = [True], []
+
+    def files_being_written() -> bool:
+        asked.append(holding[0])
+        return holding[0]
+
     watch = EndedWatch(
-        lambda: store, rank=1, leave=left.append, holding=lambda: holding[0], poll_s=0.01
+        lambda: counting, rank=1, leave=left.append, holding=files_being_written, poll_s=0.01
     ).start()
     post_ended(store, [2], "rank 2 did not reach it", wait=False)
-    time.sleep(0.1)
-    assert left == []  # another rank was named
+    seen = counting.checks
+    _wait_until(lambda: counting.checks >= seen + 3, "look at the store after the verdict")
+    assert left == [] and asked == []  # another rank was named: it never got to leave
     post_ended(store, [1], "rank 1 did not reach it", wait=False)
-    time.sleep(0.1)
+    _wait_until(lambda: len(asked) >= 2, "wait for the files after its own verdict")
     assert left == []  # files are being written: never leave half-way
     holding[0] = False
-    deadline = time.monotonic() + 5
-    while not left:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _wait_until(lambda: left, "leave once the files are written")
     assert left == ["rank 1 did not reach it"] and store.check(["ended/1/ack"])
     watch.stop()
