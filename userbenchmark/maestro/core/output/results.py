@@ -391,8 +391,9 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
-    """``{metric key: float}`` of the records' metrics (NA and figures not measurable here left
-    out: :func:`measurable_metrics`), pattern by pattern: its blocks', its own, its pairs', each
+    """``{metric key: float}`` of the records' metrics (NA left out, and with their bounds the
+    figures not measurable here, ``stats.measurable``: a dashboard would plot noise as a change;
+    the results files keep them), pattern by pattern: its blocks', its own, its pairs', each
     followed by its interval's bounds; ValueError for a name that cannot be part of a key, or a
     key met twice."""
     groups: dict[tuple[str, str], dict[str, float]] = {}
@@ -400,11 +401,12 @@ def metrics_from_results(results: Results) -> dict[str, float]:
     def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:
         group = groups.setdefault((row["suite"], row["pattern"]), {})
         for name, spec in metrics.items():
-            if row.get(name) is None:
-                continue
             bounds = [name + b for b in BOUNDS] if spec.interval else []
             if any(row.get(b) is None for b in bounds):
                 bounds = []
+            low, high = (float(row[b]) for b in bounds[:2]) if bounds else (math.nan, math.nan)
+            if row.get(name) is None or not measurable(name, row[name], low, high):
+                continue
             for column in (name, *bounds):
                 key = metric_key(row["suite"], row["pattern"], metric=column, **where)
                 if key in group:
@@ -417,18 +419,4 @@ def metrics_from_results(results: Results) -> dict[str, float]:
         add(row, metrics_of(PatternResult), block=None)
     for row in records_of(results.pairs):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
-    return measurable_metrics(
-        {key: value for group in groups.values() for key, value in group.items()}
-    )
-
-
-def measurable_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """``metrics`` without the figures whose interval is wider than their range, nor their
-    bounds (stats.measurable): a dashboard would plot noise as a change; the results files
-    keep them, with a note saying why they are not measurable."""
-    dropped: set[str] = set()
-    for key, value in metrics.items():
-        low, high = (metrics.get(key + bound, math.nan) for bound in BOUNDS[:2])
-        if not measurable(key.rpartition("/")[2], value, low, high):
-            dropped.update([key, *(key + bound for bound in BOUNDS)])
-    return {key: value for key, value in metrics.items() if key not in dropped}
+    return {key: value for group in groups.values() for key, value in group.items()}
