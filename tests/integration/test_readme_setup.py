@@ -116,6 +116,7 @@ def test_the_readme_sets_up_in_two_commands():
     reason="with an NVIDIA driver the set-up installs a CUDA build of torch (GBs); this test "
     "runs the CPU path",
 )
+@pytest.mark.timeout(SETUP_HANG_S + 2 * RUN_HANG_S)  # its own steps' hang limits decide
 def test_readme_setup_from_a_fresh_virtual_environment(scratch):
     # A checkout of the files a user runs, outside this repository: the run writes
     # .userbenchmark/ beside run_benchmark.py.
