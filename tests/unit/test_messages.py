@@ -59,13 +59,14 @@ def test_a_run_that_finished_no_pattern_does_not_say_metrics_were_written(tmp_pa
     from userbenchmark.maestro.core.output.reporter import Reporter
     from userbenchmark.maestro.core.output.writer import OutputWriter
 
-    path = tmp_path / "metrics-20260101000000.json"
+    path = tmp_path / "a\x1b[2J\nb" / "metrics-20260101000000.json"  # a user's folder name
     reporter = Reporter(load_suite("quickstart", world_size=1), RunOptions(metrics_path=str(path)))
     reporter.writer = OutputWriter(output_dir=None, metrics_path=path, environ={})
     reporter.failed("overlap_ar_gemm", "interrupted")  # an interrupted first pattern
     reporter.close(130)
     out = capsys.readouterr().out
-    assert "metrics written" not in out and f"maestro: {path} holds no metric" in out, out
+    assert "metrics written" not in out and "\x1b" not in out, out
+    assert f"maestro: {printable(str(path))} holds no metric: no pattern finished\n" in out, out
 
 
 def test_one_iteration_is_written_in_the_singular():

@@ -22,6 +22,7 @@ from ...errors import (
     cause_of,
     detach_stream,
     interrupted_message,
+    printable,
     say,
 )
 from ..analysis.records import PatternOutcome
@@ -333,12 +334,13 @@ class Reporter:
             say(interrupted_message(saved=self.saved))
         if self.saved and self.writer is not None:
             count, path = self.writer.num_metrics, self.writer.metrics_path
+            shown = printable(str(path))  # the user's paths, as every message shows them
             if path is not None and count:
-                self._print(f"maestro: {count} metrics written to {path}")
+                self._print(f"maestro: {count} metrics written to {shown}")
             elif path is not None:
-                self._print(f"maestro: {path} holds no metric: no pattern finished")
+                self._print(f"maestro: {shown} holds no metric: no pattern finished")
             if self.writer.output_dir is not None:
-                self._print(f"maestro: results written to {self.writer.output_dir}")
+                self._print(f"maestro: results written to {printable(str(self.writer.output_dir))}")
         if self._stdout_lost:
             say(
                 f"maestro: standard output was closed ({self._stdout_lost}); tables were not "
