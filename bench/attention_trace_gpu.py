@@ -114,8 +114,8 @@ def record(out: Path, *, batch: int, seq: int, d: int, heads: int, layers: int, 
 
 def imported(folder: Path) -> str:
     """What ``import-trace`` makes of the trace: its summary, and the attention kernels."""
-    from userbenchmark.maestro.replay.emit import coverage
-    from userbenchmark.maestro.replay.importer import import_traces
+    from userbenchmark.maestro.core.replay.emit import coverage
+    from userbenchmark.maestro.core.replay.importer import import_traces
 
     imp = import_traces([str(folder)])
     ops = Counter(b.op for b in imp.layout.blocks)

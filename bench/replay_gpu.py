@@ -161,7 +161,7 @@ def enqueue_rows(runs: dict[str, dict]) -> list[list[Any]]:
 
 def overlap_rows(runs: dict[str, dict], overlaps: dict[str, float | None]) -> list[list[Any]]:
     """Per mode, the GEMMs' errors apart: overlapped a collective in the trace, or ran alone."""
-    from userbenchmark.maestro.core.analysis.outcome import error_groups
+    from userbenchmark.maestro.core.replay.fidelity import error_groups
 
     rows = []
     for mode, run in runs.items():

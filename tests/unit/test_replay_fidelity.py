@@ -13,18 +13,17 @@ from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import (
-    Isolated,
-    build_outcome,
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.config.loader import load_suite_text
+from userbenchmark.maestro.core.output.results import results_of
+from userbenchmark.maestro.core.output.table import Tables, format_fidelity
+from userbenchmark.maestro.core.replay.fidelity import (
     error_groups,
     kernel_mismatch,
     rank_steps,
     ratio,
     with_fidelity,
 )
-from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.core.output.results import results_of
-from userbenchmark.maestro.core.output.table import Tables, format_fidelity
 from userbenchmark.maestro.errors import ConfigError
 
 STEP = """

@@ -13,9 +13,9 @@ import yaml
 from userbenchmark.maestro.blocks.base import TracedCall
 from userbenchmark.maestro.blocks.compute import Gemm
 from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.replay.emit import render
-from userbenchmark.maestro.replay.importer import ImportOptions, import_traces
-from userbenchmark.maestro.replay.kineto import TraceError
+from userbenchmark.maestro.core.replay.emit import render
+from userbenchmark.maestro.core.replay.importer import ImportOptions, import_traces
+from userbenchmark.maestro.core.replay.kineto import TraceError
 
 from .replay_scenarios import (
     batched_ring_rank,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from userbenchmark.maestro import cli
-from userbenchmark.maestro.replay.importer import import_traces
-from userbenchmark.maestro.replay.kineto import TraceError
+from userbenchmark.maestro.core.replay.importer import import_traces
+from userbenchmark.maestro.core.replay.kineto import TraceError
 
 from .replay_scenarios import ddp_rank
 from .replay_traces import TraceBuilder, write_all

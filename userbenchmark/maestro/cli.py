@@ -417,8 +417,8 @@ def import_trace_command(**params: Any) -> int:
     folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
     Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
     from .core.output.locations import atomic_write_bytes, check_output_file
-    from .replay.emit import run_command
-    from .replay.kineto import TraceError, iter_trace_files
+    from .core.replay.emit import run_command
+    from .core.replay.kineto import TraceError, iter_trace_files
 
     inputs = paths = list(params["paths"])
     with contextlib.suppress(TraceError, OSError):  # the importer says what is wrong with them

@@ -13,10 +13,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 from tabulate import tabulate
 
-from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
+from ..analysis.outcome import MIN_ITERS_FOR_P99
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec
+from ..replay.fidelity import error_groups
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
 

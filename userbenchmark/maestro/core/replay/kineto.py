@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..blocks.compute import Gemm
-from ..errors import MaestroError
+from ...blocks.compute import Gemm
+from ...errors import MaestroError
 
 CHUNK_CHARS = 1 << 22
 """Characters read from the file at a time (4 Mi): large enough to amortise the reads."""

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..core.config.axes import mesh_teams
+from ..config.axes import mesh_teams
 from .kineto import ProcessGroup, RankTrace, TraceError
 
 Teams = tuple[tuple[int, ...], ...]

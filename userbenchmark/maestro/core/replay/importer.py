@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import OptionError
+from ...errors import OptionError
 from .assemble import build_pattern_blocks, merge_siblings
 from .group_axes import GroupAxes, plan_axes
 from .kineto import RankTrace, TraceError, iter_trace_files, read_trace

@@ -10,11 +10,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..blocks.base import Block, TracedCall
-from ..blocks.comm import AllToAll, SendRecv
-from ..blocks.compute import Gemm
-from ..blocks.dtypes import DTYPES, traced_dtype
-from ..blocks.registry import traced_op
+from ...blocks.base import Block, TracedCall
+from ...blocks.comm import AllToAll, SendRecv
+from ...blocks.compute import Gemm
+from ...blocks.dtypes import DTYPES, traced_dtype
+from ...blocks.registry import traced_op
 from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)

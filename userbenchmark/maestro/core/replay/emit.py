@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.analysis.overlap import union_intersection_ns
-from ..core.config.loader import dump_suite, load_suite_text
-from ..core.config.patterns import DEFAULT_VALUES
-from ..core.config.spec import (
+from ...errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
+from ..analysis.overlap import union_intersection_ns
+from ..config.loader import dump_suite, load_suite_text
+from ..config.patterns import DEFAULT_VALUES
+from ..config.spec import (
     WORLD_AXIS,
     AxisSpec,
     BlockSpec,
@@ -24,7 +25,6 @@ from ..core.config.spec import (
     SuiteSpec,
     frozen_mapping,
 )
-from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
 from .assemble import PatternBlock
 from .group_axes import slug
 from .importer import Imported, ImportOptions, import_traces
