@@ -411,6 +411,15 @@ def list_blocks_command() -> int:
     help="lane idle gaps longer than this become sleep blocks",
 )
 @click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    help="replay the files' ranks, some of a job's, at this many ranks (or give a world size "
+    "the files lack)",
+)
+@click.option(
+    "--annotation", metavar="NAME", help="a record_function span of this name is the step"
+)
 @_interruptible
 def import_trace_command(**params: Any) -> int:
     """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or

@@ -4,16 +4,26 @@ step, find its work and dependencies, group ranks into roles, and lay the blocks
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import OptionError
 from .assemble import build_pattern_blocks, merge_siblings
 from .group_axes import GroupAxes, plan_axes
-from .kineto import RankTrace, TraceError, iter_trace_files, read_trace
+from .kineto import MAX_RANKS, RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
 from .roles import Dependencies, Role, group_roles, infer, role_blocks, split_apart
-from .step import RankStep, build_step, choose_step, step_span
+from .step import (
+    Census,
+    RankStep,
+    build_step,
+    check_missing,
+    choose_steps,
+    set_windows,
+    step_span,
+)
+from .subset import one_rank_view
 
 IDLE_US = 20.0
 """Default: gaps longer than this on a lane become ``sleep`` blocks; shorter gaps between
@@ -24,16 +34,22 @@ RUN_SKEW_S = 5.0
 
 @dataclass(frozen=True, kw_only=True)
 class ImportOptions:
-    """How to import: which step, and what to do with idle gaps."""
+    """How to import: which step (or annotation), what to do with idle gaps, and the world size
+    of the replay when the files are some of a job's ranks."""
 
     step: int | None = None
-    """``ProfilerStep#N`` to import; None: the last one complete on every rank."""
+    """``ProfilerStep#N`` (or the annotation's N-th span) to import; None: every complete one."""
     idle_us: float = IDLE_US
     keep_idle: bool = True
+    world_size: int | None = None
+    annotation: str | None = None
+    """A ``record_function`` name whose spans are the steps (instead of ProfilerStep#N)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.idle_us < math.inf:  # NaN fails too
             raise OptionError(f"--idle-us {self.idle_us}: expected a number of µs, 0 or more")
+        if self.world_size is not None and not 1 <= self.world_size < MAX_RANKS:
+            raise OptionError(f"--world-size {self.world_size}: expected 1 to {MAX_RANKS - 1}")
 
 
 @dataclass(kw_only=True)
@@ -50,43 +66,84 @@ class Imported:
     layout: Layout
     by_seq: bool = False
     """Collectives were matched across ranks by their sequence numbers (else by order)."""
+    spread: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    """Layout index -> (median, min, max) traced µs over the steps like this one."""
+    step_spread: tuple[float, ...] = ()
+    """Each rank's step, median over those steps (µs)."""
+    steps_used: tuple[str, ...] = ()
+    unlike: tuple[str, ...] = ()
+    """Complete steps left out: their work differs from the imported step's."""
+    census: dict[int, Census] = field(default_factory=dict)
+    run: Run | None = None
+    traced_groups: dict[str, tuple] = field(default_factory=dict)
+    """With --world-size over some ranks: group name -> (its description, its traced ranks)."""
 
     @property
     def world_size(self) -> int:
-        return self.traces[0].world_size
+        return self.run.world if self.run else len(self.traces)
 
 
-def read_run(paths: Sequence[str]) -> list[RankTrace]:
-    """Every rank's trace, in rank order; errors when they cannot be one run's files."""
-    files = list(iter_trace_files(list(paths)))
-    if not files:
-        raise TraceError("no trace file given")
-    traces = [read_trace(f) for f in files]
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """The files' place in their job: its traced world size, the given ranks, the replay's."""
+
+    world: int
+    traced_world: int | None
+    given: tuple[int, ...]
+    subset: bool
+    paths: tuple[str, ...] = ()
+    """Each given rank's file."""
+
+
+def _one_run(traces: Sequence[RankTrace]) -> tuple[dict[int, RankTrace], int | None]:
+    """The traces by rank and their traced world size (None: not written), or an error where
+    they cannot be one run's files."""
     plain = [t.path for t in traces if not t.distributed]
     if plain and len(traces) > 1:
         raise TraceError(
             f"{plain[0]}: no distributedInfo (not a distributed run), yet several files "
             "were given: give one file per rank of one distributed run"
         )
-    sizes = sorted({t.world_size for t in traces})
-    if len(sizes) > 1:
-        shown = ", ".join(f"{t.path}: {t.world_size}" for t in traces)
-        raise TraceError(f"the files have different world sizes ({shown}): not one run")
+    for key, what in (("world_size", "world sizes"), ("group_trace_id", "group_trace_ids")):
+        if len({getattr(t, key) for t in traces} - {None, ""}) > 1:
+            shown = ", ".join(f"{t.path}: {getattr(t, key)}" for t in traces)
+            raise TraceError(f"the files have different {what} ({shown}): not one run")
+    traced = next(iter({t.world_size for t in traces} - {None}), None)
     by_rank: dict[int, RankTrace] = {}
     for t in traces:
         if t.rank in by_rank:
             raise TraceError(f"two files for rank {t.rank}: {by_rank[t.rank].path} and {t.path}")
-        if not 0 <= t.rank < t.world_size:
-            raise TraceError(f"{t.path}: rank {t.rank} outside world size {t.world_size}")
+        if traced is not None and t.rank >= traced:
+            raise TraceError(f"{t.path}: rank {t.rank} outside world size {traced}")
         by_rank[t.rank] = t
-    missing = sorted(set(range(sizes[0])) - set(by_rank))
-    if missing:
-        got = ", ".join(str(r) for r in sorted(by_rank))
+    return by_rank, traced
+
+
+def read_run(paths: Sequence[str], world_size: int | None = None) -> tuple[list[RankTrace], Run]:
+    """Every rank's trace, in rank order, and their place in the job; errors when they cannot be
+    one run's files, or are some of its ranks and ``world_size`` (--world-size) is not given."""
+    files = list(iter_trace_files(list(paths)))
+    if not files:
+        raise TraceError("no trace file given")
+    by_rank, traced = _one_run([read_trace(f) for f in files])
+    given = tuple(sorted(by_rank))
+    whole = given == tuple(range(traced or len(given)))
+    world = world_size or (traced if whole else None) or len(given)
+    if not (whole and world == len(given)) and world_size is None:
+        of = f"a world of {traced}" if traced else "a world whose size the files do not say"
+        lacking = min(set(range(len(given) + 1)) - set(given))
         raise TraceError(
-            f"rank {missing[0]}'s trace file is missing: world size {sizes[0]}, files for "
-            f"rank(s) {got}; give every rank's file (or the folder holding them)"
+            f"rank {lacking}'s trace file is missing (the files hold rank(s) "
+            f"{', '.join(map(str, given[:8]))} of {of}): give every rank's file, or replay "
+            "these at a world size of your choice with --world-size N (each given rank "
+            "standing for the ranks of its role)"
         )
-    return [by_rank[r] for r in sorted(by_rank)]
+    traces = [by_rank[r] for r in given]
+    for t in traces:
+        t.world_size = traced or world
+    paths = tuple(t.path for t in traces)
+    subset = world != len(given)
+    return traces, Run(world=world, traced_world=traced, given=given, subset=subset, paths=paths)
 
 
 def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
@@ -103,14 +160,11 @@ def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
             )
 
 
-def import_traces(paths: Sequence[str], options: ImportOptions | None = None) -> Imported:
-    """Read the traces at ``paths`` and build the pattern of one profiler step."""
-    options = options or ImportOptions()
-    traces = read_run(paths)
-    step_name = choose_step(traces, options.step)
-    _check_same_run(traces, step_name)
-    axes = plan_axes(traces, traces[0].world_size)
-    sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
+def _import_step(
+    traces: Sequence[RankTrace], step_name: str, options: ImportOptions, sizes: dict[str, int]
+) -> Imported:
+    """One step of the traces as the pattern's blocks; ``sizes``: each group's team size."""
+    axes = plan_axes(traces, len(traces))
     steps = [build_step(t, step_name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
     # Calls are matched across ranks by ``Seq`` when every collective has one, else by order.
@@ -130,11 +184,11 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     else:  # cannot happen: ranks in roles of their own have no conflict
         raise TraceError("cannot tell which ranks do the same work")
     try:  # one block per call on sibling teams, unless that cannot be ordered
-        layout = lay_out(merge_siblings(pattern_blocks), axes, traces[0].world_size)
+        layout = lay_out(merge_siblings(pattern_blocks), axes, len(traces))
     except TraceError:
-        layout = lay_out(pattern_blocks, axes, traces[0].world_size)
+        layout = lay_out(pattern_blocks, axes, len(traces))
     return Imported(
-        traces=traces,
+        traces=list(traces),
         step_name=step_name,
         options=options,
         steps=steps,
@@ -144,3 +198,47 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         layout=layout,
         by_seq=by_seq,
     )
+
+
+def _shape(imp: Imported) -> list[tuple]:
+    """What must be the same in two steps for one file to replay both (durations may differ)."""
+    return [
+        (b.name, b.op, b.axis, b.lane, tuple(a.name for a in b.after))
+        + ((tuple(sorted(b.params.items())),) if b.kind in ("gemm", "comm", "p2p") else ())
+        for b in imp.layout.blocks
+    ]
+
+
+def import_traces(paths: Sequence[str], options: ImportOptions | None = None) -> Imported:
+    """Read the traces at ``paths`` and build the pattern of their steps: the last complete one's
+    blocks, each with its traced duration's median and range over the complete steps like it."""
+    options = options or ImportOptions()
+    traces, run = read_run(paths, options.world_size)
+    for t in traces:
+        set_windows(t, options.annotation)
+    names = choose_steps(traces, options.step, options.annotation or "ProfilerStep")
+    census = {t.rank: Census(t) for t in traces}
+    for t in traces:
+        check_missing(census[t.rank], t, names[0])
+    _check_same_run(traces, names[0])
+    traced: dict[str, tuple] = {}
+    if run.subset:
+        view, sizes, traced = one_rank_view(traces, run.world, names[0])
+        traces = [view]
+    else:
+        axes = plan_axes(traces, run.world)
+        sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
+    imported = [_import_step(traces, name, options, sizes) for name in names]
+    first = imported[0]
+    like = [imp for imp in imported if _shape(imp) == _shape(first)]
+    for i in range(len(first.layout.blocks)):
+        durations = [imp.layout.blocks[i].traced_us() for imp in like]
+        first.spread[i] = (statistics.median(durations), min(durations), max(durations))
+    by_rank = [
+        [st.end - st.start for st in sorted(imp.steps, key=lambda st: st.rank)] for imp in like
+    ]
+    first.step_spread = tuple(statistics.median(col) for col in zip(*by_rank, strict=True))
+    first.steps_used = tuple(imp.step_name for imp in like)
+    first.unlike = tuple(imp.step_name for imp in imported if imp not in like)
+    first.census, first.run, first.traced_groups = census, run, traced
+    return first
