@@ -155,7 +155,7 @@ def _step_lines(imp: Imported) -> list[str]:
         chosen = "chosen with --step"
     else:
         used = imp.steps_used
-        chosen = "the last step complete on every rank"
+        chosen = "the last step complete on every rank" if imp.step_name != WHOLE else "one step"
         if len(used) > 1:
             chosen += (
                 f"; traced durations: the median over the {len(used)} complete steps like it "
@@ -325,12 +325,10 @@ def _approximations(imp: Imported) -> list[str]:
 def _stand_in_notes(imp: Imported) -> list[str]:
     items = [it for role in imp.roles for it in role.ref.items if it.kind == "other"]
     shapeless = sum(it.note == "gemm-shapes" or bool(GEMM_KERNEL.search(it.kernel)) for it in items)
-    subset = imp.run is not None and imp.run.subset
     return [
         f"{shapeless} GEMM kernels (by name) replayed as busy stand-ins: their ops' shapes are "
         "not in the trace; profile with record_shapes=True to replay them as GEMMs"
-    ] * bool(shapeless) + ["point-to-point transfers with ranks outside the files: busy stand-ins "
-                           "of their traced duration"] * subset  # fmt: skip
+    ] * bool(shapeless)
 
 
 def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:

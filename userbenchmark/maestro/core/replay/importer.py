@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import OptionError
-from .assemble import build_pattern_blocks, merge_siblings
+from .assemble import PatternBlock, build_pattern_blocks, merge_siblings
 from .group_axes import GroupAxes, plan_axes
 from .kineto import MAX_RANKS, RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
@@ -200,13 +200,20 @@ def _import_step(
     )
 
 
-def _shape(imp: Imported) -> list[tuple]:
-    """What must be the same in two steps for one file to replay both (durations may differ)."""
-    return [
-        (b.name, b.op, b.axis, b.lane, tuple(a.name for a in b.after))
-        + ((tuple(sorted(b.params.items())),) if b.kind in ("gemm", "comm", "p2p") else ())
-        for b in imp.layout.blocks
-    ]
+def _by_key(imp: Imported) -> dict[tuple, PatternBlock]:
+    """The step's blocks by what must be the same in two steps for one file to replay both: a
+    block's name, op, axis, lane (and a GEMM's or collective's parameters); an idle gap, which
+    one step may lack, by the block it comes before."""
+    out: dict[tuple, PatternBlock] = {}
+    following: dict[str, str] = {}
+    for b in reversed(imp.layout.blocks):
+        if b.kind == "idle":
+            out[("idle", b.lane, following.get(b.lane, ""))] = b
+            continue
+        sized = b.kind in ("gemm", "comm", "p2p")
+        out[(b.name, b.op, b.axis, b.lane, *[tuple(sorted(b.params.items()))] * sized)] = b
+        following[b.lane] = b.name
+    return out
 
 
 def import_traces(paths: Sequence[str], options: ImportOptions | None = None) -> Imported:
@@ -229,16 +236,21 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         axes = plan_axes(traces, run.world)
         sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
     imported = [_import_step(traces, name, options, sizes) for name in names]
-    first = imported[0]
-    like = [imp for imp in imported if _shape(imp) == _shape(first)]
-    for i in range(len(first.layout.blocks)):
-        durations = [imp.layout.blocks[i].traced_us() for imp in like]
-        first.spread[i] = (statistics.median(durations), min(durations), max(durations))
-    by_rank = [
-        [st.end - st.start for st in sorted(imp.steps, key=lambda st: st.rank)] for imp in like
-    ]
+    first, keyed = imported[0], [_by_key(imp) for imp in imported]
+    work = {k for k in keyed[0] if k[0] != "idle"}
+    like = [i for i, keys in enumerate(keyed) if {k for k in keys if k[0] != "idle"} == work]
+    index = {id(b): i for i, b in enumerate(first.layout.blocks)}
+    for key, block in keyed[0].items():  # a gap one step lacks lasted 0 there
+        durations = [keyed[i][key].traced_us() if key in keyed[i] else 0.0 for i in like]
+        first.spread[index[id(block)]] = (
+            statistics.median(durations),
+            min(durations),
+            max(durations),
+        )
+    steps = [sorted(imported[i].steps, key=lambda st: st.rank) for i in like]
+    by_rank = [[st.end - st.start for st in rank_steps] for rank_steps in steps]
     first.step_spread = tuple(statistics.median(col) for col in zip(*by_rank, strict=True))
-    first.steps_used = tuple(imp.step_name for imp in like)
-    first.unlike = tuple(imp.step_name for imp in imported if imp not in like)
+    first.steps_used = tuple(names[i] for i in like)
+    first.unlike = tuple(name for i, name in enumerate(names) if i not in like)
     first.census, first.run, first.traced_groups = census, run, traced
     return first

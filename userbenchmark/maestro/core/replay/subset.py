@@ -39,12 +39,13 @@ def _view(trace: RankTrace, world: int) -> tuple[RankTrace, dict[str, int], dict
         g.name: (g.desc, g.ranks or tuple(range(trace.world_size or 1))) for g in trace.groups
     }
     for rec in trace.comms.values():
-        traced.setdefault(rec.group_name, (rec.group_desc, rec.group_ranks or (trace.rank,)))
+        if rec.group_name:  # older torch names none
+            traced.setdefault(rec.group_name, (rec.group_desc, rec.group_ranks or (trace.rank,)))
     sizes = {name: team_size(len(ranks), world, desc) for name, (desc, ranks) in traced.items()}
     comms = {  # transfers to ranks not in the files are stand-ins (their kernel alone)
         ext: _rescaled(rec, len(traced[rec.group_name][1]), sizes[rec.group_name])
         for ext, rec in trace.comms.items()
-        if traced_op(rec.name) is not SendRecv
+        if traced_op(rec.name) is not SendRecv and rec.group_name in traced
     }
     groups = tuple(dataclasses.replace(g, ranks=(0,)) for g in trace.groups)
     view = dataclasses.replace(trace, rank=0, world_size=1, groups=groups, comms=comms)
@@ -69,8 +70,8 @@ def one_rank_view(
         if program(other) != first:
             raise TraceError(
                 f"rank {trace.rank} does other work than rank {traces[0].rank} in {step}: with "
-                "--world-size, give the files of ranks that do the same work (one of each role "
-                "is enough)"
+                "--world-size, give one rank's file (it stands for every rank), or files of "
+                "ranks that do the same work"
             )
     return view, sizes, traced
 
