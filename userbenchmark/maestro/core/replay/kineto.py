@@ -312,13 +312,15 @@ class _Collector:
         """``ev[key]`` (a timestamp or duration in µs), refused naming the event when it cannot
         be one: not a number, negative, infinite, or absurd."""
         value = ev.get(key, default) if default is not None else ev[key]
-        number = (
-            math.nan if isinstance(value, bool) or not isinstance(value, int | float) else value
-        )
+        typed = isinstance(value, int | float) and not isinstance(value, bool)
+        try:
+            number = float(value) if typed else math.nan
+        except OverflowError:  # an integer past float's range
+            number = math.inf
         limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
         if 0 <= number <= limit:  # NaN fails too
-            return float(number)
-        if not isinstance(value, int | float) or isinstance(value, bool):
+            return number
+        if not typed:
             why = "not a number (a JSON number of µs)"
         elif math.isnan(number):
             why = "not a number"
