@@ -236,21 +236,25 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
         axes = plan_axes(traces, run.world)
         sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
     imported = [_import_step(traces, name, options, sizes) for name in names]
+    first = _over_steps(imported)
+    first.census, first.run, first.traced_groups = census, run, traced
+    return first
+
+
+def _over_steps(imported: list[Imported]) -> Imported:
+    """The first step's import, with each block's traced durations over the steps like it
+    (their median and range; an idle gap one step lacks lasted 0 there)."""
     first, keyed = imported[0], [_by_key(imp) for imp in imported]
     work = {k for k in keyed[0] if k[0] != "idle"}
     like = [i for i, keys in enumerate(keyed) if {k for k in keys if k[0] != "idle"} == work]
     index = {id(b): i for i, b in enumerate(first.layout.blocks)}
-    for key, block in keyed[0].items():  # a gap one step lacks lasted 0 there
+    for key, block in keyed[0].items():
         durations = [keyed[i][key].traced_us() if key in keyed[i] else 0.0 for i in like]
-        first.spread[index[id(block)]] = (
-            statistics.median(durations),
-            min(durations),
-            max(durations),
-        )
+        spread = statistics.median(durations), min(durations), max(durations)
+        first.spread[index[id(block)]] = spread
     steps = [sorted(imported[i].steps, key=lambda st: st.rank) for i in like]
     by_rank = [[st.end - st.start for st in rank_steps] for rank_steps in steps]
     first.step_spread = tuple(statistics.median(col) for col in zip(*by_rank, strict=True))
-    first.steps_used = tuple(names[i] for i in like)
-    first.unlike = tuple(name for i, name in enumerate(names) if i not in like)
-    first.census, first.run, first.traced_groups = census, run, traced
+    first.steps_used = tuple(imported[i].step_name for i in like)
+    first.unlike = tuple(imp.step_name for i, imp in enumerate(imported) if i not in like)
     return first
