@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +56,8 @@ class Coverage:
     dropped_us: float
     dropped: tuple[tuple[str, int, float], ...]
     """Kernels not replayed: (name, count, µs), most time first."""
-    gemm_kernel_us: float = 0.0
-    """Of the stand-ins: GEMM kernels (by name) whose op had no shapes."""
-    sizeless_us: float = 0.0
-    """Of the stand-ins: collectives whose size the trace does not write."""
+    within: tuple[tuple[str, float], ...] = ()
+    """Stand-ins of GEMM kernels (by name) and of collectives without sizes: (what, µs)."""
 
     def line(self) -> str:
         parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
@@ -66,14 +65,8 @@ class Coverage:
         names = ("GEMMs", "collectives", "busy stand-ins", "dropped")
         tenths = shares_in_tenths(parts)
         shares = [f"{n} {t / 10:.1f} %" for n, t in zip(names, tenths, strict=True)]
-        inner = [
-            f"{what} {100 * us / total:.1f} %"
-            for what, us in (("GEMM kernels", self.gemm_kernel_us),
-                             ("collectives without sizes", self.sizeless_us))
-            if us
-        ]  # fmt: skip
-        if inner:
-            shares[2] += f" (of the step: {', '.join(inner)})"
+        inner = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in self.within if us)
+        shares[2] += f" (of the step: {inner})" * bool(inner)
         return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {', '.join(shares)}"
 
 
@@ -98,9 +91,9 @@ def coverage(imp: Imported) -> Coverage:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
             if item.kind == "other" and GEMM_KERNEL.search(item.kernel):
-                by_kind["gemm kernel"] += item.busy_us
-            elif item.kind == "other" and item.opname == "nccl":
-                by_kind["sizeless"] += item.busy_us
+                by_kind["GEMM kernels"] += item.busy_us
+            elif item.kind == "other" and item.opname.startswith("nccl"):
+                by_kind["collectives without sizes"] += item.busy_us
         for act in st.dropped:
             dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
@@ -110,8 +103,7 @@ def coverage(imp: Imported) -> Coverage:
         stand_in_us=by_kind["other"],
         dropped_us=sum(d[2] for d in listed),
         dropped=tuple(listed),
-        gemm_kernel_us=by_kind["gemm kernel"],
-        sizeless_us=by_kind["sizeless"],
+        within=tuple((k, by_kind[k]) for k in ("GEMM kernels", "collectives without sizes")),
     )
 
 
@@ -407,12 +399,9 @@ def render(imp: Imported, *, name: str, command: str) -> str:
 def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
     """The command as a user would type it again (for the file's header)."""
     args = [*paths, "-o", output]
-    if options.step is not None:
-        args += ["--step", str(options.step)]
-    if options.annotation is not None:
-        args += ["--annotation", options.annotation]
-    if options.world_size is not None:
-        args += ["--world-size", str(options.world_size)]
+    for flag in ("step", "annotation", "world_size"):
+        if getattr(options, flag) is not None:
+            args += [f"--{flag.replace('_', '-')}", str(getattr(options, flag))]
     if not options.keep_idle:
         args.append("--no-idle")
     elif options.idle_us != ImportOptions().idle_us:
@@ -457,24 +446,15 @@ def run_command(
     *,
     paths: Sequence[str],
     output: str,
-    step: int | None,
-    idle_us: float,
     no_idle: bool,
     write: Callable[[Path, bytes], None],
-    world_size: int | None = None,
-    annotation: str | None = None,
+    **options: Any,
 ) -> int:
     """The ``import-trace`` command: import, print what was written, return the exit status
     (0 written, 2 bad options or traces that cannot be imported: one line on stderr, nothing
-    written)."""
+    written); ``options``: :class:`ImportOptions`' other fields."""
     try:
-        options = ImportOptions(
-            step=step,
-            idle_us=idle_us,
-            keep_idle=not no_idle,
-            world_size=world_size,
-            annotation=annotation,
-        )
+        options = ImportOptions(keep_idle=not no_idle, **options)
         imported = import_trace(list(paths), output, options, write=write)
     except (OptionError, TraceError) as err:
         trace = isinstance(err, TraceError)

@@ -66,13 +66,12 @@ class Imported:
     layout: Layout
     by_seq: bool = False
     """Collectives were matched across ranks by their sequence numbers (else by order)."""
+    # Over the complete steps like this one (steps_used; unlike: the others): each block's
+    # traced µs (by layout index: median, min, max) and each rank's step (median).
     spread: dict[int, tuple[float, float, float]] = field(default_factory=dict)
-    """Layout index -> (median, min, max) traced µs over the steps like this one."""
     step_spread: tuple[float, ...] = ()
-    """Each rank's step, median over those steps (µs)."""
     steps_used: tuple[str, ...] = ()
     unlike: tuple[str, ...] = ()
-    """Complete steps left out: their work differs from the imported step's."""
     census: dict[int, Census] = field(default_factory=dict)
     run: Run | None = None
     traced_groups: dict[str, tuple] = field(default_factory=dict)
@@ -223,8 +222,8 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     traces, run = read_run(paths, options.world_size)
     for t in traces:
         set_windows(t, options.annotation)
-    names = choose_steps(traces, options.step, options.annotation or "ProfilerStep")
     census = {t.rank: Census(t) for t in traces}
+    names = choose_steps(traces, census, options.step, options.annotation or "ProfilerStep")
     for t in traces:
         check_missing(census[t.rank], t, names[0])
     _check_same_run(traces, names[0])

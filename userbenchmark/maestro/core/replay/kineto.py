@@ -320,18 +320,14 @@ class _Collector:
         limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
         if 0 <= number <= limit:  # NaN fails too
             return number
-        if not typed:
-            why = "not a number (a JSON number of µs)"
-        elif math.isnan(number):
-            why = "not a number"
-        elif number < 0:
-            why = "negative: a trace's times and durations are 0 or more"
-        elif math.isinf(number):
-            why = "not finite"
-        elif key == "dur":
-            why = f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
-        else:
-            why = f"beyond {limit:g} µs, where µs are no longer exact"
+        why = next(text for bad, text in (
+            (not typed, "not a number (a JSON number of µs)"),
+            (math.isnan(number), "not a number"),
+            (number < 0, "negative: a trace's times and durations are 0 or more"),
+            (math.isinf(number), "not finite"),
+            (key == "dur", f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"),
+            (True, f"beyond {limit:g} µs, where µs are no longer exact"),
+        ) if bad)  # fmt: skip
         cat = ev.get("cat", "?")
         stream = (ev.get("args") or {}).get("stream") if cat in DEVICE_CATS else None
         where = f"{cat}, stream {stream}" if stream is not None else cat

@@ -142,18 +142,16 @@ def set_windows(trace: RankTrace, annotation: str | None) -> None:
         spans = sorted((a for a in trace.annotations if a.name == annotation), key=lambda a: a.ts)
         trace.steps = [Span(f"{annotation}#{i}", a.ts, a.end, a.tid) for i, a in enumerate(spans)]
         if not trace.steps:
-            names = sorted({a.name for a in trace.annotations})
-            raise TraceError(
-                f"{trace.path}: no record_function span named {annotation!r} (--annotation); "
-                f"the trace has {len(names)}: {', '.join(map(repr, names[:8]))}"
-                + (", ..." if len(names) > 8 else "")
-            )
+            names = sorted({a.name for a in trace.annotations})[:8]
+            raise TraceError(f"{trace.path}: no record_function span named {annotation!r} "
+                             f"(--annotation); it has {', '.join(map(repr, names))}, ...")  # fmt: skip
     elif not trace.steps:
         work = {act.corr for act in trace.activities}
         calls = [c for c in trace.launches.values() if c.corr in work]
-        if calls:
-            first = min(calls, key=lambda c: c.ts)
-            trace.steps = [Span(WHOLE, first.ts, max(c.end for c in calls), first.tid)]
+        if not calls:
+            raise TraceError(f"{trace.path}: no device work in the trace: nothing to replay")
+        first = min(calls, key=lambda c: c.ts)
+        trace.steps = [Span(WHOLE, first.ts, max(c.end for c in calls), first.tid)]
 
 
 class Census:
@@ -204,13 +202,11 @@ def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
     )
 
 
-def choose_steps(traces: Sequence[RankTrace], wanted: int | None, what: str) -> list[str]:
+def choose_steps(
+    traces: Sequence[RankTrace], census: dict[int, Census], wanted: int | None, what: str
+) -> list[str]:
     """The steps to import: ``what#wanted``, else every step complete on every rank (the last
     first); ``what`` is ``ProfilerStep`` or the annotation that makes the steps."""
-    for t in traces:
-        if not t.steps:
-            raise TraceError(f"{t.path}: no device work in the trace: nothing to replay")
-    census = {t.rank: Census(t) for t in traces}
     complete = {rank: c.complete for rank, c in census.items()}
     if wanted is not None:
         name = f"{what}#{wanted}"
@@ -307,8 +303,11 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     )
     names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
     labels = innermost(names, ((c.tid, c.ts) for c in calls))
+    # An NCCL kernel without its collective's record: its op from torch's nccl:<op> span.
+    nccl = innermost([a for a in trace.annotations if a.name.startswith("nccl:")], (
+        (c.tid, c.ts) for c in calls))  # fmt: skip
     notes: list[str] = []
-    groups = _grouped(trace, calls, acts, notes)
+    groups = _grouped(trace, calls, acts, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
@@ -341,7 +340,11 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 
 
 def _grouped(
-    trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]], notes: list[str]
+    trace: RankTrace,
+    calls: list[Launch],
+    acts: dict[int, list[Activity]],
+    notes: list[str],
+    nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
     launch order: what the item is, and its (launch, activity) pairs."""
@@ -361,6 +364,7 @@ def _grouped(
                     "the trace, or a transfer with a rank outside the files)"
                 )
                 key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
+                meaning = nccl_ops.get(call.ts) or meaning  # nccl:all_reduce
             elif op is not None:
                 key, meaning = ("gemm", act.stream, call.ext), op
             else:

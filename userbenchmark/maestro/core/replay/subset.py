@@ -58,16 +58,13 @@ def one_rank_view(
     """The first trace as a one-rank run whose groups have the team sizes they take in
     ``world`` (returned by group name, with each group's traced description and ranks); the
     other traces must do the same work in ``step``."""
-    views = [_view(t, world) for t in traces]
-    view, sizes, traced = views[0]
-
-    def program(v: RankTrace) -> Counter:
-        items = build_step(v, step, sizes).items
-        return Counter(it.signature for it in items)
-
-    first = program(view)
-    for trace, (other, _, _) in zip(traces[1:], views[1:], strict=True):
-        if program(other) != first:
+    view, sizes, traced = _view(traces[0], world)
+    programs = [
+        Counter(it.signature for it in build_step(_view(t, world)[0], step, sizes).items)
+        for t in traces
+    ]
+    for trace, program in zip(traces, programs, strict=True):
+        if program != programs[0]:
             raise TraceError(
                 f"rank {trace.rank} does other work than rank {traces[0].rank} in {step}: with "
                 "--world-size, give one rank's file (it stands for every rank), or files of "
