@@ -199,20 +199,58 @@ def _import_step(
     )
 
 
-def _by_key(imp: Imported) -> dict[tuple, PatternBlock]:
-    """The step's blocks by what must be the same in two steps for one file to replay both: a
-    block's name, op, axis, lane (and a GEMM's or collective's parameters); an idle gap, which
-    one step may lack, by the block it comes before."""
-    out: dict[tuple, PatternBlock] = {}
-    following: dict[str, str] = {}
-    for b in reversed(imp.layout.blocks):
-        if b.kind == "idle":
-            out[("idle", b.lane, following.get(b.lane, ""))] = b
-            continue
-        sized = b.kind in ("gemm", "comm", "p2p")
-        out[(b.name, b.op, b.axis, b.lane, *[tuple(sorted(b.params.items()))] * sized)] = b
-        following[b.lane] = b.name
-    return out
+def _programs(steps: Sequence[RankStep]) -> dict[int, dict[int, tuple]]:
+    """Each rank's work, stream by stream: what must be the same in two steps, item for item,
+    for one file to replay both."""
+    return {
+        st.rank: {s: tuple(it.signature for it in items) for s, items in st.streams.items()}
+        for st in steps
+    }
+
+
+def _duration(block: PatternBlock, steps: dict[int, RankStep], at: dict) -> float:
+    """The block's traced duration in another step like the first (``steps``: by rank), its
+    items at the first step's places (``at``); an idle gap grows or shrinks as the gap before
+    the item it precedes does."""
+    out = 0.0
+    for rb in block.members:
+        for rank in rb.role.ranks:
+            places = [at[(rank, id(rb.role.items[i][rank]))] for i in rb.items]
+            items = [steps[rank].streams[s][i] for s, i in places]
+            if rb.kind != "idle":
+                out = max(out, max(it.end for it in items) - min(it.start for it in items))
+                continue
+            (s, i), (start, end) = places[0], rb.times[rank]
+            gaps = [
+                step.streams[s][i].start - (step.streams[s][i - 1].end if i else step.start)
+                for step in (rb.role.steps[rank], steps[rank])
+            ]
+            out = max(out, end - start + gaps[1] - gaps[0])
+    return max(out, 0.0)
+
+
+def _over_steps(first: Imported, others: dict[str, list[RankStep]]) -> None:
+    """Each block's traced durations over the complete steps whose work is the first's, item
+    for item: their median and range, and each rank's step's median."""
+    program = _programs(first.steps)
+    like = {first.step_name: first.steps} | {
+        name: steps for name, steps in others.items() if _programs(steps) == program
+    }
+    at = {
+        (st.rank, id(it)): (s, i)
+        for st in first.steps
+        for s, items in st.streams.items()
+        for i, it in enumerate(items)
+    }
+    for index, block in enumerate(first.layout.blocks):
+        durations = [_duration(block, {st.rank: st for st in v}, at) for v in like.values()]
+        first.spread[index] = statistics.median(durations), min(durations), max(durations)
+    by_rank = [
+        [st.end - st.start for st in sorted(v, key=lambda st: st.rank)] for v in like.values()
+    ]
+    first.step_spread = tuple(statistics.median(col) for col in zip(*by_rank, strict=True))
+    first.steps_used = tuple(like)
+    first.unlike = tuple(name for name in others if name not in like)
 
 
 def import_traces(paths: Sequence[str], options: ImportOptions | None = None) -> Imported:
@@ -234,26 +272,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     else:
         axes = plan_axes(traces, run.world)
         sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
-    imported = [_import_step(traces, name, options, sizes) for name in names]
-    first = _over_steps(imported)
+    first = _import_step(traces, names[0], options, sizes)
+    _over_steps(first, {name: [build_step(t, name, sizes) for t in traces] for name in names[1:]})
     first.census, first.run, first.traced_groups = census, run, traced
-    return first
-
-
-def _over_steps(imported: list[Imported]) -> Imported:
-    """The first step's import, with each block's traced durations over the steps like it
-    (their median and range; an idle gap one step lacks lasted 0 there)."""
-    first, keyed = imported[0], [_by_key(imp) for imp in imported]
-    work = {k for k in keyed[0] if k[0] != "idle"}
-    like = [i for i, keys in enumerate(keyed) if {k for k in keys if k[0] != "idle"} == work]
-    index = {id(b): i for i, b in enumerate(first.layout.blocks)}
-    for key, block in keyed[0].items():
-        durations = [keyed[i][key].traced_us() if key in keyed[i] else 0.0 for i in like]
-        spread = statistics.median(durations), min(durations), max(durations)
-        first.spread[index[id(block)]] = spread
-    steps = [sorted(imported[i].steps, key=lambda st: st.rank) for i in like]
-    by_rank = [[st.end - st.start for st in rank_steps] for rank_steps in steps]
-    first.step_spread = tuple(statistics.median(col) for col in zip(*by_rank, strict=True))
-    first.steps_used = tuple(imported[i].step_name for i in like)
-    first.unlike = tuple(imp.step_name for i, imp in enumerate(imported) if i not in like)
     return first

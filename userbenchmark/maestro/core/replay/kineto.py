@@ -345,10 +345,11 @@ class _Collector:
             self.t.annotations.append(span)
 
     def cpu_op(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        ext = _int_or_none(_arg(args, "External id"))
-        if ext is None:
+        ext, name = _int_or_none(_arg(args, "External id")), str(ev["name"])
+        if name.startswith("ProfilerStep#"):  # an op in torch's first Kineto traces
+            self.annotation(ev, args)
+        if ext is None or name.startswith("ProfilerStep#"):
             return
-        name = str(ev["name"])
         if name == "record_param_comms":
             self.comm(ev, args, ext)
             return
