@@ -301,11 +301,10 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
-    labels = innermost(names, ((c.tid, c.ts) for c in calls))
-    # An NCCL kernel without its collective's record: its op from torch's nccl:<op> span.
-    nccl = innermost([a for a in trace.annotations if a.name.startswith("nccl:")], (
-        (c.tid, c.ts) for c in calls))  # fmt: skip
+    # Labels from the innermost annotation; an NCCL kernel without its collective's record
+    # takes its op from torch's nccl:<op> span.
+    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
+    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
     notes: list[str] = []
     groups = _grouped(trace, calls, acts, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
