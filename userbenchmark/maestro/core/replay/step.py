@@ -301,10 +301,7 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    # Labels from the innermost annotation; an NCCL kernel without its collective's record
-    # takes its op from torch's nccl:<op> span.
-    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
-    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
+    labels, nccl = _labels(trace, calls)
     notes: list[str] = []
     groups = _grouped(trace, calls, acts, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
@@ -336,6 +333,14 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         launch_items=launch_items,
         dropped=dropped,
     )
+
+
+def _labels(trace: RankTrace, calls: list[Launch]) -> tuple[dict[float, str], dict[float, str]]:
+    """Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
+    without its collective's record takes its op from it)."""
+    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
+    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
+    return labels, nccl
 
 
 def _grouped(
