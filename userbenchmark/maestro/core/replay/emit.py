@@ -184,7 +184,7 @@ def _world_lines(imp: Imported) -> list[str]:
     lines = [
         f"World size: {run.world} (--world-size; the files hold rank(s) {_ranks_text(run.given)} "
         f"of {of} ranks, rank {run.given[0]}'s step standing for every rank)",
-        "Process groups (traced -> replayed):",
+        *["Process groups (traced -> replayed):"] * bool(imp.traced_groups),
     ]
     for name, (desc, ranks) in sorted(imp.traced_groups.items()):
         axis = imp.axes.axis_of.get(name, "world")
@@ -223,8 +223,9 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
+        ranks = "every rank" if imp.run and imp.run.subset else f"rank(s) {_ranks_text(streams)}"
         where = (
-            f"stream {next(iter(streams.values()))} on rank(s) {_ranks_text(streams)}"
+            f"stream {next(iter(streams.values()))} on {ranks}"
             if len(set(streams.values())) == 1
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
