@@ -141,7 +141,7 @@ def read_run(paths: Sequence[str], world_size: int | None = None) -> tuple[list[
     for t in traces:
         t.world_size = traced or world
     paths = tuple(t.path for t in traces)
-    subset = world != len(given)
+    subset = not whole or world != len(given)
     return traces, Run(world=world, traced_world=traced, given=given, subset=subset, paths=paths)
 
 
