@@ -36,6 +36,17 @@ def test_a_group_larger_than_the_new_world_becomes_the_world():
     assert team_size(2, 16, "default_pg") == 16  # the default group is every rank
 
 
+def test_ranks_doing_other_work_are_refused_with_world_size(tmp_path):
+    """Rank 0 and rank 1 of the mesh: one issues an ep all_reduce, the other none."""
+    ranks = [mesh_rank(0, shape=(4, 2)), mesh_rank(1, shape=(4, 2))]
+    with pytest.raises(TraceError, match="rank 1 does other work than rank 0.*one rank's file"):
+        imported(tmp_path / "o", ranks, world_size=16)
+    _, _, data = imported(
+        tmp_path / "s", [mesh_rank(0, shape=(4, 2)), mesh_rank(2, shape=(4, 2))], world_size=16
+    )
+    assert data["world_size"] == 16  # ranks 0 and 2 do the same work: rank 0's step
+
+
 def test_a_gathered_size_follows_the_new_team(tmp_path):
     _, _, data = imported(tmp_path / "m", [mesh_rank(0, shape=(4, 2))], world_size=2)
     (gather,) = by_op(data, "all_gather")

@@ -58,11 +58,8 @@ def one_rank_view(
     """The first trace as a one-rank run whose groups have the team sizes they take in
     ``world`` (returned by group name, with each group's traced description and ranks); the
     other traces must do the same work in ``step``."""
-    view, sizes, traced = _view(traces[0], world)
-    programs = [
-        Counter(it.signature for it in build_step(_view(t, world)[0], step, sizes).items)
-        for t in traces
-    ]
+    views = [_view(t, world) for t in traces]
+    programs = [Counter(it.signature for it in build_step(v, step, n).items) for v, n, _ in views]
     for trace, program in zip(traces, programs, strict=True):
         if program != programs[0]:
             raise TraceError(
@@ -70,7 +67,7 @@ def one_rank_view(
                 "--world-size, give one rank's file (it stands for every rank), or files of "
                 "ranks that do the same work"
             )
-    return view, sizes, traced
+    return views[0]
 
 
 def _teams(ranks: tuple[int, ...], team: int, world: int) -> Teams:
