@@ -80,6 +80,15 @@ def test_a_duration_of_10_to_the_400_is_refused_without_overflow(tmp_path, capsy
     assert not (tmp_path / "o.yaml").exists()
 
 
+def test_a_number_of_5000_digits_is_refused_in_one_line(tmp_path, capsys):
+    """Python's decoder refuses integers past 4300 digits with a ValueError of its own."""
+    text = _json_of(ddp_rank(0, world=1)).replace(
+        '"ph": "X"', '"n": 1' + "0" * 5000 + ', "ph": "X"', 1
+    )
+    err = _cli_refusal(capsys, str(_raw(tmp_path, text)), "-o", str(tmp_path / "o.yaml"))
+    assert "invalid JSON: Exceeds the limit (4300 digits)" in err
+
+
 def test_json_nested_100000_deep_is_refused_in_one_line(tmp_path, capsys):
     deep = "[" * 100_000 + "]" * 100_000
     text = _json_of(ddp_rank(0, world=1)).replace('"traceEvents": [', f'"traceEvents": [{deep}, ')

@@ -213,7 +213,9 @@ class _Stream:
                     f"{self.path}: invalid JSON: nested deeper than Python's decoder goes "
                     "(a torch.profiler trace nests a few levels)"
                 ) from None
-            except json.JSONDecodeError as err:
+            except ValueError as err:  # no JSON error: a number of over 4300 digits
+                if not isinstance(err, json.JSONDecodeError):
+                    raise TraceError(f"{self.path}: invalid JSON: {err}") from None
                 if not self._fill():
                     raise TraceError(
                         f"{self.path}: not valid JSON ({err.msg} near character "
