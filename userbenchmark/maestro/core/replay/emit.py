@@ -19,14 +19,7 @@ from ...errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_e
 from ..analysis.overlap import union_intersection_ns
 from ..config.loader import dump_suite, load_suite_text
 from ..config.patterns import DEFAULT_VALUES
-from ..config.spec import (
-    WORLD_AXIS,
-    AxisSpec,
-    BlockSpec,
-    PatternSpec,
-    SuiteSpec,
-    frozen_mapping,
-)
+from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
 from .group_axes import slug
 from .importer import Imported, ImportOptions, Run, import_traces

@@ -6,11 +6,13 @@ collective keeps what one rank sends and receives (docs/replay.md, section 2).""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 
 from ...blocks.comm import SendRecv
 from ...blocks.registry import traced_op
+from ..config.axes import mesh_teams
 from ..config.spec import SuiteSpec, frozen_mapping
 from .group_axes import Teams, find_mesh
 from .kineto import CommRecord, RankTrace, TraceError
@@ -71,17 +73,12 @@ def one_rank_view(
 
 
 def _teams(ranks: tuple[int, ...], team: int, world: int) -> Teams:
-    """Teams of ``team`` ranks over ``world``, strided as the traced group was where it fits."""
+    """Teams of ``team`` ranks over ``world``, strided as the traced group was where it fits:
+    the DeviceMesh teams of that stride."""
     stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
-    even = all(b - a == stride for a, b in zip(ranks, ranks[1:], strict=False)) and stride > 0
-    if not even or world % (team * stride):
-        stride = 1
-    span = team * stride
-    return tuple(
-        tuple(start + offset + j * stride for j in range(team))
-        for start in range(0, world, span)
-        for offset in range(stride)
-    )
+    even = stride > 0 and all(b - a == stride for a, b in itertools.pairwise(ranks))
+    stride = stride if even and world % (team * stride) == 0 else 1
+    return mesh_teams([world // (team * stride), team, stride], 1)
 
 
 def widen(suite: SuiteSpec, world: int, groups: dict[str, tuple[str, Teams]]) -> SuiteSpec:
