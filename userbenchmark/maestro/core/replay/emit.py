@@ -136,34 +136,31 @@ def _overlap(block: PatternBlock) -> float | None:
 
 def _step_lines(imp: Imported) -> list[str]:
     """Which step, how steps were told complete, and what their launches lacked."""
-    if imp.options.step is not None:
-        chosen = "chosen with --step"
-    else:
-        used = imp.steps_used
-        chosen = "the last step complete on every rank" if imp.step_name != WHOLE else "one step"
-        if len(used) > 1:
-            chosen += (
-                f"; traced durations: the median over the {len(used)} complete steps like it "
-                f"({', '.join(used)}), their range in traced_min_us and traced_max_us"
-            )
-        if imp.unlike:
-            chosen += f"; left out, their work differing: {', '.join(imp.unlike)}"
-    window = {
-        WHOLE: "; the trace has no ProfilerStep#N, so its whole profiled span with device work "
-        "is the step (--annotation NAME takes a record_function span instead)",
-    }.get(imp.step_name, f"; steps are the spans of --annotation {imp.options.annotation!r}" * bool(imp.options.annotation))  # fmt: skip
+    used, annotation = imp.steps_used, imp.options.annotation
+    how = (
+        "chosen with --step"
+        if imp.options.step is not None
+        else "the last step complete on every rank"
+    )
+    how += f"; spans of --annotation {annotation!r}" if annotation else ""
+    if len(used) > 1:
+        how += f"; traced durations: the median over the {len(used)} complete steps like it "
+        how += f"({', '.join(used)}), their range in traced_min_us and traced_max_us"
+    how += f"; left out, their work differing: {', '.join(imp.unlike)}" if imp.unlike else ""
+    if imp.step_name == WHOLE:
+        how = "the trace has no ProfilerStep#N: its whole profiled span with device work"
     lines = [
-        f"Step: {imp.step_name} ({chosen}){window}",
+        f"Step: {imp.step_name} ({how})",
         "Complete steps: those whose launches have device work as often as the trace's median "
         "step's do, for each kind of call with device work in some step",
     ]
     for rank, census in sorted(imp.census.items()):
-        ignored = census.missing[imp.step_name]
-        skipped = ", ".join(f"{k} x{ignored[k]}" for k in census.ignored if ignored[k])
-        counted = census.counted(imp.step_name)
+        missing, counted = census.missing[imp.step_name], census.counted(imp.step_name)
+        skipped = ", ".join(f"{k} x{missing[k]}" for k in census.ignored if missing[k])
         lacking = ", ".join(f"{k} x{n}" for k, n in counted.most_common())
         lines += [f"  rank {rank}: ignored (no device work in any step): {skipped}"] * bool(skipped)
-        lines += [f"  rank {rank}: launches without device work in this step (at most {MAX_MISSING_SHARE:.0%} allowed): {lacking}"] * bool(lacking)  # fmt: skip
+        lines += [f"  rank {rank}: launches without device work in this step (at most "
+                  f"{MAX_MISSING_SHARE:.0%} allowed): {lacking}"] * bool(lacking)  # fmt: skip
     return lines
 
 
