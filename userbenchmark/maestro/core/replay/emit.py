@@ -22,7 +22,7 @@ from ..config.patterns import DEFAULT_VALUES
 from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
 from .group_axes import slug
-from .importer import Imported, ImportOptions, Run, import_traces
+from .importer import Imported, ImportOptions, import_traces
 from .kineto import GEMM_KERNEL, TraceError
 from .step import MAX_MISSING_SHARE, WHOLE
 from .subset import team_size, widen
@@ -166,7 +166,7 @@ def _step_lines(imp: Imported) -> list[str]:
 
 def _world_lines(imp: Imported) -> list[str]:
     run = imp.run
-    if run is None or not run.subset and run.traced_world:
+    if not run.subset and run.traced_world:
         return [f"World size: {imp.world_size}"]
     if not run.subset:
         return [f"World size: {imp.world_size} (the files do not say it: the ranks given)"]
@@ -184,8 +184,7 @@ def _world_lines(imp: Imported) -> list[str]:
 
 
 def _header(imp: Imported, command: str) -> list[str]:
-    run = imp.run or Run(world=len(imp.traces), traced_world=None, given=(), subset=False)
-    given = zip(run.given, run.paths, strict=True)
+    given = zip(imp.run.given, imp.run.paths, strict=True)
     lines = [
         f"Imported from torch.profiler (Kineto) traces by\n  {command}",
         *_step_lines(imp),
@@ -213,7 +212,7 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
-        ranks = "every rank" if imp.run and imp.run.subset else f"rank(s) {_ranks_text(streams)}"
+        ranks = "every rank" if imp.run.subset else f"rank(s) {_ranks_text(streams)}"
         where = (
             f"stream {next(iter(streams.values()))} on {ranks}"
             if len(set(streams.values())) == 1
@@ -373,7 +372,7 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
         mesh=frozen_mapping(imp.axes.mesh),
         patterns=(pattern,),
     )
-    if imp.run is None or not imp.run.subset:
+    if not imp.run.subset:
         return suite
     groups = {imp.axes.axis_of[g]: t for g, t in imp.traced_groups.items() if g in imp.axes.axis_of}
     return widen(suite, imp.run.world, groups)

@@ -49,6 +49,7 @@ class Imported:
     """Everything the pattern file says, and what its header reports."""
 
     traces: list[RankTrace]
+    run: Run
     step_name: str
     options: ImportOptions
     steps: list[RankStep]
@@ -65,13 +66,12 @@ class Imported:
     steps_used: tuple[str, ...] = ()
     unlike: tuple[str, ...] = ()
     census: dict[int, Census] = field(default_factory=dict)
-    run: Run | None = None
     traced_groups: dict[str, tuple] = field(default_factory=dict)
     """With --world-size over some ranks: group name -> (its description, its traced ranks)."""
 
     @property
     def world_size(self) -> int:
-        return self.run.world if self.run else len(self.traces)
+        return self.run.world
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,11 +152,11 @@ def _check_same_run(traces: Sequence[RankTrace], step_name: str) -> None:
 
 
 def _import_step(
-    traces: Sequence[RankTrace], step_name: str, options: ImportOptions, sizes: dict[str, int]
+    traces: Sequence[RankTrace], run: Run, name: str, options: ImportOptions, sizes: dict[str, int]
 ) -> Imported:
     """One step of the traces as the pattern's blocks; ``sizes``: each group's team size."""
     axes = plan_axes(traces, len(traces))
-    steps = [build_step(t, step_name, sizes) for t in traces]
+    steps = [build_step(t, name, sizes) for t in traces]
     deps = {st.rank: infer(st) for st in steps}
     # Calls are matched across ranks by ``Seq`` when every collective has one, else by order.
     comms = [it for st in steps for it in st.items if it.kind == "comm"]
@@ -180,7 +180,8 @@ def _import_step(
         layout = lay_out(pattern_blocks, axes, len(traces))
     return Imported(
         traces=list(traces),
-        step_name=step_name,
+        run=run,
+        step_name=name,
         options=options,
         steps=steps,
         deps=deps,
@@ -264,7 +265,7 @@ def import_traces(paths: Sequence[str], options: ImportOptions | None = None) ->
     else:
         axes = plan_axes(traces, run.world)
         sizes = {name: len(g.ranks) for name, g in axes.groups.items()}
-    first = _import_step(traces, names[0], options, sizes)
+    first = _import_step(traces, run, names[0], options, sizes)
     _over_steps(first, {name: [build_step(t, name, sizes) for t in traces] for name in names[1:]})
-    first.census, first.run, first.traced_groups = census, run, traced
+    first.census, first.traced_groups = census, traced
     return first
