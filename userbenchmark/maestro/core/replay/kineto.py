@@ -1,6 +1,7 @@
 """Read one torch.profiler (Kineto) chrome trace into compact records, streaming: ``json.load``
-of a 200 MB trace builds about 1 GB of Python objects (measured), so the top-level object is walked
-by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and dropped."""
+builds several times a trace's size in Python objects (BENCHMARKS.md), so the top-level object is
+walked by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and
+dropped. Every number read is typed and bounded before use."""
 
 from __future__ import annotations
 
