@@ -42,8 +42,8 @@ MAX_ELEMENTS = 1 << 48
 _KEPT_CALLS = re.compile(r"Launch|Memcpy|Memset|Prefetch|EventRecord|WaitEvent|Synchronize")
 """Runtime and driver calls that launch device work or order it (the others are not kept)."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime":
-            "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op"}  # fmt: skip
+OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+            "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op"}  # fmt: skip
 """Category names of torch's first Kineto traces (1.8-1.9), as later releases write them."""
 
 
