@@ -166,10 +166,9 @@ def _step_lines(imp: Imported) -> list[str]:
 
 def _world_lines(imp: Imported) -> list[str]:
     run = imp.run
-    if not run.subset and run.traced_world:
-        return [f"World size: {imp.world_size}"]
     if not run.subset:
-        return [f"World size: {imp.world_size} (the files do not say it: the ranks given)"]
+        unsaid = " (the files do not say it: the ranks given)" * (not run.traced_world)
+        return [f"World size: {imp.world_size}{unsaid}"]
     of = run.traced_world or "an unknown number of"
     lines = [
         f"World size: {run.world} (--world-size; the files hold rank(s) {_ranks_text(run.given)} "
