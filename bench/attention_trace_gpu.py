@@ -67,8 +67,10 @@ def model(d: int, heads: int, layers: int) -> Any:
     return nn.Sequential(*[Layer() for _ in range(layers)])
 
 
-def record(out: Path, *, batch: int, seq: int, d: int, heads: int, layers: int, sync: bool) -> Path:
-    """Profile four training steps; the active one's trace is ``out/rank0.json.gz``."""
+def record(
+    out: Path, *, batch: int, seq: int, d: int, heads: int, layers: int, sync: bool, active: int = 1
+) -> Path:
+    """Profile 3 + ``active`` training steps; the active ones' trace is ``out/rank0.json.gz``."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -101,11 +103,11 @@ def record(out: Path, *, batch: int, seq: int, d: int, heads: int, layers: int, 
     with profile(
         activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
         record_shapes=True,
-        schedule=schedule(wait=1, warmup=2, active=1),
+        schedule=schedule(wait=1, warmup=2, active=active),
         on_trace_ready=save,
         **extra,
     ) as prof:
-        for _ in range(4):
+        for _ in range(3 + active):
             step()
             prof.step()
     torch.cuda.synchronize()
@@ -114,8 +116,8 @@ def record(out: Path, *, batch: int, seq: int, d: int, heads: int, layers: int, 
 
 def imported(folder: Path) -> str:
     """What ``import-trace`` makes of the trace: its summary, and the attention kernels."""
-    from userbenchmark.maestro.replay.emit import coverage
-    from userbenchmark.maestro.replay.importer import import_traces
+    from userbenchmark.maestro.core.replay.emit import coverage
+    from userbenchmark.maestro.core.replay.importer import import_traces
 
     imp = import_traces([str(folder)])
     ops = Counter(b.op for b in imp.layout.blocks)
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument(
+        "--active", type=int, default=1, help="active profiler steps (several: traced ranges)"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -162,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         heads=args.heads,
         layers=args.layers,
         sync=args.sync,
+        active=args.active,
     )
     print(f"# {path} ({path.stat().st_size} bytes, {torch.cuda.get_device_name(0)})\n")
     print(imported(folder))

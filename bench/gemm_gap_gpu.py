@@ -75,8 +75,8 @@ RUN_TIMEOUT_S = 300
 def traced_gemms(trace: Path) -> tuple[list[dict[str, Any]], Any]:
     """Each GEMM block of the imported step: name, params, dtype, traced µs and kernel; and
     the imported suite."""
-    from userbenchmark.maestro.replay.emit import build_suite
-    from userbenchmark.maestro.replay.importer import import_traces
+    from userbenchmark.maestro.core.replay.emit import build_suite
+    from userbenchmark.maestro.core.replay.importer import import_traces
 
     suite = build_suite(import_traces([str(trace)]), name="step")
     gemms = [
@@ -161,7 +161,7 @@ def measure(gemms: list[dict[str, Any]], reps: int, trace_path: Path) -> dict:
 
 def _attribute(path: Path) -> dict:
     """Device time and kernels of each annotated launch, read with maestro's trace reader."""
-    from userbenchmark.maestro.replay.kineto import read_trace
+    from userbenchmark.maestro.core.replay.kineto import read_trace
 
     trace = read_trace(path)
     acts = defaultdict(list)
@@ -207,7 +207,7 @@ def maestro_ratios(suite: Any, tmp: Path, iters: int) -> dict[str, dict[str, flo
 
 def report(gemms: list[dict[str, Any]], measured: dict, maestro: dict) -> str:
     """Per GEMM the ratio under each candidate, then per candidate how many are within 3 %."""
-    from userbenchmark.maestro.core.analysis.outcome import kernel_mismatch
+    from userbenchmark.maestro.core.replay.fidelity import kernel_mismatch
 
     ratios: dict[str, list[float]] = defaultdict(list)
     rows, kernels = [], []

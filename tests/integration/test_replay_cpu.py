@@ -6,6 +6,7 @@ refused to start: its busy stand-ins were counted at their CUDA size by the host
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,18 @@ def test_a_multi_rank_trace_replays_at_its_world_size_on_cpu(tmp_path, capfd, fo
     ranks = json.loads(pattern["replay_by_rank"])
     assert [r["rank"] for r in ranks] == list(range(world))
     assert all(r["replayed_us"] > 0 and r["traced_us"] is None for r in ranks)
+
+
+def test_a_trace_made_elsewhere_replays_on_cpu(tmp_path, capfd):
+    """The MI250 (ROCm) trace of tests/data/corpus, as a user would run it (skipped where the
+    corpus file is not in the checkout)."""
+    corpus = Path(os.environ.get("MAESTRO_TRACE_CORPUS", DATA.parent / "corpus"))
+    trace = corpus / "mi250_rocm6_2_toy_train.json.gz"
+    if not trace.is_file():
+        pytest.skip(f"{trace.name} is not in this checkout (tests/data/corpus/README.md)")
+    step = tmp_path / "step.yaml"
+    assert cli.main(["import-trace", str(trace), "-o", str(step)]) == 0
+    argv = ["run", "-c", str(step), "--max-size", "64K", "--iters", "2", "--warmup-iters", "1"]
+    assert cli.main([*argv, "--no-baseline", "--no-metrics", "--output-dir", str(tmp_path)]) == 0
+    out = capfd.readouterr().out
+    assert "replayed against the trace" in out and "step, rank 0 " in out

@@ -44,12 +44,24 @@ def test_the_report_holds_every_section_and_fails_a_missed_target():
 def test_the_report_names_traced_kernels_and_splits_gemms_by_overlap():
     from types import SimpleNamespace
 
-    specs = {"mm": SimpleNamespace(traced_kernel="nvjet_sm90_x_TNT", traced_overlap=0.6)}
-    text, ok = rg.report({"eager": _run(1.01, 0), "graph": _run(1.0, 0)}, specs)
+    specs = {
+        "mm": SimpleNamespace(
+            op="gemm",
+            traced_kernel="nvjet_sm90_x_TNT",
+            traced_overlap=0.6,
+            traced_min_us=95.0,
+            traced_max_us=100.5,
+        )
+    }
+    runs = {"eager": _run(1.01, 0), "graph": _run(1.0, 0)}
+    text, ok = rg.report(runs, specs)
     assert ok and "| mm | m=1 n=1 k=1 | 100.0 | nvjet_sm90_x_TNT |" in text
     assert "## GEMMs apart" in text
     assert "| eager | overlapped a collective | 1 | 1 |" in text
     assert "| eager | ran alone | 0 | 0 |" in text
+    # Replayed 101 µs (eager) and 100 µs (graph) against a traced range of 95-100.5 µs.
+    assert "| eager | 1 | 0 |" in text and "| graph | 1 | 1 |" in text
+    assert runs["graph"]["gemms_inside_traced_range"] == [1, 1]
 
 
 def test_the_gemm_gap_report_has_every_candidate_per_gemm_and_a_summary():

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from userbenchmark.maestro import cli
-from userbenchmark.maestro.replay.emit import coverage, render
-from userbenchmark.maestro.replay.importer import import_traces
-from userbenchmark.maestro.replay.kineto import TraceError
+from userbenchmark.maestro.core.replay.emit import coverage, render
+from userbenchmark.maestro.core.replay.importer import import_traces
+from userbenchmark.maestro.core.replay.kineto import TraceError
 
 from .replay_scenarios import ddp_rank
 from .replay_traces import TraceBuilder, write_all
@@ -49,10 +49,10 @@ def test_coverage_splits_the_step_gpu_time_and_lists_what_was_dropped(tmp_path, 
     assert c.dropped == (("void copy_kernel<float>()", 2, pytest.approx(40.0)),)
     line = c.line()
     assert line == (
-        "coverage of the step's GPU time (3700.0 µs on all ranks): GEMMs 48.6 %, "
+        "coverage of the step's GPU time (3700.0 µs on all ranks): GEMMs 48.7 %, "
         "collectives 43.2 %, busy stand-ins 7.0 %, dropped 1.1 %"
     )
-    assert "Coverage of the step's GPU time (3700.0 µs on all ranks): GEMMs 48.6 %" in text
+    assert "Coverage of the step's GPU time (3700.0 µs on all ranks): GEMMs 48.7 %" in text
     assert "void copy_kernel<float>() x2 (40.0 µs)" in text
     out = tmp_path / "x.yaml"
     assert cli.main(["import-trace", str(tmp_path / "t"), "-o", str(out)]) == 0

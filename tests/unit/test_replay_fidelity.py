@@ -13,18 +13,17 @@ from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import resolve_op
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
 from userbenchmark.maestro.core.analysis.intervals import WindowTimings
-from userbenchmark.maestro.core.analysis.outcome import (
-    Isolated,
-    build_outcome,
+from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.config.loader import load_suite_text
+from userbenchmark.maestro.core.output.results import results_of
+from userbenchmark.maestro.core.output.table import Tables, format_fidelity
+from userbenchmark.maestro.core.replay.fidelity import (
     error_groups,
     kernel_mismatch,
     rank_steps,
     ratio,
     with_fidelity,
 )
-from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.core.output.results import results_of
-from userbenchmark.maestro.core.output.table import Tables, format_fidelity
 from userbenchmark.maestro.errors import ConfigError
 
 STEP = """
@@ -160,6 +159,28 @@ def test_the_table_shows_the_replay_section_only_for_traced_patterns():
     )
     assert not untraced.patterns[0].traced
     assert format_fidelity(_untraced_outcome(untraced)) == ""
+
+
+def test_the_table_says_whether_each_replay_falls_inside_the_traced_range():
+    """A trace of several steps gives each block a range: the replay (mm 200 µs, ar 100 µs on
+    average) inside it or not, per block and counted."""
+    ranged = STEP.replace(
+        "traced_us: 200.0,", "traced_us: 200.0, traced_min_us: 190, traced_max_us: 205,"
+    )
+    ranged = ranged.replace(
+        "traced_us: 100.0}", "traced_us: 90.0, traced_min_us: 80, traced_max_us: 95}"
+    )
+    suite = load_suite_text(ranged)
+    mm, ar = suite.patterns[0].blocks[:2]
+    assert (mm.traced_min_us, mm.traced_max_us, ar.traced_max_us) == (190.0, 205.0, 95.0)
+    text = Tables().pattern(suite.patterns[0], _outcome(suite))
+    section = text[text.index("replayed against the trace") :]
+    assert "inside the traced range" in section.splitlines()[0]
+    rows = {line.split()[0]: line.split()[-1] for line in section.splitlines()[2:5]}
+    assert rows["mm"] == "yes" and rows["ar"] == "no"
+    assert "inside their traced range (min to max over the traced steps): 1 of 2 blocks" in text
+    # One step: no range, no column.
+    assert "inside" not in Tables().pattern(load_suite_text(STEP).patterns[0], _outcome(suite))
 
 
 def _untraced_outcome(suite):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from userbenchmark.maestro.replay import kineto
-from userbenchmark.maestro.replay.kineto import TraceError, iter_trace_files, read_trace
+from userbenchmark.maestro.core.replay import kineto
+from userbenchmark.maestro.core.replay.kineto import TraceError, iter_trace_files, read_trace
 
 from .replay_scenarios import ddp_rank
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from userbenchmark.maestro.core.config.loader import load_suite_text
-from userbenchmark.maestro.replay.emit import import_trace, render
-from userbenchmark.maestro.replay.importer import import_traces
+from userbenchmark.maestro.core.replay.emit import import_trace, render
+from userbenchmark.maestro.core.replay.importer import import_traces
 
 from .test_replay_import import blocks_of, by_op, check_structure
 

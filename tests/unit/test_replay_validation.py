@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from userbenchmark.maestro import cli
-from userbenchmark.maestro.replay.importer import import_traces
-from userbenchmark.maestro.replay.kineto import TraceError
+from userbenchmark.maestro.core.replay.importer import import_traces
+from userbenchmark.maestro.core.replay.kineto import TraceError
 
 from .replay_scenarios import ddp_rank
 from .replay_traces import TraceBuilder, write_all
@@ -163,7 +163,7 @@ def test_the_message_lists_complete_steps_when_none_is_common(tmp_path, capsys):
     early = ranks[1].base_ts + 5000  # rank 1's step 5 loses its device work
     ranks[1].events = [e for e in ranks[1].events if e["cat"] != "kernel" or e["ts"] > early]
     err = _refused(tmp_path, capsys, ranks)
-    assert "no profiler step is complete on every rank" in err
+    assert "no step is complete on every rank" in err
     assert "rank 0: ProfilerStep#5, ProfilerStep#6" in err and "rank 1: ProfilerStep#7" in err
 
 

@@ -438,14 +438,23 @@ def list_blocks_command() -> int:
     help="lane idle gaps longer than this become sleep blocks",
 )
 @click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    help="replay the files' ranks, some of a job's, at this many ranks (or give a world size "
+    "the files lack)",
+)
+@click.option(
+    "--annotation", metavar="NAME", help="a record_function span of this name is the step"
+)
 @_interruptible
 def import_trace_command(**params: Any) -> int:
     """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or
     folders of .json/.json.gz files), into a pattern file replaying the step (docs/replay.md).
     Exit status 0 written, 2 the traces cannot be imported (nothing written)."""
     from .core.output.locations import atomic_write_bytes, check_output_file
-    from .replay.emit import run_command
-    from .replay.kineto import TraceError, iter_trace_files
+    from .core.replay.emit import run_command
+    from .core.replay.kineto import TraceError, iter_trace_files
 
     inputs = paths = list(params["paths"])
     with contextlib.suppress(TraceError, OSError):  # the importer says what is wrong with them

@@ -18,7 +18,8 @@ from .spec import WORLD_AXIS, BlockSpec, frozen_mapping, issue_order, predecesso
 from .summary import describe_params
 
 BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after",
-                     "traced_us", "traced_kernel", "traced_overlap")  # fmt: skip
+                     "traced_us", "traced_kernel", "traced_overlap", "traced_min_us",
+                     "traced_max_us")  # fmt: skip
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
@@ -101,6 +102,7 @@ def check_block(
         p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
     overlap = p.get(raw, path, "traced_overlap", p.number, minimum=0.0, maximum=1.0)
     traced_us = p.get(raw, path, "traced_us", p.number, minimum=0.0)
+    low, high = (p.get(raw, path, f"traced_{k}_us", p.number, minimum=0.0) for k in ("min", "max"))
     # A custom op left unimported keeps its parameters as written; a known op's are checked,
     # and against its dtype and axis when nothing else of the block was wrong.
     ready = len(p) == start and axis is not None and dtype is not None
@@ -121,6 +123,8 @@ def check_block(
         register_buffers=register,
         after=after,
         traced_us=traced_us,
+        traced_min_us=low,
+        traced_max_us=high,
         traced_kernel=kernel,
         traced_overlap=overlap,
         yaml_path=path,

@@ -527,7 +527,7 @@ def _block(spec: BlockSpec, defaults: dict[str, Any]) -> dict[str, Any]:
         if param is None or value != param.default or type(value) is not type(param.default):
             entry[yaml_key(param) if param else name] = value
     entry |= {"after": list(spec.after)} if spec.after else {}
-    for key in ("traced_us", "traced_kernel", "traced_overlap"):
+    for key in ("traced_us", "traced_min_us", "traced_max_us", "traced_kernel", "traced_overlap"):
         if getattr(spec, key) is not None:
             entry[key] = getattr(spec, key)
     return entry

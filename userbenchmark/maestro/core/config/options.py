@@ -157,7 +157,9 @@ def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> Bl
             file=source,
             path=block.yaml_path,
         )
-    untraced = {"traced_us": None, "traced_kernel": None, "traced_overlap": None}  # other sizes
+    untraced = dict.fromkeys(  # other sizes
+        ("traced_us", "traced_min_us", "traced_max_us", "traced_kernel", "traced_overlap")
+    )
     work = describe_params(cls, params)
     return dataclasses.replace(block, params=frozen_mapping(params), work=work, **untraced)
 

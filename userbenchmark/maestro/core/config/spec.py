@@ -85,7 +85,11 @@ class BlockSpec:
     after: tuple[str, ...] = ()
     """Blocks of the same pattern this block waits for in each iteration (``after:``)."""
     traced_us: float | None = None
-    """Duration in the trace the block was imported from (``import-trace``), if any."""
+    """Duration in the trace the block was imported from (``import-trace``), if any: the
+    median over the trace's steps where it has several."""
+    traced_min_us: float | None = None
+    traced_max_us: float | None = None
+    """The range of the block's traced durations over the steps (None: one step)."""
     traced_kernel: str | None = None
     """Name of the (first) kernel the traced call ran, if known: what the replay's kernel is
     compared with."""

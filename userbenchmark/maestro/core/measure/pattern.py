@@ -22,10 +22,11 @@ from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
 from ..analysis.intervals import HostTimings, WindowTimings, main_kernel_names
-from ..analysis.outcome import Isolated, build_outcome, rank_steps, with_fidelity
+from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
+from ..replay.fidelity import rank_steps, with_fidelity
 from .lanes import (
     DEFAULT_GATE_US,
     DEFAULT_START_MARGIN_US,

@@ -13,11 +13,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 from tabulate import tabulate
 
-from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
+from ..analysis.outcome import MIN_ITERS_FOR_P99
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..analysis.stats import measurable
 from ..config.sizes import counted, format_size
 from ..config.spec import PatternSpec
+from ..replay.fidelity import error_groups
 
 UNIT_LABEL = {"us": "µs", "ms": "ms", "s": "s"}
 
@@ -237,13 +238,26 @@ def _gemm_error_lines(outcome: PatternOutcome) -> list[str]:
     ]
 
 
-def format_fidelity(outcome: PatternOutcome) -> str:
+def format_fidelity(outcome: PatternOutcome, pattern: PatternSpec | None = None) -> str:
     """An imported pattern against its trace: each block, the step and each rank's step,
-    replayed / traced (empty for a pattern without traced durations)."""
+    replayed / traced, and whether each block's replay falls inside the range it had over the
+    traced steps (``pattern``'s ``traced_min_us``/``traced_max_us``); empty without traced
+    durations."""
     p = outcome.pattern
     ci = lambda r: (r.replay_ratio, r.replay_ratio_ci_low, r.replay_ratio_ci_high)  # noqa: E731
+    spread = {
+        b.name: (b.traced_min_us, b.traced_max_us)
+        for b in (pattern.blocks if pattern else ())
+        if b.traced_min_us is not None and b.traced_max_us is not None
+    }
+    inside = {
+        b.block: spread[b.block][0] <= b.latency_avg_us <= spread[b.block][1]
+        for b in outcome.blocks
+        if b.block in spread
+    }
     rows = [
         _replay_row(b.block, b.op, b.traced_us, b.latency_avg_us, *ci(b), kernel=_kernels(b))
+        + [{True: "yes", False: "no"}.get(inside.get(b.block), "-")] * bool(spread)
         for b in outcome.blocks
         if not math.isnan(b.traced_us)
     ]
@@ -253,11 +267,16 @@ def format_fidelity(outcome: PatternOutcome) -> str:
         keys = ("traced_us", "replayed_us", "ratio", "ci_low", "ci_high")
         rows.append(_replay_row(f"step, rank {r['rank']}", "", *(r[k] for k in keys)))
     headers = ["replayed against the trace", "op", "traced µs", "replayed µs"]
-    headers += ["replayed / traced [95 % interval; the trace is one sample]", "kernel"]
+    headers += ["replayed / traced [95 % interval of the replay]", "kernel"]
+    headers += ["inside the traced range"] * bool(spread)
     if not rows:
         return ""
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    return "\n".join([table, *_gemm_error_lines(outcome)])
+    count = [
+        f"  inside their traced range (min to max over the traced steps): {sum(inside.values())} "
+        f"of {len(inside)} blocks"
+    ] * bool(inside)
+    return "\n".join([table, *count, *_gemm_error_lines(outcome)])
 
 
 def format_sweep_summary(
@@ -311,7 +330,7 @@ class Tables:
         label = ",".join(f"{name}={value}" for name, value in spec.sweep_point) or spec.name
         self._points.setdefault(spec.base_name, []).append((label, outcome))
         text = format_pattern(outcome, precision=self.precision, unit=unit)
-        return "\n".join(filter(None, (text, format_fidelity(outcome))))
+        return "\n".join(filter(None, (text, format_fidelity(outcome, spec))))
 
     def closing(self) -> list[str]:
         """What to print after the last pattern: one table per sweep that finished at least

@@ -7,10 +7,10 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..core.config.axes import mesh_teams
+from ..config.axes import mesh_teams
 from .kineto import ProcessGroup, RankTrace, TraceError
 
 Teams = tuple[tuple[int, ...], ...]
@@ -85,7 +85,7 @@ def plan_axes(traces: Sequence[RankTrace], world_size: int) -> GroupAxes:
     for group in sorted(groups.values(), key=lambda g: (g.desc, g.ranks)):
         if group.ranks:
             families.setdefault((group.desc, len(group.ranks)), []).append(group)
-    taken: set[str] = set()
+    taken = Names()
     for (desc, size), members in families.items():
         for part in _disjoint(members):
             base = _axis_name(desc, size, world_size)
@@ -112,11 +112,22 @@ def _disjoint(members: list[ProcessGroup]) -> list[list[ProcessGroup]]:
     return parts
 
 
-def fresh_name(base: str, taken: set[str]) -> str:
+class Names(set):
+    """Names taken, with each base's next number: naming n blocks of one base is linear."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        super().__init__(names)
+        self.next: dict[str, int] = {}
+
+
+def fresh_name(base: str, taken: Names) -> str:
     """``base``, else ``base_2``, ``base_3``...: the first not in ``taken``, which takes it."""
-    names = itertools.chain([base], (f"{base}_{i}" for i in itertools.count(2)))
+    numbers = itertools.count(taken.next.get(base, 2))
+    names = itertools.chain([base], (f"{base}_{i}" for i in numbers))
     name = next(n for n in names if n not in taken)
     taken.add(name)
+    if name != base:
+        taken.next[base] = int(name.rpartition("_")[2]) + 1
     return name
 
 

@@ -1,6 +1,7 @@
 """Read one torch.profiler (Kineto) chrome trace into compact records, streaming: ``json.load``
-of a 200 MB trace builds about 1 GB of Python objects (measured), so the top-level object is walked
-by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and dropped."""
+builds several times a trace's size in Python objects (BENCHMARKS.md), so the top-level object is
+walked by hand and each event of ``traceEvents`` is decoded alone, reduced to what we read, and
+dropped. Every number read is typed and bounded before use."""
 
 from __future__ import annotations
 
@@ -16,23 +17,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..blocks.compute import Gemm
-from ..errors import MaestroError
+from ...blocks.compute import Gemm
+from ...errors import MaestroError
 
 CHUNK_CHARS = 1 << 22
 """Characters read from the file at a time (4 Mi): large enough to amortise the reads."""
 
 GEMM_OPS = frozenset(Gemm.trace_names)
 """CPU ops whose ``Input Dims`` give a GEMM's m, n and k."""
+GEMM_KERNEL = re.compile(r"gemm|nvjet|Cijk_|cutlass|xmma|_hmma|_s\d+gemm", re.IGNORECASE)
+"""Kernel names of cuBLAS, cuBLASLt, CUTLASS and rocBLAS/hipBLASLt GEMMs (a trace without
+shapes still names them)."""
 
 MAX_DURATION_US = 3.6e9
 """An hour: no kernel, call or profiled step lasts longer; a longer duration is a broken trace."""
 MAX_TIMESTAMP_US = float(2**53)
 """Past 2**53 µs (year 2255 since the epoch) a float64 timestamp is no longer exact to the µs."""
+MAX_RANKS = 1 << 20
+"""World sizes and ranks are bounded before use: no job has a million ranks, and a larger
+number read from a file would size sets and teams."""
+MAX_ELEMENTS = 1 << 48
+"""A message of more elements (256 TiB of bytes) is not a real collective's."""
 
 _KEPT_CALLS = re.compile(r"Launch|Memcpy|Memset|Prefetch|EventRecord|WaitEvent|Synchronize")
 """Runtime and driver calls that launch device work or order it (the others are not kept)."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+            "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op"}  # fmt: skip
+"""Category names of torch's first Kineto traces (1.8-1.9), as later releases write them."""
 
 
 class TraceError(MaestroError, ValueError):
@@ -131,7 +143,8 @@ class RankTrace:
 
     path: str
     rank: int = 0
-    world_size: int = 1
+    world_size: int | None = 1
+    """None: the file names a rank but no world size."""
     distributed: bool = False
     groups: tuple[ProcessGroup, ...] = ()
     record_shapes: bool | None = None
@@ -146,6 +159,9 @@ class RankTrace:
     gemms: dict[int, GemmOp] = field(default_factory=dict)
     syncs: list[SyncEvent] = field(default_factory=list)
     num_events: int = 0
+    group_trace_id: str = ""
+    """The id a multi-rank profiling request gives every rank (``group_trace_id``); each rank's
+    own ``trace_id`` is drawn per process, so it differs between the ranks of one run."""
 
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -193,7 +209,14 @@ class _Stream:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as err:
+            except RecursionError:
+                raise TraceError(
+                    f"{self.path}: invalid JSON: nested deeper than Python's decoder goes "
+                    "(a torch.profiler trace nests a few levels)"
+                ) from None
+            except ValueError as err:  # no JSON error: a number of over 4300 digits
+                if not isinstance(err, json.JSONDecodeError):
+                    raise TraceError(f"{self.path}: invalid JSON: {err}") from None
                 if not self._fill():
                     raise TraceError(
                         f"{self.path}: not valid JSON ({err.msg} near character "
@@ -236,6 +259,12 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def shown(value: Any) -> str:
+    """A value read from a file, as a message shows it: its repr, cut to 40 characters (the
+    decoder refuses integers of over 4300 digits, so every repr can be made)."""
+    return repr(value)[:40]
+
+
 def _ranks(text: Any) -> tuple[int, ...]:
     if isinstance(text, list):
         return tuple(int(r) for r in text if isinstance(r, int))
@@ -253,13 +282,16 @@ class _Collector:
     def event(self, ev: dict[str, Any]) -> None:
         self.t.num_events += 1
         cat = ev.get("cat")
-        handler = _HANDLERS.get(cat) if ev.get("ph") == "X" and isinstance(cat, str) else None
+        cat = OLD_CATS.get(cat, cat) if isinstance(cat, str) else None
+        handler = _HANDLERS.get(cat) if ev.get("ph") == "X" and cat else None
         if handler is None:
             return
         self.saw_kineto |= cat not in ("user_annotation", "cuda_sync")
         try:
-            handler(self, ev, ev.get("args") or {})
-        except (KeyError, TypeError, ValueError) as err:
+            handler(self, {**ev, "cat": cat}, ev.get("args") or {})
+        except TraceError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise TraceError(
                 f"{self.t.path}: event {ev.get('name', '?')!r} ({cat}) lacks a field torch.profiler writes: "
                 f"{type(err).__name__}: {err}"
@@ -269,25 +301,27 @@ class _Collector:
         """``ev[key]`` (a timestamp or duration in µs), refused naming the event when it cannot
         be one: not a number, negative, infinite, or absurd."""
         value = ev.get(key, default) if default is not None else ev[key]
-        number = float(value)
+        typed = isinstance(value, int | float) and not isinstance(value, bool)
+        try:
+            number = float(value) if typed else math.nan
+        except OverflowError:  # an integer past float's range
+            number = math.inf
         limit = MAX_DURATION_US if key == "dur" else MAX_TIMESTAMP_US
         if 0 <= number <= limit:  # NaN fails too
             return number
-        if math.isnan(number):
-            why = "not a number"
-        elif number < 0:
-            why = "negative: a trace's times and durations are 0 or more"
-        elif math.isinf(number):
-            why = "not finite"
-        elif key == "dur":
-            why = f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"
-        else:
-            why = f"beyond {limit:g} µs, where µs are no longer exact"
+        why = next(text for bad, text in (
+            (not typed, "not a number (a JSON number of µs)"),
+            (math.isnan(number), "not a number"),
+            (number < 0, "negative: a trace's times and durations are 0 or more"),
+            (math.isinf(number), "not finite"),
+            (key == "dur", f"longer than an hour ({limit:g} µs): no kernel, call or step lasts that long"),
+            (True, f"beyond {limit:g} µs, where µs are no longer exact"),
+        ) if bad)  # fmt: skip
         cat = ev.get("cat", "?")
         stream = (ev.get("args") or {}).get("stream") if cat in DEVICE_CATS else None
         where = f"{cat}, stream {stream}" if stream is not None else cat
         raise TraceError(
-            f"{self.t.path}: event {ev.get('name', '?')!r} ({where}) has {key} {value!r}: {why}; "
+            f"{self.t.path}: event {ev.get('name', '?')!r} ({where}) has {key} {shown(value)}: {why}; "
             "the trace is broken"
         )
 
@@ -300,10 +334,11 @@ class _Collector:
             self.t.annotations.append(span)
 
     def cpu_op(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
-        ext = _int_or_none(args.get("External id"))
-        if ext is None:
+        ext, name = _int_or_none(args.get("External id")), str(ev["name"])
+        if name.startswith("ProfilerStep#"):  # an op in torch's first Kineto traces
+            self.annotation(ev, args)
+        if ext is None or name.startswith("ProfilerStep#"):
             return
-        name = str(ev["name"])
         if name == "record_param_comms":
             self.comm(ev, args, ext)
             return
@@ -323,8 +358,8 @@ class _Collector:
             ts=self.time(ev, "ts"),
             tid=int(ev["tid"]),
             name=sys.intern(str(args.get("Collective name", ""))),
-            in_nelems=int(args.get("In msg nelems", args.get("In msg size")) or 0),
-            out_nelems=int(args.get("Out msg nelems", args.get("Out msg size")) or 0),
+            in_nelems=self.count(args, "In msg nelems", "In msg size"),
+            out_nelems=self.count(args, "Out msg nelems", "Out msg size"),
             dtype=sys.intern(str(args.get("dtype", ""))),
             group_name=sys.intern(str(args.get("Process Group Name", ""))),
             group_desc=sys.intern(str(args.get("Process Group Description", ""))),
@@ -333,6 +368,16 @@ class _Collector:
             in_splits=_ranks(args.get("In split size")),
             seq=_int_or_none(args.get("Seq")),
         )
+
+    def count(self, args: dict[str, Any], key: str, old_key: str) -> int:
+        """A message's element count (0 when not written), refused past :data:`MAX_ELEMENTS`."""
+        value = args.get(key, args.get(old_key)) or 0
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ELEMENTS:
+            raise TraceError(
+                f"{self.t.path}: record_param_comms has {key} {shown(value)}: expected a "
+                f"whole number of elements from 0 to 2**48; the trace is broken"
+            )
+        return value
 
     def runtime(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         name = str(ev["name"])
@@ -362,7 +407,7 @@ class _Collector:
         if key == "distributedInfo" and isinstance(value, dict):
             trace.distributed = True
             trace.rank = _rank_field(trace, value, "rank", 0)
-            trace.world_size = _rank_field(trace, value, "world_size", 1)
+            trace.world_size = _rank_field(trace, value, "world_size", None)
             config = value.get("pg_config") or ()
             trace.groups = tuple(
                 ProcessGroup(
@@ -380,6 +425,8 @@ class _Collector:
             trace.record_shapes = bool(value)
         elif key == "baseTimeNanoseconds" and isinstance(value, int | float):
             trace.base_time_us = float(value) / 1000.0
+        elif key == "group_trace_id":
+            trace.group_trace_id = str(value)
 
 
 _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None]] = {
@@ -394,13 +441,15 @@ _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None
 }
 
 
-def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int) -> int:
+def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int | None) -> Any:
     value = info.get(key, default)
     minimum = 1 if key == "world_size" else 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if value is None and default is None:
+        return None  # some traces write a rank and no world size
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < MAX_RANKS:
         raise TraceError(
-            f"{trace.path}: distributedInfo.{key} is {value!r}: expected an integer of "
-            f"{minimum} or more, as torch.distributed writes it"
+            f"{trace.path}: distributedInfo.{key} is {shown(value)}: expected an integer "
+            f"from {minimum} to {MAX_RANKS - 1}, as torch.distributed writes it"
         )
     return value
 
@@ -447,18 +496,23 @@ def iter_trace_files(paths: list[str]) -> Iterator[Path]:
     """Each file named, and each ``.json``/``.json.gz`` file of each folder named, sorted."""
     for text in paths:
         path = Path(text)
-        if path.is_dir():
+        try:
             found = sorted(
                 p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
-            )
-            if not found:
-                raise TraceError(f"{path}: the folder holds no .json or .json.gz trace file")
-            yield from found
-        else:
-            yield path
+            ) if path.is_dir() else [path]  # fmt: skip
+        except OSError as err:  # a name too long, a folder that cannot be listed
+            raise TraceError(f"{shown(text)}: cannot be read ({err.strerror or err})") from None
+        if not found:
+            raise TraceError(f"{path}: the folder holds no .json or .json.gz trace file")
+        yield from found
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """Each shape of a list of shapes; one that is not a list of element counts is unknown, ()."""
     if not isinstance(value, list):
         return ()
-    return tuple(tuple(d) for d in value if isinstance(d, list))
+    return tuple(
+        tuple(d) if all(_int_or_none(n) is not None and 0 <= n <= MAX_ELEMENTS for n in d) else ()
+        for d in value
+        if isinstance(d, list)
+    )

@@ -10,25 +10,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..core.analysis.overlap import union_intersection_ns
-from ..core.config.loader import dump_suite, load_suite_text
-from ..core.config.patterns import DEFAULT_VALUES
-from ..core.config.spec import (
-    WORLD_AXIS,
-    AxisSpec,
-    BlockSpec,
-    PatternSpec,
-    SuiteSpec,
-    frozen_mapping,
-)
-from ..errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
+from ...blocks.base import TracedCall
+from ...errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_error_message
+from ..analysis.overlap import union_intersection_ns
+from ..config.loader import dump_suite, load_suite_text
+from ..config.patterns import DEFAULT_VALUES
+from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
 from .group_axes import slug
 from .importer import Imported, ImportOptions, import_traces
-from .kineto import TraceError
+from .kineto import GEMM_KERNEL, TraceError
+from .step import MAX_MISSING_SHARE, WHOLE
+from .subset import team_size, widen
 
 PROG = "python -m userbenchmark.maestro import-trace"
 HEADER_WIDTH = 96
@@ -52,15 +49,30 @@ class Coverage:
     dropped_us: float
     dropped: tuple[tuple[str, int, float], ...]
     """Kernels not replayed: (name, count, µs), most time first."""
+    within: tuple[tuple[str, float], ...] = ()
+    """Stand-ins of GEMM kernels (by name) and of collectives without sizes: (what, µs)."""
 
     def line(self) -> str:
         parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
         total = sum(parts)
         names = ("GEMMs", "collectives", "busy stand-ins", "dropped")
-        shares = ", ".join(
-            f"{n} {100 * us / total:.1f} %" for n, us in zip(names, parts, strict=True)
-        )
-        return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {shares}"
+        tenths = shares_in_tenths(parts)
+        shares = [f"{n} {t / 10:.1f} %" for n, t in zip(names, tenths, strict=True)]
+        inner = ", ".join(f"{what} {100 * us / total:.1f} %" for what, us in self.within if us)
+        shares[2] += f" (of the step: {inner})" * bool(inner)
+        return f"coverage of the step's GPU time ({total:.1f} µs on all ranks): {', '.join(shares)}"
+
+
+def shares_in_tenths(parts: Sequence[float]) -> list[int]:
+    """Each part's share of their sum in tenths of a percent, summing to exactly 1000: each
+    rounded down, the tenths left given to the largest remainders (Hamilton's method)."""
+    total = sum(parts)
+    exact = [1000 * p / total if total > 0 else 0.0 for p in parts]
+    floors = [int(e) for e in exact]
+    left = (1000 if total > 0 else 0) - sum(floors)
+    for i in sorted(range(len(parts)), key=lambda i: floors[i] - exact[i])[:left]:
+        floors[i] += 1
+    return floors
 
 
 def coverage(imp: Imported) -> Coverage:
@@ -71,6 +83,10 @@ def coverage(imp: Imported) -> Coverage:
     for st in imp.steps:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
+            if item.kind == "other" and GEMM_KERNEL.search(item.kernel):
+                by_kind["GEMM kernels"] += item.busy_us
+            elif item.kind == "other" and item.opname.startswith("nccl"):
+                by_kind["collectives without sizes"] += item.busy_us
         for act in st.dropped:
             dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
@@ -80,6 +96,7 @@ def coverage(imp: Imported) -> Coverage:
         stand_in_us=by_kind["other"],
         dropped_us=sum(d[2] for d in listed),
         dropped=tuple(listed),
+        within=tuple((k, by_kind[k]) for k in ("GEMM kernels", "collectives without sizes")),
     )
 
 
@@ -117,15 +134,63 @@ def _overlap(block: PatternBlock) -> float | None:
     return round(max(shares), 3) or None
 
 
+def _step_lines(imp: Imported) -> list[str]:
+    """Which step, how steps were told complete, and what their launches lacked."""
+    used, annotation = imp.steps_used, imp.options.annotation
+    how = (
+        "chosen with --step"
+        if imp.options.step is not None
+        else "the last step complete on every rank"
+    )
+    how += f"; spans of --annotation {annotation!r}" if annotation else ""
+    if len(used) > 1:
+        how += f"; traced durations: the median over the {len(used)} complete steps like it "
+        how += f"({', '.join(used)}), their range in traced_min_us and traced_max_us"
+    how += f"; left out, their work differing: {', '.join(imp.unlike)}" if imp.unlike else ""
+    if imp.step_name == WHOLE:
+        how = "the trace has no ProfilerStep#N: its whole profiled span with device work"
+    lines = [
+        f"Step: {imp.step_name} ({how})",
+        "Complete steps: those whose launches have device work as often as the trace's median "
+        "step's do, for each kind of call with device work in some step",
+    ]
+    for rank, census in sorted(imp.census.items()):
+        missing, counted = census.missing[imp.step_name], census.counted(imp.step_name)
+        skipped = ", ".join(f"{k} x{missing[k]}" for k in census.ignored if missing[k])
+        lacking = ", ".join(f"{k} x{n}" for k, n in counted.most_common())
+        lines += [f"  rank {rank}: ignored (no device work in any step): {skipped}"] * bool(skipped)
+        lines += [f"  rank {rank}: launches without device work in this step (at most "
+                  f"{MAX_MISSING_SHARE:.0%} allowed): {lacking}"] * bool(lacking)  # fmt: skip
+    return lines
+
+
+def _world_lines(imp: Imported) -> list[str]:
+    run = imp.run
+    if not run.subset:
+        unsaid = " (the files do not say it: the ranks given)" * (not run.traced_world)
+        return [f"World size: {imp.world_size}{unsaid}"]
+    of = run.traced_world or "an unknown number of"
+    lines = [
+        f"World size: {run.world} (--world-size; the files hold rank(s) {_ranks_text(run.given)} "
+        f"of {of} ranks, rank {run.given[0]}'s step standing for every rank)",
+        *["Process groups (traced -> replayed):"] * bool(imp.traced_groups),
+    ]
+    for name, (desc, ranks) in sorted(imp.traced_groups.items()):
+        axis = imp.axes.axis_of.get(name, "world")
+        team = team_size(len(ranks), run.world, desc)
+        lines.append(f"  {name} ({desc}): {len(ranks)} ranks -> axis {axis}, teams of {team}")
+    return lines
+
+
 def _header(imp: Imported, command: str) -> list[str]:
-    chosen = "chosen with --step" if imp.options.step is not None else "the last step complete"
+    given = zip(imp.run.given, imp.run.paths, strict=True)
     lines = [
         f"Imported from torch.profiler (Kineto) traces by\n  {command}",
-        f"Step: {imp.step_name} ({chosen}{'' if imp.options.step is not None else ' on every rank'})",
-        f"World size: {imp.world_size}",
+        *_step_lines(imp),
+        *_world_lines(imp),
         f"Traced on: {', '.join(sorted({t.device for t in imp.traces} - {''})) or 'not said'}",
         "Traces:",
-        *[f"  rank {t.rank}: {t.path}" for t in imp.traces],
+        *[f"  rank {rank}: {path}" for rank, path in given],
         TRACED_US_RULE,
     ]
     if len(imp.roles) == 1:
@@ -146,8 +211,9 @@ def _header(imp: Imported, command: str) -> list[str]:
     lines += _deps_lines(imp)
     lines.append("Lanes (traced CUDA stream per rank):")
     for lane, streams in imp.layout.lanes.items():
+        ranks = "every rank" if imp.run.subset else f"rank(s) {_ranks_text(streams)}"
         where = (
-            f"stream {next(iter(streams.values()))} on rank(s) {_ranks_text(streams)}"
+            f"stream {next(iter(streams.values()))} on {ranks}"
             if len(set(streams.values())) == 1
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
@@ -222,16 +288,11 @@ def _approximations(imp: Imported) -> list[str]:
         )
     if kinds["gemm"]:
         out.append(
-            "GEMM bias/activation epilogues not kept: maestro runs C = A[m,k] @ B[k,n], with "
-            "each operand's layout (transposed or not) from the trace's Input Strides"
+            "GEMM activation epilogues not kept: maestro runs C = A[m,k] @ B[k,n] (plus a 1-D "
+            "bias where the op had one: bias: true), with each operand's layout (transposed or "
+            "not) from the trace's Input Strides"
         )
-    shapeless = sum(it.note == "gemm-shapes" for role in imp.roles for it in role.ref.items)
-    if shapeless:
-        why = "the traces were recorded without record_shapes" if any(
-            t.record_shapes is False for t in imp.traces
-        ) else "their shapes are not recorded"  # fmt: skip
-        out.append(f"{shapeless} GEMM launches replayed as busy stand-ins: {why}")
-    out += imp.layout.like_notes
+    out += _stand_in_notes(imp) + imp.layout.like_notes
     per = (
         "per role; every duration is the longest of the role's ranks"
         if len(imp.roles) > 1
@@ -242,12 +303,43 @@ def _approximations(imp: Imported) -> list[str]:
     return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
 
 
+def _stand_in_notes(imp: Imported) -> list[str]:
+    items = [it for role in imp.roles for it in role.ref.items if it.kind == "other"]
+    shapeless = sum(it.note == "gemm-shapes" or bool(GEMM_KERNEL.search(it.kernel)) for it in items)
+    return [
+        f"{shapeless} GEMM kernels (by name) replayed as busy stand-ins: their ops' shapes are "
+        "not in the trace; profile with record_shapes=True to replay them as GEMMs"
+    ] * bool(shapeless)
+
+
+def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:
+    median, low, high = imp.spread.get(index) or (b.traced_us(),) * 3
+    params = b.params  # a stand-in or idle gap lasts its median
+    if b.kind in ("busy", "idle"):
+        params, _ = b.block.traced_params(TracedCall(duration_us=median))
+    several = len(imp.steps_used) > 1
+    return BlockSpec(
+        name=b.name,
+        op=b.op,
+        axis=b.axis,
+        lane=b.lane,
+        dtype=b.dtype or dtype,
+        params=frozen_mapping(params),
+        after=tuple(a.name for a in b.after),
+        traced_us=round(median, 1),
+        traced_min_us=round(low, 1) if several else None,
+        traced_max_us=round(high, 1) if several else None,
+        traced_kernel=b.members[0].first.kernel if b.kind in ("gemm", "comm", "p2p") else None,
+        traced_overlap=_overlap(b),
+    )
+
+
 def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     """The imported pattern as the spec maestro's loader would make of its file."""
     blocks = imp.layout.blocks
     dtypes = Counter(b.dtype for b in blocks if b.dtype)
     dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
-    world = tuple(range(imp.world_size))
+    world = tuple(range(len(imp.traces)))  # the given ranks (one with --world-size over some)
     teams = {WORLD_AXIS: (world,), **imp.axes.teams}
     for axis in imp.layout.axes:  # a like axis takes its base's teams (bases come first)
         if axis.like:
@@ -257,41 +349,32 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     likes = {axis.name: axis.like for axis in imp.layout.axes}
     used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
     axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}
-    specs = tuple(
-        BlockSpec(
-            name=b.name,
-            op=b.op,
-            axis=b.axis,
-            lane=b.lane,
-            dtype=b.dtype or dtype,
-            params=frozen_mapping(b.params),
-            after=tuple(a.name for a in b.after),
-            traced_us=round(b.traced_us(), 1),
-            traced_kernel=b.members[0].first.kernel if b.kind in ("gemm", "comm", "p2p") else None,
-            traced_overlap=_overlap(b),
-        )
-        for b in blocks
-    )
+    specs = [_block_spec(imp, i, b, dtype) for i, b in enumerate(blocks)]
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
-    # Each rank's step: its device work's first start to last end.
-    by_rank = tuple(round(st.end - st.start, 1) for st in sorted(imp.steps, key=lambda st: st.rank))
+    # Each rank's step: its device work's first start to last end (median over the steps).
+    spans = imp.step_spread or [st.end - st.start for st in sorted(imp.steps, key=lambda s: s.rank)]
+    by_rank = tuple(round(us, 1) for us in spans)
     pattern = PatternSpec(
         name=step,
         base_name=step,
-        blocks=specs,
+        blocks=tuple(specs),
         num_iters=DEFAULT_VALUES["iters"],
         **{k: DEFAULT_VALUES[k] for k in ("warmup_iters", "baseline", "check", "sync", "graph")},
         traced_us=max(by_rank),
         traced_by_rank_us=by_rank,
     )
-    return SuiteSpec(
+    suite = SuiteSpec(
         name=slug(name, fallback="trace"),
         source="",
-        world_size=imp.world_size,
+        world_size=len(imp.traces),
         axes=frozen_mapping(axes),
         mesh=frozen_mapping(imp.axes.mesh),
         patterns=(pattern,),
     )
+    if not imp.run.subset:
+        return suite
+    groups = {imp.axes.axis_of[g]: t for g, t in imp.traced_groups.items() if g in imp.axes.axis_of}
+    return widen(suite, imp.run.world, groups)
 
 
 def render(imp: Imported, *, name: str, command: str) -> str:
@@ -305,8 +388,9 @@ def render(imp: Imported, *, name: str, command: str) -> str:
 def command_line(paths: Sequence[str], output: str, options: ImportOptions) -> str:
     """The command as a user would type it again (for the file's header)."""
     args = [*paths, "-o", output]
-    if options.step is not None:
-        args += ["--step", str(options.step)]
+    for flag in ("step", "annotation", "world_size"):
+        if getattr(options, flag) is not None:
+            args += [f"--{flag.replace('_', '-')}", str(getattr(options, flag))]
     if not options.keep_idle:
         args.append("--no-idle")
     elif options.idle_us != ImportOptions().idle_us:
@@ -351,16 +435,15 @@ def run_command(
     *,
     paths: Sequence[str],
     output: str,
-    step: int | None,
-    idle_us: float,
     no_idle: bool,
     write: Callable[[Path, bytes], None],
+    **options: Any,
 ) -> int:
     """The ``import-trace`` command: import, print what was written, return the exit status
     (0 written, 2 bad options or traces that cannot be imported: one line on stderr, nothing
-    written)."""
+    written); ``options``: :class:`ImportOptions`' other fields."""
     try:
-        options = ImportOptions(step=step, idle_us=idle_us, keep_idle=not no_idle)
+        options = ImportOptions(keep_idle=not no_idle, **options)
         imported = import_trace(list(paths), output, options, write=write)
     except (OptionError, TraceError) as err:
         trace = isinstance(err, TraceError)
@@ -368,8 +451,10 @@ def run_command(
         return EXIT_USAGE
     ops = Counter(b.op for b in imported.layout.blocks).most_common()
     who = "one role" if len(imported.roles) == 1 else f"{len(imported.roles)} roles"
+    used = len(imported.steps_used)
+    steps = f" (traced durations: median of {used} steps)" if used > 1 else ""
     print(
-        f"wrote {output}: {imported.step_name} of {imported.world_size} rank(s) ({who}) as "
+        f"wrote {output}: {imported.step_name}{steps} of {imported.world_size} rank(s) ({who}) as "
         f"{len(imported.layout.blocks)} blocks ({', '.join(f'{n} {op}' for op, n in ops)}) on "
         f"{len(imported.layout.lanes)} lanes\n{coverage(imported).line()}"
     )

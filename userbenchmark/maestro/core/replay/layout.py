@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .assemble import PatternBlock, _UnionFind
-from .group_axes import GroupAxes, Teams, fresh_name, slug
+from .group_axes import GroupAxes, Names, Teams, fresh_name, slug
 from .kineto import TraceError
 from .roles import RoleBlock
 
@@ -49,7 +49,7 @@ class _Axes:
     def __init__(self, axes: GroupAxes, world_size: int) -> None:
         self.known: dict[str, Teams] = dict(axes.teams)
         self.world = tuple(range(world_size))
-        self.taken = set(self.known) | {"world"}
+        self.taken = Names([*self.known, "world"])
 
     def base(self, block: PatternBlock) -> str:
         teams = block.teams
@@ -102,7 +102,7 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     position = {id(b): i for i, b in enumerate(layout.blocks)}
     for block in layout.blocks:  # in file order: the same file from the same traces
         block.after.sort(key=lambda b: position[id(b)])
-    names: set[str] = set()
+    names = Names()
     for block in layout.blocks:
         block.name = fresh_name(_base_name(block)[:56], names)
     likes = [d for d in layout.axes if d.like]
@@ -138,7 +138,7 @@ def _comm_axes(
     the base (its own communicator) on each other lane."""
     first_lane: dict[str, int] = {}
     variant: dict[tuple[str, int], str] = {}
-    taken = set(base_axis.values()) | {"world"}
+    taken = Names([*base_axis.values(), "world"])
     out = {}
     for block in sorted(blocks, key=lambda b: b.start_key()):
         if block.kind not in ("comm", "p2p"):

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ...blocks.compute import Busy
 from .kineto import Launch, TraceError
 from .step import CLOCK_TOLERANCE_US as TOLERANCE_US
 from .step import Item, RankStep
@@ -19,6 +20,8 @@ HOLD_US = 8.0
 """An item that started this much later than its stream and its launch allowed was held."""
 MATCH_US = 12.0
 """A held item depends on an item of another stream that ended at most this long before it."""
+MAX_BUSY_US = next(p.maximum for p in Busy.params if p.name == "duration_us")
+"""Kernels merge into one stand-in up to the longest ``busy`` block its loader accepts."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,6 +302,7 @@ def role_blocks(role: Role, *, idle_us: float, keep_idle: bool) -> list[RoleBloc
                 and item.index not in role.after
                 and current.items[-1] not in sources
                 and _gap_us(role, current.items[-1], item.index) <= idle_us
+                and _span_us(role, current.items[0], item.index) <= MAX_BUSY_US
             ):
                 current.items.append(item.index)
                 continue
@@ -321,6 +325,11 @@ def _time_and_link(role: Role, blocks: list[RoleBlock]) -> None:
     for dst, srcs in role.after.items():
         target = owner[dst]
         target.after |= {owner[src] for src in srcs if owner[src].stream != target.stream}
+
+
+def _span_us(role: Role, first: int, last: int) -> float:
+    a, b = role.items[first], role.items[last]
+    return max(b[r].end - a[r].start for r in role.ranks)
 
 
 def _gap_us(role: Role, before: int, after: int) -> float:

@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..blocks.base import Block, TracedCall
-from ..blocks.comm import AllToAll, SendRecv
-from ..blocks.compute import Busy, Gemm, Sleep
+from ...blocks.base import Block, TracedCall
+from ...blocks.comm import AllToAll, SendRecv
+from ...blocks.compute import Busy, Gemm, Sleep
 from .group_axes import GroupAxes
 from .kineto import TraceError
 from .roles import Role, RoleBlock

@@ -6,23 +6,26 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
-from collections import defaultdict
+import statistics
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..blocks.base import Block, TracedCall
-from ..blocks.comm import AllToAll, SendRecv
-from ..blocks.compute import Gemm
-from ..blocks.dtypes import DTYPES, traced_dtype
-from ..blocks.registry import traced_op
+from ...blocks.base import Block, TracedCall
+from ...blocks.comm import AllToAll, SendRecv
+from ...blocks.compute import Gemm
+from ...blocks.dtypes import DTYPES, traced_dtype
+from ...blocks.registry import traced_op
 from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
 trace ended before that work ran)."""
 CLOCK_TOLERANCE_US = 1.0
-"""Timestamps of one device may disagree by this much (clock conversion and rounding): kernels
-of one stream overlapping by less are in order."""
+"""Timestamps of one device may disagree by this much (clock conversion and rounding)."""
+OVERLAP_US = 20.0
+"""Kernels of one stream overlapping by less are in order: older CUPTI releases' timestamps of
+one stream overlap by several µs (docs/replay.md); more is a broken trace."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
@@ -119,28 +122,77 @@ class RankStep:
         return self.trace.rank
 
 
+MAX_MISSING_SHARE = 0.1
+"""A step may lack the device work of at most this share of its launches (of the kinds CUPTI
+records in some step): past it, the holes would be filled by idle gaps, and it is refused. Real
+traces lack a few in every step (cuDNN's memsets in a V100 trace, docs/replay.md)."""
+WHOLE = "the whole trace"
+"""The step of a trace without ProfilerStep#N: the whole profiled span with device work."""
+
+
 def step_number(name: str) -> int:
-    tail = name.removeprefix("ProfilerStep#")
+    tail = name.rpartition("#")[2]
     return int(tail) if tail.isdigit() else -1
 
 
-def complete_steps(trace: RankTrace) -> set[str]:
-    """Steps with device work whose every launch has its device work in the trace (the last
-    steps of a trace may not: the profiler stopped before the device ran them). One pass."""
-    with_work = {act.corr for act in trace.activities}
-    calls = sorted(trace.launches.values(), key=lambda c: c.ts)
-    launching = {name for name in {c.name for c in calls} if _LAUNCHING.search(name)}
-    times = [c.ts for c in calls]
-    missing, done_work = [0], [0]
-    for c in calls:
-        missing.append(missing[-1] + (c.name in launching and c.corr not in with_work))
-        done_work.append(done_work[-1] + (c.corr in with_work))
-    done = set()
-    for span in trace.steps:
-        lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
-        if missing[hi] == missing[lo] and done_work[hi] > done_work[lo]:
-            done.add(span.name)
-    return done
+def set_windows(trace: RankTrace, annotation: str | None) -> None:
+    """The trace's steps: ``annotation``'s spans (``NAME#0``, ``NAME#1``... in time order) when
+    one is named, else its ProfilerStep#N spans, else the whole profiled span with device work."""
+    if annotation is not None:
+        spans = sorted((a for a in trace.annotations if a.name == annotation), key=lambda a: a.ts)
+        trace.steps = [Span(f"{annotation}#{i}", a.ts, a.end, a.tid) for i, a in enumerate(spans)]
+        if not trace.steps:
+            names = sorted({a.name for a in trace.annotations})[:8]
+            raise TraceError(f"{trace.path}: no record_function span named {annotation!r} "
+                             f"(--annotation); it has {', '.join(map(repr, names))}, ...")  # fmt: skip
+    elif not trace.steps:
+        work = {act.corr for act in trace.activities}
+        calls = [c for c in trace.launches.values() if c.corr in work]
+        if not calls:
+            raise TraceError(f"{trace.path}: no device work in the trace: nothing to replay")
+        first = min(calls, key=lambda c: c.ts)
+        trace.steps = [Span(WHOLE, first.ts, max(c.end for c in calls), first.tid)]
+
+
+class Census:
+    """Launches without device work, per step, of the kinds (call names) CUPTI recorded device
+    work for in some step; kinds it recorded in no step are ignored."""
+
+    def __init__(self, trace: RankTrace) -> None:
+        with_work = {act.corr for act in trace.activities}
+        calls = sorted(
+            (c for c in trace.launches.values() if _LAUNCHING.search(c.name)), key=lambda c: c.ts
+        )
+        times = [c.ts for c in calls]
+        self.missing: dict[str, Counter] = {}
+        self.launches: dict[str, int] = {}
+        share: dict[str, dict[str, float]] = defaultdict(dict)
+        for span in trace.steps:
+            inside = calls[
+                bisect.bisect_left(times, span.ts) : bisect.bisect_right(times, span.end)
+            ]
+            total = Counter(c.name for c in inside)
+            self.missing[span.name] = Counter(c.name for c in inside if c.corr not in with_work)
+            self.launches[span.name] = len(inside) - sum(self.missing[span.name].values())
+            for kind, n in total.items():
+                share[kind][span.name] = 1 - self.missing[span.name][kind] / n
+        self.ignored = sorted(kind for kind, by in share.items() if not any(by.values()))
+        # A step is complete when each counted kind has its device work as often as the median
+        # step of the trace does (the last steps may be cut by the profiler's stop).
+        self.complete = {
+            span.name
+            for span in trace.steps
+            if self.launches[span.name]
+            and all(
+                by.get(span.name, 1.0) >= statistics.median(by.values())
+                for kind, by in share.items()
+                if kind not in self.ignored
+            )
+        }
+
+    def counted(self, step: str) -> Counter:
+        """The step's launches without device work, of the kinds that count."""
+        return Counter({k: n for k, n in self.missing[step].items() if k not in self.ignored})
 
 
 def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
@@ -150,32 +202,43 @@ def _listed(traces: Sequence[RankTrace], complete: dict[int, set[str]]) -> str:
     )
 
 
-def choose_step(traces: Sequence[RankTrace], wanted: int | None) -> str:
-    """The step to import: ``ProfilerStep#wanted``, else the last one complete on every rank."""
-    for t in traces:
-        if not t.steps:
-            raise TraceError(
-                f"{t.path}: no ProfilerStep#N annotation: profile with a schedule and call "
-                "prof.step() after each training step"
-            )
-    complete = {t.rank: complete_steps(t) for t in traces}
+def choose_steps(
+    traces: Sequence[RankTrace], census: dict[int, Census], wanted: int | None, what: str
+) -> list[str]:
+    """The steps to import: ``what#wanted``, else every step complete on every rank (the last
+    first); ``what`` is ``ProfilerStep`` or the annotation that makes the steps."""
+    complete = {rank: c.complete for rank, c in census.items()}
     if wanted is not None:
-        name = f"ProfilerStep#{wanted}"
+        name = f"{what}#{wanted}"
         for t in traces:
             names = sorted({s.name for s in t.steps}, key=step_number)
             if name not in names:
                 raise TraceError(
                     f"{t.path}: rank {t.rank} has no {name} (it has: {', '.join(names)})"
                 )
-        return name
+        return [name]
     common = set.intersection(*complete.values())
     if not common:
         raise TraceError(
-            "no profiler step is complete on every rank (a complete step has device work, all "
-            f"of it in the trace); complete steps: {_listed(traces, complete)}; name one with "
-            "--step N"
+            "no step is complete on every rank (a complete step has device work for its launches "
+            f"as often as the trace's other steps do); complete steps: {_listed(traces, complete)}"
+            "; name one with --step N"
         )
-    return max(common, key=step_number)
+    return sorted(common, key=step_number, reverse=True)
+
+
+def check_missing(census: Census, trace: RankTrace, step: str) -> None:
+    """Refuse a step lacking device work for more than :data:`MAX_MISSING_SHARE` of its
+    launches; fewer are named in the header."""
+    missing = census.counted(step)
+    launches = census.launches[step] + sum(missing.values())
+    if sum(missing.values()) > MAX_MISSING_SHARE * launches:
+        shown = ", ".join(f"{k} x{n}" for k, n in missing.most_common(3))
+        raise TraceError(
+            f"{trace.path}: rank {trace.rank}'s {step}: {sum(missing.values())} of its {launches} "
+            f"launches have no device work in the trace ({shown}), over {MAX_MISSING_SHARE:.0%}: "
+            "the profiler lost device records; profile again, or pick a step with --step N"
+        )
 
 
 def step_span(trace: RankTrace, name: str) -> Span:
@@ -238,16 +301,15 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    names = [a for a in trace.annotations if not a.name.startswith("nccl:")]
-    labels = innermost(names, ((c.tid, c.ts) for c in calls))
+    labels, nccl = _labels(trace, calls)
     notes: list[str] = []
-    groups = _grouped(trace, calls, acts, notes)
+    groups = _grouped(trace, calls, acts, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
         raise TraceError(
             f"{trace.path}: rank {trace.rank}'s {name} launched no device work (complete "
-            f"steps: {_listed([trace], {trace.rank: complete_steps(trace)})})"
+            f"steps: {_listed([trace], {trace.rank: Census(trace).complete})})"
         )
     _check_times([pair for _, parts in groups.values() for pair in parts], trace)
     launch_items = {
@@ -273,8 +335,20 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     )
 
 
+def _labels(trace: RankTrace, calls: list[Launch]) -> tuple[dict[float, str], dict[float, str]]:
+    """Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
+    without its collective's record takes its op from it)."""
+    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
+    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
+    return labels, nccl
+
+
 def _grouped(
-    trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]], notes: list[str]
+    trace: RankTrace,
+    calls: list[Launch],
+    acts: dict[int, list[Activity]],
+    notes: list[str],
+    nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
     launch order: what the item is, and its (launch, activity) pairs."""
@@ -289,8 +363,12 @@ def _grouped(
             if records:
                 key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
             elif nccl:
-                notes.append("an NCCL kernel without its record_param_comms call")
+                notes.append(  # older torch writes record_param_comms without them
+                    "an NCCL kernel without a call maestro can size (no collective or size in "
+                    "the trace, or a transfer with a rank outside the files)"
+                )
                 key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
+                meaning = nccl_ops.get(call.ts) or meaning  # nccl:all_reduce
             elif op is not None:
                 key, meaning = ("gemm", act.stream, call.ext), op
             else:
@@ -313,7 +391,7 @@ def _check_times(parts: list[tuple[Launch, Activity]], trace: RankTrace) -> None
     for stream, acts in by_stream.items():
         acts.sort(key=lambda a: (a.ts, a.end))
         for a, b in zip(acts, acts[1:], strict=False):
-            if b.ts < a.end - CLOCK_TOLERANCE_US:
+            if b.ts < a.end - OVERLAP_US:
                 raise TraceError(
                     f"{trace.path}: {b.name!r} starts {a.end - b.ts:.1f} µs before {a.name!r} "
                     f"ends, and both ran on stream {stream}: kernels of one stream cannot "
