@@ -19,6 +19,7 @@ from ...errors import EXIT_OK, EXIT_USAGE, ConfigError, OptionError, say, user_e
 from ..analysis.overlap import union_intersection_ns
 from ..config.loader import dump_suite, load_suite_text
 from ..config.patterns import DEFAULT_VALUES
+from ..config.sizes import counted
 from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
 from .group_axes import slug
@@ -455,7 +456,7 @@ def run_command(
     steps = f" (traced durations: median of {used} steps)" if used > 1 else ""
     print(
         f"wrote {output}: {imported.step_name}{steps} of {imported.world_size} rank(s) ({who}) as "
-        f"{len(imported.layout.blocks)} blocks ({', '.join(f'{n} {op}' for op, n in ops)}) on "
-        f"{len(imported.layout.lanes)} lanes\n{coverage(imported).line()}"
+        f"{counted(len(imported.layout.blocks), 'block')} ({', '.join(f'{n} {op}' for op, n in ops)}) "
+        f"on {counted(len(imported.layout.lanes), 'lane')}\n{coverage(imported).line()}"
     )
     return EXIT_OK
