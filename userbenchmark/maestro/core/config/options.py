@@ -50,6 +50,8 @@ class RunOptions:
     """The metrics file's path, reserved in ``metrics_dir`` before the run (the command line
     calls ``prepare_output_locations``); None: no metrics file."""
     log_level: str = "INFO"
+    rounds: int | None = None
+    """``--rounds``: rounds of a pattern with what-if variants; None: core/measure's default."""
 
     def __post_init__(self) -> None:
         """Values that no machine or pattern file can make valid: OptionError naming the flag."""
@@ -58,6 +60,7 @@ class RunOptions:
             ("--warmup-iters", self.warmup_iters, 0, None),
             ("--precision", self.precision, 0, 9),
             ("--seed", self.seed, 0, MAX_SEED),
+            ("--rounds", self.rounds, 2, None),  # a paired interval needs two rounds
         ):
             if value is not None and (value < low or (high is not None and value > high)):
                 valid = f"between {low} and {high}" if high is not None else f"at least {low}"

@@ -158,6 +158,11 @@ class PatternSpec:
     traced_by_rank_us: tuple[float, ...] = ()
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
+    variant: str | None = None
+    """A what-if variant's name (the pattern's `whatif:` key); None for the pattern itself."""
+    variants: tuple[PatternSpec, ...] = ()
+    """The pattern's `whatif:` variants, each a complete validated PatternSpec with the same
+    name, its `variant` set and no variants of its own."""
     predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
