@@ -21,6 +21,9 @@ MAX_SEED = 2**32 - 1
 """Largest ``--seed``: each rank seeds its generator with ``seed * 1_000_003 + rank``, which
 must fit torch's 64-bit seeds."""
 
+DEFAULT_ROUNDS = 10
+"""Rounds of a pattern with what-if variants when ``--rounds`` is not given."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
@@ -50,8 +53,8 @@ class RunOptions:
     """The metrics file's path, reserved in ``metrics_dir`` before the run (the command line
     calls ``prepare_output_locations``); None: no metrics file."""
     log_level: str = "INFO"
-    rounds: int | None = None
-    """``--rounds``: rounds of a pattern with what-if variants; None: core/measure's default."""
+    rounds: int = DEFAULT_ROUNDS
+    """``--rounds``: rounds of a pattern with what-if variants (a window of each per round)."""
 
     def __post_init__(self) -> None:
         """Values that no machine or pattern file can make valid: OptionError naming the flag."""

@@ -51,50 +51,29 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _twice_the_slowest_us(
-    samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
-) -> float:
-    # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
-    # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
-    samples = np.asarray(samples_ns, dtype=np.float64)
-    if samples.size > 1:
-        samples = samples[1:]
-    if not samples.size:
-        return default_us
-    return float(np.clip(2.0 * samples.max() / 1e3 + pad_us, low_us, high_us))
-
-
-def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
-    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs, in
-    [MIN_GATE_US, MAX_GATE_US] (a slower host shows up as launch-bound iterations)."""
-    return _twice_the_slowest_us(
-        enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
-    )
-
-
-def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
-    """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
-    agreement + 100 µs, so the instant is still ahead when the last rank learns it."""
-    return _twice_the_slowest_us(
-        agree_ns,
-        pad_us=100.0,
-        low_us=MIN_START_MARGIN_US,
-        high_us=MAX_START_MARGIN_US,
-        default_us=DEFAULT_START_MARGIN_US,
-    )
-
-
 def default_lead_us(*, cuda: bool) -> float:
     """The gate's lead before a pattern's warmup calibrated it: no pattern inherits another's."""
     return DEFAULT_GATE_US if cuda else DEFAULT_START_MARGIN_US
 
 
 def calibrated_lead_us(host: HostTimings, *, cuda: bool) -> float:
-    """This rank's proposal for the gate's lead from a warmup's host timings: the gate spin that
-    outlasts the CUDA enqueue, or the CPU start instant's margin over agreeing on it."""
+    """This rank's proposal for the gate's lead from a warmup's host timings: 2x its slowest
+    iteration plus a pad, within bounds. CUDA: the gate spin that outlasts the host's enqueue
+    (+20 µs; a slower host shows up as launch-bound iterations); CPU: the agreed start's margin
+    over agreeing on it (+100 µs: the instant is still ahead when the last rank learns it)."""
     if cuda:
-        return calibrated_gate_us(host.enqueue_ns)
-    return calibrated_start_margin_us(host.agree_ns)
+        samples, pad_us, low_us, high_us = host.enqueue_ns, 20.0, MIN_GATE_US, MAX_GATE_US
+    else:
+        samples, pad_us = host.agree_ns, 100.0
+        low_us, high_us = MIN_START_MARGIN_US, MAX_START_MARGIN_US
+    # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
+    # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
+    samples = np.asarray(samples, dtype=np.float64)
+    if samples.size > 1:
+        samples = samples[1:]
+    if not samples.size:
+        return default_lead_us(cuda=cuda)
+    return float(np.clip(2.0 * samples.max() / 1e3 + pad_us, low_us, high_us))
 
 
 def calibrate_sleep_cycles_per_us(device: object) -> float:

@@ -19,16 +19,13 @@ import torch.distributed as tdist
 
 from ...errors import RunError
 from ..analysis.aggregate import Reducer
-from ..config.options import RunOptions
+from ..config.options import DEFAULT_ROUNDS, RunOptions
 from ..config.spec import SuiteSpec
 from ..profilers.profiler import Profiler
 from ..profilers.profiler_registry import make_profiler
 from .lanes import CpuLanes, CudaLanes, calibrate_sleep_cycles_per_us
 
 log = logging.getLogger("maestro")
-
-DEFAULT_ROUNDS = 10
-"""Rounds of a pattern with what-if variants when ``--rounds`` is not given."""
 
 
 def reducer(group: Any) -> Reducer:
@@ -161,7 +158,7 @@ def make_rig(
         seed=options.seed,
         calibration=calibration,
         collect_timeline=options.trace or options.plot,
-        rounds=options.rounds or DEFAULT_ROUNDS,
+        rounds=options.rounds,
     )
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -130,30 +131,18 @@ def joined(windows: Sequence[Window]) -> tuple[WindowTimings, HostTimings]:
     if len(windows) == 1:
         return first.timings, first.host
 
-    def cat(arrays: Sequence[np.ndarray | None], axis: int = -1) -> np.ndarray | None:
-        return None if arrays[0] is None else np.concatenate(arrays, axis=axis)
+    def cat(values: Sequence[Any]) -> Any:  # along the iterations: every array's last axis
+        return None if values[0] is None else np.concatenate(values, axis=-1)
 
     t = [w.timings for w in windows]
-    h = [w.host for w in windows]
-    counts = [x.activity_counts for x in t]
-    ctas = [x.kernel_ctas_max for x in t]
-    timings = WindowTimings(
-        starts_ns=cat([x.starts_ns for x in t]),
-        ends_ns=cat([x.ends_ns for x in t]),
-        present=first.timings.present,
-        clock=first.timings.clock,
-        host_clock=first.timings.host_clock,
-        gate_open_ns=cat([x.gate_open_ns for x in t]),
+    per_iteration = ("starts_ns", "ends_ns", "gate_open_ns")
+    counts, ctas = [x.activity_counts for x in t], [x.kernel_ctas_max for x in t]
+    timings = replace(
+        first.timings,
+        **{name: cat([getattr(x, name) for x in t]) for name in per_iteration},
         activity_counts=None if counts[0] is None else np.sum(counts, axis=0),
         kernel_ctas_max=None if ctas[0] is None else np.max(ctas, axis=0),
-        activities=first.timings.activities,
     )
-    host = HostTimings(
-        enqueue_ns=cat([x.enqueue_ns for x in h]),
-        launch_ns=cat([x.launch_ns for x in h]),
-        gate_us=first.host.gate_us,
-        gate_open_ns=cat([x.gate_open_ns for x in h]),
-        agree_ns=cat([x.agree_ns for x in h]),
-        start_late=cat([x.start_late for x in h]),
-    )
+    arrays = [f.name for f in fields(HostTimings) if f.name != "gate_us"]  # one gate per pattern
+    host = replace(first.host, **{n: cat([getattr(w.host, n) for w in windows]) for n in arrays})
     return timings, host
