@@ -27,7 +27,7 @@ from .blocks import OpResolver, yaml_key
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
-from .whatif import whatif_changes
+from .variants import whatif_changes
 
 logger = logging.getLogger("maestro.config")
 

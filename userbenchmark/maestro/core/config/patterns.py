@@ -16,7 +16,7 @@ from .blocks import DTYPES, OpResolver, check_after, check_block
 from .problems import Problems, index, join, show
 from .sizes import format_size, parse_size
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
-from .whatif import check_whatif
+from .variants import check_whatif
 
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
@@ -298,8 +298,6 @@ def _pattern_point(
         traced_by_rank_us=traced_by_rank,
         yaml_path=path,
     )
-    if "whatif" not in body:
-        return spec
 
     def validate(q: Problems, variant: dict[Any, Any], axes: dict[str, AxisDraft]) -> Any:
         at = replace(file, axes=file.axes | axes)  # the variant's own axes too

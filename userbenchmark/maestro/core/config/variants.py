@@ -69,7 +69,7 @@ def check_whatif(
 ) -> PatternSpec:
     """``base`` (a valid pattern, ``body`` as its file gives it) with the variants of its
     ``whatif:``; their own axes are added to ``made`` (name -> draft, shared by the file)."""
-    raw, path = body["whatif"], join(base.yaml_path, "whatif")
+    raw, path = body.get("whatif"), join(base.yaml_path, "whatif")
     expected = (
         "whatif must be a mapping of variant names to what each changes, e.g. "
         "whatif: {bigger: {gemm: {m: x1.1}}}"
@@ -109,18 +109,8 @@ def _variant(
             for i in _matched(p, key, join(path, key), base.blocks):
                 sources[i].entry_path, sources[i].entry_key = join(path, key), str(key)
                 _change(p, entries[i], sources[i], changes, base.blocks[i], file.ops)
-    new_axes = _axes(p, raw[AXES_KEY], join(path, AXES_KEY), file.axes) if AXES_KEY in raw else {}
-    for axis in new_axes:
-        if not any(entry["axis"] == axis for entry in entries):
-            p.add(
-                join(join(path, AXES_KEY), axis),
-                f"no block of this variant runs on axis {axis!r}: its options would change nothing",
-            )
-    renamed = {axis: _register(draft, name, file.made) for axis, draft in new_axes.items()}
-    for entry in entries:
-        entry["axis"] = renamed.get(entry["axis"], entry["axis"])
+    own = _own_axes(p, raw.get(AXES_KEY), join(path, AXES_KEY), name, entries, file)
     found = Problems(p.file, like=p)
-    own = {draft.name: draft for draft in new_axes.values()}
     spec = file.validate(found, file.body | {"blocks": entries}, own)
     for sub, message, _ in found.items:
         p.add(*_moved(sub, message, base, path, sources))
@@ -232,6 +222,24 @@ def _scaled(
     else:
         value = round(value) if param.kind == "int" else float(f"{value:.12g}")
     return value, f" ({text} of the pattern's {base})"
+
+
+def _own_axes(
+    p: Problems, raw: Any, path: str, variant: str, entries: list[dict[str, Any]], file: _File
+) -> dict[str, AxisDraft]:
+    """The axes ``raw`` (a variant's ``axes:``, or None) gives new options, by their new names,
+    and the ``entries`` on them moved there."""
+    new_axes = _axes(p, raw, path, file.axes) if raw is not None else {}
+    for axis in new_axes:
+        if not any(entry["axis"] == axis for entry in entries):
+            p.add(
+                join(path, axis),
+                f"no block of this variant runs on axis {axis!r}: its options would change nothing",
+            )
+    renamed = {axis: _register(draft, variant, file.made) for axis, draft in new_axes.items()}
+    for entry in entries:
+        entry["axis"] = renamed.get(entry["axis"], entry["axis"])
+    return {draft.name: draft for draft in new_axes.values()}
 
 
 def _axes(p: Problems, raw: Any, path: str, axes: Mapping[str, AxisDraft]) -> dict[str, AxisDraft]:
