@@ -205,8 +205,11 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")
     lines.append("")
     num_bases = len({p.base_name for p in suite.patterns})
+    num_variants = sum(len(p.variants) for p in suite.patterns)
+    variants = f"; {num_variants} what-if variants" if num_variants else ""
     lines.append(
-        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file):"
+        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file"
+        f"{variants}):"
     )
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)
