@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ..config.spec import whatif_label
+
 if TYPE_CHECKING:
     from .intervals import DeviceActivities
 
@@ -82,6 +84,9 @@ class BlockResult:
 
     suite: str
     pattern: str
+    variant: str = ""
+    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
+    ``step[whatif=NAME]``."""
     block: str
     op: str
     axis: str
@@ -162,6 +167,9 @@ class PatternResult:
 
     suite: str
     pattern: str
+    variant: str = ""
+    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
+    ``step[whatif=NAME]``."""
     iters: int
     num_blocks: int
     warmup_iters: int = 0
@@ -216,6 +224,9 @@ class PairResult:
 
     suite: str
     pattern: str
+    variant: str = ""
+    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
+    ``step[whatif=NAME]``."""
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern."""
     # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at
@@ -239,6 +250,23 @@ class PatternOutcome:
     timeline: Timeline | None = None
     """On rank 0 when a trace or plot was asked for."""
     comm_compute_overlap_by_rank: tuple[float, ...] = ()
+    variant: str | None = None
+    """The what-if variant measured (a pattern's ``whatif:`` key); None for the pattern itself."""
+
+    def of_variant(self, variant: str) -> PatternOutcome:
+        """This outcome as the what-if ``variant``'s: each record (and the timeline) names the
+        pattern ``step[whatif=variant]`` and the variant, so it has rows and keys of its own."""
+        label = whatif_label(self.pattern.pattern, variant)
+
+        def named(record: Any) -> Any:
+            return dataclasses.replace(record, pattern=label, variant=variant)
+
+        timeline = self.timeline and dataclasses.replace(self.timeline, pattern=label)
+        blocks, pairs = tuple(map(named, self.blocks)), tuple(map(named, self.pairs))
+        pattern = named(self.pattern)
+        return dataclasses.replace(
+            self, blocks=blocks, pattern=pattern, pairs=pairs, variant=variant, timeline=timeline
+        )
 
     @property
     def check_failed(self) -> bool:

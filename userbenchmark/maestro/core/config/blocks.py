@@ -140,11 +140,23 @@ def _declared(cls: type[Block]) -> list[Param]:
     return [param for param in declared if isinstance(param, Param)]
 
 
-def yaml_key(param: Param) -> str:
-    """The key a parameter is written under in YAML (``reduce_op`` for a Param named ``op``)."""
-    if param.name in BLOCK_KEYS:
-        return PARAM_YAML_ALIASES.get(param.name, f"{param.name}_param")
-    return param.name
+def yaml_key(param: Param | str) -> str:
+    """The key a parameter (or a parameter's name) is written under in YAML (``reduce_op`` for a
+    Param named ``op``)."""
+    name = param if isinstance(param, str) else param.name
+    return PARAM_YAML_ALIASES.get(name, f"{name}_param") if name in BLOCK_KEYS else name
+
+
+def block_entry(spec: BlockSpec) -> dict[str, Any]:
+    """The block as a file entry that gives every key and parameter (none of the traced ones),
+    which check_block turns back into ``spec``: what a ``whatif:`` variant changes."""
+    entry = {"name": spec.name, "op": spec.op, "axis": spec.axis, "lane": spec.lane}
+    entry |= {"dtype": spec.dtype, "register_buffers": spec.register_buffers}
+    entry |= {"after": list(spec.after)}
+    for name, value in spec.params.items():
+        if value is not None:
+            entry[yaml_key(name)] = list(value) if isinstance(value, tuple) else value
+    return entry
 
 
 def _params(p: Problems, cls: type[Block], raw: dict[Any, Any], path: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from .blocks import OpResolver, yaml_key
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .variants import whatif_changes
 
 logger = logging.getLogger("maestro.config")
 
@@ -441,6 +442,11 @@ def dump_suite(
     lines.append("patterns:")
     for pattern in suite.patterns:
         lines += _pattern(pattern, defaults, comments or {})
+        changes = {v.variant: whatif_changes(pattern, v, suite.axes) for v in pattern.variants}
+        lines += ["    whatif:"] * bool(changes)
+        for name, change in changes.items():  # block names quoted where YAML would read others
+            text = ", ".join(f"{scalar(key)}: {flow(value)}" for key, value in change.items())
+            lines.append(f"      {name}: {{{text}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -464,6 +470,8 @@ def _setting(pattern: PatternSpec, key: str) -> Any:
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
     out = {}
     for name, axis in suite.axes.items():
+        if "[" in name:  # a whatif variant's own axis: its whatif: entry gives it
+            continue
         body: dict[str, Any] = {"like": axis.like} if axis.like is not None else {}
         if axis.like is None and name != WORLD_AXIS and name not in suite.mesh:
             body["teams"] = [list(team) for team in axis.teams]

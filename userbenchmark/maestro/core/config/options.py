@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,8 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             for f in options.patterns
         ):
             continue
-        pattern = dataclasses.replace(p, **changes)
+        variants = tuple(dataclasses.replace(v, **changes) for v in p.variants)
+        pattern = dataclasses.replace(p, **changes, variants=variants)
         if changes:
             num_iters = max(pattern.num_iters, pattern.warmup_iters)
             problem = window_launches_problem(len(pattern.blocks), num_iters)
@@ -180,12 +182,17 @@ def _content(spec: Any) -> tuple[Any, ...]:
         if f.name in _NOT_CONTENT:
             continue
         value = getattr(spec, f.name)
-        if f.name == "blocks":
+        if f.name in ("blocks", "variants"):
             value = tuple(_content(b) for b in value)
         elif f.name == "params":
             value = tuple(sorted((key, repr(v)) for key, v in value.items()))
         values.append((f.name, value))
     return tuple(values)
+
+
+def _work(blocks: Sequence[BlockSpec]) -> list[tuple[Any, ...]]:
+    """What blocks run (a variant's and its pattern's compare), not their names or places."""
+    return [(b.op, b.axis, b.lane, b.dtype, dict(b.params), b.after) for b in blocks]
 
 
 def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
@@ -194,21 +201,34 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     (the first, under its own name), so result names stay unique."""
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
+
+    def capped(spec: PatternSpec) -> tuple[BlockSpec, ...]:
+        return tuple(_capped_block(block, suite, max_size_bytes) for block in spec.blocks)
+
     for pattern in suite.patterns:
-        new = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
-        capped = dataclasses.replace(pattern, blocks=new)
+        new = capped(pattern)
+        variants = tuple(dataclasses.replace(v, blocks=capped(v)) for v in pattern.variants)
+        for before, after in zip(pattern.variants, variants, strict=True):
+            if _work(after.blocks) == _work(new) and _work(before.blocks) != _work(pattern.blocks):
+                logger.warning(
+                    f"pattern {pattern.name!r}: --max-size makes its variant {after.variant!r} "
+                    "the same as the pattern: what it changed is capped away"
+                )
+        capped_pattern = dataclasses.replace(pattern, blocks=new, variants=variants)
         untraced = sum(a.traced_us != b.traced_us for a, b in zip(pattern.blocks, new, strict=True))
         if untraced:  # the trace describes neither these blocks nor the step any more
-            capped = dataclasses.replace(capped, traced_us=None, traced_by_rank_us=())
+            capped_pattern = dataclasses.replace(
+                capped_pattern, traced_us=None, traced_by_rank_us=()
+            )
             total = sum(b.traced_us is not None for b in pattern.blocks)
             logger.warning(
                 f"pattern {pattern.name!r}: --max-size changed {untraced} of its {total} imported "
                 "blocks, so the trace does not describe them: their replay against it, and the "
                 "step's, is left out"
             )
-        key = _content(capped)
+        key = _content(capped_pattern)
         if pattern.sweep_point and key in seen:
             continue
         seen.add(key)
-        patterns.append(capped)
+        patterns.append(capped_pattern)
     return dataclasses.replace(suite, patterns=tuple(patterns))

@@ -136,6 +136,12 @@ def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
     return tuple(order)
 
 
+def whatif_label(name: str, variant: str) -> str:
+    """``name`` with ``whatif=variant`` in its bracket suffix (one added where it has none): a
+    form no name in a pattern file has (names are letters, digits and _ . -)."""
+    return f"{name[:-1]},whatif={variant}]" if name.endswith("]") else f"{name}[whatif={variant}]"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatternSpec:
     """One pattern after sweep expansion: the unit that is measured."""
@@ -174,6 +180,12 @@ class PatternSpec:
     def traced(self) -> bool:
         """The pattern carries traced durations (it was imported from a trace)."""
         return self.traced_us is not None or any(b.traced_us is not None for b in self.blocks)
+
+    @property
+    def label(self) -> str:
+        """The name outputs and metric keys give it: its name, or for a variant
+        ``step[whatif=bigger]`` (``ar[size=4M,whatif=bigger]`` at a sweep point)."""
+        return self.name if self.variant is None else whatif_label(self.name, self.variant)
 
     @property
     def lanes(self) -> tuple[str, ...]:

@@ -146,6 +146,9 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
     if waits:
         lines.append("    each iteration: " + "; ".join(waits))
+    lines += [
+        f"    whatif {v.variant}: {_changes(pattern, v, import_ops)}" for v in pattern.variants
+    ]
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
     top, low = max(per_rank), min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
@@ -159,6 +162,24 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
         text += "; custom ops not imported, not counted"
     lines.append(text)
     return lines
+
+
+def _changes(pattern: PatternSpec, variant: PatternSpec, import_ops: bool) -> str:
+    """What a variant changes: ``gemm m 4096 -> 6144; ag axis dp -> dp[whatif=x]``."""
+    changes = []
+    for a, b in zip(pattern.blocks, variant.blocks, strict=True):
+        kinds = {p.name: p.kind for p in getattr(_block_class(b.op, import_ops), "params", ())}
+        keys = ("op", "axis", "lane", "dtype", "register_buffers", "after")
+        pairs = [(key, getattr(a, key), getattr(b, key)) for key in keys]
+        pairs += [
+            (k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])
+        ]
+        changes += [
+            f"{a.name} {key} {_value(x, kinds.get(key, ''))} -> {_value(y, kinds.get(key, ''))}"
+            for key, x, y in pairs
+            if x != y
+        ]
+    return "; ".join(changes) or "nothing changed (the pattern again: its noise)"
 
 
 def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
@@ -184,18 +205,20 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")
     lines.append("")
     num_bases = len({p.base_name for p in suite.patterns})
+    num_variants = sum(len(p.variants) for p in suite.patterns)
+    variants = f"; {num_variants} what-if variants" if num_variants else ""
     lines.append(
-        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file):"
+        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file"
+        f"{variants}):"
     )
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)
-    peak = max(
-        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns), default=0
-    )
+    every = [q for p in suite.patterns for q in (p, *p.variants)]
+    peak = max((max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in every), default=0)
     lines.append("")
     uncounted = not import_ops and any(":" in b.op for p in suite.patterns for b in p.blocks)
     lines.append(
-        f"largest per-rank allocation of any pattern: {human_bytes(peak)}"
+        f"largest per-rank allocation of any pattern or variant: {human_bytes(peak)}"
         + (" (custom ops not imported, not counted)" if uncounted else "")
     )
     return "\n".join(lines)

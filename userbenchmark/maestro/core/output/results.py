@@ -11,7 +11,7 @@ import math
 import numbers
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -20,10 +20,19 @@ import numpy as np
 import pandas as pd
 
 from ...errors import MaestroError
-from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
+from ..analysis.records import (
+    BlockResult,
+    Metric,
+    PairResult,
+    PatternOutcome,
+    PatternResult,
+    metrics_of,
+)
+from ..analysis.whatif import WhatIfResult
+from ..config.spec import whatif_label
 from .metric_keys import BOUNDS, metric_key
 
-Table = Literal["blocks", "patterns", "pairs"]
+Table = Literal["blocks", "patterns", "pairs", "whatif"]
 
 _INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
 _DTYPES: Final = {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
@@ -48,16 +57,28 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
 BLOCK_COLUMNS: Final = _columns_of(BlockResult)
 PATTERN_COLUMNS: Final = _columns_of(PatternResult)
 PAIR_COLUMNS: Final = _columns_of(PairResult)
+WHATIF_COLUMNS: Final = _columns_of(WhatIfResult)
+WHATIF_METRICS: Final = ("change_pct", "change_ci_low_pct", "change_ci_high_pct")
+"""A variant's change against its pattern in the metrics file (``suite/step[whatif=NAME]/...``):
+descriptive there (no interval keys, so ``compare`` shows them and judges none); the variant's
+own block and pattern metrics are judged as any pattern's."""
 
-_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
+_COLUMNS: Final = {
+    "blocks": BLOCK_COLUMNS,
+    "patterns": PATTERN_COLUMNS,
+    "pairs": PAIR_COLUMNS,
+    "whatif": WHATIF_COLUMNS,
+}
 _KEY_COLUMNS: Final = {
     "blocks": ("suite", "pattern", "block"),
     "patterns": ("suite", "pattern"),
     "pairs": ("suite", "pattern", "block_a", "block_b"),
+    "whatif": ("suite", "pattern", "variant"),
 }
-# File stem of each table in --output-dir: results.json, patterns.csv, ...
+# File stem of each table in --output-dir: results.json, patterns.csv, ..., whatif.json (only
+# for a run with whatif: variants)
 TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
-    {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
+    {"blocks": "results", "patterns": "patterns", "pairs": "pairs", "whatif": "whatif"}
 )
 
 # Column of patterns.* before pairs.* existed: {"a|b": fraction} (a JSON text in CSV).
@@ -80,6 +101,8 @@ class Results:
     blocks: pd.DataFrame
     patterns: pd.DataFrame
     pairs: pd.DataFrame
+    whatif: pd.DataFrame = field(default_factory=lambda: record_frame((), WhatIfResult))
+    """One row per (pattern, variant): its change against the pattern (whatif.*)."""
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
@@ -112,13 +135,14 @@ def record_frame(records: Iterable[Any], record_type: type) -> pd.DataFrame:
     )
 
 
-def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
-    """The three tables of finished patterns, in their order."""
+def results_of(outcomes: Iterable[PatternOutcome], whatif: Iterable[WhatIfResult] = ()) -> Results:
+    """The tables of finished patterns (a variant's rows after its own), in their order."""
     outcomes = list(outcomes)
     return Results(
         blocks=record_frame((b for o in outcomes for b in o.blocks), BlockResult),
         patterns=record_frame((o.pattern for o in outcomes), PatternResult),
         pairs=record_frame((p for o in outcomes for p in o.pairs), PairResult),
+        whatif=record_frame(whatif, WhatIfResult),
     )
 
 
@@ -340,7 +364,7 @@ def results_from_records(
     columns say; an older patterns file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
-    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
+    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": [], "whatif": []}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise ResultsError(
@@ -348,6 +372,7 @@ def results_from_records(
             )
         kind = "blocks" if record.get("block") not in (None, "") else "patterns"
         kind = "pairs" if "block_a" in record or "block_b" in record else kind
+        kind = "whatif" if "change_pct" in record else kind
         rows[table or kind].append((f"{where}: record {index}", record))
     rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
     return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
@@ -386,7 +411,12 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     # An older run has no pairs file: its pairs come from the patterns file's legacy column.
     if path["pairs"].exists():
         found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
+    if path["whatif"].exists():  # a run with variants
+        found = replace(found, whatif=read_table(path["whatif"], "whatif"))
     return replace(found, blocks=blocks)
+
+
+_DESCRIPTIVE: Final = Metric(better=None, domain="finite", meaning="", floor=None)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
@@ -415,4 +445,7 @@ def metrics_from_results(results: Results) -> dict[str, float]:
         add(row, metrics_of(PatternResult), block=None)
     for row in records_of(results.pairs):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
+    for row in records_of(results.whatif):
+        row["pattern"] = whatif_label(row["pattern"], row["variant"])
+        add(row, dict.fromkeys(WHATIF_METRICS, _DESCRIPTIVE), block=None)
     return {key: value for group in groups.values() for key, value in group.items()}

@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 from ..analysis.outcome import MIN_ITERS_FOR_P99, error_groups
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
+from ..analysis.whatif import WHATIF_FLOOR, WhatIfResult
 from ..config.sizes import format_size
 from ..config.spec import PatternSpec
 
@@ -270,6 +271,39 @@ def format_sweep_summary(
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def _pct(value: float, low: float, high: float) -> str:
+    if math.isnan(value):
+        return "-"
+    interval = "" if math.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"
+    return f"{value:+.2f} %{interval}"
+
+
+def _changed_most(r: WhatIfResult) -> str:
+    change = _pct(r.block_change_pct, r.block_change_ci_low_pct, r.block_change_ci_high_pct)
+    return f"{r.block} {change}" if r.block else "-"
+
+
+def format_whatif(results: Sequence[WhatIfResult], *, precision: int = 2, unit: str) -> str:
+    """One row per variant of one pattern: its makespan, the change against the pattern's with
+    its 95 % interval, paired by round, the verdict, and the block whose latency changed most."""
+    u = UNIT_LABEL[unit]
+    fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
+    rows = [
+        [r.variant, str(r.rounds), fmt(r.makespan_avg_us), fmt(r.base_makespan_avg_us)]
+        + [_pct(r.change_pct, r.change_ci_low_pct, r.change_ci_high_pct), r.verdict]
+        + [_changed_most(r)]
+        for r in results
+    ]
+    headers = ["variant", "rounds", f"makespan ({u})", f"pattern ({u})"]
+    headers += ["change [95 % interval]", "verdict", "block latency changed most [95 %]"]
+    first = results[0]
+    title = (
+        f"== what if: {first.suite} / {first.pattern}  (paired by round; slower or faster: the "
+        f"interval excludes 0 and the change is past {WHATIF_FLOOR * 100:g} %)"
+    )
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
 def late_start_note(patterns: Sequence[PatternResult]) -> str:
     """One line for every CPU pattern whose ranks did not all start an iteration together
     (the agreed start instant had passed when a rank learned it); empty when none."""
@@ -300,9 +334,17 @@ class Tables:
         """The table of one finished pattern (a sweep's points share the first one's unit)."""
         unit = self._units.setdefault(spec.base_name, pattern_unit(outcome))
         label = ",".join(f"{name}={value}" for name, value in spec.sweep_point) or spec.name
-        self._points.setdefault(spec.base_name, []).append((label, outcome))
+        if spec.variant is None:  # a sweep's summary holds its points, not their variants
+            self._points.setdefault(spec.base_name, []).append((label, outcome))
         text = format_pattern(outcome, precision=self.precision, unit=unit)
         return "\n".join(filter(None, (text, format_fidelity(outcome))))
+
+    def whatif(self, pattern: PatternSpec, results: Sequence[WhatIfResult]) -> str:
+        """The table of a pattern's variants against it, in the pattern's unit."""
+        unit = self._units.get(pattern.base_name) or choose_latency_unit(
+            [r.base_makespan_avg_us for r in results]
+        )
+        return format_whatif(results, precision=self.precision, unit=unit)
 
     def closing(self) -> list[str]:
         """What to print after the last pattern: one table per sweep that finished at least
