@@ -187,7 +187,9 @@ def test_a_pattern_and_its_variant_run_in_rounds_and_reach_the_sink(cli_here):
     assert np.isnan(slow.blocks[0].isolated_latency_avg_us)
     assert pattern.BASE_ONLY_NOTE in slow.pattern.notes
     assert pattern.BASE_ONLY_NOTE not in base.pattern.notes
-    assert sink.told[-1][:2] == ("whatif", "two_lanes")
+    told, name, (result,) = sink.told[-1]
+    assert (told, name, result.variant, result.rounds) == ("whatif", "two_lanes", "slow", 2)
+    assert result.base_makespan_avg_us > 400.0 and result.makespan_avg_us > 480.0
     notes = [t[1] for t in sink.told if t[0] == "note"]
     assert "two_lanes[whatif=slow]: measure, round 2 of 2" in notes
     assert notes.index("two_lanes: baseline") > notes.index("two_lanes: measure, round 2 of 2")
@@ -196,3 +198,35 @@ def test_a_pattern_and_its_variant_run_in_rounds_and_reach_the_sink(cli_here):
 def test_rounds_must_be_two_or_more():
     with pytest.raises(OptionError, match="--rounds must be at least 2, got 1"):
         RunOptions(rounds=1)
+
+
+FAULTY = """\
+name: faulty
+defaults: {warmup_iters: 1, iters: 2, baseline: false}
+patterns:
+  - name: first
+    blocks:
+      - {name: nap, op: sleep, duration_us: 100}
+  - name: second
+    blocks:
+      - {name: bad, op: "tests.integration.fault_blocks:FailOnRank", rank: 7, after_launches: 3}
+"""
+
+
+def test_a_variant_that_fails_ends_the_run_as_its_pattern_would(cli_here):
+    from userbenchmark.maestro.core.runtime.phases import run_worker
+
+    suite = load_suite_text(FAULTY, world_size=1)
+    first, second = suite.patterns
+    (block,) = second.blocks
+    failing = dataclasses.replace(block, params={**block.params, "rank": 0})
+    variant = dataclasses.replace(second, variant="fails", blocks=(failing,))
+    second = dataclasses.replace(second, variants=(variant,))
+    sink = _Sink()
+    options = RunOptions(backend="gloo", rounds=3)
+    assert run_worker(dataclasses.replace(suite, patterns=(first, second)), options, sink) == 1
+    told = [t[:2] for t in sink.told if t[0] != "note"]
+    assert told == [("finished", None), ("failed", "second")]  # the first pattern's kept
+    message = sink.told[-1][2]
+    # Its warmup and first round's window ran (3 launches): the 4th, round 2's first, fails.
+    assert "phase measure, round 2 of 3, pattern 'second[whatif=fails]', block 'bad'" in message

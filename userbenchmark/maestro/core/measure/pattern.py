@@ -19,6 +19,7 @@ from ...errors import RunError
 from ..analysis.intervals import WindowTimings, main_kernel_names
 from ..analysis.outcome import Isolated, build_outcome, rank_steps, with_fidelity
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
+from ..analysis.whatif import WhatIfResult, build_whatif
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
 from .lanes import Lane
@@ -32,18 +33,13 @@ Step = Callable[[str, str, Callable[[], T]], T]
 that the phase succeeded (the cluster shell's agreement step), else a RunError."""
 
 
-def label(pattern: PatternSpec) -> str:
-    """How messages name a pattern, or one of its what-if variants (``name[whatif=variant]``)."""
-    return pattern.name if pattern.variant is None else f"{pattern.name}[whatif={pattern.variant}]"
-
-
 @dataclass(frozen=True, kw_only=True)
 class Measured:
     """A pattern's outcomes on this rank: its own, then each variant's (in the order of
     ``PatternSpec.variants``), and the what-if results (empty without variants)."""
 
     outcomes: tuple[tuple[PatternSpec, PatternOutcome], ...]
-    whatif: tuple[Any, ...] = ()
+    whatif: tuple[WhatIfResult, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +62,7 @@ def measure_pattern(
     readies = step("setup", name, lambda: setup(rig, [make_plan(rig, s) for s in sides], held))
     if pattern.variants:
         warms = tuple(
-            step("measure", label(r.plan.pattern), functools.partial(warm, rig, r, held))
+            step("measure", r.plan.pattern.label, functools.partial(warm, rig, r, held))
             for r in readies
         )
         windows = interleaved(rig, warms, step, rounds)
@@ -84,7 +80,7 @@ def measure_pattern(
     wrong: tuple[np.ndarray | None, ...] = (None,) * len(sides)
     if pattern.check:
         wrong = tuple(
-            step("check", label(w.ready.plan.pattern), functools.partial(check, rig, w))
+            step("check", w.ready.plan.pattern.label, functools.partial(check, rig, w))
             for w in warms
         )
     return step("analysis", name, lambda: analyse(rig, warms, windows, isolated, wrong))
@@ -126,7 +122,7 @@ def interleaved(
             warmed = warms[side]
             phase = f"measure, round {r + 1} of {rounds}"
             work = functools.partial(window_of, rig, warmed)
-            got[side].append(step(phase, label(warmed.ready.plan.pattern), work))
+            got[side].append(step(phase, warmed.ready.plan.pattern.label, work))
     return tuple(tuple(windows) for windows in got)
 
 
@@ -207,12 +203,27 @@ def analyse(
         ready = warmed.ready
         alone = isolated if side == 0 else Isolated.unmeasured(len(ready.plan.names))
         outcome = _outcome(rig, ready, measured, alone, checked, peak)
-        if side > 0 and ready.plan.pattern.baseline:
+        if side > 0 and isolated.latency_ns.size:  # the pattern's baseline ran
             result = outcome.pattern
             notes = "; ".join(n for n in (result.notes, BASE_ONLY_NOTE) if n)
             outcome = dataclasses.replace(outcome, pattern=dataclasses.replace(result, notes=notes))
         outcomes.append((ready.plan.pattern, outcome))
-    return Measured(outcomes=tuple(outcomes))
+    base, *variants = (w.ready.plan.pattern for w in warms)
+    base_makespan, base_blocks = per_round(windows[0])
+    whatif = []
+    for variant, measured in zip(variants, windows[1:], strict=True):
+        makespan, blocks = per_round(measured)
+        whatif.append(
+            build_whatif(
+                base,
+                variant,
+                base_makespan_ns=base_makespan,
+                variant_makespan_ns=makespan,
+                base_block_ns=base_blocks,
+                variant_block_ns=blocks,
+            )
+        )
+    return Measured(outcomes=tuple(outcomes), whatif=tuple(whatif))
 
 
 def _outcome(
@@ -264,7 +275,7 @@ def _gather_timeline(rig: Rig, plan: Plan, timings: WindowTimings) -> Timeline |
     if place.rank != 0:
         return None
     return Timeline(
-        pattern=label(plan.pattern),
+        pattern=plan.pattern.label,
         block_names=plan.names,
         block_lanes=tuple(plan.pattern.lanes[i] for i in plan.lane_of_block),
         ranks=tuple(sorted(gathered, key=lambda r: r.rank)),

@@ -5,6 +5,7 @@ included), the lanes of a window of them, and what they allocated, freed by one 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from ...blocks.base import Block, BlockContext
 from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
-from ..config.spec import BlockSpec, PatternSpec
+from ..config.spec import PatternSpec
 from .hostmem import available_host_memory, check_host_memory
 from .lanes import Lane
 from .rig import RegisteredPool, Rig
@@ -161,14 +162,8 @@ class Allocated:
             torch.cuda.empty_cache()
 
 
-def _same_work(a: BlockSpec, b: BlockSpec) -> bool:
-    return (a.op, a.params, a.dtype, a.axis, a.register_buffers) == (
-        b.op,
-        b.params,
-        b.dtype,
-        b.axis,
-        b.register_buffers,
-    )
+_WORK = operator.attrgetter("op", "params", "dtype", "axis", "register_buffers")
+"""What makes a block's object and buffers: a variant's block equal in these is its base's."""
 
 
 def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]:
@@ -181,7 +176,7 @@ def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]
     def owner(side: int, i: int) -> tuple[int, int]:  # (plan, block) of the object it runs
         j = by_name.get(plans[side].names[i])
         spec = plans[side].pattern.blocks[i]
-        if side > 0 and j is not None and _same_work(base.pattern.blocks[j], spec):
+        if side > 0 and j is not None and _WORK(base.pattern.blocks[j]) == _WORK(spec):
             return 0, j
         return side, i
 

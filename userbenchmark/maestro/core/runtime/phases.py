@@ -29,6 +29,7 @@ from ...errors import (
     user_error_message,
 )
 from ..analysis.records import PatternOutcome
+from ..analysis.whatif import WhatIfResult
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
 from ..measure.pattern import Measured, measure_pattern
@@ -62,9 +63,9 @@ class Sink(Protocol):
         self, pattern: PatternSpec, outcome: PatternOutcome, run_info: Mapping[str, str]
     ) -> None: ...
 
-    def whatif_finished(self, pattern: PatternSpec, results: tuple[Any, ...]) -> None:
+    def whatif_finished(self, pattern: PatternSpec, results: tuple[WhatIfResult, ...]) -> None:
         """After ``finished`` for ``pattern`` and for each of its variants: their what-if
-        results (core/analysis/whatif.py's ``WhatIfResult``), in ``pattern.variants`` order."""
+        results, in ``pattern.variants`` order."""
 
     def failed(self, pattern: str, message: str) -> None: ...
 
