@@ -21,8 +21,11 @@ gives each side (rounds x iters); its verdict on the makespan.
 bf16 GEMM step, variants ``same`` and ``gemm_2pct`` (``m: x1.02``). Targets: ``gemm_2pct``
 slower in at least 19 of 20 runs, ``same`` within noise in at least 19 of 20.
 
-Several ``--rounds`` values each get ``--runs`` runs: the interval's width, the verdicts and the
-time per run, from which ``run``'s default was chosen. Run from the repository root::
+Several ``--rounds`` values each get ``--runs`` runs, taken in turns (run k of each value, the
+order rotated, then run k + 1): the interval's width, the verdicts and the time per run, from
+which ``run``'s default was chosen, each value under the same load. The machine's 1-minute load
+average is kept beside each run: sleeps on a busy 2-core host wake late by milliseconds, which no
+pairing removes. Run from the repository root::
 
     python -m bench.whatif_cpu [--runs 20] [--rounds 10] [--iters 20] [--json out.json]
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -147,11 +151,11 @@ def maestro_run(setup: Setup, text: str, folder: Path, extra: list[str]) -> Path
 
 def whatif_run(setup: Setup, args: argparse.Namespace, rounds: int, folder: Path) -> dict:
     """One what-if run: {variant: its whatif.json record}, the pattern's makespan, wall time."""
-    start = time.monotonic()
+    start, load = time.monotonic(), os.getloadavg()[0]
     text = pattern_text(setup, args, iters=args.iters, whatif=True)
     out = maestro_run(setup, text, folder, ["--rounds", str(rounds)])
     records = {r["variant"]: r for r in json.loads((out / "whatif.json").read_text())}
-    return {"records": records, "wall_s": time.monotonic() - start}
+    return {"records": records, "wall_s": time.monotonic() - start, "load": load}
 
 
 def baseline_run(setup: Setup, args: argparse.Namespace, rounds: int, folder: Path) -> dict:
@@ -201,6 +205,7 @@ def summarize(setup: Setup, rounds: int, runs: list[dict]) -> list[list[Any]]:
                 else "-",
                 ", ".join(f"{k} {n}" for k, n in sorted(baseline.items())) or "-",
                 statistics.median(r["wall_s"] for r in runs),
+                statistics.median(r["load"] for r in runs),
             ]
         )
     return rows
@@ -217,6 +222,7 @@ HEADERS = [
     "interval holds the asked change (its median)",
     "baseline: separate processes, compare's verdicts",
     "wall s per what-if run",
+    "load average (median)",
 ]
 
 
@@ -234,18 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"benchmark": "whatif_cpu", "machine": machine_info()}
     results |= {"args": vars(args), "rounds": {}}
     rows = []
+    runs: dict[int, list[dict]] = {rounds: [] for rounds in args.rounds}
     with tempfile.TemporaryDirectory(prefix="maestro-whatif-") as tmp:
-        for rounds in args.rounds:
-            runs = []
-            for k in range(args.runs):
+        for k in range(args.runs):
+            for i in range(len(args.rounds)):
+                rounds = args.rounds[(k + i) % len(args.rounds)]
                 folder = Path(tmp) / f"r{rounds}-{k}"
                 run = whatif_run(setup, args, rounds, folder / "whatif")
                 if not args.no_baseline:
                     run["baseline"] = baseline_run(setup, args, rounds, folder / "baseline")
-                runs.append(run)
-                print(f"rounds {rounds}, run {k + 1} of {args.runs}", file=sys.stderr)
-            results["rounds"][str(rounds)] = runs
-            rows += summarize(setup, rounds, runs)
+                runs[rounds].append(run)
+                print(f"run {k + 1} of {args.runs}, rounds {rounds}", file=sys.stderr)
+    for rounds, done in runs.items():
+        results["rounds"][str(rounds)] = done
+        rows += summarize(setup, rounds, done)
     print(machine_lines(results["machine"]))
     print(f"- command: python -m bench.whatif_cpu {' '.join(argv or sys.argv[1:])}\n")
     print(markdown_table(HEADERS, rows))

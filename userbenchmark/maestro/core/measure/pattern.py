@@ -112,9 +112,9 @@ def window_of(rig: Rig, warmed: Warm) -> Window:
 def interleaved(
     rig: Rig, warms: Sequence[Warm], step: Step, rounds: int
 ) -> tuple[tuple[Window, ...], ...]:
-    """Each of ``warms``' windows in ``rounds`` rounds of one window each, each a phase of its
-    own, in an order rotated from round to round: the first window after a switch can run cold,
-    and each pattern takes every place in turn."""
+    """``rounds`` rounds of one measured window of each of ``warms`` (each window a phase of its
+    own), the order rotated from round to round: the first window after a switch can run cold,
+    so each takes every place in turn. Each one's windows, round by round."""
     got: list[list[Window]] = [[] for _ in warms]
     for r in range(rounds):
         for k in range(len(warms)):
