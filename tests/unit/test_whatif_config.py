@@ -4,8 +4,6 @@ overrides, validate's summary and the dumper's inverse."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from userbenchmark.maestro.core.config.loader import dump_suite, load_suite_text
@@ -117,25 +115,34 @@ def test_a_lane_the_file_left_to_its_axis_follows_the_axis():
     assert (gemm.axis, gemm.lane) == ("tp", "compute")  # written: kept
 
 
-def test_another_patterns_variant_of_that_name_with_other_options_gets_another_axis():
+def test_variants_of_one_name_share_their_axis_and_must_agree_on_its_options():
     two = STEP.replace("whatif:\n", "whatif: {v: {axes: {dp: {nccl: {max_ctas: 2}}}}}\n")
     two += STEP[STEP.index("  - name: step") :].replace("name: step", "name: step2")
-    suite = load("      v: {axes: {dp: {nccl: {max_ctas: 4}}}}\n", two)
+    suite = load("      v: {axes: {dp: {nccl: {max_ctas: 2}}}}\n", two)
     assert dict(suite.axes["dp[whatif=v]"].nccl) == {"max_ctas": 2}
-    assert dict(suite.axes["dp[whatif=v,2]"].nccl) == {"max_ctas": 4}
-    assert block(suite.patterns[1].variants[0], "ag").axis == "dp[whatif=v,2]"
+    assert block(suite.patterns[1].variants[0], "ag").axis == "dp[whatif=v]"
+    assert problems("      v: {axes: {dp: {nccl: {max_ctas: 4}}}}\n", two) == [
+        (
+            15 + two.count("\n") - STEP.count("\n"),
+            "patterns[1].whatif.v.axes.dp",
+            "a variant 'v' gives axis 'dp' other options at patterns[0].whatif.v.axes.dp: name "
+            "the variants apart (each variant's axis is named after it)",
+        )
+    ]
 
 
 @pytest.mark.parametrize(
     ("whatif", "path", "message"),
     [
-        ("v: {gem: {m: 2}}", "v.gem", "unknown block 'gem' (did you mean 'gemm'?); blocks of"),
-        ('v: {"z*": {m: 2}}', "v.z*", "'z*' matches no block; blocks of this pattern: ag, rs,"),
+        ("v: {gem: {m: 2}}", "v.gem", "'gem' names no block (did you mean 'gemm'?); blocks of"),
+        ('v: {"z*": {m: 2}}', "v.z*", "'z*' names no block; blocks of this pattern: ag, rs,"),
         ("v: {gemm: {mm: 2}}", "v.gemm.mm", "unknown key 'mm' for op 'gemm' (did you mean 'm'?)"),
-        ("v: {gemm: {name: g}}", "v.gemm.name", "name cannot change in a variant: its results"),
+        ("v: {gemm: {name: g}}", "v.gemm.name", "name cannot change in a variant: its blocks"),
+        ("v: {gemm: {op: busy}}", "v.gemm.op", "op cannot change in a variant: a variant changes"),
         ("v: {gemm: {traced_us: 5}}", "v.gemm.traced_us", "traced_us cannot change in a"),
-        ("v: {ag: {dtype: x2}}", "v.ag.dtype", "a factor (x2) scales a number or a size; 'dtype'"),
-        ("v: {ag: {size: x0}}", "v.ag.size", "a factor must be a finite number above 0, got x0"),
+        ("v: {ag: {dtype: x2}}", "v.ag.dtype", "a factor (x2) scales a number or a size the"),
+        ("v: {gemm: {bias: x2}}", "v.gemm.bias", "a factor (x2) scales a number or a size the"),
+        ("v: {ag: {size: x0}}", "v.ag.size", "size must be positive, got 0 (x0 of the pattern's"),
         (
             "v: {ag: {size: x1.000001}}",
             "v.ag.size",
@@ -151,10 +158,12 @@ def test_another_patterns_variant_of_that_name_with_other_options_gets_another_a
         ("v: {rs: {axis: dp, lane: x}}", "v.rs.lane", "block 'rs' is on lane 'x' but block 'ag'"),
         ('v: {gemm: {m: 2}, "g*": {m: 3}}', "v.g*.m", "'m' of block 'gemm' is changed twice"),
         ("v: {axes: {tp: {nccl: {max_ctas: 2}}}}", "v.axes.tp", "no block of this variant runs"),
+        ("v: {axes: {pp: {}}}", "v.axes.pp", "no block of this variant runs on axis 'pp'; its"),
         ("v: {axes: {dp: {teams: [[0]]}}}", "v.axes.dp.teams", "unknown key 'teams' in a variant"),
         ("v: {axes: {dp_rs: {nccl: {min_ctas: 9}}}}", "v.axes.dp_rs.nccl.min_ctas", "min_ctas 9"),
         ("v!: {}", "v!", "a variant name must be a non-empty string of letters"),
-        ("v: [gemm]", "v", "a variant maps block names (or globs of names) to the keys"),
+        ("v: [gemm]", "v", "a variant maps block names or globs to the keys it changes"),
+        ("v: {1: {m: 2}}", "v.1", "1 names no block; blocks of this pattern: ag, rs, gemm,"),
     ],
 )
 def test_each_problem_is_at_the_whatif_entry_behind_it(whatif, path, message):
@@ -165,13 +174,13 @@ def test_each_problem_is_at_the_whatif_entry_behind_it(whatif, path, message):
 
 
 def test_a_glob_names_the_block_and_an_unchanged_key_names_itself():
-    found = problems('      v: {"gemm*": {dtype: int8}}\n      w: {gemm: {op: all_reduce}}\n')
+    text = STEP.replace("axis: dp_rs, size: 4M}", "axis: dp_rs, size: 24}")
+    found = problems('      v: {"gemm*": {dtype: int8}}\n      w: {rs: {axis: world}}\n', text)
     assert [(path, message.rsplit(" (", 1)[1]) for _, path, message in found] == [
         ("patterns[0].whatif.v.gemm*.dtype", "block 'gemm')"),
         ("patterns[0].whatif.v.gemm*.dtype", "block 'gemm_next')"),
-        ("patterns[0].whatif.w.gemm", "'size' of block 'gemm')"),  # all_reduce needs one
+        ("patterns[0].whatif.w.rs", "'size' of block 'rs')"),  # 24 bytes: not 4 fp32 ranks'
     ]
-    assert found[2][2].startswith("missing required key 'size' for op 'all_reduce'")
 
 
 def test_a_sweep_has_its_variants_at_every_point_and_problems_name_the_point():
@@ -205,16 +214,13 @@ patterns:
     assert [p.variants[0].blocks[0].params["size"] for p in per_point.patterns] == [256, 1024]
 
 
-def test_max_size_and_the_command_lines_overrides_reach_variants(caplog):
+def test_max_size_and_the_command_lines_overrides_reach_variants():
     suite = load("      bigger: {ag: {size: x2}}\n      longer: {gemm: {m: x2}}\n")
-    with caplog.at_level(logging.WARNING, logger="maestro.config"):
-        capped = apply_overrides(suite, RunOptions(max_size_bytes=1 << 20, iters=7))
+    capped = apply_overrides(suite, RunOptions(max_size_bytes=1 << 20, iters=7))
     bigger, longer = capped.patterns[0].variants
     assert bigger.num_iters == longer.num_iters == 7
     assert block(bigger, "ag").params["size"] == block(longer, "ag").params["size"] == 1 << 20
     assert block(longer, "gemm").params["m"] == 128
-    assert "variant 'bigger' the same as the pattern" in caplog.text
-    assert "'longer'" not in caplog.text
 
 
 def test_validate_lists_what_each_variant_changes():
@@ -222,7 +228,7 @@ def test_validate_lists_what_each_variant_changes():
         load("      same: {}\n      v: {ag: {size: x2}, axes: {dp_rs: {nccl: {max_ctas: 2}}}}\n")
     )
     assert "    whatif same: nothing changed (the pattern again: its noise)" in text
-    assert "    whatif v: ag size 4M -> 8M; rs axis dp_rs -> dp_rs[whatif=v]" in text
+    assert "    whatif v: ag size=4M -> size=8M; rs axis dp_rs -> dp_rs[whatif=v]" in text
     assert "dp_rs[whatif=v]  2 x 2" in text and "like dp_rs; nccl max_ctas=2" in text
 
 
@@ -230,11 +236,11 @@ def test_the_dumper_writes_whatif_back():
     whatif = (
         "      same: {}\n"
         "      v: {ag: {size: x2}, axes: {dp_rs: {nccl: {max_ctas: 2}}}, gemm_next: {after: []}}\n"
-        '      w: {"gemm*": {dtype: bf16, op: busy, duration_us: 50}}\n'
+        '      w: {"gemm*": {dtype: bf16, m: 32}}\n'
     )
     suite = load(whatif)
     text = dump_suite(suite)
-    assert "      v: {ag: {size: 8388608}, gemm_next: {after: []}, axes: {dp_rs: {nccl:" in text
+    assert "      v: {ag: {size: 8388608}, axes: {dp_rs: {priority: normal, nccl:" in text
     assert "whatif=" not in text  # the variants' own axes come from their entries
     assert where_free(load_suite_text(text)) == where_free(suite)
     axes = STEP.replace(

@@ -5,6 +5,7 @@ and threshold (core/output/metric_keys.py) are read from, never written out a se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -84,9 +85,7 @@ class BlockResult:
 
     suite: str
     pattern: str
-    variant: str = ""
-    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
-    ``step[whatif=NAME]``."""
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     block: str
     op: str
     axis: str
@@ -167,9 +166,7 @@ class PatternResult:
 
     suite: str
     pattern: str
-    variant: str = ""
-    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
-    ``step[whatif=NAME]``."""
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     iters: int
     num_blocks: int
     warmup_iters: int = 0
@@ -224,9 +221,7 @@ class PairResult:
 
     suite: str
     pattern: str
-    variant: str = ""
-    """The what-if variant measured ("" for the pattern itself); ``pattern`` then reads
-    ``step[whatif=NAME]``."""
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern."""
     # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at
@@ -257,16 +252,11 @@ class PatternOutcome:
         """This outcome as the what-if ``variant``'s: each record (and the timeline) names the
         pattern ``step[whatif=variant]`` and the variant, so it has rows and keys of its own."""
         label = whatif_label(self.pattern.pattern, variant)
-
-        def named(record: Any) -> Any:
-            return dataclasses.replace(record, pattern=label, variant=variant)
-
+        named = functools.partial(dataclasses.replace, pattern=label, variant=variant)
         timeline = self.timeline and dataclasses.replace(self.timeline, pattern=label)
         blocks, pairs = tuple(map(named, self.blocks)), tuple(map(named, self.pairs))
-        pattern = named(self.pattern)
-        return dataclasses.replace(
-            self, blocks=blocks, pattern=pattern, pairs=pairs, variant=variant, timeline=timeline
-        )
+        parts = {"blocks": blocks, "pattern": named(self.pattern), "pairs": pairs}
+        return dataclasses.replace(self, **parts, timeline=timeline, variant=variant)
 
     @property
     def check_failed(self) -> bool:

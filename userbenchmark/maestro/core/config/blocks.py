@@ -152,11 +152,10 @@ def block_entry(spec: BlockSpec) -> dict[str, Any]:
     which check_block turns back into ``spec``: what a ``whatif:`` variant changes."""
     entry = {"name": spec.name, "op": spec.op, "axis": spec.axis, "lane": spec.lane}
     entry |= {"dtype": spec.dtype, "register_buffers": spec.register_buffers}
-    entry |= {"after": list(spec.after)}
     for name, value in spec.params.items():
         if value is not None:
             entry[yaml_key(name)] = list(value) if isinstance(value, tuple) else value
-    return entry
+    return entry | {"after": list(spec.after)}
 
 
 def _params(p: Problems, cls: type[Block], raw: dict[Any, Any], path: str) -> dict[str, Any] | None:

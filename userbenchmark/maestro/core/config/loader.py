@@ -23,7 +23,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .axes import check_axes, check_env, check_world_size
-from .blocks import OpResolver, yaml_key
+from .blocks import OpResolver, block_entry, yaml_key
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
@@ -499,23 +499,16 @@ def _pattern(
 
 def _block(spec: BlockSpec, defaults: dict[str, Any]) -> dict[str, Any]:
     """A block's entry without what the loader would set anyway."""
-    entry: dict[str, Any] = {"name": spec.name, "op": spec.op}
-    entry |= {"axis": spec.axis} if spec.axis != WORLD_AXIS else {}
-    entry |= {"lane": spec.lane} if spec.lane != spec.axis else {}
-    for key in ("dtype", "register_buffers"):
-        if getattr(spec, key) != defaults[key]:
-            entry[key] = getattr(spec, key)
     try:
-        declared = {p.name: p for p in resolve_op(spec.op).params}
+        implied = {yaml_key(p): p.default for p in resolve_op(spec.op).params}
     except (KeyError, LookupError):
-        declared = {}
-    for name, value in spec.params.items():
-        value = list(value) if isinstance(value, tuple) else value
-        param = declared.get(name)
-        if param is None or value != param.default or type(value) is not type(param.default):
-            entry[yaml_key(param) if param else name] = value
-    entry |= {"after": list(spec.after)} if spec.after else {}
-    for key in ("traced_us", "traced_kernel", "traced_overlap"):
-        if getattr(spec, key) is not None:
-            entry[key] = getattr(spec, key)
-    return entry
+        implied = {}
+    implied |= {"axis": WORLD_AXIS, "lane": spec.axis, "after": []}
+    implied |= {key: defaults[key] for key in ("dtype", "register_buffers")}
+    entry = {
+        key: value
+        for key, value in block_entry(spec).items()
+        if key not in implied or value != implied[key] or type(value) is not type(implied[key])
+    }
+    traced = {key: getattr(spec, key) for key in ("traced_us", "traced_kernel", "traced_overlap")}
+    return entry | {key: value for key, value in traced.items() if value is not None}

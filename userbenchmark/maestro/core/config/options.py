@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,11 +189,6 @@ def _content(spec: Any) -> tuple[Any, ...]:
     return tuple(values)
 
 
-def _work(blocks: Sequence[BlockSpec]) -> list[tuple[Any, ...]]:
-    """What blocks run (a variant's and its pattern's compare), not their names or places."""
-    return [(b.op, b.axis, b.lane, b.dtype, dict(b.params), b.after) for b in blocks]
-
-
 def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     """``suite`` with every collective's size capped at ``max_size_bytes`` and every GEMM's
     operands scaled below it; sweep points of one pattern that become identical are kept once
@@ -202,33 +196,25 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
 
-    def capped(spec: PatternSpec) -> tuple[BlockSpec, ...]:
+    def cap(spec: PatternSpec) -> tuple[BlockSpec, ...]:
         return tuple(_capped_block(block, suite, max_size_bytes) for block in spec.blocks)
 
     for pattern in suite.patterns:
-        new = capped(pattern)
-        variants = tuple(dataclasses.replace(v, blocks=capped(v)) for v in pattern.variants)
-        for before, after in zip(pattern.variants, variants, strict=True):
-            if _work(after.blocks) == _work(new) and _work(before.blocks) != _work(pattern.blocks):
-                logger.warning(
-                    f"pattern {pattern.name!r}: --max-size makes its variant {after.variant!r} "
-                    "the same as the pattern: what it changed is capped away"
-                )
-        capped_pattern = dataclasses.replace(pattern, blocks=new, variants=variants)
+        new = cap(pattern)
+        variants = tuple(dataclasses.replace(v, blocks=cap(v)) for v in pattern.variants)
+        capped = dataclasses.replace(pattern, blocks=new, variants=variants)
         untraced = sum(a.traced_us != b.traced_us for a, b in zip(pattern.blocks, new, strict=True))
         if untraced:  # the trace describes neither these blocks nor the step any more
-            capped_pattern = dataclasses.replace(
-                capped_pattern, traced_us=None, traced_by_rank_us=()
-            )
+            capped = dataclasses.replace(capped, traced_us=None, traced_by_rank_us=())
             total = sum(b.traced_us is not None for b in pattern.blocks)
             logger.warning(
                 f"pattern {pattern.name!r}: --max-size changed {untraced} of its {total} imported "
                 "blocks, so the trace does not describe them: their replay against it, and the "
                 "step's, is left out"
             )
-        key = _content(capped_pattern)
+        key = _content(capped)
         if pattern.sweep_point and key in seen:
             continue
         seen.add(key)
-        patterns.append(capped_pattern)
+        patterns.append(capped)
     return dataclasses.replace(suite, patterns=tuple(patterns))

@@ -303,7 +303,7 @@ def _pattern_point(
         at = replace(file, axes=file.axes | axes)  # the variant's own axes too
         return _pattern_point(q, at, variant, path, base, point, written)
 
-    return check_whatif(p, body, spec, file.axes, file.made_axes, file.ops, validate)
+    return check_whatif(p, body, spec, file, validate)
 
 
 def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple[float, ...]:

@@ -16,6 +16,7 @@ from .spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
 _MAX_TEAMS_SHOWN = 8
 _MAX_RANKS_SHOWN = 8
 _FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
+_CHANGEABLE = ("axis", "lane", "dtype", "register_buffers", "after")  # and the parameters
 
 
 def _with_unit(count: int, units: Sequence[str], step: int) -> str:
@@ -146,9 +147,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
     if waits:
         lines.append("    each iteration: " + "; ".join(waits))
-    lines += [
-        f"    whatif {v.variant}: {_changes(pattern, v, import_ops)}" for v in pattern.variants
-    ]
+    lines += [f"    whatif {v.variant}: {_changes(pattern, v)}" for v in pattern.variants]
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
     top, low = max(per_rank), min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
@@ -164,21 +163,16 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     return lines
 
 
-def _changes(pattern: PatternSpec, variant: PatternSpec, import_ops: bool) -> str:
-    """What a variant changes: ``gemm m 4096 -> 6144; ag axis dp -> dp[whatif=x]``."""
+def _changes(pattern: PatternSpec, variant: PatternSpec) -> str:
+    """What a variant changes: ``ag size=4M -> size=8M; rs axis dp -> dp[whatif=x]``."""
     changes = []
     for a, b in zip(pattern.blocks, variant.blocks, strict=True):
-        kinds = {p.name: p.kind for p in getattr(_block_class(b.op, import_ops), "params", ())}
-        keys = ("op", "axis", "lane", "dtype", "register_buffers", "after")
-        pairs = [(key, getattr(a, key), getattr(b, key)) for key in keys]
-        pairs += [
-            (k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])
-        ]
-        changes += [
-            f"{a.name} {key} {_value(x, kinds.get(key, ''))} -> {_value(y, kinds.get(key, ''))}"
-            for key, x, y in pairs
-            if x != y
-        ]
+        pairs = [(key, getattr(a, key), getattr(b, key)) for key in _CHANGEABLE]
+        changes += [f"{a.name} {key} {_value(x)} -> {_value(y)}" for key, x, y in pairs if x != y]
+        old, new = a.work.split(), b.work.split()  # its parameters, as the file spells them
+        gone, came = [t for t in old if t not in new], [t for t in new if t not in old]
+        if gone or came:
+            changes.append(f"{a.name} {' '.join(gone)} -> {' '.join(came)}")
     return "; ".join(changes) or "nothing changed (the pattern again: its noise)"
 
 
@@ -205,11 +199,8 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     lines += _table(rows, ["axis", "teams x size", "teams", "options"], "  ")
     lines.append("")
     num_bases = len({p.base_name for p in suite.patterns})
-    num_variants = sum(len(p.variants) for p in suite.patterns)
-    variants = f"; {num_variants} what-if variants" if num_variants else ""
     lines.append(
-        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file"
-        f"{variants}):"
+        f"patterns ({len(suite.patterns)} after sweep expansion, from {num_bases} in the file):"
     )
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)

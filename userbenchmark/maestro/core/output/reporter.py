@@ -29,7 +29,7 @@ from ..analysis.records import PatternOutcome
 from ..analysis.whatif import WhatIfResult
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
-from .table import Tables
+from .table import Tables, format_whatif
 from .writer import OutputWriter
 
 log = logging.getLogger("maestro")
@@ -327,7 +327,7 @@ class Reporter:
             self.progress.clear()
             named = tuple(dataclasses.replace(r, suite=self.suite.name) for r in results)
             if named:
-                self._print(self.tables.whatif(pattern, named) + "\n")
+                self._print(format_whatif(named, precision=self.options.precision) + "\n")
             assert self.writer is not None, "start() first"
             self.writer.add_whatif(pattern.name, named)
             self.saved = self._has_files

@@ -20,14 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import MaestroError
-from ..analysis.records import (
-    BlockResult,
-    Metric,
-    PairResult,
-    PatternOutcome,
-    PatternResult,
-    metrics_of,
-)
+from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
 from ..analysis.whatif import WhatIfResult
 from ..config.spec import whatif_label
 from .metric_keys import BOUNDS, metric_key
@@ -58,17 +51,11 @@ BLOCK_COLUMNS: Final = _columns_of(BlockResult)
 PATTERN_COLUMNS: Final = _columns_of(PatternResult)
 PAIR_COLUMNS: Final = _columns_of(PairResult)
 WHATIF_COLUMNS: Final = _columns_of(WhatIfResult)
+# A variant's change in the metrics file: no interval keys, so compare shows it and judges none.
 WHATIF_METRICS: Final = ("change_pct", "change_ci_low_pct", "change_ci_high_pct")
-"""A variant's change against its pattern in the metrics file (``suite/step[whatif=NAME]/...``):
-descriptive there (no interval keys, so ``compare`` shows them and judges none); the variant's
-own block and pattern metrics are judged as any pattern's."""
 
-_COLUMNS: Final = {
-    "blocks": BLOCK_COLUMNS,
-    "patterns": PATTERN_COLUMNS,
-    "pairs": PAIR_COLUMNS,
-    "whatif": WHATIF_COLUMNS,
-}
+_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS,
+                   "whatif": WHATIF_COLUMNS}  # fmt: skip
 _KEY_COLUMNS: Final = {
     "blocks": ("suite", "pattern", "block"),
     "patterns": ("suite", "pattern"),
@@ -416,9 +403,6 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     return replace(found, blocks=blocks)
 
 
-_DESCRIPTIVE: Final = Metric(better=None, domain="finite", meaning="", floor=None)
-
-
 def metrics_from_results(results: Results) -> dict[str, float]:
     """``{metric key: float}`` of the records' metrics (NA left out), pattern by pattern: its
     blocks', its own, its pairs', each followed by its interval's bounds; ValueError for a name
@@ -446,6 +430,8 @@ def metrics_from_results(results: Results) -> dict[str, float]:
     for row in records_of(results.pairs):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
     for row in records_of(results.whatif):
-        row["pattern"] = whatif_label(row["pattern"], row["variant"])
-        add(row, dict.fromkeys(WHATIF_METRICS, _DESCRIPTIVE), block=None)
+        suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
+        group = groups.setdefault((suite, label), {})
+        for name in (name for name in WHATIF_METRICS if row[name] is not None):
+            group[metric_key(suite, label, None, name)] = float(row[name])
     return {key: value for group in groups.values() for key, value in group.items()}

@@ -271,35 +271,23 @@ def format_sweep_summary(
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-def _pct(value: float, low: float, high: float) -> str:
-    if math.isnan(value):
-        return "-"
-    interval = "" if math.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"
-    return f"{value:+.2f} %{interval}"
-
-
-def _changed_most(r: WhatIfResult) -> str:
-    change = _pct(r.block_change_pct, r.block_change_ci_low_pct, r.block_change_ci_high_pct)
-    return f"{r.block} {change}" if r.block else "-"
-
-
-def format_whatif(results: Sequence[WhatIfResult], *, precision: int = 2, unit: str) -> str:
+def format_whatif(results: Sequence[WhatIfResult], *, precision: int = 2) -> str:
     """One row per variant of one pattern: its makespan, the change against the pattern's with
     its 95 % interval, paired by round, the verdict, and the block whose latency changed most."""
-    u = UNIT_LABEL[unit]
+    unit = choose_latency_unit([r.base_makespan_avg_us for r in results])
     fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
     rows = [
         [r.variant, str(r.rounds), fmt(r.makespan_avg_us), fmt(r.base_makespan_avg_us)]
-        + [_pct(r.change_pct, r.change_ci_low_pct, r.change_ci_high_pct), r.verdict]
-        + [_changed_most(r)]
+        + [f"{r.change_pct:+.2f} % [{r.change_ci_low_pct:+.2f}, {r.change_ci_high_pct:+.2f}]"]
+        + [r.verdict, f"{r.block} {r.block_change_pct:+.2f} %" if r.block else "-"]
         for r in results
     ]
+    u = UNIT_LABEL[unit]
     headers = ["variant", "rounds", f"makespan ({u})", f"pattern ({u})"]
-    headers += ["change [95 % interval]", "verdict", "block latency changed most [95 %]"]
-    first = results[0]
+    headers += ["change [95 % interval]", "verdict", "block latency changed most"]
     title = (
-        f"== what if: {first.suite} / {first.pattern}  (paired by round; slower or faster: the "
-        f"interval excludes 0 and the change is past {WHATIF_FLOOR * 100:g} %)"
+        f"== what if: {results[0].suite} / {results[0].pattern}  (paired by round; slower or "
+        f"faster: the interval excludes 0 and the change is past {WHATIF_FLOOR * 100:g} %)"
     )
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
@@ -338,13 +326,6 @@ class Tables:
             self._points.setdefault(spec.base_name, []).append((label, outcome))
         text = format_pattern(outcome, precision=self.precision, unit=unit)
         return "\n".join(filter(None, (text, format_fidelity(outcome))))
-
-    def whatif(self, pattern: PatternSpec, results: Sequence[WhatIfResult]) -> str:
-        """The table of a pattern's variants against it, in the pattern's unit."""
-        unit = self._units.get(pattern.base_name) or choose_latency_unit(
-            [r.base_makespan_avg_us for r in results]
-        )
-        return format_whatif(results, precision=self.precision, unit=unit)
 
     def closing(self) -> list[str]:
         """What to print after the last pattern: one table per sweep that finished at least

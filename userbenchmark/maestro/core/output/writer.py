@@ -58,9 +58,7 @@ class OutputWriter:
             self.outcomes.append(outcome)
             self.flush()
             if self.plot and outcome.timeline is not None:
-                name = unique_plot_name(
-                    outcome.pattern.pattern, self._plot_names
-                )  # a variant's too
+                name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
                 plot_pattern(outcome, self.output_dir / name)
 
     def add_whatif(self, label: str, results: Sequence[WhatIfResult]) -> None:
