@@ -22,7 +22,10 @@ MAX_SEED = 2**32 - 1
 must fit torch's 64-bit seeds."""
 
 DEFAULT_ROUNDS = 10
-"""Rounds of a pattern with what-if variants when ``--rounds`` is not given."""
+"""Rounds of a pattern with what-if variants when ``--rounds`` is not given. A change's interval
+is a Student t over the rounds, t(R-1)/sqrt(R) times their spread: 1.24 at 5 rounds, 0.72 at 10,
+0.47 at 20: ten make it 42 % narrower than five for twice the windows, twenty 35 % narrower
+again for twice as many again (bench/whatif_cpu.py, BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
