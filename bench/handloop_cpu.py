@@ -10,7 +10,7 @@ all_reduce) and repetition, in alternating order:
   done by hand: a gloo barrier before each call (``sync: barrier-only``), and the agreed start
   (an all_reduce MAX of now + maestro's calibrated margin, then a wait until that instant:
   ``sync: barrier``). They show what a way of starting costs by itself, without maestro;
-- maestro's measurement of the same op (``measure_pattern``: setup, warmup, the measured
+- maestro's measurement of the same op (``run_pattern``: setup, warmup, the measured
   window on a lane thread, the records), once per ``sync`` mode: ``barrier`` (the default),
   ``barrier-only`` and ``none``.
 
@@ -147,10 +147,11 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
+    from userbenchmark.maestro.core.measure import pattern as maestro_pattern
     from userbenchmark.maestro.core.measure.lanes import DEFAULT_START_MARGIN_US
     from userbenchmark.maestro.core.runtime.phases import (
-        measure_pattern,
         one_intra_op_thread_unless_chosen,
+        run_pattern,
         setup_rig,
     )
     from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
@@ -163,6 +164,13 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
     patterns = {p.name: p for p in suite.patterns}
     results: dict[str, Any] = {}
     margin_us = [DEFAULT_START_MARGIN_US]  # maestro's last calibrated one
+    calibrated, leads = maestro_pattern.warm_up, []
+
+    def warm_up(*args: Any, **kwargs: Any) -> float:  # maestro's warmup, its lead kept
+        leads.append(calibrated(*args, **kwargs))
+        return leads[-1]
+
+    maestro_pattern.warm_up = warm_up
     for op in opts["ops"]:
         hand = HandLoop(op)
         got: dict[str, list[dict[str, float]]] = {"margin_us": []}
@@ -174,12 +182,13 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
 
         def by_maestro(op: str = op, got: dict = got) -> None:
             for sync in opts["syncs"]:
-                block = measure_pattern(rt, dctx, patterns[f"{op}_{sync}"]).blocks[0]
+                measured = run_pattern(rt, dctx, patterns[f"{op}_{sync}"])
+                block = measured.outcomes[0][1].blocks[0]
                 got.setdefault(sync, []).append(
                     {"avg_us": block.latency_avg_us, "p50_us": block.latency_p50_us}
                 )
                 if sync == "barrier":
-                    margin_us.append(rt.lanes.start_margin_us)
+                    margin_us.append(leads[-1])
                     got["margin_us"].append(margin_us[-1])
 
         for rep in range(opts["reps"]):

@@ -130,7 +130,9 @@ def worker(
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.measure.pattern import PatternRun
+    from userbenchmark.maestro.core.measure.pattern import warm
+    from userbenchmark.maestro.core.measure.prepare import Allocated, make_plan, setup
+    from userbenchmark.maestro.core.measure.window import issue
     from userbenchmark.maestro.core.runtime.phases import setup_rig
     from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
 
@@ -142,9 +144,8 @@ def worker(
     rt = setup_rig(suite, RunOptions(backend="gloo", profiler="host"), dctx)
     t2 = time.perf_counter()
     pattern = suite.patterns[0]
-    run = PatternRun(rt, pattern)
-    run.setup()
-    lanes = run.lanes()
+    held = Allocated(rt, pattern.name)
+    (ready,) = setup(rt, [make_plan(rt, pattern)], held)
     t3 = time.perf_counter()
     numel = pattern.blocks[0].params["size"] // 4
     hand = HandLoop(world, numel)
@@ -160,7 +161,9 @@ def worker(
     def maestro_window() -> float:
         dist.barrier(group=timer_group)
         s = time.perf_counter()
-        timings, _ = run.timed_window(lanes, num_iters, run.present)
+        plan = warmed.ready.plan
+        issue(rt, plan, warmed.lanes, num_iters, present=plan.timed, lead_us=warmed.lead_us)
+        rt.profiler.end_window()
         return time.perf_counter() - s
 
     def hand_window() -> float:
@@ -169,7 +172,7 @@ def worker(
         hand.window(num_iters)
         return time.perf_counter() - s
 
-    run.warmup(lanes, run.present)
+    warmed = warm(rt, ready, held)
     hand.window(pattern.warmup_iters)
     maestro_s, hand_s, ratios = [], [], []
     for rep in range(opts["reps"]):
@@ -180,7 +183,7 @@ def worker(
         maestro_s.append(got[maestro_window])
         hand_s.append(got[hand_window])
         ratios.append(got[maestro_window] / got[hand_window])
-    run.teardown(failed=False, drain_s=0.0)
+    held.teardown(failed=False, drain_s=0.0)
     if rank == 0:
         Path(opts["out"]).write_text(
             json.dumps(

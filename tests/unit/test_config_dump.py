@@ -20,7 +20,7 @@ from userbenchmark.maestro.core.config.loader import (
     scalar,
     shipped_configs,
 )
-from userbenchmark.maestro.core.config.spec import SuiteSpec
+from userbenchmark.maestro.core.config.spec import PatternSpec, SuiteSpec
 from userbenchmark.maestro.errors import ConfigError
 
 from .test_loader_fuzz import RICH
@@ -36,27 +36,32 @@ EXAMPLES = settings(
 def where_free(suite: SuiteSpec) -> SuiteSpec:
     """``suite`` without what depends on the text it came from."""
     r = dataclasses.replace
+
+    def pattern(p: PatternSpec) -> PatternSpec:
+        blocks = tuple(r(b, yaml_path="") for b in p.blocks)
+        return r(p, yaml_path="", blocks=blocks, variants=tuple(map(pattern, p.variants)))
+
     return r(
         suite,
         source="",
         text_sha256="",
         axes={k: r(a, yaml_path="") for k, a in suite.axes.items()},
-        patterns=tuple(
-            r(p, yaml_path="", blocks=tuple(r(b, yaml_path="") for b in p.blocks))
-            for p in suite.patterns
-        ),
+        patterns=tuple(map(pattern, suite.patterns)),
     )
 
 
 def unswept(suite: SuiteSpec) -> SuiteSpec:
     """``suite`` with each sweep point a pattern of its own (the dumper writes no sweep)."""
     r = dataclasses.replace
+
+    def own(p: PatternSpec, name: str) -> PatternSpec:
+        variants = tuple(own(v, name) for v in p.variants)
+        return r(p, name=name, base_name=name, sweep_point=(), variants=variants)
+
     return r(
         suite,
         patterns=tuple(
-            r(p, name=f"{p.base_name}_{i}", base_name=f"{p.base_name}_{i}", sweep_point=())
-            if p.sweep_point
-            else p
+            own(p, f"{p.base_name}_{i}") if p.sweep_point else p
             for i, p in enumerate(suite.patterns)
         ),
     )

@@ -72,10 +72,9 @@ def test_the_main_thread_sleeps_until_the_agreed_start():
     # Waiting for the agreed start instant spun its last 300 µs: half the main thread's time
     # with a 300 µs lead. Now it sleeps and spins only the last few tens of µs.
     executor = CpuLanes(barrier=lambda: None, agree_start=lambda proposal: proposal, timeout_s=60)
-    executor.start_margin_us = 300.0
     lanes = [Lane(name="a", blocks=[(0, _Nap(100e-6))])]
     cpu0, wall0 = time.thread_time(), time.perf_counter()
-    executor.run_window(lanes, 300, Profiler(), sync="barrier", block_names=["nap"])
+    executor.run_window(lanes, 300, Profiler(), sync="barrier", block_names=["nap"], lead_us=300.0)
     cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
     assert cpu < 0.35 * wall, f"the main thread used {cpu / wall:.0%} of a core"
 

@@ -16,12 +16,23 @@ from userbenchmark.maestro.core.analysis.records import PatternResult
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from userbenchmark.maestro.core.measure.lanes import (
     DEFAULT_GATE_US,
+    DEFAULT_START_MARGIN_US,
     MAX_GATE_US,
     MIN_GATE_US,
-    calibrated_gate_us,
+    calibrated_lead_us,
 )
 from userbenchmark.maestro.core.output.results import record_frame, records_of
 from userbenchmark.maestro.core.output.table import format_pattern
+
+
+def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
+    return calibrated_lead_us(HostTimings(enqueue_ns=enqueue_ns), cuda=True)
+
+
+def test_the_cpu_start_margin_is_twice_the_slowest_agreement_after_the_first():
+    agree_ns = np.array([90_000_000, 1_500_000, 2_000_000])
+    assert calibrated_lead_us(HostTimings(agree_ns=agree_ns), cuda=False) == 2 * 2000.0 + 100.0
+    assert calibrated_lead_us(HostTimings(), cuda=False) == DEFAULT_START_MARGIN_US
 
 
 def test_gate_is_twice_the_slowest_warmup_enqueue_after_the_first():

@@ -27,7 +27,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-# A valid file that reaches every part of the schema: mesh, like, nccl, sweeps, overrides.
+# A valid file that reaches every part of the schema: mesh, like, nccl, sweeps, overrides, whatif.
 RICH = """
 name: rich
 world_size: 4
@@ -50,6 +50,9 @@ patterns:
       - {name: mm, op: gemm, axis: tp, m: 512, n: 256, k: 128, dtype: fp32}
       - {name: a2a, op: all_to_all, axis: ep, size: 64K}
       - {name: sr, op: send_recv, axis: pairs, size: 8K}
+    whatif:
+      same: {}
+      more: {ag: {size: x2}, "r*": {dtype: fp32}, axes: {dp: {nccl: {max_ctas: 4}}}}
   - name: sweep
     iters: 3
     sweep: {size: {from: 1K, to: 64K, factor: 4}, dt: [fp32, bf16]}
@@ -59,6 +62,8 @@ patterns:
       - {name: r, op: reduce, axis: ep, size: 2K, root: 3, reduce_op: max}
       - {name: g, op: gemm, a_shape: [64, 32], b_shape: [32, 16]}
       - {name: z, op: sleep, axis: world, lane: idle, duration_us: 10.5}
+    whatif:
+      longer: {z: {duration_us: x1.5}, "ar_*": {size: x2, after: [z]}}
 """
 
 VALID_TEXTS = [
@@ -91,6 +96,8 @@ WORDS = [
     "priority",
     "nccl",
     "sweep",
+    "whatif",
+    "x1.5",
     "blocks",
     "op",
     "axis",

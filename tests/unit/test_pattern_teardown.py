@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from userbenchmark.maestro.core.measure.pattern import PatternRun
+from userbenchmark.maestro.core.measure.prepare import Allocated
 from userbenchmark.maestro.core.runtime.agreement import grace_s
 
 
@@ -38,13 +38,10 @@ def _run(drains: bool, *, wedged: bool = False):
         lanes=SimpleNamespace(drained=drained),
         streams={},
     )
-    run = object.__new__(PatternRun)
-    run.rig = rig
-    run.pattern = SimpleNamespace(name="p")
-    run.names = ["a"]
+    run = Allocated(rig, "p")
     run.blocks = [_Block()]
     run.pools = {"x": _Pool()}
-    run.captured = {0: "graph"}
+    run.graphs = ["graph"]
     return run, waits
 
 
@@ -54,7 +51,7 @@ def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
     run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [grace_s(40.0)]  # short: an aborted collective ends at once
     assert run.rig.wedged
-    assert block.torn_down == 0 and pool.released == 0 and run.captured
+    assert block.torn_down == 0 and pool.released == 0 and run.graphs
 
 
 def test_a_wedged_runtime_skips_the_wait_entirely():
@@ -73,7 +70,7 @@ def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeyp
     block, pool = run.blocks[0], run.pools["x"]
     run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [grace_s(40.0)] and not run.rig.wedged
-    assert block.torn_down == 1 and pool.released == 1 and run.captured == {}
+    assert block.torn_down == 1 and pool.released == 1 and run.graphs == []
     assert calls == ["empty"]
     run, waits = _run(drains=True)
     run.teardown(

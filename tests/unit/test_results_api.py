@@ -51,6 +51,7 @@ INTERVALS = {name for name, spec in METRICS.items() if spec.interval}
 STRING_COLUMNS = {
     "suite",
     "pattern",
+    "variant",
     "block",
     "op",
     "axis",
@@ -163,7 +164,14 @@ def test_columns_are_the_record_fields():
             if f.name in INTERVALS:
                 expected += [f"{f.name}_ci_low", f"{f.name}_ci_high", f"{f.name}_ci_df"]
         assert list(columns) == expected
-    assert list(PAIR_COLUMNS) == ["suite", "pattern", "block_a", "block_b", "pairwise_overlap"]
+    assert list(PAIR_COLUMNS) == [
+        "suite",
+        "pattern",
+        "variant",
+        "block_a",
+        "block_b",
+        "pairwise_overlap",
+    ]
     assert {"latency_avg_us", "slowdown", "overlap_efficiency"} <= INTERVALS
 
 
@@ -218,7 +226,7 @@ def test_json_is_the_default_and_the_files_hold_no_pairwise_overlap_column(writt
     assert "pairwise_overlap" not in json.loads((folder / "patterns.json").read_text())[0]
     assert "pairwise_overlap" not in (folder / "patterns.csv").read_text().splitlines()[0]
     assert (folder / "pairs.csv").read_text().splitlines()[0] == (
-        "suite,pattern,block_a,block_b,pairwise_overlap"
+        "suite,pattern,variant,block_a,block_b,pairwise_overlap"
     )
 
 
@@ -246,7 +254,8 @@ def test_a_folder_of_an_older_version_loads(tmp_path):
         assert loaded.blocks["size_bytes"].iloc[0] == 4096
         assert loaded.blocks["size_bytes"].dtype == pd.Int64Dtype()
         assert records_of(loaded.pairs) == [
-            {"suite": "s", "pattern": "p", "block_a": "a", "block_b": "b", "pairwise_overlap": 0.25}
+            {"suite": "s", "pattern": "p", "variant": "", "block_a": "a", "block_b": "b"}
+            | {"pairwise_overlap": 0.25}
         ]
         assert "pairwise_overlap" not in loaded.patterns
         assert math.isnan(loaded.blocks["latency_avg_us"].iloc[0])  # absent column: NA

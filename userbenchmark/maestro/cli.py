@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from .blocks.dtypes import DTYPES
-from .core.config.options import RunOptions
+from .core.config.options import DEFAULT_ROUNDS, RunOptions
 from .core.profilers.profiler_registry import profiler_names
 from .core.runtime.supervision import TERMINATING, configure_logging
 from .errors import (
@@ -251,6 +251,14 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
     **_FLAG,
     help="CUDA-graph mode for every pattern: each block's launch captured once and "
     "replayed per iteration (same as graph: true in the file; needs CUDA)",
+)
+@click.option(
+    "--rounds",
+    type=int,
+    default=DEFAULT_ROUNDS,
+    show_default=True,
+    help="rounds of a pattern with what-if variants (whatif:): each round one window of the "
+    "pattern and of each variant, in an order rotated from round to round",
 )
 @click.option(
     "--log-level",

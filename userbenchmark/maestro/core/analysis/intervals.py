@@ -117,7 +117,7 @@ def main_kernel_names(activities: DeviceActivities | None, num_blocks: int) -> t
     )
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class HostTimings:
     """Host-side facts about one window: enqueue times against the gate, and (CPU lanes) when the
     gate opened. Arrays a backend does not fill stay empty."""

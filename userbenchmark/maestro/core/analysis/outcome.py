@@ -211,7 +211,7 @@ def _block_result(
             team_size=team_size,
             dtype=spec.dtype,
             size_bytes=size,
-            iters=pattern.num_iters,
+            iters=lat.size,  # every round's, for a pattern measured in rounds
             work=spec.work,
             **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
             **values,
@@ -375,7 +375,7 @@ def _pattern_result(
     )
     return PatternResult(
         **head,
-        iters=pattern.num_iters,
+        iters=agg.latency_ns.shape[1],
         num_blocks=len(blocks),
         warmup_iters=pattern.warmup_iters,
         sync=pattern.sync,

@@ -5,11 +5,14 @@ and threshold (core/output/metric_keys.py) are read from, never written out a se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from ..config.spec import whatif_label
 
 if TYPE_CHECKING:
     from .intervals import DeviceActivities
@@ -82,6 +85,7 @@ class BlockResult:
 
     suite: str
     pattern: str
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     block: str
     op: str
     axis: str
@@ -162,6 +166,7 @@ class PatternResult:
 
     suite: str
     pattern: str
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     iters: int
     num_blocks: int
     warmup_iters: int = 0
@@ -216,6 +221,7 @@ class PairResult:
 
     suite: str
     pattern: str
+    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern."""
     # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at
@@ -239,6 +245,18 @@ class PatternOutcome:
     timeline: Timeline | None = None
     """On rank 0 when a trace or plot was asked for."""
     comm_compute_overlap_by_rank: tuple[float, ...] = ()
+    variant: str | None = None
+    """The what-if variant measured (a pattern's ``whatif:`` key); None for the pattern itself."""
+
+    def of_variant(self, variant: str) -> PatternOutcome:
+        """This outcome as the what-if ``variant``'s: each record (and the timeline) names the
+        pattern ``step[whatif=variant]`` and the variant, so it has rows and keys of its own."""
+        label = whatif_label(self.pattern.pattern, variant)
+        named = functools.partial(dataclasses.replace, pattern=label, variant=variant)
+        timeline = self.timeline and dataclasses.replace(self.timeline, pattern=label)
+        blocks, pairs = tuple(map(named, self.blocks)), tuple(map(named, self.pairs))
+        parts = {"blocks": blocks, "pattern": named(self.pattern), "pairs": pairs}
+        return dataclasses.replace(self, **parts, timeline=timeline, variant=variant)
 
     @property
     def check_failed(self) -> bool:

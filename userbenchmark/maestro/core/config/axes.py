@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -188,7 +188,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
             draft = axes[name] = _declared_axis(p, name, path, spec, world_size)
         priority = p.get(spec, path, "priority", p.choice, PRIORITIES, "priority", "priorities")
         draft.priority = priority or draft.priority
-        draft.nccl = p.get(spec, path, "nccl", _nccl, p, default={})
+        draft.nccl = p.get(spec, path, "nccl", check_nccl, p, default={})
         p.get(spec, path, "env", _axis_env, p, name)
     _resolve_likes(p, axes)
     return axes
@@ -286,10 +286,13 @@ def _rank_problem(
     return ""
 
 
-def _nccl(raw: Any, path: str, p: Problems) -> dict[str, Any]:
+def check_nccl(
+    raw: Any, path: str, p: Problems, base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The nccl options of ``raw`` over ``base`` (an axis's own, for a ``whatif:`` variant)."""
+    options: dict[str, Any] = dict(base or {})
     if not p.mapping(raw, path, "nccl must be a mapping of ProcessGroupNCCL options"):
-        return {}
-    options: dict[str, Any] = {}
+        return options
     for key, value in raw.items():
         sub = join(path, key)
         if p.choice(key, sub, tuple(NCCL_OPTIONS), "nccl option", "options") is None:

@@ -14,12 +14,11 @@ from ...blocks.registry import BlockImportError, custom_op_problem, registered_o
 from .axes import AxisDraft
 from .problems import Problems, choices, join, suggest
 from .sizes import MAX_SIZE_BYTES, parse_size
-from .spec import WORLD_AXIS, BlockSpec, frozen_mapping, issue_order, predecessors
+from .spec import TRACED_KEYS, WORLD_AXIS, BlockSpec, frozen_mapping, issue_order, predecessors
 from .summary import describe_params
 
 BLOCK_KEYS: Final = ("name", "op", "axis", "lane", "dtype", "register_buffers", "after",
-                     "traced_us", "traced_kernel", "traced_overlap", "traced_min_us",
-                     "traced_max_us")  # fmt: skip
+                     *TRACED_KEYS)  # fmt: skip
 
 # A Param named like a block key cannot be written under its own name; it gets this YAML key.
 PARAM_YAML_ALIASES: Final = {"op": "reduce_op"}
@@ -156,11 +155,22 @@ def _declared(cls: type[Block]) -> list[Param]:
     return [param for param in declared if isinstance(param, Param)]
 
 
-def yaml_key(param: Param) -> str:
-    """The key a parameter is written under in YAML (``reduce_op`` for a Param named ``op``)."""
-    if param.name in BLOCK_KEYS:
-        return PARAM_YAML_ALIASES.get(param.name, f"{param.name}_param")
-    return param.name
+def yaml_key(param: Param | str) -> str:
+    """The key a parameter (or a parameter's name) is written under in YAML (``reduce_op`` for a
+    Param named ``op``)."""
+    name = param if isinstance(param, str) else param.name
+    return PARAM_YAML_ALIASES.get(name, f"{name}_param") if name in BLOCK_KEYS else name
+
+
+def block_entry(spec: BlockSpec) -> dict[str, Any]:
+    """The block as a file entry that gives every key and parameter (none of the traced ones),
+    which check_block turns back into ``spec``: what a ``whatif:`` variant changes."""
+    entry = {"name": spec.name, "op": spec.op, "axis": spec.axis, "lane": spec.lane}
+    entry |= {"dtype": spec.dtype, "register_buffers": spec.register_buffers}
+    for name, value in spec.params.items():
+        if value is not None:
+            entry[yaml_key(name)] = list(value) if isinstance(value, tuple) else value
+    return entry | {"after": list(spec.after)}
 
 
 def _params(p: Problems, cls: type[Block], raw: dict[Any, Any], path: str) -> dict[str, Any] | None:

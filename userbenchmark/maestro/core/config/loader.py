@@ -23,10 +23,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .axes import check_axes, check_env, check_world_size
-from .blocks import OpResolver, yaml_key
+from .blocks import OpResolver, block_entry, yaml_key
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
-from .spec import WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .spec import TRACED_KEYS, WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .variants import whatif_changes
 
 logger = logging.getLogger("maestro.config")
 
@@ -461,6 +462,11 @@ def dump_suite(
     lines.append("patterns:")
     for pattern in suite.patterns:
         lines += _pattern(pattern, defaults, comments or {})
+        changes = {v.variant: whatif_changes(pattern, v, suite.axes) for v in pattern.variants}
+        lines += ["    whatif:"] * bool(changes)
+        for name, change in changes.items():  # block names quoted where YAML would read others
+            text = ", ".join(f"{scalar(key)}: {flow(value)}" for key, value in change.items())
+            lines.append(f"      {name}: {{{text}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -484,6 +490,8 @@ def _setting(pattern: PatternSpec, key: str) -> Any:
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
     out = {}
     for name, axis in suite.axes.items():
+        if "[" in name:  # a whatif variant's own axis: its whatif: entry gives it
+            continue
         body: dict[str, Any] = {"like": axis.like} if axis.like is not None else {}
         if axis.like is None and name != WORLD_AXIS and name not in suite.mesh:
             body["teams"] = [list(team) for team in axis.teams]
@@ -511,23 +519,16 @@ def _pattern(
 
 def _block(spec: BlockSpec, defaults: dict[str, Any]) -> dict[str, Any]:
     """A block's entry without what the loader would set anyway."""
-    entry: dict[str, Any] = {"name": spec.name, "op": spec.op}
-    entry |= {"axis": spec.axis} if spec.axis != WORLD_AXIS else {}
-    entry |= {"lane": spec.lane} if spec.lane != spec.axis else {}
-    for key in ("dtype", "register_buffers"):
-        if getattr(spec, key) != defaults[key]:
-            entry[key] = getattr(spec, key)
     try:
-        declared = {p.name: p for p in resolve_op(spec.op).params}
+        implied = {yaml_key(p): p.default for p in resolve_op(spec.op).params}
     except (KeyError, LookupError):
-        declared = {}
-    for name, value in spec.params.items():
-        value = list(value) if isinstance(value, tuple) else value
-        param = declared.get(name)
-        if param is None or value != param.default or type(value) is not type(param.default):
-            entry[yaml_key(param) if param else name] = value
-    entry |= {"after": list(spec.after)} if spec.after else {}
-    for key in ("traced_us", "traced_min_us", "traced_max_us", "traced_kernel", "traced_overlap"):
-        if getattr(spec, key) is not None:
-            entry[key] = getattr(spec, key)
-    return entry
+        implied = {}
+    implied |= {"axis": WORLD_AXIS, "lane": spec.axis, "after": []}
+    implied |= {key: defaults[key] for key in ("dtype", "register_buffers")}
+    entry = {
+        key: value
+        for key, value in block_entry(spec).items()
+        if key not in implied or value != implied[key] or type(value) is not type(implied[key])
+    }
+    traced = {key: getattr(spec, key) for key in TRACED_KEYS}
+    return entry | {key: value for key, value in traced.items() if value is not None}

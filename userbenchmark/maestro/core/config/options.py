@@ -12,7 +12,7 @@ from typing import Any
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError, OptionError
 from .patterns import ITERS_WHY, MAX_ITERS, window_launches_problem
-from .spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .spec import TRACED_KEYS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .summary import describe_params
 
 logger = logging.getLogger("maestro.config")
@@ -20,6 +20,12 @@ logger = logging.getLogger("maestro.config")
 MAX_SEED = 2**32 - 1
 """Largest ``--seed``: each rank seeds its generator with ``seed * 1_000_003 + rank``, which
 must fit torch's 64-bit seeds."""
+
+DEFAULT_ROUNDS = 10
+"""Rounds of a pattern with what-if variants when ``--rounds`` is not given. A change's interval
+is a Student t over the rounds, t(R-1)/sqrt(R) times their spread: 1.24 at 5 rounds, 0.72 at 10,
+0.47 at 20: ten make it 42 % narrower than five for twice the windows, twenty 35 % narrower
+again for twice as many again (bench/whatif_cpu.py, BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +56,8 @@ class RunOptions:
     """The metrics file's path, reserved in ``metrics_dir`` before the run (the command line
     calls ``prepare_output_locations``); None: no metrics file."""
     log_level: str = "INFO"
+    rounds: int = DEFAULT_ROUNDS
+    """``--rounds``: rounds of a pattern with what-if variants (a window of each per round)."""
 
     def __post_init__(self) -> None:
         """Values that no machine or pattern file can make valid: OptionError naming the flag."""
@@ -58,6 +66,7 @@ class RunOptions:
             ("--warmup-iters", self.warmup_iters, 0, None),
             ("--precision", self.precision, 0, 9),
             ("--seed", self.seed, 0, MAX_SEED),
+            ("--rounds", self.rounds, 2, None),  # a paired interval needs two rounds
         ):
             if value is not None and (value < low or (high is not None and value > high)):
                 valid = f"between {low} and {high}" if high is not None else f"at least {low}"
@@ -94,7 +103,8 @@ def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
             for f in options.patterns
         ):
             continue
-        pattern = dataclasses.replace(p, **changes)
+        variants = tuple(dataclasses.replace(v, **changes) for v in p.variants)
+        pattern = dataclasses.replace(p, **changes, variants=variants)
         if changes:
             num_iters = max(pattern.num_iters, pattern.warmup_iters)
             problem = window_launches_problem(len(pattern.blocks), num_iters)
@@ -157,9 +167,7 @@ def _capped_block(block: BlockSpec, suite: SuiteSpec, max_size_bytes: int) -> Bl
             file=source,
             path=block.yaml_path,
         )
-    untraced = dict.fromkeys(  # other sizes
-        ("traced_us", "traced_min_us", "traced_max_us", "traced_kernel", "traced_overlap")
-    )
+    untraced = dict.fromkeys(TRACED_KEYS)  # other sizes
     work = describe_params(cls, params)
     return dataclasses.replace(block, params=frozen_mapping(params), work=work, **untraced)
 
@@ -176,7 +184,7 @@ def _content(spec: Any) -> tuple[Any, ...]:
         if f.name in _NOT_CONTENT:
             continue
         value = getattr(spec, f.name)
-        if f.name == "blocks":
+        if f.name in ("blocks", "variants"):
             value = tuple(_content(b) for b in value)
         elif f.name == "params":
             value = tuple(sorted((key, repr(v)) for key, v in value.items()))
@@ -190,9 +198,14 @@ def apply_max_size(suite: SuiteSpec, max_size_bytes: int) -> SuiteSpec:
     (the first, under its own name), so result names stay unique."""
     patterns: list[PatternSpec] = []
     seen: set[tuple[Any, ...]] = set()
+
+    def cap(spec: PatternSpec) -> tuple[BlockSpec, ...]:
+        return tuple(_capped_block(block, suite, max_size_bytes) for block in spec.blocks)
+
     for pattern in suite.patterns:
-        new = tuple(_capped_block(block, suite, max_size_bytes) for block in pattern.blocks)
-        capped = dataclasses.replace(pattern, blocks=new)
+        new = cap(pattern)
+        variants = tuple(dataclasses.replace(v, blocks=cap(v)) for v in pattern.variants)
+        capped = dataclasses.replace(pattern, blocks=new, variants=variants)
         untraced = sum(a.traced_us != b.traced_us for a, b in zip(pattern.blocks, new, strict=True))
         if untraced:  # the trace describes neither these blocks nor the step any more
             capped = dataclasses.replace(capped, traced_us=None, traced_by_rank_us=())

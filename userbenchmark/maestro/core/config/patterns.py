@@ -8,7 +8,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .axes import AxisDraft
@@ -16,6 +16,7 @@ from .blocks import DTYPES, OpResolver, check_after, check_block
 from .problems import Problems, index, join, show
 from .sizes import format_size, parse_size
 from .spec import SYNC_MODES, WORLD_AXIS, BlockSpec, PatternSpec
+from .variants import check_whatif
 
 DEFAULT_VALUES: Final = {
     "dtype": "fp32",
@@ -28,7 +29,8 @@ DEFAULT_VALUES: Final = {
     "register_buffers": False,
 }
 DEFAULT_KEYS: Final = tuple(DEFAULT_VALUES)
-PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", *DEFAULT_KEYS)
+PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", "whatif",
+                       *DEFAULT_KEYS)  # fmt: skip
 MAX_EXPANDED_BLOCKS: Final = 100_000
 """Most blocks a file may expand to, over all patterns and sweep points."""
 MAX_ITERS: Final = 1_000_000
@@ -76,6 +78,7 @@ class _File:
     axes: dict[str, AxisDraft]
     ops: OpResolver
     homes: dict[str, list[str]]  # block name as written -> the patterns with a block of that name
+    made_axes: dict[str, AxisDraft] = field(default_factory=dict)  # the variants' own axes
 
 
 def check_patterns(
@@ -126,6 +129,7 @@ def check_patterns(
         specs = _expand(p, file, entry, path, base or "", points, unresolved)
         if base is not None:
             patterns.extend(specs)
+    axes.update(file.made_axes)
     return patterns
 
 
@@ -283,7 +287,7 @@ def _pattern_point(
             p.add(join(path, key), problem)
     if p:
         return None
-    return PatternSpec(
+    spec = PatternSpec(
         name=point_name(base, point),
         base_name=base,
         sweep_point=tuple((name, label) for name, _, label in point),
@@ -294,6 +298,12 @@ def _pattern_point(
         traced_by_rank_us=traced_by_rank,
         yaml_path=path,
     )
+
+    def validate(q: Problems, variant: dict[Any, Any], axes: dict[str, AxisDraft]) -> Any:
+        at = replace(file, axes=file.axes | axes)  # the variant's own axes too
+        return _pattern_point(q, at, variant, path, base, point, written)
+
+    return check_whatif(p, body, spec, file, validate)
 
 
 def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple[float, ...]:

@@ -16,6 +16,8 @@ SYNC_MODES = ("barrier", "barrier-only", "none")
 """``barrier``: a host barrier, then every rank's gate opens at one agreed instant;
 ``barrier-only``: each gate opens as its rank leaves the barrier; ``none``: lanes run on."""
 WORLD_AXIS = "world"
+TRACED_KEYS = ("traced_us", "traced_min_us", "traced_max_us", "traced_kernel", "traced_overlap")
+"""A block's figures from the trace it was imported from (BlockSpec fields of these names)."""
 
 
 class FrozenMapping(Mapping[str, Any]):
@@ -140,6 +142,12 @@ def issue_order(blocks: Sequence[BlockSpec]) -> tuple[int, ...]:
     return tuple(order)
 
 
+def whatif_label(name: str, variant: str) -> str:
+    """``name`` with ``whatif=variant`` in its bracket suffix (one added where it has none): a
+    form no name in a pattern file has (names are letters, digits and _ . -)."""
+    return f"{name[:-1]},whatif={variant}]" if name.endswith("]") else f"{name}[whatif={variant}]"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatternSpec:
     """One pattern after sweep expansion: the unit that is measured."""
@@ -162,6 +170,11 @@ class PatternSpec:
     traced_by_rank_us: tuple[float, ...] = ()
     """Each rank's own traced step duration (empty: not given)."""
     yaml_path: str = ""
+    variant: str | None = None
+    """A what-if variant's name (the pattern's `whatif:` key); None for the pattern itself."""
+    variants: tuple[PatternSpec, ...] = ()
+    """The pattern's `whatif:` variants, each a complete validated PatternSpec with the same
+    name, its `variant` set and no variants of its own."""
     predecessors: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     issue_order: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
@@ -173,6 +186,12 @@ class PatternSpec:
     def traced(self) -> bool:
         """The pattern carries traced durations (it was imported from a trace)."""
         return self.traced_us is not None or any(b.traced_us is not None for b in self.blocks)
+
+    @property
+    def label(self) -> str:
+        """The name outputs and metric keys give it: its name, or for a variant
+        ``step[whatif=bigger]`` (``ar[size=4M,whatif=bigger]`` at a sweep point)."""
+        return self.name if self.variant is None else whatif_label(self.name, self.variant)
 
     @property
     def lanes(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from .spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
 _MAX_TEAMS_SHOWN = 8
 _MAX_RANKS_SHOWN = 8
 _FLOP_UNITS = ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP")
+_CHANGEABLE = ("axis", "lane", "dtype", "register_buffers", "after")  # and the parameters
 
 
 def _with_unit(count: int, units: Sequence[str], step: int) -> str:
@@ -180,6 +181,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     waits = [f"{b.name} after {', '.join(b.after)}" for b in pattern.blocks if b.after]
     if waits:
         lines.append("    each iteration: " + "; ".join(waits))
+    lines += [f"    whatif {v.variant}: {_changes(pattern, v)}" for v in pattern.variants]
     per_rank = rank_buffer_bytes(suite, pattern, import_ops=import_ops)
     top, low = max(per_rank), min(per_rank)
     at = [r for r, b in enumerate(per_rank) if b == top]
@@ -193,6 +195,19 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
         text += "; custom ops not imported, not counted"
     lines.append(text)
     return lines
+
+
+def _changes(pattern: PatternSpec, variant: PatternSpec) -> str:
+    """What a variant changes: ``ag size=4M -> size=8M; rs axis dp -> dp[whatif=x]``."""
+    changes = []
+    for a, b in zip(pattern.blocks, variant.blocks, strict=True):
+        pairs = [(key, getattr(a, key), getattr(b, key)) for key in _CHANGEABLE]
+        changes += [f"{a.name} {key} {_value(x)} -> {_value(y)}" for key, x, y in pairs if x != y]
+        old, new = a.work.split(), b.work.split()  # its parameters, as the file spells them
+        gone, came = [t for t in old if t not in new], [t for t in new if t not in old]
+        if gone or came:
+            changes.append(f"{a.name} {' '.join(gone)} -> {' '.join(came)}")
+    return "; ".join(changes) or "nothing changed (the pattern again: its noise)"
 
 
 def _table(rows: list[list[str]], headers: list[str], indent: str) -> list[str]:
@@ -223,13 +238,12 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
     )
     for pattern in suite.patterns:
         lines += _pattern(suite, pattern, import_ops)
-    peak = max(
-        (max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in suite.patterns), default=0
-    )
+    every = [q for p in suite.patterns for q in (p, *p.variants)]
+    peak = max((max(rank_buffer_bytes(suite, p, import_ops=import_ops)) for p in every), default=0)
     lines.append("")
     uncounted = not import_ops and any(":" in b.op for p in suite.patterns for b in p.blocks)
     lines.append(
-        f"largest per-rank allocation of any pattern: {human_bytes(peak)}"
+        f"largest per-rank allocation of any pattern or variant: {human_bytes(peak)}"
         + (" (custom ops not imported, not counted)" if uncounted else "")
     )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
-"""Lanes and the start gate, sized from each pattern's warmup. CPU: a thread per lane, released
-together by a barrier. CUDA: a stream per lane waiting on a spin kernel's event, enqueued only
-then: every lane starts when the spin ends, not when the host got to it."""
+"""Lanes and the start gate, whose lead over the lanes is sized from each pattern's warmup. CPU: a
+thread per lane, released together at an agreed instant (or by a barrier). CUDA: a stream per lane
+waiting on a spin kernel's event, enqueued only then: every lane starts when the spin ends, not when
+the host got to it."""
 
 from __future__ import annotations
 
@@ -50,37 +51,29 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _twice_the_slowest_us(
-    samples_ns: np.ndarray, *, pad_us: float, low_us: float, high_us: float, default_us: float
-) -> float:
+def default_lead_us(*, cuda: bool) -> float:
+    """The gate's lead before a pattern's warmup calibrated it: no pattern inherits another's."""
+    return DEFAULT_GATE_US if cuda else DEFAULT_START_MARGIN_US
+
+
+def calibrated_lead_us(host: HostTimings, *, cuda: bool) -> float:
+    """This rank's proposal for the gate's lead from a warmup's host timings: 2x its slowest
+    iteration plus a pad, within bounds. CUDA: the gate spin that outlasts the host's enqueue
+    (+20 µs; a slower host shows up as launch-bound iterations); CPU: the agreed start's margin
+    over agreeing on it (+100 µs: the instant is still ahead when the last rank learns it)."""
+    if cuda:
+        samples, pad_us, low_us, high_us = host.enqueue_ns, 20.0, MIN_GATE_US, MAX_GATE_US
+    else:
+        samples, pad_us = host.agree_ns, 100.0
+        low_us, high_us = MIN_START_MARGIN_US, MAX_START_MARGIN_US
     # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
     # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
-    samples = np.asarray(samples_ns, dtype=np.float64)
+    samples = np.asarray(samples, dtype=np.float64)
     if samples.size > 1:
         samples = samples[1:]
     if not samples.size:
-        return default_us
+        return default_lead_us(cuda=cuda)
     return float(np.clip(2.0 * samples.max() / 1e3 + pad_us, low_us, high_us))
-
-
-def calibrated_gate_us(enqueue_ns: np.ndarray) -> float:
-    """Gate spin that outlasts the host's enqueue: 2x the slowest warmup iteration + 20 µs, in
-    [MIN_GATE_US, MAX_GATE_US] (a slower host shows up as launch-bound iterations)."""
-    return _twice_the_slowest_us(
-        enqueue_ns, pad_us=20.0, low_us=MIN_GATE_US, high_us=MAX_GATE_US, default_us=DEFAULT_GATE_US
-    )
-
-
-def calibrated_start_margin_us(agree_ns: np.ndarray) -> float:
-    """Lead of the agreed start over the agreement that proposes it: 2x the slowest warmup
-    agreement + 100 µs, so the instant is still ahead when the last rank learns it."""
-    return _twice_the_slowest_us(
-        agree_ns,
-        pad_us=100.0,
-        low_us=MIN_START_MARGIN_US,
-        high_us=MAX_START_MARGIN_US,
-        default_us=DEFAULT_START_MARGIN_US,
-    )
 
 
 def calibrate_sleep_cycles_per_us(device: object) -> float:
@@ -214,12 +207,11 @@ class CpuLanes:
         self._barrier = barrier  # cross-rank barrier between iterations (sync group)
         self._agree_start = agree_start  # the latest proposed start (ns); None: no shared clock
         self._timeout_s = timeout_s
-        self.start_margin_us = DEFAULT_START_MARGIN_US  # set per pattern from its warmup
 
-    def _open_gate(self, sync: str, it: int, out: HostTimings) -> None:
+    def _open_gate(self, sync: str, it: int, out: HostTimings, lead_us: float) -> None:
         if sync == "barrier" and self._agree_start is not None:
             t0 = time.perf_counter_ns()
-            target = self._agree_start(t0 + round(self.start_margin_us * 1e3))
+            target = self._agree_start(t0 + round(lead_us * 1e3))
             t1 = time.perf_counter_ns()
             out.agree_ns[it] = t1 - t0  # how long agreeing took: calibrates the margin
             out.start_late[it] = t1 > target
@@ -237,8 +229,10 @@ class CpuLanes:
         sync: str,
         block_names: Sequence[str],
         order: Sequence[int] = (),
+        lead_us: float = DEFAULT_START_MARGIN_US,
     ) -> HostTimings:
-        """Run the window; ``order`` (CUDA's issue order) is not needed: a lane is a thread."""
+        """Run the window, each start agreed ``lead_us`` ahead; ``order`` (CUDA's issue order)
+        is not needed: a lane is a thread."""
         out = HostTimings(
             gate_open_ns=np.zeros(num_iters, dtype=np.int64),
             agree_ns=np.zeros(num_iters, dtype=np.int64),
@@ -261,7 +255,7 @@ class CpuLanes:
         fine_timer_slack()  # the wait for the agreed start
         try:
             for it in range(num_iters):
-                self._open_gate(sync, it, out)
+                self._open_gate(sync, it, out, lead_us)
                 window.gate.wait()
                 window.done.wait()
         except threading.BrokenBarrierError:
@@ -338,7 +332,6 @@ class CudaLanes:
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
-        self.gate_us = DEFAULT_GATE_US  # set per pattern from its warmup
 
     def make_stream(self, priority: str) -> Any:
         # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
@@ -354,8 +347,10 @@ class CudaLanes:
         sync: str,
         block_names: Sequence[str],
         order: Sequence[int] = (),
+        lead_us: float = DEFAULT_GATE_US,
     ) -> HostTimings:
-        """Enqueue the window; ``order``: the blocks' issue order (lane by lane when empty)."""
+        """Enqueue the window behind a gate spin of ``lead_us``; ``order``: the blocks' issue
+        order (lane by lane when empty)."""
         enqueue = np.zeros(num_iters, dtype=np.int64)
         launch = np.zeros((len(block_names), num_iters), dtype=np.int64)
         gate_event = torch.cuda.Event()
@@ -367,7 +362,7 @@ class CudaLanes:
         fence = [gate_event, *lane_done]
         host_barrier = sync in ("barrier", "barrier-only")
         align = self._align if sync == "barrier" else None
-        gate_cycles = max(1, round(self.gate_us * self._cycles_per_us))
+        gate_cycles = max(1, round(lead_us * self._cycles_per_us))
         current = ""
         try:
             for it in range(num_iters):
@@ -411,7 +406,7 @@ class CudaLanes:
             raise
         except Exception as exc:
             raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
-        return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=self.gate_us)
+        return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=lead_us)
 
     def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
         """Whether the gate stream, ``streams`` and the current stream finished within

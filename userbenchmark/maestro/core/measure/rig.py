@@ -19,7 +19,7 @@ import torch.distributed as tdist
 
 from ...errors import RunError
 from ..analysis.aggregate import Reducer
-from ..config.options import RunOptions
+from ..config.options import DEFAULT_ROUNDS, RunOptions
 from ..config.spec import SuiteSpec
 from ..profilers.profiler import Profiler
 from ..profilers.profiler_registry import make_profiler
@@ -87,6 +87,7 @@ class Rig:
     streams: dict[str, Any] = field(default_factory=dict)
     window_id: int = 0
     collect_timeline: bool = False  # every rank's intervals on rank 0 (--trace, --plot)
+    rounds: int = DEFAULT_ROUNDS  # of a pattern with what-if variants
     note: Callable[..., None] | None = None  # rank 0's progress line (None on other ranks)
     # Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
     # torn down any more; the rank leaves once the failure is saved and printed.
@@ -106,7 +107,8 @@ def make_rig(
 ) -> Rig:
     """This rank's rig for ``suite``: its lanes and their gate, then its profiler (started: CUPTI
     records from here on, the gate's calibration left out)."""
-    registered = sorted({b.name for p in suite.patterns for b in p.blocks if b.register_buffers})
+    sides = [v for p in suite.patterns for v in (p, *p.variants)]
+    registered = sorted({b.name for p in sides for b in p.blocks if b.register_buffers})
     if registered and place.is_cuda:
         require_support(place.device.index or 0)
     elif registered and place.rank == 0:
@@ -156,6 +158,7 @@ def make_rig(
         seed=options.seed,
         calibration=calibration,
         collect_timeline=options.trace or options.plot,
+        rounds=options.rounds,
     )
 
 

@@ -89,7 +89,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 # What maestro writes into --output-dir, and its plots: moved aside at start.
 MAESTRO_OUTPUT_NAMES: Final = (
-    *(f"{stem}.{ext}" for stem in ("results", "patterns", "pairs") for ext in ("json", "csv")),
+    *(f"{s}.{ext}" for s in ("results", "patterns", "pairs", "whatif") for ext in ("json", "csv")),
     "failures.json",
     "run.json",
     "trace.json",

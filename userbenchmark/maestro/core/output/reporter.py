@@ -5,6 +5,7 @@ written and read back (compare). A closed standard output costs later tables, ne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -26,9 +27,10 @@ from ...errors import (
     say,
 )
 from ..analysis.records import PatternOutcome
+from ..analysis.whatif import WhatIfResult
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
-from .table import Tables
+from .table import Tables, format_whatif
 from .writer import OutputWriter
 
 log = logging.getLogger("maestro")
@@ -47,14 +49,16 @@ def suite_settings(suite: SuiteSpec) -> dict[str, str]:
     """What each pattern (``pattern.<name>``) and block (``block.<pattern>/<block>``) measures,
     after command-line overrides and --max-size."""
     out = {}
-    for p in suite.patterns:
-        out[f"pattern.{p.name}"] = (
+    for p in (q for pattern in suite.patterns for q in (pattern, *pattern.variants)):
+        out[f"pattern.{p.label}"] = (
             f"iters={p.num_iters} warmup_iters={p.warmup_iters} sync={p.sync} "
             f"graph={str(p.graph).lower()}"
         )
         for b in p.blocks:
             team = suite.axes[b.axis].team_size
-            out[f"block.{p.name}/{b.name}"] = f"op={b.op} dtype={b.dtype} team_size={team} {b.work}"
+            out[f"block.{p.label}/{b.name}"] = (
+                f"op={b.op} dtype={b.dtype} team_size={team} {b.work}"
+            )
     return out
 
 
@@ -249,7 +253,7 @@ class Reporter:
         self.suite, self.options = suite, options
         self.writer: OutputWriter | None = None
         self.tables = Tables(precision=options.precision)
-        self.progress = Progress(total=len(suite.patterns))
+        self.progress = Progress(total=sum(1 + len(p.variants) for p in suite.patterns))
         self.progress.start()
         self.note = self.progress.note  # the runtime's Sink.note: on the progress line
         self.saved = False  # some pattern (finished or failed) is in a file
@@ -302,8 +306,10 @@ class Reporter:
     def finished(
         self, pattern: PatternSpec, outcome: PatternOutcome, run_info: Mapping[str, str]
     ) -> None:
-        """A pattern was measured: its warnings and table, then every file rewritten with
-        ``run_info`` (the profiler's figures so far) in the ``environ``."""
+        """A pattern (or a what-if variant) was measured: its warnings and table, then every file
+        rewritten with ``run_info`` (the profiler's figures so far) in the ``environ``."""
+        if pattern.variant is not None and outcome.variant is None:
+            outcome = outcome.of_variant(pattern.variant)
         with self._saving():
             self.progress.clear()
             for warning in outcome.warnings:
@@ -313,7 +319,19 @@ class Reporter:
             self.writer.environ.update(run_info)
             self.writer.add(outcome)
             self.saved = self._has_files
-            self.progress.advance(f"pattern {pattern.name}")
+            self.progress.advance(f"pattern {pattern.label}")
+
+    def whatif_finished(self, pattern: PatternSpec, results: tuple[WhatIfResult, ...]) -> None:
+        """``pattern``'s variants were measured against it (after ``finished`` for it and for
+        each variant): their table, then every file rewritten, whatif.* and a plot included."""
+        with self._saving():
+            self.progress.clear()
+            named = tuple(dataclasses.replace(r, suite=self.suite.name) for r in results)
+            if named:
+                self._print(format_whatif(named, precision=self.options.precision) + "\n")
+            assert self.writer is not None, "start() first"
+            self.writer.add_whatif(pattern.name, named)
+            self.saved = self._has_files
 
     def failed(self, pattern: str, message: str) -> None:
         """A pattern failed on some rank: the message, and failures.json."""

@@ -11,7 +11,7 @@ import math
 import numbers
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -22,9 +22,11 @@ import pandas as pd
 from ...errors import MaestroError
 from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
 from ..analysis.stats import measurable
+from ..analysis.whatif import WhatIfResult
+from ..config.spec import whatif_label
 from .metric_keys import BOUNDS, metric_key
 
-Table = Literal["blocks", "patterns", "pairs"]
+Table = Literal["blocks", "patterns", "pairs", "whatif"]
 
 _INT, _FLOAT, _STR, _BOOL = "Int64", "float64", "string", "boolean"
 _DTYPES: Final = {"str": _STR, "int": _INT, "int | None": _INT, "float": _FLOAT, "bool": _BOOL}
@@ -49,16 +51,22 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
 BLOCK_COLUMNS: Final = _columns_of(BlockResult)
 PATTERN_COLUMNS: Final = _columns_of(PatternResult)
 PAIR_COLUMNS: Final = _columns_of(PairResult)
+WHATIF_COLUMNS: Final = _columns_of(WhatIfResult)
+# A variant's change in the metrics file: no interval keys, so compare shows it and judges none.
+WHATIF_METRICS: Final = ("change_pct", "change_ci_low_pct", "change_ci_high_pct")
 
-_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS}
+_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS,
+                   "whatif": WHATIF_COLUMNS}  # fmt: skip
 _KEY_COLUMNS: Final = {
     "blocks": ("suite", "pattern", "block"),
     "patterns": ("suite", "pattern"),
     "pairs": ("suite", "pattern", "block_a", "block_b"),
+    "whatif": ("suite", "pattern", "variant"),
 }
-# File stem of each table in --output-dir: results.json, patterns.csv, ...
+# File stem of each table in --output-dir: results.json, patterns.csv, ..., whatif.json (only
+# for a run with whatif: variants)
 TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
-    {"blocks": "results", "patterns": "patterns", "pairs": "pairs"}
+    {"blocks": "results", "patterns": "patterns", "pairs": "pairs", "whatif": "whatif"}
 )
 
 # Column of patterns.* before pairs.* existed: {"a|b": fraction} (a JSON text in CSV).
@@ -81,6 +89,8 @@ class Results:
     blocks: pd.DataFrame
     patterns: pd.DataFrame
     pairs: pd.DataFrame
+    whatif: pd.DataFrame = field(default_factory=lambda: record_frame((), WhatIfResult))
+    """One row per (pattern, variant): its change against the pattern (whatif.*)."""
 
 
 def _column(values: Sequence[Any], dtype: str) -> Any:
@@ -113,13 +123,14 @@ def record_frame(records: Iterable[Any], record_type: type) -> pd.DataFrame:
     )
 
 
-def results_of(outcomes: Iterable[PatternOutcome]) -> Results:
-    """The three tables of finished patterns, in their order."""
+def results_of(outcomes: Iterable[PatternOutcome], whatif: Iterable[WhatIfResult] = ()) -> Results:
+    """The tables of finished patterns (a variant's rows after its own), in their order."""
     outcomes = list(outcomes)
     return Results(
         blocks=record_frame((b for o in outcomes for b in o.blocks), BlockResult),
         patterns=record_frame((o.pattern for o in outcomes), PatternResult),
         pairs=record_frame((p for o in outcomes for p in o.pairs), PairResult),
+        whatif=record_frame(whatif, WhatIfResult),
     )
 
 
@@ -341,7 +352,7 @@ def results_from_records(
     columns say; an older patterns file's ``pairwise_overlap`` column becomes pair rows."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
-    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": []}
+    rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": [], "whatif": []}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise ResultsError(
@@ -349,6 +360,7 @@ def results_from_records(
             )
         kind = "blocks" if record.get("block") not in (None, "") else "patterns"
         kind = "pairs" if "block_a" in record or "block_b" in record else kind
+        kind = "whatif" if "change_pct" in record else kind
         rows[table or kind].append((f"{where}: record {index}", record))
     rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
     return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
@@ -387,6 +399,8 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     # An older run has no pairs file: its pairs come from the patterns file's legacy column.
     if path["pairs"].exists():
         found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
+    if path["whatif"].exists():  # a run with variants
+        found = replace(found, whatif=read_table(path["whatif"], "whatif"))
     return replace(found, blocks=blocks)
 
 
@@ -419,4 +433,13 @@ def metrics_from_results(results: Results) -> dict[str, float]:
         add(row, metrics_of(PatternResult), block=None)
     for row in records_of(results.pairs):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
+    for row in records_of(results.whatif):
+        suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
+        groups.setdefault((suite, label), {}).update(_whatif_metrics(row, suite, label))
     return {key: value for group in groups.values() for key, value in group.items()}
+
+
+def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str, float]:
+    """A what-if record's change metrics, keyed under its variant's label."""
+    names = (name for name in WHATIF_METRICS if row[name] is not None)
+    return {metric_key(suite, label, None, name): float(row[name]) for name in names}

@@ -16,6 +16,7 @@ from tabulate import tabulate
 from ..analysis.outcome import MIN_ITERS_FOR_P99
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..analysis.stats import measurable
+from ..analysis.whatif import WHATIF_FLOOR, WhatIfResult
 from ..config.sizes import counted, format_size
 from ..config.spec import PatternSpec
 from ..replay.fidelity import error_groups
@@ -298,6 +299,27 @@ def format_sweep_summary(
     return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def format_whatif(results: Sequence[WhatIfResult], *, precision: int = 2) -> str:
+    """One row per variant of one pattern: its makespan, the change against the pattern's with
+    its 95 % interval, paired by round, the verdict, and the block whose latency changed most."""
+    unit = choose_latency_unit([r.base_makespan_avg_us for r in results])
+    fmt = lambda v: format_in_unit(v, unit, precision)  # noqa: E731
+    rows = [
+        [r.variant, str(r.rounds), fmt(r.makespan_avg_us), fmt(r.base_makespan_avg_us)]
+        + [f"{r.change_pct:+.2f} % [{r.change_ci_low_pct:+.2f}, {r.change_ci_high_pct:+.2f}]"]
+        + [r.verdict, f"{r.block} {r.block_change_pct:+.2f} %" if r.block else "-"]
+        for r in results
+    ]
+    u = UNIT_LABEL[unit]
+    headers = ["variant", "rounds", f"makespan ({u})", f"pattern ({u})"]
+    headers += ["change [95 % interval]", "verdict", "block latency changed most"]
+    title = (
+        f"== what if: {results[0].suite} / {results[0].pattern}  (paired by round; slower or "
+        f"faster: the interval excludes 0 and the change is past {WHATIF_FLOOR * 100:g} %)"
+    )
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
 def late_start_note(patterns: Sequence[PatternResult]) -> str:
     """One line for every CPU pattern whose ranks did not all start an iteration together
     (the agreed start instant had passed when a rank learned it); empty when none."""
@@ -328,7 +350,8 @@ class Tables:
         """The table of one finished pattern (a sweep's points share the first one's unit)."""
         unit = self._units.setdefault(spec.base_name, pattern_unit(outcome))
         label = ",".join(f"{name}={value}" for name, value in spec.sweep_point) or spec.name
-        self._points.setdefault(spec.base_name, []).append((label, outcome))
+        if spec.variant is None:  # a sweep's summary holds its points, not their variants
+            self._points.setdefault(spec.base_name, []).append((label, outcome))
         text = format_pattern(outcome, precision=self.precision, unit=unit)
         return "\n".join(filter(None, (text, format_fidelity(outcome, spec))))
 

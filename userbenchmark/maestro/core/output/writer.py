@@ -19,6 +19,7 @@ import numpy as np
 from ...errors import RunError
 from ..analysis.records import PatternOutcome, Timeline
 from ..analysis.stats import measurable
+from ..analysis.whatif import WhatIfResult
 from .locations import atomic_write_bytes, atomic_write_files
 from .metric_keys import Judgement, split_bound
 from .trace import TRACES_DIR, rank_trace_texts, stale_rank_files, trace_text
@@ -48,6 +49,7 @@ class OutputWriter:
         self.trace = trace and output_dir is not None
         self.plot = plot and output_dir is not None
         self.outcomes: list[PatternOutcome] = []
+        self.whatif: list[WhatIfResult] = []
         self.failures: list[dict[str, str]] = []
         self._plot_names: set[str] = set()
         self._guard = guard
@@ -60,6 +62,15 @@ class OutputWriter:
             if self.plot and outcome.timeline is not None:
                 name = unique_plot_name(outcome.pattern.pattern, self._plot_names)
                 plot_pattern(outcome, self.output_dir / name)
+
+    def add_whatif(self, label: str, results: Sequence[WhatIfResult]) -> None:
+        """A pattern's variants against it (``label`` names it in the plot)."""
+        with self._guard():
+            self.whatif.extend(results)
+            self.flush()
+            if self.plot and results:
+                name = unique_plot_name(f"whatif-{label}", self._plot_names)
+                plot_whatif(results, self.output_dir / name, title=f"what if: {label}")
 
     def add_failure(self, pattern: str, message: str) -> None:
         self.failures.append({"pattern": pattern, "error": message})
@@ -80,12 +91,14 @@ class OutputWriter:
     def _texts(self) -> dict[Path, str]:
         from .results import TABLE_FILES, csv_text, json_text, metrics_from_results, results_of
 
-        results = results_of(self.outcomes)
+        results = results_of(self.outcomes, self.whatif)
         texts: dict[Path, str] = {}
         if self.output_dir is not None:
             out = self.output_dir
             for table, stem in TABLE_FILES.items():
                 frame = getattr(results, table)
+                if table == "whatif" and not self.whatif:
+                    continue  # a run without variants
                 texts[out / f"{stem}.json"] = json_text(frame)
                 texts[out / f"{stem}.csv"] = csv_text(frame)
             if self.failures:
@@ -291,4 +304,25 @@ def plot_compare(judgements: Sequence[Judgement], path: str | Path, *, title: st
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     ax.set_title(title + "\nB in red: regressed beyond noise; green: improved")
+    return _save(ax.figure, Path(path))
+
+
+_WHATIF_COLORS = {"slower": "tab:red", "faster": "tab:green"}
+
+
+def plot_whatif(results: Sequence[WhatIfResult], path: str | Path, *, title: str) -> Path:
+    """Each variant's change of the makespan against its pattern with its 95 % interval, red
+    where slower beyond noise, green where faster (RunError without matplotlib)."""
+    ax = _figure(9, 1.5 + 0.45 * len(results)).subplots()
+    y = np.arange(len(results), dtype=float)
+    for yi, r in zip(y, results, strict=True):
+        err = [[r.change_pct - r.change_ci_low_pct], [r.change_ci_high_pct - r.change_pct]]
+        color = _WHATIF_COLORS.get(r.verdict, "gray")
+        ax.errorbar(r.change_pct, yi, xerr=err, fmt="o", color=color, capsize=3)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(y, [f"{r.variant} ({r.verdict})" for r in results])
+    ax.invert_yaxis()
+    ax.set_xlabel("makespan against the pattern (%), 95 % interval, paired by round")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title + "\nred: slower beyond noise; green: faster; gray: within noise")
     return _save(ax.figure, Path(path))

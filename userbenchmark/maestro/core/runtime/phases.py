@@ -5,12 +5,13 @@ to rank 0's sink; one exit status per process (run_worker)."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch.distributed as tdist
 
@@ -28,9 +29,11 @@ from ...errors import (
     user_error_message,
 )
 from ..analysis.records import PatternOutcome
+from ..analysis.whatif import WhatIfResult
 from ..config.options import RunOptions
 from ..config.spec import PatternSpec, SuiteSpec
-from ..measure.pattern import PatternRun
+from ..measure.pattern import Measured, measure_pattern
+from ..measure.prepare import Allocated
 from ..measure.rig import Rig, make_rig
 from . import supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
@@ -59,6 +62,10 @@ class Sink(Protocol):
     def finished(
         self, pattern: PatternSpec, outcome: PatternOutcome, run_info: Mapping[str, str]
     ) -> None: ...
+
+    def whatif_finished(self, pattern: PatternSpec, results: tuple[WhatIfResult, ...]) -> None:
+        """After ``finished`` for ``pattern`` and for each of its variants: their what-if
+        results, in ``pattern.variants`` order."""
 
     def failed(self, pattern: str, message: str) -> None: ...
 
@@ -151,8 +158,9 @@ def run_suite(
 
 def setup_rig(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Rig:
     """This rank's rig: the gloo group of its cross-rank figures, one communicator per team of
-    each axis a block uses, then its profiler and lanes (core/measure/rig.py)."""
-    used = {b.axis for p in suite.patterns for b in p.blocks}
+    each axis a block of a pattern or what-if variant uses, then its profiler and lanes
+    (core/measure/rig.py)."""
+    used = {b.axis for p in suite.patterns for v in (p, *p.variants) for b in v.blocks}
     sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
     comms = Communicators(
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
@@ -173,40 +181,45 @@ def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> An
     return rig
 
 
-def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], Any]) -> None:
+T = TypeVar("T")
+
+
+def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], T]) -> T:
     # An interrupt is reported through the agreement too: every rank stops with one message.
     error: BaseException | None = None
+    result: Any = None
     if rig.note is not None:
         rig.note(f"{pattern}: {phase}")
     # Where a rank that ends without a word was: the phase the others' agreement will name.
     supervision.agreed(f"entering pattern {pattern!r}, phase {phase}")
     try:
         with supervision.deliverable():  # the only place a signal stops a pattern
-            work()
+            result = work()
     except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
         error = exc
         log.debug("rank %d failed in %s: %s", dist.rank, phase, exc, exc_info=True)
     # Phases that issue collectives leave them half-done when one rank stops early.
     agree(dist.agreement, dist.rank, phase, error, pattern=pattern, contained=phase == "setup")
+    return result
 
 
-def measure_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> PatternOutcome:
-    """Every phase of ``pattern`` on this rank, each agreed, then its teardown and outcome. A
-    failure that left collectives half-issued aborts the communicators before the teardown."""
+def run_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Measured:
+    """Every phase of ``pattern`` (and of its what-if variants) on this rank, each agreed, then
+    its teardown. A failure that left collectives half-issued aborts the communicators before
+    the teardown."""
     drain_s = grace_s(rig.suite.timeout_s)  # after a failure, for the device to finish
-    run = PatternRun(rig, pattern)
+    held = Allocated(rig, pattern.name)
     failed = False
     try:
-        for phase, work in run.phases():
-            _phase(rig, dist, phase, pattern.name, work)
+        step = functools.partial(_phase, rig, dist)
+        return measure_pattern(rig, pattern, held, step, rounds=rig.rounds)
     except RunError as err:
         failed = True
         if not err.contained:
             rig.wedged = not rig.comms.abort()
         raise
     finally:
-        run.teardown(failed=failed, drain_s=drain_s)
-    return run.outcome()
+        held.teardown(failed=failed, drain_s=drain_s)
 
 
 def _one_pattern(
@@ -214,9 +227,9 @@ def _one_pattern(
 ) -> bool:
     # Phase output: a teardown's error, or rank 0's files that cannot be written, stop every
     # rank. False: the run stops here.
-    outcome, failure, error = None, None, None
+    measured, failure, error = None, None, None
     try:
-        outcome = measure_pattern(rig, dist, pattern)
+        measured = run_pattern(rig, dist, pattern)
     except RunError as err:
         failure = err
         end.failed(err)
@@ -225,7 +238,7 @@ def _one_pattern(
     except Exception as exc:  # the pattern's teardown (its phases were agreed): said below
         error = RunError(cause_of(exc), phase="teardown")
         error.__cause__ = exc
-    if outcome is not None and outcome.check_failed:
+    if measured is not None and any(o.check_failed for _, o in measured.outcomes):
         end.status = max(end.status, EXIT_FAILED)  # wrong results fail; numbers are saved
     stop_on_error = rig.suite.stop_on_error
     stop = failure is not None and (
@@ -233,8 +246,8 @@ def _one_pattern(
     )
     if report is not None and error is None:
         try:
-            if outcome is not None:
-                report.finished(pattern, outcome, rig.profiler.run_info())
+            if measured is not None:
+                _report(report, pattern, measured, rig.profiler.run_info())
             else:
                 report.failed(pattern.name, str(failure))
         except Exception as exc:  # a full disk, a folder removed: every rank stops
@@ -242,6 +255,13 @@ def _one_pattern(
             if stop:
                 say(f"maestro: rank 0, phase output, pattern {pattern.name!r}: {error.detail}")
     return not stop and _agree_output(dist, pattern.name, error, end, report, stop_on_error)
+
+
+def _report(sink: Sink, pattern: PatternSpec, measured: Measured, run_info: Mapping) -> None:
+    for spec, outcome in measured.outcomes:
+        sink.finished(spec, outcome, run_info)
+    if pattern.variants:
+        sink.whatif_finished(pattern, measured.whatif)
 
 
 def _agree_output(

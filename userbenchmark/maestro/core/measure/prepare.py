@@ -1,0 +1,318 @@
+"""A pattern (or a what-if variant of it) made ready on this rank: what it runs here (its plan),
+its blocks set up (a variant's block doing the base's work is the base's object, buffers
+included), the lanes of a window of them, and what they allocated, freed by one teardown."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...blocks.base import Block, BlockContext
+from ...blocks.dtypes import torch_dtype
+from ...blocks.registry import resolve_op
+from ...errors import RunError
+from ..config.spec import PatternSpec
+from .hostmem import available_host_memory, check_host_memory
+from .lanes import Lane
+from .rig import RegisteredPool, Rig
+
+log = logging.getLogger("maestro.pattern")
+
+# Device memory set aside per captured block: a graph's private pool holds what its capture
+# allocates (library workspaces; maestro's buffers exist before it).
+GRAPH_MEMORY_MARGIN_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a pattern runs on this rank, known before anything is allocated."""
+
+    pattern: PatternSpec
+    classes: tuple[type[Block], ...]
+    present: np.ndarray
+    """(blocks,) bool: this rank is in the block's team."""
+    timed: np.ndarray
+    """(blocks,) bool: present and not ``idle``."""
+    idle: tuple[str | None, ...]
+    """Why a block known to launch no device work (a 1-rank NCCL all_reduce) runs untimed: CUPTI
+    would find nothing to attribute. The same on every rank."""
+    lane_of_block: tuple[int, ...]
+    after: tuple[tuple[int, ...], ...]
+    """Each block's waits on other lanes (a lane runs its blocks in order anyway)."""
+    lane_starts: tuple[int, ...]
+    """The lane of each block, -1 where its lane's first block here waits for another lane:
+    left out of lane skew and gate delay."""
+    is_comm: np.ndarray
+    is_compute: np.ndarray
+    team_sizes: tuple[int, ...]
+    notes: tuple[tuple[str, ...], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.pattern.blocks)
+
+
+def _lane_starts(
+    lane_of_block: Sequence[int], after: Sequence[tuple[int, ...]], present: np.ndarray
+) -> tuple[int, ...]:
+    firsts: dict[int, int] = {}
+    for i in np.flatnonzero(present):
+        firsts.setdefault(lane_of_block[i], int(i))
+    waiting = {li for li, i in firsts.items() if present[list(after[i])].any()}
+    return tuple(-1 if li in waiting else li for li in lane_of_block)
+
+
+def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
+    specs, cuda = pattern.blocks, rig.place.is_cuda
+    classes = tuple(resolve_op(b.op) for b in specs)
+    present = np.array([rig.comms.team(b.axis) is not None for b in specs], dtype=bool)
+    lane_of_block = tuple(pattern.lanes.index(b.lane) for b in specs)
+    after = tuple(
+        tuple(j for j in waits if lane_of_block[j] != lane_of_block[i])
+        for i, waits in enumerate(pattern.predecessors)
+    )
+    team_sizes = tuple(rig.comms.axis(b.axis).team_size for b in specs)
+    idle = tuple(
+        cls.idle_reason(b.params, team_size=n, backend=rig.place.backend) if cuda else None
+        for cls, b, n in zip(classes, specs, team_sizes, strict=True)
+    )
+    return Plan(
+        pattern=pattern,
+        classes=classes,
+        present=present,
+        timed=present & np.array([r is None for r in idle], dtype=bool),
+        idle=idle,
+        lane_of_block=lane_of_block,
+        after=after,
+        lane_starts=_lane_starts(lane_of_block, after, present),
+        is_comm=np.array([c.category == "comm" for c in classes], dtype=bool),
+        is_compute=np.array([c.category == "compute" for c in classes], dtype=bool),
+        team_sizes=team_sizes,
+        notes=tuple(
+            ((f"not timed: {r}",) if r else ())
+            + cls.notes(b.params, dtype=b.dtype, device="cuda" if cuda else "cpu")
+            for cls, b, r in zip(classes, specs, idle, strict=True)
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready:
+    """A plan with its blocks set up (None where a block does not run here), what a lane calls
+    for each (the block, or its CUDA graph's replay once captured) and every block's notes."""
+
+    plan: Plan
+    blocks: tuple[Block | None, ...]
+    launches: tuple[Any, ...]
+    notes: tuple[tuple[str, ...], ...]
+
+
+class Allocated:
+    """What a pattern and its variants allocated on this rank (blocks, registered pools, CUDA
+    graphs), freed by :meth:`teardown` whatever happened."""
+
+    def __init__(self, rig: Rig, pattern: str) -> None:
+        self.rig, self.pattern = rig, pattern
+        self.blocks: list[Block] = []
+        self.pools: dict[str, RegisteredPool] = {}
+        self.graphs: list[Any] = []
+
+    def pool(self, axis: str) -> RegisteredPool:  # one per communicator and pattern
+        if axis not in self.pools:
+            self.pools[axis] = RegisteredPool(self.rig.comms.group(axis), self.rig.place.device)
+        return self.pools[axis]
+
+    def teardown(self, *, failed: bool, drain_s: float) -> None:
+        """Free the graphs, blocks and buffers once the device is done with them (after a
+        failure within ``drain_s``); work still running then keeps them, and the rig is wedged:
+        a synchronize would never return, the rank leaves after saving."""
+        rig = self.rig
+        if rig.wedged:
+            return  # NCCL kernels still hold the buffers; the process leaves without freeing
+        cuda = rig.place.is_cuda
+        # Nothing may still use the buffers when their pools are deregistered and freed.
+        if cuda and failed:
+            if not rig.lanes.drained(list(rig.streams.values()), drain_s):
+                rig.wedged = True
+                log.error(
+                    "rank %d: device work of pattern %s still running %g s after it failed; "
+                    "leaving without freeing its buffers",
+                    rig.place.rank,
+                    self.pattern,
+                    drain_s,
+                )
+                return
+        elif cuda:
+            torch.cuda.synchronize(rig.place.device)  # every stream, NCCL's own too
+        self.graphs = []  # graphs first: they hold the blocks' buffers
+        for block in self.blocks:
+            block.teardown()
+        self.blocks = []
+        for pool in self.pools.values():
+            pool.release()
+        self.pools = {}
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+_WORK = operator.attrgetter("op", "params", "dtype", "axis", "register_buffers")
+"""What makes a block's object and buffers: a variant's block equal in these is its base's."""
+
+
+def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]:
+    """Every block ``plans`` run here set up, the pattern's (``plans[0]``) first: a variant's
+    block doing the work of the base's block of its name (op, parameters, dtype, axis and
+    ``register_buffers`` equal) is that block. The memory they need is checked first."""
+    base = plans[0]
+    by_name = {name: i for i, name in enumerate(base.names)}
+
+    def owner(side: int, i: int) -> tuple[int, int]:  # (plan, block) of the object it runs
+        j = by_name.get(plans[side].names[i])
+        spec = plans[side].pattern.blocks[i]
+        if side > 0 and j is not None and _WORK(base.pattern.blocks[j]) == _WORK(spec):
+            return 0, j
+        return side, i
+
+    owners = [
+        {int(i): owner(side, int(i)) for i in np.flatnonzero(plan.present)}
+        for side, plan in enumerate(plans)
+    ]
+    made = sorted({key for found in owners for key in found.values()})
+    _check_memory(rig, [(plans[side], i) for side, i in made])
+    blocks: dict[tuple[int, int], Block] = {}
+    notes: dict[tuple[int, int], tuple[str, ...]] = {}
+    for side, i in made:
+        blocks[side, i], notes[side, i] = _set_up(rig, plans[side].pattern, i, held)
+    for pool in held.pools.values():
+        pool.register()  # after every buffer exists: registration covers the pool's segments
+    readies = []
+    for plan, found in zip(plans, owners, strict=True):
+        mine = tuple(blocks[found[i]] if i in found else None for i in range(len(plan.names)))
+        readies.append(
+            Ready(
+                plan=plan,
+                blocks=mine,
+                launches=mine,
+                notes=tuple(n + notes.get(found.get(i), ()) for i, n in enumerate(plan.notes)),
+            )
+        )
+    return tuple(readies)
+
+
+def _set_up(
+    rig: Rig, pattern: PatternSpec, i: int, held: Allocated
+) -> tuple[Block, tuple[str, ...]]:
+    place, spec = rig.place, pattern.blocks[i]
+    allocator = None
+    if spec.register_buffers and place.is_cuda:
+        allocator = held.pool(spec.axis).allocator()
+    ctx = BlockContext(
+        rank=place.rank,
+        device=place.device,
+        dtype=torch_dtype(spec.dtype),
+        team=rig.comms.team(spec.axis),
+        group=rig.comms.group(spec.axis),
+        seed=rig.seed,
+        backend=place.backend,
+        calibration=rig.calibration,
+        allocator=allocator,
+        graph=pattern.graph,
+    )
+    block = resolve_op(spec.op)(spec, ctx)
+    held.blocks.append(block)  # torn down even when its setup fails
+    try:
+        block.setup()
+        return block, tuple(block.setup_notes())
+    except RunError:
+        raise
+    except Exception as exc:
+        raise RunError(f"setup failed: {type(exc).__name__}: {exc}", block=spec.name) from exc
+
+
+def _check_memory(rig: Rig, blocks: Sequence[tuple[Plan, int]]) -> None:
+    place = rig.place
+    need, host = 0, []
+    for plan, i in blocks:
+        spec = plan.pattern.blocks[i]
+        sized = {"dtype": spec.dtype, "team_size": plan.team_sizes[i]}
+        need += plan.classes[i].buffer_bytes(spec.params, **sized)
+        host.append((spec.name, plan.classes[i].host_buffer_bytes(spec.params, **sized)))
+        if plan.pattern.graph:
+            need += GRAPH_MEMORY_MARGIN_BYTES
+    if place.is_cuda:
+        free, _ = torch.cuda.mem_get_info(place.device)
+        if need > free:
+            raise RunError(
+                f"blocks {', '.join(name for name, _ in host)} need "
+                f"{need / 2**30:.2f} GiB of device memory on this rank, only "
+                f"{free / 2**30:.2f} GiB is free"
+            )
+        torch.cuda.reset_peak_memory_stats(place.device)
+        return
+    # Every rank on this host allocates at once: together they must fit, or the kernel's
+    # OOM killer ends one of them without a word.
+    mine = place.hosts[place.rank] if place.hosts else None
+    check_host_memory(
+        host,
+        local_ranks=max(1, sum(1 for h in place.hosts if h == mine)),
+        memory=available_host_memory(),
+    )
+
+
+def lanes_of(rig: Rig, ready: Ready, only: int | None = None) -> tuple[Lane, ...]:
+    """The lanes of a window of every block here, or of block ``only``."""
+    plan, lanes = ready.plan, {}
+    names = plan.pattern.lanes
+
+    def runs(i: int) -> bool:
+        return ready.blocks[i] is not None and only in (None, i)
+
+    for i, launch in enumerate(ready.launches):
+        if not runs(i):
+            continue
+        li = plan.lane_of_block[i]
+        if li not in lanes:  # its stream has its axis's priority
+            priority = rig.comms.axis(plan.pattern.blocks[i].axis).priority
+            stream = rig.lane_stream(names[li], priority)
+            lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
+        lanes[li].blocks.append((i, launch))
+        waits = tuple(j for j in plan.after[i] if runs(j))
+        if waits:
+            lanes[li].after[i] = waits
+    return tuple(lanes[k] for k in sorted(lanes))
+
+
+def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -> Ready:
+    """``ready`` with each block's launch captured into a CUDA graph, replayed on its lane stream
+    after the gate event with its external correlation id pushed around replay(): CUPTI
+    attributes each kernel per block and iteration as in eager mode (H200, torch 2.11,
+    cupti-python 13.0.1); a graph of a whole iteration would give every kernel one id.
+    Communicators and library handles exist already (after an eager warmup)."""
+    pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
+    launches = list(ready.launches)
+    torch.cuda.synchronize(device)
+    for lane in lanes:
+        for index, block in lane.blocks:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=lane.stream):
+                    block.launch()
+            except Exception as exc:
+                spec = ready.plan.pattern.blocks[index]
+                raise RunError(
+                    f"op {spec.op} cannot be captured into a CUDA graph with torch "
+                    f"{torch.__version__} ({type(exc).__name__}: {exc}); run this pattern with "
+                    "graph: false",
+                    block=spec.name,
+                ) from exc
+            held.graphs.append(graph)
+            launches[index] = SimpleNamespace(launch=graph.replay)
+    torch.cuda.synchronize(device)
+    return replace(ready, launches=tuple(launches))
