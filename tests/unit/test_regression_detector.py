@@ -26,7 +26,12 @@ MAKESPAN = "quickstart/ag_rs/makespan_avg_us"
 def _doc(metrics, git="abc123", **environ):
     return {
         "name": "maestro",
-        "environ": {"pytorch_git_version": git, "pytorch_version": "2.13.0", **environ},
+        "environ": {
+            "pytorch_git_version": git,
+            "pytorch_version": "2.13.0",
+            "profiler": "cupti",
+            **environ,
+        },
         "metrics": metrics,
     }
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ...errors import MaestroError
 from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
+from ..analysis.verdict import process_mean
 from .metric_keys import BOUNDS, metric_key
 
 Table = Literal["blocks", "patterns", "pairs"]
@@ -64,6 +65,9 @@ TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
 _LEGACY_PAIRS_COLUMN = "pairwise_overlap"
 _MAX_INT_DIGITS = 309  # no float64 or int64 has more: longer JSON integers are refused early
 
+
+PROCESS_COLUMN: Final = "process"
+"""Which process of a ``run --repeat`` (0, 1, ...) measured a row; absent from a one-process run."""
 
 _Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: record 3"
 
@@ -273,7 +277,9 @@ def _csv_value(text: str, dtype: str) -> Any:
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
     """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
     column absent from a row is NA there (files of older or newer versions still load)."""
-    columns = _COLUMNS[table]
+    columns = dict(_COLUMNS[table])
+    if any(PROCESS_COLUMN in row for _, row in rows):  # a run --repeat's: typed as it was written
+        columns[PROCESS_COLUMN] = _INT
     data: dict[str, Any] = {}
     for name, dtype in columns.items():
         values = []
@@ -389,6 +395,12 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     return replace(found, blocks=blocks)
 
 
+def process_count(results: Results) -> int:
+    """How many processes a run's tables hold (their ``process`` column; 1 without it)."""
+    column = results.blocks.get(PROCESS_COLUMN)
+    return max(1, len(set(column.dropna()))) if column is not None else 1
+
+
 def metrics_from_results(results: Results) -> dict[str, float]:
     """``{metric key: float}`` of the records' metrics (NA left out), pattern by pattern: its
     blocks', its own, its pairs', each followed by its interval's bounds; ValueError for a name
@@ -409,10 +421,43 @@ def metrics_from_results(results: Results) -> dict[str, float]:
                     raise ValueError(f"duplicate row for {key}")
                 group[key] = float(row[column])
 
-    for row in records_of(results.blocks):
+    for row in _over_processes(records_of(results.blocks), "blocks"):
         add(row, metrics_of(BlockResult), block=row["block"])
-    for row in records_of(results.patterns):
+    for row in _over_processes(records_of(results.patterns), "patterns"):
         add(row, metrics_of(PatternResult), block=None)
-    for row in records_of(results.pairs):
+    for row in _over_processes(records_of(results.pairs), "pairs"):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
     return {key: value for group in groups.values() for key, value in group.items()}
+
+
+def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:
+    """The rows of one block (pattern, pair) from several processes (the ``process`` column of
+    ``run --repeat``) as one row: each metric's mean over the processes, with the Student t
+    interval between them as its bounds (df = processes - 1; none from one process)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for index, row in enumerate(rows):
+        unit = tuple(row[k] for k in _KEY_COLUMNS[table])
+        groups.setdefault(unit if row.get(PROCESS_COLUMN) is not None else (index,), []).append(row)
+    specs = metrics_of(
+        {"blocks": BlockResult, "patterns": PatternResult, "pairs": PairResult}[table]
+    )
+    out = []
+    for group in groups.values():
+        merged = dict(group[0])
+        if len({row.get(PROCESS_COLUMN) for row in group}) < len(group):
+            unit = "/".join(str(merged[k]) for k in _KEY_COLUMNS[table])
+            raise ValueError(f"duplicate row for {unit}: process {merged[PROCESS_COLUMN]} twice")
+        for name, spec in specs.items() if len(group) > 1 else ():
+            mean, spread = process_mean(
+                [row[name] for row in group if row.get(name) is not None], absolute=spec.absolute
+            )
+            merged[name] = None if math.isnan(mean) else mean
+            back = (lambda v: v) if spec.absolute else math.exp
+            bounds = (
+                (None,) * 3 if spread is None else (back(spread.low), back(spread.high), spread.df)
+            )
+            merged.update(
+                zip((name + b for b in BOUNDS), bounds, strict=True) if spec.interval else ()
+            )
+        out.append(merged)
+    return out
