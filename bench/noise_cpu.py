@@ -4,15 +4,18 @@ For each case, N pairs of back-to-back runs, A then B, compared by ``compare`` (
 call behind ``python -m userbenchmark.maestro compare A B``) and by the TorchBench detector
 (``regression_detector.run`` on the two metrics files):
 
-- identical runs of the shipped quickstart (2 ranks, and 1 rank as TorchBench's nightly run),
-  of two 2 ms sleeps on two lanes, and of an all_reduce of 1M (2 ranks): any metric called
-  regressed or improved is a false alarm;
+- identical runs of the shipped quickstart (2 ranks, and 1 rank as TorchBench's nightly run,
+  also as runs of 3 processes each, ``run --repeat 3``), of two 2 ms sleeps on two lanes, and of
+  an all_reduce of 1M (2 ranks): any metric called regressed or improved is a false alarm;
 - two 2 ms sleeps where B's ``slow`` sleep lasts 10 % longer (a code change, not a setting:
   ``bench.noise_blocks:ScaledSleep``): detected when ``slow``'s average or median latency is
   called regressed; a false alarm when anything of the unchanged ``fast`` sleep is.
 
-Prints a markdown table. The figures need a quiet machine (nothing else running). Run from
-the repository root::
+Prints a markdown table, then how far each kind of figure moved between the two processes of a
+pair (comm, compute and other blocks, sleeps being other, and pattern figures): the largest
+change of that kind in a pair, its median over the pairs and the 95th percentile, which is the
+floor that would have left 19 of 20 pairs clean (metric_keys.PROCESS_FLOORS comes from it).
+The figures need a quiet machine (nothing else running). Run from the repository root::
 
     python -m bench.noise_cpu [--pairs 20] [--iters 200] [--json out.json]
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,7 @@ from bench._common import machine_info, machine_lines, maestro_env, markdown_tab
 from bench.noise_blocks import FACTOR_VARIABLE
 from userbenchmark.maestro import regression_detector
 from userbenchmark.maestro.core.output.compare import compare_files
+from userbenchmark.maestro.core.output.metric_keys import parse_metric_key, spec_of
 
 SLEEPS = """\
 name: noise_sleeps
@@ -66,6 +71,8 @@ class Case:
     config: str
     """A shipped config's name, or a pattern text (formatted with ``iters``)."""
     nproc: int = 2
+    repeat: int = 1
+    """Processes per run (``run --repeat``)."""
     treatment_factor: float = 1.0
     target: str = ""
     """Keys containing this whose regression is a detection (empty: identical runs)."""
@@ -82,6 +89,8 @@ class Tally:
     detected: int = 0
     judged: list[int] = field(default_factory=list)
     flagged: collections.Counter[str] = field(default_factory=collections.Counter)
+    moved: dict[str, list[float]] = field(default_factory=dict)
+    """Each kind's largest |log(B / A)| in each pair."""
 
 
 def run_once(case: Case, folder: Path, factor: float, iters: int) -> tuple[Path, dict[str, Any]]:
@@ -94,7 +103,8 @@ def run_once(case: Case, folder: Path, factor: float, iters: int) -> tuple[Path,
         config = str(path)
     env = {**maestro_env(), FACTOR_VARIABLE: str(factor)}
     command = [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", config]
-    command += ["--nproc", str(case.nproc), "--output-dir", str(folder / "out")]
+    command += ["--nproc", str(case.nproc), "--repeat", str(case.repeat)]
+    command += ["--output-dir", str(folder / "out")]
     command += ["--metrics-dir", str(folder / "metrics")]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -122,7 +132,25 @@ def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Ta
         tally.detected += any(
             case.target in j.key and j.verdict == "regressed" for j in result.judgements
         )
+    for kind, moved in moves(a[1], b[1]).items():
+        tally.moved.setdefault(kind, []).append(moved)
     return flagged
+
+
+def moves(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """The largest |log(B / A)| of each kind of judged relative figure between two metrics
+    files: a block's category (``comm``, ``compute``, ``other``) or ``pattern``."""
+    out: dict[str, float] = {}
+    for key, value in a["metrics"].items():
+        other = b["metrics"].get(key)
+        parsed = parse_metric_key(key)
+        spec = spec_of(parsed.metric)
+        if other is None or f"{key}_ci_low" not in a["metrics"] or spec.absolute or spec.harness:
+            continue
+        unit = f"category.{parsed.pattern}/{parsed.block}"
+        kind = a["environ"].get(unit, "?") if parsed.block else "pattern"
+        out[kind] = max(out.get(kind, 0.0), abs(math.log(other / value)))
+    return out
 
 
 def measure(cases: Sequence[Case], pairs: int, iters: int, log: Callable[[str], None]) -> dict:
@@ -162,18 +190,34 @@ def report(cases: Sequence[Case], tallies: dict[str, Tally], iters: int) -> str:
         )
     headers = ["case", "pairs", "metrics judged (median)", "false alarms: compare"]
     headers += ["false alarms: detector", "detected", "most flagged"]
+    spread = [
+        [case.name, kind, len(moved), *(f"{math.expm1(q) * 100:.1f} %" for q in quantiles(moved))]
+        for case in cases
+        if case.repeat == 1 and case.target == ""
+        for kind, moved in sorted(tallies[case.name].moved.items())
+    ]
+    kinds = ["case", "kind", "pairs", "largest change in a pair: median", "95th percentile"]
     return (
         f"maestro A/B noise on CPU (gloo), {iters} iterations where the case sets them\n\n"
         + machine_lines(machine_info())
         + "\n\n"
         + markdown_table(headers, rows)
+        + "\n\nBetween the processes of a pair, by kind of figure\n\n"
+        + markdown_table(kinds, spread)
     )
+
+
+def quantiles(moved: list[float]) -> tuple[float, float]:
+    """Median and 95th percentile (nearest rank) of a kind's largest moves."""
+    ranked = sorted(moved)
+    return ranked[(len(ranked) - 1) // 2], ranked[math.ceil(0.95 * len(ranked)) - 1]
 
 
 def cases_for(args: argparse.Namespace) -> list[Case]:
     cases = [
         Case(name="quickstart 2 ranks", config="quickstart", nproc=2),
         Case(name="quickstart 1 rank", config="quickstart", nproc=1),
+        Case(name="quickstart 1 rank, 3 processes", config="quickstart", nproc=1, repeat=3),
         Case(name="two sleeps", config=SLEEPS),
         Case(name="all_reduce 1M", config=ALL_REDUCE),
         Case(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 import pytest
@@ -16,6 +17,7 @@ COMMANDS = {
     "run": cli.run_command,
     "validate": cli.validate_command,
     "compare": cli.compare_command,
+    "abtest": cli.abtest_command,
     "list-blocks": cli.list_blocks_command,
 }
 
@@ -165,6 +167,7 @@ def test_invalid_launch_variables_exit_2_before_any_worker(env, message, monkeyp
         (["--plot"], "--plot writes into --output-dir: give --output-dir DIR"),
         (["--nproc", "100000"], "--nproc must be at most"),
         (["--pattern", "no_such_*"], "--pattern no_such_* matches no pattern; patterns: "),
+        (["--repeat", "0"], "--repeat must be at least 1, got 0"),
     ],
 )
 def test_option_errors_are_labelled_as_options(argv, message, capsys):
@@ -180,6 +183,22 @@ def test_plot_without_matplotlib_is_an_option_error(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(plot, "matplotlib_available", lambda: False)
     assert cli.main(["run", "--plot", "--output-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"maestro: invalid option: {plot.MISSING_MATPLOTLIB}\n"
+
+
+def test_repeat_and_abtest_refuse_a_launcher_and_abtest_what_it_sets(monkeypatch, tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "out"), "--no-metrics"]
+    me = ["--a", sys.executable, "--b", sys.executable]
+    assert cli.main(["abtest", "quickstart", *me, *out, "--iters", "5", "-c", "x"]) == 2
+    assert "abtest sets -c itself; leave it out" in capsys.readouterr().err
+    assert cli.main(["abtest", "quickstart", "--a", "no-such-python", "--b", "python3", *out]) == 2
+    assert "--a no-such-python: no such interpreter" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli.main(["run", "--repeat", "2", "--no-metrics"]) == 2
+    assert "--repeat starts fresh processes itself" in capsys.readouterr().err
+    assert cli.main(["abtest", "quickstart", *me, *out]) == 2
+    assert "abtest starts its own processes" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_nproc_conflicting_with_the_launcher_is_an_option_error(monkeypatch, capsys):

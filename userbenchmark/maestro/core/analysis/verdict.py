@@ -91,18 +91,21 @@ def percent(value: float) -> float:
     return 100 * math.expm1(min(value, 700.0))
 
 
-def process_mean(values: ArrayLike, *, absolute: bool = False) -> tuple[float, Change | None]:
-    """Figures of one metric measured in several processes: their mean, and its Student t
-    interval between processes on the judged scale (log for a relative metric; None for fewer
-    than 2 values). NaN values are left out."""
+def process_mean(
+    values: ArrayLike, *, absolute: bool = False
+) -> tuple[float, tuple[float, float, int] | None]:
+    """Figures of one metric measured in several processes (NaN left out): their mean, and its
+    Student t interval between processes as (low, high, df), made on the judged scale (the log
+    for a relative metric) around the mean; None from fewer than 2 values."""
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     mean = float(x.mean()) if x.size else math.nan
     if x.size < 2 or (not absolute and np.any(x <= 0)):
         return mean, None
     spread = mean_change(_judged(x, absolute, "values"))
-    centre = mean if absolute else math.log(mean)
-    shift = centre - spread.value  # the interval around the plain mean, on the judged scale
-    return mean, Change(
-        value=centre, low=spread.low + shift, high=spread.high + shift, df=spread.df
-    )
+    low, high = spread.low - spread.value, spread.high - spread.value  # around 0
+    if not absolute:
+        low, high = mean * math.exp(low), mean * math.exp(high)
+    else:
+        low, high = mean + low, mean + high
+    return mean, (min(low, mean), max(high, mean), int(spread.df))

@@ -198,7 +198,7 @@ PROCESSES_FLOOR: Final = 0.01
 made between processes, so only a change too small to act on is left out."""
 PROCESS_FLOORS: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
     {
-        "cpu": {"compute": 0.25, "other": 0.05, "comm": 0.60},
+        "cpu": {"compute": 1.5, "other": 0.05, "comm": 6.0},
         "cuda": {"compute": 0.05, "other": 0.05, "comm": 0.05},
     }
 )

@@ -433,7 +433,7 @@ def metrics_from_results(results: Results) -> dict[str, float]:
 def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:
     """The rows of one block (pattern, pair) from several processes (the ``process`` column of
     ``run --repeat``) as one row: each metric's mean over the processes, with the Student t
-    interval between them as its bounds (df = processes - 1; none from one process)."""
+    interval between them as its bounds (df = processes - 1; none where one process has it)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for index, row in enumerate(rows):
         unit = tuple(row[k] for k in _KEY_COLUMNS[table])
@@ -441,23 +441,18 @@ def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, 
     specs = metrics_of(
         {"blocks": BlockResult, "patterns": PatternResult, "pairs": PairResult}[table]
     )
+    many = len({row.get(PROCESS_COLUMN) for row in rows}) > 1
     out = []
     for group in groups.values():
         merged = dict(group[0])
         if len({row.get(PROCESS_COLUMN) for row in group}) < len(group):
             unit = "/".join(str(merged[k]) for k in _KEY_COLUMNS[table])
             raise ValueError(f"duplicate row for {unit}: process {merged[PROCESS_COLUMN]} twice")
-        for name, spec in specs.items() if len(group) > 1 else ():
-            mean, spread = process_mean(
-                [row[name] for row in group if row.get(name) is not None], absolute=spec.absolute
-            )
+        for name, spec in specs.items() if many else ():
+            values = [row[name] for row in group if row.get(name) is not None]
+            mean, bounds = process_mean(values, absolute=spec.absolute)
             merged[name] = None if math.isnan(mean) else mean
-            back = (lambda v: v) if spec.absolute else math.exp
-            bounds = (
-                (None,) * 3 if spread is None else (back(spread.low), back(spread.high), spread.df)
-            )
-            merged.update(
-                zip((name + b for b in BOUNDS), bounds, strict=True) if spec.interval else ()
-            )
+            if spec.interval:
+                merged.update(zip((name + b for b in BOUNDS), bounds or (None,) * 3, strict=True))
         out.append(merged)
     return out
