@@ -17,7 +17,7 @@ change of that kind in a pair, its median over the pairs and the 95th percentile
 floor that would have left 19 of 20 pairs clean (metric_keys.PROCESS_FLOORS comes from it).
 The figures need a quiet machine (nothing else running). Run from the repository root::
 
-    python -m bench.noise_cpu [--pairs 20] [--iters 200] [--json out.json]
+    python -m bench.noise_cpu [--pairs 20] [--iters 200] [--keep DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -153,9 +153,12 @@ def moves(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def measure(cases: Sequence[Case], pairs: int, iters: int, log: Callable[[str], None]) -> dict:
+def measure(
+    cases: Sequence[Case], pairs: int, iters: int, log: Callable[[str], None], keep: str | None
+) -> dict:
     tallies = {}
-    with tempfile.TemporaryDirectory(prefix="maestro-noise-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="maestro-noise-") as scratch:
+        tmp = keep or scratch
         for case in cases:
             tally = tallies[case.name] = Tally()
             for index in range(pairs):
@@ -239,9 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", help="run only cases whose name contains this")
     parser.add_argument("--json", help="also write the counts to this JSON file")
+    parser.add_argument("--keep", help="keep every run's files in this folder (a new one)")
     args = parser.parse_args(argv)
     cases = cases_for(args)
-    tallies = measure(cases, args.pairs, args.iters, lambda line: print(line, file=sys.stderr))
+    tallies = measure(
+        cases, args.pairs, args.iters, lambda line: print(line, file=sys.stderr), args.keep
+    )
     print(report(cases, tallies, args.iters))
     write_json(
         args.json,
