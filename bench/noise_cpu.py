@@ -101,6 +101,9 @@ def run_once(case: Case, folder: Path, factor: float, iters: int) -> tuple[Path,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config.format(iters=iters))
         config = str(path)
+    kept = sorted((folder / "metrics").glob("metrics-*.json"))
+    if kept and (folder / "out" / "results.json").exists():  # a run --keep holds: judged again
+        return folder / "out", json.loads(kept[-1].read_text())
     env = {**maestro_env(), FACTOR_VARIABLE: str(factor)}
     command = [sys.executable, "-m", "userbenchmark.maestro", "run", "-c", config]
     command += ["--nproc", str(case.nproc), "--repeat", str(case.repeat)]
@@ -117,7 +120,7 @@ def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Ta
     """Compare one pair both ways maestro offers and count what they called; the keys
     ``compare`` flagged."""
     result = compare_files(a[0], b[0])
-    flagged = {j.key for j in result.judgements if j.verdict in FLAGGED}
+    flagged = {j.key for j in result.judgements if j.verdict in FLAGGED and j.decides}
     detector = regression_detector.run(a[1], b[1])
     tally.pairs += 1
     tally.judged.append(
@@ -242,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", help="run only cases whose name contains this")
     parser.add_argument("--json", help="also write the counts to this JSON file")
-    parser.add_argument("--keep", help="keep every run's files in this folder (a new one)")
+    parser.add_argument(
+        "--keep", help="keep every run's files in this folder; runs it holds are judged again"
+    )
     args = parser.parse_args(argv)
     cases = cases_for(args)
     tallies = measure(
