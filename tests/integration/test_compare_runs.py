@@ -123,7 +123,7 @@ def test_repeated_runs_keep_every_process_and_abtest_pairs_rounds(tmp_path, caps
     out = tmp_path / "out"
     args = ["-c", str(config), "--output-dir", str(out), "--metrics-dir", str(out / "metrics")]
     abtest = ["abtest", str(config), "--a", sys.executable, "--b", sys.executable]
-    abtest += ["--rounds", "2", "--output-dir", str(tmp_path / "ab"), "--no-metrics"]
+    abtest += ["--rounds", "2", "--output-dir", str(tmp_path / "ab")]
     abtest += ["--pattern", "p"]
     with ThreadPoolExecutor(2) as pool:  # sleeps leave the cores free
         repeated = pool.submit(
@@ -158,3 +158,7 @@ def test_repeated_runs_keep_every_process_and_abtest_pairs_rounds(tmp_path, caps
     for side in ("a", "b"):
         rounds = load_results(tmp_path / "ab" / f"abtest-{side}")
         assert sorted(rounds.blocks["process"].tolist()) == [0, 1]
+        metrics = json.loads((tmp_path / "ab" / f"abtest-{side}" / "metrics.json").read_text())
+        assert metrics["environ"]["processes"] == "2" and summary[side]["metrics"].endswith(
+            f"abtest-{side}/metrics.json"
+        )

@@ -186,10 +186,12 @@ def test_plot_without_matplotlib_is_an_option_error(monkeypatch, tmp_path, capsy
 
 
 def test_repeat_and_abtest_refuse_a_launcher_and_abtest_what_it_sets(monkeypatch, tmp_path, capsys):
-    out = ["--output-dir", str(tmp_path / "out"), "--no-metrics"]
+    out = ["--output-dir", str(tmp_path / "out")]
     me = ["--a", sys.executable, "--b", sys.executable]
     assert cli.main(["abtest", "quickstart", *me, *out, "--iters", "5", "-c", "x"]) == 2
     assert "abtest sets -c itself; leave it out" in capsys.readouterr().err
+    assert cli.main(["abtest", "quickstart", *me, *out, "--metrics-dir=m"]) == 2
+    assert "abtest sets --metrics-dir=m itself" in capsys.readouterr().err
     assert cli.main(["abtest", "quickstart", "--a", "no-such-python", "--b", "python3", *out]) == 2
     assert "--a no-such-python: no such interpreter" in capsys.readouterr().err
     monkeypatch.setenv("RANK", "0")

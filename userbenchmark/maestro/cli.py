@@ -438,9 +438,9 @@ ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics
     show_default=True,
     help="rounds, each a fresh run of A and of B (A B, then B A, ...)",
 )
-@click.option("--output-dir", required=True, help="abtest.json/.csv and each side's files here")
-@click.option("--metrics-dir", help="TorchBench metrics folder of both sides' metrics files")
-@click.option("--no-metrics", is_flag=True, help="do not write the sides' metrics files")
+@click.option(
+    "--output-dir", required=True, help="abtest.json/.csv, each side's files and metrics file"
+)
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @click.pass_context
 @_interruptible
@@ -451,11 +451,8 @@ def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
     as compare judges runs of several processes. Other options are run's (--nproc, --iters,
     --pattern, ...), passed to each side. Exit status 0 nothing regressed, 1 a metric
     regressed or a side's run failed, 2 invalid input (a side's included), 130 interrupted."""
-    from .core.output.abtest import round_order, run_abtest, side_dir
-    from .core.output.compare import verdict_table
-    from .core.output.locations import metrics_folder, prepare_output_locations
-    from .core.output.reporter import stack_line
-    from .core.output.results import read_json_file
+    from .core.output.abtest import run_abtest
+    from .core.output.locations import prepare_output_locations
     from .core.runtime.rendezvous import detect_launch
 
     pythons = {"a": params["python_a"], "b": params["python_b"]}
@@ -468,39 +465,20 @@ def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
         for side, python in pythons.items():
             if not shutil.which(python):
                 raise OptionError(f"--{side} {python}: no such interpreter (or not executable)")
-        options = RunOptions(
-            metrics_dir=params["metrics_dir"], write_metrics=not params["no_metrics"]
-        )
-        folder = metrics_folder(options)
-        outputs = [prepare_output_locations(params["output_dir"], folder)]
-        outputs.append(prepare_output_locations(None, folder))  # B's metrics file name
+        outputs = prepare_output_locations(params["output_dir"], None)
     except (OptionError, LaunchError) as err:
         say(user_error_message(err))
         return EXIT_USAGE
-    output_dir = outputs[0].output_dir
-    assert output_dir is not None
-    config = os.path.abspath(config) if os.path.exists(config) else config
-    try:
-        say(f"maestro: abtest: {len(round_order(params['rounds']))} runs, A B then B A, ...")
-        status, judgements = run_abtest(
-            config,
+    with outputs:
+        assert outputs.output_dir is not None
+        return run_abtest(
+            os.path.abspath(config) if os.path.exists(config) else config,
             pythons,
             rounds=params["rounds"],
             run_args=ctx.args,
-            output_dir=output_dir,
-            metrics_paths={"a": outputs[0].metrics_path, "b": outputs[1].metrics_path},
-            say=say,
+            output_dir=outputs.output_dir,
+            show_all=params["show_all"],
         )
-    finally:
-        for held in outputs:
-            held.close()
-    if judgements:
-        for side, python in pythons.items():
-            environ = read_json_file(side_dir(output_dir, side) / "run.json")
-            print(f"{side.upper()}: {python} ({stack_line(environ)})")
-        print(verdict_table(judgements, show_all=params["show_all"]), flush=True)
-        status = 1 if any(j.verdict == "regressed" and j.decides for j in judgements) else status
-    return status
 
 
 @cli.command("list-blocks", context_settings=CONTEXT, short_help="every op with its parameters")

@@ -72,18 +72,12 @@ def independent_change(
     return Change(value=delta, low=delta - margin, high=delta + margin, df=df)
 
 
-def floor_on_scale(floor: float, *, absolute: bool = False) -> float:
-    """A floor given as a fraction (0.03 = 3 %) on the judged scale: log1p(floor) for a relative
-    metric (a rise past 3 % and a fall past 1/1.03 alike), the floor itself when absolute."""
-    return floor if absolute else math.log1p(floor)
-
-
 def beyond_noise(change: Change, floor: float, *, absolute: bool = False) -> bool:
     """True when the change is past its interval's margin (the interval excludes 0) AND past the
     floor, all on the judged scale; `floor` given as a fraction (0.03 = 3 %) is compared as
     log1p(floor) for a relative metric, so a rise by r and a fall by 1/r are judged alike."""
     excludes_zero = change.low > 0 or change.high < 0
-    return excludes_zero and abs(change.value) > floor_on_scale(floor, absolute=absolute)
+    return excludes_zero and abs(change.value) > (floor if absolute else math.log1p(floor))
 
 
 def percent(value: float) -> float:
@@ -103,9 +97,7 @@ def process_mean(
     if x.size < 2 or (not absolute and np.any(x <= 0)):
         return mean, None
     spread = mean_change(_judged(x, absolute, "values"))
-    low, high = spread.low - spread.value, spread.high - spread.value  # around 0
-    if not absolute:
-        low, high = mean * math.exp(low), mean * math.exp(high)
-    else:
-        low, high = mean + low, mean + high
-    return mean, (min(low, mean), max(high, mean), int(spread.df))
+    margin = spread.high - spread.value
+    if absolute:
+        return mean, (mean - margin, mean + margin, int(spread.df))
+    return mean, (mean * math.exp(-margin), mean * math.exp(margin), int(spread.df))

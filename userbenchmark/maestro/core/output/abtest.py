@@ -11,17 +11,19 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 import pandas as pd
 
-from ...errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, say
+from .compare import verdict_table
 from .locations import atomic_write_files
 from .metric_keys import Judgement, judge_paired, split_bound
 from .processes import gather_processes, process_dir
-from .results import csv_text, load_results, metrics_from_results, records_of
+from .reporter import stack_line
+from .results import csv_text, load_results, metrics_from_results, read_json_file, records_of
 
 SIDES: Final = ("a", "b")
 SUMMARY: Final = "abtest"  # abtest.json, abtest.csv
@@ -48,15 +50,15 @@ def run_abtest(
     rounds: int,
     run_args: Sequence[str],
     output_dir: Path,
-    metrics_paths: Mapping[str, Path | None],
-    say: Callable[[str], None],
-) -> tuple[int, list[Judgement]]:
-    """Run the rounds (each side gathered after each of its runs), then judge B against A; the
-    exit status (0, 1 a side's run failed, 2 a side refused its input, 130 interrupted) and
-    the judgements (none unless every round ran)."""
+    show_all: bool = False,
+) -> int:
+    """Run the rounds (each side gathered after each of its runs, its metrics file in its
+    folder), then print B judged against A; the exit status: 0, 1 a metric regressed or a
+    side's run failed, 2 a side refused its input, 130 interrupted."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(_ROOT), env.get("PYTHONPATH"))))
     folders: dict[str, list[Path]] = {side: [] for side in SIDES}
+    say(f"maestro: abtest: {2 * rounds} runs, A B then B A, ...")
     for k, side in round_order(rounds):
         folder = process_dir(side_dir(output_dir, side), k)
         command = [pythons[side], "-m", "userbenchmark.maestro", "run", "-c", config]
@@ -64,18 +66,26 @@ def run_abtest(
         started = time.monotonic()
         done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True)
         folders[side].append(folder)
-        gather_processes(folders[side], side_dir(output_dir, side), metrics_paths[side])
+        gather_processes(folders[side], side_dir(output_dir, side), _metrics(output_dir, side))
         say(f"round {k + 1} of {rounds}: {side.upper()} {time.monotonic() - started:.1f} s")
         if done.returncode != EXIT_OK:
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            say(
-                f"maestro: abtest: {side.upper()} ({pythons[side]}) exited {done.returncode}:\n{tail}"
-            )
-            return (done.returncode if done.returncode == EXIT_USAGE else EXIT_FAILED), []
-    per_round = {side: _rounds(folders[side]) for side in SIDES}
-    judgements = judge_paired(per_round["a"], per_round["b"])
-    _write_summary(output_dir, judgements, pythons, rounds, metrics_paths)
-    return EXIT_OK, judgements
+            say(f"maestro: abtest: {side.upper()} ({pythons[side]}) exited {done.returncode}:")
+            say(tail)
+            failed = done.returncode in (EXIT_USAGE, EXIT_INTERRUPTED)
+            return done.returncode if failed else EXIT_FAILED
+    judgements = judge_paired(_rounds(folders["a"]), _rounds(folders["b"]))
+    _write_summary(output_dir, judgements, pythons, rounds)
+    for side, python in pythons.items():
+        environ = read_json_file(side_dir(output_dir, side) / "run.json")
+        print(f"{side.upper()}: {python} ({stack_line(environ)})")
+    print(verdict_table(judgements, show_all=show_all), flush=True)
+    return int(any(j.verdict == "regressed" and j.decides for j in judgements))
+
+
+def _metrics(output_dir: Path, side: str) -> Path:
+    """A side's TorchBench metrics file: its rounds' means, with the interval between them."""
+    return side_dir(output_dir, side) / "metrics.json"
 
 
 def _rounds(folders: Sequence[Path]) -> dict[str, list[float]]:
@@ -87,11 +97,7 @@ def _rounds(folders: Sequence[Path]) -> dict[str, list[float]]:
 
 
 def _write_summary(
-    output_dir: Path,
-    judgements: Sequence[Judgement],
-    pythons: Mapping[str, str],
-    rounds: int,
-    metrics_paths: Mapping[str, Path | None],
+    output_dir: Path, judgements: Sequence[Judgement], pythons: Mapping[str, str], rounds: int
 ) -> None:
     """abtest.json (both sides, the rounds, each metric's change) and abtest.csv (the changes):
     a change is B / A - 1 (a difference when ``absolute``), null where not judged."""
@@ -109,7 +115,7 @@ def _write_summary(
             "decides": [j.decides for j in judgements],
         }
     )
-    sides = {s: {"python": pythons[s], "metrics": str(metrics_paths[s] or "")} for s in SIDES}
+    sides = {s: {"python": pythons[s], "metrics": str(_metrics(output_dir, s))} for s in SIDES}
     doc = {"rounds": rounds, **sides, "changes": records_of(frame)}
     atomic_write_files(
         {

@@ -85,9 +85,6 @@ class CompareResult:
     def regressions(self) -> tuple[Judgement, ...]:
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
-    def count(self, verdict: str) -> int:
-        return sum(1 for j in self.judgements if j.verdict == verdict and j.decides)
-
 
 def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
     """Parse ``METRIC=FLOOR`` strings (``latency_p99_us=0.2`` or ``=20%``; an absolute metric's

@@ -196,15 +196,13 @@ identical 2-core gloo runs moved up to 3x their floors, as their windows spread 
 PROCESSES_FLOOR: Final = 0.01
 """A relative metric's floor when both runs hold two or more processes: their intervals are
 made between processes, so only a change too small to act on is left out."""
-PROCESS_FLOORS: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
-    {
-        "cpu": {"compute": 1.5, "other": 0.05, "comm": 6.0},
-        "cuda": {"compute": 0.05, "other": 0.05, "comm": 0.05},
-    }
+PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
+    {"comm": 6.0, "compute": 1.5, "other": 0.05}
 )
-"""A relative metric's floor in a one-process run, by device and block category (``other``:
-sleeps): the spread between processes measured for that kind (docs/torchbench.md); a pattern's
-figures take its blocks' widest."""
+"""A relative metric's floor in a one-process run on CPU (profiler ``host``), by its block's
+category (``other``: sleeps): the spread between processes measured for that kind
+(docs/torchbench.md); a pattern's figures take its blocks' widest, an unknown block the widest.
+On CUDA the metrics' own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,18 +226,14 @@ def noise_of(
     keys: Iterable[str],
 ) -> Noise:
     """The noise two runs are judged against: between processes when both hold two or more,
-    else each key's :data:`PROCESS_FLOORS` from its block's category and the device (its
-    ``profiler``), read from the runs' settings; unknown: the widest."""
+    else on CPU (or an unsaid device) each key's :data:`PROCESS_FLOORS`, from the categories
+    of the blocks the runs' settings list."""
     if processes_of(environ_a) >= 2 and processes_of(environ_b) >= 2:
         return Noise(between_processes=True)
     environ = {**(environ_b or {}), **(environ_a or {})}
-    profiler = str(environ.get("profiler", ""))
-    device = "cpu" if profiler == "host" else "cuda" if profiler else ""
-    kinds = PROCESS_FLOORS.get(device) or {
-        kind: max(f[kind] for f in PROCESS_FLOORS.values()) for kind in PROCESS_FLOORS["cpu"]
-    }
-    widest = max(kinds.values())
-    ops = registered_ops()
+    if environ.get("profiler", "host") != "host":
+        return Noise()
+    widest, ops = max(PROCESS_FLOORS.values()), registered_ops()
     floors: dict[str, dict[str, float]] = {}  # pattern: {block: floor}
     for name, value in environ.items():
         if name.startswith("block.") and "/" in name:
@@ -247,7 +241,7 @@ def noise_of(
             op = str(value).split(" ", 1)[0].removeprefix("op=")
             kind = environ.get(f"category.{unit}") or getattr(ops.get(op), "category", "")
             pattern, _, block = unit.rpartition("/")
-            floors.setdefault(pattern, {})[block] = kinds.get(str(kind), widest)
+            floors.setdefault(pattern, {})[block] = PROCESS_FLOORS.get(str(kind), widest)
     out = {}
     for key in keys:
         parsed = parse_metric_key(key)
