@@ -30,7 +30,6 @@ from userbenchmark.maestro.core.output.results import (
     PROCESS_COLUMN,
     load_results,
     metrics_from_results,
-    process_count,
 )
 
 GEMM = "fsdp/forward/gemm_fwd"
@@ -138,7 +137,6 @@ def _results_of(values):
 
 def test_a_metric_of_several_processes_is_their_mean_with_the_interval_between_them():
     found = _results_of([100.0, 110.0, 105.0])
-    assert process_count(found) == 3
     metrics = metrics_from_results(found)
     assert metrics["s/p/b/latency_avg_us"] == pytest.approx(105.0)
     assert metrics["s/p/b/latency_avg_us_ci_df"] == 2  # processes - 1, not the windows' 9

@@ -23,7 +23,6 @@ from .metric_keys import (
     metric_value_problem,
     noise_of,
     parse_metric_key,
-    processes_of,
     readings,
     spec_of,
     split_bound,
@@ -36,7 +35,6 @@ from .results import (
     describe,
     load_results,
     metrics_from_results,
-    process_count,
     read_json_file,
     records_of,
     results_from_records,
@@ -117,14 +115,12 @@ class _Side:
     table_settings: dict[str, str] | None = None
     failures: tuple[str, ...] = ()
     note: str = ""
-    nan: frozenset[str] = frozenset()  # keys a metrics file holds as NaN: measured, no value
-    processes: int = 1  # how many processes its values come from
+    nan: frozenset[str] = frozenset()  # keys it holds as NaN: measured without a value
 
     @property
     def environ(self) -> dict[str, Any]:
-        """Its settings, those its tables record, and how many processes it holds."""
-        own = {**(self.table_settings or {}), **(self.settings or {})}
-        return own | {"processes": str(self.processes)} if own else {}
+        """Its settings and those its tables record."""
+        return {**(self.table_settings or {}), **(self.settings or {})}
 
 
 def _load_side(path: Path) -> _Side:
@@ -137,7 +133,6 @@ def _load_side(path: Path) -> _Side:
                 metrics={k: v for k, v in metrics.items() if not math.isnan(v)},
                 settings=environ,
                 nan=frozenset(k for k, v in metrics.items() if math.isnan(v)),
-                processes=processes_of(environ),
             )
         elif doc is None or isinstance(doc, list):
             side = _results_side(path, doc)
@@ -190,15 +185,13 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
     metrics = metrics_from_results(results)  # a ValueError is named after the file by the caller
     for key, value in metrics.items():
         _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
-    settings = settings if isinstance(settings, dict) else None
     return _Side(
         metrics=metrics,
-        settings=settings,
+        settings=settings if isinstance(settings, dict) else None,
         table_settings=_table_settings(results),
         failures=tuple(str(f.get("pattern", "?")) for f in failures or ()),
         note=note,
         nan=frozenset(_unmeasured(readings(metrics))),
-        processes=processes_of(settings) if settings else process_count(results),
     )
 
 
@@ -452,6 +445,8 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
 def _table_settings(found: Results) -> dict[str, str]:
     out = {}
     for row in records_of(found.patterns):
+        if row.get("profiler"):  # the device the floors depend on (metric_keys.noise_of)
+            out["profiler"] = row["profiler"]
         out[f"pattern.{row['pattern']}"] = (
             f"iters={row['iters']} warmup_iters={row['warmup_iters']} sync={row['sync']} "
             f"graph={row['graph']}"

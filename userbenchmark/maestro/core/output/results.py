@@ -395,12 +395,6 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     return replace(found, blocks=blocks)
 
 
-def process_count(results: Results) -> int:
-    """How many processes a run's tables hold (their ``process`` column; 1 without it)."""
-    column = results.blocks.get(PROCESS_COLUMN)
-    return max(1, len(set(column.dropna()))) if column is not None else 1
-
-
 def metrics_from_results(results: Results) -> dict[str, float]:
     """``{metric key: float}`` of the records' metrics (NA left out), pattern by pattern: its
     blocks', its own, its pairs', each followed by its interval's bounds; ValueError for a name
