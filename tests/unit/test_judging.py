@@ -190,7 +190,10 @@ def test_paired_rounds_judge_a_rise_and_its_fall_alike_and_identical_rounds_clea
     assert judged[lat].verdict == judged[rate].verdict == "regressed"
     assert judged[lat].low < 0.05 < judged[lat].high
     assert not judged[skew].decides  # a harness diagnostic: shown, never deciding
-    same = judge_paired(a, {lat: base, rate: 1e6 / base, skew: [1.0] * 6})
+    same = judge_paired(
+        {**a, "s/p/only_a/latency_avg_us": base}, {lat: base, rate: 1e6 / base, skew: [1.0] * 6}
+    )
+    assert [j.key for j in same] == [skew, lat, rate]  # what both hold, sorted
     assert {j.verdict for j in same if j.decides} == {"within noise"}
     across = judge_all(  # the same values as two runs of one process each: a 3 % spread hides 5 %
         {lat: Reading(value=float(base.mean()), low=90.0, high=110.0, df=5)},

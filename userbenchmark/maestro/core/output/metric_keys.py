@@ -333,8 +333,9 @@ def judge_paired(
     """Judge every key both runs hold (sorted), ``treatment`` against ``control`` paired by
     round (one value per round, each round a process of each): the change's interval is over
     the rounds, with the floors of runs of several processes. The harness decides nothing."""
-    rounds = {k: (np.asarray(control[k], float), np.asarray(treatment[k], float)) for k in control}
-    specs = {key: spec_of(key.rsplit("/", 1)[-1]) for key in rounds.keys() & treatment.keys()}
+    keys = control.keys() & treatment.keys()
+    rounds = {k: (np.asarray(control[k], float), np.asarray(treatment[k], float)) for k in keys}
+    specs = {key: spec_of(key.rsplit("/", 1)[-1]) for key in keys}
     judged = {
         key
         for key, spec in specs.items()
