@@ -143,11 +143,9 @@ def cmd_run(params: dict[str, Any]) -> int:
     outputs = None
     try:
         world_size = _world_size(params["nproc"], launch)
-        if params["repeat"] < 1 or (params["repeat"] > 1 and launch.launcher != "none"):
+        if params["repeat"] > 1 and launch.launcher != "none":
             raise OptionError(
-                f"--repeat must be at least 1, got {params['repeat']}"
-                if params["repeat"] < 1
-                else "--repeat starts fresh processes itself: run it without torchrun or srun "
+                "--repeat starts fresh processes itself: run it without torchrun or srun "
                 "(under a launcher, launch the run N times)"
             )
         options = _options_of(params)
@@ -236,7 +234,7 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 @click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
 @click.option(
     "--repeat",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     metavar="N",
     help="run everything N times, each in fresh processes, into one output: every process's "

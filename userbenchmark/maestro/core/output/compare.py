@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,7 +355,7 @@ def verdict_table(
     line = ", ".join(listed) or "nothing regressed or improved"
     if rest:
         line += f"; {rest}" + ("" if show_all else " (--all lists every row)")
-    return (_fitted(rows) + "\n" if rows else "") + line
+    return (_fitted(rows) + "\n" if rows else "") + textwrap.fill(line, TABLE_WIDTH)
 
 
 def _label_order(item: tuple[str, int]) -> tuple[bool, bool, int, str]:
@@ -428,7 +429,9 @@ def _fmt_floor(floor: float | None, absolute: bool) -> str:
     beyond 2.5 times or 1 / 2.5)."""
     if floor is None:
         return ""
-    return f"{floor:g}" if absolute else f"{floor * 100:.3g}%" if floor < 1 else f"x{1 + floor:.3g}"
+    return (
+        f"{floor:.3g}" if absolute else f"{floor * 100:.3g}%" if floor < 1 else f"x{1 + floor:.3g}"
+    )
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
