@@ -141,18 +141,21 @@ def judge_pair(case: Case, a: tuple[Path, dict], b: tuple[Path, dict], tally: Ta
 
 
 def moves(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
-    """The largest |log(B / A)| of each kind of judged relative figure between two metrics
-    files: a block's category (``comm``, ``compute``, ``other``) or ``pattern``."""
+    """The largest change of each kind of judged figure between two metrics files: |log(B / A)|
+    of a relative one, by its block's category (``comm``, ``compute``, ``other``) or
+    ``pattern``; |B - A| of an ``absolute`` one (overlap fractions and efficiency)."""
     out: dict[str, float] = {}
     for key, value in a["metrics"].items():
         other = b["metrics"].get(key)
         parsed = parse_metric_key(key)
         spec = spec_of(parsed.metric)
-        if other is None or f"{key}_ci_low" not in a["metrics"] or spec.absolute or spec.harness:
+        if other is None or f"{key}_ci_low" not in a["metrics"] or spec.harness:
             continue
         unit = f"category.{parsed.pattern}/{parsed.block}"
         kind = a["environ"].get(unit, "?") if parsed.block else "pattern"
-        out[kind] = max(out.get(kind, 0.0), abs(math.log(other / value)))
+        kind = "absolute" if spec.absolute else kind
+        moved = abs(other - value) if spec.absolute else abs(math.log(other / value))
+        out[kind] = max(out.get(kind, 0.0), moved)
     return out
 
 
@@ -197,7 +200,7 @@ def report(cases: Sequence[Case], tallies: dict[str, Tally], iters: int) -> str:
     headers = ["case", "pairs", "metrics judged (median)", "false alarms: compare"]
     headers += ["false alarms: detector", "detected", "most flagged"]
     spread = [
-        [case.name, kind, len(moved), *(f"{math.expm1(q) * 100:.1f} %" for q in quantiles(moved))]
+        [case.name, kind, len(moved), *(shown(kind, q) for q in quantiles(moved))]
         for case in cases
         if case.repeat == 1 and case.target == ""
         for kind, moved in sorted(tallies[case.name].moved.items())
@@ -211,6 +214,11 @@ def report(cases: Sequence[Case], tallies: dict[str, Tally], iters: int) -> str:
         + "\n\nBetween the processes of a pair, by kind of figure\n\n"
         + markdown_table(kinds, spread)
     )
+
+
+def shown(kind: str, moved: float) -> str:
+    """A relative move as a percentage, an absolute one in its unit."""
+    return f"{moved:.3f}" if kind == "absolute" else f"{math.expm1(moved) * 100:.1f} %"
 
 
 def quantiles(moved: list[float]) -> tuple[float, float]:

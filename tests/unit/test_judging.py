@@ -94,6 +94,7 @@ def test_floors_of_one_process_runs_follow_the_block_kind_and_device():
     }
     keys = ["s/p/mm/latency_avg_us", "s/p/nap/latency_avg_us", "s/p/mine/latency_avg_us"]
     keys += ["s/q/ar/busbw_gbps", "s/q/odd/latency_avg_us", "s/p/makespan_avg_us"]
+    keys += ["s/p/overlap_efficiency"]
     floors = noise_of(environ, environ, keys).process_floors
     cpu = PROCESS_FLOORS
     assert [floors[k] for k in keys] == [
@@ -101,8 +102,9 @@ def test_floors_of_one_process_runs_follow_the_block_kind_and_device():
         cpu["other"],
         cpu["other"],
         cpu["comm"],
-        max(cpu.values()),
+        max(cpu["comm"], cpu["compute"], cpu["other"]),
         max(cpu["compute"], cpu["other"]),  # a pattern's figures: its blocks' widest
+        cpu["absolute"],  # in the metric's unit
     ]
     # On CUDA the metrics' own floors hold the spread between processes.
     assert noise_of({**environ, "profiler": "cupti"}, None, keys) == Noise()

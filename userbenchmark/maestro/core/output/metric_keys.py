@@ -197,12 +197,13 @@ PROCESSES_FLOOR: Final = 0.01
 """A relative metric's floor when both runs hold two or more processes: their intervals are
 made between processes, so only a change too small to act on is left out."""
 PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
-    {"comm": 6.0, "compute": 1.5, "other": 0.05}
+    {"comm": 6.0, "compute": 1.5, "other": 0.05, "absolute": 0.3}
 )
-"""A relative metric's floor in a one-process run on CPU (profiler ``host``), by its block's
-category (``other``: sleeps): the spread between processes measured for that kind
-(docs/torchbench.md); a pattern's figures take its blocks' widest, an unknown block the widest.
-On CUDA the metrics' own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
+"""A metric's floor in a one-process run on CPU (profiler ``host``): a relative one's by its
+block's category (``other``: sleeps), an absolute one's (overlap fractions and efficiency) in
+its unit; each the spread between processes measured for that kind (docs/torchbench.md). A
+pattern's figures take its blocks' widest, an unknown block the widest. On CUDA the metrics'
+own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,7 +234,8 @@ def noise_of(
     environ = {**(environ_b or {}), **(environ_a or {})}
     if environ.get("profiler", "host") != "host":
         return Noise()
-    widest, ops = max(PROCESS_FLOORS.values()), registered_ops()
+    widest = max(f for kind, f in PROCESS_FLOORS.items() if kind != "absolute")
+    ops = registered_ops()
     floors: dict[str, dict[str, float]] = {}  # pattern: {block: floor}
     for name, value in environ.items():
         if name.startswith("block.") and "/" in name:
@@ -247,7 +249,8 @@ def noise_of(
         parsed = parse_metric_key(key)
         blocks = floors.get(parsed.pattern, {})
         scope = [blocks.get(parsed.block, widest)] if parsed.block else list(blocks.values())
-        out[key] = max(scope, default=widest)
+        absolute = spec_of(parsed.metric).absolute
+        out[key] = PROCESS_FLOORS["absolute"] if absolute else max(scope, default=widest)
     return Noise(process_floors=out)
 
 
@@ -379,12 +382,12 @@ def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float])
 
 
 def _floor(key: str, spec: MetricSpec, floors: Mapping[str, float], noise: Noise) -> float | None:
-    """The floor before the window spread: the user's, else the metric's, for a relative metric
-    narrowed to PROCESSES_FLOOR between processes or widened to its process floor."""
-    if spec.name in floors or spec.floor is None or spec.absolute or spec.exact:
+    """The floor before the window spread: the user's, else the metric's, widened to its process
+    floor in a one-process run; a relative one's narrowed to PROCESSES_FLOOR between processes."""
+    if spec.name in floors or spec.floor is None or spec.exact or spec.harness:
         return floors.get(spec.name, spec.floor)
     if noise.between_processes:
-        return min(spec.floor, PROCESSES_FLOOR)
+        return spec.floor if spec.absolute else min(spec.floor, PROCESSES_FLOOR)
     return max(spec.floor, noise.process_floors.get(key, 0.0))
 
 
