@@ -215,12 +215,6 @@ class Noise:
     process_floors: Mapping[str, float] = field(default_factory=dict)
 
 
-def processes_of(environ: Mapping[str, object] | None) -> int:
-    """How many processes a run's values come from (its ``environ``'s ``processes``; 1 unsaid)."""
-    text = str((environ or {}).get("processes", "1"))
-    return int(text) if text.isdigit() else 1
-
-
 def noise_of(
     environ_a: Mapping[str, object] | None,
     environ_b: Mapping[str, object] | None,
@@ -229,7 +223,8 @@ def noise_of(
     """The noise two runs are judged against: between processes when both hold two or more,
     else on CPU (or an unsaid device) each key's :data:`PROCESS_FLOORS`, from the categories
     of the blocks the runs' settings list."""
-    if processes_of(environ_a) >= 2 and processes_of(environ_b) >= 2:
+    processes = [str((e or {}).get("processes", "1")) for e in (environ_a, environ_b)]
+    if all(text.isdigit() and int(text) >= 2 for text in processes):
         return Noise(between_processes=True)
     environ = {**(environ_b or {}), **(environ_a or {})}
     if environ.get("profiler", "host") != "host":
