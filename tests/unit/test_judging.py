@@ -146,6 +146,14 @@ def test_a_metric_of_several_processes_is_their_mean_with_the_interval_between_t
     logs = np.log([100.0, 110.0, 105.0])
     half = 4.303 * logs.std(ddof=1) / math.sqrt(3)  # Student t, 2 degrees of freedom
     assert math.log(high / low) == pytest.approx(2 * half, rel=1e-3)
+    from userbenchmark.maestro.core.output.results import results_from_records
+
+    rows = [  # an overlap fraction near 0 in two processes: its interval stays in [0, 1]
+        {"suite": "s", "pattern": "p", "comm_compute_overlap": v, PROCESS_COLUMN: k}
+        for k, v in enumerate([0.02, 0.3])
+    ]
+    near_zero = metrics_from_results(results_from_records(rows, "test", table="patterns"))
+    assert near_zero["s/p/comm_compute_overlap_ci_low"] == 0.0
     twice = _results_of([100.0, 110.0])
     twice.blocks[PROCESS_COLUMN] = twice.blocks[PROCESS_COLUMN] * 0  # process 0 twice
     with pytest.raises(ValueError, match="duplicate row for s/p/b: process 0 twice"):

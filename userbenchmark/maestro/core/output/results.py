@@ -446,6 +446,9 @@ def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, 
             values = [row[name] for row in group if row.get(name) is not None]
             mean, bounds = process_mean(values, absolute=spec.absolute)
             merged[name] = None if math.isnan(mean) else mean
+            if bounds and spec.domain in ("fraction", "non_negative"):  # t's interval, clipped
+                top = 1.0 if spec.domain == "fraction" else math.inf
+                bounds = (max(bounds[0], 0.0), min(bounds[1], top), bounds[2])
             if spec.interval:
                 merged.update(zip((name + b for b in BOUNDS), bounds or (None,) * 3, strict=True))
         out.append(merged)
