@@ -32,7 +32,7 @@ def one_abtest(config: str, rounds: int, run: Sequence[str], folder: Path) -> di
     """One abtest of this interpreter against itself; its abtest.json."""
     command = [sys.executable, "-m", "userbenchmark.maestro", "abtest", config]
     command += ["--a", sys.executable, "--b", sys.executable, "--rounds", str(rounds)]
-    command += ["--output-dir", str(folder), "--no-metrics", *run]
+    command += ["--output-dir", str(folder), *run]
     proc = subprocess.run(command, env=maestro_env(), capture_output=True, text=True, timeout=3600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"abtest exited {proc.returncode}:\n{proc.stderr[-3000:]}")
