@@ -436,9 +436,7 @@ ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics
     show_default=True,
     help="rounds, each a fresh run of A and of B (A B, then B A, ...)",
 )
-@click.option(
-    "--output-dir", required=True, help="abtest.json/.csv, each side's files and metrics file"
-)
+@click.option("--output-dir", required=True, help="abtest.json, each side's files and metrics file")
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @click.pass_context
 @_interruptible

@@ -2,7 +2,7 @@
 round a ``run`` of A and one of B in fresh processes, in the order A B, B A, A B, ...; each
 metric's change paired by round (metric_keys.judge_paired), each side's rounds gathered as the
 processes of a ``run --repeat`` are (its results and its TorchBench metrics file), and a
-summary, ``abtest.json`` and ``abtest.csv``, in the output folder."""
+summary, ``abtest.json``, in the output folder."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ import pandas as pd
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, say
 from .compare import verdict_table
-from .locations import atomic_write_files
+from .locations import atomic_write_bytes
 from .metric_keys import Judgement, judge_paired, split_bound
 from .processes import gather_processes, process_dir
 from .reporter import stack_line
-from .results import csv_text, load_results, metrics_from_results, read_json_file, records_of
+from .results import load_results, metrics_from_results, read_json_file, records_of
 
 SIDES: Final = ("a", "b")
-SUMMARY: Final = "abtest"  # abtest.json, abtest.csv
+SUMMARY: Final = "abtest"  # abtest.json, abtest-a/, abtest-b/
 # The folder holding the userbenchmark package: each side runs `-m userbenchmark.maestro` there.
 _ROOT: Final = Path(__file__).resolve().parents[4]
 _LAUNCH_VARIABLES: Final = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
@@ -99,8 +99,8 @@ def _rounds(folders: Sequence[Path]) -> dict[str, list[float]]:
 def _write_summary(
     output_dir: Path, judgements: Sequence[Judgement], pythons: Mapping[str, str], rounds: int
 ) -> None:
-    """abtest.json (both sides, the rounds, each metric's change) and abtest.csv (the changes):
-    a change is B / A - 1 (a difference when ``absolute``), null where not judged."""
+    """abtest.json: both sides, the rounds, and each metric's means and change, B / A - 1 (a
+    difference when ``absolute``) with its interval (null where not judged)."""
     frame = pd.DataFrame(
         {
             "key": [j.key for j in judgements],
@@ -117,9 +117,4 @@ def _write_summary(
     )
     sides = {s: {"python": pythons[s], "metrics": str(_metrics(output_dir, s))} for s in SIDES}
     doc = {"rounds": rounds, **sides, "changes": records_of(frame)}
-    atomic_write_files(
-        {
-            output_dir / f"{SUMMARY}.json": (json.dumps(doc, indent=1) + "\n").encode(),
-            output_dir / f"{SUMMARY}.csv": csv_text(frame).encode(),
-        }
-    )
+    atomic_write_bytes(output_dir / f"{SUMMARY}.json", (json.dumps(doc, indent=1) + "\n").encode())
