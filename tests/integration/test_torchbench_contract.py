@@ -302,7 +302,8 @@ def test_ci_yaml_has_torchbench_shape():
 def _metrics_doc(metrics: dict[str, float]) -> dict:
     return {
         "name": "maestro",
-        "environ": {"pytorch_git_version": "abc", "pytorch_version": "2.13.0"},
+        # A GPU run's settings: the detector refuses a file without them.
+        "environ": {"pytorch_git_version": "abc", "pytorch_version": "2.13.0", "profiler": "cupti"},
         "metrics": metrics,
     }
 

@@ -27,8 +27,11 @@ BUSBW = "quickstart/ag_rs/allgather/busbw_gbps"
 MAKESPAN = "quickstart/ag_rs/makespan_avg_us"
 
 
-def _metrics_file(path, metrics, name="maestro"):
-    path.write_text(json.dumps({"name": name, "environ": {"x": "y"}, "metrics": metrics}))
+ENVIRON = {"backend": "nccl", "profiler": "cupti", "world_size": "2"}
+
+
+def _metrics_file(path, metrics, name="maestro", environ=ENVIRON):
+    path.write_text(json.dumps({"name": name, "environ": environ, "metrics": metrics}))
     return path
 
 
@@ -89,13 +92,14 @@ def test_a_change_beyond_noise_and_floor_regresses(tmp_path):
     assert [j.key for j in result.regressions] == [LAT]
     assert exit_code(result) == 1
     table = format_compare_table(result)
-    for text in (LAT, "+20.00%", "100 [98, 102]", "lower", "higher", "1 regressed"):
+    for text in ("ag_rs/allgather/latency_avg_us", "+20.0%", "1 regressed, 1 improved"):
         assert text in table
+    assert "makespan" not in table and "1 within noise (--all lists every row)" in table
     # The floor shown is the one applied: 5 %, or the wider spread of a run's window means
     # (makespan's +-5 % interval over 31 windows: they spread by 14.6 %).
     floors = {j.key: j.floor for j in result.judgements}
     assert floors[LAT] >= 0.05 and abs(floors[MAKESPAN] - 0.146) < 0.001
-    assert f"{floors[MAKESPAN]:.4%}" in table
+    assert "14.6%" in format_compare_table(result, show_all=True)
 
 
 def test_a_significant_change_below_the_floor_is_within_noise(tmp_path):
@@ -152,7 +156,7 @@ def test_threshold_overrides_move_the_floor(tmp_path):
     b = _metrics_file(tmp_path / "b.json", _ci(LAT, 120.0, 119.0, 121.0))
     result = compare_files(a, b, threshold_overrides={"latency_avg_us": 0.25})
     assert exit_code(result) == 0
-    assert "25%" in format_compare_table(result)
+    assert "25%" in format_compare_table(result, show_all=True)
 
 
 def test_results_records_flatten_to_metric_keys(tmp_path):
@@ -285,7 +289,7 @@ def test_parse_threshold_overrides():
 def test_small_values_never_print_as_zero(tmp_path):
     a = _metrics_file(tmp_path / "a.json", {LAT: 0.0123})
     b = _metrics_file(tmp_path / "b.json", {LAT: 0.0124})
-    assert "0.0123" in format_compare_table(compare_files(a, b))
+    assert "0.0123" in format_compare_table(compare_files(a, b), show_all=True)
 
 
 # --- any JSON at all: a result or a CompareError naming the file, never another exception ------
@@ -345,29 +349,49 @@ def test_an_integer_beyond_float64_is_out_of_range(tmp_path):
 @pytest.mark.parametrize(
     ("key", "text"),
     [
-        (LAT, "NaN"),
         (LAT, "Infinity"),
         (LAT, "-Infinity"),
         (LAT, "0"),
         (LAT, "-0.0"),
         (LAT, "-3.5"),
         (BUSBW, "0.0"),
-        (BUSBW, "NaN"),
+        (f"{BUSBW}_ci_low", "NaN"),  # a bound is a number, or absent
         (MAKESPAN, "-1"),
         ("quickstart/ag_rs/allgather/slowdown", "0"),
         ("quickstart/ag_rs/allgather/wrong_elements", "-1"),
         ("quickstart/ag_rs/comm_compute_overlap", "1.5"),
         ("quickstart/ag_rs/allgather+reduce_scatter/pairwise_overlap", "-0.1"),
-        ("quickstart/ag_rs/allgather/mystery_metric", "NaN"),  # unknown: finite at least
+        ("quickstart/ag_rs/allgather/mystery_metric", "Infinity"),  # unknown: finite at least
     ],
 )
 def test_impossible_values_in_a_metrics_file_are_invalid_not_judged(tmp_path, key, text):
-    path = _write_text(tmp_path / "m.json", '{"metrics": {"' + key + '": ' + text + "}}")
+    base = key.removesuffix("_ci_low")
+    path = _write_text(tmp_path / "m.json", f'{{"metrics": {{"{base}": 1, "{key}": {text}}}}}')
     message = _compare_error(path, "invalid value")
     assert key in message
-    good = _metrics_file(tmp_path / "good.json", {key: 1.0})
+    good = _metrics_file(tmp_path / "good.json", {base: 1.0})
     with pytest.raises(CompareError, match="invalid value"):
         compare_files(good, path)
+
+
+def test_a_nan_fails_a_judged_figure_and_is_shown_for_a_harness_diagnostic(tmp_path):
+    skew = "quickstart/ag_rs/allgather/start_skew_us"
+    a = _metrics_file(tmp_path / "a.json", {LAT: 10.0, BUSBW: 5.0, skew: 3.0})
+    text = json.dumps({"environ": ENVIRON, "metrics": {LAT: math.nan, skew: math.nan}})
+    b = _write_text(tmp_path / "b.json", text)  # NaN: measured without a value
+    result = compare_files(a, b)
+    assert result.nan_in_b == {LAT: 10.0} and exit_code(result) == 1
+    assert result.only_a == {BUSBW: 5.0}  # absent from B, not NaN there: only in A
+    (shown,) = result.judgements
+    assert shown.key == skew and shown.verdict == "not judged" and not shown.decides
+    table = format_compare_table(result, show_all=True)
+    assert "FAILED: NaN in B where A has a value: " + LAT in table
+    (busbw_row,) = [line for line in table.splitlines() if "allgather/busbw_gbps" in line]
+    assert busbw_row.endswith("only in A")
+    metrics = {skew: math.nan, LAT: 10.0}
+    c = _write_text(tmp_path / "c.json", json.dumps({"environ": ENVIRON, "metrics": metrics}))
+    assert exit_code(compare_files(a, c)) == 0
+    assert exit_code(compare_files(a, c, judge_harness=True)) == 1
 
 
 @pytest.mark.parametrize(
@@ -427,7 +451,9 @@ def test_output_dirs_compare_with_the_same_keys_as_their_metrics_files(tmp_path)
     from tests.unit.test_golden_outputs import _outcomes
     from userbenchmark.maestro.core.output.writer import OutputWriter
 
-    writer = OutputWriter(output_dir=tmp_path / "out", metrics_path=tmp_path / "m.json", environ={})
+    writer = OutputWriter(
+        output_dir=tmp_path / "out", metrics_path=tmp_path / "m.json", environ=ENVIRON
+    )
     for _, outcome, _ in _outcomes():
         writer.add(outcome)
     from_dir = load_metrics(tmp_path / "out")

@@ -190,7 +190,7 @@ def test_compare_plot_missing_folder_prints_the_table_and_one_line(runs, tmp_pat
     out = tmp_path / "absent" / "cmp.png"
     assert _compare(runs, "--plot", out) == 2
     captured = capsys.readouterr()
-    assert "verdict" in captured.out and "within noise" in captured.out  # the table
+    assert "nothing regressed or improved; " in captured.out  # the table: nothing changed
     _one_line(captured.err, f"maestro: --plot {out}: not written: No such file or directory")
     assert ".tmp" not in captured.err
 
@@ -201,7 +201,7 @@ def test_compare_plot_without_matplotlib_prints_the_table(runs, tmp_path, capsys
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert _compare(runs, "--plot", tmp_path / "cmp.png") == 2
     captured = capsys.readouterr()
-    assert "verdict" in captured.out
+    assert "nothing regressed or improved; " in captured.out
     _one_line(captured.err, "not written: --plot needs matplotlib: pip install matplotlib")
 
 
@@ -218,7 +218,8 @@ def _metrics(path, skew, lat=100.0):
         metrics[f"{key}_ci_df"] = 30
     for stat_name in ("min", "max", "p50"):
         metrics[f"s/p/ag/latency_{stat_name}_us"] = lat
-    path.write_text(json.dumps({"name": "maestro", "environ": {}, "metrics": metrics}))
+    environ = {"profiler": "cupti"}  # a GPU run's: the metrics' own floors
+    path.write_text(json.dumps({"name": "maestro", "environ": environ, "metrics": metrics}))
     return path
 
 
@@ -226,7 +227,11 @@ def test_a_harness_skew_is_shown_and_decides_nothing(tmp_path, capsys):
     a, b = _metrics(tmp_path / "a.json", 2.0), _metrics(tmp_path / "b.json", 60.0)
     assert cli.main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert "regressed (harness)" in out and "1 harness diagnostics" in out
+    assert out.startswith("A: ") and "nothing regressed or improved; " in out
+    assert "1 regressed (harness)" in out  # counted, not listed
+    assert cli.main(["compare", str(a), str(b), "--all"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "start_skew_us" in line]
+    assert row.endswith("regressed (harness)")
     assert cli.main(["compare", str(a), str(b), "--judge-harness"]) == 1
     assert "1 regressed" in capsys.readouterr().out
 

@@ -26,7 +26,12 @@ MAKESPAN = "quickstart/ag_rs/makespan_avg_us"
 def _doc(metrics, git="abc123", **environ):
     return {
         "name": "maestro",
-        "environ": {"pytorch_git_version": git, "pytorch_version": "2.13.0", **environ},
+        "environ": {
+            "pytorch_git_version": git,
+            "pytorch_version": "2.13.0",
+            "profiler": "cupti",
+            **environ,
+        },
         "metrics": metrics,
     }
 
@@ -177,3 +182,21 @@ def test_different_benchmarks_and_bad_shapes_raise():
         run({"name": "maestro"}, _doc(BASE))
     with pytest.raises(ValueError):
         run([], _doc(BASE))  # type: ignore[arg-type]
+
+
+def test_a_run_without_settings_is_refused_unless_forced():
+    bare = {"name": "maestro", "metrics": _measured(BASE)}
+    for control, treatment in ((bare, _doc(BASE)), (_doc(BASE), bare)):
+        with pytest.raises(ValueError, match="records no settings.*force=True"):
+            run(control, treatment)
+    assert run(bare, bare, force=True).details == {}
+
+
+def test_a_rise_and_its_matching_fall_are_reported_alike():
+    tflops = "quickstart/ag_rs/gemm/tflops"
+    slow = "quickstart/ag_rs/gemm/latency_avg_us"
+    for factor in (1.1, 1.5, 2.0, 3.0):
+        before = _doc({**_ci(slow, 100.0, 0.05), **_ci(tflops, 10.0, 0.05)})
+        after = _doc({**_ci(slow, 100.0 * factor, 0.05), **_ci(tflops, 10.0 / factor, 0.05)})
+        details = run(before, after, threshold_overrides={"latency_avg_us": 0.6, "tflops": 0.6})
+        assert (slow in details.details) == (tflops in details.details) == (factor > 1.6)

@@ -9,6 +9,7 @@ import pytest
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions, apply_overrides
 from userbenchmark.maestro.core.output.compare import (
+    CompareError,
     SettingsDiffer,
     compare_files,
     format_compare_table,
@@ -80,9 +81,12 @@ def test_compare_refuses_runs_with_different_settings_unless_forced(tmp_path):
     assert compare_files(a, b).setting_differences == ()
 
 
-def test_files_without_settings_are_compared_and_said_so(tmp_path):
+def test_files_without_settings_are_refused_unless_forced_and_said_so(tmp_path):
     a = tmp_path / "a.json"
     a.write_text(json.dumps({"name": "maestro", "metrics": {"s/p/ar/latency_avg_us": 1.0}}))
     b = _metrics(tmp_path / "b.json", {"backend": "gloo"})
-    text = format_compare_table(compare_files(a, b))
+    for first, second in ((a, b), (b, a)):
+        with pytest.raises(CompareError, match=f"{a}: records no settings.*--force"):
+            compare_files(first, second)
+    text = format_compare_table(compare_files(a, b, force=True))
     assert "A records no settings" in text

@@ -96,10 +96,14 @@ def test_independent_change_uses_welch_degrees_of_freedom():
 
 
 def test_process_mean_gives_the_between_process_interval_around_the_plain_mean():
-    mean, spread = process_mean([100.0, 110.0, math.nan, 105.0])
-    assert mean == pytest.approx(105.0) and spread.df == 2
-    assert spread.value == pytest.approx(math.log(105.0))
-    assert math.exp(spread.low) < 105.0 < math.exp(spread.high)
+    mean, (low, high, df) = process_mean([100.0, 110.0, math.nan, 105.0])
+    assert mean == pytest.approx(105.0) and df == 2
+    logs = np.log([100.0, 110.0, 105.0])
+    assert math.log(high / mean) == pytest.approx(4.303 * logs.std(ddof=1) / math.sqrt(3), rel=1e-3)
+    assert math.log(mean / low) == pytest.approx(math.log(high / mean))
     assert process_mean([3.0]) == (3.0, None)
-    mean, spread = process_mean([-1.0, 1.0], absolute=True)
-    assert mean == 0.0 and spread.low < 0 < spread.high
+    same = [138.75220000000002] * 2  # its log and back is another float: still held
+    mean, (low, high, _) = process_mean(same)
+    assert low <= mean <= high
+    mean, (low, high, _) = process_mean([-1.0, 1.0], absolute=True)
+    assert mean == 0.0 and low < 0 < high

@@ -10,8 +10,10 @@ import functools
 import inspect
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -147,10 +149,15 @@ def cmd_run(params: dict[str, Any]) -> int:
         return EXIT_USAGE
     if launch.launcher == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID"):
         supervision.die_with_parent(os.getppid())  # a killed agent leaves no worker behind
-    local = launch.launcher == "none" and (params["nproc"] or 1) > 1
+    local = launch.launcher == "none" and ((params["nproc"] or 1) > 1 or params["repeat"] > 1)
     outputs = None
     try:
         world_size = _world_size(params["nproc"], launch)
+        if params["repeat"] > 1 and launch.launcher != "none":
+            raise OptionError(
+                "--repeat starts fresh processes itself: run it without torchrun or srun "
+                "(under a launcher, launch the run N times)"
+            )
         options = _options_of(params)
         # The local launcher is no rank; every process below it is one.
         configure_logging(options.log_level, ranked=not local)
@@ -177,6 +184,8 @@ def cmd_run(params: dict[str, Any]) -> int:
             say(user_error_message(err))
         return EXIT_USAGE
     try:
+        if params["repeat"] > 1:
+            return _run_processes(suite, options, world_size, params["repeat"], outputs)
         if local:
             from .core.runtime.launcher import launch_local
 
@@ -187,6 +196,36 @@ def cmd_run(params: dict[str, Any]) -> int:
     finally:
         if outputs is not None:
             outputs.close()
+
+
+def _run_processes(
+    suite: Any, options: RunOptions, world_size: int, repeat: int, outputs: Any
+) -> int:
+    """``--repeat N``: the run in N fresh launches, one after the other, each process's files
+    in ``processes/K`` and every file of the run rewritten from them after each; stops at the
+    first that does not succeed (what the earlier ones measured stays)."""
+    from pathlib import Path
+
+    from .core.output.processes import gather_processes, process_dir
+    from .core.output.reporter import Reporter
+    from .core.runtime.launcher import launch_local
+
+    with tempfile.TemporaryDirectory(prefix="maestro-repeat-") as scratch:
+        base = outputs.output_dir or Path(scratch)  # without --output-dir: only the metrics stay
+        folders, status = [], EXIT_OK
+        for index in range(repeat):
+            folders.append(process_dir(base, index))
+            folders[-1].mkdir(parents=True)
+            say(f"maestro: process {index + 1} of {repeat}")
+            one = dataclasses.replace(options, output_dir=str(folders[-1]), metrics_path=None)
+            status = launch_local(suite, one, world_size, Reporter)
+            gather_processes(folders, outputs.output_dir, outputs.metrics_path)
+            if status != EXIT_OK:
+                break
+    where = [str(p) for p in (outputs.output_dir, outputs.metrics_path) if p is not None]
+    if where:
+        say(f"maestro: {len(folders)} of {repeat} processes gathered in {' and '.join(where)}")
+    return status
 
 
 RUN_HELP = f"""Run a pattern file and report every block's numbers.
@@ -205,6 +244,14 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
     help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
 )
 @click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    metavar="N",
+    help="run everything N times, each in fresh processes, into one output: every process's "
+    "values kept, and compare judges against the spread between them (docs/torchbench.md)",
+)
 @click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
 @click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
 @click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file")
@@ -345,6 +392,7 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     help="let harness diagnostics (start skews, gate skews, host enqueue, launch-bound "
     "iterations) decide the exit status too; by default they are shown, not judged",
 )
+@click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @_interruptible
 def compare_command(
     a: str,
@@ -353,17 +401,21 @@ def compare_command(
     force: bool,
     plot_path: str | None,
     judge_harness: bool,
+    show_all: bool,
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
     --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
     beyond the noise both runs measured and past its floor (--threshold METRIC=FLOOR moves
-    a floor). Runs measured with different settings (sizes, iterations, backend, profiler,
-    world size, ranks per GPU...) are refused unless --force; versions and devices may differ
-    (that is what A/B compares). Harness diagnostics (skews, host enqueue) are shown, not
-    judged, unless --judge-harness. Exit status 0 nothing regressed, 1 a metric regressed, is
-    NaN on one side, or B lacks patterns or blocks of A or recorded failures, 2 a file cannot
-    be used, the settings differ, or --plot's file is refused or cannot be written (the table
-    is still printed then)."""
+    a floor): the spread between processes when both runs hold several (run --repeat N),
+    else a floor covering it for that kind of block. The table lists what changed, then
+    counts the rest (--all lists every metric). Runs measured with different settings (sizes,
+    iterations, backend, profiler, world size, ranks per GPU...), or a run that records no
+    settings, are refused unless --force; versions and devices may differ (that is what A/B
+    compares). Harness diagnostics (skews, host enqueue) are shown, not judged, unless
+    --judge-harness. Exit status 0 nothing regressed, 1 a metric regressed, is NaN on one
+    side, or B lacks patterns or blocks of A or recorded failures, 2 a file cannot be used,
+    the settings differ, or --plot's file is refused or cannot be written (the table is
+    still printed then)."""
     from .core.output.compare import (
         compare_files,
         exit_code,
@@ -387,7 +439,7 @@ def compare_command(
     except (RunError, ValueError, OSError) as err:  # CompareError, OptionError: ValueErrors
         print(f"maestro: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(format_compare_table(result), flush=True)
+    print(format_compare_table(result, show_all=show_all), flush=True)
     status = exit_code(result)
     if plot_path is not None:
         try:
@@ -397,6 +449,65 @@ def compare_command(
             say(f"maestro: --plot {plot_path}: not written: {reason}")
             status = max(status, EXIT_USAGE)
     return status
+
+
+ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics", "--repeat")
+
+
+@cli.command(
+    "abtest",
+    context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_extra_args": True},
+    short_help="one pattern file under two Python environments, in alternating rounds",
+)
+@click.argument("config")
+@click.option("--a", "python_a", required=True, metavar="PYTHON", help="A's interpreter")
+@click.option("--b", "python_b", required=True, metavar="PYTHON", help="B's interpreter")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=2),
+    default=6,
+    show_default=True,
+    help="rounds, each a fresh run of A and of B (A B, then B A, ...)",
+)
+@click.option("--output-dir", required=True, help="abtest.json, each side's files and metrics file")
+@click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
+@click.pass_context
+@_interruptible
+def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
+    """Run the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) under
+    two Python environments (two torch or NCCL builds): each round a run of A and a run of B,
+    each in fresh processes, and every metric's change of B against A paired by round, judged
+    as compare judges runs of several processes. Other options are run's (--nproc, --iters,
+    --pattern, ...), passed to each side. Exit status 0 nothing regressed, 1 a metric
+    regressed or a side's run failed, 2 invalid input (a side's included), 130 interrupted."""
+    from .core.output.abtest import run_abtest
+    from .core.output.locations import prepare_output_locations
+    from .core.runtime.rendezvous import detect_launch
+
+    pythons = {"a": params["python_a"], "b": params["python_b"]}
+    try:
+        owned = [a for a in ctx.args if a.split("=", 1)[0] in ABTEST_OWNED]
+        if owned:
+            raise OptionError(f"abtest sets {', '.join(owned)} itself; leave it out")
+        if detect_launch().launcher != "none":
+            raise OptionError("abtest starts its own processes: run it without torchrun or srun")
+        for side, python in pythons.items():
+            if not shutil.which(python):
+                raise OptionError(f"--{side} {python}: no such interpreter (or not executable)")
+        outputs = prepare_output_locations(params["output_dir"], None)
+    except (OptionError, LaunchError) as err:
+        say(user_error_message(err))
+        return EXIT_USAGE
+    with outputs:
+        assert outputs.output_dir is not None
+        return run_abtest(
+            os.path.abspath(config) if os.path.exists(config) else config,
+            pythons,
+            rounds=params["rounds"],
+            run_args=ctx.args,
+            output_dir=outputs.output_dir,
+            show_all=params["show_all"],
+        )
 
 
 @cli.command("list-blocks", context_settings=CONTEXT, short_help="every op with its parameters")

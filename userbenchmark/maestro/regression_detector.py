@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.output.metric_keys import BOUNDS, judge_all, readings, spec_of, split_bound
-from .core.output.reporter import setting_differences
+from .core.output.metric_keys import BOUNDS, judge_all, noise_of, readings, spec_of, split_bound
+from .core.output.reporter import measurement_settings, setting_differences
 
 BENCHMARK_NAME = "maestro"
 
@@ -61,15 +61,23 @@ def run(
     *,
     threshold_overrides: Mapping[str, float] | None = None,
     judge_harness: bool = False,
+    force: bool = False,
 ) -> Any:
     """A TorchBenchABTestResult whose ``details`` are the metrics that regressed (or changed, if
     descriptive) beyond noise and past their floor (``threshold_overrides``: floors by name), the
-    harness's only when ``judge_harness``; ValueError when the runs' settings differ."""
+    harness's only when ``judge_harness``; ValueError when the runs' settings differ or one
+    records none (its ``environ`` missing), unless ``force``."""
     control_metrics = _metrics_of(control, "control")
     treatment_metrics = _metrics_of(treatment, "treatment")
     name = _benchmark_name(control, treatment)
     control_env, treatment_env = _env_of(control), _env_of(treatment)
-    differences = setting_differences(control_env, treatment_env)
+    for side, env in (("control", control_env), ("treatment", treatment_env)):
+        if not measurement_settings(env) and not force:
+            raise ValueError(
+                f"{side} records no settings (no environ), so that it measured what the other "
+                "run did cannot be checked; pass force=True to compare anyway"
+            )
+    differences = [] if force else setting_differences(control_env, treatment_env)
     if differences:
         raise ValueError(
             "control and treatment were measured with different settings, so their numbers "
@@ -88,11 +96,13 @@ def run(
             details[key] = TorchBenchABTestMetric(
                 control=_plain(before), treatment=_plain(after), delta=f"{before} -> {after}"
             )
+    noise = noise_of(control_env, treatment_env, numbers_c.keys() & numbers_t.keys())
     for j in judge_all(
         readings(numbers_c),
         readings(numbers_t),
         floors=threshold_overrides,
         judge_harness=judge_harness,
+        noise=noise,
     ):
         if j.verdict in ("regressed", "changed") and j.decides:
             a, b = j.control.value, j.treatment.value

@@ -72,18 +72,12 @@ def independent_change(
     return Change(value=delta, low=delta - margin, high=delta + margin, df=df)
 
 
-def floor_on_scale(floor: float, *, absolute: bool = False) -> float:
-    """A floor given as a fraction (0.03 = 3 %) on the judged scale: log1p(floor) for a relative
-    metric (a rise past 3 % and a fall past 1/1.03 alike), the floor itself when absolute."""
-    return floor if absolute else math.log1p(floor)
-
-
 def beyond_noise(change: Change, floor: float, *, absolute: bool = False) -> bool:
     """True when the change is past its interval's margin (the interval excludes 0) AND past the
     floor, all on the judged scale; `floor` given as a fraction (0.03 = 3 %) is compared as
     log1p(floor) for a relative metric, so a rise by r and a fall by 1/r are judged alike."""
     excludes_zero = change.low > 0 or change.high < 0
-    return excludes_zero and abs(change.value) > floor_on_scale(floor, absolute=absolute)
+    return excludes_zero and abs(change.value) > (floor if absolute else math.log1p(floor))
 
 
 def percent(value: float) -> float:
@@ -91,18 +85,19 @@ def percent(value: float) -> float:
     return 100 * math.expm1(min(value, 700.0))
 
 
-def process_mean(values: ArrayLike, *, absolute: bool = False) -> tuple[float, Change | None]:
-    """Figures of one metric measured in several processes: their mean, and its Student t
-    interval between processes on the judged scale (log for a relative metric; None for fewer
-    than 2 values). NaN values are left out."""
+def process_mean(
+    values: ArrayLike, *, absolute: bool = False
+) -> tuple[float, tuple[float, float, int] | None]:
+    """Figures of one metric measured in several processes (NaN left out): their mean, and its
+    Student t interval between processes as (low, high, df), made on the judged scale (the log
+    for a relative metric) around the mean; None from fewer than 2 values."""
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     mean = float(x.mean()) if x.size else math.nan
     if x.size < 2 or (not absolute and np.any(x <= 0)):
         return mean, None
     spread = mean_change(_judged(x, absolute, "values"))
-    centre = mean if absolute else math.log(mean)
-    shift = centre - spread.value  # the interval around the plain mean, on the judged scale
-    return mean, Change(
-        value=centre, low=spread.low + shift, high=spread.high + shift, df=spread.df
-    )
+    margin = spread.high - spread.value
+    if absolute:
+        return mean, (mean - margin, mean + margin, int(spread.df))
+    return mean, (mean * math.exp(-margin), mean * math.exp(margin), int(spread.df))

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from tabulate import tabulate
 
@@ -21,8 +22,10 @@ from .metric_keys import (
     Reading,
     judge_all,
     metric_value_problem,
+    noise_of,
     parse_metric_key,
     readings,
+    spec_of,
     split_bound,
 )
 from .reporter import measurement_settings, setting_differences, stack_line
@@ -81,9 +84,6 @@ class CompareResult:
     def regressions(self) -> tuple[Judgement, ...]:
         return tuple(j for j in self.judgements if j.verdict == "regressed" and j.decides)
 
-    def count(self, verdict: str) -> int:
-        return sum(1 for j in self.judgements if j.verdict == verdict and j.decides)
-
 
 def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
     """Parse ``METRIC=FLOOR`` strings (``latency_p99_us=0.2`` or ``=20%``; an absolute metric's
@@ -116,16 +116,24 @@ class _Side:
     table_settings: dict[str, str] | None = None
     failures: tuple[str, ...] = ()
     note: str = ""
+    nan: frozenset[str] = frozenset()  # keys it holds as NaN: measured without a value
+
+    @property
+    def environ(self) -> dict[str, Any]:
+        """Its settings and those its tables record."""
+        return {**(self.table_settings or {}), **(self.settings or {})}
 
 
 def _load_side(path: Path) -> _Side:
     try:
         doc = None if path.is_dir() else read_json_file(path)
         if isinstance(doc, dict) and "metrics" in doc:
-            environ = doc.get("environ")
+            environ = doc.get("environ") if isinstance(doc.get("environ"), dict) else None
+            metrics = _from_metrics_json(doc, path)
             side = _Side(
-                metrics=_from_metrics_json(doc, path),
-                settings=dict(environ) if isinstance(environ, dict) else None,
+                metrics={k: v for k, v in metrics.items() if not math.isnan(v)},
+                settings=environ,
+                nan=frozenset(k for k, v in metrics.items() if math.isnan(v)),
             )
         elif doc is None or isinstance(doc, list):
             side = _results_side(path, doc)
@@ -145,7 +153,7 @@ def _load_side(path: Path) -> _Side:
         raise CompareError(
             message if len(message) <= 500 else message[:500] + "... (cut)"
         ) from None
-    if not side.metrics:
+    if not side.metrics and not side.nan:
         raise CompareError(f"{path}: holds no metrics")
     return side
 
@@ -184,6 +192,7 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
         table_settings=_table_settings(results),
         failures=tuple(str(f.get("pattern", "?")) for f in failures or ()),
         note=note,
+        nan=frozenset(_unmeasured(readings(metrics))),
     )
 
 
@@ -207,30 +216,37 @@ def compare_files(
     SettingsDiffer when their measurement settings differ, unless ``force``. The harness's
     diagnostics are shown and decide nothing unless ``judge_harness``."""
     a, b = _load_side(Path(path_a)), _load_side(Path(path_b))
+    for path, side in ((path_a, a), (path_b, b)):
+        if not measurement_settings(side.environ) and not force:
+            raise CompareError(
+                f"{path}: records no settings (a metrics file without its environ), so that it "
+                "measured what the other run did cannot be checked; compare anyway with --force"
+            )
     differences = _setting_differences(a, b)
     if differences and not force:
         raise SettingsDiffer(str(path_a), str(path_b), differences)
-    if not a.metrics.keys() & b.metrics.keys():
+    keys_a, keys_b = a.metrics.keys() | a.nan, b.metrics.keys() | b.nan
+    if not keys_a & keys_b:
         raise CompareError(
             f"{path_a} and {path_b} have no metric key in common "
-            f"(suites {_suites(a.metrics)} vs {_suites(b.metrics)})"
+            f"(suites {_suites(keys_a)} vs {_suites(keys_b)})"
         )
     if threshold_overrides:
         _check_overrides(threshold_overrides, a.metrics.keys() | b.metrics.keys())
     ra, rb = readings(a.metrics), readings(b.metrics)
     notes = [side.note for side in (a, b) if side.note]
-    if a.table_settings is None or b.table_settings is None:
-        notes += [
-            f"{name} records no settings: that both measured the same thing was not checked"
-            for name, side in (("A", a), ("B", b))
-            if side.settings is None
-        ]
-    nan_a, nan_b = sorted(rb.keys() & _unmeasured(ra)), sorted(ra.keys() & _unmeasured(rb))
+    notes += [
+        f"{name} records no settings: that both measured the same thing was not checked"
+        for name, side in (("A", a), ("B", b))
+        if not measurement_settings(side.environ)
+    ]
+    nan_a, nan_b = _nan_keys(a, ra, rb, judge_harness), _nan_keys(b, rb, ra, judge_harness)
+    noise = noise_of(a.environ, b.environ, ra.keys() & rb.keys())
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
         judgements=tuple(
-            judge_all(ra, rb, floors=threshold_overrides, judge_harness=judge_harness)
+            judge_all(ra, rb, floors=threshold_overrides, judge_harness=judge_harness, noise=noise)
         ),
         only_a={k: ra[k].value for k in sorted(ra.keys() - rb.keys() - {*nan_b})},
         only_b={k: rb[k].value for k in sorted(rb.keys() - ra.keys() - {*nan_a})},
@@ -243,6 +259,20 @@ def compare_files(
         setting_differences=tuple(differences),
         notes=tuple(notes),
     )
+
+
+def _nan_keys(
+    side: _Side, mine: dict[str, Reading], other: Mapping[str, Reading], judge_harness: bool
+) -> list[str]:
+    """The keys ``side`` holds as NaN where the other run has a value: a judged figure's (a
+    failure); a harness diagnostic's get a NaN reading in ``mine`` instead, shown, not judged."""
+    failed = []
+    for key in sorted(side.nan & other.keys()):
+        if spec_of(parse_metric_key(key).metric).harness and not judge_harness:
+            mine[key] = Reading(value=math.nan)
+        else:
+            failed.append(key)
+    return failed
 
 
 def _setting_differences(a: _Side, b: _Side) -> list[str]:
@@ -262,34 +292,25 @@ def exit_code(result: CompareResult) -> int:
     return 1 if result.regressions or nan or result.missing or result.failures else 0
 
 
-def format_compare_table(result: CompareResult) -> str:
-    """A table (key, A, B with their intervals, change and its interval, floor, verdict), what
-    the treatment lacks, and a one-line summary."""
-    rows = [_row(j) for j in result.judgements]
-    one_sided = (
-        ("only in A", result.only_a, True),
-        ("only in B", result.only_b, False),
-        ("NaN in B", result.nan_in_b, True),
-        ("NaN in A", result.nan_in_a, False),
-    )
-    for verdict, values, in_a in one_sided:  # the value shown is the side that has one
-        other = "NaN" if verdict.startswith("NaN") else ""
-        for key, value in values.items():
-            shown = _fmt(Reading(value=value))
-            rows.append([key, *((shown, other) if in_a else (other, shown)), "", "", "", verdict])
-    rows.sort(key=lambda row: row[0])
-    headers = ["key", "A [95 %]", "B [95 %]", "change [at the comparison's level]", "floor"]
-    text = tabulate(rows, headers=[*headers, "better", "verdict"], disable_numparse=True)
-    verdicts = ("regressed", "improved", "changed", "within noise", "unchanged", "not judged")
-    counts = [f"{result.count(v)} {v}" for v in verdicts if result.count(v)]
-    harness = sum(not j.decides for j in result.judgements)
-    others = (
-        (len(result.nan_in_a) + len(result.nan_in_b), "NaN on one side"),
-        (len(result.only_a), "only in A"),
-        (len(result.only_b), "only in B"),
-        (harness, "harness diagnostics (shown, deciding nothing)"),
-    )
-    counts += [f"{n} {what}" for n, what in others if n]
+LEADING: Final = ("regressed", "improved", "changed")
+"""The verdicts a table leads with; every other row is counted, and listed with ``--all``."""
+TABLE_WIDTH: Final = 120
+
+
+def format_compare_table(result: CompareResult, *, show_all: bool = False) -> str:
+    """What changed (every row with ``show_all``) in a table of at most 120 columns, a line
+    counting the rest by verdict, and what the treatment lacks."""
+    one_sided = [
+        (key, *((shown, other) if in_a else (other, shown)), verdict)
+        for verdict, values, in_a in (
+            ("only in A", result.only_a, True),
+            ("only in B", result.only_b, False),
+            ("NaN in B", result.nan_in_b, True),
+            ("NaN in A", result.nan_in_a, False),
+        )
+        for key, value in values.items()  # the value shown is the side that has one
+        for shown, other in [(_fmt(value), "NaN" if verdict.startswith("NaN") else "")]
+    ]
     head = [f"A: {result.path_a} ({result.stack_a})", f"B: {result.path_b} ({result.stack_b})"]
     if result.setting_differences:
         head.append(
@@ -306,16 +327,78 @@ def format_compare_table(result: CompareResult) -> str:
         tail.append(f"FAILED: B lacks what A measured: {', '.join(result.missing)}")
     if result.failures:
         tail.append(f"FAILED: B recorded failed patterns: {', '.join(result.failures)}")
-    return "\n".join([*head, text, *tail, ", ".join(counts)])
+    table = verdict_table(result.judgements, one_sided, show_all=show_all)
+    return "\n".join([*head, table, *tail])
 
 
-def _row(j: Judgement) -> list[str]:
+def verdict_table(
+    judgements: Sequence[Judgement],
+    one_sided: Sequence[tuple[str, str, str, str]] = (),
+    *,
+    show_all: bool = False,
+) -> str:
+    """The judgements that changed, regressed first (every row, and the ``one_sided`` (key, A,
+    B, label) rows, with ``show_all``), at most 120 columns wide, then a line of counts."""
+    order = {verdict: i for i, verdict in enumerate(LEADING)}
+    shown = [j for j in judgements if show_all or (j.decides and j.verdict in order)]
+    shown.sort(key=lambda j: (0 if show_all else order[j.verdict], j.key))
+    rows = [
+        [j.key, _fmt(j.control.value), _fmt(j.treatment.value), *_change_cells(j)] for j in shown
+    ]
+    if show_all:
+        rows = sorted(rows + [[key, a, b, "", "", label] for key, a, b, label in one_sided])
+    counts: dict[str, int] = {}
+    for label in [_verdict(j) for j in judgements] + [row[3] for row in one_sided]:
+        counts[label] = counts.get(label, 0) + 1
+    listed = [f"{counts.pop(v)} {v}" for v in LEADING if v in counts]
+    rest = ", ".join(f"{n} {label}" for label, n in sorted(counts.items(), key=_label_order))
+    line = ", ".join(listed) or "nothing regressed or improved"
+    if rest:
+        line += f"; {rest}" + ("" if show_all else " (--all lists every row)")
+    return (_fitted(rows) + "\n" if rows else "") + textwrap.fill(line, TABLE_WIDTH)
+
+
+def _label_order(item: tuple[str, int]) -> tuple[bool, bool, int, str]:
+    """Verdicts before the one-sided labels, the judged ones before the harness's, most first."""
+    label, count = item
+    return (label.startswith(("only", "NaN")), label.endswith("(harness)"), -count, label)
+
+
+def _change_cells(j: Judgement) -> list[str]:
     change = _fmt_change(j.change, j.absolute)
     if not math.isnan(j.low):
         change += f" [{_fmt_change(j.low, j.absolute)}, {_fmt_change(j.high, j.absolute)}]"
-    floor = "" if j.floor is None else (f"{j.floor:g}" if j.absolute else f"{j.floor * 100:g}%")
-    verdict = j.verdict if j.decides else f"{j.verdict} (harness)"
-    return [j.key, _fmt(j.control), _fmt(j.treatment), change, floor, j.direction or "", verdict]
+    return [change, _fmt_floor(j.floor, j.absolute), _verdict(j)]
+
+
+def _verdict(j: Judgement) -> str:
+    return j.verdict if j.decides else f"{j.verdict} (harness)"
+
+
+def _fitted(rows: list[list[str]]) -> str:
+    """The rows as a table of at most TABLE_WIDTH columns: a suite every key shares moves to
+    the header, and a key still too long wraps after a ``/``."""
+    headers = ["key", "A", "B", "change", "floor", "verdict"]
+    suites = {row[0].split("/", 1)[0] for row in rows}
+    if len(suites) == 1:
+        headers[0] = f"key (in {suites.pop()}/)"
+        rows = [[row[0].split("/", 1)[-1], *row[1:]] for row in rows]
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    room = max(24, TABLE_WIDTH - sum(widths[1:]) - 2 * (len(headers) - 1))
+    rows = [[_wrap(row[0], room), *row[1:]] for row in rows]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def _wrap(key: str, width: int) -> str:
+    lines = [""]
+    for part in key.replace("/", "/\n").split("\n"):
+        while len(part) > width:  # a name longer than the column: cut
+            lines += [part[:width], ""]
+            part = part[width:]
+        if len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(line for line in lines if line)
 
 
 def _unmeasured(readings: Mapping[str, Reading]) -> set[str]:
@@ -326,16 +409,29 @@ def _unmeasured(readings: Mapping[str, Reading]) -> set[str]:
     return wanted - readings.keys()
 
 
-def _fmt(reading: Reading) -> str:
-    # 6 significant digits: sub-microsecond latencies never print as 0.
-    text = f"{reading.value:.6g}"
-    return text + (f" [{reading.low:.4g}, {reading.high:.4g}]" if reading.has_interval else "")
+def _fmt(value: float) -> str:
+    return f"{value:.6g}"  # 6 significant digits: sub-microsecond latencies never print as 0
 
 
 def _fmt_change(change: float, absolute: bool) -> str:
-    if absolute or math.isinf(change):  # an infinite change prints as +inf or -inf, no %
-        return f"{change:+.4g}"
-    return f"{change * 100:+.2f}%" if abs(change) < 100 else f"{change * 100:+.3g}%"
+    """A relative change as a percentage, or as the factor B / A once it is 2 or 1/2 or beyond
+    (``x3.5``, ``x0.25``); an absolute one in the metric's unit."""
+    if absolute or math.isnan(change):
+        return f"{change:+.3g}"
+    ratio = 1 + change
+    if 0.5 < ratio < 2:
+        return f"{change * 100:+.2f}%" if abs(change) < 0.1 else f"{change * 100:+.1f}%"
+    return f"x{ratio:.3g}"
+
+
+def _fmt_floor(floor: float | None, absolute: bool) -> str:
+    """A floor as a percentage, or as the factor either way once it is 100 % or more (``x2.5``:
+    beyond 2.5 times or 1 / 2.5)."""
+    if floor is None:
+        return ""
+    return (
+        f"{floor:.3g}" if absolute else f"{floor * 100:.3g}%" if floor < 1 else f"x{1 + floor:.3g}"
+    )
 
 
 def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, ...]:
@@ -352,6 +448,8 @@ def _missing(a: Mapping[str, Reading], b: Mapping[str, Reading]) -> tuple[str, .
 def _table_settings(found: Results) -> dict[str, str]:
     out = {}
     for row in records_of(found.patterns):
+        if row.get("profiler"):  # the device the floors depend on (metric_keys.noise_of)
+            out["profiler"] = row["profiler"]
         out[f"pattern.{row['pattern']}"] = (
             f"iters={row['iters']} warmup_iters={row['warmup_iters']} sync={row['sync']} "
             f"graph={row['graph']}"
@@ -366,7 +464,8 @@ def _table_settings(found: Results) -> dict[str, str]:
 
 def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
     """A metrics file's ``metrics``: every value must be a finite number its metric can take
-    (the file never holds 'not applicable': such metrics are left out of it)."""
+    (the file never holds 'not applicable': such metrics are left out of it), or NaN for a
+    metric measured without a value (never for an interval's bound)."""
     metrics = doc["metrics"]
     if not isinstance(metrics, dict):
         raise CompareError(f"{path}: 'metrics' must be an object mapping metric keys to numbers")
@@ -380,7 +479,8 @@ def _from_metrics_json(doc: Mapping[str, Any], path: Path) -> dict[str, float]:
             number = float(value)
         except OverflowError:
             raise CompareError(f"{where}: invalid value {describe(value)}: out of range") from None
-        out[key] = _checked(metric, number, where)
+        nan = math.isnan(number) and split_bound(metric)[1] is None
+        out[key] = number if nan else _checked(metric, number, where)
     return out
 
 
@@ -412,5 +512,5 @@ def _check_overrides(overrides: Mapping[str, float], keys: Iterable[str]) -> Non
         )
 
 
-def _suites(metrics: Mapping[str, float]) -> list[str]:
-    return sorted({parse_metric_key(k).suite for k in metrics})
+def _suites(keys: Iterable[str]) -> list[str]:
+    return sorted({parse_metric_key(k).suite for k in keys})

@@ -94,6 +94,8 @@ MAESTRO_OUTPUT_NAMES: Final = (
     "run.json",
     "trace.json",
     "traces",
+    "processes",  # run --repeat's (processes.py)
+    *(f"abtest{suffix}" for suffix in (".json", "-a", "-b")),  # abtest.py
 )
 _PLOT_GLOB: Final = "plot-*.png"
 LOCK_NAME: Final = ".maestro.lock"  # removed when the run ends

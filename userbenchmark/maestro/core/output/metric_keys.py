@@ -7,13 +7,17 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Final, Literal
 
+import numpy as np
+
+from ...blocks.registry import registered_ops
 from ..analysis.records import RECORDS, Direction, Domain, Level, Metric, metrics_of
 from ..analysis.stats import t_quantile
+from ..analysis.verdict import beyond_noise, independent_change, paired_change
 
 NamePart = Literal["suite", "pattern", "block", "metric"]
 
@@ -189,6 +193,60 @@ FAMILY_ALPHA: Final = 0.05  # chance of a false alarm among all the metrics of a
 WINDOW_SPREADS: Final = 1.0
 """A change within this many window spreads (std of a run's window means, the larger) is noise:
 identical 2-core gloo runs moved up to 3x their floors, as their windows spread (BENCHMARKS.md)."""
+PROCESSES_FLOOR: Final = 0.01
+"""A relative metric's floor when both runs hold two or more processes: their intervals are
+made between processes, so only a change too small to act on is left out."""
+PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
+    {"comm": 6.0, "compute": 1.5, "other": 0.05, "absolute": 0.3}
+)
+"""A metric's floor in a one-process run on CPU (profiler ``host``): a relative one's by its
+block's category (``other``: sleeps), an absolute one's (overlap fractions and efficiency) in
+its unit; each the spread between processes measured for that kind (docs/torchbench.md). A
+pattern's figures take its blocks' widest, an unknown block the widest. On CUDA the metrics'
+own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Noise:
+    """What two runs' intervals hold: the spread between processes (both runs of two or more
+    processes), or one process each, judged with ``process_floors`` (key: fraction)."""
+
+    between_processes: bool = False
+    process_floors: Mapping[str, float] = field(default_factory=dict)
+
+
+def noise_of(
+    environ_a: Mapping[str, object] | None,
+    environ_b: Mapping[str, object] | None,
+    keys: Iterable[str],
+) -> Noise:
+    """The noise two runs are judged against: between processes when both hold two or more,
+    else on CPU (or an unsaid device) each key's :data:`PROCESS_FLOORS`, from the categories
+    of the blocks the runs' settings list."""
+    processes = [str((e or {}).get("processes", "1")) for e in (environ_a, environ_b)]
+    if all(text.isdigit() and int(text) >= 2 for text in processes):
+        return Noise(between_processes=True)
+    environ = {**(environ_b or {}), **(environ_a or {})}
+    if environ.get("profiler", "host") != "host":
+        return Noise()
+    widest = max(f for kind, f in PROCESS_FLOORS.items() if kind != "absolute")
+    ops = registered_ops()
+    floors: dict[str, dict[str, float]] = {}  # pattern: {block: floor}
+    for name, value in environ.items():
+        if name.startswith("block.") and "/" in name:
+            unit = name.removeprefix("block.")
+            op = str(value).split(" ", 1)[0].removeprefix("op=")
+            kind = environ.get(f"category.{unit}") or getattr(ops.get(op), "category", "")
+            pattern, _, block = unit.rpartition("/")
+            floors.setdefault(pattern, {})[block] = PROCESS_FLOORS.get(str(kind), widest)
+    out = {}
+    for key in keys:
+        parsed = parse_metric_key(key)
+        blocks = floors.get(parsed.pattern, {})
+        scope = [blocks.get(parsed.block, widest)] if parsed.block else list(blocks.values())
+        absolute = spec_of(parsed.metric).absolute
+        out[key] = PROCESS_FLOORS["absolute"] if absolute else max(scope, default=widest)
+    return Noise(process_floors=out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,9 +271,9 @@ class Judgement:
     control: Reading
     treatment: Reading
     change: float  # (treatment - control) / control; the difference for an absolute metric
-    low: float  # the change's interval at the family's level; NaN: not judged
+    low: float  # the change's interval at the family's level, on the change's scale; NaN: none
     high: float
-    floor: float | None
+    floor: float | None  # the one applied: a fraction (judged as log1p), or in the metric's unit
     absolute: bool
     direction: Direction | None
     verdict: Verdict
@@ -248,21 +306,63 @@ def judge_all(
     *,
     floors: Mapping[str, float] | None = None,
     judge_harness: bool = False,
+    noise: Noise | None = None,
 ) -> list[Judgement]:
-    """Judge every key the two runs share (sorted); ``floors`` overrides metrics' floors. The
-    harness's diagnostics decide nothing unless ``judge_harness`` (nor count in the family)."""
-    floors = floors or {}
+    """Judge every key the two runs share (sorted) against ``noise`` (default: one process each,
+    no process floor); ``floors`` overrides metrics' floors. The harness's diagnostics decide
+    nothing unless ``judge_harness`` (nor count in the family)."""
+    floors, noise = floors or {}, noise or Noise()
     keys = sorted(control.keys() & treatment.keys())
     metric = {key: key.rsplit("/", 1)[-1] for key in keys}  # a key's last part is its metric
     decides = {key: judge_harness or not spec_of(metric[key]).harness for key in keys}
     count = sum(
         decides[k] and _has_noise(control[k], treatment[k], metric[k], floors) for k in keys
     )
-    p = 1 - FAMILY_ALPHA / (2 * max(count, 1))
+    level = 1 - FAMILY_ALPHA / max(count, 1)
     return [
-        replace(_judge(key, control[key], treatment[key], metric[key], p, floors), decides=d)
+        replace(_judge(key, control[key], treatment[key], level, floors, noise), decides=d)
         for key, d in decides.items()
     ]
+
+
+def judge_paired(
+    control: Mapping[str, Sequence[float]], treatment: Mapping[str, Sequence[float]]
+) -> list[Judgement]:
+    """Judge every key both runs hold (sorted), ``treatment`` against ``control`` paired by
+    round (one value per round, each round a process of each): the change's interval is over
+    the rounds, with the floors of runs of several processes. The harness decides nothing."""
+    keys = control.keys() & treatment.keys()
+    rounds = {k: (np.asarray(control[k], float), np.asarray(treatment[k], float)) for k in keys}
+    specs = {key: spec_of(key.rsplit("/", 1)[-1]) for key in keys}
+    judged = {
+        key
+        for key, spec in specs.items()
+        for a, b in [rounds[key]]
+        if spec.interval
+        and len(a) == len(b) >= 2
+        and np.isfinite([*a, *b]).all()
+        and (spec.absolute or min(a.min(), b.min()) > 0)
+    }
+    level = 1 - FAMILY_ALPHA / max(1, sum(not specs[key].harness for key in judged))
+    between = Noise(between_processes=True)
+    out = []
+    for key, spec in sorted(specs.items()):
+        a, b = rounds[key]
+        means = (Reading(value=float(a.mean())), Reading(value=float(b.mean())))
+        judgement = _judge(key, *means, level, {}, between)  # exact or not judged
+        if key in judged:
+            moved = paired_change(a, b, absolute=spec.absolute, level=level)
+            back = _same if spec.absolute else _expm1
+            beyond = beyond_noise(moved, judgement.floor or 0.0, absolute=spec.absolute)
+            judgement = replace(
+                judgement,
+                change=back(moved.value),
+                low=back(moved.low),
+                high=back(moved.high),
+                verdict=_way(spec.better, moved.value) if beyond else "within noise",
+            )
+        out.append(replace(judgement, decides=not spec.harness))
+    return out
 
 
 def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float]) -> bool:
@@ -276,30 +376,40 @@ def _has_noise(a: Reading, b: Reading, metric: str, floors: Mapping[str, float])
     )
 
 
+def _floor(key: str, spec: MetricSpec, floors: Mapping[str, float], noise: Noise) -> float | None:
+    """The floor before the window spread: the user's, else the metric's, widened to its process
+    floor in a one-process run; a relative one's narrowed to PROCESSES_FLOOR between processes."""
+    if spec.name in floors or spec.floor is None or spec.exact or spec.harness:
+        return floors.get(spec.name, spec.floor)
+    if noise.between_processes:
+        return spec.floor if spec.absolute else min(spec.floor, PROCESSES_FLOOR)
+    return max(spec.floor, noise.process_floors.get(key, 0.0))
+
+
 def _judge(
-    key: str, a: Reading, b: Reading, metric: str, p: float, floors: Mapping[str, float]
+    key: str, a: Reading, b: Reading, level: float, floors: Mapping[str, float], noise: Noise
 ) -> Judgement:
-    spec = spec_of(metric)
-    floor = floors.get(metric, spec.floor)
+    spec = spec_of(key.rsplit("/", 1)[-1])
+    floor = _floor(key, spec, floors, noise)
     change = b.value - a.value if spec.absolute else _relative(a.value, b.value)
     low = high = math.nan
     verdict: Verdict = "not judged"
     if floor is not None and spec.exact:
         verdict = "unchanged" if abs(change) <= floor else _way(spec.better, change)
-    elif _has_noise(a, b, metric, floors):
-        to = (lambda v: v) if spec.absolute else math.log
+    elif floor is not None and _has_noise(a, b, spec.name, floors):
+        to, back = (_same, _same) if spec.absolute else (math.log, _expm1)
         delta = to(b.value) - to(a.value)
         up = delta >= 0  # each run's interval on the side facing the other run
         half_a = to(a.high) - to(a.value) if up else to(a.value) - to(a.low)
         half_b = to(b.value) - to(b.low) if up else to(b.high) - to(b.value)
         se_a, se_b = half_a / t_quantile(0.975, a.df), half_b / t_quantile(0.975, b.df)
-        margin = t_quantile(p, _welch(se_a, a.df, se_b, b.df)) * math.hypot(se_a, se_b)
-        back = (lambda d: d) if spec.absolute else (lambda d: math.expm1(min(d, 700.0)))
-        low, high = back(delta - margin), back(delta + margin)
-        spread = WINDOW_SPREADS * max(_window_spread(a, to), _window_spread(b, to))
-        floor = max(floor, back(spread))
-        beyond = abs(delta) > margin and abs(change) > floor
-        verdict = _way(spec.better, change) if beyond else "within noise"
+        moved = independent_change(delta, se_a, a.df, se_b, b.df, level=level)
+        low, high = back(moved.low), back(moved.high)
+        if not noise.between_processes:  # a level wandering inside a run moves between runs
+            spread = WINDOW_SPREADS * max(_window_spread(a, to), _window_spread(b, to))
+            floor = max(floor, back(spread))
+        beyond = beyond_noise(moved, floor, absolute=spec.absolute)
+        verdict = _way(spec.better, delta) if beyond else "within noise"
     return Judgement(
         key=key,
         control=a,
@@ -314,19 +424,20 @@ def _judge(
     )
 
 
+def _same(value: float) -> float:
+    return value
+
+
+def _expm1(value: float) -> float:
+    return math.expm1(min(value, 700.0))
+
+
 def _window_spread(r: Reading, to: Callable[[float], float]) -> float:
     """The standard deviation of a run's window means, on the judged scale: its interval's
     standard error times the square root of its windows (degrees of freedom + 1)."""
     if not math.isfinite(r.df):
         return 0.0
     return (to(r.high) - to(r.low)) / 2 / t_quantile(0.975, r.df) * math.sqrt(r.df + 1)
-
-
-def _welch(se_a: float, df_a: float, se_b: float, df_b: float) -> float:
-    """Welch-Satterthwaite degrees of freedom of a difference of two estimates."""
-    va, vb = se_a**2, se_b**2
-    denominator = va**2 / df_a + vb**2 / df_b
-    return (va + vb) ** 2 / denominator if denominator > 0 else min(df_a, df_b)
 
 
 def _relative(a: float, b: float) -> float:

@@ -22,6 +22,7 @@ import pandas as pd
 from ...errors import MaestroError
 from ..analysis.records import BlockResult, PairResult, PatternOutcome, PatternResult, metrics_of
 from ..analysis.stats import measurable
+from ..analysis.verdict import process_mean
 from ..analysis.whatif import WhatIfResult
 from ..config.spec import whatif_label
 from .metric_keys import BOUNDS, metric_key
@@ -73,6 +74,9 @@ TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
 _LEGACY_PAIRS_COLUMN = "pairwise_overlap"
 _MAX_INT_DIGITS = 309  # no float64 or int64 has more: longer JSON integers are refused early
 
+
+PROCESS_COLUMN: Final = "process"
+"""Which process of a ``run --repeat`` (0, 1, ...) measured a row; absent from a one-process run."""
 
 _Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: record 3"
 
@@ -285,7 +289,9 @@ def _csv_value(text: str, dtype: str) -> Any:
 def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
     """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
     column absent from a row is NA there (files of older or newer versions still load)."""
-    columns = _COLUMNS[table]
+    columns = dict(_COLUMNS[table])
+    if any(PROCESS_COLUMN in row for _, row in rows):  # a run --repeat's: typed as it was written
+        columns[PROCESS_COLUMN] = _INT
     data: dict[str, Any] = {}
     for name, dtype in columns.items():
         values = []
@@ -427,11 +433,11 @@ def metrics_from_results(results: Results) -> dict[str, float]:
                     raise ValueError(f"duplicate row for {key}")
                 group[key] = float(row[column])
 
-    for row in records_of(results.blocks):
+    for row in _over_processes(records_of(results.blocks), "blocks"):
         add(row, metrics_of(BlockResult), block=row["block"])
-    for row in records_of(results.patterns):
+    for row in _over_processes(records_of(results.patterns), "patterns"):
         add(row, metrics_of(PatternResult), block=None)
-    for row in records_of(results.pairs):
+    for row in _over_processes(records_of(results.pairs), "pairs"):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
     for row in records_of(results.whatif):
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
@@ -443,3 +449,34 @@ def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str,
     """A what-if record's change metrics, keyed under its variant's label."""
     names = (name for name in WHATIF_METRICS if row[name] is not None)
     return {metric_key(suite, label, None, name): float(row[name]) for name in names}
+
+
+def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:
+    """The rows of one block (pattern, pair) from several processes (the ``process`` column of
+    ``run --repeat``) as one row: each metric's mean over the processes, with the Student t
+    interval between them as its bounds (df = processes - 1; none where one process has it)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for index, row in enumerate(rows):
+        unit = tuple(row[k] for k in _KEY_COLUMNS[table])
+        groups.setdefault(unit if row.get(PROCESS_COLUMN) is not None else (index,), []).append(row)
+    specs = metrics_of(
+        {"blocks": BlockResult, "patterns": PatternResult, "pairs": PairResult}[table]
+    )
+    many = len({row.get(PROCESS_COLUMN) for row in rows}) > 1
+    out = []
+    for group in groups.values():
+        merged = dict(group[0])
+        if len({row.get(PROCESS_COLUMN) for row in group}) < len(group):
+            unit = "/".join(str(merged[k]) for k in _KEY_COLUMNS[table])
+            raise ValueError(f"duplicate row for {unit}: process {merged[PROCESS_COLUMN]} twice")
+        for name, spec in specs.items() if many else ():
+            values = [row[name] for row in group if row.get(name) is not None]
+            mean, bounds = process_mean(values, absolute=spec.absolute)
+            merged[name] = None if math.isnan(mean) else mean
+            if bounds and spec.domain in ("fraction", "non_negative"):  # t's interval, clipped
+                top = 1.0 if spec.domain == "fraction" else math.inf
+                bounds = (max(bounds[0], 0.0), min(bounds[1], top), bounds[2])
+            if spec.interval:
+                merged.update(zip((name + b for b in BOUNDS), bounds or (None,) * 3, strict=True))
+        out.append(merged)
+    return out
