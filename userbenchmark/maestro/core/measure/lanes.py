@@ -1,7 +1,6 @@
-"""Lanes and the start gate, whose lead over the lanes is sized from each pattern's warmup. CPU: a
-thread per lane, released together at an agreed instant (or by a barrier). CUDA: a stream per lane
-waiting on a spin kernel's event, enqueued only then: every lane starts when the spin ends, not when
-the host got to it."""
+"""Lanes and the start gate, its lead sized by each pattern's warmup. CPU: a thread per lane, all
+released at an agreed instant (or by a barrier). CUDA: a stream per lane behind a spin kernel's
+event: every lane starts when the spin ends, not when the host got to it."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ MAX_GATE_US = 100_000.0
 DEFAULT_START_MARGIN_US = 2_000.0
 """Lead of a CPU pattern's agreed start instant over the agreement, before calibration."""
 MIN_START_MARGIN_US = 2_000.0
-"""Agreeing on a start took 0.46 ms at the median, 2.9 ms at p90 and 5.1 ms at p99 on a
-2-core CPU host (two ranks, others' work running); 2x the slowest of a few warmup
-iterations missed that tail, so the start was late in 2 to 11 of 20 iterations."""
+"""Agreeing on a start has a tail of milliseconds on a loaded host, which a few warmup
+iterations miss."""
 MAX_START_MARGIN_US = 200_000.0
 
 
@@ -66,8 +64,8 @@ def calibrated_lead_us(host: HostTimings, *, cuda: bool) -> float:
     else:
         samples, pad_us = host.agree_ns, 100.0
         low_us, high_us = MIN_START_MARGIN_US, MAX_START_MARGIN_US
-    # The first sample pays one-time costs: on an H200 a GEMM's first launch blocked the host
-    # for the whole gate spin (bench/fidelity_gpu.py --first-launch-probe); left out.
+    # The first sample pays one-time costs (a GEMM's first launch can block the host for the
+    # whole gate spin: bench/fidelity_gpu.py --first-launch-probe); left out.
     samples = np.asarray(samples, dtype=np.float64)
     if samples.size > 1:
         samples = samples[1:]
@@ -165,8 +163,7 @@ class _CpuWindow:
         self, li: int, lane: Lane, num_iters: int, profiler: Profiler, names: Sequence[str]
     ) -> None:
         # The process's intra-op thread count for this thread too: OpenMP keeps it per thread,
-        # and a new thread's first GEMM otherwise started a team as wide as the host, whose
-        # worker spun between GEMMs (a 128³ GEMM read 4 ms at 2 ranks on 2 cores, 60 µs after).
+        # and a new thread's first GEMM would start a team as wide as the host, which spins.
         torch.get_num_threads()  # torch's lazy per-thread set-up: applies set_num_threads here
         fine_timer_slack()  # a CPU sleep block's wait
         try:
@@ -286,8 +283,8 @@ class CpuLanes:
         return out
 
 
-# A device wait sleeps between event queries, doubling: polling without sleeping made 889,097
-# CUDA calls on an H200 (about 360 per wait) and took a core from the host's ranks and lanes.
+# A device wait sleeps between event queries, doubling: polling without sleeping takes a core
+# from the host's ranks and lanes.
 POLL_FIRST_S = 20e-6
 POLL_MAX_S = 500e-6  # a wait ends at most this long after the work did
 
@@ -334,7 +331,7 @@ class CudaLanes:
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
 
     def make_stream(self, priority: str) -> Any:
-        # Stream priorities: 0 is normal, negative is higher (down to -3 on H200).
+        # Stream priorities: 0 is normal, negative is higher.
         low, high = torch.cuda.Stream.priority_range()
         return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
 
