@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,8 +15,8 @@ from userbenchmark.maestro.core.runtime.agreement import (
     _agreed_error,
     agreement_timeout_s,
     grace_s,
+    group_timeout,
     status_of,
-    watchdog_timeout_s,
 )
 from userbenchmark.maestro.core.runtime.communicators import Communicators
 from userbenchmark.maestro.errors import RunError
@@ -94,7 +95,8 @@ def test_torch_watchdog_acts_only_after_maestro_reported(timeout_s):
     # maestro: device deadline, then the agreement (which may wait for a missing rank), then
     # its own abort. torch's watchdog ends the process when it fires, so it must come last.
     maestro_done_s = timeout_s + agreement_timeout_s(timeout_s) + 2 * grace_s(timeout_s)
-    assert watchdog_timeout_s(timeout_s) > maestro_done_s + 1.0
+    assert group_timeout("nccl", timeout_s).total_seconds() > maestro_done_s + 1.0
+    assert group_timeout("gloo", timeout_s).total_seconds() == timeout_s
     assert agreement_timeout_s(timeout_s) > timeout_s
 
 
@@ -163,11 +165,22 @@ def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
 def test_leaving_wedged_saves_the_status_and_skips_teardown(monkeypatch):
     from userbenchmark.maestro.core.runtime import phases, supervision
 
+    class Exited(Exception):
+        pass
+
+    def real_exit(code):
+        codes.append(code)
+        raise Exited
+
     codes = []
-    monkeypatch.setattr(supervision, "_real_exit", lambda code: codes.append(code))
+    monkeypatch.setattr(supervision, "_real_exit", real_exit)
     monkeypatch.setattr(supervision, "end_children", lambda: None)
-    phases._leave_wedged(0, rank=1)  # a failed run always exits non-zero
-    phases._leave_wedged(130, rank=0)
+    monkeypatch.setattr(phases, "shutdown_distributed", lambda dist: codes.append("teardown"))
+    wedged = SimpleNamespace(wedged=True)
+    for status, rank in ((0, 1), (130, 0)):  # a failed run always exits non-zero
+        end = phases._Ending(rank, status=status, everyone_answered=False)
+        with pytest.raises(Exited):
+            phases._leave(SimpleNamespace(), wedged, end, None)
     assert codes == [1, 130]
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from ...blocks.base import Block
@@ -38,9 +39,7 @@ def status_of(rank: int, error: BaseException | None, *, contained: bool = True)
     """This rank's status from the exception a phase raised (None: success)."""
     if error is None:
         return RankStatus(rank=rank, ok=True)
-    if isinstance(
-        error, supervision.PeerExited
-    ):  # the launcher ends the run: a peer failed, not this rank
+    if isinstance(error, supervision.PeerExited):  # the launcher ends the run: a peer failed
         message, exited = f"another rank stopped: {error}", tuple(error.ranks)
         return RankStatus(rank=rank, ok=False, message=message, contained=False, exited=exited,
                           secondary=True)  # fmt: skip
@@ -95,10 +94,12 @@ def agreement_timeout_s(timeout_s: float) -> float:
     return timeout_s + grace_s(timeout_s)
 
 
-def watchdog_timeout_s(timeout_s: float) -> float:
-    """The timeout of NCCL process groups: torch's watchdog (which ends the process) acts
-    only after maestro's device wait, agreement, abort and drain, plus a grace."""
-    return timeout_s + agreement_timeout_s(timeout_s) + 3 * grace_s(timeout_s)
+def group_timeout(backend: str, timeout_s: float) -> timedelta:
+    """A process group's timeout. NCCL's: torch's watchdog (which ends the process) acts only
+    after maestro's device wait, agreement, abort and drain, plus a grace."""
+    if backend == "nccl":
+        timeout_s += agreement_timeout_s(timeout_s) + 3 * grace_s(timeout_s)
+    return timedelta(seconds=timeout_s)
 
 
 ENDING_WAIT_S = 20.0  # once the local launcher ends the run (torch kills workers 30 s later)

@@ -14,21 +14,21 @@ import torch.distributed as dist
 
 from ...errors import RunError
 from ..config.spec import AxisSpec
-from .agreement import grace_s, watchdog_timeout_s
+from .agreement import grace_s, group_timeout
 
 log = logging.getLogger("maestro.comms")
 
 GATE_GROUP = "(gate)"  # the gate's alignment group among the axes' (no axis has parentheses)
 
 
-def nccl_options(axis: AxisSpec, timeout: timedelta | None = None) -> Any:
+def nccl_options(axis: AxisSpec, timeout: timedelta) -> Any:
     """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
     options_cls = getattr(dist, "ProcessGroupNCCL", None)
     if options_cls is None:
         raise RunError("this torch build has no NCCL backend")
     opts = options_cls.Options()
     opts.is_high_priority_stream = axis.priority == "high"
-    if timeout is not None and hasattr(opts, "_timeout"):
+    if hasattr(opts, "_timeout"):
         # new_group warns when the options' timeout differs from its own timeout argument.
         opts._timeout = timeout
     config = getattr(opts, "config", None)
@@ -60,6 +60,7 @@ class Communicators:
         self.rank = rank
         self.backend = backend
         self.timeout_s = timeout_s
+        self._timeout = group_timeout(backend, timeout_s)
         self._axes = dict(axes)
         self._groups: dict[str, Any] = {}
         for name in list(self._axes) if used is None else [a for a in self._axes if a in set(used)]:
@@ -81,13 +82,10 @@ class Communicators:
                 self.backend,
             )
         mine = None
-        # NCCL: the watchdog's timeout, after maestro's own deadline on device work.
-        timeout_s = watchdog_timeout_s(self.timeout_s) if self.backend == "nccl" else self.timeout_s
-        timeout = timedelta(seconds=timeout_s)
         for team in axis.teams:
-            kwargs = {"ranks": list(team), "backend": self.backend, "timeout": timeout}
+            kwargs = {"ranks": list(team), "backend": self.backend, "timeout": self._timeout}
             if self.backend == "nccl":  # a fresh object per group: new_group writes into it
-                kwargs["pg_options"] = nccl_options(axis, timeout)
+                kwargs["pg_options"] = nccl_options(axis, self._timeout)
             group = dist.new_group(**kwargs)
             if self.rank in team:
                 mine = group
@@ -97,9 +95,7 @@ class Communicators:
     def gate_group(self) -> Any:
         """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
         aborted after a failure) with the axes' groups, under the same watchdog timeout."""
-        group = dist.new_group(
-            backend="nccl", timeout=timedelta(seconds=watchdog_timeout_s(self.timeout_s))
-        )
+        group = dist.new_group(backend="nccl", timeout=self._timeout)
         self._groups[GATE_GROUP] = group
         return group
 

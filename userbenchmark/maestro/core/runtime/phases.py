@@ -4,7 +4,6 @@ to rank 0's sink; one exit status per process (run_worker)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import logging
 import os
@@ -36,7 +35,7 @@ from ..measure.pattern import Measured, measure_pattern
 from ..measure.prepare import Allocated
 from ..measure.rig import Rig, make_rig
 from . import supervision
-from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, post_ended
+from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, group_timeout, post_ended
 from .communicators import Communicators
 from .rendezvous import (
     DistContext,
@@ -157,11 +156,10 @@ def run_suite(
 
 
 def setup_rig(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Rig:
-    """This rank's rig: the gloo group of its cross-rank figures, one communicator per team of
-    each axis a block of a pattern or what-if variant uses, then its profiler and lanes
-    (core/measure/rig.py)."""
+    """This rank's rig: the gloo group of its cross-rank figures, the communicators of the axes
+    its patterns and variants use, then its profiler and lanes (core/measure/rig.py)."""
     used = {b.axis for p in suite.patterns for v in (p, *p.variants) for b in v.blocks}
-    sync_group = tdist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=suite.timeout_s))
+    sync_group = tdist.new_group(backend="gloo", timeout=group_timeout("gloo", suite.timeout_s))
     comms = Communicators(
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
     )
@@ -185,7 +183,6 @@ T = TypeVar("T")
 
 
 def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable[[], T]) -> T:
-    # An interrupt is reported through the agreement too: every rank stops with one message.
     error: BaseException | None = None
     result: Any = None
     if rig.note is not None:
@@ -195,7 +192,7 @@ def _phase(rig: Rig, dist: DistContext, phase: str, pattern: str, work: Callable
     try:
         with supervision.deliverable():  # the only place a signal stops a pattern
             result = work()
-    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # all reach the agreement
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # interrupts too: one message
         error = exc
         log.debug("rank %d failed in %s: %s", dist.rank, phase, exc, exc_info=True)
     # Phases that issue collectives leave them half-done when one rank stops early.
@@ -306,19 +303,14 @@ def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None
         except Exception as exc:  # the run already failed; this is only about timing
             log.debug("closing round: %s", exc)
     if rig is not None and rig.wedged:
-        _leave_wedged(end.status, end.rank)
-    # Communicators first: CUPTI detached while NCCL still held its communicators was
-    # seen to crash the process in destroy_process_group (SIGSEGV after the results).
+        # NCCL could not be aborted: tearing down would hang too, and everything is saved.
+        supervision.hard_exit(end.status or EXIT_FAILED, end.rank)
+    # Communicators first: detaching CUPTI while NCCL holds them can crash the process.
     try:
         shutdown_distributed(dist)
     finally:
         if rig is not None:
             rig.profiler.close()
-
-
-def _leave_wedged(status: int, rank: int) -> None:
-    # NCCL could not be aborted: tearing down would hang too, and everything is saved.
-    supervision.hard_exit(status or EXIT_FAILED, rank)
 
 
 LINGER_S = 1.0  # how long a rank's exit waits for threads its blocks left running
@@ -361,8 +353,7 @@ def run_worker(suite: SuiteSpec, options: RunOptions, sink: SinkFactory | None =
 
 def one_intra_op_thread_unless_chosen(environ: Mapping[str, str]) -> None:
     """One intra-op thread per rank unless ``OMP_NUM_THREADS`` says otherwise: a host-wide pool
-    competes with the lane threads (a one-rank 256³ GEMM on 2 cores ran at 244 or 330-400 µs,
-    set per process; 308-331 µs with one thread)."""
+    competes with the lane threads, and its timings vary from process to process."""
     if "OMP_NUM_THREADS" not in environ:
         import torch
 

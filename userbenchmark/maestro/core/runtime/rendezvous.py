@@ -4,14 +4,13 @@ the pattern file), the rendezvous store and its checks, the default process grou
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -33,7 +32,7 @@ from ..config.summary import large_for_cpu
 from ..measure.rig import RankPlace
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
 from . import supervision
-from .agreement import EndedWatch, StoreExchange, wait_for_keys, watchdog_timeout_s
+from .agreement import EndedWatch, StoreExchange, group_timeout, wait_for_keys
 
 log = logging.getLogger("maestro.dist")
 
@@ -232,18 +231,14 @@ def _placed(message: str, file: str, path: str) -> str:
     return f"{message} ({where})" if where else message
 
 
-def apply_env(values: Mapping[str, str]) -> dict[str, str | None]:
-    """Set process-wide variables (before the first communicator); returns previous values.
-    Only the named keys: library threads may read the environment concurrently."""
-    previous: dict[str, str | None] = {}
+def apply_env(values: Mapping[str, str]) -> None:
+    """Set process-wide variables (before the first communicator), only the named keys: library
+    threads may read the environment concurrently."""
     for key, value in values.items():
-        previous[key] = os.environ.get(key)
-        if previous[key] is not None and previous[key] != value:
-            log.warning(
-                "pattern env sets %s=%s (was %s in the environment)", key, value, previous[key]
-            )
+        was = os.environ.get(key)
+        if was is not None and was != value:
+            log.warning("pattern env sets %s=%s (was %s in the environment)", key, value, was)
         os.environ[key] = str(value)
-    return previous
 
 
 def free_port() -> int:
@@ -262,15 +257,14 @@ class DistContext(RankPlace):
     hosts_store: bool = False  # the rendezvous store lives (and ends) with this process
 
 
-def gpu_index(local_rank: int, device_count: int, env: Mapping[str, str] | None = None) -> int:
+def gpu_index(local_rank: int, device_count: int) -> int:
     """The GPU of a local rank: its own, or ``local_rank % device_count`` when ranks may share
     GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only)."""
-    env = os.environ if env is None else env
     if device_count < 1:
         raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
     if local_rank < device_count:
         return local_rank
-    if env.get(SHARED_GPU_VARIABLE) == "1":
+    if os.environ.get(SHARED_GPU_VARIABLE) == "1":
         return local_rank % device_count
     raise RunError(
         f"local rank {local_rank} has no GPU of its own: torch sees {device_count} device(s); "
@@ -304,8 +298,7 @@ def init_distributed(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # NCCL: torch's watchdog acts only after maestro's own deadline and agreement.
-    timeout = timedelta(seconds=watchdog_timeout_s(timeout_s) if backend == "nccl" else timeout_s)
+    timeout = group_timeout(backend, timeout_s)  # NCCL's: after maestro's deadline and agreement
     exchange = StoreExchange(
         None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
     )
@@ -492,7 +485,7 @@ def shared_options(options: RunOptions) -> dict[str, Any]:
     """The options every rank of a run must share, as plain JSON-able values."""
     return {
         f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
-        for f in dataclasses.fields(options)
+        for f in fields(options)
         if f.name not in RANK_LOCAL_OPTIONS
     }
 

@@ -299,14 +299,13 @@ class Watchdog:
         kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
         kill_group: Callable[[int], None] = kill_group,
         abandon: Callable[[], None] = lambda: None,
-        unattached: Callable[[WorkerBoard], list[int]] = unattached_workers,
     ) -> None:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
         self.kills: list[Kill] = []
         self.exits: dict[int, int] = {}  # each ended worker's status (negative: the signal)
         self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
-        self._kill, self._kill_group, self._unattached = kill, kill_group, unattached
+        self._kill, self._kill_group, self._unattached = kill, kill_group, unattached_workers
         self._since: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
