@@ -117,12 +117,9 @@ class Communicators:
         self._groups = {name: None for name in self._groups}
         if self.backend != "nccl":
             return True
-
-        def work() -> None:
-            if not self._abort_all():
-                self._abort_each(groups)
-
-        thread = threading.Thread(target=work, name="maestro-nccl-abort", daemon=True)
+        thread = threading.Thread(
+            target=_abort_groups, args=(groups,), name="maestro-nccl-abort", daemon=True
+        )
         thread.start()
         thread.join(wait_s := grace_s(self.timeout_s))
         if not thread.is_alive():
@@ -135,28 +132,23 @@ class Communicators:
         )
         return False
 
-    @staticmethod
-    def _abort_each(groups: Mapping[str, Any]) -> None:
-        for name, group in groups.items():
-            if group is None:
-                continue
-            abort = getattr(group, "abort", None)
-            if abort is None:
-                log.warning("axis %s: this torch cannot abort a process group", name)
-                continue
-            try:
-                abort()
-            except Exception as exc:  # aborting after a failure must not hide the failure
-                log.debug("axis %s: abort failed: %s", name, exc)
 
-    @staticmethod
-    def _abort_all() -> bool:
-        abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
-        if abort_all is None or not dist.is_initialized():
-            return False
+def _abort_groups(groups: Mapping[str, Any]) -> None:
+    abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort_all is not None and dist.is_initialized():
         try:
             abort_all()
+            return
         except Exception as exc:  # aborting after a failure must not hide the failure
             log.warning("aborting every process group at once failed (%s); aborting each", exc)
-            return False
-        return True
+    for name, group in groups.items():
+        if group is None:
+            continue
+        abort = getattr(group, "abort", None)
+        if abort is None:
+            log.warning("axis %s: this torch cannot abort a process group", name)
+            continue
+        try:
+            abort()
+        except Exception as exc:  # aborting after a failure must not hide the failure
+            log.debug("axis %s: abort failed: %s", name, exc)
