@@ -180,7 +180,7 @@ def test_leaving_wedged_saves_the_status_and_skips_teardown(monkeypatch):
     for status, rank in ((0, 1), (130, 0)):  # a failed run always exits non-zero
         end = phases._Ending(rank, status=status, everyone_answered=False)
         with pytest.raises(Exited):
-            phases._leave(SimpleNamespace(), wedged, end, None)
+            phases._leave(SimpleNamespace(), wedged, end)
     assert codes == [1, 130]
 
 
@@ -275,7 +275,7 @@ def _wait_until(condition, what: str) -> None:
 
 
 def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
-    from userbenchmark.maestro.core.runtime.agreement import EndedWatch, post_ended
+    from userbenchmark.maestro.core.runtime.agreement import post_ended, watch_ended
 
     store = _store()
     counting = _CountingStore(store)
@@ -286,9 +286,9 @@ def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
         asked.append(holding[0])
         return holding[0]
 
-    watch = EndedWatch(
+    stop = watch_ended(
         lambda: counting, rank=1, leave=left.append, holding=files_being_written, poll_s=0.01
-    ).start()
+    )
     post_ended(store, [2], "rank 2 did not reach it", wait=False)
     seen = counting.checks
     _wait_until(lambda: counting.checks >= seen + 3, "look at the store after the verdict")
@@ -299,4 +299,4 @@ def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
     holding[0] = False
     _wait_until(lambda: left, "leave once the files are written")
     assert left == ["rank 1 did not reach it"] and store.check(["ended/1/ack"])
-    watch.stop()
+    stop.set()

@@ -138,50 +138,40 @@ def post_ended(store: Any, missing: list[int], message: str, *, wait: bool = Tru
         wait_for_keys(store, [f"{ENDED_PREFIX}{rank}/ack" for rank in missing], ENDED_ACK_WAIT_S)
 
 
-class EndedWatch:
-    """A daemon thread that calls ``leave(verdict)`` once a verdict names this rank as gone:
-    a rank stuck in a block ends under any launcher. ``connect()`` opens its own store client
-    (the main thread's may be blocked); it waits while ``holding()`` (files being written)."""
+def watch_ended(
+    connect: Callable[[], Any],
+    *,
+    rank: int,
+    leave: Callable[[str], None],
+    holding: Callable[[], bool] = lambda: False,
+    poll_s: float = ENDED_POLL_S,
+) -> threading.Event:
+    """A daemon thread, stopped by the event returned, that calls ``leave(verdict)`` once a verdict
+    names this rank as gone: a rank stuck in a block ends under any launcher. ``connect()`` opens
+    its own store client (the main thread's may be blocked); it waits while ``holding()``."""
+    key, stop = f"{ENDED_PREFIX}{rank}", threading.Event()
 
-    def __init__(
-        self,
-        connect: Callable[[], Any],
-        *,
-        rank: int,
-        leave: Callable[[str], None],
-        holding: Callable[[], bool] = lambda: False,
-        poll_s: float = ENDED_POLL_S,
-    ) -> None:
-        self._connect, self._key, self._leave = connect, f"{ENDED_PREFIX}{rank}", leave
-        self._holding, self._poll_s = holding, poll_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="maestro-ended-watch", daemon=True)
-
-    def start(self) -> EndedWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
+    def watch() -> None:
         try:
-            store = self._connect()
-            while not self._stop.wait(self._poll_s):
-                if store.check([self._key]):
-                    verdict = store.get(self._key).decode("utf-8", "replace")
+            store = connect()
+            while not stop.wait(poll_s):
+                if store.check([key]):
+                    verdict = store.get(key).decode("utf-8", "replace")
                     break
             else:
                 return
-            while self._holding() and not self._stop.is_set():
+            while holding() and not stop.is_set():
                 time.sleep(0.05)  # never leave half-written files
-            if self._stop.is_set():
+            if stop.is_set():
                 return
-            store.set(f"{self._key}/ack", "1")
+            store.set(f"{key}/ack", "1")
         except Exception as exc:  # no store (any more): the agreement step reports it
             log.debug("ended watch: %s", exc)
             return
-        self._leave(verdict)
+        leave(verdict)
+
+    threading.Thread(target=watch, name="maestro-ended-watch", daemon=True).start()
+    return stop
 
 
 class StoreExchange:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -32,7 +33,7 @@ from ..config.summary import large_for_cpu
 from ..measure.rig import RankPlace
 from ..profilers.profiler_registry import no_gpu, resolve_profiler
 from . import supervision
-from .agreement import EndedWatch, StoreExchange, group_timeout, wait_for_keys
+from .agreement import StoreExchange, group_timeout, wait_for_keys, watch_ended
 
 log = logging.getLogger("maestro.dist")
 
@@ -253,7 +254,7 @@ class DistContext(RankPlace):
     """One rank once distributed is initialised: its place, and the store's side of the shell."""
 
     agreement: StoreExchange
-    ended_watch: EndedWatch | None = None
+    ended_watch: threading.Event | None = None  # set: the ended watch stops
     hosts_store: bool = False  # the rendezvous store lives (and ends) with this process
 
 
@@ -328,12 +329,12 @@ def init_distributed(
         raise RunError(cause_of(exc) + _hint(), phase="start-up") from exc
     ended_watch = None
     if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
-        ended_watch = EndedWatch(
+        ended_watch = watch_ended(
             partial(_store_client, store.host, store.port, timeout_s),
             rank=launch.rank,
             leave=partial(_leave_ended, launch.rank),
             holding=supervision.holding,
-        ).start()
+        )
     return DistContext(
         rank=launch.rank,
         world_size=launch.world_size,
@@ -523,7 +524,7 @@ def shutdown_distributed(ctx: DistContext | None = None) -> None:
     import torch.distributed as dist
 
     if ctx is not None and ctx.ended_watch is not None:
-        ctx.ended_watch.stop()
+        ctx.ended_watch.set()
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
