@@ -82,9 +82,10 @@ class SinkFactory(Protocol):
 
 @dataclass
 class _Ending:
-    """How this rank's run ends, as far as it knows."""
+    """How this rank's run ends, as far as it knows, and rank 0's sink, which saves it."""
 
     rank: int
+    report: Sink | None = None
     status: int = EXIT_OK
     everyone_answered: bool = True  # False: nobody waits again for a rank that died or hung
     missing: set[int] = field(default_factory=set)  # the ranks a verdict named as gone
@@ -119,17 +120,16 @@ def run_suite(
         restore_signals()
         raise
     end = _Ending(dist.rank)
-    report = None
     if sink is not None and dist.rank == 0:
-        report = sink(suite, options, guard=supervision.held)
+        end.report = sink(suite, options, guard=supervision.held)
     rig = None
     try:
         rig = _phase_setup(suite, options, dist)
-        if report is not None:
-            report.start(dist, rig.profiler, rig.calibration)
-            rig.note = report.note
+        if end.report is not None:
+            end.report.start(dist, rig.profiler, rig.calibration)
+            rig.note = end.report.note
         for pattern in suite.patterns:
-            if not _one_pattern(rig, dist, pattern, end, report):
+            if not _one_pattern(rig, dist, pattern, end):
                 break
         if end.status == EXIT_OK and supervision.pending_interrupt():
             # The signal came after the last agreement: every rank finished every pattern, so
@@ -138,7 +138,7 @@ def run_suite(
             end.status = EXIT_INTERRUPTED
     except RunError as err:
         end.failed(err)
-        if (report is not None or not end.everyone_answered) and not err.interrupted:
+        if (end.report is not None or not end.everyone_answered) and not err.interrupted:
             say(f"maestro: {err}")
     except KeyboardInterrupt as exc:
         # A second signal outside a phase: this rank leaves at once, without the agreement.
@@ -150,7 +150,7 @@ def run_suite(
         end.status = EXIT_FAILED
         say(f"maestro: rank {dist.rank}: stopped by {cause_of(exc)}")
     finally:
-        _leave(dist, rig, end, report)
+        _leave(dist, rig, end)
         restore_signals()
     return end.status
 
@@ -219,9 +219,7 @@ def run_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec) -> Measured:
         held.teardown(failed=failed, drain_s=drain_s)
 
 
-def _one_pattern(
-    rig: Rig, dist: DistContext, pattern: PatternSpec, end: _Ending, report: Sink | None
-) -> bool:
+def _one_pattern(rig: Rig, dist: DistContext, pattern: PatternSpec, end: _Ending) -> bool:
     # Phase output: a teardown's error, or rank 0's files that cannot be written, stop every
     # rank. False: the run stops here.
     measured, failure, error = None, None, None
@@ -230,7 +228,7 @@ def _one_pattern(
     except RunError as err:
         failure = err
         end.failed(err)
-        if report is None and err.missing and 0 in err.missing:
+        if end.report is None and err.missing and 0 in err.missing:
             say(f"maestro: {err}")  # rank 0 is gone: it cannot say it
     except Exception as exc:  # the pattern's teardown (its phases were agreed): said below
         error = RunError(cause_of(exc), phase="teardown")
@@ -241,17 +239,17 @@ def _one_pattern(
     stop = failure is not None and (
         end.status != EXIT_FAILED or stop_on_error or not failure.contained
     )
-    if report is not None and error is None:
+    if end.report is not None and error is None:
         try:
             if measured is not None:
-                _report(report, pattern, measured, rig.profiler.run_info())
+                _report(end.report, pattern, measured, rig.profiler.run_info())
             else:
-                report.failed(pattern.name, str(failure))
+                end.report.failed(pattern.name, str(failure))
         except Exception as exc:  # a full disk, a folder removed: every rank stops
             error = exc if isinstance(exc, RunError) else RunError(cause_of(exc))
             if stop:
                 say(f"maestro: rank 0, phase output, pattern {pattern.name!r}: {error.detail}")
-    return not stop and _agree_output(dist, pattern.name, error, end, report, stop_on_error)
+    return not stop and _agree_output(dist, pattern.name, error, end, stop_on_error)
 
 
 def _report(sink: Sink, pattern: PatternSpec, measured: Measured, run_info: Mapping) -> None:
@@ -262,36 +260,31 @@ def _report(sink: Sink, pattern: PatternSpec, measured: Measured, run_info: Mapp
 
 
 def _agree_output(
-    dist: DistContext,
-    pattern: str,
-    error: RunError | None,
-    end: _Ending,
-    report: Sink | None,
-    stop_on_error: bool,
+    dist: DistContext, pattern: str, error: RunError | None, end: _Ending, stop_on_error: bool
 ) -> bool:
     try:
         agree(dist.agreement, dist.rank, "output", error, pattern=pattern)
     except RunError as err:  # a teardown, or rank 0's files
         end.failed(err)
-        if report is not None and err.phase == "teardown":
+        if end.report is not None and err.phase == "teardown":
             try:
-                report.failed(pattern, str(err))
+                end.report.failed(pattern, str(err))
             except Exception as exc:  # the sink's RunError names the file's error as its cause
                 say(f"maestro: rank 0: cannot save the failure: {cause_of(exc.__cause__ or exc)}")
-        elif report is not None or not end.everyone_answered:
+        elif end.report is not None or not end.everyone_answered:
             say(f"maestro: {err}")
         return err.phase == "teardown" and not stop_on_error and err.contained
     return True
 
 
-def _leave(dist: DistContext, rig: Rig | None, end: _Ending, report: Sink | None) -> None:
+def _leave(dist: DistContext, rig: Rig | None, end: _Ending) -> None:
     # The others leave together: a launcher that sees one fail kills the rest.
-    if report is not None:
-        report.close(end.status)
+    if end.report is not None:
+        end.report.close(end.status)
     # Saved and printed: the ranks named as gone may now be ended (by the local launcher,
     # or by their own watch of the store: a rank stuck in a block has no other way out).
     supervision.reached_verdict(end.status, end.missing)
-    if gone := sorted(end.missing - {end.rank}):  # told the run ended (agreement.EndedWatch)
+    if gone := sorted(end.missing - {end.rank}):  # told the run ended (agreement.watch_ended)
         try:
             with dist.agreement.waiting(ENDED_ACK_WAIT_S, dist.rank, status=end.status):
                 post_ended(dist.agreement.store, gone, end.verdict, wait=dist.hosts_store)
