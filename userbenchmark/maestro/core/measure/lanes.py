@@ -408,11 +408,8 @@ class CudaLanes:
     def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
         """Whether the gate stream, ``streams`` and the current stream finished within
         ``timeout_s``: a bounded ``torch.cuda.synchronize`` (a collective may never end)."""
-        events = []
-        for stream in (self._gate_stream, *streams, torch.cuda.current_stream(self._device)):
-            event = torch.cuda.Event()
-            event.record(stream)
-            events.append(event)
+        every = (self._gate_stream, *streams, torch.cuda.current_stream(self._device))
+        events = [stream.record_event() for stream in every]
         try:
             wait_for_events(events, timeout_s)
         except RunError:

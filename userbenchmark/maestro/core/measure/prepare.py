@@ -292,9 +292,8 @@ def lanes_of(rig: Rig, ready: Ready, only: int | None = None) -> tuple[Lane, ...
 def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -> Ready:
     """``ready`` with each block's launch captured into a CUDA graph, replayed on its lane stream
     after the gate event with its external correlation id pushed around replay(): CUPTI
-    attributes each kernel per block and iteration as in eager mode (H200, torch 2.11,
-    cupti-python 13.0.1); a graph of a whole iteration would give every kernel one id.
-    Communicators and library handles exist already (after an eager warmup)."""
+    attributes each kernel per block and iteration as in eager mode, where a graph of a whole
+    iteration would give every kernel one id. Communicators and library handles exist already."""
     pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
     launches = list(ready.launches)
     torch.cuda.synchronize(device)
