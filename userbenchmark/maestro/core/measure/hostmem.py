@@ -56,18 +56,17 @@ def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
         current = root / path.lstrip("/")
         if not current.is_dir():  # a cgroup namespace: this process's cgroup is the root
             current = root
-        while True:
-            limit = _read_int(current / limit_name)
-            usage = _read_int(current / usage_name)
+        for folder in (current, *current.parents):
+            limit = _read_int(folder / limit_name)
+            usage = _read_int(folder / usage_name)
             if limit is not None and usage is not None and limit < UNLIMITED_BYTES:
                 left = max(0, limit - usage)
                 if best is None or left < best.available_bytes:
                     best = HostMemory(
-                        left, f"the cgroup's {limit_name} less {usage_name} ({current})"
+                        left, f"the cgroup's {limit_name} less {usage_name} ({folder})"
                     )
-            if current == root or current.parent == current:
+            if folder == root:
                 break
-            current = current.parent
     return best
 
 
