@@ -28,7 +28,7 @@ class _Pool:
 def _run(drains: bool, *, wedged: bool = False):
     waits = []
 
-    def drained(streams, timeout_s):
+    def drained(timeout_s):
         waits.append(timeout_s)
         return drains
 
@@ -36,7 +36,6 @@ def _run(drains: bool, *, wedged: bool = False):
         wedged=wedged,
         place=SimpleNamespace(is_cuda=True, rank=0, device=None),
         lanes=SimpleNamespace(drained=drained),
-        streams={},
     )
     run = Allocated(rig, "p")
     run.blocks = [_Block()]

@@ -329,11 +329,16 @@ class CudaLanes:
         self._device = device
         self._cycles_per_us = sleep_cycles_per_us
         self._gate_stream = torch.cuda.Stream(device=device, priority=0)
+        self._streams: dict[str, Any] = {}  # each lane's, made once per run
 
-    def make_stream(self, priority: str) -> Any:
-        # Stream priorities: 0 is normal, negative is higher.
-        low, high = torch.cuda.Stream.priority_range()
-        return torch.cuda.Stream(device=self._device, priority=high if priority == "high" else 0)
+    def stream(self, lane: str, priority: str) -> Any:
+        key = f"{lane}:{priority}"
+        if key not in self._streams:
+            # Stream priorities: 0 is normal, negative is higher.
+            low, high = torch.cuda.Stream.priority_range()
+            level = high if priority == "high" else 0
+            self._streams[key] = torch.cuda.Stream(device=self._device, priority=level)
+        return self._streams[key]
 
     def run_window(
         self,
@@ -405,10 +410,11 @@ class CudaLanes:
             raise RunError(f"{type(exc).__name__}: {exc}", block=current) from exc
         return HostTimings(enqueue_ns=enqueue, launch_ns=launch, gate_us=lead_us)
 
-    def drained(self, streams: Sequence[Any], timeout_s: float) -> bool:
-        """Whether the gate stream, ``streams`` and the current stream finished within
+    def drained(self, timeout_s: float) -> bool:
+        """Whether the gate stream, the lanes' and the current stream finished within
         ``timeout_s``: a bounded ``torch.cuda.synchronize`` (a collective may never end)."""
-        every = (self._gate_stream, *streams, torch.cuda.current_stream(self._device))
+        current = torch.cuda.current_stream(self._device)
+        every = (self._gate_stream, *self._streams.values(), current)
         events = [stream.record_event() for stream in every]
         try:
             wait_for_events(events, timeout_s)

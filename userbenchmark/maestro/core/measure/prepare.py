@@ -139,7 +139,7 @@ class Allocated:
         cuda = rig.place.is_cuda
         # Nothing may still use the buffers when their pools are deregistered and freed.
         if cuda and failed:
-            if not rig.lanes.drained(list(rig.streams.values()), drain_s):
+            if not rig.lanes.drained(drain_s):
                 rig.wedged = True
                 log.error(
                     "rank %d: device work of pattern %s still running %g s after it failed; "
@@ -280,7 +280,7 @@ def lanes_of(rig: Rig, ready: Ready, only: int | None = None) -> tuple[Lane, ...
         li = plan.lane_of_block[i]
         if li not in lanes:  # its stream has its axis's priority
             priority = rig.comms.axis(plan.pattern.blocks[i].axis).priority
-            stream = rig.lane_stream(names[li], priority)
+            stream = rig.lanes.stream(names[li], priority) if rig.place.is_cuda else None
             lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
         lanes[li].blocks.append((i, launch))
         waits = tuple(j for j in plan.after[i] if runs(j))

@@ -84,7 +84,6 @@ class Rig:
     sync_group: Any
     seed: int = 0
     calibration: dict[str, float] = field(default_factory=dict)
-    streams: dict[str, Any] = field(default_factory=dict)
     window_id: int = 0
     collect_timeline: bool = False  # every rank's intervals on rank 0 (--trace, --plot)
     rounds: int = DEFAULT_ROUNDS  # of a pattern with what-if variants
@@ -92,14 +91,6 @@ class Rig:
     # Device work outlived an abort (NCCL kernels that cannot end): nothing may be freed or
     # torn down any more; the rank leaves once the failure is saved and printed.
     wedged: bool = False
-
-    def lane_stream(self, name: str, priority: str) -> Any:
-        if not self.place.is_cuda:
-            return None
-        key = f"{name}:{priority}"
-        if key not in self.streams:
-            self.streams[key] = self.lanes.make_stream(priority)
-        return self.streams[key]
 
 
 def make_rig(
@@ -186,9 +177,9 @@ finally:
 """
 
 
-@functools.cache
-def probe_mem_allocator(device_index: int) -> tuple[bool, str]:
-    """(supported, detail): whether this torch/NCCL can back a MemPool with NCCL memory."""
+def require_support(device_index: int) -> None:
+    """Raise a RunError naming torch and NCCL unless this torch/NCCL can back a MemPool with
+    NCCL memory (:data:`_PROBE`)."""
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _PROBE, str(device_index)],
@@ -198,25 +189,12 @@ def probe_mem_allocator(device_index: int) -> tuple[bool, str]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return False, f"the probe did not finish in {PROBE_TIMEOUT_S:.0f} s"
-    out = proc.stdout.strip().splitlines()
-    if proc.returncode == 0 and out and out[-1] == "ok":
-        return True, "ok"
-    return False, _last_error_line(proc.stderr) or f"probe exited with {proc.returncode}"
-
-
-def _last_error_line(stderr: str) -> str:
-    """The exception line of a traceback (``RuntimeError: ...``), without rank prefixes."""
-    lines = [ln.split("]: ", 1)[-1].strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error:" in ln or "error:" in ln]
-    return (errors or lines or [""])[-1]
-
-
-def require_support(device_index: int) -> None:
-    """Raise a RunError naming torch and NCCL when registered buffers are unavailable."""
-    ok, detail = probe_mem_allocator(device_index)
-    if ok:
-        return
+        detail = f"the probe did not finish in {PROBE_TIMEOUT_S:.0f} s"
+    else:
+        out = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and out and out[-1] == "ok":
+            return
+        detail = _last_error_line(proc.stderr) or f"probe exited with {proc.returncode}"
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # a CUDA torch without NCCL
@@ -227,6 +205,13 @@ def require_support(device_index: int) -> None:
         "use a torch build whose ProcessGroupNCCL supports mem_allocator",
         phase="setup",
     )
+
+
+def _last_error_line(stderr: str) -> str:
+    """The exception line of a traceback (``RuntimeError: ...``), without rank prefixes."""
+    lines = [ln.split("]: ", 1)[-1].strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error:" in ln or "error:" in ln]
+    return (errors or lines or [""])[-1]
 
 
 class RegisteredPool:
