@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from userbenchmark.maestro.core.measure.hostmem import (
+from userbenchmark.maestro.core.measure.prepare import (
     HostMemory,
     available_host_memory,
     check_host_memory,
