@@ -18,7 +18,7 @@ from userbenchmark.maestro.core.runtime.agreement import (
     group_timeout,
     status_of,
 )
-from userbenchmark.maestro.core.runtime.communicators import Communicators
+from userbenchmark.maestro.core.runtime.phases import Communicators
 from userbenchmark.maestro.errors import RunError
 
 
@@ -146,14 +146,14 @@ def test_an_nccl_abort_that_hangs_is_left_behind(monkeypatch):
     # held the device, until torch's watchdog killed the process with its own dump.
     import torch.distributed as dist
 
-    from userbenchmark.maestro.core.runtime import communicators
+    from userbenchmark.maestro.core.runtime import phases
 
     never = threading.Event()
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(
         dist.distributed_c10d, "_abort_process_group", lambda: never.wait(), raising=False
     )
-    monkeypatch.setattr(communicators, "grace_s", lambda timeout_s: 0.2)
+    monkeypatch.setattr(phases, "grace_s", lambda timeout_s: 0.2)
     comms = _communicators("nccl", {"tp": _FakeGroup()})
     start = time.monotonic()
     assert comms.abort() is False

@@ -1,6 +1,7 @@
 """One rank's whole run, the cluster shell around core/measure: each pattern's phases, each agreed
 with every rank (one rank's failure ends every rank with the same error), each outcome handed
-to rank 0's sink; one exit status per process (run_worker)."""
+to rank 0's sink; one exit status per process (run_worker). Also the communicators of the axes,
+and their abort after a failure that left collectives half-issued."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import torch.distributed as tdist
@@ -30,13 +32,12 @@ from ...errors import (
 from ..analysis.records import PatternOutcome
 from ..analysis.whatif import WhatIfResult
 from ..config.options import RunOptions
-from ..config.spec import PatternSpec, SuiteSpec
+from ..config.spec import AxisSpec, PatternSpec, SuiteSpec
 from ..measure.pattern import Measured, measure_pattern
 from ..measure.prepare import Allocated
 from ..measure.rig import Rig, make_rig
 from . import supervision
 from .agreement import ENDED_ACK_WAIT_S, agree, grace_s, group_timeout, post_ended
-from .communicators import Communicators
 from .rendezvous import (
     DistContext,
     LaunchInfo,
@@ -164,6 +165,143 @@ def setup_rig(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Rig:
         suite.axes, rank=dist.rank, backend=dist.backend, timeout_s=suite.timeout_s, used=used
     )
     return make_rig(suite, options, dist, comms, sync_group)
+
+
+GATE_GROUP = "(gate)"  # the gate's alignment group among the axes' (no axis has parentheses)
+
+
+def nccl_options(axis: AxisSpec, timeout: timedelta) -> Any:
+    """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
+    options_cls = getattr(tdist, "ProcessGroupNCCL", None)
+    if options_cls is None:
+        raise RunError("this torch build has no NCCL backend")
+    opts = options_cls.Options()
+    opts.is_high_priority_stream = axis.priority == "high"
+    if hasattr(opts, "_timeout"):
+        # new_group warns when the options' timeout differs from its own timeout argument.
+        opts._timeout = timeout
+    config = getattr(opts, "config", None)
+    for key, value in axis.nccl.items():
+        if config is None or not hasattr(config, key):
+            valid = sorted(k for k in dir(config) if not k.startswith("_")) if config else []
+            raise RunError(
+                f"axis {axis.name!r}: nccl option {key!r} is not supported by the "
+                f"installed torch/NCCL (ProcessGroupNCCL.Options.config fields: "
+                f"{', '.join(valid) or 'none'})",
+                phase="setup",
+            )
+        setattr(config, key, value)
+    return opts
+
+
+class Communicators:
+    """The process group of this rank's team on each axis (None where it is in no team), made
+    once per run in the same order on every rank (torch requires it)."""
+
+    def __init__(
+        self,
+        axes: Mapping[str, AxisSpec],
+        *,
+        rank: int,
+        backend: str,
+        timeout_s: float,
+        used: Iterable[str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self._timeout = group_timeout(backend, timeout_s)
+        self._axes = dict(axes)
+        self._groups: dict[str, Any] = {}
+        for name in list(self._axes) if used is None else [a for a in self._axes if a in set(used)]:
+            self._create(self._axes[name])
+
+    def _create(self, axis: AxisSpec) -> None:
+        if axis.nccl and self.backend != "nccl":
+            log.warning(
+                "axis %r: nccl options %s have no effect on the %s backend",
+                axis.name,
+                dict(axis.nccl),
+                self.backend,
+            )
+        if axis.priority == "high" and self.backend != "nccl":
+            log.warning(
+                "axis %r: priority: high has no effect on the %s backend (CPU lanes are "
+                "threads without priorities; it sets CUDA stream and NCCL priorities)",
+                axis.name,
+                self.backend,
+            )
+        mine = None
+        for team in axis.teams:
+            kwargs = {"ranks": list(team), "backend": self.backend, "timeout": self._timeout}
+            if self.backend == "nccl":  # a fresh object per group: new_group writes into it
+                kwargs["pg_options"] = nccl_options(axis, self._timeout)
+            group = tdist.new_group(**kwargs)
+            if self.rank in team:
+                mine = group
+        self._groups[axis.name] = mine
+        log.debug("axis %s: %d team(s) of %d", axis.name, len(axis.teams), axis.team_size)
+
+    def gate_group(self) -> Any:
+        """A new NCCL group of every rank for the gate's alignment all_reduce, held (and
+        aborted after a failure) with the axes' groups, under the same watchdog timeout."""
+        group = tdist.new_group(backend="nccl", timeout=self._timeout)
+        self._groups[GATE_GROUP] = group
+        return group
+
+    def group(self, axis: str) -> Any:
+        """This rank's group on ``axis`` (None when the rank is in no team of it)."""
+        return self._groups[axis]
+
+    def axis(self, name: str) -> AxisSpec:
+        return self._axes[name]
+
+    def team(self, axis: str) -> tuple[int, ...] | None:
+        return self._axes[axis].team_of(self.rank)
+
+    def abort(self) -> bool:
+        """Abort every communicator after a failure left collectives half-issued; False when it
+        did not end within grace_s (kernels hold the GPU). NCCL groups all at once (one by one
+        they can block each other: pytorch/pytorch#119797); gloo's operations timed out."""
+        groups = dict(self._groups)
+        self._groups = {name: None for name in self._groups}
+        if self.backend != "nccl":
+            return True
+        thread = threading.Thread(
+            target=_abort_groups, args=(groups,), name="maestro-nccl-abort", daemon=True
+        )
+        thread.start()
+        thread.join(wait_s := grace_s(self.timeout_s))
+        if not thread.is_alive():
+            return True
+        log.error(
+            "rank %d: the NCCL communicators did not abort within %g s (collective kernels "
+            "still hold the GPU); leaving without tearing NCCL down",
+            self.rank,
+            wait_s,
+        )
+        return False
+
+
+def _abort_groups(groups: Mapping[str, Any]) -> None:
+    abort_all = getattr(tdist.distributed_c10d, "_abort_process_group", None)
+    if abort_all is not None and tdist.is_initialized():
+        try:
+            abort_all()
+            return
+        except Exception as exc:  # aborting after a failure must not hide the failure
+            log.warning("aborting every process group at once failed (%s); aborting each", exc)
+    for name, group in groups.items():
+        if group is None:
+            continue
+        abort = getattr(group, "abort", None)
+        if abort is None:
+            log.warning("axis %s: this torch cannot abort a process group", name)
+            continue
+        try:
+            abort()
+        except Exception as exc:  # aborting after a failure must not hide the failure
+            log.debug("axis %s: abort failed: %s", name, exc)
 
 
 def _phase_setup(suite: SuiteSpec, options: RunOptions, dist: DistContext) -> Any:
