@@ -130,9 +130,8 @@ def worker(
 
     from userbenchmark.maestro.core.config.loader import load_suite
     from userbenchmark.maestro.core.config.options import RunOptions
-    from userbenchmark.maestro.core.measure.pattern import warm
+    from userbenchmark.maestro.core.measure.pattern import issue, warm
     from userbenchmark.maestro.core.measure.prepare import Allocated, make_plan, setup
-    from userbenchmark.maestro.core.measure.window import issue
     from userbenchmark.maestro.core.runtime.phases import setup_rig
     from userbenchmark.maestro.core.runtime.rendezvous import LaunchInfo, init_distributed
 

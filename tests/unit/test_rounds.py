@@ -16,8 +16,8 @@ from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTim
 from userbenchmark.maestro.core.config.loader import load_suite_text
 from userbenchmark.maestro.core.config.options import RunOptions
 from userbenchmark.maestro.core.measure import pattern
+from userbenchmark.maestro.core.measure.pattern import Window, joined
 from userbenchmark.maestro.core.measure.prepare import Allocated, make_plan, setup
-from userbenchmark.maestro.core.measure.window import Window, joined
 from userbenchmark.maestro.errors import OptionError
 
 TEXT = """\

@@ -1,12 +1,15 @@
 """One pattern on one rank, phase by phase: each phase a plain function from the frozen values of
 the phases before it to a frozen value of its own, run through the cluster shell's ``step``
 (core/runtime/phases.py), which agrees with every rank after it. A pattern with what-if variants
-measures them against itself in interleaved rounds."""
+measures them against itself in interleaved rounds. One window (:func:`issue`) is the one place
+iterations are issued and timed: a warmup, whose host timings size the gate's lead, and a measured
+window (the baseline, the overlapped window and each round), reduced over the ranks."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,17 +19,19 @@ import torch
 import torch.distributed as tdist
 
 from ...errors import RunError
-from ..analysis.intervals import WindowTimings, main_kernel_names
+from ..analysis.aggregate import WindowAggregate, local_summary, reduce_summaries
+from ..analysis.intervals import HostTimings, WindowTimings, main_kernel_names
 from ..analysis.outcome import Isolated, build_outcome
 from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 from ..analysis.whatif import WhatIfResult, build_whatif
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
 from ..replay.fidelity import rank_steps, with_fidelity
-from .lanes import Lane
+from .lanes import Lane, calibrated_lead_us, default_lead_us, gc_paused
 from .prepare import Allocated, Plan, Ready, capture, lanes_of, make_plan, setup
 from .rig import Rig, reducer
-from .window import Window, issue, joined, measure_window, summarize, warm_up
+
+log = logging.getLogger("maestro.pattern")
 
 T = TypeVar("T")
 Step = Callable[[str, str, Callable[[], T]], T]
@@ -284,3 +289,131 @@ def _gather_timeline(rig: Rig, plan: Plan, timings: WindowTimings) -> Timeline |
         block_categories=tuple(c.category for c in plan.classes),
         backend=place.backend,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """One measured window: this rank's timings and the lanes' account of it, and its figures
+    over the ranks (the same on every rank)."""
+
+    timings: WindowTimings
+    host: HostTimings
+    agg: WindowAggregate
+
+
+def issue(
+    rig: Rig,
+    plan: Plan,
+    lanes: Sequence[Lane],
+    num_iters: int,
+    *,
+    present: np.ndarray,
+    lead_us: float,
+    sync: str | None = None,
+    profiler: Profiler | None = None,
+) -> HostTimings:
+    """Run ``lanes`` for ``num_iters`` iterations (the garbage collector paused) under
+    ``profiler`` (default: the rig's), timing the blocks ``present``; ``sync`` overrides the
+    pattern's."""
+    profiler = rig.profiler if profiler is None else profiler
+    rig.window_id += 1
+    profiler.begin_window(rig.window_id, len(plan.names), num_iters, present)
+    with gc_paused():
+        return rig.lanes.run_window(
+            lanes,
+            num_iters,
+            profiler,
+            sync=sync or plan.pattern.sync,
+            block_names=plan.names,
+            order=plan.pattern.issue_order,
+            lead_us=lead_us,
+        )
+
+
+def warm_up(
+    rig: Rig, plan: Plan, lanes: Sequence[Lane], *, present: np.ndarray, sync: str | None = None
+) -> float:
+    """Run the warmup iterations (never timed) and return the gate's lead they call for, from the
+    default lead (no pattern inherits another's). Ranks agree on the longest: ranks whose gates
+    opened apart would start their collectives apart and time each other."""
+    cuda = rig.place.is_cuda
+    lead_us = default_lead_us(cuda=cuda)
+    if plan.pattern.warmup_iters <= 0:
+        return lead_us
+    # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the lead is
+    # sized for them; never ended: the next window's begin discards its records.
+    host = issue(
+        rig, plan, lanes, plan.pattern.warmup_iters, present=present, lead_us=lead_us, sync=sync
+    )
+    proposal = np.array([calibrated_lead_us(host, cuda=cuda)])
+    lead_us = float(reducer(rig.sync_group)(proposal, "max")[0])
+    log.debug(
+        "pattern %s: gate lead %.1f µs (this rank's warmup enqueue µs: %s)",
+        plan.pattern.name,
+        lead_us,
+        host.enqueue_ns / 1e3,
+    )
+    return lead_us
+
+
+def measure_window(
+    rig: Rig,
+    plan: Plan,
+    lanes: Sequence[Lane],
+    *,
+    present: np.ndarray,
+    lead_us: float,
+    sync: str | None = None,
+) -> Window:
+    """One measured window of the pattern's iterations: ``lanes`` run behind a gate of
+    ``lead_us``, the blocks ``present`` timed by the rig's profiler, the figures reduced over
+    the ranks."""
+    host = issue(
+        rig, plan, lanes, plan.pattern.num_iters, present=present, lead_us=lead_us, sync=sync
+    )
+    timings = rig.profiler.end_window()
+    return Window(timings=timings, host=host, agg=summarize(rig, plan, timings, host))
+
+
+def summarize(rig: Rig, plan: Plan, timings: WindowTimings, host: HostTimings) -> WindowAggregate:
+    """The window's figures over the ranks: each rank's summary, combined by all_reduces."""
+    place = rig.place
+    local = local_summary(
+        timings,
+        lane_of_block=plan.lane_starts,
+        is_comm=plan.is_comm,
+        is_compute=plan.is_compute,
+        rank=place.rank,
+        world_size=place.world_size,
+        shared_clock=place.one_host,
+        host=host,
+    )
+    reduce = reducer(rig.sync_group)
+    return reduce_summaries(local, rank=place.rank, world_size=place.world_size, reduce=reduce)
+
+
+def joined(windows: Sequence[Window]) -> tuple[WindowTimings, HostTimings]:
+    """The timings of ``windows`` (of one pattern, one after another) as those of one window of
+    all their iterations in order. Named device activities (``--trace``) are the first
+    window's: its iterations are the first ones."""
+    first = windows[0]
+    if len(windows) == 1:
+        return first.timings, first.host
+
+    def cat(values: Sequence[Any]) -> Any:  # along the iterations: every array's last axis
+        return None if values[0] is None else np.concatenate(values, axis=-1)
+
+    t = [w.timings for w in windows]
+    per_iteration = ("starts_ns", "ends_ns", "gate_open_ns")
+    counts, ctas = [x.activity_counts for x in t], [x.kernel_ctas_max for x in t]
+    timings = dataclasses.replace(
+        first.timings,
+        **{name: cat([getattr(x, name) for x in t]) for name in per_iteration},
+        activity_counts=None if counts[0] is None else np.sum(counts, axis=0),
+        kernel_ctas_max=None if ctas[0] is None else np.max(ctas, axis=0),
+    )
+    # gate_us stays the first window's: one gate per pattern
+    arrays = [f.name for f in dataclasses.fields(HostTimings) if f.name != "gate_us"]
+    per_window = {n: cat([getattr(w.host, n) for w in windows]) for n in arrays}
+    host = dataclasses.replace(first.host, **per_window)
+    return timings, host
