@@ -377,11 +377,7 @@ class Watchdog:
             self.kills.append(Kill(rank, reason))
 
 
-# Signals. SIGINT/SIGTERM (and SIGHUP, a closed terminal, as SIGTERM) stop a rank only inside
-# deliverable() regions (a phase's work, which reaches the agreement step), never between two
-# output files (held()). Elsewhere a signal waits for the next region; a second one outside
-# raises at once. A SIGTERM from torch's launcher ending the run (exited_peers) raises
-# PeerExited.
+# Signals stop a rank only where an agreement step follows (docs/reliability.md, "Interrupts").
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end a run as the user's interrupt does (status 130, one line)."""
 _SIGNALS = (signal.SIGINT, *TERMINATING)
