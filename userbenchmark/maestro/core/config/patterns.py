@@ -92,8 +92,7 @@ def check_patterns(
     if p.missing(data, "", "patterns", " (a list of patterns, each with a name and blocks)"):
         return []
     raw = data["patterns"]
-    if not isinstance(raw, list) or not raw:
-        p.add("patterns", f"patterns must be a non-empty list, got {p.show('patterns', raw)}")
+    if not p.non_empty(raw, "patterns", list, "patterns must be a non-empty list"):
         return []
     homes: dict[str, list[str]] = {}
     for entry in raw:
@@ -250,11 +249,7 @@ def _pattern_point(
     raw_blocks = body.get("blocks")
     if p.missing(body, path, "blocks", " (a list of blocks)"):
         return None
-    if not isinstance(raw_blocks, list) or not raw_blocks:
-        p.add(
-            join(path, "blocks"),
-            f"blocks must be a non-empty list, got {p.show(join(path, 'blocks'), raw_blocks)}",
-        )
+    if not p.non_empty(raw_blocks, join(path, "blocks"), list, "blocks must be a non-empty list"):
         return None
     blocks: list[BlockSpec] = []
     names: dict[str, str] = {}
