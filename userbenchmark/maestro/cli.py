@@ -397,17 +397,11 @@ def compare_command(
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
     --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
-    beyond the noise both runs measured and past its floor (--threshold METRIC=FLOOR moves
-    a floor): the spread between processes when both runs hold several (run --repeat N),
-    else a floor covering it for that kind of block. The table lists what changed, then
-    counts the rest (--all lists every metric). Runs measured with different settings (sizes,
-    iterations, backend, profiler, world size, ranks per GPU...), or a run that records no
-    settings, are refused unless --force; versions and devices may differ (that is what A/B
-    compares). Harness diagnostics (skews, host enqueue) are shown, not judged, unless
-    --judge-harness. Exit status 0 nothing regressed, 1 a metric regressed, is NaN on one
-    side, or B lacks patterns or blocks of A or recorded failures, 2 a file cannot be used,
-    the settings differ, or --plot's file is refused or cannot be written (the table is
-    still printed then)."""
+    beyond the noise both runs measured and past its floor; runs measured with different
+    settings are refused unless --force (docs/torchbench.md says how each is judged). Exit
+    status 0 nothing regressed, 1 a metric regressed, is NaN on one side, or B lacks patterns
+    or blocks of A or recorded failures, 2 a file cannot be used, the settings differ, or
+    --plot's file is refused or cannot be written (the table is still printed then)."""
     from .core.output.compare import (
         compare_files,
         exit_code,
@@ -429,7 +423,7 @@ def compare_command(
             a, b, threshold_overrides=overrides or None, force=force, judge_harness=judge_harness
         )
     except (RunError, ValueError, OSError) as err:  # CompareError, OptionError: ValueErrors
-        print(f"maestro: {err}", file=sys.stderr)
+        say(f"maestro: {err}")
         return EXIT_USAGE
     print(format_compare_table(result, show_all=show_all), flush=True)
     status = exit_code(result)
