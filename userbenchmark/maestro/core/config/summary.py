@@ -34,7 +34,8 @@ def human_bytes(num_bytes: int) -> str:
     return _with_unit(num_bytes, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
 
 
-def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
+def op_class(op: str, import_ops: bool = True) -> type[Block] | None:
+    """The block class of the validated ``op``; None when it cannot be resolved here."""
     if ":" in op and not import_ops:
         return None  # a custom op left unimported: its bytes are unknown
     try:
@@ -86,7 +87,7 @@ def large_for_cpu(suite: SuiteSpec) -> str:
     for p in suite.patterns:
         num_bytes = max(rank_buffer_bytes(suite, p))
         runs = (p.warmup_iters + p.num_iters) * (2 if p.baseline else 1)
-        flops = runs * max(_per_rank(suite, p, lambda b: _flops(_block_class(b.op), b)))
+        flops = runs * max(_per_rank(suite, p, lambda b: _flops(op_class(b.op), b)))
         if num_bytes > LARGE_FOR_CPU_BYTES or flops > LARGE_FOR_CPU_FLOP:
             work = f"{_with_unit(flops, _FLOP_UNITS, 1000)} of GEMM work" if flops else "no GEMM"
             large.append(f"{p.name} ({human_bytes(num_bytes)} of buffers, {work})")
@@ -101,7 +102,7 @@ def large_for_cpu(suite: SuiteSpec) -> str:
 
 def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | None:
     """Bytes one rank allocates for ``block``; None for an op that cannot be resolved here."""
-    cls = _block_class(block.op, import_ops)
+    cls = op_class(block.op, import_ops)
     if cls is None:
         return None
     team_size = suite.axes[block.axis].team_size
@@ -170,7 +171,7 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     for block in pattern.blocks:
         covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
-        flops = _flops(_block_class(block.op, import_ops), block)
+        flops = _flops(op_class(block.op, import_ops), block)
         work = block.work + (f" ({_with_unit(flops, _FLOP_UNITS, 1000)})" if flops else "")
         num_bytes = _block_bytes(suite, block, import_ops)
         size = "?" if num_bytes is None else human_bytes(num_bytes)
