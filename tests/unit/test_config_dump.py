@@ -45,7 +45,6 @@ def where_free(suite: SuiteSpec) -> SuiteSpec:
         suite,
         source="",
         text_sha256="",
-        axes={k: r(a, yaml_path="") for k, a in suite.axes.items()},
         patterns=tuple(map(pattern, suite.patterns)),
     )
 

@@ -19,10 +19,24 @@ from userbenchmark.maestro.core.config.patterns import (
     substitute,
     sweep_points,
 )
+from userbenchmark.maestro.core.config.problems import Problems, index, join
+
+
+def parse(raw):
+    p = Problems("f")
+    variables = parse_sweep(p, raw, "sweep")
+    return variables, [(path, message) for path, message, _ in p.items]
+
+
+def at(*rel):
+    path = "sweep"
+    for part in rel:
+        path = index(path, part) if isinstance(part, int) else join(path, part)
+    return path
 
 
 def parse_ok(raw):
-    variables, problems = parse_sweep(raw)
+    variables, problems = parse(raw)
     assert problems == []
     return variables
 
@@ -107,11 +121,11 @@ def test_geometric_number_of_points_is_bounded():
     ],
 )
 def test_bad_sweeps(raw, path, fragment):
-    variables, problems = parse_sweep(raw)
+    variables, problems = parse(raw)
     assert problems, "expected a problem"
     paths = [p for p, _ in problems]
-    assert path in paths
-    assert any(fragment in message for p, message in problems if p == path), problems
+    assert at(*path) in paths
+    assert any(fragment in message for p, message in problems if p == at(*path)), problems
 
 
 def test_product_in_declaration_order_first_varies_slowest():
@@ -167,8 +181,8 @@ def test_check_references():
     used, problems = check_references(data, ["size", "dtype", "unused"])
     assert used == {"size", "dtype"}
     messages = dict(problems)
-    assert "undefined sweep variable 'nope'" in messages[("blocks", 1, "m")]
-    assert "bad sweep reference" in messages[("blocks", 2, "bad")]
+    assert "undefined sweep variable 'nope'" in messages["blocks[1].m"]
+    assert "bad sweep reference" in messages["blocks[2].bad"]
 
 
 def test_check_references_without_sweep_says_so():

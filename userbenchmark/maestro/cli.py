@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import shutil
@@ -20,7 +19,6 @@ from typing import Any
 
 import click
 
-from .blocks.dtypes import DTYPES
 from .core.config.options import DEFAULT_ROUNDS, RunOptions
 from .core.profilers.profiler_registry import profiler_names
 from .core.runtime.supervision import TERMINATING, configure_logging
@@ -43,11 +41,6 @@ EXIT_STATUS_HELP = (
     "Exit status: 0 success; 1 a pattern failed (run) or a metric regressed (compare); "
     "2 invalid input (options, launcher variables, files), reported before any worker "
     "starts; 130 interrupted."
-)
-RUN_EXIT_STATUS_HELP = (
-    "Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid "
-    "input (options, launcher variables, pattern file), reported before any worker starts; "
-    "130 interrupted (patterns that finished are saved)."
 )
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -93,9 +86,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         return None if value is None else parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-
-
-_FLAG = {"is_flag": True}
 
 
 def _options_of(params: dict[str, Any]) -> RunOptions:
@@ -228,12 +218,14 @@ def _run_processes(
     return status
 
 
-RUN_HELP = f"""Run a pattern file and report every block's numbers.
+RUN_HELP = """Run a pattern file and report every block's numbers.
 
 Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
 WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 
-{RUN_EXIT_STATUS_HELP}"""
+Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid input
+(options, launcher variables, pattern file), reported before any worker starts; 130
+interrupted (patterns that finished are saved)."""
 
 
 @cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
@@ -254,7 +246,7 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
 @click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
-@click.option("--no-metrics", **_FLAG, help="do not write the TorchBench metrics file")
+@click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file")
 @click.option(
     "--backend",
     type=click.Choice(("auto", "gloo", "nccl")),
@@ -270,19 +262,19 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option("--iters", type=int, help="override every pattern's iters")
 @click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")
-@click.option("--check", **_FLAG, help="verify every collective's output after timing")
-@click.option("--no-baseline", **_FLAG, help="skip the isolated run of each block")
+@click.option("--check", is_flag=True, help="verify every collective's output after timing")
+@click.option("--no-baseline", is_flag=True, help="skip the isolated run of each block")
 @click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB")
 @click.option("--precision", type=int, default=2, help="decimals of printed latencies")
 @click.option("--seed", type=int, default=0, help="seed of the random inputs")
 @click.option(
     "--trace",
-    **_FLAG,
+    is_flag=True,
     help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) in --output-dir",
 )
 @click.option(
     "--plot",
-    **_FLAG,
+    is_flag=True,
     help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
     "in --output-dir; needs matplotlib",
 )
@@ -295,7 +287,7 @@ WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
 )
 @click.option(
     "--graph",
-    **_FLAG,
+    is_flag=True,
     help="CUDA-graph mode for every pattern: each block's launch captured once and "
     "replayed per iteration (same as graph: true in the file; needs CUDA)",
 )
@@ -405,17 +397,11 @@ def compare_command(
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
     --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
-    beyond the noise both runs measured and past its floor (--threshold METRIC=FLOOR moves
-    a floor): the spread between processes when both runs hold several (run --repeat N),
-    else a floor covering it for that kind of block. The table lists what changed, then
-    counts the rest (--all lists every metric). Runs measured with different settings (sizes,
-    iterations, backend, profiler, world size, ranks per GPU...), or a run that records no
-    settings, are refused unless --force; versions and devices may differ (that is what A/B
-    compares). Harness diagnostics (skews, host enqueue) are shown, not judged, unless
-    --judge-harness. Exit status 0 nothing regressed, 1 a metric regressed, is NaN on one
-    side, or B lacks patterns or blocks of A or recorded failures, 2 a file cannot be used,
-    the settings differ, or --plot's file is refused or cannot be written (the table is
-    still printed then)."""
+    beyond the noise both runs measured and past its floor; runs measured with different
+    settings are refused unless --force (docs/torchbench.md says how each is judged). Exit
+    status 0 nothing regressed, 1 a metric regressed, is NaN on one side, or B lacks patterns
+    or blocks of A or recorded failures, 2 a file cannot be used, the settings differ, or
+    --plot's file is refused or cannot be written (the table is still printed then)."""
     from .core.output.compare import (
         compare_files,
         exit_code,
@@ -437,7 +423,7 @@ def compare_command(
             a, b, threshold_overrides=overrides or None, force=force, judge_harness=judge_harness
         )
     except (RunError, ValueError, OSError) as err:  # CompareError, OptionError: ValueErrors
-        print(f"maestro: {err}", file=sys.stderr)
+        say(f"maestro: {err}")
         return EXIT_USAGE
     print(format_compare_table(result, show_all=show_all), flush=True)
     status = exit_code(result)
@@ -514,32 +500,9 @@ def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
 @_interruptible
 def list_blocks_command() -> int:
     """List every op a block may name, with its parameters, types and defaults."""
-    from tabulate import tabulate
+    from .core.config.summary import ops_summary
 
-    from .blocks.registry import registered_ops
-
-    common = [
-        ("name", "str", "required", "block name, unique in its pattern"),
-        ("op", "str", "required", "a name below, or package.module:ClassName"),
-        ("axis", "str", "world", "axis whose teams run the block"),
-        ("lane", "str", "the axis", "in-order queue the block is issued on"),
-        ("dtype", "str", "defaults.dtype", " | ".join(DTYPES)),
-        ("register_buffers", "bool", "defaults.register_buffers", "registered NCCL buffers"),
-    ]
-    print("Keys of every block:")
-    print(tabulate(common, headers=["key", "type", "default", "meaning"]))
-    for name, cls in registered_ops().items():
-        doc = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()).replace(
-            "``", "`"
-        )
-        print(f"\n{name} ({cls.category}): {doc}")
-        rows = []
-        for p in cls.params:
-            default = "required" if p.required else ("-" if p.default is None else p.default)
-            meaning = p.doc + (f" (one of {', '.join(map(str, p.choices))})" if p.choices else "")
-            rows.append((p.name, p.kind, default, meaning))
-        if rows:
-            print(tabulate(rows, headers=["param", "type", "default", "meaning"]))
+    print(ops_summary())
     return EXIT_OK
 
 

@@ -68,7 +68,6 @@ class AxisDraft:
             like=self.like,
             priority=self.priority,
             nccl=frozen_mapping(self.nccl),
-            yaml_path=self.path,
         )
 
 
@@ -195,12 +194,10 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
 
 
 def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDraft]) -> None:
-    if not isinstance(raw, dict) or not raw:
-        p.add(
-            "mesh",
-            "mesh must be a mapping of dimension names to degrees, outer to inner, "
-            f"e.g. {{dp: 2, tp: 4}}, got {p.show('mesh', raw)}",
-        )
+    expected = (
+        "mesh must be a mapping of dimension names to degrees, outer to inner, e.g. {dp: 2, tp: 4}"
+    )
+    if not p.non_empty(raw, "mesh", dict, expected):
         return
     dims: dict[str, int] = {}
     for name, degree in raw.items():
@@ -236,22 +233,14 @@ def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDra
 def _teams(
     p: Problems, raw: Any, path: str, world_size: int | None
 ) -> tuple[tuple[int, ...], ...] | None:
-    if not isinstance(raw, list) or not raw:
-        p.add(
-            path,
-            f"teams must be a non-empty list of lists of ranks, e.g. [[0, 1], "
-            f"[2, 3]], got {p.show(path, raw)}",
-        )
+    expected = "teams must be a non-empty list of lists of ranks, e.g. [[0, 1], [2, 3]]"
+    if not p.non_empty(raw, path, list, expected):
         return None
     before = len(p)
     seen: dict[int, str] = {}  # rank: where it was first
     for i, team in enumerate(raw):
         team_path = index(path, i)
-        if not isinstance(team, list) or not team:
-            p.add(
-                team_path,
-                f"a team must be a non-empty list of ranks, got {p.show(team_path, team)}",
-            )
+        if not p.non_empty(team, team_path, list, "a team must be a non-empty list of ranks"):
             continue
         for j, rank in enumerate(team):
             rank_path = index(team_path, j)

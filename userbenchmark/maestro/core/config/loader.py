@@ -20,13 +20,13 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ...blocks.registry import resolve_op
 from ...errors import ConfigError
 from .axes import check_axes, check_env, check_world_size
 from .blocks import OpResolver, block_entry, yaml_key
 from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import TRACED_KEYS, WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
+from .summary import op_class
 from .variants import whatif_changes
 
 logger = logging.getLogger("maestro.config")
@@ -519,10 +519,8 @@ def _pattern(
 
 def _block(spec: BlockSpec, defaults: dict[str, Any]) -> dict[str, Any]:
     """A block's entry without what the loader would set anyway."""
-    try:
-        implied = {yaml_key(p): p.default for p in resolve_op(spec.op).params}
-    except (KeyError, LookupError):
-        implied = {}
+    cls = op_class(spec.op)
+    implied = {yaml_key(p): p.default for p in cls.params} if cls is not None else {}
     implied |= {"axis": WORLD_AXIS, "lane": spec.axis, "after": []}
     implied |= {key: defaults[key] for key in ("dtype", "register_buffers")}
     entry = {

@@ -22,10 +22,8 @@ MAX_SEED = 2**32 - 1
 must fit torch's 64-bit seeds."""
 
 DEFAULT_ROUNDS = 10
-"""Rounds of a pattern with what-if variants when ``--rounds`` is not given. A change's interval
-is a Student t over the rounds, t(R-1)/sqrt(R) times their spread: 1.24 at 5 rounds, 0.72 at 10,
-0.47 at 20: ten make it 42 % narrower than five for twice the windows, twenty 35 % narrower
-again for twice as many again (bench/whatif_cpu.py, BENCHMARKS.md)."""
+"""Rounds of a pattern with what-if variants when ``--rounds`` is not given: a change's Student t
+interval narrows much from five rounds to ten, less from ten to twenty (BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +34,6 @@ class RunOptions:
     profiler: str = "auto"
     output_dir: str | None = None
     metrics_dir: str | None = None
-    """Where the TorchBench metrics file goes; default ``<repo>/.userbenchmark/maestro``."""
     write_metrics: bool = True
     precision: int = 2
     iters: int | None = None
@@ -57,7 +54,6 @@ class RunOptions:
     calls ``prepare_output_locations``); None: no metrics file."""
     log_level: str = "INFO"
     rounds: int = DEFAULT_ROUNDS
-    """``--rounds``: rounds of a pattern with what-if variants (a window of each per round)."""
 
     def __post_init__(self) -> None:
         """Values that no machine or pattern file can make valid: OptionError naming the flag."""

@@ -92,8 +92,7 @@ def check_patterns(
     if p.missing(data, "", "patterns", " (a list of patterns, each with a name and blocks)"):
         return []
     raw = data["patterns"]
-    if not isinstance(raw, list) or not raw:
-        p.add("patterns", f"patterns must be a non-empty list, got {p.show('patterns', raw)}")
+    if not p.non_empty(raw, "patterns", list, "patterns must be a non-empty list"):
         return []
     homes: dict[str, list[str]] = {}
     for entry in raw:
@@ -137,17 +136,6 @@ def _listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _at(path: str, rel: tuple[Any, ...]) -> str:
-    for part in rel:
-        path = index(path, part) if isinstance(part, int) else join(path, part)
-    return path
-
-
-def _report(p: Problems, path: str, found: list[tuple[tuple[Any, ...], str]]) -> None:
-    for rel, message in found:
-        p.add(_at(path, rel), message)
-
-
 def _body(entry: dict[Any, Any]) -> dict[Any, Any]:
     return {k: v for k, v in entry.items() if k not in ("name", "sweep")}
 
@@ -159,9 +147,9 @@ def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[P
     ok = True
     raw_sweep = entry.get("sweep")
     if "sweep" in entry:
-        variables, found = parse_sweep(raw_sweep)
-        _report(p, join(path, "sweep"), found)
-        ok = not found
+        start = len(p)
+        variables = parse_sweep(p, raw_sweep, join(path, "sweep"))
+        ok = len(p) == start
     # Names declared even when their values are bad, so references are not reported twice.
     names = [k for k in raw_sweep if isinstance(k, str)] if isinstance(raw_sweep, dict) else []
     if "name" in entry and check_references(entry["name"], [])[1]:
@@ -171,10 +159,11 @@ def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[P
             "point is named automatically, e.g. base[size=4M]",
         )
         ok = False
-    used, found = check_references(_body(entry), names)
+    used, found = check_references(_body(entry), names, path)
     if "sweep" in entry and not isinstance(raw_sweep, dict):
         found = []  # the sweep itself is reported; its references cannot be judged
-    _report(p, path, found)
+    for where, message in found:
+        p.add(where, message)
     for name in names if ok and not found else ():
         if name not in used:
             p.add(
@@ -186,8 +175,8 @@ def _sweep_points(p: Problems, entry: dict[Any, Any], path: str) -> tuple[list[P
     kept = tuple(v for v in variables if v.name in used)
     if num_points(kept) > MAX_SWEEP_POINTS:
         kept = ()  # reported by parse_sweep; expanding it would only cost time
-    _, unresolvable = check_references(_body(entry), [v.name for v in kept])
-    return list(sweep_points(kept)), {_at(path, rel) for rel, _ in unresolvable}
+    _, unresolvable = check_references(_body(entry), [v.name for v in kept], path)
+    return list(sweep_points(kept)), {where for where, _ in unresolvable}
 
 
 def _expand(
@@ -250,11 +239,7 @@ def _pattern_point(
     raw_blocks = body.get("blocks")
     if p.missing(body, path, "blocks", " (a list of blocks)"):
         return None
-    if not isinstance(raw_blocks, list) or not raw_blocks:
-        p.add(
-            join(path, "blocks"),
-            f"blocks must be a non-empty list, got {p.show(join(path, 'blocks'), raw_blocks)}",
-        )
+    if not p.non_empty(raw_blocks, join(path, "blocks"), list, "blocks must be a non-empty list"):
         return None
     blocks: list[BlockSpec] = []
     names: dict[str, str] = {}
@@ -316,13 +301,10 @@ def _traced_by_rank_us(value: Any, where: str, p: Problems, world: Any) -> tuple
     return tuple(p.number(v, index(where, i), minimum=0.0) or 0.0 for i, v in enumerate(value))
 
 
-# ---- sweep expansion: pure functions on plain YAML data; problems come back as (relative path,
-# message), a relative path being a tuple of mapping keys and list indices ----
+# ---- sweep expansion: functions of plain YAML data, recording their problems in a Problems ----
 MAX_SWEEP_POINTS: Final = 10_000
 """Most points one pattern may expand to (the product over its variables)."""
 
-RelPath = tuple[Any, ...]
-Problem = tuple[RelPath, str]
 Point = tuple[tuple[str, Any, str], ...]  # one sweep point: (variable, value, label) per variable
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
@@ -343,47 +325,49 @@ class SweepVariable:
     """Each value as written in the file (format_size for geometric size sweeps)."""
 
 
-def parse_sweep(raw: Any) -> tuple[tuple[SweepVariable, ...], list[Problem]]:
-    """The variables of a ``sweep:`` mapping, in declaration order, and any problems."""
+def parse_sweep(p: Problems, raw: Any, path: str) -> tuple[SweepVariable, ...]:
+    """The variables of the ``sweep:`` mapping ``raw`` at ``path``, in declaration order."""
     if not isinstance(raw, Mapping) or not raw:
         message = (
             "sweep must be a mapping of variable names to a list of values or "
             "{from, to, factor}, e.g. sweep: {size: [1K, 4M]}"
         )
-        return (), [((), message)]
+        p.add(path, message)
+        return ()
     variables: list[SweepVariable] = []
-    problems: list[Problem] = []
+    start = len(p)
     for name, spec in raw.items():
-        found: list[Problem] = []  # paths below the variable
+        sub, before = join(path, name), len(p)
         if not isinstance(name, str) or not _VAR_NAME.fullmatch(name):
             message = (
                 f"sweep variable name {name!r} must be a letter or _ "
                 "followed by letters, digits or _"
             )
-            found.append(((), message))
+            p.add(sub, message)
         elif isinstance(spec, Mapping):
-            values, labels = _geometric(spec, found)
+            values, labels = _geometric(p, spec, sub)
         elif isinstance(spec, list):
-            values, labels = _list_values(spec, found)
+            values, labels = _list_values(p, spec, sub)
         else:
             message = f"expected a list of values or {{from, to, factor}}, got {_show(spec)}"
-            found.append(((), message))
-        problems += [((name, *path), message) for path, message in found]
-        if not found:
+            p.add(sub, message)
+        if len(p) == before:
             variables.append(SweepVariable(name=name, values=values, labels=labels))
-    if not problems and (total := num_points(variables)) > MAX_SWEEP_POINTS:
+    if len(p) == start and (total := num_points(variables)) > MAX_SWEEP_POINTS:
         message = (
             f"sweep expands to {total} points, more than the limit of "
             f"{MAX_SWEEP_POINTS} per pattern"
         )
-        problems.append(((), message))
-    return tuple(variables), problems
+        p.add(path, message)
+    return tuple(variables)
 
 
-def _list_values(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+def _list_values(
+    p: Problems, spec: list[Any], path: str
+) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     if not spec or len(spec) > MAX_SWEEP_POINTS:
         many = f"{len(spec)} values, more than the limit of {MAX_SWEEP_POINTS} points per pattern"
-        found.append(((), many if spec else "a sweep list needs at least one value"))
+        p.add(path, many if spec else "a sweep list needs at least one value")
         return (), ()
     labels: list[str] = []
     for i, value in enumerate(spec):
@@ -400,7 +384,7 @@ def _list_values(spec: list[Any], found: list[Problem]) -> tuple[tuple[Any, ...]
         else:
             labels.append(label)
             continue
-        found.append(((i,), message))
+        p.add(index(path, i), message)
     return tuple(spec), tuple(labels)
 
 
@@ -415,19 +399,17 @@ def value_label(value: Any) -> str | None:
 
 
 def _geometric(
-    spec: Mapping[Any, Any], found: list[Problem]
+    p: Problems, spec: Mapping[Any, Any], path: str
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    found.extend(
-        ((key,), f"unknown key {key!r} in a geometric sweep; valid keys: from, to, factor")
-        for key in spec
-        if key not in _GEOMETRIC_KEYS
-    )
-    found.extend(
-        ((), f"a geometric sweep needs {key!r} (keys: from, to, factor)")
-        for key in _GEOMETRIC_KEYS
-        if key not in spec
-    )
-    if found:
+    before = len(p)
+    for key in spec:
+        if key not in _GEOMETRIC_KEYS:
+            message = f"unknown key {key!r} in a geometric sweep; valid keys: from, to, factor"
+            p.add(join(path, key), message)
+    for key in _GEOMETRIC_KEYS:
+        if key not in spec:
+            p.add(path, f"a geometric sweep needs {key!r} (keys: from, to, factor)")
+    if len(p) > before:
         return (), ()
     start, stop, factor = spec["from"], spec["to"], spec["factor"]
     sizes = isinstance(start, str) or isinstance(stop, str)
@@ -436,19 +418,19 @@ def _geometric(
         try:
             bounds.append(parse_size(value) if sizes else _positive_number(value))
         except ValueError as exc:
-            found.append(((key,), str(exc)))
+            p.add(join(path, key), str(exc))
     if (
         isinstance(factor, bool)
         or not isinstance(factor, int | float)
         or not 1 < factor < math.inf  # not math.isfinite: an int past float range is fine
     ):
-        found.append((("factor",), f"factor must be a number greater than 1, got {_show(factor)}"))
-    if found:
+        p.add(join(path, "factor"), f"factor must be a number greater than 1, got {_show(factor)}")
+    if len(p) > before:
         return (), ()
     try:
         values = geometric_values(bounds[0], bounds[1], factor)
     except ValueError as exc:
-        found.append(((), str(exc)))
+        p.add(path, str(exc))
         return (), ()
     labels = (
         format_size(v) if sizes and isinstance(v, int) else value_label(v) or repr(v)
@@ -518,21 +500,24 @@ def point_name(base: str, point: Point) -> str:
     return f"{base}[{point_label(point)}]" if point else base
 
 
-def check_references(data: Any, names: Sequence[str]) -> tuple[set[str], list[Problem]]:
-    """Variables that ``data`` references with ``${var}``, and problems with its references."""
+def check_references(
+    data: Any, names: Sequence[str], path: str = ""
+) -> tuple[set[str], list[tuple[str, str]]]:
+    """Variables that ``data`` (at ``path``) references with ``${var}``, and the problems of its
+    references as (path, message)."""
     used: set[str] = set()
-    problems: list[Problem] = []
+    problems: list[tuple[str, str]] = []
     defined = ", ".join(names) if names else "none: this pattern has no sweep"
-    for path, text in _strings(data, ()):
+    for where, text in _strings(data, path):
         for match in _REFERENCE.finditer(text):
             name = match.group(1)
             if not _VAR_NAME.fullmatch(name):
                 message = (
                     f"bad sweep reference {match.group(0)!r}: write ${{name}} with a variable name"
                 )
-                problems.append((path, message))
+                problems.append((where, message))
             elif name not in names:
-                problems.append((path, f"undefined sweep variable {name!r} (defined: {defined})"))
+                problems.append((where, f"undefined sweep variable {name!r} (defined: {defined})"))
             else:
                 used.add(name)
     return used, problems
@@ -561,16 +546,16 @@ def substitute(data: Any, point: Point) -> Any:
     return replace(data)
 
 
-def _strings(node: Any, path: RelPath) -> Iterator[tuple[RelPath, str]]:
+def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
     if isinstance(node, str):
         if "${" in node:
             yield path, node
     elif isinstance(node, Mapping):
         for key, value in node.items():
-            yield from _strings(value, (*path, key))
+            yield from _strings(value, join(path, key))
     elif isinstance(node, list):
         for i, item in enumerate(node):
-            yield from _strings(item, (*path, i))
+            yield from _strings(item, index(path, i))
 
 
 def _show(value: Any) -> str:

@@ -134,6 +134,14 @@ class Problems:
             self.add(path, f"{expected}, got {self.show(path, value)}")
         return isinstance(value, dict)
 
+    def non_empty(self, value: Any, path: str, kind: type, expected: str) -> bool:
+        """Whether ``value`` is a non-empty ``kind`` (list or dict); if not, ``expected, got
+        <value>`` is recorded."""
+        if not isinstance(value, kind) or not value:
+            self.add(path, f"{expected}, got {self.show(path, value)}")
+            return False
+        return True
+
     def get(
         self, raw: Mapping[Any, Any], path: str, key: str, check: Any, *args: Any, **kw: Any
     ) -> Any:

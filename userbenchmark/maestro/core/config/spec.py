@@ -55,7 +55,6 @@ class AxisSpec:
     """``high`` gives the axis a high-priority lane stream and NCCL stream."""
     nccl: Mapping[str, Any] = field(default_factory=frozen_mapping)
     """``ProcessGroupNCCL.Options.config`` fields (max_ctas, min_ctas, ...)."""
-    yaml_path: str = ""
 
     @property
     def team_size(self) -> int:

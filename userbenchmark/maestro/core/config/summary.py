@@ -1,15 +1,18 @@
 """The summary ``validate`` prints: axes and their teams, patterns after sweep expansion, each
-block's work, and the bytes each rank allocates per pattern (from Block.buffer_bytes)."""
+block's work, and the bytes each rank allocates per pattern (from Block.buffer_bytes); and the
+list of ops ``list-blocks`` prints."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from tabulate import tabulate
 
 from ...blocks.base import Block
-from ...blocks.registry import resolve_op
+from ...blocks.dtypes import DTYPES
+from ...blocks.registry import registered_ops, resolve_op
 from .sizes import format_size
 from .spec import AxisSpec, BlockSpec, PatternSpec, SuiteSpec
 
@@ -31,7 +34,8 @@ def human_bytes(num_bytes: int) -> str:
     return _with_unit(num_bytes, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
 
 
-def _block_class(op: str, import_ops: bool = True) -> type[Block] | None:
+def op_class(op: str, import_ops: bool = True) -> type[Block] | None:
+    """The block class of the validated ``op``; None when it cannot be resolved here."""
     if ":" in op and not import_ops:
         return None  # a custom op left unimported: its bytes are unknown
     try:
@@ -83,7 +87,7 @@ def large_for_cpu(suite: SuiteSpec) -> str:
     for p in suite.patterns:
         num_bytes = max(rank_buffer_bytes(suite, p))
         runs = (p.warmup_iters + p.num_iters) * (2 if p.baseline else 1)
-        flops = runs * max(_per_rank(suite, p, lambda b: _flops(_block_class(b.op), b)))
+        flops = runs * max(_per_rank(suite, p, lambda b: _flops(op_class(b.op), b)))
         if num_bytes > LARGE_FOR_CPU_BYTES or flops > LARGE_FOR_CPU_FLOP:
             work = f"{_with_unit(flops, _FLOP_UNITS, 1000)} of GEMM work" if flops else "no GEMM"
             large.append(f"{p.name} ({human_bytes(num_bytes)} of buffers, {work})")
@@ -98,7 +102,7 @@ def large_for_cpu(suite: SuiteSpec) -> str:
 
 def _block_bytes(suite: SuiteSpec, block: BlockSpec, import_ops: bool) -> int | None:
     """Bytes one rank allocates for ``block``; None for an op that cannot be resolved here."""
-    cls = _block_class(block.op, import_ops)
+    cls = op_class(block.op, import_ops)
     if cls is None:
         return None
     team_size = suite.axes[block.axis].team_size
@@ -153,11 +157,6 @@ def describe_params(cls: type[Block] | None, params: Mapping[str, Any]) -> str:
     )
 
 
-def _work(cls: type[Block] | None, block: BlockSpec) -> str:
-    flops = _flops(cls, block)
-    return block.work + (f" ({_with_unit(flops, _FLOP_UNITS, 1000)})" if flops else "")
-
-
 def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[str]:
     flags = [
         f"warmup {pattern.warmup_iters}",
@@ -172,7 +171,8 @@ def _pattern(suite: SuiteSpec, pattern: PatternSpec, import_ops: bool) -> list[s
     for block in pattern.blocks:
         covered = sum(len(t) for t in suite.axes[block.axis].teams)
         ranks = "all" if covered == suite.world_size else f"{covered} of {suite.world_size}"
-        work = _work(_block_class(block.op, import_ops), block)
+        flops = _flops(op_class(block.op, import_ops), block)
+        work = block.work + (f" ({_with_unit(flops, _FLOP_UNITS, 1000)})" if flops else "")
         num_bytes = _block_bytes(suite, block, import_ops)
         size = "?" if num_bytes is None else human_bytes(num_bytes)
         rows.append([block.name, block.op, block.axis, block.lane, block.dtype, work, ranks, size])
@@ -246,4 +246,34 @@ def suite_summary(suite: SuiteSpec, *, import_ops: bool = True) -> str:
         f"largest per-rank allocation of any pattern or variant: {human_bytes(peak)}"
         + (" (custom ops not imported, not counted)" if uncounted else "")
     )
+    return "\n".join(lines)
+
+
+def ops_summary() -> str:
+    """What ``list-blocks`` prints: the keys of every block, then each op with its parameters,
+    types and defaults."""
+    common = [
+        ("name", "str", "required", "block name, unique in its pattern"),
+        ("op", "str", "required", "a name below, or package.module:ClassName"),
+        ("axis", "str", "world", "axis whose teams run the block"),
+        ("lane", "str", "the axis", "in-order queue the block is issued on"),
+        ("dtype", "str", "defaults.dtype", " | ".join(DTYPES)),
+        ("register_buffers", "bool", "defaults.register_buffers", "registered NCCL buffers"),
+    ]
+    lines = [
+        "Keys of every block:",
+        tabulate(common, headers=["key", "type", "default", "meaning"]),
+    ]
+    for name, cls in registered_ops().items():
+        doc = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()).replace(
+            "``", "`"
+        )
+        lines += ["", f"{name} ({cls.category}): {doc}"]
+        rows = []
+        for p in cls.params:
+            default = "required" if p.required else ("-" if p.default is None else p.default)
+            meaning = p.doc + (f" (one of {', '.join(map(str, p.choices))})" if p.choices else "")
+            rows.append((p.name, p.kind, default, meaning))
+        if rows:
+            lines.append(tabulate(rows, headers=["param", "type", "default", "meaning"]))
     return "\n".join(lines)

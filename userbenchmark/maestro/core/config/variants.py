@@ -88,8 +88,7 @@ def _variant(
         dataclasses.replace(b, yaml_path=c.path or b.yaml_path)
         for b, c in zip(spec.blocks, changed, strict=True)
     )
-    untraced = {"traced_us": None, "traced_by_rank_us": ()}
-    return dataclasses.replace(spec, variant=name, blocks=blocks, yaml_path=path, **untraced)
+    return dataclasses.replace(spec, variant=name, blocks=blocks, yaml_path=path)
 
 
 def _matched(p: Problems, key: Any, path: str, blocks: Sequence[BlockSpec]) -> list[int]:
