@@ -416,7 +416,13 @@ def metrics_from_results(results: Results) -> dict[str, float]:
     the results files keep them), pattern by pattern: its blocks', its own, its pairs', each
     followed by its interval's bounds; ValueError for a name that cannot be part of a key, or a
     key met twice."""
+    return metrics_and_unmeasurable(results)[0]
+
+
+def metrics_and_unmeasurable(results: Results) -> tuple[dict[str, float], frozenset[str]]:
+    """:func:`metrics_from_results`, and the keys it leaves out as not measurable here."""
     groups: dict[tuple[str, str], dict[str, float]] = {}
+    unmeasurable: set[str] = set()
 
     def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:
         group = groups.setdefault((row["suite"], row["pattern"]), {})
@@ -425,7 +431,10 @@ def metrics_from_results(results: Results) -> dict[str, float]:
             if any(row.get(b) is None for b in bounds):
                 bounds = []
             low, high = (float(row[b]) for b in bounds[:2]) if bounds else (math.nan, math.nan)
-            if row.get(name) is None or not measurable(name, row[name], low, high):
+            if row.get(name) is None:
+                continue
+            if not measurable(name, row[name], low, high):
+                unmeasurable.add(metric_key(row["suite"], row["pattern"], metric=name, **where))
                 continue
             for column in (name, *bounds):
                 key = metric_key(row["suite"], row["pattern"], metric=column, **where)
@@ -442,7 +451,8 @@ def metrics_from_results(results: Results) -> dict[str, float]:
     for row in records_of(results.whatif):
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
         groups.setdefault((suite, label), {}).update(_whatif_metrics(row, suite, label))
-    return {key: value for group in groups.values() for key, value in group.items()}
+    metrics = {key: value for group in groups.values() for key, value in group.items()}
+    return metrics, frozenset(unmeasurable)
 
 
 def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str, float]:
