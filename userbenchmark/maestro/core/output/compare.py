@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,9 +70,8 @@ class CompareResult:
     judgements: tuple[Judgement, ...]
     only_a: Mapping[str, float]
     only_b: Mapping[str, float]
+    # Keys that run's records hold as not measurable here, with the other run's values.
     unmeasurable_in_a: Mapping[str, float] = field(default_factory=dict)
-    """Keys B has that A's records hold as not measurable here (a metrics file cannot say
-    so: there they are only in B); the value is B's."""
     unmeasurable_in_b: Mapping[str, float] = field(default_factory=dict)
     missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
@@ -188,8 +188,7 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
             f"{path}: no run.json beside it; only the settings its results record (iterations, "
             "ops, dtypes, sizes) were checked"
         )
-    # A ValueError is named after the file by the caller.
-    metrics, unmeasurable = metrics_and_unmeasurable(results)
+    metrics, unmeasurable = metrics_and_unmeasurable(results)  # ValueError: the caller names it
     for key, value in metrics.items():
         _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
     return _Side(
@@ -375,9 +374,7 @@ def verdict_table(
     ]
     if show_all:
         rows = sorted(rows + [[key, a, b, "", "", label] for key, a, b, label in one_sided])
-    counts: dict[str, int] = {}
-    for label in [_verdict(j) for j in judgements] + [row[3] for row in one_sided]:
-        counts[label] = counts.get(label, 0) + 1
+    counts = Counter([_verdict(j) for j in judgements] + [row[3] for row in one_sided])
     listed = [f"{counts.pop(v)} {v}" for v in LEADING if v in counts]
     rest = ", ".join(f"{n} {label}" for label, n in sorted(counts.items(), key=_label_order))
     line = ", ".join(listed) or "nothing regressed or improved"

@@ -192,7 +192,7 @@ Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged
 FAMILY_ALPHA: Final = 0.05  # chance of a false alarm among all the metrics of a comparison
 WINDOW_SPREADS: Final = 1.0
 """A change within this many window spreads (std of a run's window means, the larger) is noise:
-identical 2-core gloo runs moved up to 3x their floors, as their windows spread (BENCHMARKS.md)."""
+a level that wanders inside a run moves between runs too (BENCHMARKS.md)."""
 PROCESSES_FLOOR: Final = 0.01
 """A relative metric's floor when both runs hold two or more processes: their intervals are
 made between processes, so only a change too small to act on is left out."""
@@ -203,7 +203,7 @@ PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
 block's category (``other``: sleeps), an absolute one's (overlap fractions and efficiency) in
 its unit; each the spread between processes measured for that kind (docs/torchbench.md). A
 pattern's figures take its blocks' widest, an unknown block the widest. On CUDA the metrics'
-own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
+own floors hold that spread."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +275,6 @@ class Judgement:
     high: float
     floor: float | None  # the one applied: a fraction (judged as log1p), or in the metric's unit
     absolute: bool
-    direction: Direction | None
     verdict: Verdict
     decides: bool = True  # False: a harness diagnostic, shown beside the verdicts that count
 
@@ -419,7 +418,6 @@ def _judge(
         high=high,
         floor=floor,
         absolute=spec.absolute,
-        direction=spec.better,
         verdict=verdict,
     )
 

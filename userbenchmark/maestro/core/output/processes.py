@@ -1,7 +1,6 @@
-"""A run of several processes (``run --repeat N``, each side of ``abtest``): each process writes
-its own complete output into ``processes/K``; after each one the run's own files are rewritten
-from all of them: every process's rows (a ``process`` column), and the metrics file's values as
-means over the processes with the Student t interval between them (results.py)."""
+"""A run of several processes (``run --repeat N``, each side of ``abtest``): each writes its own
+output into ``processes/K``, and after each the run's files are rewritten from all of them (every
+process's rows, a ``process`` column; the metrics file's means over them, results.py)."""
 
 from __future__ import annotations
 

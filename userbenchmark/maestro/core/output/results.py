@@ -48,16 +48,15 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
     return MappingProxyType(columns)
 
 
+_RECORD_TYPES: Final[Mapping[Table, type]] = {"blocks": BlockResult, "patterns": PatternResult,
+                                                "pairs": PairResult, "whatif": WhatIfResult}  # fmt: skip
 # Each table's columns and their pandas dtypes, in file order (results.*, patterns.*, pairs.*).
-BLOCK_COLUMNS: Final = _columns_of(BlockResult)
-PATTERN_COLUMNS: Final = _columns_of(PatternResult)
-PAIR_COLUMNS: Final = _columns_of(PairResult)
-WHATIF_COLUMNS: Final = _columns_of(WhatIfResult)
+_COLUMNS: Final = {table: _columns_of(record_type) for table, record_type in _RECORD_TYPES.items()}
+BLOCK_COLUMNS: Final = _COLUMNS["blocks"]
+PATTERN_COLUMNS: Final = _COLUMNS["patterns"]
+PAIR_COLUMNS: Final = _COLUMNS["pairs"]
 # A variant's change in the metrics file: no interval keys, so compare shows it and judges none.
 WHATIF_METRICS: Final = ("change_pct", "change_ci_low_pct", "change_ci_high_pct")
-
-_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS,
-                   "whatif": WHATIF_COLUMNS}  # fmt: skip
 _KEY_COLUMNS: Final = {
     "blocks": ("suite", "pattern", "block"),
     "patterns": ("suite", "pattern"),
@@ -469,9 +468,7 @@ def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, 
     for index, row in enumerate(rows):
         unit = tuple(row[k] for k in _KEY_COLUMNS[table])
         groups.setdefault(unit if row.get(PROCESS_COLUMN) is not None else (index,), []).append(row)
-    specs = metrics_of(
-        {"blocks": BlockResult, "patterns": PatternResult, "pairs": PairResult}[table]
-    )
+    specs = metrics_of(_RECORD_TYPES[table])
     many = len({row.get(PROCESS_COLUMN) for row in rows}) > 1
     out = []
     for group in groups.values():
