@@ -248,8 +248,8 @@ def compare_files(
     ]
     nan_a, nan_b = _nan_keys(a, ra, rb, judge_harness), _nan_keys(b, rb, ra, judge_harness)
     noise = noise_of(a.environ, b.environ, ra.keys() & rb.keys())
-    unmeasurable_in_b, only_a = _one_sided(ra, rb, nan_b, b.unmeasurable)
-    unmeasurable_in_a, only_b = _one_sided(rb, ra, nan_a, a.unmeasurable)
+    unmeasurable_in_b, only_a = _one_sided(ra, rb, nan_b, b)
+    unmeasurable_in_a, only_b = _one_sided(rb, ra, nan_a, a)
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
@@ -272,17 +272,14 @@ def compare_files(
 
 
 def _one_sided(
-    mine: Mapping[str, Reading],
-    theirs: Mapping[str, Reading],
-    nan: list[str],
-    unmeasurable: frozenset[str],
+    mine: Mapping[str, Reading], theirs: Mapping[str, Reading], nan: list[str], other: _Side
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """The values of the keys only ``mine`` has (the other run's NaNs aside): those the other
-    run's records hold as not measurable here, and the rest."""
+    """The values of the keys only ``mine`` has (the ``other`` run's NaNs aside): those the
+    other run's records hold as not measurable here, and the rest."""
     keys = sorted(mine.keys() - theirs.keys() - {*nan})
     return (
-        {k: mine[k].value for k in keys if k in unmeasurable},
-        {k: mine[k].value for k in keys if k not in unmeasurable},
+        {k: mine[k].value for k in keys if k in other.unmeasurable},
+        {k: mine[k].value for k in keys if k not in other.unmeasurable},
     )
 
 

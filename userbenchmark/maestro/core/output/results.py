@@ -247,16 +247,12 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     are NA. TypeError or ValueError when it is not of that type, OverflowError out of range."""
     if value is None or value == "":
         return "" if dtype == _STR else None
-    if dtype == _STR:
-        if not isinstance(value, str):
-            raise TypeError
-        return value
-    if isinstance(value, str):
+    if isinstance(value, str) and dtype != _STR:
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
         value = _csv_value(value, dtype)
-    if dtype == _BOOL:
-        if not isinstance(value, bool):
+    if dtype in (_STR, _BOOL):
+        if not isinstance(value, _PLAIN[dtype][0]):
             raise TypeError
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
