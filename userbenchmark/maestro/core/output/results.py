@@ -171,6 +171,36 @@ def json_text(frame: pd.DataFrame) -> str:
     return json.dumps(records_of(frame), indent=1) + "\n"
 
 
+def run_texts(
+    results: Results,
+    environ: Mapping[str, str],
+    failures: Sequence[Mapping[str, Any]],
+    *,
+    output_dir: Path | None,
+    metrics_path: Path | None,
+    metrics: Mapping[str, float] | None = None,
+) -> dict[Path, str]:
+    """Each file of a run and its text: in ``output_dir`` the tables (whatif.* only with
+    variants), failures.json (only with failures) and run.json; the metrics file, of
+    ``metrics`` (by default ``results``'s)."""
+    texts: dict[Path, str] = {}
+    if output_dir is not None:
+        for table, stem in TABLE_FILES.items():
+            frame = getattr(results, table)
+            if table != "whatif" or len(frame):
+                texts[output_dir / f"{stem}.json"] = json_text(frame)
+                texts[output_dir / f"{stem}.csv"] = csv_text(frame)
+        if failures:
+            texts[output_dir / "failures.json"] = json.dumps(list(failures), indent=1) + "\n"
+        # What produced these numbers (the metrics file's environ): compare reads it.
+        texts[output_dir / "run.json"] = json.dumps(environ, indent=1, sort_keys=True) + "\n"
+    if metrics_path is not None:
+        metrics = metrics_from_results(results) if metrics is None else metrics
+        doc = {"name": "maestro", "environ": environ, "metrics": metrics}
+        texts[metrics_path] = json.dumps(doc, indent=2) + "\n"
+    return texts
+
+
 def _csv_cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"  # as JSON writes it
@@ -395,14 +425,12 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a directory of maestro results")
     path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
-    blocks = _results_of_file(path["blocks"], "blocks").blocks
+    blocks = read_table(path["blocks"], "blocks")
     found = _results_of_file(path["patterns"], "patterns")
-    # An older run has no pairs file: its pairs come from the patterns file's legacy column.
-    if path["pairs"].exists():
-        found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
-    if path["whatif"].exists():  # a run with variants
-        found = replace(found, whatif=read_table(path["whatif"], "whatif"))
-    return replace(found, blocks=blocks)
+    # An older run has no pairs file (its pairs come from the patterns file's legacy column),
+    # a run without variants no whatif file.
+    later = {t: read_table(path[t], t) for t in ("pairs", "whatif") if path[t].exists()}
+    return replace(found, blocks=blocks, **later)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
@@ -443,17 +471,13 @@ def metrics_and_unmeasurable(results: Results) -> tuple[dict[str, float], frozen
         add(row, metrics_of(PatternResult), block=None)
     for row in _over_processes(records_of(results.pairs), "pairs"):
         add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
-    for row in records_of(results.whatif):
+    for row in records_of(results.whatif):  # a variant's change, keyed under its label
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
-        groups.setdefault((suite, label), {}).update(_whatif_metrics(row, suite, label))
+        names = (name for name in WHATIF_METRICS if row[name] is not None)
+        group = groups.setdefault((suite, label), {})
+        group.update({metric_key(suite, label, None, name): float(row[name]) for name in names})
     metrics = {key: value for group in groups.values() for key, value in group.items()}
     return metrics, frozenset(unmeasurable)
-
-
-def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str, float]:
-    """A what-if record's change metrics, keyed under its variant's label."""
-    names = (name for name in WHATIF_METRICS if row[name] is not None)
-    return {metric_key(suite, label, None, name): float(row[name]) for name in names}
 
 
 def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -89,31 +88,23 @@ class OutputWriter:
                     path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
 
     def _texts(self) -> dict[Path, str]:
-        from .results import TABLE_FILES, csv_text, json_text, metrics_from_results, results_of
+        from .results import metrics_from_results, results_of, run_texts
 
         results = results_of(self.outcomes, self.whatif)
-        texts: dict[Path, str] = {}
-        if self.output_dir is not None:
-            out = self.output_dir
-            for table, stem in TABLE_FILES.items():
-                frame = getattr(results, table)
-                if table == "whatif" and not self.whatif:
-                    continue  # a run without variants
-                texts[out / f"{stem}.json"] = json_text(frame)
-                texts[out / f"{stem}.csv"] = csv_text(frame)
-            if self.failures:
-                texts[out / "failures.json"] = json.dumps(self.failures, indent=1) + "\n"
-            # What produced these numbers (the metrics file's environ): compare reads it.
-            texts[out / "run.json"] = json.dumps(self.environ, indent=1, sort_keys=True) + "\n"
-            if self.trace:
-                texts[out / "trace.json"] = trace_text(self.outcomes)
-                for name, text in rank_trace_texts(self.outcomes).items():
-                    texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
-        if self.metrics_path is not None:
-            metrics = metrics_from_results(results)
-            self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
-            doc = {"name": "maestro", "environ": self.environ, "metrics": metrics}
-            texts[self.metrics_path] = json.dumps(doc, indent=2) + "\n"
+        metrics = metrics_from_results(results) if self.metrics_path is not None else {}
+        self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
+        texts = run_texts(
+            results,
+            self.environ,
+            self.failures,
+            output_dir=self.output_dir,
+            metrics_path=self.metrics_path,
+            metrics=metrics,
+        )
+        if self.trace:
+            texts[self.output_dir / "trace.json"] = trace_text(self.outcomes)
+            for name, text in rank_trace_texts(self.outcomes).items():
+                texts[self.output_dir / TRACES_DIR / name] = text  # one per rank, for HTA
         return texts
 
 
