@@ -55,6 +55,6 @@ def gather_processes(
         **{t: pd.concat(f, ignore_index=True) if f else pd.DataFrame() for t, f in parts.items()}
     )
     environ["processes"] = str(len(parts["blocks"]))
-    texts = run_texts(gathered, environ, failures, output_dir=output_dir, metrics_path=metrics_path)
+    texts = run_texts(gathered, environ, failures, output_dir, metrics_path)
     atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
     return gathered

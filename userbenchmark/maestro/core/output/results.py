@@ -175,7 +175,6 @@ def run_texts(
     results: Results,
     environ: Mapping[str, str],
     failures: Sequence[Mapping[str, Any]],
-    *,
     output_dir: Path | None,
     metrics_path: Path | None,
     metrics: Mapping[str, float] | None = None,

@@ -77,35 +77,24 @@ class OutputWriter:
 
     def flush(self) -> None:
         """Rewrite every output file from what was collected, all together."""
-        with self._guard():
-            texts = self._texts()
-            if self.trace:
-                # Never the output folder itself: one removed during the run stays gone.
-                (self.output_dir / TRACES_DIR).mkdir(exist_ok=True)
-            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
-            if self.trace:
-                for path in stale_rank_files(self.output_dir / TRACES_DIR, (p.name for p in texts)):
-                    path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
-
-    def _texts(self) -> dict[Path, str]:
         from .results import metrics_from_results, results_of, run_texts
 
-        results = results_of(self.outcomes, self.whatif)
-        metrics = metrics_from_results(results) if self.metrics_path is not None else {}
-        self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
-        texts = run_texts(
-            results,
-            self.environ,
-            self.failures,
-            output_dir=self.output_dir,
-            metrics_path=self.metrics_path,
-            metrics=metrics,
-        )
-        if self.trace:
-            texts[self.output_dir / "trace.json"] = trace_text(self.outcomes)
-            for name, text in rank_trace_texts(self.outcomes).items():
-                texts[self.output_dir / TRACES_DIR / name] = text  # one per rank, for HTA
-        return texts
+        with self._guard():
+            results = results_of(self.outcomes, self.whatif)
+            metrics = metrics_from_results(results) if self.metrics_path is not None else {}
+            self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
+            out = self.output_dir
+            texts = run_texts(results, self.environ, self.failures, out, self.metrics_path, metrics)
+            if self.trace:
+                # Never the output folder itself: one removed during the run stays gone.
+                (out / TRACES_DIR).mkdir(exist_ok=True)
+                texts[out / "trace.json"] = trace_text(self.outcomes)
+                for name, text in rank_trace_texts(self.outcomes).items():
+                    texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
+            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
+            if self.trace:
+                for path in stale_rank_files(out / TRACES_DIR, (p.name for p in texts)):
+                    path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
 
 
 # ---- plots: per pattern, one iteration's timeline per rank and lane and latency alone vs
