@@ -351,7 +351,7 @@ def judge_paired(
         judgement = _judge(key, *means, level, {}, between)  # exact or not judged
         if key in judged:
             moved = paired_change(a, b, absolute=spec.absolute, level=level)
-            back = _same if spec.absolute else _expm1
+            back = float if spec.absolute else _expm1  # float: the identity on floats
             beyond = beyond_noise(moved, judgement.floor or 0.0, absolute=spec.absolute)
             judgement = replace(
                 judgement,
@@ -396,7 +396,7 @@ def _judge(
     if floor is not None and spec.exact:
         verdict = "unchanged" if abs(change) <= floor else _way(spec.better, change)
     elif floor is not None and _has_noise(a, b, spec.name, floors):
-        to, back = (_same, _same) if spec.absolute else (math.log, _expm1)
+        to, back = (float, float) if spec.absolute else (math.log, _expm1)
         delta = to(b.value) - to(a.value)
         up = delta >= 0  # each run's interval on the side facing the other run
         half_a = to(a.high) - to(a.value) if up else to(a.value) - to(a.low)
@@ -420,10 +420,6 @@ def _judge(
         absolute=spec.absolute,
         verdict=verdict,
     )
-
-
-def _same(value: float) -> float:
-    return value
 
 
 def _expm1(value: float) -> float:
