@@ -146,24 +146,10 @@ _PLAIN: Final = {
 }
 
 
-def _plain(value: Any, dtype: str) -> Any:
-    if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
-        return None
-    return _PLAIN[dtype][0](value) if dtype in _PLAIN else value
-
-
-def _dtype_of(frame: pd.DataFrame, name: str) -> str:
-    dtype = frame[name].dtype
-    if isinstance(dtype, pd.StringDtype):
-        return _STR
-    return str(dtype) if str(dtype) in _PLAIN else "object"
-
-
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of a result table as dicts of plain values (None = not applicable), in order."""
-    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
-    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in dtypes.items()]
-    return [dict(zip(dtypes, row, strict=True)) for row in zip(*cells, strict=True)]
+    cells = [frame[name].to_numpy(dtype=object, na_value=None) for name in frame.columns]
+    return [dict(zip(frame.columns, row, strict=True)) for row in zip(*cells, strict=True)]
 
 
 def json_text(frame: pd.DataFrame) -> str:
