@@ -450,12 +450,11 @@ def metrics_and_unmeasurable(results: Results) -> tuple[dict[str, float], frozen
                     raise ValueError(f"duplicate row for {key}")
                 group[key] = float(row[column])
 
-    for row in _over_processes(records_of(results.blocks), "blocks"):
-        add(row, metrics_of(BlockResult), block=row["block"])
-    for row in _over_processes(records_of(results.patterns), "patterns"):
-        add(row, metrics_of(PatternResult), block=None)
-    for row in _over_processes(records_of(results.pairs), "pairs"):
-        add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
+    for table in ("blocks", "patterns", "pairs"):
+        for row in _over_processes(records_of(getattr(results, table)), table):
+            block = row["block"] if table == "blocks" else None
+            pair = (row["block_a"], row["block_b"]) if table == "pairs" else None
+            add(row, metrics_of(_RECORD_TYPES[table]), block=block, pair=pair)
     for row in records_of(results.whatif):  # a variant's change, keyed under its label
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
         names = (name for name in WHATIF_METRICS if row[name] is not None)
