@@ -199,11 +199,8 @@ made between processes, so only a change too small to act on is left out."""
 PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
     {"comm": 6.0, "compute": 1.5, "other": 0.05, "absolute": 0.3}
 )
-"""A metric's floor in a one-process run on CPU (profiler ``host``): a relative one's by its
-block's category (``other``: sleeps), an absolute one's (overlap fractions and efficiency) in
-its unit; each the spread between processes measured for that kind (docs/torchbench.md). A
-pattern's figures take its blocks' widest, an unknown block the widest. On CUDA the metrics'
-own floors hold that spread."""
+"""A metric's floor in a one-process run on CPU (profiler ``host``), by its block's category or
+in its unit for an absolute one: the spread between processes (docs/torchbench.md has how)."""
 
 
 @dataclass(frozen=True, kw_only=True)
