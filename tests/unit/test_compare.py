@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from userbenchmark.maestro.core.output import compare
 from userbenchmark.maestro.core.output.compare import (
     CompareError,
     compare_files,
     exit_code,
     format_compare_table,
+    load_metrics,
     parse_threshold_overrides,
 )
 
@@ -28,10 +28,6 @@ MAKESPAN = "quickstart/ag_rs/makespan_avg_us"
 
 
 ENVIRON = {"backend": "nccl", "profiler": "cupti", "world_size": "2"}
-
-
-def load_metrics(path):
-    return compare._load_side(Path(path)).metrics
 
 
 def _metrics_file(path, metrics, name="maestro", environ=ENVIRON):

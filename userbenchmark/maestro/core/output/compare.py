@@ -105,6 +105,11 @@ def parse_threshold_overrides(items: Iterable[str]) -> dict[str, float]:
     return overrides
 
 
+def load_metrics(path: str | Path) -> dict[str, float]:
+    """One file (or an ``--output-dir``) as ``{metric key: float}``; CompareError naming it."""
+    return _load_side(Path(path)).metrics
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Side:
     """One run as compare sees it: ``settings`` from the metrics file's environ or run.json,
