@@ -455,13 +455,17 @@ def metrics_and_unmeasurable(results: Results) -> tuple[dict[str, float], frozen
             block = row["block"] if table == "blocks" else None
             pair = (row["block_a"], row["block_b"]) if table == "pairs" else None
             add(row, metrics_of(_RECORD_TYPES[table]), block=block, pair=pair)
-    for row in records_of(results.whatif):  # a variant's change, keyed under its label
+    for row in records_of(results.whatif):
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
-        names = (name for name in WHATIF_METRICS if row[name] is not None)
-        group = groups.setdefault((suite, label), {})
-        group.update({metric_key(suite, label, None, name): float(row[name]) for name in names})
+        groups.setdefault((suite, label), {}).update(_whatif_metrics(row, suite, label))
     metrics = {key: value for group in groups.values() for key, value in group.items()}
     return metrics, frozenset(unmeasurable)
+
+
+def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str, float]:
+    """A what-if record's change metrics, keyed under its variant's label."""
+    names = (name for name in WHATIF_METRICS if row[name] is not None)
+    return {metric_key(suite, label, None, name): float(row[name]) for name in names}
 
 
 def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:
