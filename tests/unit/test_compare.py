@@ -204,6 +204,30 @@ def test_results_json_compares_against_metrics_json(tmp_path):
     assert "only in A" in format_compare_table(result)
 
 
+def test_a_figure_left_out_as_not_measurable_is_said_so_not_only_in_the_other(tmp_path):
+    slowdown = "quickstart/ag_rs/allgather/slowdown"
+    efficiency = "quickstart/ag_rs/overlap_efficiency"
+
+    def records(slowdown_ci, efficiency_ci):
+        block = _block_record(**_ci("slowdown", 1.2, *slowdown_ci, df=3))
+        pattern = _pattern_record(**_ci("overlap_efficiency", 0.8, *efficiency_ci, df=3))
+        return json.dumps([block, pattern])
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a = _write_text(tmp_path / "a" / "results.json", records((0.5, 2.0), (0.7, 0.9)))
+    b = _write_text(tmp_path / "b" / "results.json", records((1.1, 1.3), (-0.2, 1.1)))
+    result = compare_files(a, b)
+    assert result.unmeasurable_in_a == {slowdown: 1.2}  # B's value, the figure A could not read
+    assert result.unmeasurable_in_b == {efficiency: 0.8}
+    assert slowdown not in result.only_b and efficiency not in result.only_a
+    table = format_compare_table(result, show_all=True)
+    assert "1 not measurable in A, 1 not measurable in B" in table and "only in" not in table
+    assert exit_code(result) == 0
+    # A metrics file leaves such figures out without a word: there they can only be "only in".
+    c = _metrics_file(tmp_path / "c.json", load_metrics(a))
+    assert result.unmeasurable_in_a and compare_files(c, b, force=True).only_b == {slowdown: 1.2}
+
+
 def test_sweep_pattern_names_are_kept(tmp_path):
     a = tmp_path / "a.json"
     a.write_text(json.dumps([_block_record(pattern="ar_sweep[size=4M]", block="ar")]))

@@ -1,8 +1,6 @@
-"""``abtest``: one pattern file under two Python environments (two torch or NCCL builds), each
-round a ``run`` of A and one of B in fresh processes, in the order A B, B A, A B, ...; each
-metric's change paired by round (metric_keys.judge_paired), each side's rounds gathered as the
-processes of a ``run --repeat`` are (its results and its TorchBench metrics file), and a
-summary, ``abtest.json``, in the output folder."""
+"""``abtest``: one pattern file under two Python environments (two torch or NCCL builds) in
+alternating rounds of fresh processes, each metric's change paired by round (judge_paired), each
+side gathered as a ``run --repeat`` is, and a summary, ``abtest.json``, in the output folder."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from .results import (
     ResultsError,
     describe,
     load_results,
-    metrics_from_results,
+    metrics_and_unmeasurable,
     read_json_file,
     records_of,
     results_from_records,
@@ -69,6 +70,9 @@ class CompareResult:
     judgements: tuple[Judgement, ...]
     only_a: Mapping[str, float]
     only_b: Mapping[str, float]
+    # Keys that run's records hold as not measurable here, with the other run's values.
+    unmeasurable_in_a: Mapping[str, float] = field(default_factory=dict)
+    unmeasurable_in_b: Mapping[str, float] = field(default_factory=dict)
     missing: tuple[str, ...] = ()  # patterns and blocks A has and B lacks: B did not measure them
     nan_in_a: Mapping[str, float] = field(default_factory=dict)
     nan_in_b: Mapping[str, float] = field(default_factory=dict)
@@ -117,10 +121,10 @@ class _Side:
     failures: tuple[str, ...] = ()
     note: str = ""
     nan: frozenset[str] = frozenset()  # keys it holds as NaN: measured without a value
+    unmeasurable: frozenset[str] = frozenset()  # keys its records hold as not measurable here
 
     @property
     def environ(self) -> dict[str, Any]:
-        """Its settings and those its tables record."""
         return {**(self.table_settings or {}), **(self.settings or {})}
 
 
@@ -183,7 +187,7 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
             f"{path}: no run.json beside it; only the settings its results record (iterations, "
             "ops, dtypes, sizes) were checked"
         )
-    metrics = metrics_from_results(results)  # a ValueError is named after the file by the caller
+    metrics, unmeasurable = metrics_and_unmeasurable(results)  # ValueError: the caller names it
     for key, value in metrics.items():
         _checked(parse_metric_key(key).metric, value, f"{path}: {key}")
     return _Side(
@@ -193,6 +197,7 @@ def _results_side(path: Path, records: list[Any] | None) -> _Side:
         failures=tuple(str(f.get("pattern", "?")) for f in failures or ()),
         note=note,
         nan=frozenset(_unmeasured(readings(metrics))),
+        unmeasurable=unmeasurable,
     )
 
 
@@ -242,14 +247,18 @@ def compare_files(
     ]
     nan_a, nan_b = _nan_keys(a, ra, rb, judge_harness), _nan_keys(b, rb, ra, judge_harness)
     noise = noise_of(a.environ, b.environ, ra.keys() & rb.keys())
+    unmeasurable_in_b, only_a = _one_sided(ra, rb, nan_b, b)
+    unmeasurable_in_a, only_b = _one_sided(rb, ra, nan_a, a)
     return CompareResult(
         path_a=str(path_a),
         path_b=str(path_b),
         judgements=tuple(
             judge_all(ra, rb, floors=threshold_overrides, judge_harness=judge_harness, noise=noise)
         ),
-        only_a={k: ra[k].value for k in sorted(ra.keys() - rb.keys() - {*nan_b})},
-        only_b={k: rb[k].value for k in sorted(rb.keys() - ra.keys() - {*nan_a})},
+        only_a=only_a,
+        only_b=only_b,
+        unmeasurable_in_a=unmeasurable_in_a,
+        unmeasurable_in_b=unmeasurable_in_b,
         missing=_missing(ra, rb),
         nan_in_a={k: rb[k].value for k in nan_a},
         nan_in_b={k: ra[k].value for k in nan_b},
@@ -258,6 +267,18 @@ def compare_files(
         stack_b=stack_line(b.settings or {}),
         setting_differences=tuple(differences),
         notes=tuple(notes),
+    )
+
+
+def _one_sided(
+    mine: Mapping[str, Reading], theirs: Mapping[str, Reading], nan: list[str], other: _Side
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The values of the keys only ``mine`` has (the ``other`` run's NaNs aside): those the
+    other run's records hold as not measurable here, and the rest."""
+    keys = sorted(mine.keys() - theirs.keys() - {*nan})
+    return (
+        {k: mine[k].value for k in keys if k in other.unmeasurable},
+        {k: mine[k].value for k in keys if k not in other.unmeasurable},
     )
 
 
@@ -307,6 +328,8 @@ def format_compare_table(result: CompareResult, *, show_all: bool = False) -> st
             ("only in B", result.only_b, False),
             ("NaN in B", result.nan_in_b, True),
             ("NaN in A", result.nan_in_a, False),
+            ("not measurable in B", result.unmeasurable_in_b, True),
+            ("not measurable in A", result.unmeasurable_in_a, False),
         )
         for key, value in values.items()  # the value shown is the side that has one
         for shown, other in [(_fmt(value), "NaN" if verdict.startswith("NaN") else "")]
@@ -347,9 +370,7 @@ def verdict_table(
     ]
     if show_all:
         rows = sorted(rows + [[key, a, b, "", "", label] for key, a, b, label in one_sided])
-    counts: dict[str, int] = {}
-    for label in [_verdict(j) for j in judgements] + [row[3] for row in one_sided]:
-        counts[label] = counts.get(label, 0) + 1
+    counts = Counter([_verdict(j) for j in judgements] + [row[3] for row in one_sided])
     listed = [f"{counts.pop(v)} {v}" for v in LEADING if v in counts]
     rest = ", ".join(f"{n} {label}" for label, n in sorted(counts.items(), key=_label_order))
     line = ", ".join(listed) or "nothing regressed or improved"
@@ -361,7 +382,8 @@ def verdict_table(
 def _label_order(item: tuple[str, int]) -> tuple[bool, bool, int, str]:
     """Verdicts before the one-sided labels, the judged ones before the harness's, most first."""
     label, count = item
-    return (label.startswith(("only", "NaN")), label.endswith("(harness)"), -count, label)
+    one_sided = label.startswith(("only", "NaN", "not measurable"))
+    return (one_sided, label.endswith("(harness)"), -count, label)
 
 
 def _change_cells(j: Judgement) -> list[str]:

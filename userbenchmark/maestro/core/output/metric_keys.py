@@ -192,18 +192,15 @@ Verdict = Literal["regressed", "improved", "changed", "within noise", "unchanged
 FAMILY_ALPHA: Final = 0.05  # chance of a false alarm among all the metrics of a comparison
 WINDOW_SPREADS: Final = 1.0
 """A change within this many window spreads (std of a run's window means, the larger) is noise:
-identical 2-core gloo runs moved up to 3x their floors, as their windows spread (BENCHMARKS.md)."""
+a level that wanders inside a run moves between runs too (BENCHMARKS.md)."""
 PROCESSES_FLOOR: Final = 0.01
 """A relative metric's floor when both runs hold two or more processes: their intervals are
 made between processes, so only a change too small to act on is left out."""
 PROCESS_FLOORS: Final[Mapping[str, float]] = MappingProxyType(
     {"comm": 6.0, "compute": 1.5, "other": 0.05, "absolute": 0.3}
 )
-"""A metric's floor in a one-process run on CPU (profiler ``host``): a relative one's by its
-block's category (``other``: sleeps), an absolute one's (overlap fractions and efficiency) in
-its unit; each the spread between processes measured for that kind (docs/torchbench.md). A
-pattern's figures take its blocks' widest, an unknown block the widest. On CUDA the metrics'
-own floors hold it (an H200's GEMMs moved about 3 % between processes)."""
+"""A metric's floor in a one-process run on CPU (profiler ``host``), by its block's category or
+in its unit for an absolute one: the spread between processes (docs/torchbench.md has how)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +272,6 @@ class Judgement:
     high: float
     floor: float | None  # the one applied: a fraction (judged as log1p), or in the metric's unit
     absolute: bool
-    direction: Direction | None
     verdict: Verdict
     decides: bool = True  # False: a harness diagnostic, shown beside the verdicts that count
 
@@ -352,7 +348,7 @@ def judge_paired(
         judgement = _judge(key, *means, level, {}, between)  # exact or not judged
         if key in judged:
             moved = paired_change(a, b, absolute=spec.absolute, level=level)
-            back = _same if spec.absolute else _expm1
+            back = float if spec.absolute else _expm1  # float: the identity on floats
             beyond = beyond_noise(moved, judgement.floor or 0.0, absolute=spec.absolute)
             judgement = replace(
                 judgement,
@@ -397,7 +393,7 @@ def _judge(
     if floor is not None and spec.exact:
         verdict = "unchanged" if abs(change) <= floor else _way(spec.better, change)
     elif floor is not None and _has_noise(a, b, spec.name, floors):
-        to, back = (_same, _same) if spec.absolute else (math.log, _expm1)
+        to, back = (float, float) if spec.absolute else (math.log, _expm1)
         delta = to(b.value) - to(a.value)
         up = delta >= 0  # each run's interval on the side facing the other run
         half_a = to(a.high) - to(a.value) if up else to(a.value) - to(a.low)
@@ -419,13 +415,8 @@ def _judge(
         high=high,
         floor=floor,
         absolute=spec.absolute,
-        direction=spec.better,
         verdict=verdict,
     )
-
-
-def _same(value: float) -> float:
-    return value
 
 
 def _expm1(value: float) -> float:

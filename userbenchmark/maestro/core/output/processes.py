@@ -1,11 +1,9 @@
-"""A run of several processes (``run --repeat N``, each side of ``abtest``): each process writes
-its own complete output into ``processes/K``; after each one the run's own files are rewritten
-from all of them: every process's rows (a ``process`` column), and the metrics file's values as
-means over the processes with the Student t interval between them (results.py)."""
+"""A run of several processes (``run --repeat N``, each side of ``abtest``): each writes its own
+output into ``processes/K``, and after each the run's files are rewritten from all of them (every
+process's rows, a ``process`` column; the metrics file's means over them, results.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -17,11 +15,9 @@ from .results import (
     PROCESS_COLUMN,
     TABLE_FILES,
     Results,
-    csv_text,
-    json_text,
     load_results,
-    metrics_from_results,
     read_json_file,
+    run_texts,
 )
 
 PROCESSES_DIR: Final = "processes"
@@ -59,16 +55,6 @@ def gather_processes(
         **{t: pd.concat(f, ignore_index=True) if f else pd.DataFrame() for t, f in parts.items()}
     )
     environ["processes"] = str(len(parts["blocks"]))
-    texts: dict[Path, str] = {}
-    if output_dir is not None:
-        for table, stem in TABLE_FILES.items():
-            texts[output_dir / f"{stem}.json"] = json_text(getattr(gathered, table))
-            texts[output_dir / f"{stem}.csv"] = csv_text(getattr(gathered, table))
-        texts[output_dir / "run.json"] = json.dumps(environ, indent=1, sort_keys=True) + "\n"
-        if failures:
-            texts[output_dir / "failures.json"] = json.dumps(failures, indent=1) + "\n"
-    if metrics_path is not None:
-        doc = {"name": "maestro", "environ": environ, "metrics": metrics_from_results(gathered)}
-        texts[metrics_path] = json.dumps(doc, indent=2) + "\n"
+    texts = run_texts(gathered, environ, failures, output_dir, metrics_path)
     atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
     return gathered

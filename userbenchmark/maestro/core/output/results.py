@@ -48,16 +48,15 @@ def _columns_of(record_type: type) -> Mapping[str, str]:
     return MappingProxyType(columns)
 
 
+_RECORD_TYPES: Final[Mapping[Table, type]] = {"blocks": BlockResult, "patterns": PatternResult,
+                                                "pairs": PairResult, "whatif": WhatIfResult}  # fmt: skip
 # Each table's columns and their pandas dtypes, in file order (results.*, patterns.*, pairs.*).
-BLOCK_COLUMNS: Final = _columns_of(BlockResult)
-PATTERN_COLUMNS: Final = _columns_of(PatternResult)
-PAIR_COLUMNS: Final = _columns_of(PairResult)
-WHATIF_COLUMNS: Final = _columns_of(WhatIfResult)
+_COLUMNS: Final = {table: _columns_of(record_type) for table, record_type in _RECORD_TYPES.items()}
+BLOCK_COLUMNS: Final = _COLUMNS["blocks"]
+PATTERN_COLUMNS: Final = _COLUMNS["patterns"]
+PAIR_COLUMNS: Final = _COLUMNS["pairs"]
 # A variant's change in the metrics file: no interval keys, so compare shows it and judges none.
 WHATIF_METRICS: Final = ("change_pct", "change_ci_low_pct", "change_ci_high_pct")
-
-_COLUMNS: Final = {"blocks": BLOCK_COLUMNS, "patterns": PATTERN_COLUMNS, "pairs": PAIR_COLUMNS,
-                   "whatif": WHATIF_COLUMNS}  # fmt: skip
 _KEY_COLUMNS: Final = {
     "blocks": ("suite", "pattern", "block"),
     "patterns": ("suite", "pattern"),
@@ -147,29 +146,44 @@ _PLAIN: Final = {
 }
 
 
-def _plain(value: Any, dtype: str) -> Any:
-    if value is pd.NA or value is None or (dtype == _FLOAT and math.isnan(value)):
-        return None
-    return _PLAIN[dtype][0](value) if dtype in _PLAIN else value
-
-
-def _dtype_of(frame: pd.DataFrame, name: str) -> str:
-    dtype = frame[name].dtype
-    if isinstance(dtype, pd.StringDtype):
-        return _STR
-    return str(dtype) if str(dtype) in _PLAIN else "object"
-
-
 def records_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of a result table as dicts of plain values (None = not applicable), in order."""
-    dtypes = {name: _dtype_of(frame, name) for name in frame.columns}
-    cells = [[_plain(v, dtype) for v in frame[name].tolist()] for name, dtype in dtypes.items()]
-    return [dict(zip(dtypes, row, strict=True)) for row in zip(*cells, strict=True)]
+    cells = [frame[name].to_numpy(dtype=object, na_value=None) for name in frame.columns]
+    return [dict(zip(frame.columns, row, strict=True)) for row in zip(*cells, strict=True)]
 
 
 def json_text(frame: pd.DataFrame) -> str:
     """The JSON file of a table: a list of records, null for 'not applicable'."""
     return json.dumps(records_of(frame), indent=1) + "\n"
+
+
+def run_texts(
+    results: Results,
+    environ: Mapping[str, str],
+    failures: Sequence[Mapping[str, Any]],
+    output_dir: Path | None,
+    metrics_path: Path | None,
+    metrics: Mapping[str, float] | None = None,
+) -> dict[Path, str]:
+    """Each file of a run and its text: in ``output_dir`` the tables (whatif.* only with
+    variants), failures.json (only with failures) and run.json; the metrics file, of
+    ``metrics`` (by default ``results``'s)."""
+    texts: dict[Path, str] = {}
+    if output_dir is not None:
+        for table, stem in TABLE_FILES.items():
+            frame = getattr(results, table)
+            if table != "whatif" or len(frame):
+                texts[output_dir / f"{stem}.json"] = json_text(frame)
+                texts[output_dir / f"{stem}.csv"] = csv_text(frame)
+        if failures:
+            texts[output_dir / "failures.json"] = json.dumps(list(failures), indent=1) + "\n"
+        # What produced these numbers (the metrics file's environ): compare reads it.
+        texts[output_dir / "run.json"] = json.dumps(environ, indent=1, sort_keys=True) + "\n"
+    if metrics_path is not None:
+        metrics = metrics_from_results(results) if metrics is None else metrics
+        doc = {"name": "maestro", "environ": environ, "metrics": metrics}
+        texts[metrics_path] = json.dumps(doc, indent=2) + "\n"
+    return texts
 
 
 def _csv_cell(value: Any) -> str:
@@ -248,16 +262,12 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     are NA. TypeError or ValueError when it is not of that type, OverflowError out of range."""
     if value is None or value == "":
         return "" if dtype == _STR else None
-    if dtype == _STR:
-        if not isinstance(value, str):
-            raise TypeError
-        return value
-    if isinstance(value, str):
+    if isinstance(value, str) and dtype != _STR:
         if not text:
             raise TypeError  # JSON: a number in quotes is not a number
         value = _csv_value(value, dtype)
-    if dtype == _BOOL:
-        if not isinstance(value, bool):
+    if dtype in (_STR, _BOOL):
+        if not isinstance(value, _PLAIN[dtype][0]):
             raise TypeError
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -400,14 +410,12 @@ def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "jso
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a directory of maestro results")
     path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
-    blocks = _results_of_file(path["blocks"], "blocks").blocks
+    blocks = read_table(path["blocks"], "blocks")
     found = _results_of_file(path["patterns"], "patterns")
-    # An older run has no pairs file: its pairs come from the patterns file's legacy column.
-    if path["pairs"].exists():
-        found = replace(found, pairs=_results_of_file(path["pairs"], "pairs").pairs)
-    if path["whatif"].exists():  # a run with variants
-        found = replace(found, whatif=read_table(path["whatif"], "whatif"))
-    return replace(found, blocks=blocks)
+    # An older run has no pairs file (its pairs come from the patterns file's legacy column),
+    # a run without variants no whatif file.
+    later = {t: read_table(path[t], t) for t in ("pairs", "whatif") if path[t].exists()}
+    return replace(found, blocks=blocks, **later)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:
@@ -416,7 +424,13 @@ def metrics_from_results(results: Results) -> dict[str, float]:
     the results files keep them), pattern by pattern: its blocks', its own, its pairs', each
     followed by its interval's bounds; ValueError for a name that cannot be part of a key, or a
     key met twice."""
+    return metrics_and_unmeasurable(results)[0]
+
+
+def metrics_and_unmeasurable(results: Results) -> tuple[dict[str, float], frozenset[str]]:
+    """:func:`metrics_from_results`, and the keys it leaves out as not measurable here."""
     groups: dict[tuple[str, str], dict[str, float]] = {}
+    unmeasurable: set[str] = set()
 
     def add(row: Mapping[str, Any], metrics: Mapping[str, Any], **where: Any) -> None:
         group = groups.setdefault((row["suite"], row["pattern"]), {})
@@ -425,7 +439,10 @@ def metrics_from_results(results: Results) -> dict[str, float]:
             if any(row.get(b) is None for b in bounds):
                 bounds = []
             low, high = (float(row[b]) for b in bounds[:2]) if bounds else (math.nan, math.nan)
-            if row.get(name) is None or not measurable(name, row[name], low, high):
+            if row.get(name) is None:
+                continue
+            if not measurable(name, row[name], low, high):
+                unmeasurable.add(metric_key(row["suite"], row["pattern"], metric=name, **where))
                 continue
             for column in (name, *bounds):
                 key = metric_key(row["suite"], row["pattern"], metric=column, **where)
@@ -433,16 +450,16 @@ def metrics_from_results(results: Results) -> dict[str, float]:
                     raise ValueError(f"duplicate row for {key}")
                 group[key] = float(row[column])
 
-    for row in _over_processes(records_of(results.blocks), "blocks"):
-        add(row, metrics_of(BlockResult), block=row["block"])
-    for row in _over_processes(records_of(results.patterns), "patterns"):
-        add(row, metrics_of(PatternResult), block=None)
-    for row in _over_processes(records_of(results.pairs), "pairs"):
-        add(row, metrics_of(PairResult), block=None, pair=(row["block_a"], row["block_b"]))
+    for table in ("blocks", "patterns", "pairs"):
+        for row in _over_processes(records_of(getattr(results, table)), table):
+            block = row["block"] if table == "blocks" else None
+            pair = (row["block_a"], row["block_b"]) if table == "pairs" else None
+            add(row, metrics_of(_RECORD_TYPES[table]), block=block, pair=pair)
     for row in records_of(results.whatif):
         suite, label = row["suite"], whatif_label(row["pattern"], row["variant"])
         groups.setdefault((suite, label), {}).update(_whatif_metrics(row, suite, label))
-    return {key: value for group in groups.values() for key, value in group.items()}
+    metrics = {key: value for group in groups.values() for key, value in group.items()}
+    return metrics, frozenset(unmeasurable)
 
 
 def _whatif_metrics(row: Mapping[str, Any], suite: str, label: str) -> dict[str, float]:
@@ -459,9 +476,7 @@ def _over_processes(rows: list[dict[str, Any]], table: Table) -> list[dict[str, 
     for index, row in enumerate(rows):
         unit = tuple(row[k] for k in _KEY_COLUMNS[table])
         groups.setdefault(unit if row.get(PROCESS_COLUMN) is not None else (index,), []).append(row)
-    specs = metrics_of(
-        {"blocks": BlockResult, "patterns": PatternResult, "pairs": PairResult}[table]
-    )
+    specs = metrics_of(_RECORD_TYPES[table])
     many = len({row.get(PROCESS_COLUMN) for row in rows}) > 1
     out = []
     for group in groups.values():

@@ -271,10 +271,8 @@ class _RankFile(TraceEvents):
     def document(self, world_size: int, backend: str, end_us: float, step: int) -> dict:
         """The file's JSON document, closed by an empty last ProfilerStep at ``end_us``."""
         end = {"maestro": "end marker, no work: HolisticTraceAnalysis drops a trace's last step"}
-        self.complete(
-            f"ProfilerStep#{step}", "user_annotation", self.host(), STEP_TID, end_us,
-            1.0, end,
-        )  # fmt: skip
+        name = f"ProfilerStep#{step}"
+        self.complete(name, "user_annotation", self.host(), STEP_TID, end_us, 1.0, end)
         known = self.overlap_known and self.comm_ns > 0
         shared = [p["ranks_share_a_clock"] for p in self.patterns]
         return {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -78,43 +77,24 @@ class OutputWriter:
 
     def flush(self) -> None:
         """Rewrite every output file from what was collected, all together."""
+        from .results import metrics_from_results, results_of, run_texts
+
         with self._guard():
-            texts = self._texts()
+            results = results_of(self.outcomes, self.whatif)
+            metrics = metrics_from_results(results) if self.metrics_path is not None else {}
+            self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
+            out = self.output_dir
+            texts = run_texts(results, self.environ, self.failures, out, self.metrics_path, metrics)
             if self.trace:
                 # Never the output folder itself: one removed during the run stays gone.
-                (self.output_dir / TRACES_DIR).mkdir(exist_ok=True)
-            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
-            if self.trace:
-                for path in stale_rank_files(self.output_dir / TRACES_DIR, (p.name for p in texts)):
-                    path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
-
-    def _texts(self) -> dict[Path, str]:
-        from .results import TABLE_FILES, csv_text, json_text, metrics_from_results, results_of
-
-        results = results_of(self.outcomes, self.whatif)
-        texts: dict[Path, str] = {}
-        if self.output_dir is not None:
-            out = self.output_dir
-            for table, stem in TABLE_FILES.items():
-                frame = getattr(results, table)
-                if table == "whatif" and not self.whatif:
-                    continue  # a run without variants
-                texts[out / f"{stem}.json"] = json_text(frame)
-                texts[out / f"{stem}.csv"] = csv_text(frame)
-            if self.failures:
-                texts[out / "failures.json"] = json.dumps(self.failures, indent=1) + "\n"
-            # What produced these numbers (the metrics file's environ): compare reads it.
-            texts[out / "run.json"] = json.dumps(self.environ, indent=1, sort_keys=True) + "\n"
-            if self.trace:
+                (out / TRACES_DIR).mkdir(exist_ok=True)
                 texts[out / "trace.json"] = trace_text(self.outcomes)
                 for name, text in rank_trace_texts(self.outcomes).items():
                     texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
-        if self.metrics_path is not None:
-            metrics = metrics_from_results(results)
-            self.num_metrics = sum(split_bound(key)[1] is None for key in metrics)
-            doc = {"name": "maestro", "environ": self.environ, "metrics": metrics}
-            texts[self.metrics_path] = json.dumps(doc, indent=2) + "\n"
-        return texts
+            atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
+            if self.trace:
+                for path in stale_rank_files(out / TRACES_DIR, (p.name for p in texts)):
+                    path.unlink()  # an earlier, larger run's rank: HTA would read it as ours
 
 
 # ---- plots: per pattern, one iteration's timeline per rank and lane and latency alone vs
