@@ -179,7 +179,8 @@ def _world_lines(imp: Imported) -> list[str]:
     for name, (desc, ranks) in sorted(imp.traced_groups.items()):
         axis = imp.axes.axis_of.get(name, "world")
         team = team_size(len(ranks), run.world, desc)
-        lines.append(f"  {name} ({desc}): {len(ranks)} ranks -> axis {axis}, teams of {team}")
+        shown = name or "unnamed (older torch)"
+        lines.append(f"  {shown} ({desc}): {len(ranks)} ranks -> axis {axis}, teams of {team}")
     return lines
 
 

@@ -220,10 +220,7 @@ def group_roles(
 ) -> list[Role]:
     """Ranks grouped by the work they do, in rank order; every item mapped to its reference.
     Ranks with different ``apart`` tags are never grouped (see :func:`split_apart`)."""
-    keys = {
-        st.rank: {s: tuple(it.signature for it in items) for s, items in st.streams.items()}
-        for st in steps
-    }
+    keys = {st.rank: st.program for st in steps}
     programs: dict[tuple, list[RankStep]] = defaultdict(list)
     for st in sorted(steps, key=lambda s: s.rank):
         program = tuple(sorted(Counter(keys[st.rank].values()).items()))

@@ -16,7 +16,7 @@ from ...blocks.comm import AllToAll, SendRecv
 from ...blocks.compute import Gemm
 from ...blocks.dtypes import DTYPES, traced_dtype
 from ...blocks.registry import traced_op
-from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
+from .kineto import Activity, CommRecord, Launch, RankTrace, ShapedOp, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -29,7 +29,7 @@ one stream overlap by several µs (docs/replay.md); more is a broken trace."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
-Meaning = tuple[CommRecord, ...] | GemmOp | str
+Meaning = tuple[CommRecord, ...] | ShapedOp | str
 """What a step's item is: the collective or p2p calls it runs, a GEMM op, or another op's name."""
 MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
 """Records that mark a point of a call and launch nothing of their own."""
@@ -120,6 +120,11 @@ class RankStep:
     @property
     def rank(self) -> int:
         return self.trace.rank
+
+    @property
+    def program(self) -> dict[int, tuple]:
+        """Its work, stream by stream: what another rank or step must match item for item."""
+        return {s: tuple(it.signature for it in items) for s, items in self.streams.items()}
 
 
 MAX_MISSING_SHARE = 0.1
@@ -301,7 +306,10 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    labels, nccl = _labels(trace, calls)
+    # Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
+    # without its collective's record takes its op from it).
+    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
+    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
     notes: list[str] = []
     groups = _grouped(trace, calls, acts, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
@@ -333,14 +341,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         launch_items=launch_items,
         dropped=dropped,
     )
-
-
-def _labels(trace: RankTrace, calls: list[Launch]) -> tuple[dict[float, str], dict[float, str]]:
-    """Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
-    without its collective's record takes its op from it)."""
-    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
-    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
-    return labels, nccl
 
 
 def _grouped(
@@ -423,7 +423,7 @@ def _item(
     )
     if isinstance(meaning, tuple):
         _comm_item(item, meaning, sizes)
-    elif isinstance(meaning, GemmOp):
+    elif isinstance(meaning, ShapedOp):
         op = meaning
         item.opname = op.name.removeprefix("aten::")
         types = [t for t in op.types if t]
