@@ -27,7 +27,7 @@ CORPUS = Path(os.environ.get("MAESTRO_TRACE_CORPUS", Path(__file__).parents[1] /
 def _imported(paths, **options):
     imp = import_traces([str(p) for p in paths], ImportOptions(**options))
     text = render(imp, name="stack", command="python -m userbenchmark.maestro import-trace")
-    assert load_suite_text(text).world_size == imp.world_size  # the file runs
+    assert load_suite_text(text).world_size == imp.run.world  # the file runs
     blocks = yaml.safe_load(text)["patterns"][0]["blocks"]
     return imp, " ".join(text.replace("\n#  ", " ").split()), blocks
 

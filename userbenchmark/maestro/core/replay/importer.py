@@ -69,10 +69,6 @@ class Imported:
     traced_groups: dict[str, tuple] = field(default_factory=dict)
     """With --world-size over some ranks: group name -> (its description, its traced ranks)."""
 
-    @property
-    def world_size(self) -> int:
-        return self.run.world
-
 
 @dataclass(frozen=True, kw_only=True)
 class Run:

@@ -78,7 +78,6 @@ class Item:
     end: float
     busy_us: float
     launch: float
-    tid: int
     kind: str
     """``comm`` (a collective), ``p2p``, ``gemm`` or ``other`` (merged into stand-ins)."""
     label: str
@@ -414,7 +413,6 @@ def _item(
         end=max(a.end for _, a in parts),
         busy_us=sum(a.end - a.ts for _, a in parts),
         launch=first_call.ts,
-        tid=first_call.tid,
         kind="other",
         label=labels.get(first_call.ts, ""),
         opname=meaning if isinstance(meaning, str) else "",
