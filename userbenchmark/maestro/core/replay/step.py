@@ -128,8 +128,7 @@ class RankStep:
 
 MAX_MISSING_SHARE = 0.1
 """A step may lack the device work of at most this share of its launches (of the kinds CUPTI
-records in some step): past it, the holes would be filled by idle gaps, and it is refused. Real
-traces lack a few in every step (cuDNN's memsets in a V100 trace, docs/replay.md)."""
+records in some step; real traces lack a few): past it, idle gaps would fill the holes: refused."""
 WHOLE = "the whole trace"
 """The step of a trace without ProfilerStep#N: the whole profiled span with device work."""
 
@@ -299,9 +298,6 @@ class _Owner:
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
     """The items of step ``name`` of one rank; ``group_sizes`` gives each group's size."""
     span = step_span(trace, name)
-    acts: dict[int, list[Activity]] = defaultdict(list)
-    for act in trace.activities:
-        acts[act.corr].append(act)
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
@@ -310,7 +306,7 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
     labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
     notes: list[str] = []
-    groups = _grouped(trace, calls, acts, notes, nccl)
+    groups = _grouped(trace, calls, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
@@ -345,12 +341,14 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 def _grouped(
     trace: RankTrace,
     calls: list[Launch],
-    acts: dict[int, list[Activity]],
     notes: list[str],
     nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
     launch order: what the item is, and its (launch, activity) pairs."""
+    acts: dict[int, list[Activity]] = defaultdict(list)
+    for act in trace.activities:
+        acts[act.corr].append(act)
     owner = _Owner(trace, calls, acts)
     groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
@@ -447,7 +445,15 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     classes = {traced_op(r.name) for r in records}
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
-        _p2p(item, records)
+        for r in records:
+            item.dtype, elem, _ = maestro_dtype(r.dtype)
+            peer = r.peer if r.peer is not None else -1
+            glob = r.group_ranks[peer] if 0 <= peer < len(r.group_ranks) else peer
+            transfer = ((glob, r.in_nelems * elem),)
+            if r.name == "send":
+                item.sends += transfer
+            else:
+                item.recvs += transfer
         item.signature = ("p2p", rec.group_desc, team, tuple(sorted(r.name for r in records)))
         return
     cls = classes.pop() if len(classes) == 1 else None
@@ -473,14 +479,3 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     size_key = None if cls is AllToAll else cls.message_size_bytes(item.params)
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
 
-
-def _p2p(item: Item, records: tuple[CommRecord, ...]) -> None:
-    for rec in records:
-        item.dtype, elem, _ = maestro_dtype(rec.dtype)
-        peer = rec.peer if rec.peer is not None else -1
-        glob = rec.group_ranks[peer] if 0 <= peer < len(rec.group_ranks) else peer
-        transfer = ((glob, rec.in_nelems * elem),)
-        if rec.name == "send":
-            item.sends += transfer
-        else:
-            item.recvs += transfer
