@@ -504,10 +504,6 @@ def read_trace(path: str | Path) -> RankTrace:
             _walk(_Stream(handle, str(path)), collector.top_level, collector.event)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a folder, not a trace file") from None
-    except PermissionError:
-        raise TraceError(f"{path}: cannot be read (permission denied)") from None
     except EOFError:
         raise TraceError(f"{path}: the gzip file is cut short (truncated)") from None
     except (gzip.BadGzipFile, zlib.error) as err:

@@ -478,4 +478,3 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     item.note = "; ".join(n for n in (maestro_dtype(rec.dtype)[2], note) if n) or None
     size_key = None if cls is AllToAll else cls.message_size_bytes(item.params)
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
-
