@@ -88,8 +88,10 @@ def coverage(imp: Imported) -> Coverage:
                 by_kind["GEMM kernels"] += item.busy_us
             elif item.kind == "other" and item.opname.startswith("nccl"):
                 by_kind["collectives without sizes"] += item.busy_us
-        for act in st.dropped:
-            dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
+        for act in st.trace.activities:
+            if act.corr not in st.launch_items and act.end > st.start and act.ts < st.end:
+                during = min(act.end, st.end) - max(act.ts, st.start)
+                dropped.setdefault(act.name, []).append(during)
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
     return Coverage(
         gemm_us=by_kind["gemm"],

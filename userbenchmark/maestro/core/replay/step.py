@@ -113,8 +113,6 @@ class RankStep:
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
     """Correlation id of a launch -> the item its device work belongs to."""
-    dropped: list[Activity] = field(default_factory=list)
-    """Device work during the step that no call of the step launched (not replayed)."""
 
     @property
     def rank(self) -> int:
@@ -319,9 +317,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
     }
     start, end = min(i.start for i in items), max(i.end for i in items)
-    dropped = [
-        a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
-    ]
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -334,7 +329,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         notes=notes,
         launches=calls,
         launch_items=launch_items,
-        dropped=dropped,
     )
 
 
@@ -445,15 +439,7 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     classes = {traced_op(r.name) for r in records}
     if classes == {SendRecv}:
         item.kind, item.opname = "p2p", SendRecv.op
-        for r in records:
-            item.dtype, elem, _ = maestro_dtype(r.dtype)
-            peer = r.peer if r.peer is not None else -1
-            glob = r.group_ranks[peer] if 0 <= peer < len(r.group_ranks) else peer
-            transfer = ((glob, r.in_nelems * elem),)
-            if r.name == "send":
-                item.sends += transfer
-            else:
-                item.recvs += transfer
+        _p2p(item, records)
         item.signature = ("p2p", rec.group_desc, team, tuple(sorted(r.name for r in records)))
         return
     cls = classes.pop() if len(classes) == 1 else None
@@ -478,3 +464,15 @@ def _comm_item(item: Item, records: tuple[CommRecord, ...], sizes: dict[str, int
     item.note = "; ".join(n for n in (maestro_dtype(rec.dtype)[2], note) if n) or None
     size_key = None if cls is AllToAll else cls.message_size_bytes(item.params)
     item.signature = ("comm", cls.op, rec.group_desc, team, size_key, item.dtype)
+
+
+def _p2p(item: Item, records: tuple[CommRecord, ...]) -> None:
+    for rec in records:
+        item.dtype, elem, _ = maestro_dtype(rec.dtype)
+        peer = rec.peer if rec.peer is not None else -1
+        glob = rec.group_ranks[peer] if 0 <= peer < len(rec.group_ranks) else peer
+        transfer = ((glob, rec.in_nelems * elem),)
+        if rec.name == "send":
+            item.sends += transfer
+        else:
+            item.recvs += transfer
