@@ -75,8 +75,10 @@ class TraceBuilder:
         tid: int = MAIN_TID,
         cat: str = "kernel",
         with_activity: bool = True,
+        call: str | None = None,
     ) -> int:
-        """A CPU op launching one device activity; returns the op's External id."""
+        """A CPU op launching one device activity by ``call`` (default: cudaLaunchKernel, or
+        cudaMemcpyAsync for a copy); returns the op's External id."""
         if ext is None:
             ext = self._ext()
             if op is not None:
@@ -85,7 +87,7 @@ class TraceBuilder:
         corr = self._corr()
         self._x(
             "cuda_runtime",
-            "cudaLaunchKernel" if cat == "kernel" else "cudaMemcpyAsync",
+            call or ("cudaLaunchKernel" if cat == "kernel" else "cudaMemcpyAsync"),
             launch,
             4,
             tid,
@@ -107,6 +109,8 @@ class TraceBuilder:
         k: int,
         op: str = "aten::mm",
         dtype: str = "c10::BFloat16",
+        kernel: str = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+        call: str | None = None,
     ) -> int:
         dims = [[m, k], [k, n]] if op == "aten::mm" else [[n], [m, k], [k, n], [], []]
         types = [dtype, dtype] if op == "aten::mm" else [dtype, dtype, dtype, "Scalar", "Scalar"]
@@ -118,7 +122,8 @@ class TraceBuilder:
             dur=dur,
             op=op,
             op_args=args,
-            kernel="nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+            kernel=kernel,
+            call=call,
         )
 
     def collective(
@@ -178,6 +183,49 @@ class TraceBuilder:
                 kernel=kernel or f"ncclDevKernel_{name}_RING(ncclDevKernelArgsStorage<4096ul>)",
             )
         return ext
+
+    def old_collective(
+        self,
+        *,
+        stream: int,
+        launch: float,
+        start: float,
+        dur: float,
+        op: str = "allreduce_",
+        dims: list | None = None,
+        types: list | None = None,
+        kernel: str = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+    ) -> None:
+        """A collective as torch 1.13-2.0 wrote it: a ``c10d::<op>`` CPU op (its inputs' shapes
+        where ``dims``/``types`` are given, as record_shapes writes them) around a
+        record_param_comms without the collective's name, group or sizes and torch's
+        ``nccl:<op>`` span, the NCCL kernel launched under an External id of its own, then a
+        second record_param_comms (the work's wait) after the op."""
+        shapes = {"Input Dims": dims, "Input type": types} if dims is not None else {}
+        self._x(
+            "cpu_op",
+            f"c10d::{op}",
+            launch - 6,
+            40,
+            MAIN_TID,
+            {"External id": self._ext(), **shapes},
+        )
+        self._x(
+            "cpu_op", "record_param_comms", launch - 4, 34, MAIN_TID, {"External id": self._ext()}
+        )
+        span = {"_allgather_base_": "_all_gather_base", "allreduce_": "all_reduce"}.get(op, op)
+        self._x(
+            "user_annotation",
+            f"nccl:{span}",
+            launch - 2,
+            25,
+            MAIN_TID,
+            {"External id": self._ext()},
+        )
+        self.launch(stream=stream, launch=launch, start=start, dur=dur, op=None, kernel=kernel)
+        self._x(
+            "cpu_op", "record_param_comms", launch + 40, 5, MAIN_TID, {"External id": self._ext()}
+        )
 
     def nccl_kernel(self, *, stream: int, launch: float, start: float, dur: float) -> None:
         """An NCCL kernel launched for earlier records without kernels (batched p2p)."""

@@ -91,7 +91,7 @@ def test_kernels_touching_within_the_clock_tolerance_are_kept(tmp_path):
     ranks = [ddp_rank(0), ddp_rank(1)]
     _kernel(ranks[0], "elementwise")["ts"] -= 1.5  # 0.5 µs into the GEMM before it
     write_all(ranks, tmp_path)
-    assert import_traces([str(tmp_path)]).world_size == 2
+    assert import_traces([str(tmp_path)]).run.world == 2
 
 
 def test_a_kernel_long_before_its_launch_is_refused(tmp_path, capsys):

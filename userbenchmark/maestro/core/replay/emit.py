@@ -88,8 +88,10 @@ def coverage(imp: Imported) -> Coverage:
                 by_kind["GEMM kernels"] += item.busy_us
             elif item.kind == "other" and item.opname.startswith("nccl"):
                 by_kind["collectives without sizes"] += item.busy_us
-        for act in st.dropped:
-            dropped.setdefault(act.name, []).append(min(act.end, st.end) - max(act.ts, st.start))
+        for act in st.trace.activities:
+            if act.corr not in st.launch_items and act.end > st.start and act.ts < st.end:
+                during = min(act.end, st.end) - max(act.ts, st.start)
+                dropped.setdefault(act.name, []).append(during)
     listed = sorted(((n, len(v), sum(v)) for n, v in dropped.items()), key=lambda d: -d[2])
     return Coverage(
         gemm_us=by_kind["gemm"],
@@ -169,7 +171,7 @@ def _world_lines(imp: Imported) -> list[str]:
     run = imp.run
     if not run.subset:
         unsaid = " (the files do not say it: the ranks given)" * (not run.traced_world)
-        return [f"World size: {imp.world_size}{unsaid}"]
+        return [f"World size: {run.world}{unsaid}"]
     of = run.traced_world or "an unknown number of"
     lines = [
         f"World size: {run.world} (--world-size; the files hold rank(s) {_ranks_text(run.given)} "
@@ -179,7 +181,8 @@ def _world_lines(imp: Imported) -> list[str]:
     for name, (desc, ranks) in sorted(imp.traced_groups.items()):
         axis = imp.axes.axis_of.get(name, "world")
         team = team_size(len(ranks), run.world, desc)
-        lines.append(f"  {name} ({desc}): {len(ranks)} ranks -> axis {axis}, teams of {team}")
+        shown = name or "unnamed (older torch)"
+        lines.append(f"  {shown} ({desc}): {len(ranks)} ranks -> axis {axis}, teams of {team}")
     return lines
 
 
@@ -195,7 +198,7 @@ def _header(imp: Imported, command: str) -> list[str]:
         TRACED_US_RULE,
     ]
     if len(imp.roles) == 1:
-        lines.append(f"Ranks: all {imp.world_size} do the same work (one role); a block runs on "
+        lines.append(f"Ranks: all {imp.run.world} do the same work (one role); a block runs on "
                      "the ranks of its axis's teams")  # fmt: skip
     else:
         lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
@@ -293,7 +296,13 @@ def _approximations(imp: Imported) -> list[str]:
             "bias where the op had one: bias: true), with each operand's layout (transposed or "
             "not) from the trace's Input Strides"
         )
-    out += _stand_in_notes(imp) + imp.layout.like_notes
+    items = [it for role in imp.roles for it in role.ref.items if it.kind == "other"]
+    shapeless = sum(it.note == "gemm-shapes" or bool(GEMM_KERNEL.search(it.kernel)) for it in items)
+    out += [
+        f"{shapeless} GEMM kernels (by name) replayed as busy stand-ins: their ops' shapes are "
+        "not in the trace; profile with record_shapes=True to replay them as GEMMs"
+    ] * bool(shapeless)
+    out += imp.layout.like_notes
     per = (
         "per role; every duration is the longest of the role's ranks"
         if len(imp.roles) > 1
@@ -302,15 +311,6 @@ def _approximations(imp: Imported) -> list[str]:
     out.append(f"busy and sleep durations: {per}")
     notes = Counter(n for st in imp.steps for n in st.notes)
     return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
-
-
-def _stand_in_notes(imp: Imported) -> list[str]:
-    items = [it for role in imp.roles for it in role.ref.items if it.kind == "other"]
-    shapeless = sum(it.note == "gemm-shapes" or bool(GEMM_KERNEL.search(it.kernel)) for it in items)
-    return [
-        f"{shapeless} GEMM kernels (by name) replayed as busy stand-ins: their ops' shapes are "
-        "not in the trace; profile with record_shapes=True to replay them as GEMMs"
-    ] * bool(shapeless)
 
 
 def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:
@@ -341,14 +341,10 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     dtypes = Counter(b.dtype for b in blocks if b.dtype)
     dtype = dtypes.most_common(1)[0][0] if dtypes else DEFAULT_VALUES["dtype"]
     world = tuple(range(len(imp.traces)))  # the given ranks (one with --world-size over some)
-    teams = {WORLD_AXIS: (world,), **imp.axes.teams}
-    for axis in imp.layout.axes:  # a like axis takes its base's teams (bases come first)
-        if axis.like:
-            teams[axis.name] = teams[axis.like]
-        else:
-            teams.setdefault(axis.name, axis.teams or ())
-    likes = {axis.name: axis.like for axis in imp.layout.axes}
-    used = {WORLD_AXIS, *imp.axes.mesh, *likes, *(b.axis for b in blocks)}
+    likes = imp.layout.likes
+    teams = {WORLD_AXIS: (world,), **imp.axes.teams, **imp.layout.teams}
+    teams |= {name: teams[base] for name, base in likes.items()}  # a like axis: its base's teams
+    used = {WORLD_AXIS, *imp.axes.mesh, *imp.layout.teams, *likes, *(b.axis for b in blocks)}
     axes = {n: AxisSpec(name=n, teams=teams[n], like=likes.get(n)) for n in teams if n in used}
     specs = [_block_spec(imp, i, b, dtype) for i, b in enumerate(blocks)]
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
@@ -411,8 +407,6 @@ def import_trace(
     cannot be imported or the file cannot be written (nothing is written then)."""
     options = options or ImportOptions()
     target = Path(output)
-    if target.is_dir():
-        raise TraceError(f"-o {output}: is a folder; name the pattern file to write")
     if not target.parent.is_dir() and str(target.parent):
         raise TraceError(f"-o {output}: the folder {target.parent} does not exist")
     imported = import_traces(paths, options)
@@ -455,7 +449,7 @@ def run_command(
     used = len(imported.steps_used)
     steps = f" (traced durations: median of {used} steps)" if used > 1 else ""
     print(
-        f"wrote {output}: {imported.step_name}{steps} of {imported.world_size} rank(s) ({who}) as "
+        f"wrote {output}: {imported.step_name}{steps} of {imported.run.world} rank(s) ({who}) as "
         f"{counted(len(imported.layout.blocks), 'block')} ({', '.join(f'{n} {op}' for op, n in ops)}) "
         f"on {counted(len(imported.layout.lanes), 'lane')}\n{coverage(imported).line()}"
     )

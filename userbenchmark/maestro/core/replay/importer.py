@@ -69,10 +69,6 @@ class Imported:
     traced_groups: dict[str, tuple] = field(default_factory=dict)
     """With --world-size over some ranks: group name -> (its description, its traced ranks)."""
 
-    @property
-    def world_size(self) -> int:
-        return self.run.world
-
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
@@ -192,15 +188,6 @@ def _import_step(
     )
 
 
-def _programs(steps: Sequence[RankStep]) -> dict[int, dict[int, tuple]]:
-    """Each rank's work, stream by stream: what must be the same in two steps, item for item,
-    for one file to replay both."""
-    return {
-        st.rank: {s: tuple(it.signature for it in items) for s, items in st.streams.items()}
-        for st in steps
-    }
-
-
 def _duration(block: PatternBlock, steps: dict[int, RankStep], at: dict) -> float:
     """The block's traced duration in another step like the first (``steps``: by rank), its
     items at the first step's places (``at``); an idle gap grows or shrinks as the gap before
@@ -225,9 +212,9 @@ def _duration(block: PatternBlock, steps: dict[int, RankStep], at: dict) -> floa
 def _over_steps(first: Imported, others: dict[str, list[RankStep]]) -> None:
     """Each block's traced durations over the complete steps whose work is the first's, item
     for item: their median and range, and each rank's step's median."""
-    program = _programs(first.steps)
+    program = [st.program for st in first.steps]
     like = {first.step_name: first.steps} | {
-        name: steps for name, steps in others.items() if _programs(steps) == program
+        name: steps for name, steps in others.items() if [st.program for st in steps] == program
     }
     at = {
         (st.rank, id(it)): (s, i)

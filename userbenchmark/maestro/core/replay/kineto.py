@@ -5,6 +5,7 @@ dropped. Every number read is typed and bounded before use."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -17,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ...blocks.comm import SendRecv
 from ...blocks.compute import Gemm
+from ...blocks.dtypes import traced_dtype
+from ...blocks.registry import traced_op
 from ...errors import MaestroError
 
 CHUNK_CHARS = 1 << 22
@@ -108,8 +112,8 @@ class CommRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class GemmOp:
-    """A GEMM op with its input shapes and types (empty without ``record_shapes``)."""
+class ShapedOp:
+    """A GEMM or c10d op with its input shapes and types (empty without ``record_shapes``)."""
 
     name: str
     dims: tuple[tuple[int, ...], ...]
@@ -147,7 +151,6 @@ class RankTrace:
     """None: the file names a rank but no world size."""
     distributed: bool = False
     groups: tuple[ProcessGroup, ...] = ()
-    record_shapes: bool | None = None
     device: str = ""
     base_time_us: float = 0.0
     steps: list[Span] = field(default_factory=list)
@@ -156,9 +159,8 @@ class RankTrace:
     launches: dict[int, Launch] = field(default_factory=dict)
     activities: list[Activity] = field(default_factory=list)
     comms: dict[int, CommRecord] = field(default_factory=dict)
-    gemms: dict[int, GemmOp] = field(default_factory=dict)
+    gemms: dict[int, ShapedOp] = field(default_factory=dict)
     syncs: list[SyncEvent] = field(default_factory=list)
-    num_events: int = 0
     group_trace_id: str = ""
     """The id a multi-rank profiling request gives every rank (``group_trace_id``); each rank's
     own ``trace_id`` is drawn per process, so it differs between the ranks of one run."""
@@ -278,9 +280,10 @@ class _Collector:
         self.t = trace
         self.saw_kineto = False
         self.saw_events = False
+        self.c10d: dict[int, tuple[Span, ShapedOp]] = {}
+        """The last ``c10d::`` op of each thread (old traces' collectives are sized by it)."""
 
     def event(self, ev: dict[str, Any]) -> None:
-        self.t.num_events += 1
         cat = ev.get("cat")
         cat = OLD_CATS.get(cat, cat) if isinstance(cat, str) else None
         handler = _HANDLERS.get(cat) if ev.get("ph") == "X" and cat else None
@@ -343,17 +346,23 @@ class _Collector:
             self.comm(ev, args, ext)
             return
         self.t.op_names[ext] = sys.intern(name)
+        if name not in GEMM_OPS and not name.startswith("c10d::"):
+            return
+        types = args.get("Input type")
+        op = ShapedOp(
+            name=sys.intern(name),
+            dims=_shapes(args.get("Input Dims")),
+            types=tuple(str(t) for t in types) if isinstance(types, list) else (),
+            strides=_shapes(args.get("Input Strides")),
+        )
         if name in GEMM_OPS:
-            types = args.get("Input type")
-            self.t.gemms[ext] = GemmOp(
-                name=sys.intern(name),
-                dims=_shapes(args.get("Input Dims")),
-                types=tuple(str(t) for t in types) if isinstance(types, list) else (),
-                strides=_shapes(args.get("Input Strides")),
-            )
+            self.t.gemms[ext] = op
+        else:
+            ts, tid = self.time(ev, "ts"), int(ev["tid"])
+            self.c10d[tid] = Span(op.name, ts, ts + self.time(ev, "dur"), tid), op
 
     def comm(self, ev: dict[str, Any], args: dict[str, Any], ext: int) -> None:
-        self.t.comms[ext] = CommRecord(
+        rec = CommRecord(
             ext=ext,
             ts=self.time(ev, "ts"),
             tid=int(ev["tid"]),
@@ -368,13 +377,39 @@ class _Collector:
             in_splits=_ranks(args.get("In split size")),
             seq=_int_or_none(args.get("Seq")),
         )
+        span, op = self.c10d.get(rec.tid) or (None, None)
+        if not rec.name and span and span.ts <= rec.ts <= span.end:
+            rec = self.sized(rec, op)
+        self.t.comms[ext] = rec
+
+    def sized(self, rec: CommRecord, op: ShapedOp) -> CommRecord:
+        """A record of older torch, without the collective's name or sizes, sized by the c10d
+        op around it where that op's tensors were recorded: (output, input) for the ``*_base_``
+        ops, one tensor both for the others; unchanged without them (a stand-in, then)."""
+        name = op.name.removeprefix("c10d::").removesuffix("_")
+        if len(op.dims) != len(op.types):  # an input's dims not a list: which is which is unknown
+            return rec
+        tensors = zip(op.dims, op.types, strict=True)
+        sizes = [math.prod(d) if d and traced_dtype(t) else 0 for d, t in tensors]
+        if traced_op(name) in (None, SendRecv) or not sizes or not sizes[0]:
+            return rec
+        out = ins = self.elements(sizes[0], f"{op.name} has a tensor of")
+        if len(sizes) > 1 and sizes[1]:
+            ins = self.elements(sizes[1], f"{op.name} has a tensor of")
+        return dataclasses.replace(
+            rec, name=sys.intern(name), in_nelems=ins, out_nelems=out, dtype=op.types[0]
+        )
 
     def count(self, args: dict[str, Any], key: str, old_key: str) -> int:
-        """A message's element count (0 when not written), refused past :data:`MAX_ELEMENTS`."""
-        value = args.get(key, args.get(old_key)) or 0
+        return self.elements(args.get(key, args.get(old_key)), f"record_param_comms has {key}")
+
+    def elements(self, value: Any, what: str) -> int:
+        """A message's element count (0 when not written), refused past :data:`MAX_ELEMENTS`;
+        ``what``: where the file writes it."""
+        value = value or 0
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ELEMENTS:
             raise TraceError(
-                f"{self.t.path}: record_param_comms has {key} {shown(value)}: expected a "
+                f"{self.t.path}: {what} {shown(value)}: expected a "
                 f"whole number of elements from 0 to 2**48; the trace is broken"
             )
         return value
@@ -421,8 +456,6 @@ class _Collector:
         elif key == "deviceProperties" and isinstance(value, list) and value:
             first = value[0]
             trace.device = str(first.get("name", "")) if isinstance(first, dict) else ""
-        elif key == "record_shapes":
-            trace.record_shapes = bool(value)
         elif key == "baseTimeNanoseconds" and isinstance(value, int | float):
             trace.base_time_us = float(value) / 1000.0
         elif key == "group_trace_id":
@@ -471,10 +504,6 @@ def read_trace(path: str | Path) -> RankTrace:
             _walk(_Stream(handle, str(path)), collector.top_level, collector.event)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a folder, not a trace file") from None
-    except PermissionError:
-        raise TraceError(f"{path}: cannot be read (permission denied)") from None
     except EOFError:
         raise TraceError(f"{path}: the gzip file is cut short (truncated)") from None
     except (gzip.BadGzipFile, zlib.error) as err:

@@ -18,20 +18,14 @@ from .roles import RoleBlock
 
 
 @dataclass(kw_only=True)
-class AxisDef:
-    """An axis the file defines under ``axes:`` (mesh and ``world`` axes need none)."""
-
-    name: str
-    teams: Teams | None = None
-    like: str | None = None
-
-
-@dataclass(kw_only=True)
 class Layout:
     """The pattern's blocks in file order, with their axes and lanes resolved."""
 
     blocks: list[PatternBlock]
-    axes: list[AxisDef] = field(default_factory=list)
+    teams: dict[str, Teams] = field(default_factory=dict)
+    """The axes the file defines (mesh and ``world`` axes need none) -> their teams."""
+    likes: dict[str, str] = field(default_factory=dict)
+    """An axis ``like:`` another -> that axis."""
     lanes: dict[str, dict[int, int]] = field(default_factory=dict)
     """Lane name -> {rank: traced stream}."""
     like_notes: list[str] = field(default_factory=list)
@@ -105,11 +99,10 @@ def lay_out(blocks: Sequence[PatternBlock], axes: GroupAxes, world_size: int) ->
     names = Names()
     for block in layout.blocks:
         block.name = fresh_name(_base_name(block)[:56], names)
-    likes = [d for d in layout.axes if d.like]
-    defined = {b.axis for b in layout.blocks} | {d.like for d in likes}
-    defined -= {d.name for d in likes} | {"world", *axes.mesh}
-    plain = [AxisDef(name=name, teams=axis_plan.known[name]) for name in defined]
-    layout.axes = sorted(plain, key=lambda d: d.name) + sorted(likes, key=lambda d: d.name)
+    defined = {b.axis for b in layout.blocks} | set(layout.likes.values())
+    defined -= {*layout.likes, "world", *axes.mesh}
+    layout.teams = {name: axis_plan.known[name] for name in sorted(defined)}
+    layout.likes = dict(sorted(layout.likes.items()))
     return layout
 
 
@@ -150,7 +143,7 @@ def _comm_axes(
             ).most_common(1)[0][0]
             initials = "".join(w[0] for w in op.split("_"))
             name = variant[(base, lane)] = fresh_name(f"{base}_{initials}", taken)  # world_rs
-            layout.axes.append(AxisDef(name=name, like=base))
+            layout.likes[name] = base
             layout.like_notes.append(
                 f"group of axis {base} used on two streams: its {op} calls run on axis {name} "
                 f"(like: {base}, a communicator of its own)"

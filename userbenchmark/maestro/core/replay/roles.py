@@ -220,13 +220,9 @@ def group_roles(
 ) -> list[Role]:
     """Ranks grouped by the work they do, in rank order; every item mapped to its reference.
     Ranks with different ``apart`` tags are never grouped (see :func:`split_apart`)."""
-    keys = {
-        st.rank: {s: tuple(it.signature for it in items) for s, items in st.streams.items()}
-        for st in steps
-    }
     programs: dict[tuple, list[RankStep]] = defaultdict(list)
     for st in sorted(steps, key=lambda s: s.rank):
-        program = tuple(sorted(Counter(keys[st.rank].values()).items()))
+        program = tuple(sorted(Counter(st.program.values()).items()))
         programs[(apart.get(st.rank, ()), program)].append(st)
     roles = []
     for number, members in enumerate(programs.values()):
@@ -237,7 +233,7 @@ def group_roles(
             steps={m.rank: m for m in members},
         )
         for member in members:
-            _map_items(role, member, keys)
+            _map_items(role, member)
         _merge_deps(role, deps)
         roles.append(role)
     return roles
@@ -258,8 +254,8 @@ def split_apart(
     return out
 
 
-def _map_items(role: Role, member: RankStep, keys: dict[int, dict[int, tuple]]) -> None:
-    ref_keys, own_keys = keys[role.ref.rank], keys[member.rank]
+def _map_items(role: Role, member: RankStep) -> None:
+    ref_keys, own_keys = role.ref.program, member.program
     free = sorted(member.streams, key=lambda s: member.streams[s][0].launch)
     for ref_stream in sorted(role.ref.streams, key=lambda s: role.ref.streams[s][0].launch):
         # One matches: the programs are equal as multisets.

@@ -16,7 +16,7 @@ from ...blocks.comm import AllToAll, SendRecv
 from ...blocks.compute import Gemm
 from ...blocks.dtypes import DTYPES, traced_dtype
 from ...blocks.registry import traced_op
-from .kineto import Activity, CommRecord, GemmOp, Launch, RankTrace, Span, TraceError
+from .kineto import Activity, CommRecord, Launch, RankTrace, ShapedOp, Span, TraceError
 
 _LAUNCHING = re.compile(r"Launch|Memcpy|Memset", re.IGNORECASE)
 """Host calls that put work on the device (a call of a step without its activity means the
@@ -29,7 +29,7 @@ one stream overlap by several µs (docs/replay.md); more is a broken trace."""
 LAUNCH_SKEW_US = 1000.0
 """A kernel may start at most this long before the host call that launched it (the profiler's
 host and device clocks disagree by µs); earlier is a broken trace."""
-Meaning = tuple[CommRecord, ...] | GemmOp | str
+Meaning = tuple[CommRecord, ...] | ShapedOp | str
 """What a step's item is: the collective or p2p calls it runs, a GEMM op, or another op's name."""
 MARKER_NAMES = frozenset({"wait", "coalesced", "startCoalescing", "endCoalescing", ""})
 """Records that mark a point of a call and launch nothing of their own."""
@@ -78,7 +78,6 @@ class Item:
     end: float
     busy_us: float
     launch: float
-    tid: int
     kind: str
     """``comm`` (a collective), ``p2p``, ``gemm`` or ``other`` (merged into stand-ins)."""
     label: str
@@ -114,18 +113,20 @@ class RankStep:
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
     """Correlation id of a launch -> the item its device work belongs to."""
-    dropped: list[Activity] = field(default_factory=list)
-    """Device work during the step that no call of the step launched (not replayed)."""
 
     @property
     def rank(self) -> int:
         return self.trace.rank
 
+    @property
+    def program(self) -> dict[int, tuple]:
+        """Its work, stream by stream: what another rank or step must match item for item."""
+        return {s: tuple(it.signature for it in items) for s, items in self.streams.items()}
+
 
 MAX_MISSING_SHARE = 0.1
 """A step may lack the device work of at most this share of its launches (of the kinds CUPTI
-records in some step): past it, the holes would be filled by idle gaps, and it is refused. Real
-traces lack a few in every step (cuDNN's memsets in a V100 trace, docs/replay.md)."""
+records in some step; real traces lack a few): past it, idle gaps would fill the holes: refused."""
 WHOLE = "the whole trace"
 """The step of a trace without ProfilerStep#N: the whole profiled span with device work."""
 
@@ -295,15 +296,15 @@ class _Owner:
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
     """The items of step ``name`` of one rank; ``group_sizes`` gives each group's size."""
     span = step_span(trace, name)
-    acts: dict[int, list[Activity]] = defaultdict(list)
-    for act in trace.activities:
-        acts[act.corr].append(act)
     calls = sorted(
         (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
     )
-    labels, nccl = _labels(trace, calls)
+    # Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
+    # without its collective's record takes its op from it).
+    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
+    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
     notes: list[str] = []
-    groups = _grouped(trace, calls, acts, notes, nccl)
+    groups = _grouped(trace, calls, notes, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
@@ -316,9 +317,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
     }
     start, end = min(i.start for i in items), max(i.end for i in items)
-    dropped = [
-        a for a in trace.activities if a.corr not in launch_items and a.end > start and a.ts < end
-    ]
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -331,27 +329,20 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         notes=notes,
         launches=calls,
         launch_items=launch_items,
-        dropped=dropped,
     )
-
-
-def _labels(trace: RankTrace, calls: list[Launch]) -> tuple[dict[float, str], dict[float, str]]:
-    """Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
-    without its collective's record takes its op from it)."""
-    spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
-    labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
-    return labels, nccl
 
 
 def _grouped(
     trace: RankTrace,
     calls: list[Launch],
-    acts: dict[int, list[Activity]],
     notes: list[str],
     nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
     launch order: what the item is, and its (launch, activity) pairs."""
+    acts: dict[int, list[Activity]] = defaultdict(list)
+    for act in trace.activities:
+        acts[act.corr].append(act)
     owner = _Owner(trace, calls, acts)
     groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
@@ -414,7 +405,6 @@ def _item(
         end=max(a.end for _, a in parts),
         busy_us=sum(a.end - a.ts for _, a in parts),
         launch=first_call.ts,
-        tid=first_call.tid,
         kind="other",
         label=labels.get(first_call.ts, ""),
         opname=meaning if isinstance(meaning, str) else "",
@@ -423,7 +413,7 @@ def _item(
     )
     if isinstance(meaning, tuple):
         _comm_item(item, meaning, sizes)
-    elif isinstance(meaning, GemmOp):
+    elif isinstance(meaning, ShapedOp):
         op = meaning
         item.opname = op.name.removeprefix("aten::")
         types = [t for t in op.types if t]

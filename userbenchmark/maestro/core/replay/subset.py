@@ -15,7 +15,7 @@ from ...blocks.registry import traced_op
 from ..config.axes import mesh_teams
 from ..config.spec import SuiteSpec, frozen_mapping
 from .group_axes import Teams, find_mesh
-from .kineto import CommRecord, RankTrace, TraceError
+from .kineto import CommRecord, ProcessGroup, RankTrace, TraceError
 from .step import build_step
 
 
@@ -25,31 +25,34 @@ def team_size(traced: int, world: int, desc: str) -> int:
     return traced if fits and desc != "default_pg" else world
 
 
-def _rescaled(rec: CommRecord, traced: int, team: int) -> CommRecord:
+def _rescaled(rec: CommRecord, team: int) -> CommRecord:
     """The record on a team of ``team`` ranks sending and receiving what one rank did: the
-    side that held every rank's part (a gathered output, a scattered input) follows the team."""
+    side that held every rank's part (a gathered output, a scattered input) is the other
+    side's ``team`` times."""
     ins, outs = rec.in_nelems, rec.out_nelems
     if outs > ins:
-        outs = outs // traced * team
+        outs = ins * team
     elif ins > outs:
-        ins = ins // traced * team
+        ins = outs * team
     return dataclasses.replace(rec, in_nelems=ins, out_nelems=outs, group_ranks=(0,))
 
 
 def _view(trace: RankTrace, world: int) -> tuple[RankTrace, dict[str, int], dict[str, tuple]]:
-    traced = {
-        g.name: (g.desc, g.ranks or tuple(range(trace.world_size or 1))) for g in trace.groups
-    }
+    every = tuple(range(trace.world_size or 1))
+    traced = {g.name: (g.desc, g.ranks or every) for g in trace.groups}
     for rec in trace.comms.values():
-        if rec.group_name:  # older torch names none
+        if rec.group_name:
             traced.setdefault(rec.group_name, (rec.group_desc, rec.group_ranks or (trace.rank,)))
+        elif traced_op(rec.name) is not None:  # older torch names no group: the default one
+            traced.setdefault("", ("default_pg", every))
     sizes = {name: team_size(len(ranks), world, desc) for name, (desc, ranks) in traced.items()}
     comms = {  # transfers to ranks not in the files are stand-ins (their kernel alone)
-        ext: _rescaled(rec, len(traced[rec.group_name][1]), sizes[rec.group_name])
+        ext: _rescaled(rec, sizes[rec.group_name])
         for ext, rec in trace.comms.items()
         if traced_op(rec.name) is not SendRecv and rec.group_name in traced
     }
     groups = tuple(dataclasses.replace(g, ranks=(0,)) for g in trace.groups)
+    groups += (ProcessGroup(name="", desc="default_pg", ranks=(0,)),) * ("" in traced)
     view = dataclasses.replace(trace, rank=0, world_size=1, groups=groups, comms=comms)
     return view, sizes, traced
 
