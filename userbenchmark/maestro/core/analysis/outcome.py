@@ -17,7 +17,7 @@ from ...blocks.base import Block
 from ...blocks.compute import Busy, Sleep
 from ..config.spec import PatternSpec, SuiteSpec
 from . import overlap
-from .aggregate import WindowAggregate
+from .aggregate import MAX_PAIR_BLOCKS, WindowAggregate
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import (
     LatencyStats,
@@ -25,6 +25,7 @@ from .stats import (
     degrees_of_freedom,
     interval,
     latency_stats,
+    measurable,
     percentile_nearest_rank,
     unmeasurable_note,
 )
@@ -193,7 +194,7 @@ def _block_result(
     slow_interval = intervals.get("slowdown", (math.nan,) * 3)
     cpu = head["profiler"] == "host"
     notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
-        slow_interval[1] < 1.0,
+        slow_interval[1] < 1.0 and measurable("slowdown", slowdown, *slow_interval[:2]),
         f"slowdown {slowdown:.3f} (95 % interval up to {slow_interval[1]:.3f}) < 1 beyond noise: "
         "faster overlapped than alone; the isolated run was slower (clocks, caches, a busier "
         "machine) or the block gained from the overlap",
@@ -263,15 +264,15 @@ def build_outcome(
         iso_reps.append(iso_rep)
         bus_bytes += bus
     pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
-    names = [b.name for b in pattern.blocks]
+    fractions = agg.pairwise_overlap  # (0, 0) past MAX_PAIR_BLOCKS: no pairs
     pairs = tuple(
         PairResult(
             suite=suite.name,
             pattern=pattern.name,
-            blocks=(names[i], names[j]),
-            pairwise_overlap=float(agg.pairwise_overlap[i, j]),
+            blocks=(pattern.blocks[i].name, pattern.blocks[j].name),
+            pairwise_overlap=float(fractions[i, j]),
         )
-        for i, j in itertools.combinations(range(len(names)), 2)
+        for i, j in itertools.combinations(range(len(fractions)), 2)
     )
     return PatternOutcome(
         blocks=tuple(blocks),
@@ -316,24 +317,41 @@ def _overlap_figures(
     return {"serial_us": serial, "ideal_us": ideal, "overlap_efficiency": efficiency}
 
 
-def _efficiency_notes(
-    figures: dict[str, float], makespan_us: float, low: float, high: float
-) -> list[str]:
-    efficiency = figures.get("overlap_efficiency", math.nan)
+def below_ideal(p: PatternResult) -> bool:
+    """The makespan is below the ideal beyond noise, which cannot be (the pattern's note says
+    why): an overlap efficiency measurable and above 1 beyond noise or, without an efficiency,
+    the makespan's interval below the ideal's."""
+    if math.isfinite(p.overlap_efficiency):
+        low, high, _ = p.intervals.get("overlap_efficiency", (math.nan,) * 3)
+        return low > 1 and measurable("overlap_efficiency", p.overlap_efficiency, low, high)
+    makespan_high = p.intervals.get("makespan_avg_us", (math.nan,) * 3)[1]
+    return makespan_high < p.intervals.get("ideal_us", (math.nan,) * 3)[0]
+
+
+def _pattern_notes(p: PatternResult, num_iters: int) -> list[str]:
+    """Figures to read with care, each only beyond its noise; pairs left out of a large pattern."""
+    efficiency, n = p.overlap_efficiency, p.num_blocks
+    low, high, df = p.intervals.get("overlap_efficiency", (math.nan,) * 3)
     where = f"overlap efficiency {efficiency:.3f} (95 % interval {low:.3f} to {high:.3f})"
-    ideal = figures.get("ideal_us", math.nan)
-    beyond = "beyond noise" if low > 1 else "within noise of 1" if low <= 1 else "no interval"
-    return _note_if(
-        high < 0,
+    notes = _note_if(
+        high < 0 and measurable("overlap_efficiency", efficiency, low, high),
         f"{where} < 0 beyond noise: the blocks took longer together than one after another "
         "(they slow each other down more than overlap saves)",
-    ) + _note_if(
-        makespan_us < ideal,
-        f"makespan {makespan_us:.1f} µs below the ideal {ideal:.1f} µs"
-        + (f", {where} above 1 ({beyond})" if math.isfinite(efficiency) else "")
+    )
+    notes += _note_if(
+        below_ideal(p),
+        f"makespan {p.makespan_avg_us:.1f} µs below the ideal {p.ideal_us:.1f} µs"
+        + (f", {where} above 1 beyond noise" if math.isfinite(efficiency) else "")
         + ": cannot be, the ideal is the critical path of the blocks run alone; the blocks "
         "ran faster together than alone, so the isolated runs were slowed (a busier host, "
         "clocks, cold caches): read slowdown and efficiency with care",
+    )
+    notes.append(unmeasurable_note("overlap_efficiency", efficiency, (low, high, df), num_iters))
+    return notes + _note_if(
+        n > MAX_PAIR_BLOCKS,
+        f"no pairs of blocks recorded (pairs.*, ran together): {n} blocks make "
+        f"{n * (n - 1) // 2:,} pairs, and pairs are kept for patterns of at most "
+        f"{MAX_PAIR_BLOCKS} blocks (their cost grows with the square of the blocks)",
     )
 
 
@@ -366,14 +384,7 @@ def _pattern_result(
         hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
         df = degrees_of_freedom(agg.comm_compute_by_iter[1])
         noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
-    intervals = noise.take()
-    eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)
-    notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval[:2])
-    efficiency = figures.get("overlap_efficiency", math.nan)
-    notes.append(
-        unmeasurable_note("overlap_efficiency", efficiency, eff_interval, pattern.num_iters)
-    )
-    return PatternResult(
+    result = PatternResult(
         **head,
         iters=agg.latency_ns.shape[1],
         num_blocks=len(blocks),
@@ -394,9 +405,10 @@ def _pattern_result(
         gate_spin_us=agg.gate_spin_us,
         enqueue_max_us=_us(agg.enqueue_ns, "max"),
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
-        notes="; ".join(filter(None, notes)),
-        intervals=intervals,
+        intervals=noise.take(),
     )
+    notes = _pattern_notes(result, pattern.num_iters)
+    return dataclasses.replace(result, notes="; ".join(filter(None, notes)))
 
 
 def _warnings(
