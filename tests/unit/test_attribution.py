@@ -525,7 +525,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     prof = backend.CuptiProfiler(parse=parse)
     prof.start()
     assert len(fake.enabled) == 6
-    prof.begin_window(0)
+    prof.begin_window(0, 1, 4)
     for it in range(4):  # warmup: never reaches the numbers
         prof.push(0, it)
         fake.launch("CONCURRENT_KERNEL")
@@ -564,15 +564,15 @@ def test_cupti_profiler_reports_unpushed_work_and_cleans_up_after_errors(fake_cu
     fake, backend = fake_cupti
     prof = backend.CuptiProfiler()
     prof.start()
-    prof.begin_window(3)
+    prof.begin_window(3, 1, 1)
     prof.push(0, 0)
     fake.launch("CONCURRENT_KERNEL")
     prof.pop()
     fake.launch("MEMCPY")  # enqueued outside every block
     with pytest.raises(AttributionError) as info:
-        prof.attribute_window(1, 1)
+        prof.attribute_window()
     assert info.value.counts == {"no_external_id": 1}
-    prof.begin_window(4)
+    prof.begin_window(4, 1, 1)
     prof.push(0, 0)  # an exception here would leave the id pushed: stop() pops it
     prof.close()
     assert fake.stack == [] and not fake.enabled
@@ -599,10 +599,10 @@ def test_cupti_profiler_surfaces_callback_errors(fake_cupti):
     fake, backend = fake_cupti
     prof = backend.CuptiProfiler()
     prof.start()
-    prof.begin_window(0)
+    prof.begin_window(0, 1, 1)
     fake.pending.append(SimpleNamespace(kind=fake.ActivityKind.CONCURRENT_KERNEL))  # no fields
     with pytest.raises(RuntimeError, match="parsing CUPTI records failed"):
-        prof.attribute_window(1, 1)
+        prof.attribute_window()
     prof.close()
 
 
