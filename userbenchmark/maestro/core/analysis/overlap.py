@@ -61,12 +61,10 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return np.maximum(e_sorted - np.maximum(s_sorted, covered_to), 0).sum(axis=0)
 
 
-def union_length_ns(
-    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
-) -> np.ndarray:
-    """(num_iters,): length of the union of the (present) blocks' intervals (0: no blocks)."""
-    s, e, mask = _intervals(starts, ends, present)
-    return _union_length(s[mask], e[mask])
+def union_length_ns(starts: ArrayLike, ends: ArrayLike) -> np.ndarray:
+    """(num_iters,): length of the union of the blocks' intervals (0: no blocks)."""
+    s, e, _ = _intervals(starts, ends)
+    return _union_length(s, e)
 
 
 def union_intersection_ns(
@@ -113,21 +111,16 @@ def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = 
 
 
 def comm_hidden_under_compute_ns(
-    starts: ArrayLike,
-    ends: ArrayLike,
-    is_comm: ArrayLike,
-    is_compute: ArrayLike,
-    present: ArrayLike | None = None,
+    starts: ArrayLike, ends: ArrayLike, is_comm: ArrayLike, is_compute: ArrayLike
 ) -> tuple[float, float]:
     """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window,
     across iterations as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
-    comm/compute overlap. Both 0 without a present comm block; hidden 0 without compute."""
-    s, e, mask = _intervals(starts, ends, present)
+    comm/compute overlap. Both 0 without a comm block; hidden 0 without compute."""
+    s, e, _ = _intervals(starts, ends)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
     compute = _block_mask(is_compute, s.shape[0], "is_compute")
     if np.any(comm & compute):
         raise ValueError("a block cannot be both comm and compute")
-    comm, compute = comm & mask, compute & mask
     if not comm.any():
         return 0.0, 0.0
     cs, ce = s[comm].reshape(-1, 1), e[comm].reshape(-1, 1)

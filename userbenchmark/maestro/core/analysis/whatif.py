@@ -15,8 +15,8 @@ from .verdict import beyond_noise, paired_change, percent
 
 WHATIF_FLOOR: Final = 0.01
 """The smallest makespan change called slower or faster, past an interval that excludes 0:
-pairing cancels a process's drift (a GEMM moved about 3 % between processes on an H200, 0.5-1.5 %
-inside one), so the floor sits below the 2 % a cuBLAS or NCCL update often brings."""
+pairing cancels a process's drift (a GEMM moves less inside one process than between processes,
+BENCHMARKS.md), so the floor sits below the 2 % a cuBLAS or NCCL update often brings."""
 
 
 @dataclass(frozen=True, kw_only=True)
