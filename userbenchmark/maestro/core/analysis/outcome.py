@@ -156,9 +156,9 @@ def _block_result(
     team_size: int,
     given_notes: Sequence[str],
     wrong_elements: int | None,
-) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
-    """One block's record, its isolated latency's replicates (µs; empty: not measured) with
-    their degrees of freedom, and its bus bytes per iteration (0: none)."""
+) -> tuple[BlockResult, np.ndarray, float]:
+    """One block's record, its isolated latency's replicates (µs; empty: not measured) and its
+    bus bytes per iteration (0: none)."""
     spec = pattern.blocks[b]
     lat = agg.latency_ns[b]
     stats = _stats(lat)
@@ -229,7 +229,7 @@ def _block_result(
             notes="; ".join(n for n in (*given_notes, *notes) if n),
             intervals=intervals,
         ),
-        (iso_rep, iso_df),
+        iso_rep,
         size * factor if factor is not None and timed else 0.0,
     )
 
@@ -286,7 +286,7 @@ def build_outcome(
 def _overlap_figures(
     ideal_us: Callable[[np.ndarray], float],
     blocks: Sequence[BlockResult],
-    iso_reps: Sequence[tuple[np.ndarray, int]],
+    iso_reps: Sequence[np.ndarray],
     makespan_us: float,
     makespan_rep: np.ndarray,
     noise: _Noise,
@@ -296,8 +296,8 @@ def _overlap_figures(
     iso = np.array([b.isolated_latency_avg_us for b in blocks])
     if len(blocks) < 2 or not np.isfinite(iso).all() or not makespan_rep.size:
         return {}
-    reps = np.stack([rep for rep, _ in iso_reps])  # (blocks, resamples)
-    df = min(df for _, df in iso_reps)
+    reps = np.stack(iso_reps)  # (blocks, resamples)
+    df = min(b.intervals["isolated_latency_avg_us"][2] for b in blocks)
     serial, ideal = float(iso.sum()), ideal_us(iso)
     serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
     ideal_rep = noise.add("ideal_us", ideal, np.array([ideal_us(col) for col in reps.T]), df)
@@ -360,7 +360,7 @@ def _pattern_result(
     pattern: PatternSpec,
     agg: WindowAggregate,
     blocks: Sequence[BlockResult],
-    iso_reps: Sequence[tuple[np.ndarray, int]],
+    iso_reps: Sequence[np.ndarray],
     bus_bytes: float,
     noise: _Noise,
 ) -> PatternResult:

@@ -60,8 +60,8 @@ def build_whatif(
     arrays = [base_makespan_ns, variant_makespan_ns, base_block_ns, variant_block_ns]
     a, b, base_ns, variant_ns = (np.asarray(x, dtype=np.float64) for x in arrays)
     shapes = [(a.size,), (a.size,), (len(base.blocks), a.size), (len(variant.blocks), a.size)]
-    if [a.shape, b.shape, base_ns.shape, variant_ns.shape] != shapes:
-        given = [a.shape, b.shape, base_ns.shape, variant_ns.shape]
+    given = [a.shape, b.shape, base_ns.shape, variant_ns.shape]
+    if given != shapes:
         raise ValueError(f"arrays of shapes {given}, expected {shapes} (rounds, blocks x rounds)")
     a, b = _pairs(a, b)
     if a.size < 2:

@@ -45,11 +45,6 @@ MAX_BUFFER_SIZE_BYTES = 256 << 20
 """Largest buffer; a longer window's records spill into more buffers (delivered mid-window)."""
 
 
-def window_buffer_bytes(num_launches: int, minimum: int = BUFFER_SIZE_BYTES) -> int:
-    """Buffer size that holds a window of ``num_launches`` block launches (clamped)."""
-    return int(min(max(num_launches * BYTES_PER_LAUNCH, minimum), MAX_BUFFER_SIZE_BYTES))
-
-
 def cupti_available() -> tuple[bool, str]:
     """Whether cupti-python imports and matches torch's CUDA major version, and why not."""
     import torch
@@ -208,8 +203,9 @@ class CuptiProfiler(Profiler):
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
         encode_external_id(window_id, 0, 0)  # validates window_id
-        self._buffer_size_bytes = window_buffer_bytes(
-            num_blocks * num_iters, self._min_buffer_bytes
+        launches_bytes = num_blocks * num_iters * BYTES_PER_LAUNCH
+        self._buffer_size_bytes = min(
+            max(launches_bytes, self._min_buffer_bytes), MAX_BUFFER_SIZE_BYTES
         )
         self._flush()
         self._take()  # warmup and anything before: never reaches the numbers
