@@ -137,12 +137,6 @@ class HostTimings:
     """(iters,) CPU lanes: the agreed start had passed when this rank learned it."""
 
 
-def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
-    """(iters,) bool: the host was still enqueueing when the gate (launched first) could have
-    opened, so lanes may have started before every block was issued."""
-    return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
-
-
 @dataclass(frozen=True, kw_only=True)
 class WindowTimings:
     """Timings of one measured window: ``starts_ns`` and ``ends_ns`` (num_blocks, num_iters) on
