@@ -211,15 +211,20 @@ def counted_callbacks(prof: CuptiProfiler) -> list[tuple[int, int]]:
 
 def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
     """A window spanning many small buffers: all attributed; where were they parsed?"""
+    from userbenchmark.maestro.core.profilers import cupti as backend
+
     prof_unused.close()
-    prof = CuptiProfiler(buffer_size_bytes=256 << 10)
+    prof = CuptiProfiler()
     calls = counted_callbacks(prof)
     prof.start()
     try:
         a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
         iters = 2000
-        prof.begin_window(10, 1, iters)
-        prof._buffer_size_bytes = 256 << 10  # not sized for the window: it spans many buffers
+        largest, backend.MAX_BUFFER_SIZE_BYTES = backend.MAX_BUFFER_SIZE_BYTES, 256 << 10
+        try:
+            prof.begin_window(10, 1, iters)  # buffers capped at 256 KiB: it spans many
+        finally:
+            backend.MAX_BUFFER_SIZE_BYTES = largest
         t0 = time.perf_counter_ns()
         for it in range(iters):
             prof.push(0, it)

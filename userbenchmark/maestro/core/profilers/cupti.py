@@ -100,13 +100,7 @@ class CuptiProfiler(Profiler):
     times = "cuda"
     described = "CUPTI's device timestamps"
 
-    def __init__(
-        self,
-        *,
-        trace: bool = False,
-        buffer_size_bytes: int = BUFFER_SIZE_BYTES,
-        parse: str = "auto",
-    ) -> None:
+    def __init__(self, *, trace: bool = False, parse: str = "auto") -> None:
         if why := self.unusable():
             raise RuntimeError(why)
         from cupti import cupti
@@ -121,11 +115,9 @@ class CuptiProfiler(Profiler):
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id
         self._pop_id = cupti.activity_pop_external_correlation_id
-        self._min_buffer_bytes = self._buffer_size_bytes = int(buffer_size_bytes)
+        self._buffer_size_bytes = BUFFER_SIZE_BYTES
         self.keep_activities = trace
-        self._parser = _RecordParser(
-            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=trace
-        )
+        self._parser = _RecordParser(cupti, parse, MAX_BUFFER_SIZE_BYTES, names=trace)
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
         self._chunks: dict[str, list[np.ndarray]] = defaultdict(list)  # rows of _RecordParser
@@ -204,9 +196,7 @@ class CuptiProfiler(Profiler):
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
         encode_external_id(window_id, 0, 0)  # validates window_id
         launches_bytes = num_blocks * num_iters * BYTES_PER_LAUNCH
-        self._buffer_size_bytes = min(
-            max(launches_bytes, self._min_buffer_bytes), MAX_BUFFER_SIZE_BYTES
-        )
+        self._buffer_size_bytes = min(max(launches_bytes, BUFFER_SIZE_BYTES), MAX_BUFFER_SIZE_BYTES)
         self._flush()
         self._take()  # warmup and anything before: never reaches the numbers
         with self._lock:
