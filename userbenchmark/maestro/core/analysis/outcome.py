@@ -145,6 +145,17 @@ def _over_asked_notes(
     )
 
 
+def _slowdown_notes(slowdown: float, interval: tuple[float, ...], num_iters: int) -> list[str]:
+    """Faster overlapped than alone, beyond noise and measurable; or why it is not measurable."""
+    low, high, _ = interval
+    return _note_if(
+        high < 1.0 and measurable("slowdown", slowdown, low, high),
+        f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
+        "overlapped than alone; the isolated run was slower (clocks, caches, a busier machine) "
+        "or the block gained from the overlap",
+    ) + [unmeasurable_note("slowdown", slowdown, interval, num_iters)]
+
+
 def _block_result(
     b: int,
     head: dict[str, Any],
@@ -191,15 +202,11 @@ def _block_result(
     start_skew = _us(agg.start_skew_ns[b], "mean")
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
-    slow_interval = intervals.get("slowdown", (math.nan,) * 3)
     cpu = head["profiler"] == "host"
-    notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
-        slow_interval[1] < 1.0 and measurable("slowdown", slowdown, *slow_interval[:2]),
-        f"slowdown {slowdown:.3f} (95 % interval up to {slow_interval[1]:.3f}) < 1 beyond noise: "
-        "faster overlapped than alone; the isolated run was slower (clocks, caches, a busier "
-        "machine) or the block gained from the overlap",
+    notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu)
+    notes += _slowdown_notes(
+        slowdown, intervals.get("slowdown", (math.nan,) * 3), pattern.num_iters
     )
-    notes.append(unmeasurable_note("slowdown", slowdown, slow_interval, pattern.num_iters))
     last = int(agg.last_to_start_rank[b])
     ctas = agg.kernel_ctas_max[b]
     return (
