@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,7 +291,7 @@ def build_outcome(
 
 
 def _overlap_figures(
-    ideal_us: Callable[[np.ndarray], float],
+    predecessors: Sequence[Sequence[int]],
     blocks: Sequence[BlockResult],
     iso_reps: Sequence[np.ndarray],
     makespan_us: float,
@@ -305,9 +305,10 @@ def _overlap_figures(
         return {}
     reps = np.stack(iso_reps)  # (blocks, resamples)
     df = min(b.intervals["isolated_latency_avg_us"][2] for b in blocks)
-    serial, ideal = float(iso.sum()), ideal_us(iso)
+    ideals = [overlap.critical_path(col, predecessors)[0] for col in (iso, *reps.T)]
+    serial, ideal = float(iso.sum()), ideals[0]  # then one per resample
     serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
-    ideal_rep = noise.add("ideal_us", ideal, np.array([ideal_us(col) for col in reps.T]), df)
+    ideal_rep = noise.add("ideal_us", ideal, np.array(ideals[1:]), df)
     efficiency = float(overlap.overlap_efficiency(serial, makespan_us, ideal))
     if math.isfinite(efficiency):
         noise.add(
@@ -376,11 +377,9 @@ def _pattern_result(
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
     makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
-
-    def ideal(isolated_us: np.ndarray) -> float:  # for the figure and each resample
-        return overlap.critical_path(isolated_us, pattern.predecessors)[0]
-
-    figures = _overlap_figures(ideal, blocks, iso_reps, makespan.avg_us, makespan_rep, noise)
+    figures = _overlap_figures(
+        pattern.predecessors, blocks, iso_reps, makespan.avg_us, makespan_rep, noise
+    )
     shared = math.nan
     if bus_bytes and several:
         shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
