@@ -80,12 +80,18 @@ def _fraction(meaning: str, domain: Domain = "fraction") -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockResult:
-    """Everything measured for one block of one pattern (aggregated over ranks, iterations)."""
+class _Record:
+    """The keys every record starts with."""
 
     suite: str
     pattern: str
     variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockResult(_Record):
+    """Everything measured for one block of one pattern (aggregated over ranks, iterations)."""
+
     block: str
     op: str
     axis: str
@@ -161,12 +167,9 @@ class BlockResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatternResult:
+class PatternResult(_Record):
     """Pattern-level figures: makespan, overlap efficiency, shared bandwidth, skews."""
 
-    suite: str
-    pattern: str
-    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     iters: int
     num_blocks: int
     warmup_iters: int = 0
@@ -216,12 +219,9 @@ class PatternResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PairResult:
+class PairResult(_Record):
     """Two blocks of one pattern: how much they ran at the same time."""
 
-    suite: str
-    pattern: str
-    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern."""
     # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at
