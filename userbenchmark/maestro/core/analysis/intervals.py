@@ -1,6 +1,5 @@
 """What one rank measured in a window, on its own clock: intervals per (block, iteration), the
-host's enqueue times, and (CUPTI with ``--trace``) each device activity attributed to its (block,
-iteration) as numpy arrays, one entry per activity or launching API call."""
+host's enqueue times and (CUPTI with ``--trace``) the device activities of each."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Result records of one pattern from its aggregated window (pure: no ranks, no torch), each interval
-from one bootstrap per measured window (stats.py); an imported pattern's replay against its trace
-is core/replay/fidelity.py's."""
+from one bootstrap per measured window (stats.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Result records per (pattern, block), pattern and pair of blocks: the one schema the files'
-columns and dtypes (core/output/results.py) and the metrics with their direction, domain, meaning
-and threshold (core/output/metric_keys.py) are read from, never written out a second time."""
+columns and the metrics (core/output/) are read from, never written out a second time."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The one verdict rule of every A/B judgement (``compare``, the TorchBench detector, ``abtest``,
-the what-if report): a change on one scale, the log of the ratio for a relative figure (so a
-rise by r and a fall by 1/r are the same size) or the difference for an absolute one, with its
-Student t interval; beyond noise only when that interval excludes 0 and the change is past a
-floor on the same scale. Pure math on plain numbers."""
+the what-if report), docs/torchbench.md's: pure math on plain numbers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A what-if variant against its pattern: both measured in the same rounds of one process, so the
-makespan's change is paired by round (the drift both share cancels), with its 95 % interval and
-the one verdict rule (verdict.py); and the block whose own latency changed most."""
+"""A what-if variant against its pattern (docs/whatif.md): measured in the same rounds of one
+process, so the makespan's change is paired by round (the drift both share cancels)."""
 
 from __future__ import annotations
 
