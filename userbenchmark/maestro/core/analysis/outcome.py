@@ -304,7 +304,7 @@ def _overlap_figures(
         return {}
     reps = np.stack(iso_reps)  # (blocks, resamples)
     df = min(b.intervals["isolated_latency_avg_us"][2] for b in blocks)
-    ideals = [overlap.critical_path(col, predecessors)[0] for col in (iso, *reps.T)]
+    ideals = [overlap.critical_path(col, predecessors) for col in (iso, *reps.T)]
     serial, ideal = float(iso.sum()), ideals[0]  # then one per resample
     serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
     ideal_rep = noise.add("ideal_us", ideal, np.array(ideals[1:]), df)

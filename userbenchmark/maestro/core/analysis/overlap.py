@@ -172,28 +172,20 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     return divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
 
 
-def critical_path(
-    durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]
-) -> tuple[float, tuple[int, ...]]:
+def critical_path(durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]) -> float:
     """A pattern's ideal once blocks wait for each other (``predecessors[i]``: the blocks block
-    ``i`` waits for): the length (µs) of the longest chain at isolated durations and its blocks,
-    first to last; NaN and () when a duration is not finite; ValueError on a cycle."""
+    ``i`` waits for): the length (µs) of the longest chain at isolated durations; NaN when a
+    duration is not finite; ValueError on a cycle."""
     durations = np.asarray(durations_us, dtype=np.float64)
     num = durations.size
     if len(predecessors) != num:
         raise ValueError(f"{len(predecessors)} predecessor lists for {num} durations")
     if not num or not np.isfinite(durations).all():
-        return math.nan, ()
+        return math.nan
     finish = np.zeros(num)
-    via = [-1] * num  # the predecessor that finishes last
     try:
         for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
-            if predecessors[i]:
-                via[i] = max(predecessors[i], key=lambda j: finish[j])
-            finish[i] = durations[i] + (finish[via[i]] if via[i] >= 0 else 0.0)
+            finish[i] = durations[i] + max((finish[j] for j in predecessors[i]), default=0.0)
     except CycleError:
         raise ValueError("the blocks wait for each other in a cycle") from None
-    path = [int(np.argmax(finish))]
-    while via[path[-1]] >= 0:
-        path.append(via[path[-1]])
-    return float(finish[path[0]]), tuple(reversed(path))
+    return float(finish.max())
