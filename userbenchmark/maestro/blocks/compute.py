@@ -73,8 +73,9 @@ Linux's default 50 µs timer slack than with 1 ns (fine_timer_slack)."""
 
 def sleep_until_ns(deadline_ns: int) -> None:
     """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep (no core taken, the GIL
-    released) until :data:`SPIN_NS` before it, spin the rest (a longer spin takes a core from a
-    lane on a host with fewer cores than threads)."""
+    released) until :data:`SPIN_NS` before it, spin the rest. A longer spin would take a core from
+    a lane on a host with fewer cores than threads, and hold the GIL long enough for another lane
+    to wait out Python's 5 ms switch interval past its own deadline."""
     if (coarse_ns := deadline_ns - time.perf_counter_ns() - SPIN_NS) > 0:
         time.sleep(coarse_ns / 1e9)
     while time.perf_counter_ns() < deadline_ns:
@@ -298,9 +299,6 @@ class Sleep(Block):
 
             torch.cuda._sleep(self.cycles)
             return
-        # CPU: sleep, then spin the last SPIN_NS. The spin holds the GIL, so another lane waits
-        # for it at most that long (a spin of the whole sleep could make it wait out Python's
-        # 5 ms switch interval past its own deadline).
         sleep_until_ns(time.perf_counter_ns() + self.duration_ns)
 
 

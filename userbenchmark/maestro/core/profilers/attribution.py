@@ -321,7 +321,6 @@ def attribute(
     cells = num_blocks * num_iters
     activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
     _raise_problems(records, d, window_id, (activity_count == 0) & present[:, None])
-    # Every record is good from here on (any problem raised above).
     first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, flat, _as_int64(records.start_ns))
     last = np.zeros(cells + 1, dtype=np.int64)
