@@ -148,9 +148,8 @@ def overlap_efficiency(
     *,
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
-    """(serial - makespan) / (serial - ideal) (serial = Σ isolated, ideal = their critical path): 1
-    perfect overlap, 0 serialized, outside [0, 1] real results. NaN for a NaN input, or a headroom
-    serial - ideal below ``min_headroom_fraction`` of serial (the ratio would divide noise)."""
+    """(serial - makespan) / (serial - ideal), README.md's overlap efficiency; NaN for a NaN input,
+    or a headroom serial - ideal below ``min_headroom_fraction`` of serial (it would divide noise)."""
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)

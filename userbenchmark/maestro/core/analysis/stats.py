@@ -128,9 +128,8 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window: every series resampled with the same moving blocks
-    of iterations (figures of one window keep their correlation), each resample's level moved by
-    a drift drawn from the series' own (a slow wander the blocks miss)."""
+    """The bootstrap of one measured window (README.md's "intervals"): every series resampled with
+    the same moving blocks of iterations, so figures of one window keep their correlation."""
 
     def __init__(self, seed: int = 0) -> None:
         self._seed = seed
@@ -216,9 +215,8 @@ _RANGES = {"overlap_efficiency": "its range, 0 to 1", "slowdown": "the slowdown 
 
 
 def measurable(name: str, value: float, low: float, high: float) -> bool:
-    """False when the 95 % interval [low, high] of the figure ``name`` is wider than the range
-    it is read in: overlap efficiency's 0 to 1, a slowdown's own value (a ratio known to no
-    better than ±50 %); True for other figures and where there is no interval."""
+    """False when the 95 % interval [low, high] of ``name`` is wider than the range it is read in
+    (README.md's "not measurable here"); True for other figures and where there is no interval."""
     span = 1.0 if name == "overlap_efficiency" else abs(value) if name == "slowdown" else math.inf
     return not high - low > span
 
