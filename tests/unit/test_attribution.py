@@ -625,7 +625,7 @@ class _NameNotRead(SimpleNamespace):
 
     @property
     def name(self):
-        raise AssertionError("kernel name read without keep_activities")
+        raise AssertionError("kernel name read without --trace")
 
 
 @pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])

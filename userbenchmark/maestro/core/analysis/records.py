@@ -181,7 +181,6 @@ class PatternResult(_Record):
     )
     gate_spin_us: float = math.nan
     enqueue_max_us: float = _skew("longest host enqueue of one iteration")
-    """Gate included (CUDA; max over ranks)."""
     host_late_iters: int | None = _skew("iterations launch-bound on some rank", default=None)
     traced_us: float = math.nan
     """The traced step (the longest rank's; NaN: none)."""

@@ -116,7 +116,6 @@ class CuptiProfiler(Profiler):
         self._push_id = cupti.activity_push_external_correlation_id
         self._pop_id = cupti.activity_pop_external_correlation_id
         self._buffer_size_bytes = BUFFER_SIZE_BYTES
-        self.keep_activities = trace
         self._parser = _RecordParser(cupti, parse, MAX_BUFFER_SIZE_BYTES, names=trace)
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
@@ -336,6 +335,6 @@ class CuptiProfiler(Profiler):
         with self._lock:
             chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.
-            names = tuple(self._parser.names) if self.keep_activities else ()
+            names = tuple(self._parser.names) if self._parser.keep_names else ()
         records, ext = activity_records(chunks), external_correlation(chunks["ext"])
-        return records, ext, named_records(chunks, names) if self.keep_activities else None
+        return records, ext, named_records(chunks, names) if self._parser.keep_names else None
