@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from userbenchmark.maestro.core.analysis.overlap import (
     comm_hidden_under_compute_ns,
-    intersection_ns,
     makespan_ns,
     overlap_efficiency,
     pairwise_overlap_mean,
@@ -67,7 +66,7 @@ def random_intervals(rng, num_blocks, num_iters, span=1000):
     return starts.astype(np.int64), (starts + lengths).astype(np.int64)
 
 
-# --- intersection_ns ----------------------------------------------------------------------------
+# --- the intersection of two intervals, as pairwise_overlap_mean reads it -----------------------
 
 
 @pytest.mark.parametrize(
@@ -82,15 +81,11 @@ def random_intervals(rng, num_blocks, num_iters, span=1000):
         ((5, 5), (0, 10), 0),  # zero length inside
     ],
 )
-def test_intersection_scalar_cases(a, b, expected):
-    assert int(intersection_ns(a[0], a[1], b[0], b[1])) == expected
-
-
-def test_intersection_elementwise_and_broadcast():
-    a_s, a_e = arr([0, 0, 5]), arr([10, 10, 6])
-    b_s, b_e = arr([5, 20, 0]), arr([15, 30, 100])
-    np.testing.assert_array_equal(intersection_ns(a_s, a_e, b_s, b_e), [5, 0, 1])
-    np.testing.assert_array_equal(intersection_ns(a_s, a_e, 2, 8), [6, 6, 1])
+def test_intersection_cases(a, b, expected):
+    """|A∩B| / min(|A|, |B|) of one iteration; 0 when either has zero length."""
+    shorter = min(a[1] - a[0], b[1] - b[0])
+    fraction = pairwise_overlap_mean(arr([[a[0]], [b[0]]]), arr([[a[1]], [b[1]]]))
+    assert fraction[0, 1] == fraction[1, 0] == (expected / shorter if shorter else 0.0)
 
 
 # --- union_length_ns ----------------------------------------------------------------------------

@@ -41,15 +41,6 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
     return m
 
 
-def intersection_ns(
-    a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
-) -> np.ndarray:
-    """Elementwise (broadcast) length of [a_start, a_end] ∩ [b_start, b_end], at least 0."""
-    lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
-    hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
-    return np.maximum(hi - lo, 0)
-
-
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
@@ -93,7 +84,7 @@ def pairwise_overlap_mean(
     if not s.shape[1]:
         return out
     for i in np.flatnonzero(mask):
-        inter = intersection_ns(s[i], e[i], s, e)
+        inter = np.maximum(np.minimum(e[i], e) - np.maximum(s[i], s), 0)  # |A∩B|, at least 0
         shorter = np.minimum(e[i] - s[i], e - s)
         frac = np.zeros(shorter.shape, dtype=np.float64)
         np.divide(inter, shorter, out=frac, where=shorter > 0)
