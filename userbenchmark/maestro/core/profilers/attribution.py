@@ -375,9 +375,7 @@ def window_activities(
     api_corr = _as_int64(api.correlation_id)
     chosen = np.flatnonzero(np.isin(api_corr, corr))
     chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-    first = np.ones(chosen.size, dtype=bool)
-    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-    chosen = chosen[first]
+    chosen = chosen[np.unique(api_corr[chosen], return_index=True)[1]]  # each id's first
     # Names: the activities' own, then the calls' (one per API, callback and kind launched);
     # compacted to those used.
     corr_order = np.argsort(corr, kind="stable")
