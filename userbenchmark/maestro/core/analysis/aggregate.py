@@ -21,9 +21,8 @@ dtype (float64 or int64) is kept."""
 _I64 = np.iinfo(np.int64)
 
 MAX_PAIR_BLOCKS = 100
-"""Pairs of blocks are figured and recorded for patterns of at most this many blocks (4,950
-pairs): they are read for hand-written patterns, and an imported step of thousands of blocks
-would make millions, each pair figured, reduced over the ranks and written."""
+"""Pairs of blocks are figured and recorded for patterns of at most this many blocks (README.md's
+"ran together" says why)."""
 
 
 def reduced(op: str, *, exact: bool = False) -> Any:

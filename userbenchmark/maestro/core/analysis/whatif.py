@@ -13,9 +13,7 @@ from ..config.spec import PatternSpec
 from .verdict import beyond_noise, paired_change, percent
 
 WHATIF_FLOOR: Final = 0.01
-"""The smallest makespan change called slower or faster, past an interval that excludes 0:
-pairing cancels a process's drift (a GEMM moves less inside one process than between processes,
-BENCHMARKS.md), so the floor sits below the 2 % a cuBLAS or NCCL update often brings."""
+"""The smallest makespan change called slower or faster (docs/whatif.md says why so low)."""
 
 
 @dataclass(frozen=True, kw_only=True)
