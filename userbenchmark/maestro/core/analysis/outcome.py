@@ -30,8 +30,7 @@ from .stats import (
 )
 
 MIN_ITERS_FOR_P99 = 100
-"""Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max:
-it is left out rather than written as a second copy of the max."""
+"""Below this many iterations p99 is left out: the nearest-rank p99 would be the max again."""
 
 
 @dataclass(frozen=True, kw_only=True)
