@@ -17,6 +17,7 @@ import numpy as np
 
 from userbenchmark.maestro.core.profilers.attribution import (
     HARNESS_BLOCK,
+    KERNEL_DIMS,
     KIND_KERNEL,
     KIND_MEMCPY,
     ActivityRecords,
@@ -313,12 +314,16 @@ def join_rate() -> None:
         corr = np.arange(n, dtype=np.uint64) * 2 + 2
         perm = np.argsort(np.arange(n) + rng.integers(0, 64, n), kind="stable")
         start = 1_700_000_000_000_000_000 + rng.integers(0, 10**9, n)
+        zeros = np.zeros(n, np.int32)
         records = ActivityRecords(
             correlation_id=corr[perm],
             start_ns=start[perm],
             end_ns=start[perm] + 1000,
             kind=np.ones(n, np.uint8),
             stream_id=np.full(n, 7),
+            device_id=zeros,
+            size_bytes=np.zeros(n, np.int64),
+            **dict.fromkeys(KERNEL_DIMS, zeros),
         )
         ext = ExternalCorrelation(
             correlation_id=np.stack([corr, corr + 1], 1).ravel(),

@@ -13,6 +13,7 @@ import pytest
 from userbenchmark.maestro.core.profilers.attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
+    KERNEL_DIMS,
     KIND_KERNEL,
     KIND_MEMCPY,
     KIND_MEMSET,
@@ -26,6 +27,13 @@ from userbenchmark.maestro.core.profilers.attribution import (
 )
 
 WINDOW = 7
+
+
+def _records(**columns) -> ActivityRecords:
+    """ActivityRecords with the columns a test leaves out as zeros (CUPTI's fills them all)."""
+    n = len(columns["kind"])
+    dtypes = {"device_id": np.int32, "size_bytes": np.int64} | dict.fromkeys(KERNEL_DIMS, np.int32)
+    return ActivityRecords(**{name: np.zeros(n, dtype) for name, dtype in dtypes.items()} | columns)
 
 
 def _synthetic(
@@ -76,7 +84,7 @@ def _synthetic(
         perm = np.argsort(np.arange(n) + rng.integers(0, 64, n), kind="stable")
     else:
         perm = rng.permutation(n)
-    records = ActivityRecords(
+    records = _records(
         correlation_id=corr[perm],
         start_ns=start[perm],
         end_ns=end[perm],
@@ -164,7 +172,7 @@ def _with_activity(
     start: int = 10**18,
     end: int = 10**18 + 5,
 ) -> ActivityRecords:
-    return ActivityRecords(
+    return _records(
         correlation_id=np.append(records.correlation_id, np.uint64(corr)),
         start_ns=np.append(records.start_ns, start),
         end_ns=np.append(records.end_ns, end),
@@ -231,7 +239,7 @@ def test_ambiguous_and_incomplete_records_are_errors():
 def _no_records() -> tuple[ActivityRecords, ExternalCorrelation]:
     ids = np.zeros(0, np.uint64)
     none = np.zeros(0, np.int64)
-    records = ActivityRecords(
+    records = _records(
         correlation_id=ids, start_ns=none, end_ns=none, kind=np.zeros(0, np.uint8), stream_id=none
     )
     return records, ExternalCorrelation(correlation_id=ids, external_id=ids)
@@ -271,7 +279,7 @@ def test_gate_end_per_iteration_and_absent_blocks():
 
 def test_large_grid_values_use_the_sorted_path():
     records, ext, block, iteration = _synthetic(2, 3)
-    big = ActivityRecords(
+    big = _records(
         correlation_id=records.correlation_id,
         start_ns=records.start_ns,
         end_ns=records.end_ns,
@@ -290,7 +298,7 @@ def test_invalid_arguments():
     with pytest.raises(ValueError):
         attribute(records, ext, window_id=WINDOW, num_blocks=0, num_iters=3)
     with pytest.raises(ValueError):
-        ActivityRecords(
+        _records(
             correlation_id=np.zeros(2, np.uint64),
             start_ns=np.zeros(1, np.int64),
             end_ns=np.zeros(2, np.int64),

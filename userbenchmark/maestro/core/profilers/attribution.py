@@ -21,7 +21,6 @@ from ..analysis.intervals import (
     DeviceActivities,
     LaunchCalls,
     WindowTimings,
-    check_lengths,
 )
 
 # External id layout (63 bits, so every id is also a non-negative int64):
@@ -78,30 +77,21 @@ KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "
 
 @dataclass(frozen=True, kw_only=True)
 class ActivityRecords(Columns):
-    """Device activities (kernels, memcpys, memsets) of one window; optional arrays left None
-    become zeros."""
+    """Device activities (kernels, memcpys, memsets) of one window."""
 
     correlation_id: np.ndarray  # uint64, CUPTI correlation id of the launching API call
     start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
     end_ns: np.ndarray  # int64
     kind: np.ndarray  # uint8, KIND_KERNEL / KIND_MEMCPY / KIND_MEMSET
     stream_id: np.ndarray  # int64
-    device_id: np.ndarray | None = None  # int32
-    size_bytes: np.ndarray | None = None  # int64, memcpy/memset bytes
-    grid_x: np.ndarray | None = None  # int32 kernel grid dims
-    grid_y: np.ndarray | None = None
-    grid_z: np.ndarray | None = None
-    block_x: np.ndarray | None = None  # int32 kernel block (thread) dims
-    block_y: np.ndarray | None = None
-    block_z: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
-        for name in ("device_id", "size_bytes", *KERNEL_DIMS):
-            if getattr(self, name) is None:
-                dtype = np.int64 if name == "size_bytes" else np.int32
-                object.__setattr__(self, name, np.zeros(n, dtype=dtype))
-        check_lengths(self)
+    device_id: np.ndarray  # int32
+    size_bytes: np.ndarray  # int64, memcpy/memset bytes (0 for kernels)
+    grid_x: np.ndarray  # int32 kernel grid dims (0 for memcpy/memset)
+    grid_y: np.ndarray
+    grid_z: np.ndarray
+    block_x: np.ndarray  # int32 kernel block (thread) dims
+    block_y: np.ndarray
+    block_z: np.ndarray
 
 
 @dataclass(frozen=True, kw_only=True)
