@@ -113,9 +113,8 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def block_length(values: np.ndarray) -> int:
-    """Iterations resampled together: n^(1/3), or twice the correlation time (1 + r) / (1 - r) of
-    the lag-1 autocorrelation r when longer (once is too short for strongly correlated series),
-    so a slow host or a clock ramp stays inside the resamples; at most n / 2."""
+    """Iterations resampled together (README.md's "intervals"): n^(1/3), or twice the correlation
+    time (1 + r) / (1 - r) of the lag-1 autocorrelation r when longer; at most n / 2."""
     n = values.size
     length = max(1, round(n ** (1 / 3)))
     centred = values - values.mean()
@@ -167,8 +166,8 @@ class Phase:
 
 
 def relative_drift(values: np.ndarray) -> float:
-    """How far a series' level moves between windows, relative to its mean: twice (a trend moves
-    twice as far between two windows' centres) its halves' mean difference beyond noise."""
+    """How far a series' level moves between windows, relative to its mean (README.md's
+    "intervals"): twice its halves' mean difference beyond noise."""
     n = values.size
     if n < 4:
         return 0.0
