@@ -98,7 +98,7 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
     for it in range(iters):
         gate = torch.cuda.Event()
         with torch.cuda.stream(gate_stream):
-            prof.gate_begin(it)
+            prof.push_gate(it)
             torch.cuda._sleep(400_000)  # ~220 us once clocks are up: outlasts the enqueue
             prof.pop()
             gate.record(gate_stream)

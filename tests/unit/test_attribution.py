@@ -543,7 +543,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     for it in range(3):
         if it == 2:
             fake.activity_flush_all(0)  # a buffer CUPTI delivers mid-window still counts
-        prof.gate_begin(it)
+        prof.push_gate(it)
         fake.launch("CONCURRENT_KERNEL")
         prof.pop()
         prof.push(0, it)
@@ -552,7 +552,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
         prof.push(1, it)
         fake.launch("MEMCPY")
         prof.pop()
-    prof._push(HARNESS_BLOCK, 0)  # harness work: in no block
+    prof.push_harness()
     fake.launch("CONCURRENT_KERNEL")
     prof.pop()
     att = prof.attribute_window()
@@ -645,7 +645,7 @@ def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, pa
     for it in range(2):
         if it == 1:
             fake.activity_flush_all(0)  # two buffers: "auto" checks numpy against objects
-        prof.gate_begin(it)
+        prof.push_gate(it)
         fake.launch("CONCURRENT_KERNEL", name="spin_kernel(long)")
         prof.pop()
         prof.push(0, it)

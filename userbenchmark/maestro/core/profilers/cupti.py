@@ -204,8 +204,8 @@ class CuptiProfiler(Profiler):
         import torch
 
         # CUPTI gets a buffer ready at the first records after a flush: let one harness
-        # kernel (harness work: in no block) pay for that here, not the first iteration's enqueue.
-        self._push(HARNESS_BLOCK, 0)
+        # kernel (counted, in no block) pay for that here, not the first iteration's enqueue.
+        self.push_harness(0)
         torch.cuda._sleep(1)
         self.pop()
         torch.cuda.synchronize()
@@ -268,9 +268,13 @@ class CuptiProfiler(Profiler):
             raise ValueError(f"block_index must be below {GATE_BLOCK}, got {block_index}")
         self._push(block_index, iteration)
 
-    def gate_begin(self, iteration: int) -> None:
+    def push_gate(self, iteration: int) -> None:
         """Mark the gate's spin kernel of one iteration (its end is when the gate opened)."""
         self._push(GATE_BLOCK, iteration)
+
+    def push_harness(self, iteration: int = 0) -> None:
+        """Mark harness work (barriers, syncs): never part of a block."""
+        self._push(HARNESS_BLOCK, iteration)
 
     def _push(self, block_index: int, iteration: int) -> None:
         if self._window_id is None:
@@ -285,7 +289,7 @@ class CuptiProfiler(Profiler):
         self._pop_id(self._ext_kind)
         self._depth -= 1
 
-    before = push
+    before, gate_begin = push, push_gate
     after = gate_end = pop
 
     def run_info(self) -> dict[str, str]:
