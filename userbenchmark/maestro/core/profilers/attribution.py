@@ -159,7 +159,7 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
             order = np.argsort(ec, kind="stable")
             ec, ev = ec[order], ev[order]
             conflict[1:] = (ec[1:] == ec[:-1]) & (ev[1:] != ev[:-1])
-        # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
+        # Sorted queries keep searchsorted cache-friendly (random ones are far slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
         pos[qorder] = np.searchsorted(ec, ac[qorder])
