@@ -43,11 +43,6 @@ class Isolated:
     def unmeasured(cls, num_blocks: int) -> Isolated:
         return cls(latency_ns=np.full((num_blocks, 0), np.nan))
 
-    def row(self, block: int) -> np.ndarray:
-        """The block's finite latencies (ns); empty when it was not measured alone."""
-        values = np.asarray(self.latency_ns[block], dtype=np.float64)
-        return values[np.isfinite(values)]
-
 
 _NAN_STATS = LatencyStats(count=0)
 
@@ -190,7 +185,7 @@ def _block_result(
     for name, value in values.items():
         if math.isfinite(value):
             noise.add(name, value, value * stats.avg_us / mean, df)
-    alone = isolated.row(b)
+    alone = isolated.latency_ns[b]  # every statistic of it reads its finite values only
     iso_avg = _us(alone, "mean")
     iso_df = degrees_of_freedom(alone)
     iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
