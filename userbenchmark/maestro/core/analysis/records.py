@@ -134,12 +134,10 @@ class BlockResult(_Record):
     kernel_ctas_max: int | None = None
     enqueue_avg_us: float = _skew("host time in the block's launch per iteration")
     traced_us: float = math.nan
-    """Its duration in the trace it was imported from (NaN: none)."""
     kernel: str = ""
     """An imported block's kernel that took most of its time on rank 0 (CUPTI; '' unknown)."""
     traced_kernel: str = ""
     traced_overlap: float = math.nan
-    """Share of its traced time a collective ran beside it (NaN: none)."""
     replay_ratio: float = math.nan
     """latency_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
@@ -183,7 +181,6 @@ class PatternResult(_Record):
     enqueue_max_us: float = _skew("longest host enqueue of one iteration")
     host_late_iters: int | None = _skew("iterations launch-bound on some rank", default=None)
     traced_us: float = math.nan
-    """The traced step (the longest rank's; NaN: none)."""
     replay_ratio: float = math.nan
     """makespan_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
