@@ -1,6 +1,5 @@
-"""The cross-rank summary of one window: each rank reduces its own intervals to fixed-size arrays
-whose fields name how the ranks combine them (a few element-wise all_reduces); no rank holds
-another's records, and instants of ranks are compared only on a shared clock, in exact int64."""
+"""The cross-rank summary of one window (docs/architecture.md's "Cross-rank figures"): no rank
+holds another's records, and instants of ranks are compared only on a shared clock, in int64."""
 
 from __future__ import annotations
 
