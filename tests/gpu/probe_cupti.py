@@ -17,6 +17,7 @@ import numpy as np
 
 from userbenchmark.maestro.core.profilers.attribution import (
     HARNESS_BLOCK,
+    KERNEL_DIMS,
     KIND_KERNEL,
     KIND_MEMCPY,
     ActivityRecords,
@@ -49,20 +50,20 @@ def warmup_discard(prof: CuptiProfiler, torch) -> None:
     (a warmup record left over would be an AttributionError: another window's)."""
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    prof.begin_window(0)
+    prof.begin_window(0, 1, 10)
     for it in range(10):
         prof.push(0, it)
         torch.mm(a, b)
         prof.pop()
     torch.cuda.synchronize()
     t_begin = time.time_ns()
-    prof.begin_window(1)
+    prof.begin_window(1, 1, 20)
     for it in range(20):
         prof.push(0, it)
         torch.mm(a, b)
         prof.pop()
     t0 = time.perf_counter_ns()
-    att = prof.attribute_window(1, 20)
+    att = prof.attribute_window()
     t_end = time.time_ns()
     print(f"  end_window (sync+flush+join) took {us(time.perf_counter_ns() - t0)}")
     acts = prof.last_activities
@@ -93,7 +94,7 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
         with torch.cuda.stream(s):
             torch.mm(a, b)
     torch.cuda.synchronize()
-    prof.begin_window(2)
+    prof.begin_window(2, 2, iters)
     for it in range(iters):
         gate = torch.cuda.Event()
         with torch.cuda.stream(gate_stream):
@@ -108,7 +109,7 @@ def gated_streams(prof: CuptiProfiler, torch, iters: int = 20) -> None:
                 torch.mm(a, b)
                 prof.pop()
         torch.cuda.synchronize()
-    att = prof.attribute_window(2, iters)
+    att = prof.attribute_window()
     skew = np.abs(att.start_ns[0] - att.start_ns[1])
     delay = att.start_ns.min(axis=0) - att.gate_end_ns
     print(f"  start skew |block0 - block1|: {us(skew)}")
@@ -135,7 +136,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
     try:
         inp = torch.randn(1 << 20, device="cuda")
         out = torch.empty(1 << 20, device="cuda")
-        prof.begin_window(3)
+        prof.begin_window(3, 2, 3)
         for it in range(3):  # communicator setup and warmup, discarded
             prof.push(0, it)
             dist.all_gather_into_tensor(out, inp)
@@ -144,7 +145,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             dist.all_gather_into_tensor(out, inp, async_op=True).wait()
             prof.pop()
         torch.cuda.synchronize()
-        prof.begin_window(4)
+        prof.begin_window(4, 2, 5)
         for it in range(5):
             prof.push(0, it)
             dist.all_gather_into_tensor(out, inp)
@@ -152,7 +153,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             prof.push(1, it)
             dist.all_gather_into_tensor(out, inp, async_op=True).wait()
             prof.pop()
-        att = prof.attribute_window(2, 5)
+        att = prof.attribute_window()
         acts = prof.last_activities
         for b, label in enumerate(("async_op=False", "async_op=True ")):
             mine = acts.block == b
@@ -168,12 +169,12 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
         # In-place all_reduce on one rank enqueues nothing: must be an error, not a zero.
         buf = torch.ones(1024, device="cuda")
         dist.all_reduce(buf)
-        prof.begin_window(5)
+        prof.begin_window(5, 1, 1)
         prof.push(0, 0)
         dist.all_reduce(buf)
         prof.pop()
         try:
-            prof.attribute_window(1, 1)
+            prof.attribute_window()
             check(False, "1-rank in-place all_reduce reported as an error")
         except AttributionError as exc:
             print(f"  1-rank in-place all_reduce -> AttributionError: {exc}")
@@ -185,14 +186,14 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
 
 def host_costs(prof: CuptiProfiler, torch) -> None:
     """Host cost of a push+pop pair (the callback's cost per record: "record parsing costs")."""
-    prof.begin_window(6)
     n = 20_000
+    prof.begin_window(6, 1, n)
     t0 = time.perf_counter_ns()
     for it in range(n):
         prof.push(0, it)
         prof.pop()
     print(f"  push+pop pair: {us((time.perf_counter_ns() - t0) / n)}")
-    prof.begin_window(7)
+    prof.begin_window(7, 1, 1)
 
 
 def counted_callbacks(prof: CuptiProfiler) -> list[tuple[int, int]]:
@@ -211,14 +212,20 @@ def counted_callbacks(prof: CuptiProfiler) -> list[tuple[int, int]]:
 
 def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
     """A window spanning many small buffers: all attributed; where were they parsed?"""
+    from userbenchmark.maestro.core.profilers import cupti as backend
+
     prof_unused.close()
-    prof = CuptiProfiler(buffer_size_bytes=256 << 10)
+    prof = CuptiProfiler()
     calls = counted_callbacks(prof)
     prof.start()
     try:
         a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
-        prof.begin_window(10)
         iters = 2000
+        largest, backend.MAX_BUFFER_SIZE_BYTES = backend.MAX_BUFFER_SIZE_BYTES, 256 << 10
+        try:
+            prof.begin_window(10, 1, iters)  # buffers capped at 256 KiB: it spans many
+        finally:
+            backend.MAX_BUFFER_SIZE_BYTES = largest
         t0 = time.perf_counter_ns()
         for it in range(iters):
             prof.push(0, it)
@@ -226,7 +233,7 @@ def small_buffers(prof_unused: CuptiProfiler, torch) -> None:
             prof.pop()
         enqueue = time.perf_counter_ns() - t0
         cb_before = sum(ns for _, ns in calls)
-        att = prof.attribute_window(1, iters)
+        att = prof.attribute_window()
         other = sum(thread != threading.get_ident() for thread, _ in calls)
         print(
             f"  {iters} matmuls enqueued in {enqueue / 1e6:.1f} ms; {len(calls)} buffers, "
@@ -255,13 +262,13 @@ def parse_costs(torch) -> None:
     try:
         a = torch.randn(1024, 1024, device="cuda")
         b = torch.empty_like(a)
-        prof.begin_window(8)
+        prof.begin_window(8, 1, 300)
         for it in range(300):
             prof.push(0, it)
             torch.mm(a, a)
             b.copy_(a)
             prof.pop()
-        prof.attribute_window(1, 300)
+        prof.attribute_window()
         records = [r for batch in kept for r in batch]
         n = len(records)
         print(
@@ -307,12 +314,16 @@ def join_rate() -> None:
         corr = np.arange(n, dtype=np.uint64) * 2 + 2
         perm = np.argsort(np.arange(n) + rng.integers(0, 64, n), kind="stable")
         start = 1_700_000_000_000_000_000 + rng.integers(0, 10**9, n)
+        zeros = np.zeros(n, np.int32)
         records = ActivityRecords(
             correlation_id=corr[perm],
             start_ns=start[perm],
             end_ns=start[perm] + 1000,
             kind=np.ones(n, np.uint8),
             stream_id=np.full(n, 7),
+            device_id=zeros,
+            size_bytes=np.zeros(n, np.int64),
+            **dict.fromkeys(KERNEL_DIMS, zeros),
         )
         ext = ExternalCorrelation(
             correlation_id=np.stack([corr, corr + 1], 1).ravel(),

@@ -13,6 +13,7 @@ import pytest
 from userbenchmark.maestro.core.profilers.attribution import (
     GATE_BLOCK,
     HARNESS_BLOCK,
+    KERNEL_DIMS,
     KIND_KERNEL,
     KIND_MEMCPY,
     KIND_MEMSET,
@@ -26,6 +27,13 @@ from userbenchmark.maestro.core.profilers.attribution import (
 )
 
 WINDOW = 7
+
+
+def _records(**columns) -> ActivityRecords:
+    """ActivityRecords with the columns a test leaves out as zeros (CUPTI's fills them all)."""
+    n = len(columns["kind"])
+    dtypes = {"device_id": np.int32, "size_bytes": np.int64} | dict.fromkeys(KERNEL_DIMS, np.int32)
+    return ActivityRecords(**{name: np.zeros(n, dtype) for name, dtype in dtypes.items()} | columns)
 
 
 def _synthetic(
@@ -76,7 +84,7 @@ def _synthetic(
         perm = np.argsort(np.arange(n) + rng.integers(0, 64, n), kind="stable")
     else:
         perm = rng.permutation(n)
-    records = ActivityRecords(
+    records = _records(
         correlation_id=corr[perm],
         start_ns=start[perm],
         end_ns=end[perm],
@@ -164,7 +172,7 @@ def _with_activity(
     start: int = 10**18,
     end: int = 10**18 + 5,
 ) -> ActivityRecords:
-    return ActivityRecords(
+    return _records(
         correlation_id=np.append(records.correlation_id, np.uint64(corr)),
         start_ns=np.append(records.start_ns, start),
         end_ns=np.append(records.end_ns, end),
@@ -231,7 +239,7 @@ def test_ambiguous_and_incomplete_records_are_errors():
 def _no_records() -> tuple[ActivityRecords, ExternalCorrelation]:
     ids = np.zeros(0, np.uint64)
     none = np.zeros(0, np.int64)
-    records = ActivityRecords(
+    records = _records(
         correlation_id=ids, start_ns=none, end_ns=none, kind=np.zeros(0, np.uint8), stream_id=none
     )
     return records, ExternalCorrelation(correlation_id=ids, external_id=ids)
@@ -271,7 +279,7 @@ def test_gate_end_per_iteration_and_absent_blocks():
 
 def test_large_grid_values_use_the_sorted_path():
     records, ext, block, iteration = _synthetic(2, 3)
-    big = ActivityRecords(
+    big = _records(
         correlation_id=records.correlation_id,
         start_ns=records.start_ns,
         end_ns=records.end_ns,
@@ -290,7 +298,7 @@ def test_invalid_arguments():
     with pytest.raises(ValueError):
         attribute(records, ext, window_id=WINDOW, num_blocks=0, num_iters=3)
     with pytest.raises(ValueError):
-        ActivityRecords(
+        _records(
             correlation_id=np.zeros(2, np.uint64),
             start_ns=np.zeros(1, np.int64),
             end_ns=np.zeros(2, np.int64),
@@ -525,7 +533,7 @@ def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, pars
     prof = backend.CuptiProfiler(parse=parse)
     prof.start()
     assert len(fake.enabled) == 6
-    prof.begin_window(0)
+    prof.begin_window(0, 1, 4)
     for it in range(4):  # warmup: never reaches the numbers
         prof.push(0, it)
         fake.launch("CONCURRENT_KERNEL")
@@ -564,15 +572,15 @@ def test_cupti_profiler_reports_unpushed_work_and_cleans_up_after_errors(fake_cu
     fake, backend = fake_cupti
     prof = backend.CuptiProfiler()
     prof.start()
-    prof.begin_window(3)
+    prof.begin_window(3, 1, 1)
     prof.push(0, 0)
     fake.launch("CONCURRENT_KERNEL")
     prof.pop()
     fake.launch("MEMCPY")  # enqueued outside every block
     with pytest.raises(AttributionError) as info:
-        prof.attribute_window(1, 1)
+        prof.attribute_window()
     assert info.value.counts == {"no_external_id": 1}
-    prof.begin_window(4)
+    prof.begin_window(4, 1, 1)
     prof.push(0, 0)  # an exception here would leave the id pushed: stop() pops it
     prof.close()
     assert fake.stack == [] and not fake.enabled
@@ -599,25 +607,24 @@ def test_cupti_profiler_surfaces_callback_errors(fake_cupti):
     fake, backend = fake_cupti
     prof = backend.CuptiProfiler()
     prof.start()
-    prof.begin_window(0)
+    prof.begin_window(0, 1, 1)
     fake.pending.append(SimpleNamespace(kind=fake.ActivityKind.CONCURRENT_KERNEL))  # no fields
     with pytest.raises(RuntimeError, match="parsing CUPTI records failed"):
-        prof.attribute_window(1, 1)
+        prof.attribute_window()
     prof.close()
 
 
 def test_window_buffer_holds_the_whole_window(fake_cupti):
     # Records are delivered once, after the window: its buffer is sized for every launch.
     fake, backend = fake_cupti
-    assert backend.window_buffer_bytes(10) == backend.BUFFER_SIZE_BYTES
-    assert backend.window_buffer_bytes(20_000) == 20_000 * backend.BYTES_PER_LAUNCH
-    assert backend.window_buffer_bytes(10**7) == backend.MAX_BUFFER_SIZE_BYTES
     prof = backend.CuptiProfiler()
     prof.start()
     prof.begin_window(1, num_blocks=8, num_iters=2_500)
     assert prof._buffer_requested()[0] == 20_000 * backend.BYTES_PER_LAUNCH
     prof.begin_window(2, num_blocks=1, num_iters=5)  # the next window: sized again
-    assert prof._buffer_requested()[0] == backend.BUFFER_SIZE_BYTES
+    assert prof._buffer_requested()[0] == backend.BUFFER_SIZE_BYTES  # at least the smallest
+    prof.begin_window(3, num_blocks=1_000, num_iters=10_000)
+    assert prof._buffer_requested()[0] == backend.MAX_BUFFER_SIZE_BYTES  # at most the largest
     prof.close()
 
 
@@ -626,7 +633,7 @@ class _NameNotRead(SimpleNamespace):
 
     @property
     def name(self):
-        raise AssertionError("kernel name read without keep_activities")
+        raise AssertionError("kernel name read without --trace")
 
 
 @pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])

@@ -1,6 +1,6 @@
 """Figures that cannot be are flagged in the table with their reason: a makespan below the
-ideal (an overlap efficiency above 1, noise or not), a ``sleep`` or ``busy`` block far over
-the duration it asks for. A replay read efficiency 2.046 [0.972, 576] and a 19.5 µs ``busy``
+ideal (an overlap efficiency above 1 beyond noise, and measurable), a ``sleep`` or ``busy``
+block far over the duration it asks for. A replay read efficiency 2.046 [0.972, 576] and a 19.5 µs ``busy``
 240 µs, with no note."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 
 from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
-from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
+from userbenchmark.maestro.core.analysis.outcome import Isolated, below_ideal, build_outcome
 from userbenchmark.maestro.core.analysis.stats import measurable, unmeasurable_note
 from userbenchmark.maestro.core.config.spec import SuiteSpec
 from userbenchmark.maestro.core.output.table import format_pattern
@@ -51,18 +52,44 @@ def _outcome(blocks, together_us, alone_us, *, profiler="host"):
     )
 
 
-def test_a_makespan_below_its_ideal_is_flagged_even_within_noise():
+def _two_gemms(together_us, alone_us, sigma_us):
+    """Two GEMMs of normal latencies (30 iterations) around the means given, in µs."""
     rng = np.random.default_rng(4)
-    together = [rng.normal(930, 150, 30), rng.normal(700, 150, 30)]
-    alone = [rng.normal(1000, 150, 30), rng.normal(800, 150, 30)]
-    out = _outcome([GEMM, GEMM], together, alone)
+    together = [rng.normal(mean, sigma_us, 30) for mean in together_us]
+    alone = [rng.normal(mean, sigma_us, 30) for mean in alone_us]
+    return _outcome([GEMM, GEMM], together, alone)
+
+
+def test_a_makespan_below_its_ideal_within_noise_is_not_flagged():
+    out = _two_gemms((930, 700), (1000, 800), 150)
     p = out.pattern
     assert p.makespan_avg_us < p.ideal_us and p.overlap_efficiency > 1
     assert p.intervals["overlap_efficiency"][0] <= 1  # 1 is inside the interval: noise
-    assert "below the ideal" in p.notes and "within noise of 1" in p.notes
+    assert "below the ideal" not in p.notes and not below_ideal(p)
+    assert "(!" not in format_pattern(out)
+
+
+def test_a_makespan_below_its_ideal_beyond_noise_is_flagged():
+    out = _two_gemms((700, 600), (1000, 800), 10)
+    p = out.pattern
+    assert p.intervals["overlap_efficiency"][0] > 1 and below_ideal(p)
+    assert "below the ideal" in p.notes and "above 1 beyond noise: cannot be" in p.notes
     text = format_pattern(out)
-    assert "(!: makespan below ideal, see note)" in text
-    assert "note: makespan" in text
+    assert "(!: makespan below ideal, see note)" in text and "note: makespan" in text
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "flagged"),
+    [(1.2, 2.1, True), (1.2, 2.5, False), (0.9, 1.5, False), (math.nan, math.nan, False)],
+)
+def test_below_the_ideal_needs_an_efficiency_above_1_beyond_noise_and_measurable(
+    low, high, flagged
+):
+    p = _outcome([GEMM, GEMM], [[700.0] * 8] * 2, [[1000.0] * 8, [800.0] * 8]).pattern
+    p = dataclasses.replace(
+        p, overlap_efficiency=1.7, intervals={"overlap_efficiency": (low, high, 9)}
+    )
+    assert below_ideal(p) is flagged
 
 
 def test_a_makespan_below_its_ideal_is_flagged_without_an_efficiency():
@@ -71,6 +98,25 @@ def test_a_makespan_below_its_ideal_is_flagged_without_an_efficiency():
     p = out.pattern
     assert math.isnan(p.overlap_efficiency) and p.makespan_avg_us < p.ideal_us
     assert "makespan 900.0 µs below the ideal 1000.0 µs: cannot be" in p.notes
+    overlapping = {"makespan_avg_us": (850.0, 950.0, 9), "ideal_us": (940.0, 1060.0, 9)}
+    assert not below_ideal(dataclasses.replace(p, intervals=overlapping))
+
+
+def _faster_overlapped(sigma: float, seed: int):
+    """b0 ran about 0.3x its time alone; b1 as fast either way."""
+    rng = np.random.default_rng(seed)
+    together = [rng.lognormal(np.log(300), sigma, 40), rng.lognormal(np.log(300), 0.01, 40)]
+    alone = [rng.lognormal(np.log(1000), sigma, 40), rng.lognormal(np.log(300), 0.01, 40)]
+    return _outcome([GEMM, GEMM], together, alone).blocks[0]
+
+
+def test_faster_overlapped_is_noted_only_where_the_slowdown_is_measurable():
+    steady = _faster_overlapped(0.6, 0)
+    assert steady.intervals["slowdown"][1] < 1 and "< 1 beyond noise: faster" in steady.notes
+    noisy = _faster_overlapped(0.8, 3)
+    low, high, _ = noisy.intervals["slowdown"]
+    assert high < 1 and not measurable("slowdown", noisy.slowdown, low, high)
+    assert "faster overlapped" not in noisy.notes and "not measurable here" in noisy.notes
 
 
 def test_figures_that_can_be_are_not_flagged():

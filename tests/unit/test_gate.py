@@ -10,7 +10,7 @@ import pytest
 from bench.aggregate_scale import simulate_ranks
 from userbenchmark.maestro.blocks.registry import registered_ops
 from userbenchmark.maestro.core.analysis.aggregate import local_summary
-from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings, host_late
+from userbenchmark.maestro.core.analysis.intervals import HostTimings, WindowTimings
 from userbenchmark.maestro.core.analysis.outcome import Isolated, build_outcome
 from userbenchmark.maestro.core.analysis.records import PatternResult
 from userbenchmark.maestro.core.config.spec import BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
@@ -59,8 +59,16 @@ def test_gate_bounds_and_single_sample():
 
 
 def test_host_late_compares_enqueue_with_the_spin():
-    late = host_late(np.array([99_000, 100_000, 100_001, 250_000]), 100.0)
-    assert late.tolist() == [False, False, True, True]
+    host = HostTimings(enqueue_ns=np.array([99_000, 100_000, 100_001, 250_000]), gate_us=100.0)
+    one = np.ones(1, dtype=bool)
+    timings = WindowTimings(
+        starts_ns=np.zeros((1, 4), np.int64),
+        ends_ns=np.ones((1, 4), np.int64),
+        present=one,
+        clock="t",
+    )
+    summary = local_summary(timings, lane_of_block=[0], is_comm=~one, is_compute=one, host=host)
+    assert summary.host_late.tolist() == [False, False, True, True]
 
 
 def _pattern(n_blocks: int, iters: int) -> tuple[SuiteSpec, PatternSpec]:

@@ -89,11 +89,14 @@ class _Window:
             end_ns=col(2, np.int64),
             kind=col(3, np.uint8),
             stream_id=col(4, np.int64),
+            device_id=np.zeros(len(a), np.int32),
             size_bytes=col(6, np.int64),
             grid_x=grid[:, 0],
             grid_y=grid[:, 1],
             grid_z=grid[:, 2],
             block_x=np.where(grid[:, 0] > 0, 256, 0).astype(np.int32),
+            block_y=np.zeros(len(a), np.int32),
+            block_z=np.zeros(len(a), np.int32),
         )
         api = ApiRecords(
             correlation_id=np.array([r[0] for r in self.api], np.int64),

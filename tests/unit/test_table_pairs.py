@@ -1,13 +1,17 @@
-"""The "ran together" line under a pattern's table: pairs of one lane are left out (they run in
-turn), and a pattern of many blocks (an imported training step) prints a bounded line."""
+"""Pairs of blocks: the "ran together" line under a pattern's table leaves out pairs of one lane
+(they run in turn) and prints a bounded line; a pattern past MAX_PAIR_BLOCKS (an imported step
+of thousands of blocks) records no pairs, says why, and builds nothing of blocks squared."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from userbenchmark.maestro.core.analysis import overlap
+from userbenchmark.maestro.core.analysis.aggregate import MAX_PAIR_BLOCKS, WindowAggregate
 from userbenchmark.maestro.core.analysis.records import PairResult
-from userbenchmark.maestro.core.output.table import MAX_PAIRS_SHOWN, _overlap_lines
+from userbenchmark.maestro.core.output.table import MAX_PAIRS_SHOWN, _overlap_lines, format_pattern
 
+from .test_flagged_figures import _outcome
 from .test_golden_outputs import _outcomes
 
 
@@ -46,3 +50,34 @@ def test_many_pairs_print_those_that_ran_together_most_and_a_count():
     assert line.count("∩") == MAX_PAIRS_SHOWN
     assert line.endswith("; 5 more pairs in pairs.json")
     assert f"{a}∩{b} {(MAX_PAIRS_SHOWN + 4) / 100:.2f}" in line  # the largest first
+
+
+def _sleeps(num_blocks: int):
+    """An outcome of ``num_blocks`` sleeps, each on its own lane."""
+    sleep = ("sleep", {"duration_us": 10.0})
+    return _outcome([sleep] * num_blocks, [[10.0] * 4] * num_blocks, [[10.0] * 4] * num_blocks)
+
+
+def test_pairs_are_recorded_up_to_the_bound_and_left_out_past_it_with_a_note():
+    n = MAX_PAIR_BLOCKS
+    at_the_bound = _sleeps(n)
+    assert len(at_the_bound.pairs) == n * (n - 1) // 2 and "pairs" not in at_the_bound.pattern.notes
+    past = _sleeps(n + 1)
+    assert past.pairs == () and _ran_together(past) == ""
+    note = f"no pairs of blocks recorded (pairs.*, ran together): {n + 1} blocks make 5,050 pairs"
+    assert note in past.pattern.notes and f"note: {note}" in format_pattern(past)
+
+
+def test_past_the_bound_no_rank_figures_the_pairs(monkeypatch):
+    figured = []
+    monkeypatch.setattr(overlap, "pairwise_overlap_mean", lambda *a: figured.append(a))
+    _sleeps(MAX_PAIR_BLOCKS + 1)
+    assert figured == []  # local_summary never made a (blocks, blocks) matrix
+
+
+def test_the_pair_matrix_is_read_once(monkeypatch):
+    reads = []
+    matrix = WindowAggregate.pairwise_overlap.fget
+    counted = property(lambda agg: reads.append(1) or matrix(agg))
+    monkeypatch.setattr(WindowAggregate, "pairwise_overlap", counted)
+    assert len(_sleeps(6).pairs) == 15 and len(reads) == 1

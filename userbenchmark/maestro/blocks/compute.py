@@ -51,7 +51,7 @@ DATA_STD = Param(
     maximum=1e3,
     doc="operand values normal with this standard deviation (0.02: initialised weights; 0: "
     "zeros); unset, gemm's are uniform in [-1, 1) and busy's zeros. Speed depends on the data "
-    "(an H200 GEMM ran 13 % faster on zeros: power)",
+    "(a GEMM runs faster on zeros: power)",
     described_at_default=False,
 )
 
@@ -67,14 +67,15 @@ def _transposed(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> bool:
 
 
 SPIN_NS = 80_000
-"""The end of a host wait spent spinning. On a 2-core VM ``time.sleep`` woke 72-90 µs late at
-the median with Linux's default 50 µs timer slack, 40-47 µs (p99 85-125 µs) with 1 ns."""
+"""The end of a host wait spent spinning: ``time.sleep`` wakes tens of µs late, later with
+Linux's default 50 µs timer slack than with 1 ns (fine_timer_slack)."""
 
 
 def sleep_until_ns(deadline_ns: int) -> None:
     """Return at ``deadline_ns`` of ``time.perf_counter_ns()``: sleep (no core taken, the GIL
-    released) until :data:`SPIN_NS` before it, spin the rest (a longer spin takes a core from a
-    lane on a host with fewer cores than threads)."""
+    released) until :data:`SPIN_NS` before it, spin the rest. A longer spin would take a core from
+    a lane on a host with fewer cores than threads, and hold the GIL long enough for another lane
+    to wait out Python's 5 ms switch interval past its own deadline."""
     if (coarse_ns := deadline_ns - time.perf_counter_ns() - SPIN_NS) > 0:
         time.sleep(coarse_ns / 1e9)
     while time.perf_counter_ns() < deadline_ns:
@@ -298,15 +299,12 @@ class Sleep(Block):
 
             torch.cuda._sleep(self.cycles)
             return
-        # CPU: sleep, then spin the last SPIN_NS. The spin holds the GIL, so another lane waits
-        # for it at most that long (a spin of the whole sleep could make it wait out Python's
-        # 5 ms switch interval past its own deadline).
         sleep_until_ns(time.perf_counter_ns() + self.duration_ns)
 
 
 BUSY_KERNEL_US = 50.0
 """Longest kernel of a ``busy`` block (a longer block is back-to-back kernels), so that its
-buffers hold at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes; 5 TB/s is above an H200's HBM."""
+buffers hold at most BUSY_KERNEL_US x BUSY_PEAK_GBPS bytes; 5 TB/s is above any GPU's HBM."""
 BUSY_PEAK_GBPS = 5000.0
 BUSY_CPU_ELEMS = 16384
 """Elements per operand on CPU: each add stays on one core (below torch's parallel grain)."""
@@ -385,7 +383,7 @@ class Busy(Block):
 
     def _event_span_us(self, enqueue: Callable[[], object], launches: int) -> float:
         """Median of three event spans around ``enqueue()``, each behind a spin holding the stream
-        while the host enqueues, as behind the gate (without it busy ran 10-20 % short)."""
+        while the host enqueues, as behind the gate (without it busy ran short)."""
         import torch
 
         spans_us = []
@@ -411,8 +409,8 @@ class Busy(Block):
 
     def _calibrate(self, duration_us: float) -> None:
         """Kernel count and elements per kernel whose span (as CUPTI times a block) takes
-        ``duration_us`` alone. Events add ~3 µs on an H200 (busy ran 2-8 % short of CUPTI's time
-        without removing it): a spin of known length, timed the same way, measures that."""
+        ``duration_us`` alone. Events add a few µs (busy ran short of CUPTI's time without
+        removing them): a spin of known length, timed the same way, measures that."""
         import torch
 
         spin_us = 20.0

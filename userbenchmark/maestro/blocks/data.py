@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def _generator(ctx: BlockContext, rank: int, device: Any) -> torch.Generator:
     """A generator on ``device`` (values are drawn where the buffer lives: a host draw and copy
-    of a GEMM's operands took seconds per pattern on an H200 host)."""
+    of a GEMM's operands takes seconds)."""
     import torch
 
     return torch.Generator(device=device).manual_seed(ctx.seed * 1_000_003 + rank)

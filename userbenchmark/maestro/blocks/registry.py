@@ -56,24 +56,15 @@ def resolve_op(op: str) -> type[Block]:
     if problem is not None:
         raise BlockImportError(problem)
     module_name, _, class_name = op.partition(":")
+    failed = f"cannot import module {module_name!r}"
     try:
         module = importlib.import_module(module_name)
+        failed = f"cannot get {class_name!r} from module {module_name!r}"
+        cls = getattr(module, class_name, None)  # a module-level __getattr__ is user code too
     except KeyboardInterrupt:
         raise
-    except Exception as exc:  # an import of user code can raise anything
-        raise BlockImportError(f"cannot import module {module_name!r}: {exc}") from exc
     except BaseException as exc:  # SystemExit, GeneratorExit: user code must not end maestro
-        raise BlockImportError(
-            f"cannot import module {module_name!r}: importing it raised {type(exc).__name__}({exc})"
-        ) from exc
-    try:
-        cls = getattr(module, class_name, None)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # a module-level __getattr__ is user code too
-        raise BlockImportError(
-            f"cannot get {class_name!r} from module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise BlockImportError(f"{failed}: {type(exc).__name__}: {exc}") from exc
     if cls is None:
         raise BlockImportError(f"module {module_name!r} has no attribute {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Block)):

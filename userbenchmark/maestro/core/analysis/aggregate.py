@@ -1,6 +1,5 @@
-"""The cross-rank summary of one window: each rank reduces its own intervals to fixed-size arrays
-whose fields name how the ranks combine them (a few element-wise all_reduces); no rank holds
-another's records, and instants of ranks are compared only on a shared clock, in exact int64."""
+"""The cross-rank summary of one window (docs/architecture.md's "Cross-rank figures"): no rank
+holds another's records, and instants of ranks are compared only on a shared clock, in int64."""
 
 from __future__ import annotations
 
@@ -12,13 +11,17 @@ from typing import Any
 import numpy as np
 
 from . import overlap
-from .intervals import HostTimings, WindowTimings, host_late
+from .intervals import HostTimings, WindowTimings
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
 """Element-wise reduction of an array over all ranks: op is ``max``, ``min`` or ``sum``; the
 dtype (float64 or int64) is kept."""
 
 _I64 = np.iinfo(np.int64)
+
+MAX_PAIR_BLOCKS = 100
+"""Pairs of blocks are figured and recorded for patterns of at most this many blocks (README.md's
+"ran together" says why)."""
 
 
 def reduced(op: str, *, exact: bool = False) -> Any:
@@ -43,7 +46,8 @@ class WindowAggregate:
     makespan_ns: np.ndarray = reduced("max")
     """(iters,): max over ranks of (last end - first start) on that rank."""
     pair_sum: np.ndarray = reduced("sum")
-    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over ``pair_count`` ranks."""
+    """(blocks, blocks): per-rank mean of |A∩B|/min(|A|,|B|), summed over ``pair_count`` ranks;
+    (0, 0) past MAX_PAIR_BLOCKS."""
     pair_count: np.ndarray = reduced("sum")
     comm_hidden_by_rank_ns: np.ndarray = reduced("sum")
     """(2, world): each rank's comm time hidden under compute, and its comm time, in the window."""
@@ -108,7 +112,8 @@ class WindowAggregate:
 
     @property
     def pairwise_overlap(self) -> np.ndarray:
-        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|) (NaN: never)."""
+        """(blocks, blocks): mean over ranks and iterations of |A∩B|/min(|A|,|B|) (NaN: never);
+        (0, 0) past MAX_PAIR_BLOCKS. Each read divides anew: read it once."""
         return overlap.divided(self.pair_sum, self.pair_count, self.pair_count > 0)
 
     @property
@@ -211,7 +216,9 @@ def _overlap_arrays(
     num_iters = starts.shape[1]
     cc_window = np.zeros(2)
     cc_iter = np.zeros((2, num_iters))
-    pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)  # NaN: absent blocks
+    pair_mean = np.zeros((0, 0))
+    if starts.shape[0] <= MAX_PAIR_BLOCKS:
+        pair_mean = overlap.pairwise_overlap_mean(starts, ends, present)  # NaN: absent blocks
     if compute.any() and comm.any():  # a rank without compute has no such overlap
         cc_window[:] = overlap.comm_hidden_under_compute_ns(starts, ends, comm, compute)
         cc_iter[0] = overlap.union_intersection_ns(
@@ -236,15 +243,15 @@ def _lane_arrays(
     gate_open: np.ndarray | None,
     origin: int,
 ) -> dict[str, np.ndarray]:
-    num_blocks, num_iters = starts.shape
-    lanes = sorted({lane_of_block[b] for b in range(num_blocks) if present[b]} - {-1})
-    first = np.full((len(lanes), num_iters), np.inf)
-    for row, lane in enumerate(lanes):
-        members = [b for b in range(num_blocks) if present[b] and lane_of_block[b] == lane]
-        first[row] = starts[members].min(axis=0)
+    num_iters = starts.shape[1]
+    lane = np.asarray(lane_of_block, dtype=np.int64)
+    counted = np.flatnonzero(present & (lane >= 0))
+    lanes = np.unique(lane[counted])
+    first = np.full((len(lanes), num_iters), np.inf)  # each lane's first start
+    np.minimum.at(first, np.searchsorted(lanes, lane[counted]), starts[counted])
     skew = first.max(axis=0) - first.min(axis=0) if len(lanes) >= 2 else np.full(num_iters, -np.inf)
     gate_delay = np.full(num_iters, -np.inf)
-    if gate_open is not None and lanes:
+    if gate_open is not None and lanes.size:
         gate = (np.asarray(gate_open, dtype=np.int64) - origin).astype(np.float64)
         gate_delay = (first - gate[None, :]).max(axis=0)
     return {"lane_skew_ns": skew, "gate_delay_ns": gate_delay}
@@ -262,7 +269,9 @@ def _host_arrays(
     }
     if host is not None and host.enqueue_ns.size == num_iters and num_iters:
         out["enqueue_ns"] = host.enqueue_ns.astype(np.float64)
-        out["late"] = host_late(host.enqueue_ns, host.gate_us).astype(np.float64)
+        # Still enqueueing when the gate (launched first) could open: lanes may have started
+        # before every block was issued.
+        out["late"] = (host.enqueue_ns > host.gate_us * 1e3).astype(np.float64)
         out["late_known"][0] = 1.0
         out["gate_spin"][0] = host.gate_us
         if host.launch_ns.shape == (num_blocks, num_iters):

@@ -1,6 +1,5 @@
 """What one rank measured in a window, on its own clock: intervals per (block, iteration), the
-host's enqueue times, and (CUPTI with ``--trace``) each device activity attributed to its (block,
-iteration) as numpy arrays, one entry per activity or launching API call."""
+host's enqueue times and (CUPTI with ``--trace``) the device activities of each."""
 
 from __future__ import annotations
 
@@ -135,12 +134,6 @@ class HostTimings:
     """(iters,) CPU lanes: host time the ranks took to agree on the iteration's start."""
     start_late: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     """(iters,) CPU lanes: the agreed start had passed when this rank learned it."""
-
-
-def host_late(enqueue_ns: np.ndarray, gate_us: float) -> np.ndarray:
-    """(iters,) bool: the host was still enqueueing when the gate (launched first) could have
-    opened, so lanes may have started before every block was issued."""
-    return np.asarray(enqueue_ns, dtype=np.float64) > gate_us * 1e3
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,13 +1,12 @@
 """Result records of one pattern from its aggregated window (pure: no ranks, no torch), each interval
-from one bootstrap per measured window (stats.py); an imported pattern's replay against its trace
-is core/replay/fidelity.py's."""
+from one bootstrap per measured window (stats.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from ...blocks.base import Block
 from ...blocks.compute import Busy, Sleep
 from ..config.spec import PatternSpec, SuiteSpec
 from . import overlap
-from .aggregate import WindowAggregate
+from .aggregate import MAX_PAIR_BLOCKS, WindowAggregate
 from .records import BlockResult, PairResult, PatternOutcome, PatternResult
 from .stats import (
     LatencyStats,
@@ -25,13 +24,13 @@ from .stats import (
     degrees_of_freedom,
     interval,
     latency_stats,
+    measurable,
     percentile_nearest_rank,
     unmeasurable_note,
 )
 
 MIN_ITERS_FOR_P99 = 100
-"""Below this many iterations the nearest-rank p99 (the ceil(0.99 N)-th value) is the max:
-it is left out rather than written as a second copy of the max."""
+"""Below this many iterations p99 is left out: the nearest-rank p99 would be the max again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,11 +42,6 @@ class Isolated:
     @classmethod
     def unmeasured(cls, num_blocks: int) -> Isolated:
         return cls(latency_ns=np.full((num_blocks, 0), np.nan))
-
-    def row(self, block: int) -> np.ndarray:
-        """The block's finite latencies (ns); empty when it was not measured alone."""
-        values = np.asarray(self.latency_ns[block], dtype=np.float64)
-        return values[np.isfinite(values)]
 
 
 _NAN_STATS = LatencyStats(count=0)
@@ -144,6 +138,17 @@ def _over_asked_notes(
     )
 
 
+def _slowdown_notes(slowdown: float, interval: tuple[float, ...], num_iters: int) -> list[str]:
+    """Faster overlapped than alone, beyond noise and measurable; or why it is not measurable."""
+    low, high, _ = interval
+    return _note_if(
+        high < 1.0 and measurable("slowdown", slowdown, low, high),
+        f"slowdown {slowdown:.3f} (95 % interval up to {high:.3f}) < 1 beyond noise: faster "
+        "overlapped than alone; the isolated run was slower (clocks, caches, a busier machine) "
+        "or the block gained from the overlap",
+    ) + [unmeasurable_note("slowdown", slowdown, interval, num_iters)]
+
+
 def _block_result(
     b: int,
     head: dict[str, Any],
@@ -155,9 +160,9 @@ def _block_result(
     team_size: int,
     given_notes: Sequence[str],
     wrong_elements: int | None,
-) -> tuple[BlockResult, tuple[np.ndarray, int], float]:
-    """One block's record, its isolated latency's replicates (µs; empty: not measured) with
-    their degrees of freedom, and its bus bytes per iteration (0: none)."""
+) -> tuple[BlockResult, np.ndarray, float]:
+    """One block's record, its isolated latency's replicates (µs; empty: not measured) and its
+    bus bytes per iteration (0: none)."""
     spec = pattern.blocks[b]
     lat = agg.latency_ns[b]
     stats = _stats(lat)
@@ -180,7 +185,7 @@ def _block_result(
     for name, value in values.items():
         if math.isfinite(value):
             noise.add(name, value, value * stats.avg_us / mean, df)
-    alone = isolated.row(b)
+    alone = isolated.latency_ns[b]  # every statistic of it reads its finite values only
     iso_avg = _us(alone, "mean")
     iso_df = degrees_of_freedom(alone)
     iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
@@ -190,15 +195,11 @@ def _block_result(
     start_skew = _us(agg.start_skew_ns[b], "mean")
     noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
     intervals = noise.take()
-    slow_interval = intervals.get("slowdown", (math.nan,) * 3)
     cpu = head["profiler"] == "host"
-    notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu) + _note_if(
-        slow_interval[1] < 1.0,
-        f"slowdown {slowdown:.3f} (95 % interval up to {slow_interval[1]:.3f}) < 1 beyond noise: "
-        "faster overlapped than alone; the isolated run was slower (clocks, caches, a busier "
-        "machine) or the block gained from the overlap",
+    notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu)
+    notes += _slowdown_notes(
+        slowdown, intervals.get("slowdown", (math.nan,) * 3), pattern.num_iters
     )
-    notes.append(unmeasurable_note("slowdown", slowdown, slow_interval, pattern.num_iters))
     last = int(agg.last_to_start_rank[b])
     ctas = agg.kernel_ctas_max[b]
     return (
@@ -228,7 +229,7 @@ def _block_result(
             notes="; ".join(n for n in (*given_notes, *notes) if n),
             intervals=intervals,
         ),
-        (iso_rep, iso_df),
+        iso_rep,
         size * factor if factor is not None and timed else 0.0,
     )
 
@@ -263,15 +264,15 @@ def build_outcome(
         iso_reps.append(iso_rep)
         bus_bytes += bus
     pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
-    names = [b.name for b in pattern.blocks]
+    fractions = agg.pairwise_overlap  # (0, 0) past MAX_PAIR_BLOCKS: no pairs
     pairs = tuple(
         PairResult(
             suite=suite.name,
             pattern=pattern.name,
-            blocks=(names[i], names[j]),
-            pairwise_overlap=float(agg.pairwise_overlap[i, j]),
+            blocks=(pattern.blocks[i].name, pattern.blocks[j].name),
+            pairwise_overlap=float(fractions[i, j]),
         )
-        for i, j in itertools.combinations(range(len(names)), 2)
+        for i, j in itertools.combinations(range(len(fractions)), 2)
     )
     return PatternOutcome(
         blocks=tuple(blocks),
@@ -283,9 +284,9 @@ def build_outcome(
 
 
 def _overlap_figures(
-    ideal_us: Callable[[np.ndarray], float],
+    predecessors: Sequence[Sequence[int]],
     blocks: Sequence[BlockResult],
-    iso_reps: Sequence[tuple[np.ndarray, int]],
+    iso_reps: Sequence[np.ndarray],
     makespan_us: float,
     makespan_rep: np.ndarray,
     noise: _Noise,
@@ -295,11 +296,12 @@ def _overlap_figures(
     iso = np.array([b.isolated_latency_avg_us for b in blocks])
     if len(blocks) < 2 or not np.isfinite(iso).all() or not makespan_rep.size:
         return {}
-    reps = np.stack([rep for rep, _ in iso_reps])  # (blocks, resamples)
-    df = min(df for _, df in iso_reps)
-    serial, ideal = float(iso.sum()), ideal_us(iso)
+    reps = np.stack(iso_reps)  # (blocks, resamples)
+    df = min(b.intervals["isolated_latency_avg_us"][2] for b in blocks)
+    ideals = [overlap.critical_path(col, predecessors) for col in (iso, *reps.T)]
+    serial, ideal = float(iso.sum()), ideals[0]  # then one per resample
     serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
-    ideal_rep = noise.add("ideal_us", ideal, np.array([ideal_us(col) for col in reps.T]), df)
+    ideal_rep = noise.add("ideal_us", ideal, np.array(ideals[1:]), df)
     efficiency = float(overlap.overlap_efficiency(serial, makespan_us, ideal))
     if math.isfinite(efficiency):
         noise.add(
@@ -316,24 +318,41 @@ def _overlap_figures(
     return {"serial_us": serial, "ideal_us": ideal, "overlap_efficiency": efficiency}
 
 
-def _efficiency_notes(
-    figures: dict[str, float], makespan_us: float, low: float, high: float
-) -> list[str]:
-    efficiency = figures.get("overlap_efficiency", math.nan)
+def below_ideal(p: PatternResult) -> bool:
+    """The makespan is below the ideal beyond noise, which cannot be (the pattern's note says
+    why): an overlap efficiency measurable and above 1 beyond noise or, without an efficiency,
+    the makespan's interval below the ideal's."""
+    if math.isfinite(p.overlap_efficiency):
+        low, high, _ = p.intervals.get("overlap_efficiency", (math.nan,) * 3)
+        return low > 1 and measurable("overlap_efficiency", p.overlap_efficiency, low, high)
+    makespan_high = p.intervals.get("makespan_avg_us", (math.nan,) * 3)[1]
+    return makespan_high < p.intervals.get("ideal_us", (math.nan,) * 3)[0]
+
+
+def _pattern_notes(p: PatternResult, num_iters: int) -> list[str]:
+    """Figures to read with care, each only beyond its noise; pairs left out of a large pattern."""
+    efficiency, n = p.overlap_efficiency, p.num_blocks
+    low, high, df = p.intervals.get("overlap_efficiency", (math.nan,) * 3)
     where = f"overlap efficiency {efficiency:.3f} (95 % interval {low:.3f} to {high:.3f})"
-    ideal = figures.get("ideal_us", math.nan)
-    beyond = "beyond noise" if low > 1 else "within noise of 1" if low <= 1 else "no interval"
-    return _note_if(
-        high < 0,
+    notes = _note_if(
+        high < 0 and measurable("overlap_efficiency", efficiency, low, high),
         f"{where} < 0 beyond noise: the blocks took longer together than one after another "
         "(they slow each other down more than overlap saves)",
-    ) + _note_if(
-        makespan_us < ideal,
-        f"makespan {makespan_us:.1f} µs below the ideal {ideal:.1f} µs"
-        + (f", {where} above 1 ({beyond})" if math.isfinite(efficiency) else "")
+    )
+    notes += _note_if(
+        below_ideal(p),
+        f"makespan {p.makespan_avg_us:.1f} µs below the ideal {p.ideal_us:.1f} µs"
+        + (f", {where} above 1 beyond noise" if math.isfinite(efficiency) else "")
         + ": cannot be, the ideal is the critical path of the blocks run alone; the blocks "
         "ran faster together than alone, so the isolated runs were slowed (a busier host, "
         "clocks, cold caches): read slowdown and efficiency with care",
+    )
+    notes.append(unmeasurable_note("overlap_efficiency", efficiency, (low, high, df), num_iters))
+    return notes + _note_if(
+        n > MAX_PAIR_BLOCKS,
+        f"no pairs of blocks recorded (pairs.*, ran together): {n} blocks make "
+        f"{n * (n - 1) // 2:,} pairs, and pairs are kept for patterns of at most "
+        f"{MAX_PAIR_BLOCKS} blocks (their cost grows with the square of the blocks)",
     )
 
 
@@ -342,7 +361,7 @@ def _pattern_result(
     pattern: PatternSpec,
     agg: WindowAggregate,
     blocks: Sequence[BlockResult],
-    iso_reps: Sequence[tuple[np.ndarray, int]],
+    iso_reps: Sequence[np.ndarray],
     bus_bytes: float,
     noise: _Noise,
 ) -> PatternResult:
@@ -351,11 +370,9 @@ def _pattern_result(
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
     makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
-
-    def ideal(isolated_us: np.ndarray) -> float:  # for the figure and each resample
-        return overlap.critical_path(isolated_us, pattern.predecessors)[0]
-
-    figures = _overlap_figures(ideal, blocks, iso_reps, makespan.avg_us, makespan_rep, noise)
+    figures = _overlap_figures(
+        pattern.predecessors, blocks, iso_reps, makespan.avg_us, makespan_rep, noise
+    )
     shared = math.nan
     if bus_bytes and several:
         shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
@@ -366,14 +383,7 @@ def _pattern_result(
         hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
         df = degrees_of_freedom(agg.comm_compute_by_iter[1])
         noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
-    intervals = noise.take()
-    eff_interval = intervals.get("overlap_efficiency", (math.nan,) * 3)
-    notes = _efficiency_notes(figures, makespan.avg_us, *eff_interval[:2])
-    efficiency = figures.get("overlap_efficiency", math.nan)
-    notes.append(
-        unmeasurable_note("overlap_efficiency", efficiency, eff_interval, pattern.num_iters)
-    )
-    return PatternResult(
+    result = PatternResult(
         **head,
         iters=agg.latency_ns.shape[1],
         num_blocks=len(blocks),
@@ -394,9 +404,10 @@ def _pattern_result(
         gate_spin_us=agg.gate_spin_us,
         enqueue_max_us=_us(agg.enqueue_ns, "max"),
         host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
-        notes="; ".join(filter(None, notes)),
-        intervals=intervals,
+        intervals=noise.take(),
     )
+    notes = _pattern_notes(result, pattern.num_iters)
+    return dataclasses.replace(result, notes="; ".join(filter(None, notes)))
 
 
 def _warnings(

@@ -41,15 +41,6 @@ def _block_mask(mask: ArrayLike | None, num_blocks: int, what: str) -> np.ndarra
     return m
 
 
-def intersection_ns(
-    a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike
-) -> np.ndarray:
-    """Elementwise (broadcast) length of [a_start, a_end] ∩ [b_start, b_end], at least 0."""
-    lo = np.maximum(np.asarray(a_start), np.asarray(b_start))
-    hi = np.minimum(np.asarray(a_end), np.asarray(b_end))
-    return np.maximum(hi - lo, 0)
-
-
 def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     # Sort-and-sweep in every column at once: with intervals ordered by start, interval i adds
     # the part of it that lies beyond the furthest end seen so far.
@@ -61,12 +52,10 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return np.maximum(e_sorted - np.maximum(s_sorted, covered_to), 0).sum(axis=0)
 
 
-def union_length_ns(
-    starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = None
-) -> np.ndarray:
-    """(num_iters,): length of the union of the (present) blocks' intervals (0: no blocks)."""
-    s, e, mask = _intervals(starts, ends, present)
-    return _union_length(s[mask], e[mask])
+def union_length_ns(starts: ArrayLike, ends: ArrayLike) -> np.ndarray:
+    """(num_iters,): length of the union of the blocks' intervals (0: no blocks)."""
+    s, e, _ = _intervals(starts, ends)
+    return _union_length(s, e)
 
 
 def union_intersection_ns(
@@ -95,7 +84,7 @@ def pairwise_overlap_mean(
     if not s.shape[1]:
         return out
     for i in np.flatnonzero(mask):
-        inter = intersection_ns(s[i], e[i], s, e)
+        inter = np.maximum(np.minimum(e[i], e) - np.maximum(s[i], s), 0)  # |A∩B|, at least 0
         shorter = np.minimum(e[i] - s[i], e - s)
         frac = np.zeros(shorter.shape, dtype=np.float64)
         np.divide(inter, shorter, out=frac, where=shorter > 0)
@@ -113,21 +102,16 @@ def makespan_ns(starts: ArrayLike, ends: ArrayLike, present: ArrayLike | None = 
 
 
 def comm_hidden_under_compute_ns(
-    starts: ArrayLike,
-    ends: ArrayLike,
-    is_comm: ArrayLike,
-    is_compute: ArrayLike,
-    present: ArrayLike | None = None,
+    starts: ArrayLike, ends: ArrayLike, is_comm: ArrayLike, is_compute: ArrayLike
 ) -> tuple[float, float]:
     """(hidden, comm): |union(comm) ∩ union(compute)| and |union(comm)| over the whole window,
     across iterations as HolisticTraceAnalysis counts a trace: hidden / comm is its time-weighted
-    comm/compute overlap. Both 0 without a present comm block; hidden 0 without compute."""
-    s, e, mask = _intervals(starts, ends, present)
+    comm/compute overlap. Both 0 without a comm block; hidden 0 without compute."""
+    s, e, _ = _intervals(starts, ends)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
     compute = _block_mask(is_compute, s.shape[0], "is_compute")
     if np.any(comm & compute):
         raise ValueError("a block cannot be both comm and compute")
-    comm, compute = comm & mask, compute & mask
     if not comm.any():
         return 0.0, 0.0
     cs, ce = s[comm].reshape(-1, 1), e[comm].reshape(-1, 1)
@@ -155,9 +139,8 @@ def overlap_efficiency(
     *,
     min_headroom_fraction: float = MIN_HEADROOM_FRACTION,
 ) -> float | np.ndarray:
-    """(serial - makespan) / (serial - ideal) (serial = Σ isolated, ideal = their critical path): 1
-    perfect overlap, 0 serialized, outside [0, 1] real results. NaN for a NaN input, or a headroom
-    serial - ideal below ``min_headroom_fraction`` of serial (the ratio would divide noise)."""
+    """(serial - makespan) / (serial - ideal), README.md's overlap efficiency; NaN for a NaN input,
+    or a headroom serial - ideal below ``min_headroom_fraction`` of serial (it would divide noise)."""
     serial = np.asarray(serial_us, dtype=np.float64)
     headroom = serial - np.asarray(ideal_us, dtype=np.float64)
     gained = serial - np.asarray(makespan_us, dtype=np.float64)
@@ -179,28 +162,20 @@ def shared_busbw_gbps(bus_bytes_total: ArrayLike, makespan_s: ArrayLike) -> floa
     return divided(np.asarray(bus_bytes_total, dtype=np.float64), span, span > 0) / 1e9
 
 
-def critical_path(
-    durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]
-) -> tuple[float, tuple[int, ...]]:
+def critical_path(durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]) -> float:
     """A pattern's ideal once blocks wait for each other (``predecessors[i]``: the blocks block
-    ``i`` waits for): the length (µs) of the longest chain at isolated durations and its blocks,
-    first to last; NaN and () when a duration is not finite; ValueError on a cycle."""
+    ``i`` waits for): the length (µs) of the longest chain at isolated durations; NaN when a
+    duration is not finite; ValueError on a cycle."""
     durations = np.asarray(durations_us, dtype=np.float64)
     num = durations.size
     if len(predecessors) != num:
         raise ValueError(f"{len(predecessors)} predecessor lists for {num} durations")
     if not num or not np.isfinite(durations).all():
-        return math.nan, ()
+        return math.nan
     finish = np.zeros(num)
-    via = [-1] * num  # the predecessor that finishes last
     try:
         for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
-            if predecessors[i]:
-                via[i] = max(predecessors[i], key=lambda j: finish[j])
-            finish[i] = durations[i] + (finish[via[i]] if via[i] >= 0 else 0.0)
+            finish[i] = durations[i] + max((finish[j] for j in predecessors[i]), default=0.0)
     except CycleError:
         raise ValueError("the blocks wait for each other in a cycle") from None
-    path = [int(np.argmax(finish))]
-    while via[path[-1]] >= 0:
-        path.append(via[path[-1]])
-    return float(finish[path[0]]), tuple(reversed(path))
+    return float(finish.max())

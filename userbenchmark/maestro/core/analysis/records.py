@@ -1,6 +1,5 @@
 """Result records per (pattern, block), pattern and pair of blocks: the one schema the files'
-columns and dtypes (core/output/results.py) and the metrics with their direction, domain, meaning
-and threshold (core/output/metric_keys.py) are read from, never written out a second time."""
+columns and the metrics (core/output/) are read from, never written out a second time."""
 
 from __future__ import annotations
 
@@ -80,12 +79,19 @@ def _fraction(meaning: str, domain: Domain = "fraction") -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockResult:
-    """Everything measured for one block of one pattern (aggregated over ranks, iterations)."""
+class _Record:
+    """The keys every record starts with."""
 
     suite: str
     pattern: str
     variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockResult(_Record):
+    """Everything measured for one block of one pattern (aggregated over ranks, iterations); the
+    columns are README.md's "What the numbers mean" (replay columns: docs/replay.md)."""
+
     block: str
     op: str
     axis: str
@@ -122,51 +128,34 @@ class BlockResult:
         default=None,
     )
     start_skew_us: float = _skew("spread of the block's start across ranks", 5.0)
-    """Mean over iterations of its latest minus earliest start over the ranks (NaN unless
-    they share a clock: one host)."""
     last_to_start_rank: int | None = None
-    """The rank that started it last in the most iterations: for a collective, the one the
-    others waited for (None where start skew is unknown)."""
     duration_spread_us: float = _skew("spread of per-rank mean durations", harness=False)
     activities_per_iter: float = math.nan
     kernel_ctas_max: int | None = None
-    """Largest grid (CTAs) of its kernels over ranks (CUPTI): an axis's ``nccl: {max_ctas: N}``
-    shows here as at most N."""
     enqueue_avg_us: float = _skew("host time in the block's launch per iteration")
-    """CUDA; max over ranks."""
     traced_us: float = math.nan
-    """Its duration in the trace it was imported from (NaN: none)."""
     kernel: str = ""
     """An imported block's kernel that took most of its time on rank 0 (CUPTI; '' unknown)."""
     traced_kernel: str = ""
     traced_overlap: float = math.nan
-    """Share of its traced time a collective ran beside it (NaN: none)."""
     replay_ratio: float = math.nan
     """latency_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
     replay_ratio_ci_high: float = math.nan
-    """95 % interval of the replayed mean / traced_us (the trace is one sample, without an
-    interval of its own)."""
     profiler: str = ""
     ranks_per_gpu: int | None = None
-    """1 normally; more only in NCCL's multi-rank test mode (timings describe nothing real);
-    None on CPU."""
     notes: str = ""
     """Settings behind the numbers, or why a block was not timed (``; ``-separated)."""
     intervals: dict[str, tuple[float, float, int]] = field(
         default_factory=dict, metadata=_INTERVALS
     )
-    """(low, high, degrees of freedom) of each metric's 95 % interval: the files'
-    ``<name>_ci_low``, ``_ci_high`` and ``_ci_df`` columns."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatternResult:
-    """Pattern-level figures: makespan, overlap efficiency, shared bandwidth, skews."""
+class PatternResult(_Record):
+    """Pattern-level figures: makespan, overlap efficiency, shared bandwidth, skews (documented
+    as :class:`BlockResult`'s)."""
 
-    suite: str
-    pattern: str
-    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     iters: int
     num_blocks: int
     warmup_iters: int = 0
@@ -184,27 +173,19 @@ class PatternResult:
     lane_skew_p99_us: float = _skew("p99 gap between the lanes' first kernels")
     lane_skew_max_us: float = _skew("largest gap between the lanes' first kernels")
     gate_skew_p50_us: float = _skew("median spread of the ranks' gate openings")
-    """NaN unless the ranks share a host and the profiler uses the host clock."""
     gate_skew_max_us: float = _skew("largest spread of the ranks' gate openings")
     gate_delay_max_us: float = _skew(
         "largest wait from the gate to a lane's first start", domain="finite"
     )
-    """GPU-side: a lane waiting for SMs or copy engines held by another lane shows here."""
     gate_spin_us: float = math.nan
-    """Calibrated from the warmup (CUDA)."""
     enqueue_max_us: float = _skew("longest host enqueue of one iteration")
-    """Gate included (CUDA; max over ranks)."""
     host_late_iters: int | None = _skew("iterations launch-bound on some rank", default=None)
-    """Iterations whose enqueue outlasted the gate spin on some rank."""
     traced_us: float = math.nan
-    """The traced step (the longest rank's; NaN: none)."""
     replay_ratio: float = math.nan
     """makespan_avg_us / traced_us."""
     replay_ratio_ci_low: float = math.nan
     replay_ratio_ci_high: float = math.nan
     replay_by_rank: str = ""
-    """Each rank's step as JSON (``rank``, ``traced_us``, ``replayed_us``, ``ratio``, ``ci_low``,
-    ``ci_high``; null: unknown); empty for a pattern without traced durations."""
     peak_memory_bytes: int | None = None
     profiler: str = ""
     ranks_per_gpu: int | None = None
@@ -216,12 +197,9 @@ class PatternResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PairResult:
+class PairResult(_Record):
     """Two blocks of one pattern: how much they ran at the same time."""
 
-    suite: str
-    pattern: str
-    variant: str = ""  # a what-if variant's name, its pattern step[whatif=NAME]; "" for the pattern
     blocks: tuple[str, str] = field(metadata={"columns": ("block_a", "block_b")})
     """(a, b): a comes before b in the pattern."""
     # Descriptive, not judged: two blocks on one lane are meant not to overlap, and running at

@@ -113,9 +113,8 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def block_length(values: np.ndarray) -> int:
-    """Iterations resampled together: n^(1/3), or twice the correlation time (1 + r) / (1 - r)
-    of the lag-1 autocorrelation r when longer (once was not enough for r = 0.7 in seeded
-    simulations), so a slow host or a clock ramp stays inside the resamples; at most n / 2."""
+    """Iterations resampled together (README.md's "intervals"): n^(1/3), or twice the correlation
+    time (1 + r) / (1 - r) of the lag-1 autocorrelation r when longer; at most n / 2."""
     n = values.size
     length = max(1, round(n ** (1 / 3)))
     centred = values - values.mean()
@@ -128,9 +127,8 @@ def block_length(values: np.ndarray) -> int:
 
 
 class Phase:
-    """The bootstrap of one measured window: every series resampled with the same moving blocks
-    of iterations (figures of one window keep their correlation), each resample's level moved by
-    a drift drawn from the series' own (a slow wander the blocks miss)."""
+    """The bootstrap of one measured window (README.md's "intervals"): every series resampled with
+    the same moving blocks of iterations, so figures of one window keep their correlation."""
 
     def __init__(self, seed: int = 0) -> None:
         self._seed = seed
@@ -168,9 +166,8 @@ class Phase:
 
 
 def relative_drift(values: np.ndarray) -> float:
-    """How far a series' level moves between windows, relative to its mean: twice (a trend moves
-    twice as far between two windows' centres) its halves' mean difference beyond noise. Without
-    it 13-25 % of identical pairs of correlated series false-alarmed in simulations, with it 2-8."""
+    """How far a series' level moves between windows, relative to its mean (README.md's
+    "intervals"): twice its halves' mean difference beyond noise."""
     n = values.size
     if n < 4:
         return 0.0
@@ -217,9 +214,8 @@ _RANGES = {"overlap_efficiency": "its range, 0 to 1", "slowdown": "the slowdown 
 
 
 def measurable(name: str, value: float, low: float, high: float) -> bool:
-    """False when the 95 % interval [low, high] of the figure ``name`` is wider than the range
-    it is read in: overlap efficiency's 0 to 1, a slowdown's own value (a ratio known to no
-    better than ±50 %); True for other figures and where there is no interval."""
+    """False when the 95 % interval [low, high] of ``name`` is wider than the range it is read in
+    (README.md's "not measurable here"); True for other figures and where there is no interval."""
     span = 1.0 if name == "overlap_efficiency" else abs(value) if name == "slowdown" else math.inf
     return not high - low > span
 

@@ -1,8 +1,5 @@
 """The one verdict rule of every A/B judgement (``compare``, the TorchBench detector, ``abtest``,
-the what-if report): a change on one scale, the log of the ratio for a relative figure (so a
-rise by r and a fall by 1/r are the same size) or the difference for an absolute one, with its
-Student t interval; beyond noise only when that interval excludes 0 and the change is past a
-floor on the same scale. Pure math on plain numbers."""
+the what-if report), docs/torchbench.md's: pure math on plain numbers."""
 
 from __future__ import annotations
 
@@ -73,9 +70,8 @@ def independent_change(
 
 
 def beyond_noise(change: Change, floor: float, *, absolute: bool = False) -> bool:
-    """True when the change is past its interval's margin (the interval excludes 0) AND past the
-    floor, all on the judged scale; `floor` given as a fraction (0.03 = 3 %) is compared as
-    log1p(floor) for a relative metric, so a rise by r and a fall by 1/r are judged alike."""
+    """True when the change's interval excludes 0 AND it is past ``floor`` (a fraction, compared as
+    log1p(floor) for a relative metric: a rise by r and a fall by 1/r are judged alike)."""
     excludes_zero = change.low > 0 or change.high < 0
     return excludes_zero and abs(change.value) > (floor if absolute else math.log1p(floor))
 

@@ -1,6 +1,5 @@
-"""A what-if variant against its pattern: both measured in the same rounds of one process, so the
-makespan's change is paired by round (the drift both share cancels), with its 95 % interval and
-the one verdict rule (verdict.py); and the block whose own latency changed most."""
+"""A what-if variant against its pattern (docs/whatif.md): measured in the same rounds of one
+process, so the makespan's change is paired by round (the drift both share cancels)."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from ..config.spec import PatternSpec
 from .verdict import beyond_noise, paired_change, percent
 
 WHATIF_FLOOR: Final = 0.01
-"""The smallest makespan change called slower or faster, past an interval that excludes 0:
-pairing cancels a process's drift (a GEMM moved about 3 % between processes on an H200, 0.5-1.5 %
-inside one), so the floor sits below the 2 % a cuBLAS or NCCL update often brings."""
+"""The smallest makespan change called slower or faster (docs/whatif.md says why so low)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +57,8 @@ def build_whatif(
     arrays = [base_makespan_ns, variant_makespan_ns, base_block_ns, variant_block_ns]
     a, b, base_ns, variant_ns = (np.asarray(x, dtype=np.float64) for x in arrays)
     shapes = [(a.size,), (a.size,), (len(base.blocks), a.size), (len(variant.blocks), a.size)]
-    if [a.shape, b.shape, base_ns.shape, variant_ns.shape] != shapes:
-        given = [a.shape, b.shape, base_ns.shape, variant_ns.shape]
+    given = [a.shape, b.shape, base_ns.shape, variant_ns.shape]
+    if given != shapes:
         raise ValueError(f"arrays of shapes {given}, expected {shapes} (rounds, blocks x rounds)")
     a, b = _pairs(a, b)
     if a.size < 2:

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from tabulate import tabulate
 
-from ..analysis.outcome import MIN_ITERS_FOR_P99
+from ..analysis.outcome import MIN_ITERS_FOR_P99, below_ideal
 from ..analysis.records import BlockResult, PatternOutcome, PatternResult
 from ..analysis.stats import measurable
 from ..analysis.whatif import WHATIF_FLOOR, WhatIfResult
@@ -131,7 +131,7 @@ def _overlap_lines(outcome: PatternOutcome, unit: str, precision: int) -> list[s
         lines.append(f"makespan avg {fmt(p.makespan_avg_us)} {u}{p99}")
     if not math.isnan(p.serial_us):
         # Below the ideal cannot be (outcome.py's note says why): marked where it is read.
-        flag = " (!: makespan below ideal, see note)" if p.makespan_avg_us < p.ideal_us else ""
+        flag = " (!: makespan below ideal, see note)" if below_ideal(p) else ""
         lines.append(
             f"serial {fmt(p.serial_us)}, ideal {fmt(p.ideal_us)} {u}, overlap efficiency "
             f"{_with_interval(p, 'overlap_efficiency', 3)}{flag} (1 = perfect, 0 = serialized)"

@@ -21,7 +21,6 @@ from ..analysis.intervals import (
     DeviceActivities,
     LaunchCalls,
     WindowTimings,
-    check_lengths,
 )
 
 # External id layout (63 bits, so every id is also a non-negative int64):
@@ -78,30 +77,21 @@ KERNEL_DIMS = tuple(f"{dims}_{axis}" for dims in ("grid", "block") for axis in "
 
 @dataclass(frozen=True, kw_only=True)
 class ActivityRecords(Columns):
-    """Device activities (kernels, memcpys, memsets) of one window; optional arrays left None
-    become zeros."""
+    """Device activities (kernels, memcpys, memsets) of one window."""
 
     correlation_id: np.ndarray  # uint64, CUPTI correlation id of the launching API call
     start_ns: np.ndarray  # int64, the rank's own clock (CUPTI: CLOCK_REALTIME)
     end_ns: np.ndarray  # int64
     kind: np.ndarray  # uint8, KIND_KERNEL / KIND_MEMCPY / KIND_MEMSET
     stream_id: np.ndarray  # int64
-    device_id: np.ndarray | None = None  # int32
-    size_bytes: np.ndarray | None = None  # int64, memcpy/memset bytes
-    grid_x: np.ndarray | None = None  # int32 kernel grid dims
-    grid_y: np.ndarray | None = None
-    grid_z: np.ndarray | None = None
-    block_x: np.ndarray | None = None  # int32 kernel block (thread) dims
-    block_y: np.ndarray | None = None
-    block_z: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = check_lengths(self, ("correlation_id", "start_ns", "end_ns", "kind", "stream_id"))
-        for name in ("device_id", "size_bytes", *KERNEL_DIMS):
-            if getattr(self, name) is None:
-                dtype = np.int64 if name == "size_bytes" else np.int32
-                object.__setattr__(self, name, np.zeros(n, dtype=dtype))
-        check_lengths(self)
+    device_id: np.ndarray  # int32
+    size_bytes: np.ndarray  # int64, memcpy/memset bytes (0 for kernels)
+    grid_x: np.ndarray  # int32 kernel grid dims (0 for memcpy/memset)
+    grid_y: np.ndarray
+    grid_z: np.ndarray
+    block_x: np.ndarray  # int32 kernel block (thread) dims
+    block_y: np.ndarray
+    block_z: np.ndarray
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +159,7 @@ def _lookup(act_corr: np.ndarray, ext: ExternalCorrelation) -> tuple[np.ndarray,
             order = np.argsort(ec, kind="stable")
             ec, ev = ec[order], ev[order]
             conflict[1:] = (ec[1:] == ec[:-1]) & (ev[1:] != ev[:-1])
-        # Sorted queries keep searchsorted cache-friendly (random queries are ~30x slower).
+        # Sorted queries keep searchsorted cache-friendly (random ones are far slower).
         qorder = np.argsort(ac)
         pos = np.empty(n, dtype=np.int64)
         pos[qorder] = np.searchsorted(ec, ac[qorder])
@@ -321,7 +311,6 @@ def attribute(
     cells = num_blocks * num_iters
     activity_count = np.bincount(flat, minlength=cells + 1)[:cells].reshape(num_blocks, num_iters)
     _raise_problems(records, d, window_id, (activity_count == 0) & present[:, None])
-    # Every record is good from here on (any problem raised above).
     first = np.full(cells + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, flat, _as_int64(records.start_ns))
     last = np.zeros(cells + 1, dtype=np.int64)
@@ -376,9 +365,7 @@ def window_activities(
     api_corr = _as_int64(api.correlation_id)
     chosen = np.flatnonzero(np.isin(api_corr, corr))
     chosen = chosen[np.lexsort((api.api[chosen], api.start_ns[chosen], api_corr[chosen]))]
-    first = np.ones(chosen.size, dtype=bool)
-    first[1:] = api_corr[chosen][1:] != api_corr[chosen][:-1]
-    chosen = chosen[first]
+    chosen = chosen[np.unique(api_corr[chosen], return_index=True)[1]]  # each id's first
     # Names: the activities' own, then the calls' (one per API, callback and kind launched);
     # compacted to those used.
     corr_order = np.argsort(corr, kind="stable")

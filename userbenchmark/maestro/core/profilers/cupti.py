@@ -34,21 +34,15 @@ from .cupti_records import (
 )
 from .profiler import Profiler
 
-# On an H200 a buffer is delivered on CUPTI's own thread, ~15 µs of Python per record (20-35 per
-# torch.mm), competing with the host's enqueue for the GIL: a window's records go to buffers
-# sized to hold them all, delivered once it ends (flushing every iteration made each GEMM
-# launch ~7x slower on the host, 224 vs 34 µs, and the host outlasted the gate every time).
+# A buffer is delivered on CUPTI's own thread, whose Python work per record competes with the
+# host's enqueue for the GIL: a window's records go to buffers sized to hold them all, delivered
+# once it ends (flushing every iteration made the host outlast the gate, BENCHMARKS.md).
 BUFFER_SIZE_BYTES = 32 << 20
 """Smallest buffer handed to CUPTI (it asks for more as they fill)."""
 BYTES_PER_LAUNCH = 4096
 """Room per block launch in a window's buffer: ~35 records of 40-200 bytes, with margin."""
 MAX_BUFFER_SIZE_BYTES = 256 << 20
 """Largest buffer; a longer window's records spill into more buffers (delivered mid-window)."""
-
-
-def window_buffer_bytes(num_launches: int, minimum: int = BUFFER_SIZE_BYTES) -> int:
-    """Buffer size that holds a window of ``num_launches`` block launches (clamped)."""
-    return int(min(max(num_launches * BYTES_PER_LAUNCH, minimum), MAX_BUFFER_SIZE_BYTES))
 
 
 def cupti_available() -> tuple[bool, str]:
@@ -74,8 +68,8 @@ def cupti_available() -> tuple[bool, str]:
 
 
 _DEVICE_WORK_API = re.compile(r"Launch|Memcpy|Memset")
-"""API records kept: the calls that enqueue device work. Others cost: on an H200 the host's
-``Event.query`` polls alone made ~360 records per wait, 2 million in one run."""
+"""API records kept: the calls that enqueue device work. Others cost: the host's ``Event.query``
+polls alone made millions of records in one run."""
 
 
 def api_record_filter(cupti: Any) -> str:
@@ -106,13 +100,7 @@ class CuptiProfiler(Profiler):
     times = "cuda"
     described = "CUPTI's device timestamps"
 
-    def __init__(
-        self,
-        *,
-        trace: bool = False,
-        buffer_size_bytes: int = BUFFER_SIZE_BYTES,
-        parse: str = "auto",
-    ) -> None:
+    def __init__(self, *, trace: bool = False, parse: str = "auto") -> None:
         if why := self.unusable():
             raise RuntimeError(why)
         from cupti import cupti
@@ -127,11 +115,8 @@ class CuptiProfiler(Profiler):
         self._flush_forced = int(cupti.ActivityFlag.FLUSH_FORCED)
         self._push_id = cupti.activity_push_external_correlation_id
         self._pop_id = cupti.activity_pop_external_correlation_id
-        self._min_buffer_bytes = self._buffer_size_bytes = int(buffer_size_bytes)
-        self.keep_activities = trace
-        self._parser = _RecordParser(
-            cupti, parse, max(self._min_buffer_bytes, MAX_BUFFER_SIZE_BYTES), names=trace
-        )
+        self._buffer_size_bytes = BUFFER_SIZE_BYTES
+        self._parser = _RecordParser(cupti, parse, MAX_BUFFER_SIZE_BYTES, names=trace)
         self._api_name = functools.cache(self._callback_name)
         self._lock = threading.Lock()
         self._chunks: dict[str, list[np.ndarray]] = defaultdict(list)  # rows of _RecordParser
@@ -141,7 +126,7 @@ class CuptiProfiler(Profiler):
         self._window_id: int | None = None
         self._depth = 0
         self._present: np.ndarray | None = None
-        self._shape: tuple[int, int] | None = None
+        self._shape = (0, 0)  # (blocks, iterations) of the open window
         self.api_records = "all"  # or "launches" (api_record_filter)
         # Records delivered since this window began; the ended windows' records and iterations.
         self._delivered = self._window_records = self._window_iters = 0
@@ -201,24 +186,16 @@ class CuptiProfiler(Profiler):
             self._cupti.activity_disable(self._enabled.pop())
 
     def begin_window(
-        self,
-        window_id: int,
-        num_blocks: int | None = None,
-        num_iters: int | None = None,
-        present: np.ndarray | None = None,
+        self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray | None = None
     ) -> None:
-        """Flush and discard everything captured so far (warmup included); open a window whose
-        shape (num_blocks/num_iters/present, if given) sizes its buffer."""
+        """Flush and discard everything captured so far (warmup included); open a window of
+        ``num_blocks`` x ``num_iters`` (``present``: default all), its buffer sized to hold it."""
         self._require_started()
         if self._depth:
             raise RuntimeError(f"begin_window with {self._depth} external id(s) still pushed")
         encode_external_id(window_id, 0, 0)  # validates window_id
-        if (num_blocks is None) != (num_iters is None):
-            raise ValueError("begin_window takes num_blocks and num_iters together")
-        if num_blocks is not None:
-            self._buffer_size_bytes = window_buffer_bytes(
-                num_blocks * num_iters, self._min_buffer_bytes
-            )
+        launches_bytes = num_blocks * num_iters * BYTES_PER_LAUNCH
+        self._buffer_size_bytes = min(max(launches_bytes, BUFFER_SIZE_BYTES), MAX_BUFFER_SIZE_BYTES)
         self._flush()
         self._take()  # warmup and anything before: never reaches the numbers
         with self._lock:
@@ -232,25 +209,20 @@ class CuptiProfiler(Profiler):
         torch.cuda._sleep(1)
         self.pop()
         torch.cuda.synchronize()
-        self._shape = None if num_blocks is None else (num_blocks, num_iters)
+        self._shape = (num_blocks, num_iters)
         self._present = None if present is None else np.asarray(present, dtype=bool).copy()
 
     def end_window(self) -> WindowTimings:
         return self.attribute_window().timings(self._present, self.last_activities)
 
-    def attribute_window(
-        self, num_blocks: int | None = None, num_iters: int | None = None
-    ) -> Attribution:
+    def attribute_window(self) -> Attribution:
         """Synchronize, flush and attribute everything since begin_window."""
         self._require_started()
         if self._window_id is None:
             raise RuntimeError("end_window without begin_window")
         if self._depth:
             raise RuntimeError(f"end_window with {self._depth} external id(s) still pushed")
-        if num_blocks is None or num_iters is None:
-            if self._shape is None:
-                raise ValueError("end_window needs num_blocks and num_iters")
-            num_blocks, num_iters = self._shape
+        num_blocks, num_iters = self._shape
         window_id, self._window_id = self._window_id, None
         self._flush()
         records, ext, named = self._take()
@@ -349,9 +321,9 @@ class CuptiProfiler(Profiler):
         return self._buffer_size_bytes, 0  # 0: as many records as fit
 
     def _buffer_completed(self, activities: list) -> None:
-        # Called on CUPTI's own thread (on an H200 every time, even inside activity_flush_all,
-        # which returns only once the callbacks are done) with one buffer's records as Python
-        # objects; copy the few fields needed into numpy chunks and keep nothing else.
+        # Called on CUPTI's own thread (even inside activity_flush_all, which returns only once
+        # the callbacks are done) with one buffer's records as Python objects; copy the few
+        # fields needed into numpy chunks and keep nothing else.
         try:
             rows = self._parser.parse(activities)
             with self._lock:
@@ -367,6 +339,6 @@ class CuptiProfiler(Profiler):
         with self._lock:
             chunks, self._chunks = self._chunks, defaultdict(list)
             # Every name a taken chunk refers to was added before the chunk was.
-            names = tuple(self._parser.names) if self.keep_activities else ()
+            names = tuple(self._parser.names) if self._parser.keep_names else ()
         records, ext = activity_records(chunks), external_correlation(chunks["ext"])
-        return records, ext, named_records(chunks, names) if self.keep_activities else None
+        return records, ext, named_records(chunks, names) if self._parser.keep_names else None

@@ -4,6 +4,7 @@ timings every profiler returns (``WindowTimings``); the host's clock and CUDA ev
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class HostProfiler(Profiler):
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
     ) -> None:
         self._starts = np.zeros((num_blocks, num_iters), dtype=np.int64)
-        self._ends = np.zeros((num_blocks, num_iters), dtype=np.int64)
+        self._ends = np.zeros_like(self._starts)
         self._present = np.asarray(present, dtype=bool).copy()
 
     def before(self, block: int, iteration: int) -> None:
@@ -78,10 +79,10 @@ class HostProfiler(Profiler):
         )
 
 
-class EventProfiler(Profiler):
+class EventProfiler(HostProfiler):
     """Start and end CUDA events per (block, iteration), relative to one reference event, without
-    cupti-python. Coarser than CUPTI: an event marks when the stream reached that point, not when a
-    kernel started, and has about 0.5 µs resolution."""
+    cupti-python; their times fill the host profiler's arrays. Coarser than CUPTI: an event marks
+    when the stream reached that point, not when a kernel started, and has about 0.5 µs resolution."""
 
     name = "events"
     times = "cuda"
@@ -92,8 +93,7 @@ class EventProfiler(Profiler):
     ) -> None:
         import torch
 
-        self._present = np.asarray(present, dtype=bool).copy()
-        self._shape = (num_blocks, num_iters)
+        super().begin_window(window_id, num_blocks, num_iters, present)
         make = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         self._start_ev = [[make() for _ in range(num_iters)] if p else None for p in self._present]
         self._end_ev = [[make() for _ in range(num_iters)] if p else None for p in self._present]
@@ -123,19 +123,11 @@ class EventProfiler(Profiler):
 
         torch.cuda.synchronize()
         ns = lambda event: round(self._ref.elapsed_time(event) * 1e6)  # noqa: E731
-        starts = np.zeros(self._shape, dtype=np.int64)
-        ends = np.zeros(self._shape, dtype=np.int64)
         for b in np.flatnonzero(self._present):
-            starts[b] = [ns(e) for e in self._start_ev[b]]
-            ends[b] = [ns(e) for e in self._end_ev[b]]
+            self._starts[b] = [ns(e) for e in self._start_ev[b]]
+            self._ends[b] = [ns(e) for e in self._end_ev[b]]
         gate = None
         if self._gate_seen.all():
             gate = np.array([ns(e) for e in self._gate_ev], dtype=np.int64)
-        return WindowTimings(
-            starts_ns=starts,
-            ends_ns=ends,
-            present=self._present,
-            clock="cuda_event",
-            host_clock=False,
-            gate_open_ns=gate,
-        )
+        timings = super().end_window()
+        return replace(timings, clock="cuda_event", host_clock=False, gate_open_ns=gate)
