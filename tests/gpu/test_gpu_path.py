@@ -217,8 +217,14 @@ def test_register_buffers_works_or_is_refused_clearly(tmp_path):
 
 def test_trace_and_plot_of_a_gpu_run(tmp_path):
     out = _run(tmp_path, "auto", extra=("--pattern", "gemm_pair", "--trace", "--plot"))
-    trace = json.loads((out / "trace.json").read_text())
-    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "gemm"]
+    trace = json.loads((out / "traces" / "rank0.json").read_text())
+    # A block's span per (block, iteration): on its stream (CUPTI's records), else on the host.
+    spans = [
+        e
+        for e in trace["traceEvents"]
+        if e.get("cat") in ("gpu_user_annotation", "user_annotation")
+    ]
+    slices = [e for e in spans if e["args"].get("op") == "gemm"]
     assert len(slices) == 2 * 50  # two blocks x 50 iterations, one rank
     png = list(out.glob("plot-*.png"))
     assert png and png[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

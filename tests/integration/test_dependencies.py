@@ -101,12 +101,13 @@ def test_graph_mode_with_dependencies_is_refused_on_the_cpu_as_without(tmp_path,
 
 def test_a_rank_that_does_not_run_the_awaited_block_does_not_wait_for_it(chain):
     # Rank 1 is in no team of `x`: it runs b without a (each rank waits for its own work).
-    doc = json.loads((chain / "trace.json").read_text())
-    spans = {
-        (e["args"]["rank"], e["name"], e["args"]["iteration"]): (e["ts"], e["ts"] + e["dur"])
-        for e in doc["traceEvents"]
-        if e.get("ph") == "X" and e["cat"] == "sleep" and e["args"]["pattern"] == "solo"
-    }
+    spans = {}
+    for rank in (0, 1):
+        doc = json.loads((chain / "traces" / f"rank{rank}.json").read_text())
+        for e in doc["traceEvents"]:
+            args = e.get("args", {})
+            if e["ph"] == "X" and args.get("op") == "sleep" and args["pattern"] == "solo":
+                spans[(rank, e["name"], args["pattern_iteration"])] = (e["ts"], e["ts"] + e["dur"])
     for it in range(4):
         assert spans[(0, "b", it)][0] >= spans[(0, "a", it)][1]
         assert (1, "b", it) in spans and (1, "a", it) not in spans

@@ -33,7 +33,8 @@ FILES = (
     "pairs.json",
     "pairs.csv",
     "metrics.json",
-    "trace.json",
+    "traces/rank0.json",
+    "traces/rank1.json",
     "tables.txt",
 )
 

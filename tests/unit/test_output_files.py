@@ -7,7 +7,13 @@ import stat
 
 import pytest
 
-from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutcome, PatternResult
+from userbenchmark.maestro.core.analysis.records import (
+    BlockResult,
+    PatternOutcome,
+    PatternResult,
+    RankTimeline,
+    Timeline,
+)
 from userbenchmark.maestro.core.output.locations import atomic_write_bytes, atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
 
@@ -64,7 +70,11 @@ def _outcome():
     pattern = PatternResult(
         suite="s", pattern="p", iters=2, num_blocks=1, makespan_avg_us=1.0, makespan_p99_us=1.0
     )
-    return PatternOutcome(blocks=(block,), pattern=pattern)
+    rank = RankTimeline(
+        rank=0, starts_ns=[[0, 2000]], ends_ns=[[1000, 3000]], present=[True], clock="perf_counter"
+    )
+    timeline = Timeline(pattern="p", block_names=("b",), block_lanes=("world",), ranks=(rank,))
+    return PatternOutcome(blocks=(block,), pattern=pattern, timeline=timeline)
 
 
 def test_every_output_and_metrics_file_is_readable_by_others_under_umask_022(tmp_path, umask):
@@ -84,7 +94,7 @@ def test_every_output_and_metrics_file_is_readable_by_others_under_umask_022(tmp
         "patterns.json",
         "patterns.csv",
         "failures.json",
-        "trace.json",
+        "rank0.json",
         "metrics-20250101000000.json",
     }
     assert {p.name: _mode(p) for p in files} == {p.name: 0o644 for p in files}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -202,10 +203,9 @@ def test_frames_have_sound_dtypes():
     assert math.isnan(blocks["tflops"].iloc[0])  # not applicable: NaN, not None or 0
 
 
-@pytest.mark.parametrize("fmt", ["json", "csv"])
-def test_files_read_back_exactly(written, fmt):
+def test_files_read_back_exactly(written):
     folder, outcomes = written
-    loaded = load_results(folder, format=fmt)
+    loaded = load_results(folder)
     assert isinstance(loaded, Results)
     blocks, patterns, pairs = _expected_records(outcomes)
     _assert_same_records(records_of(loaded.blocks), blocks)
@@ -218,7 +218,27 @@ def test_files_read_back_exactly(written, fmt):
         )
 
 
-def test_json_is_the_default_and_the_files_hold_no_pairwise_overlap_column(written):
+def test_each_csv_file_holds_its_json_files_values_as_text(written):
+    # CSV (for spreadsheets) is not read back: its cells are the JSON values, floats as repr.
+    folder, _ = written
+    for stem in ("results", "patterns", "pairs"):
+        records = json.loads((folder / f"{stem}.json").read_text())
+        with (folder / f"{stem}.csv").open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert len(rows) == len(records)
+        for row, record in zip(rows, records, strict=True):
+            assert row == {name: _csv_text(value) for name, value in record.items()}
+
+
+def _csv_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)  # a float's str is its repr
+
+
+def test_the_files_hold_no_pairwise_overlap_column(written):
     folder, _ = written
     pd.testing.assert_frame_equal(
         load_results(folder).blocks, read_table(folder / "results.json", "blocks")
@@ -237,28 +257,20 @@ def test_integers_are_written_as_integers(written):
     assert row["size_bytes"] == "4194304" and row["team_size"] == "2"
 
 
-def test_a_folder_of_an_older_version_loads(tmp_path):
-    # Before pairs.*: patterns carry a pairwise_overlap object (a JSON text in CSV), and
-    # integer columns with gaps were written as floats by pandas.
+def test_a_folder_of_maestro_before_0_2_is_not_read(tmp_path):
+    # Before pairs.*, patterns carried a pairwise_overlap object: no pairs file to read.
     (tmp_path / "results.json").write_text(
         json.dumps([{"suite": "s", "pattern": "p", "block": "a", "size_bytes": 4096}])
     )
-    (tmp_path / "results.csv").write_text("suite,pattern,block,size_bytes\ns,p,a,4096.0\ns,p,b,\n")
     pattern = {"suite": "s", "pattern": "p", "iters": 5, "pairwise_overlap": {"a|b": 0.25}}
     (tmp_path / "patterns.json").write_text(json.dumps([pattern]))
-    (tmp_path / "patterns.csv").write_text(
-        'suite,pattern,iters,pairwise_overlap\ns,p,5,"{""a|b"": 0.25}"\n'
-    )
-    for fmt in ("json", "csv"):
-        loaded = load_results(tmp_path, format=fmt)
-        assert loaded.blocks["size_bytes"].iloc[0] == 4096
-        assert loaded.blocks["size_bytes"].dtype == pd.Int64Dtype()
-        assert records_of(loaded.pairs) == [
-            {"suite": "s", "pattern": "p", "variant": "", "block_a": "a", "block_b": "b"}
-            | {"pairwise_overlap": 0.25}
-        ]
-        assert "pairwise_overlap" not in loaded.patterns
-        assert math.isnan(loaded.blocks["latency_avg_us"].iloc[0])  # absent column: NA
+    with pytest.raises(ResultsError, match=r"pairs\.json: no such file"):
+        load_results(tmp_path)
+    (tmp_path / "pairs.json").write_text("[]")
+    loaded = load_results(tmp_path)
+    assert loaded.blocks["size_bytes"].iloc[0] == 4096
+    assert loaded.blocks["size_bytes"].dtype == pd.Int64Dtype()
+    assert math.isnan(loaded.blocks["latency_avg_us"].iloc[0])  # absent column: NA
 
 
 def test_columns_of_a_newer_version_are_kept(tmp_path):
@@ -296,11 +308,8 @@ def test_missing_files_are_results_errors(tmp_path):
         load_results(tmp_path / "nope")
     with pytest.raises(ResultsError, match=r"results\.json: no such file"):
         load_results(tmp_path)
-    (tmp_path / "results.csv").write_text("")
-    with pytest.raises(ResultsError, match=r"results\.csv: empty"):
-        load_results(tmp_path, format="csv")
-    with pytest.raises(ValueError, match="format"):
-        load_results(tmp_path, format="parquet")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="format"):
+        load_results(tmp_path, format="csv")  # type: ignore[call-arg]
 
 
 def test_the_documented_analysis_runs(written, tmp_path, monkeypatch, capsys):

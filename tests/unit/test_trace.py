@@ -1,4 +1,4 @@
-"""Unit tests for the Chrome/Perfetto trace built from pattern timelines."""
+"""Unit tests for the per-rank trace files (Trace Event Format) built from pattern timelines."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from userbenchmark.maestro.core.analysis.records import (
     Timeline,
 )
 from userbenchmark.maestro.core.output.trace import (
-    PATTERN_GAP_MIN_US,
-    PATTERN_TRACK_TID,
+    LANE_TID_BASE,
     PROCESS_ID_OFFSET,
-    build_trace,
+    STEP_TID,
+    build_rank_traces,
 )
 
 BLOCKS = ("allgather", "gemm", "reduce_scatter")
@@ -103,16 +103,15 @@ def make_outcome(
     return PatternOutcome(blocks=blocks, pattern=result, timeline=timeline)
 
 
-def check_schema(trace: dict) -> None:
+def check_schema(doc: dict) -> None:
     """Strict Trace Event Format checks for the event kinds maestro writes."""
     # No displayTimeUnit: "ts" and "dur" are µs as the format defines, and a "ns" display unit
     # made some trace processors read them as nanoseconds.
-    assert set(trace) == {"traceEvents", "metadata"}
-    assert isinstance(trace["metadata"], dict)
+    assert "displayTimeUnit" not in doc
     named_threads = set()
     used_threads = set()
     named_pids = set()
-    for ev in trace["traceEvents"]:
+    for ev in doc["traceEvents"]:
         assert isinstance(ev, dict)
         assert isinstance(ev["name"], str) and ev["name"]
         assert isinstance(ev["pid"], int) and ev["pid"] >= 1
@@ -147,123 +146,54 @@ def check_schema(trace: dict) -> None:
     # Every track that holds a slice has a name, and so does its process.
     assert used_threads <= named_threads
     assert {pid for pid, _ in used_threads} <= named_pids
-    json.dumps(trace, allow_nan=False)
+    json.dumps(doc, allow_nan=False)
 
 
-def block_events(trace: dict) -> list[dict]:
-    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "pattern"]
+def block_events(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] in BLOCKS]
 
 
-def test_schema_and_counts():
-    trace = build_trace([make_outcome()])
-    check_schema(trace)
-    evs = block_events(trace)
+def test_schema_counts_and_tracks():
+    docs = build_rank_traces([make_outcome()])
+    assert sorted(docs) == [0, 1]
+    for doc in docs.values():
+        check_schema(doc)
     # rank 0 runs 3 blocks, rank 1 runs 2 (gemm absent), 4 iterations each.
-    assert len(evs) == (3 + 2) * NUM_ITERS
-    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    names = [e["name"] for e in meta]
-    assert names.count("process_name") == 2
-    # rank 0: pattern, dp, tp tracks; rank 1: pattern, dp.
-    assert names.count("thread_name") == 5
-    pattern_spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "pattern"]
-    assert [e["name"] for e in pattern_spans] == ["ag_rs@4M", "ag_rs@4M"]
-    assert {e["tid"] for e in pattern_spans} == {PATTERN_TRACK_TID}
-
-
-def test_process_and_thread_names():
-    trace = build_trace([make_outcome()])
-    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
-    assert procs == {0 + PROCESS_ID_OFFSET: "rank 0", 1 + PROCESS_ID_OFFSET: "rank 1"}
-    threads = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
-    assert threads == {(1, "pattern"), (1, "dp"), (1, "tp"), (2, "pattern"), (2, "dp")}
-    # One tid per lane, the same on every rank.
-    tids = {}
-    for e in meta:
-        if e["name"] == "thread_name":
-            tids.setdefault(e["args"]["name"], set()).add(e["tid"])
-    assert all(len(v) == 1 for v in tids.values())
-    assert len({next(iter(v)) for v in tids.values()}) == 3
-    # Events sit on their lane's track.
-    lane_tid = {name: next(iter(v)) for name, v in tids.items()}
-    for e in block_events(trace):
-        assert e["tid"] == lane_tid[e["args"]["lane"]]
+    assert len(block_events(docs[0])) == 3 * NUM_ITERS
+    assert len(block_events(docs[1])) == 2 * NUM_ITERS
+    for rank, doc in docs.items():
+        meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+        procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+        assert procs == {rank + PROCESS_ID_OFFSET: f"rank {rank} host"}
+        spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "ag_rs@4M"]
+        assert [e["tid"] for e in spans] == [STEP_TID]
+        # One track per lane, the same tid on every rank; events sit on their lane's track.
+        for e in block_events(doc):
+            assert e["tid"] == LANE_TID_BASE + ("dp", "tp").index(e["args"]["lane"])
+    assert not [e for e in block_events(docs[1]) if e["name"] == "gemm"]
 
 
 def test_times_durations_and_rebase():
     outcome = make_outcome()
-    trace = build_trace([outcome])
+    docs = build_rank_traces([outcome])
     timeline = outcome.timeline
     origin = min(
         int(rt.starts_ns[np.asarray(rt.present)].min()) for rt in timeline.ranks
     )  # fmt: skip
     seen = set()
-    for e in block_events(trace):
-        rank = e["pid"] - PROCESS_ID_OFFSET
+    for rank, doc in docs.items():
         rt = timeline.ranks[rank]
-        b = timeline.block_names.index(e["name"])
-        it = e["args"]["iteration"]
-        start, end = int(rt.starts_ns[b, it]), int(rt.ends_ns[b, it])
-        assert e["dur"] == (end - start) / 1000.0
-        assert e["ts"] == (start - origin) / 1000.0
-        seen.add((rank, b, it))
+        for e in block_events(doc):
+            b = timeline.block_names.index(e["name"])
+            it = e["args"]["pattern_iteration"]
+            start, end = int(rt.starts_ns[b, it]), int(rt.ends_ns[b, it])
+            assert e["dur"] == (end - start) / 1000.0
+            assert e["ts"] == (start - origin) / 1000.0
+            seen.add((rank, b, it))
     assert len(seen) == 20
-    assert min(e["ts"] for e in block_events(trace)) == 0.0
+    assert min(e["ts"] for e in block_events(docs[0])) == 0.0
     # Rank 1 started 3 µs after rank 0 on the shared clock: its first slice keeps that offset.
-    r1 = [e for e in block_events(trace) if e["pid"] == 1 + PROCESS_ID_OFFSET]
-    assert min(e["ts"] for e in r1) == 3.0
-
-
-def test_absent_block_has_no_events_on_that_rank():
-    trace = build_trace([make_outcome()])
-    evs = block_events(trace)
-    assert not [e for e in evs if e["name"] == "gemm" and e["pid"] == 1 + PROCESS_ID_OFFSET]
-    assert len([e for e in evs if e["name"] == "gemm"]) == NUM_ITERS
-
-
-def test_args_finite_and_complete():
-    trace = build_trace([make_outcome()])
-    for e in block_events(trace):
-        a = e["args"]
-        assert a["pattern"] == "ag_rs@4M" and a["block"] == e["name"]
-        assert a["op"] == e["cat"] == OPS[BLOCKS.index(e["name"])]
-        assert isinstance(a["iteration"], int) and 0 <= a["iteration"] < NUM_ITERS
-        assert a["latency_avg_us"] == 10.0
-        for v in a.values():
-            assert not (isinstance(v, float) and not math.isfinite(v))
-    by_block = {e["name"]: e["args"] for e in block_events(trace)}
-    assert by_block["allgather"]["size_bytes"] == 4 << 20
-    assert by_block["allgather"]["busbw_gbps"] == 20.0
-    assert by_block["allgather"]["algbw_gbps"] == 40.0
-    assert "tflops" not in by_block["allgather"]
-    assert by_block["gemm"]["tflops"] == 300.0
-    assert "size_bytes" not in by_block["gemm"] and "busbw_gbps" not in by_block["gemm"]
-    assert "busbw_gbps" not in by_block["reduce_scatter"]
-
-
-def test_several_patterns_are_sequential():
-    first = make_outcome("p1")
-    second = make_outcome("p2", base_ns=5)  # its own clock origin, far from p1's
-    trace = build_trace([first, second])
-    check_schema(trace)
-    evs = block_events(trace)
-    p1 = [e for e in evs if e["args"]["pattern"] == "p1"]
-    p2 = [e for e in evs if e["args"]["pattern"] == "p2"]
-    assert len(p1) == len(p2) == 20
-    end1 = max(e["ts"] + e["dur"] for e in p1)
-    start2 = min(e["ts"] for e in p2)
-    assert start2 >= end1 + PATTERN_GAP_MIN_US
-    meta = trace["metadata"]["patterns"]
-    assert [m["pattern"] for m in meta] == ["p1", "p2"]
-    assert meta[0]["start_us"] == 0.0 and meta[1]["start_us"] == start2
-    assert meta[0]["span_us"] == pytest.approx(end1)
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "pattern"]
-    assert sorted(e["name"] for e in spans) == ["p1", "p1", "p2", "p2"]
-    # A pattern's span on a rank covers that rank's slices of the pattern.
-    for s in spans:
-        mine = [e for e in evs if e["pid"] == s["pid"] and e["args"]["pattern"] == s["name"]]
-        assert min(e["ts"] for e in mine) == s["ts"]
-        assert max(e["ts"] + e["dur"] for e in mine) == pytest.approx(s["ts"] + s["dur"])
+    assert min(e["ts"] for e in block_events(docs[1])) == 3.0
 
 
 def test_missing_or_empty_timelines_give_valid_traces():
@@ -291,13 +221,13 @@ def test_missing_or_empty_timelines_give_valid_traces():
         blocks=none_present.blocks, pattern=none_present.pattern, timeline=absent
     )
     for outcomes in ([], [no_timeline], [empty], [absent_outcome]):
-        trace = build_trace(outcomes)
-        check_schema(trace)
-        assert trace["traceEvents"] == []
-        assert json.loads(json.dumps(trace, allow_nan=False)) == trace
+        for doc in build_rank_traces(outcomes).values():
+            check_schema(doc)
+            assert doc["maestroPatterns"] == [] and block_events(doc) == []
     # Skipped outcomes leave no hole before the next pattern.
-    trace = build_trace([no_timeline, absent_outcome, make_outcome()])
-    assert min(e["ts"] for e in block_events(trace)) == 0.0
+    docs = build_rank_traces([no_timeline, absent_outcome, make_outcome()])
+    assert min(e["ts"] for e in block_events(docs[0])) == 0.0
+    assert docs[0]["maestroPatterns"][0]["start_us"] == 0.0
 
 
 def test_mismatched_shapes_raise():
@@ -314,20 +244,6 @@ def test_mismatched_shapes_raise():
             ),
         ),
     )  # fmt: skip
+    outcomes = [PatternOutcome(blocks=outcome.blocks, pattern=outcome.pattern, timeline=bad)]
     with pytest.raises(ValueError, match="do not match"):
-        build_trace([PatternOutcome(blocks=outcome.blocks, pattern=outcome.pattern, timeline=bad)])
-
-
-def test_ranks_without_a_shared_clock_are_each_rebased_and_marked():
-    outcome = make_outcome(shared_clock=False)
-    trace = build_trace([outcome])
-    assert trace["metadata"]["patterns"][0]["ranks_share_a_clock"] is False
-    for rank, rt in enumerate(outcome.timeline.ranks):
-        own_origin = int(rt.starts_ns[np.asarray(rt.present)].min())
-        events = [e for e in block_events(trace) if e["pid"] - PROCESS_ID_OFFSET == rank]
-        b0 = min(events, key=lambda e: e["ts"])
-        assert b0["ts"] == 0.0  # every rank starts at its own first start
-        for e in events:
-            b = outcome.timeline.block_names.index(e["name"])
-            start = int(rt.starts_ns[b, e["args"]["iteration"]])
-            assert e["ts"] == (start - own_origin) / 1000.0
+        build_rank_traces(outcomes)

@@ -19,7 +19,7 @@ from userbenchmark.maestro.core.config.options import RunOptions
 from userbenchmark.maestro.core.output.locations import prepare_output_locations
 from userbenchmark.maestro.core.output.metric_keys import parse_metric_key
 from userbenchmark.maestro.core.output.reporter import Reporter, suite_settings
-from userbenchmark.maestro.core.output.results import load_results, read_table, records_of
+from userbenchmark.maestro.core.output.results import load_results, records_of
 from userbenchmark.maestro.core.output.writer import OutputWriter, matplotlib_available
 
 SUITE = load_suite_text(
@@ -187,9 +187,10 @@ def test_the_report_prints_writes_and_keys_each_variant(tmp_path, capsys):
         ("s", "step", "longer", "slower"),
         ("s", "step", "same", "within noise"),
     ]
-    assert whatif[0]["change_pct"] == results[0].change_pct  # exact, JSON and CSV alike
-    csv = records_of(read_table(folder / "whatif.csv", "whatif"))
-    assert csv == whatif
+    assert whatif[0]["change_pct"] == results[0].change_pct  # exact
+    header, first = (folder / "whatif.csv").read_text().splitlines()[:2]
+    row = dict(zip(header.split(","), first.split(","), strict=True))
+    assert row["change_pct"] == repr(results[0].change_pct)  # CSV too
     assert list(json.loads((folder / "whatif.json").read_text())[0])[:4] == [
         "suite", "pattern", "variant", "rounds",
     ]  # fmt: skip

@@ -270,7 +270,7 @@ interrupted (patterns that finished are saved)."""
 @click.option(
     "--trace",
     is_flag=True,
-    help="write trace.json (Chrome/Perfetto: a process per rank, a track per lane) in --output-dir",
+    help="write a trace per rank (Perfetto, HolisticTraceAnalysis) in --output-dir/traces/",
 )
 @click.option(
     "--plot",

@@ -92,7 +92,7 @@ MAESTRO_OUTPUT_NAMES: Final = (
     *(f"{s}.{ext}" for s in ("results", "patterns", "pairs", "whatif") for ext in ("json", "csv")),
     "failures.json",
     "run.json",
-    "trace.json",
+    "trace.json",  # an earlier version's combined trace: moved aside like the others
     "traces",
     "processes",  # run --repeat's (processes.py)
     *(f"abtest{suffix}" for suffix in (".json", "-a", "-b")),  # abtest.py

@@ -1,17 +1,16 @@
 """Result tables as pandas DataFrames (one row per block, pattern, pair of blocks): the files
-of ``--output-dir`` are written from them, :func:`load_results` reads them back bit for bit
-from JSON or CSV, and ``compare`` and the metrics file are built on them."""
+of ``--output-dir`` are written from them (JSON, and CSV for spreadsheets), :func:`load_results`
+reads the JSON back bit for bit, and ``compare`` and the metrics file are built on them."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import numbers
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -69,8 +68,6 @@ TABLE_FILES: Final[Mapping[Table, str]] = MappingProxyType(
     {"blocks": "results", "patterns": "patterns", "pairs": "pairs", "whatif": "whatif"}
 )
 
-# Column of patterns.* before pairs.* existed: {"a|b": fraction} (a JSON text in CSV).
-_LEGACY_PAIRS_COLUMN = "pairwise_overlap"
 _MAX_INT_DIGITS = 309  # no float64 or int64 has more: longer JSON integers are refused early
 
 
@@ -81,7 +78,7 @@ _Row = tuple[str, Mapping[str, Any]]  # a raw row and where it was read: "file: 
 
 
 class ResultsError(MaestroError, ValueError):
-    """A results file cannot be read (missing, not JSON/CSV, wrong shape); names the file."""
+    """A results file cannot be read (missing, not JSON, wrong shape); names the file."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -257,15 +254,13 @@ def read_json_file(path: str | Path) -> Any:
         raise ResultsError(f"{path}: not usable JSON ({exc})") from None
 
 
-def _cell(value: Any, dtype: str, text: bool) -> Any:
-    """A raw cell (a JSON value, or CSV text when ``text``) as its column's type; None and ""
-    are NA. TypeError or ValueError when it is not of that type, OverflowError out of range."""
+def _cell(value: Any, dtype: str) -> Any:
+    """A JSON value as its column's type; None and "" are NA. TypeError or ValueError when it is
+    not of that type, OverflowError out of range."""
     if value is None or value == "":
         return "" if dtype == _STR else None
     if isinstance(value, str) and dtype != _STR:
-        if not text:
-            raise TypeError  # JSON: a number in quotes is not a number
-        value = _csv_value(value, dtype)
+        raise TypeError  # a number in quotes is not a number
     if dtype in (_STR, _BOOL):
         if not isinstance(value, _PLAIN[dtype][0]):
             raise TypeError
@@ -281,24 +276,9 @@ def _cell(value: Any, dtype: str, text: bool) -> Any:
     raise TypeError
 
 
-def _csv_value(text: str, dtype: str) -> Any:
-    """A CSV cell's text as a JSON value of its column's type; an integer column's ``4194304.0``
-    (older files: pandas wrote integer columns with gaps as floats) as that float."""
-    if dtype == _BOOL:
-        if text not in ("true", "false"):
-            raise TypeError
-        return text == "true"
-    if dtype == _FLOAT:
-        return float(text)  # CSV: repr text reads back to the same float
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
-def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFrame:
-    """Checked, typed frame of raw (where, row)s (JSON values, or CSV strings when ``text``); a
-    column absent from a row is NA there (files of older or newer versions still load)."""
+def _typed_frame(rows: Sequence[_Row], table: Table) -> pd.DataFrame:
+    """Checked, typed frame of raw (where, row)s; a column absent from a row is NA there (files
+    of older or newer versions still load)."""
     columns = dict(_COLUMNS[table])
     if any(PROCESS_COLUMN in row for _, row in rows):  # a run --repeat's: typed as it was written
         columns[PROCESS_COLUMN] = _INT
@@ -308,7 +288,7 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
         for where, row in rows:
             raw = row.get(name)
             try:
-                value = _cell(raw, dtype, text)
+                value = _cell(raw, dtype)
             except OverflowError:
                 raise ResultsError(
                     f"{where}: column {name!r}: {describe(raw)} is out of range"
@@ -325,47 +305,15 @@ def _typed_frame(rows: Sequence[_Row], table: Table, *, text: bool) -> pd.DataFr
             values.append(value)
         data[name] = _column(values, dtype)
     frame = pd.DataFrame(data, columns=list(columns))
-    extra = [n for _, row in rows for n in row if n not in columns and n != _LEGACY_PAIRS_COLUMN]
+    extra = [n for _, row in rows for n in row if n not in columns]
     for name in dict.fromkeys(extra):  # columns this version does not know: kept, untyped
         # fromiter: a list stays one cell (np.array would make a 2-D array of equal lists)
         frame[name] = np.fromiter((row.get(name) for _, row in rows), dtype=object, count=len(rows))
     return frame
 
 
-def _legacy_pair_rows(rows: Sequence[_Row], source: str) -> list[_Row]:
-    pairs = []
-    for where, row in rows:
-        cell = row.get(_LEGACY_PAIRS_COLUMN)
-        if cell in (None, ""):
-            continue
-        if isinstance(cell, str):
-            try:
-                cell = json.loads(cell, parse_int=_parse_int)
-            except (ValueError, RecursionError):
-                cell = None
-        if not isinstance(cell, dict):
-            raise ResultsError(
-                f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: expected an object "
-                f'{{"a|b": fraction}}, got {describe(cell)}'
-            )
-        for name, fraction in cell.items():
-            a, sep, b = name.partition("|")  # that column's keys were "a|b"
-            if not sep or not a or not b or "|" in b:
-                raise ResultsError(
-                    f"{where}: column {_LEGACY_PAIRS_COLUMN!r}: pair name {name!r} is not "
-                    "'block_a|block_b'"
-                )
-            names = {"suite": row.get("suite"), "pattern": row.get("pattern")}
-            pair = {**names, "block_a": a, "block_b": b, "pairwise_overlap": fraction}
-            pairs.append((f"{source}: column {_LEGACY_PAIRS_COLUMN!r}", pair))
-    return pairs
-
-
-def results_from_records(
-    records: Any, where: str, *, table: Table | None = None, text: bool = False
-) -> Results:
-    """Tables from JSON records (CSV strings when ``text``), each row in ``table`` or where its
-    columns say; an older patterns file's ``pairwise_overlap`` column becomes pair rows."""
+def results_from_records(records: Any, where: str, *, table: Table | None = None) -> Results:
+    """Tables from JSON records, each row in ``table`` or where its columns say."""
     if not isinstance(records, list):
         raise ResultsError(f"{where}: expected a list of records, got {describe(records)}")
     rows: dict[Table, list[_Row]] = {"blocks": [], "patterns": [], "pairs": [], "whatif": []}
@@ -378,44 +326,28 @@ def results_from_records(
         kind = "pairs" if "block_a" in record or "block_b" in record else kind
         kind = "whatif" if "change_pct" in record else kind
         rows[table or kind].append((f"{where}: record {index}", record))
-    rows["pairs"] += _legacy_pair_rows(rows["patterns"], where)
-    return Results(**{kind: _typed_frame(rows[kind], kind, text=text) for kind in rows})
-
-
-def _results_of_file(path: Path, table: Table) -> Results:
-    if path.suffix != ".csv":
-        return results_from_records(read_json_file(path), str(path), table=table)
-    source = io.StringIO(read_text_file(path))
-    try:
-        text = pd.read_csv(source, dtype=str, keep_default_na=False, na_filter=False)
-    except pd.errors.EmptyDataError:
-        raise ResultsError(f"{path}: empty, expected a CSV header") from None
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise ResultsError(f"{path}: not a CSV table ({exc})") from None
-    return results_from_records(text.to_dict(orient="records"), str(path), table=table, text=True)
+    return Results(**{kind: _typed_frame(rows[kind], kind) for kind in rows})
 
 
 def read_table(path: str | Path, table: Table) -> pd.DataFrame:
-    """One table from its JSON or CSV file (by suffix); ResultsError naming the file."""
-    return getattr(_results_of_file(Path(path), table), table)
+    """One table from its JSON file; ResultsError naming the file."""
+    found = results_from_records(read_json_file(path), str(path), table=table)
+    return getattr(found, table)
 
 
-def load_results(directory: str | Path, *, format: Literal["json", "csv"] = "json") -> Results:
-    """The tables of an ``--output-dir`` from its JSON (or CSV) files, exactly as written (a
-    folder from before pairs.* gets its pairs from the patterns file); ResultsError, naming
-    the file, when one is missing or malformed."""
-    if format not in ("json", "csv"):
-        raise ValueError(f"format must be 'json' or 'csv', got {format!r}")
+def load_results(directory: str | Path) -> Results:
+    """The tables of an ``--output-dir`` from its JSON files, exactly as written (whatif.json
+    only where the run had variants); ResultsError, naming the file, when one is missing or
+    malformed (a folder of maestro before 0.2 has no pairs.json)."""
     folder = Path(directory)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a directory of maestro results")
-    path = {kind: folder / f"{stem}.{format}" for kind, stem in TABLE_FILES.items()}
-    blocks = read_table(path["blocks"], "blocks")
-    found = _results_of_file(path["patterns"], "patterns")
-    # An older run has no pairs file (its pairs come from the patterns file's legacy column),
-    # a run without variants no whatif file.
-    later = {t: read_table(path[t], t) for t in ("pairs", "whatif") if path[t].exists()}
-    return replace(found, blocks=blocks, **later)
+    tables = {}
+    for table, stem in TABLE_FILES.items():
+        path = folder / f"{stem}.json"
+        if table != "whatif" or path.exists():
+            tables[table] = read_table(path, table)
+    return Results(**tables)
 
 
 def metrics_from_results(results: Results) -> dict[str, float]:

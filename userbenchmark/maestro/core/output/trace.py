@@ -1,6 +1,6 @@
-"""Both trace writers: ``trace.json`` (Chrome Trace Event Format, a process per rank, a track per
-lane, an event per (block, iteration)) and Kineto-style ``traces/rank<r>.json`` for HTA, on one
-layout: patterns one after another, rebased to one origin where the ranks share a clock."""
+"""The trace writer: a Kineto-style ``traces/rank<r>.json`` per rank (Chrome Trace Event Format,
+a track per lane, read by Perfetto and HolisticTraceAnalysis), on one layout: patterns one after
+another, rebased to one origin where the ranks share a clock."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..analysis import overlap
 from ..analysis.intervals import API_DRIVER, KIND_KERNEL, KIND_NAMES, DeviceActivities
-from ..analysis.records import BlockResult, PatternOutcome, RankTimeline, Timeline
+from ..analysis.records import PatternOutcome, RankTimeline, Timeline
 
 # The gap after a pattern: a fraction of its span (visible at any zoom), at least 10 µs.
 PATTERN_GAP_FRACTION = 0.1
@@ -32,14 +32,14 @@ def launched(acts: DeviceActivities) -> np.ndarray:
 
 
 def iteration_bounds(
-    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, launches=True
+    rt: RankTimeline, starts: np.ndarray, ends: np.ndarray, present: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per iteration, a rank's first start and last end over the blocks it runs (``launches``:
-    its CUDA launch calls included)."""
+    """Per iteration, a rank's first start and last end over the blocks it runs, its CUDA launch
+    calls included."""
     s = np.where(present[:, None], starts, np.iinfo(np.int64).max).min(axis=0)
     e = np.where(present[:, None], ends, np.iinfo(np.int64).min).max(axis=0)
     acts = rt.activities
-    if launches and acts is not None and len(acts.launches):
+    if acts is not None and len(acts.launches):
         it = acts.iteration[launched(acts)]  # a launch's iteration is its activities'
         np.minimum.at(s, it, acts.launches.start_ns)
         np.maximum.at(e, it, acts.launches.end_ns)
@@ -84,9 +84,9 @@ class Placement:
         ]
 
 
-def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> Iterator[Placement]:
-    """Every outcome whose timeline some rank ran, each after the previous one (``hta``, for the
-    rank files: a rank's extent includes its CUDA launch calls, each pattern on a whole µs)."""
+def place_patterns(outcomes: Sequence[PatternOutcome]) -> Iterator[Placement]:
+    """Every outcome whose timeline some rank ran, each after the previous one on a whole µs (a
+    rank's extent includes its CUDA launch calls)."""
     start_us, lanes = 0.0, {}
     for outcome in outcomes:
         timeline = outcome.timeline
@@ -95,7 +95,7 @@ def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> 
             continue
         for lane in timeline.block_lanes:
             lanes.setdefault(lane, len(lanes))
-        bounds = [iteration_bounds(*row, hta) for row in rows]
+        bounds = [iteration_bounds(*row) for row in rows]
         extents = [(int(s.min()), int(e.max())) for s, e in bounds]
         common_ns = min(lo for lo, _ in extents)
         parts = tuple(
@@ -104,21 +104,51 @@ def place_patterns(outcomes: Sequence[PatternOutcome], *, hta: bool = False) -> 
         )
         span_us = max(p.hi_ns - p.origin_ns for p in parts) / 1000.0
         next_us = start_us + (span_us + max(PATTERN_GAP_MIN_US, PATTERN_GAP_FRACTION * span_us))
-        if hta:
-            next_us = float(math.ceil(next_us))
+        # Whole microseconds: HolisticTraceAnalysis rounds fractional ones (see the docs).
+        next_us = float(math.ceil(next_us))
         yield Placement(outcome, timeline, parts, start_us, span_us, next_us, lanes)
         start_us = next_us
 
 
-class TraceEvents:
-    """The events of one trace file: each process and track named once, then complete events
+# traces/rank<r>.json: a ProfilerStep per iteration and an empty last one (HolisticTraceAnalysis
+# drops a file's last step); CUPTI's device records with their API calls, else each (block,
+# iteration) a CPU user_annotation with no stream, which no tool counts as GPU work.
+TRACES_DIR = "traces"  # the output dir's folder of rank files (and no other JSON)
+STEP_TID = 1  # host track of each rank's pattern spans and ProfilerStep events
+LANE_TID_BASE = 2  # host tracks of lanes (CPU block intervals), in order of appearance
+API_TID_BASE = 100  # host tracks of the threads that called the CUDA API
+DEVICE_PID_BASE = 1 << 20  # a GPU's process is this + its device; a host's is its rank + 1
+EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}  # Kineto's, by kind
+_RANK_FILE = re.compile(r"^rank\d+\.json$")
+TIME_NOTE = (
+    "ts/dur are microseconds with nanosecond decimals, on a layout: each pattern starts after "
+    "the previous one (maestroPatterns[].start_us; the gaps are not time that passed). Where "
+    "ranks share a clock the pattern is rebased to its earliest event over all ranks, so the "
+    "ranks' files line up; otherwise each rank is rebased to its own first event. "
+    "maestroPatterns[].origin_ns is the clock reading at start_us."
+)
+OVERLAP_NOTE = (
+    "this rank's communication time hidden under compute / its communication time, over every "
+    "pattern of the file (maestroPatterns[] has each pattern's); blocks count by category, "
+    "(block, iteration) spans as intervals"
+)
+
+
+class _RankFile:
+    """The events of one rank's file: each process and track named once, then complete events
     (metadata first, as trace processors expect)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int) -> None:
         self.meta: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._processes: set[int] = set()
         self._threads: set[tuple[int, int]] = set()
+        self.rank = rank
+        self.patterns: list[dict[str, Any]] = []
+        self.hidden_ns = 0.0
+        self.comm_ns = 0.0
+        self.overlap_known = True
+        self._api_tids: dict[int, int] = {}
 
     def process(self, pid: int, name: str, sort_index: int) -> int:
         if pid not in self._processes:
@@ -142,118 +172,6 @@ class TraceEvents:
     ) -> None:
         event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": max(dur, 0.0)}
         self.events.append({**event, "pid": pid, "tid": tid, "args": args})
-
-    def all(self) -> list[dict[str, Any]]:
-        return self.meta + self.events
-
-
-PATTERN_TRACK_TID = 1  # each rank's "pattern" track; lanes take 2, 3, ... in order of appearance
-BLOCK_ARG_METRICS = ("latency_avg_us", "algbw_gbps", "busbw_gbps", "tflops")  # where finite
-TIME_ALIGNMENT_NOTE = (
-    "Each pattern is placed after the previous one. Where its ranks share a clock (one host, "
-    "and timestamps of that host's clock: cupti or perf_counter), the pattern is rebased to the "
-    "earliest start over all ranks and the ranks' tracks line up in time. Otherwise "
-    "(several hosts, or CUDA events, which count from each rank's own reference) every rank is "
-    "rebased to its own first start: tracks of different ranks do not line up in time. "
-    "Durations are exact on every rank."
-)
-
-
-def _figures(result: BlockResult | None) -> dict[str, Any]:
-    """A block's size and the figures that are numbers (NaN means 'not applicable': left out)."""
-    if result is None:
-        return {}
-    args = {} if result.size_bytes is None else {"size_bytes": int(result.size_bytes)}
-    figures = {name: getattr(result, name) for name in BLOCK_ARG_METRICS}
-    return args | {n: float(v) for n, v in figures.items() if v is not None and math.isfinite(v)}
-
-
-def _write_rank(out: TraceEvents, place: Placement, part: RankPart) -> None:
-    timeline, rank = place.timeline, part.rt.rank
-    pid = out.process(rank + PROCESS_ID_OFFSET, f"rank {rank}", rank)
-    out.thread(pid, PATTERN_TRACK_TID, "pattern")
-    start_us, span_us = place.at(part, part.lo_ns), (part.hi_ns - part.lo_ns) / 1000.0
-    span = {"pattern": timeline.pattern, "rank": rank, "clock": part.rt.clock}
-    out.complete(timeline.pattern, "pattern", pid, PATTERN_TRACK_TID, start_us, span_us, span)
-    results = {b.block: b for b in place.outcome.blocks}
-    names = place.block_args(rank)
-    for b in np.flatnonzero(part.present).tolist():
-        name, lane = timeline.block_names[b], timeline.block_lanes[b]
-        tid = out.thread(pid, PATTERN_TRACK_TID + 1 + place.lanes[lane], lane)
-        args = {**names[b], **_figures(results.get(name))}
-        ends = part.ends[b].tolist()
-        for it, (start_ns, end_ns) in enumerate(zip(part.starts[b].tolist(), ends, strict=True)):
-            ts, dur = place.at(part, start_ns), (end_ns - start_ns) / 1000.0
-            out.complete(name, args["op"], pid, tid, ts, dur, {**args, "iteration": it})
-
-
-def build_trace(outcomes: Sequence[PatternOutcome]) -> dict[str, Any]:
-    """Trace Event Format dict of every outcome that has a timeline, in microseconds from the
-    first pattern's start (``TIME_ALIGNMENT_NOTE`` says what cross-rank alignment means)."""
-    out = TraceEvents()
-    patterns_meta: list[dict[str, Any]] = []
-    for place in place_patterns(outcomes):
-        for part in place.parts:
-            _write_rank(out, place, part)
-        patterns_meta.append(
-            {
-                "pattern": place.timeline.pattern,
-                "start_us": place.start_us,
-                "span_us": place.span_us,
-                "clocks": sorted({part.rt.clock for part in place.parts}),
-                "ranks_share_a_clock": place.timeline.shared_clock,
-            }
-        )
-    return {
-        "traceEvents": out.all(),
-        "metadata": {
-            "generator": "maestro",
-            "time_unit": "us",
-            "time_alignment": TIME_ALIGNMENT_NOTE,
-            "patterns": patterns_meta,
-        },
-    }
-
-
-def trace_text(outcomes: Sequence[PatternOutcome]) -> str:
-    """``build_trace(outcomes)`` as compact, strict JSON text."""
-    # allow_nan=False: a NaN would make the file unreadable by strict JSON parsers.
-    return json.dumps(build_trace(outcomes), allow_nan=False, separators=(",", ":"))
-
-
-# traces/rank<r>.json: a ProfilerStep per iteration and an empty last one (HolisticTraceAnalysis
-# drops a file's last step); CUPTI's device records with their API calls, else each (block,
-# iteration) a CPU user_annotation with no stream, which no tool counts as GPU work.
-TRACES_DIR = "traces"  # the output dir's folder of rank files (and no other JSON)
-STEP_TID = 1  # host track of each rank's pattern spans and ProfilerStep events
-LANE_TID_BASE = 2  # host tracks of lanes (CPU block intervals), in order of appearance
-API_TID_BASE = 100  # host tracks of the threads that called the CUDA API
-DEVICE_PID_BASE = 1 << 20  # a GPU's process is this + its device; hosts' are trace.json's
-EVENT_CATEGORIES = {1: "kernel", 2: "gpu_memcpy", 3: "gpu_memset"}  # Kineto's, by kind
-_RANK_FILE = re.compile(r"^rank\d+\.json$")
-TIME_NOTE = (
-    "ts/dur are microseconds with nanosecond decimals, on a layout: each pattern starts after "
-    "the previous one (maestroPatterns[].start_us; the gaps are not time that passed). Where "
-    "ranks share a clock the pattern is rebased to its earliest event over all ranks, so the "
-    "ranks' files line up; otherwise each rank is rebased to its own first event. "
-    "maestroPatterns[].origin_ns is the clock reading at start_us."
-)
-OVERLAP_NOTE = (
-    "this rank's communication time hidden under compute / its communication time, over every "
-    "pattern of the file (maestroPatterns[] has each pattern's); blocks count by category, "
-    "(block, iteration) spans as intervals"
-)
-
-
-class _RankFile(TraceEvents):
-    def __init__(self, rank: int) -> None:
-        super().__init__()
-        self.rank = rank
-        self.patterns: list[dict[str, Any]] = []
-        self.hidden_ns = 0.0
-        self.comm_ns = 0.0
-        self.overlap_known = True
-        self._api_tids: dict[int, int] = {}
 
     def host(self, tid: int = STEP_TID, name: str = "maestro: patterns and ProfilerSteps") -> int:
         pid = self.process(self.rank + PROCESS_ID_OFFSET, f"rank {self.rank} host", 2 * self.rank)
@@ -289,7 +207,7 @@ class _RankFile(TraceEvents):
                 "num_steps": step,
             },
             "maestroPatterns": self.patterns,
-            "traceEvents": self.all(),
+            "traceEvents": self.meta + self.events,
         }
 
 
@@ -451,11 +369,10 @@ def build_rank_traces(outcomes: Sequence[PatternOutcome]) -> dict[int, dict[str,
     backend = next((t.backend for t in timelines if t.backend), "unknown")
     files = {rank: _RankFile(rank) for rank in range(world_size)}
     step, end_us = 0, 0.0
-    for place in place_patterns(outcomes, hta=True):
+    for place in place_patterns(outcomes):
         for part in place.parts:
             _PatternOnRank(files[part.rt.rank], place, part).write(step)
         step += place.parts[0].starts.shape[1]
-        # Whole microseconds: HolisticTraceAnalysis rounds fractional ones (see the docs).
         end_us = place.next_us
     return {rank: f.document(world_size, backend, end_us, step) for rank, f in files.items()}
 

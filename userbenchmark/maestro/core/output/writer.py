@@ -21,7 +21,7 @@ from ..analysis.stats import measurable
 from ..analysis.whatif import WhatIfResult
 from .locations import atomic_write_bytes, atomic_write_files
 from .metric_keys import Judgement, split_bound
-from .trace import TRACES_DIR, rank_trace_texts, stale_rank_files, trace_text
+from .trace import TRACES_DIR, rank_trace_texts, stale_rank_files
 
 
 class OutputWriter:
@@ -88,7 +88,6 @@ class OutputWriter:
             if self.trace:
                 # Never the output folder itself: one removed during the run stays gone.
                 (out / TRACES_DIR).mkdir(exist_ok=True)
-                texts[out / "trace.json"] = trace_text(self.outcomes)
                 for name, text in rank_trace_texts(self.outcomes).items():
                     texts[out / TRACES_DIR / name] = text  # one per rank, for HTA
             atomic_write_files({path: text.encode("utf-8") for path, text in texts.items()})
