@@ -274,7 +274,8 @@ def _wait_until(condition, what: str) -> None:
         time.sleep(0.01)
 
 
-def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
+def test_the_ended_watch_leaves_once_a_verdict_names_this_rank(monkeypatch):
+    from userbenchmark.maestro.core.runtime import agreement, supervision
     from userbenchmark.maestro.core.runtime.agreement import post_ended, watch_ended
 
     store = _store()
@@ -286,9 +287,9 @@ def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
         asked.append(holding[0])
         return holding[0]
 
-    stop = watch_ended(
-        lambda: counting, rank=1, leave=left.append, holding=files_being_written, poll_s=0.01
-    )
+    monkeypatch.setattr(supervision, "holding", files_being_written)
+    monkeypatch.setattr(agreement, "ENDED_POLL_S", 0.01)
+    stop = watch_ended(lambda: counting, rank=1, leave=left.append)
     post_ended(store, [2], "rank 2 did not reach it", wait=False)
     seen = counting.checks
     _wait_until(lambda: counting.checks >= seen + 3, "look at the store after the verdict")

@@ -143,24 +143,23 @@ def watch_ended(
     *,
     rank: int,
     leave: Callable[[str], None],
-    holding: Callable[[], bool] = lambda: False,
-    poll_s: float = ENDED_POLL_S,
 ) -> threading.Event:
     """A daemon thread, stopped by the event returned, that calls ``leave(verdict)`` once a verdict
     names this rank as gone: a rank stuck in a block ends under any launcher. ``connect()`` opens
-    its own store client (the main thread's may be blocked); it waits while ``holding()``."""
+    its own store client (the main thread's may be blocked); it waits while output files are
+    being written (:func:`supervision.holding`)."""
     key, stop = f"{ENDED_PREFIX}{rank}", threading.Event()
 
     def watch() -> None:
         try:
             store = connect()
-            while not stop.wait(poll_s):
+            while not stop.wait(ENDED_POLL_S):
                 if store.check([key]):
                     verdict = store.get(key).decode("utf-8", "replace")
                     break
             else:
                 return
-            while holding() and not stop.is_set():
+            while supervision.holding() and not stop.is_set():
                 time.sleep(0.05)  # never leave half-written files
             if stop.is_set():
                 return

@@ -304,21 +304,18 @@ def init_distributed(
         None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
     )
     try:
-        if not dist.is_initialized():
-            with exchange.waiting(timeout_s, launch.rank):
-                store = rendezvous_store(launch, timeout_s)
-                launch_store = dist.PrefixStore("maestro/launch/", store)
-                check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
-            with exchange.waiting(timeout_s, launch.rank):
-                dist.init_process_group(
-                    backend=backend,
-                    store=store,
-                    rank=launch.rank,
-                    world_size=launch.world_size,
-                    timeout=timeout,
-                )
-        else:
-            store = dist.distributed_c10d._get_default_store()
+        with exchange.waiting(timeout_s, launch.rank):
+            store = rendezvous_store(launch, timeout_s)
+            launch_store = dist.PrefixStore("maestro/launch/", store)
+            check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
+        with exchange.waiting(timeout_s, launch.rank):
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=timeout,
+            )
         exchange.store = dist.PrefixStore("maestro/", store)
         me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
         with exchange.waiting(timeout_s, launch.rank):
@@ -328,12 +325,11 @@ def init_distributed(
     except Exception as exc:  # torch's own start-up: a bad interface, a refused connection
         raise RunError(cause_of(exc) + _hint(), phase="start-up") from exc
     ended_watch = None
-    if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
+    if launch.world_size > 1:
         ended_watch = watch_ended(
             partial(_store_client, store.host, store.port, timeout_s),
             rank=launch.rank,
             leave=partial(_leave_ended, launch.rank),
-            holding=supervision.holding,
         )
     return DistContext(
         rank=launch.rank,
