@@ -177,7 +177,7 @@ class StoreExchange:
     """Exchanges statuses through a c10d store, one numbered round per agreement step;
     ``owner`` (``rank 0 at HOST:PORT``) is named when the store stops answering."""
 
-    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str = "") -> None:
+    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str) -> None:
         self.store = store
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -186,10 +186,9 @@ class StoreExchange:
 
     def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
         """A deadline on store calls: past ``seconds`` the rank exits naming the store's host."""
-        owner = self.owner or "the rendezvous store's host"
         return supervision.deadline(
             seconds + STORE_SLACK_S,
-            f"{owner}, which hosts the rendezvous store, stopped answering",
+            f"{self.owner}, which hosts the rendezvous store, stopped answering",
             rank=rank,
             status=status,
         )
@@ -254,10 +253,9 @@ def agree(
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
-        owner = exchange.owner or "rank 0 or the launcher"
         err = RunError(
             f"could not agree with the other ranks: the rendezvous store went away "
-            f"({cause_of(exc)}); {owner} hosts it",
+            f"({cause_of(exc)}); {exchange.owner} hosts it",
             rank=rank,
             phase=phase,
             pattern=pattern,

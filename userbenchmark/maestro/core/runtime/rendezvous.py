@@ -201,7 +201,7 @@ def prepare_suite(
     *,
     world_size: int,
     local_workers: int = 1,
-    sink: Any = None,
+    sink: Any,
 ) -> SuiteSpec:
     """Everything checked before any worker starts: ``--nproc``, backend and profiler here, what
     the ``sink`` (a phases.SinkFactory) cannot write here, then the pattern file ``config``,
@@ -211,8 +211,7 @@ def prepare_suite(
     backend = check_devices(
         backend=options.backend, profiler=options.profiler, local_workers=local_workers
     )
-    if sink is not None:
-        sink.check(options)
+    sink.check(options)
     suite = load_suite(config, world_size=world_size)
     try:
         suite = apply_overrides(suite, options)
