@@ -259,9 +259,8 @@ class DistContext(RankPlace):
 
 def gpu_index(local_rank: int, device_count: int) -> int:
     """The GPU of a local rank: its own, or ``local_rank % device_count`` when ranks may share
-    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only)."""
-    if device_count < 1:
-        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
+    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only). NCCL is chosen
+    only where CUDA is available (:func:`resolve_backend`): torch sees a GPU."""
     if local_rank < device_count:
         return local_rank
     if os.environ.get(SHARED_GPU_VARIABLE) == "1":
