@@ -245,7 +245,7 @@ def test_once_the_launcher_ends_the_run_the_agreement_waits_less(monkeypatch):
     monkeypatch.setattr(agreement, "ENDING_WAIT_S", 0.3)
     store = _store()
     exchange = agreement.StoreExchange(
-        store, world_size=2, timeout_s=100.0, owner="rank 0"
+        store=store, world_size=2, timeout_s=100.0, owner="rank 0"
     )  # grace 30 s
     start = time.monotonic()
     statuses, missing = exchange(status_of(0, PeerExited((1,))))

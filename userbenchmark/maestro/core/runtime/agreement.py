@@ -173,16 +173,16 @@ def watch_ended(
     return stop
 
 
+@dataclass(kw_only=True)
 class StoreExchange:
     """Exchanges statuses through a c10d store, one numbered round per agreement step;
     ``owner`` (``rank 0 at HOST:PORT``) is named when the store stops answering."""
 
-    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str) -> None:
-        self.store = store
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.owner = owner
-        self.round = 0
+    store: Any
+    world_size: int
+    timeout_s: float
+    owner: str
+    round: int = 0  # the last agreement step's number
 
     def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
         """A deadline on store calls: past ``seconds`` the rank exits naming the store's host."""

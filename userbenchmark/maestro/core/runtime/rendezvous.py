@@ -299,7 +299,7 @@ def init_distributed(
         device = torch.device("cpu")
     timeout = group_timeout(backend, timeout_s)  # NCCL's: after maestro's deadline and agreement
     exchange = StoreExchange(
-        None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
+        store=None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
     )
     try:
         with exchange.waiting(timeout_s, launch.rank):
@@ -513,11 +513,11 @@ def _compare_shared(
         )
 
 
-def shutdown_distributed(ctx: DistContext | None = None) -> None:
+def shutdown_distributed(ctx: DistContext) -> None:
     """Destroy every process group (safe to call when none exists); stop ``ctx``'s watch."""
     import torch.distributed as dist
 
-    if ctx is not None and ctx.ended_watch is not None:
+    if ctx.ended_watch is not None:
         ctx.ended_watch.set()
     if dist.is_initialized():
         try:
