@@ -244,7 +244,9 @@ def test_once_the_launcher_ends_the_run_the_agreement_waits_less(monkeypatch):
 
     monkeypatch.setattr(agreement, "ENDING_WAIT_S", 0.3)
     store = _store()
-    exchange = agreement.StoreExchange(store, world_size=2, timeout_s=100.0)  # grace 30 s
+    exchange = agreement.StoreExchange(
+        store=store, world_size=2, timeout_s=100.0, owner="rank 0"
+    )  # grace 30 s
     start = time.monotonic()
     statuses, missing = exchange(status_of(0, PeerExited((1,))))
     assert time.monotonic() - start < 5 and missing == [1] and statuses[0].exited == (1,)
@@ -274,7 +276,8 @@ def _wait_until(condition, what: str) -> None:
         time.sleep(0.01)
 
 
-def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
+def test_the_ended_watch_leaves_once_a_verdict_names_this_rank(monkeypatch):
+    from userbenchmark.maestro.core.runtime import agreement, supervision
     from userbenchmark.maestro.core.runtime.agreement import post_ended, watch_ended
 
     store = _store()
@@ -286,9 +289,9 @@ def test_the_ended_watch_leaves_once_a_verdict_names_this_rank():
         asked.append(holding[0])
         return holding[0]
 
-    stop = watch_ended(
-        lambda: counting, rank=1, leave=left.append, holding=files_being_written, poll_s=0.01
-    )
+    monkeypatch.setattr(supervision, "holding", files_being_written)
+    monkeypatch.setattr(agreement, "ENDED_POLL_S", 0.01)
+    stop = watch_ended(lambda: counting, rank=1, leave=left.append)
     post_ended(store, [2], "rank 2 did not reach it", wait=False)
     seen = counting.checks
     _wait_until(lambda: counting.checks >= seen + 3, "look at the store after the verdict")

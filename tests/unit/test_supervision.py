@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,9 +28,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Machine:
-    """A fake clock and fake worker processes for the watchdog."""
+    """A fake clock and fake worker processes for the watchdog (patched into ``supervision``)."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, monkeypatch) -> None:
         self.board = WorkerBoard(num_workers, multiprocessing.get_context("spawn"))
         self.now = 0.0
         self.running: set[int] = set()
@@ -40,20 +41,20 @@ class Machine:
             self.running.add(1000 + rank)
         self.groups: list[int] = []
         self.abandoned = 0
-        self.watchdog = Watchdog(
-            self.board,
-            exit_deadline_s=20.0,
-            clock=lambda: self.now,
-            exit_status=lambda pid: None if pid in self.running else 0,
-            kill=self._kill,
-            kill_group=lambda pid: self.groups.append(pid - 1000),
-            abandon=self._abandon,
+        self.unattached: list[int] = []
+        monkeypatch.setattr(
+            supervision, "child_exit", lambda pid: None if pid in self.running else 0
         )
+        monkeypatch.setattr(supervision, "kill_group", lambda pid: self.groups.append(pid - 1000))
+        monkeypatch.setattr(supervision, "unattached_workers", lambda board: self.unattached)
+        monkeypatch.setattr(os, "kill", self._kill)  # check() runs in the test's own thread
+        self.watchdog = Watchdog(self.board, exit_deadline_s=20.0, abandon=self._abandon)
 
     def _abandon(self) -> None:
         self.abandoned += 1
 
-    def _kill(self, pid: int) -> None:
+    def _kill(self, pid: int, signum: int) -> None:
+        assert signum == signal.SIGKILL
         self.killed.append(pid - 1000)
         self.running.discard(pid)
 
@@ -62,12 +63,12 @@ class Machine:
 
     def at(self, seconds: float) -> list[int]:
         self.now = seconds
-        self.watchdog.check()
+        self.watchdog.check(seconds)
         return self.killed
 
 
-def test_a_rank_a_verdict_named_as_gone_is_killed_at_once():
-    m = Machine(3)
+def test_a_rank_a_verdict_named_as_gone_is_killed_at_once(monkeypatch):
+    m = Machine(3, monkeypatch)
     assert m.at(1.0) == []
     m.board.missing[1] = 1  # rank 0 saved and printed the verdict, then posted this
     m.board.stage[0] = VERDICT
@@ -75,8 +76,8 @@ def test_a_rank_a_verdict_named_as_gone_is_killed_at_once():
     assert m.watchdog.killed(1) and "did not reach" in m.watchdog.kills[0].reason
 
 
-def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict():
-    m = Machine(2)
+def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict(monkeypatch):
+    m = Machine(2, monkeypatch)
     m.board.stage[0] = VERDICT
     m.board.stage[1] = VERDICT  # both know the outcome; rank 1 hangs on its way out
     m.exit(0)
@@ -85,38 +86,40 @@ def test_stragglers_are_killed_a_grace_after_every_rank_has_its_verdict():
     assert m.at(10.0 + EXIT_GRACE_S) == [1]
 
 
-def test_a_rank_named_as_gone_before_it_said_its_pid_is_found_and_killed():
-    m = Machine(2)
+def test_a_rank_named_as_gone_before_it_said_its_pid_is_found_and_killed(monkeypatch):
+    m = Machine(2, monkeypatch)
     m.board.pids[1] = 0
-    m.watchdog._unattached = lambda board: [1001]  # the worker spawned, stopped at import
+    m.unattached.append(1001)  # the worker spawned, stopped at import
     m.board.missing[1] = 1
     assert m.at(1.0) == [1] and "never started" in m.watchdog.kills[0].reason
 
 
-def test_workers_still_starting_are_left_alone():
-    m = Machine(2)
+def test_workers_still_starting_are_left_alone(monkeypatch):
+    m = Machine(2, monkeypatch)
     m.board.pids[1] = 0  # not started yet
     m.board.stage[0] = VERDICT
     assert m.at(1.0) == [] and m.at(1.0 + EXIT_GRACE_S) == []
 
 
-def test_a_rank_still_working_after_another_finished_is_left_alone():
+def test_a_rank_still_working_after_another_finished_is_left_alone(monkeypatch):
     """Rank 1 finished; rank 0 still writes its files (nobody exited yet: success)."""
-    m = Machine(2)
+    m = Machine(2, monkeypatch)
     m.board.stage[1] = LEAVING
     assert m.at(1000.0) == []
 
 
-def test_everyone_still_running_long_after_a_worker_exited_is_killed():
-    m = Machine(3)
+def test_everyone_still_running_long_after_a_worker_exited_is_killed(monkeypatch):
+    m = Machine(3, monkeypatch)
     m.exit(2)  # killed by someone else; torch's launcher terminates the others
     assert m.at(5.0) == []
     assert m.at(5.0 + 19.9) == []
     assert sorted(m.at(5.0 + 20.0)) == [0, 1]
 
 
-def test_what_an_exited_worker_left_is_ended_and_a_launch_stuck_after_all_exited_abandoned():
-    m = Machine(2)
+def test_what_an_exited_worker_left_is_ended_and_a_launch_stuck_after_all_exited_abandoned(
+    monkeypatch,
+):
+    m = Machine(2, monkeypatch)
     m.exit(1)
     m.at(1.0)
     assert m.groups == [1] and m.watchdog.exits == {1: 0}

@@ -143,24 +143,23 @@ def watch_ended(
     *,
     rank: int,
     leave: Callable[[str], None],
-    holding: Callable[[], bool] = lambda: False,
-    poll_s: float = ENDED_POLL_S,
 ) -> threading.Event:
     """A daemon thread, stopped by the event returned, that calls ``leave(verdict)`` once a verdict
     names this rank as gone: a rank stuck in a block ends under any launcher. ``connect()`` opens
-    its own store client (the main thread's may be blocked); it waits while ``holding()``."""
+    its own store client (the main thread's may be blocked); it waits while output files are
+    being written (:func:`supervision.holding`)."""
     key, stop = f"{ENDED_PREFIX}{rank}", threading.Event()
 
     def watch() -> None:
         try:
             store = connect()
-            while not stop.wait(poll_s):
+            while not stop.wait(ENDED_POLL_S):
                 if store.check([key]):
                     verdict = store.get(key).decode("utf-8", "replace")
                     break
             else:
                 return
-            while holding() and not stop.is_set():
+            while supervision.holding() and not stop.is_set():
                 time.sleep(0.05)  # never leave half-written files
             if stop.is_set():
                 return
@@ -174,23 +173,22 @@ def watch_ended(
     return stop
 
 
+@dataclass(kw_only=True)
 class StoreExchange:
     """Exchanges statuses through a c10d store, one numbered round per agreement step;
     ``owner`` (``rank 0 at HOST:PORT``) is named when the store stops answering."""
 
-    def __init__(self, store: Any, *, world_size: int, timeout_s: float, owner: str = "") -> None:
-        self.store = store
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.owner = owner
-        self.round = 0
+    store: Any
+    world_size: int
+    timeout_s: float
+    owner: str
+    round: int = 0  # the last agreement step's number
 
     def waiting(self, seconds: float, rank: int, *, status: int = 1) -> Any:
         """A deadline on store calls: past ``seconds`` the rank exits naming the store's host."""
-        owner = self.owner or "the rendezvous store's host"
         return supervision.deadline(
             seconds + STORE_SLACK_S,
-            f"{owner}, which hosts the rendezvous store, stopped answering",
+            f"{self.owner}, which hosts the rendezvous store, stopped answering",
             rank=rank,
             status=status,
         )
@@ -255,10 +253,9 @@ def agree(
     try:
         statuses, missing = exchange(status)
     except Exception as exc:
-        owner = exchange.owner or "rank 0 or the launcher"
         err = RunError(
             f"could not agree with the other ranks: the rendezvous store went away "
-            f"({cause_of(exc)}); {owner} hosts it",
+            f"({cause_of(exc)}); {exchange.owner} hosts it",
             rank=rank,
             phase=phase,
             pattern=pattern,

@@ -17,7 +17,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, interrupted_message, say
@@ -35,26 +34,24 @@ _ROUTED = (signal.SIGINT, *supervision.TERMINATING)
 _OWN_STATUSES = (EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED)  # a worker printed why itself
 
 
-@dataclass(frozen=True)
-class _Job:  # one object: torch's launcher rewrites string arguments
-    suite: SuiteSpec
-    options: RunOptions
-    parent_pid: int
-    sink: SinkFactory | None
-
-
-def _worker(job: _Job, board: supervision.WorkerBoard) -> int:
+def _worker(
+    suite: SuiteSpec,
+    options: RunOptions,
+    parent_pid: int,
+    sink: SinkFactory | None,
+    board: supervision.WorkerBoard,
+) -> int:
     # A failure leaves as SystemExit: torch's launcher sees the exit status at once, instead
     # of waiting for a returned value after every other worker.
     rank = int(os.environ["LOCAL_RANK"])  # one node: the global rank
-    supervision.die_with_parent(job.parent_pid)
+    supervision.die_with_parent(parent_pid)
     os.setpgid(0, 0)  # a group of its own: the launcher ends it, and what its blocks started
     supervision.attach(board, rank)
 
     from .phases import run_worker  # a running rank's modules: imported in the worker only
 
-    supervision.configure_logging(job.options.log_level)
-    status = run_worker(job.suite, job.options, job.sink)
+    supervision.configure_logging(options.log_level)
+    status = run_worker(suite, options, sink)
     supervision.leave(status, rank)
     if status != EXIT_OK:
         raise SystemExit(status)
@@ -190,7 +187,6 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=logs),
     )
     board = supervision.WorkerBoard(nproc, multiprocessing.get_context("spawn"))
-    job = _Job(suite=suite, options=options, parent_pid=os.getpid(), sink=sink)
     watchdog = supervision.Watchdog(
         board,
         exit_deadline_s=exit_deadline_s(suite.timeout_s),
@@ -200,7 +196,8 @@ def launch_local(
     try:
         with _quiet_torch_launcher(), _signals_to_main_thread(board):
             watchdog.start()  # with the signals blocked, as every thread but the router
-            results = elastic_launch(cfg, _worker)(job, board)
+            # No string among the arguments: torch's launcher would rewrite it.
+            results = elastic_launch(cfg, _worker)(suite, options, os.getpid(), sink, board)
         exits = {rank: int(code or 0) for rank, code in results.items()}
     except ChildFailedError as exc:
         exits = {rank: failure.exitcode for rank, failure in exc.failures.items()}

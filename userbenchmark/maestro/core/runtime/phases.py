@@ -171,11 +171,9 @@ GATE_GROUP = "(gate)"  # the gate's alignment group among the axes' (no axis has
 
 
 def nccl_options(axis: AxisSpec, timeout: timedelta) -> Any:
-    """A fresh ProcessGroupNCCL.Options for ``axis``; unsupported fields are a clear error."""
-    options_cls = getattr(tdist, "ProcessGroupNCCL", None)
-    if options_cls is None:
-        raise RunError("this torch build has no NCCL backend")
-    opts = options_cls.Options()
+    """A fresh ProcessGroupNCCL.Options for ``axis`` (torch has ProcessGroupNCCL: the default
+    group was made on NCCL); unsupported fields are a clear error."""
+    opts = tdist.ProcessGroupNCCL.Options()
     opts.is_high_priority_stream = axis.priority == "high"
     if hasattr(opts, "_timeout"):
         # new_group warns when the options' timeout differs from its own timeout argument.

@@ -201,7 +201,7 @@ def prepare_suite(
     *,
     world_size: int,
     local_workers: int = 1,
-    sink: Any = None,
+    sink: Any,
 ) -> SuiteSpec:
     """Everything checked before any worker starts: ``--nproc``, backend and profiler here, what
     the ``sink`` (a phases.SinkFactory) cannot write here, then the pattern file ``config``,
@@ -211,8 +211,7 @@ def prepare_suite(
     backend = check_devices(
         backend=options.backend, profiler=options.profiler, local_workers=local_workers
     )
-    if sink is not None:
-        sink.check(options)
+    sink.check(options)
     suite = load_suite(config, world_size=world_size)
     try:
         suite = apply_overrides(suite, options)
@@ -260,9 +259,8 @@ class DistContext(RankPlace):
 
 def gpu_index(local_rank: int, device_count: int) -> int:
     """The GPU of a local rank: its own, or ``local_rank % device_count`` when ranks may share
-    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only)."""
-    if device_count < 1:
-        raise RunError("the NCCL backend needs a GPU, and torch sees none", phase="start-up")
+    GPUs (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30.7: correctness only). NCCL is chosen
+    only where CUDA is available (:func:`resolve_backend`): torch sees a GPU."""
     if local_rank < device_count:
         return local_rank
     if os.environ.get(SHARED_GPU_VARIABLE) == "1":
@@ -301,24 +299,21 @@ def init_distributed(
         device = torch.device("cpu")
     timeout = group_timeout(backend, timeout_s)  # NCCL's: after maestro's deadline and agreement
     exchange = StoreExchange(
-        None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
+        store=None, world_size=launch.world_size, timeout_s=timeout_s, owner=store_owner(launch)
     )
     try:
-        if not dist.is_initialized():
-            with exchange.waiting(timeout_s, launch.rank):
-                store = rendezvous_store(launch, timeout_s)
-                launch_store = dist.PrefixStore("maestro/launch/", store)
-                check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
-            with exchange.waiting(timeout_s, launch.rank):
-                dist.init_process_group(
-                    backend=backend,
-                    store=store,
-                    rank=launch.rank,
-                    world_size=launch.world_size,
-                    timeout=timeout,
-                )
-        else:
-            store = dist.distributed_c10d._get_default_store()
+        with exchange.waiting(timeout_s, launch.rank):
+            store = rendezvous_store(launch, timeout_s)
+            launch_store = dist.PrefixStore("maestro/launch/", store)
+            check_launch(launch_store, launch, timeout_s, shared=shared, source=source)
+        with exchange.waiting(timeout_s, launch.rank):
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=timeout,
+            )
         exchange.store = dist.PrefixStore("maestro/", store)
         me = (socket.gethostname(), device.index if device.type == "cuda" else -1)
         with exchange.waiting(timeout_s, launch.rank):
@@ -328,12 +323,11 @@ def init_distributed(
     except Exception as exc:  # torch's own start-up: a bad interface, a refused connection
         raise RunError(cause_of(exc) + _hint(), phase="start-up") from exc
     ended_watch = None
-    if launch.world_size > 1 and hasattr(store, "host") and hasattr(store, "port"):
+    if launch.world_size > 1:
         ended_watch = watch_ended(
             partial(_store_client, store.host, store.port, timeout_s),
             rank=launch.rank,
             leave=partial(_leave_ended, launch.rank),
-            holding=supervision.holding,
         )
     return DistContext(
         rank=launch.rank,
@@ -519,11 +513,11 @@ def _compare_shared(
         )
 
 
-def shutdown_distributed(ctx: DistContext | None = None) -> None:
+def shutdown_distributed(ctx: DistContext) -> None:
     """Destroy every process group (safe to call when none exists); stop ``ctx``'s watch."""
     import torch.distributed as dist
 
-    if ctx is not None and ctx.ended_watch is not None:
+    if ctx.ended_watch is not None:
         ctx.ended_watch.set()
     if dist.is_initialized():
         try:

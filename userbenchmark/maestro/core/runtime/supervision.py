@@ -290,22 +290,13 @@ class Watchdog:
     after another exited. ``abandon()``: torch still waits EXIT_GRACE_S after all ended."""
 
     def __init__(
-        self,
-        board: WorkerBoard,
-        *,
-        exit_deadline_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        exit_status: Callable[[int], int | None] = child_exit,
-        kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
-        kill_group: Callable[[int], None] = kill_group,
-        abandon: Callable[[], None] = lambda: None,
+        self, board: WorkerBoard, *, exit_deadline_s: float, abandon: Callable[[], None]
     ) -> None:
         self.board = board
         self.exit_deadline_s = exit_deadline_s
         self.kills: list[Kill] = []
         self.exits: dict[int, int] = {}  # each ended worker's status (negative: the signal)
-        self._clock, self._exit_status, self._abandon = clock, exit_status, abandon
-        self._kill, self._kill_group, self._unattached = kill, kill_group, unattached_workers
+        self._abandon = abandon
         self._since: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="maestro-watchdog", daemon=True)
@@ -324,7 +315,7 @@ class Watchdog:
     def _loop(self) -> None:
         while not self._stop.wait(WATCH_POLL_S):
             try:
-                self.check()
+                self.check(time.monotonic())
             except Exception as exc:  # never let the watchdog die silently
                 log.debug("watchdog: %s", exc)
 
@@ -333,15 +324,15 @@ class Watchdog:
             self._since.setdefault(name, now)
         return now - self._since[name] if name in self._since else -1.0
 
-    def check(self) -> None:
-        """One look at the board (the thread calls it every WATCH_POLL_S)."""
-        board, now = self.board, self._clock()
+    def check(self, now: float) -> None:
+        """One look at the board at the time ``now`` (the thread's, every WATCH_POLL_S)."""
+        board = self.board
         ranks = range(board.num_workers)
         for r in ranks:
             pid = board.pids[r]
-            if pid and r not in self.exits and (status := self._exit_status(pid)) is not None:
+            if pid and r not in self.exits and (status := child_exit(pid)) is not None:
                 self.exits[r] = status
-                self._kill_group(pid)  # whatever its blocks left behind
+                kill_group(pid)  # whatever its blocks left behind
         running = [bool(board.pids[r]) and r not in self.exits for r in ranks]
         for r in ranks:
             if board.missing[r]:
@@ -364,14 +355,14 @@ class Watchdog:
         if running:
             self._end(rank, "did not reach the run's agreement step (stopped or hung)")
         elif not self.board.pids[rank] and not self.killed(rank):
-            for pid in self._unattached(self.board):
-                self._kill(pid)
+            for pid in unattached_workers(self.board):
+                os.kill(pid, signal.SIGKILL)
                 self.kills.append(Kill(rank, "never started (stopped or hung)"))
 
     def _end(self, rank: int, reason: str) -> None:
         if not self.killed(rank):
             try:
-                self._kill(self.board.pids[rank])
+                os.kill(self.board.pids[rank], signal.SIGKILL)
             except ProcessLookupError:
                 return
             self.kills.append(Kill(rank, reason))
