@@ -22,7 +22,7 @@ from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..config.spec import PatternSpec
-from .lanes import Lane
+from .lanes import Lane, default_lead_us
 from .rig import RegisteredPool, Rig
 
 log = logging.getLogger("maestro.pattern")
@@ -107,13 +107,15 @@ def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
 
 @dataclass(frozen=True, kw_only=True)
 class Ready:
-    """A plan with its blocks set up (None where a block does not run here), what a lane calls
-    for each (the block, or its CUDA graph's replay once captured) and every block's notes."""
+    """A plan with its blocks set up (None where a block does not run here) and every block's
+    notes; the lanes of a window of them, each block's launch (its CUDA graph's replay once
+    captured); and the gate's lead (the default until a warmup sizes it)."""
 
     plan: Plan
     blocks: tuple[Block | None, ...]
-    launches: tuple[Any, ...]
     notes: tuple[tuple[str, ...], ...]
+    lanes: tuple[Lane, ...]
+    lead_us: float
 
 
 class Allocated:
@@ -201,8 +203,9 @@ def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]
             Ready(
                 plan=plan,
                 blocks=mine,
-                launches=mine,
                 notes=tuple(n + notes.get(found.get(i), ()) for i, n in enumerate(plan.notes)),
+                lanes=_lanes_of(rig, plan, mine),
+                lead_us=default_lead_us(cuda=rig.place.is_cuda),
             )
         )
     return tuple(readies)
@@ -369,38 +372,45 @@ def check_host_memory(
     )
 
 
-def lanes_of(rig: Rig, ready: Ready, only: int | None = None) -> tuple[Lane, ...]:
-    """The lanes of a window of every block here, or of block ``only``."""
-    plan, lanes = ready.plan, {}
+def _lanes_of(rig: Rig, plan: Plan, blocks: Sequence[Block | None]) -> tuple[Lane, ...]:
+    """The lanes of a window of every block here."""
+    lanes: dict[int, Lane] = {}
     names = plan.pattern.lanes
-
-    def runs(i: int) -> bool:
-        return ready.blocks[i] is not None and only in (None, i)
-
-    for i, launch in enumerate(ready.launches):
-        if not runs(i):
+    for i, block in enumerate(blocks):
+        if block is None:
             continue
         li = plan.lane_of_block[i]
         if li not in lanes:  # its stream has its axis's priority
             priority = rig.comms.axis(plan.pattern.blocks[i].axis).priority
             stream = rig.lanes.stream(names[li], priority) if rig.place.is_cuda else None
             lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
-        lanes[li].blocks.append((i, launch))
-        waits = tuple(j for j in plan.after[i] if runs(j))
+        lanes[li].blocks.append((i, block))
+        waits = tuple(j for j in plan.after[i] if blocks[j] is not None)
         if waits:
             lanes[li].after[i] = waits
     return tuple(lanes[k] for k in sorted(lanes))
 
 
-def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -> Ready:
+def lanes_alone(lanes: Sequence[Lane], b: int) -> tuple[Lane, ...]:
+    """Of ``lanes``, block ``b``'s with ``b`` only (none where it does not run here): alone, it
+    waits for no other block."""
+    return tuple(
+        Lane(name=lane.name, blocks=[(i, x) for i, x in lane.blocks if i == b], stream=lane.stream)
+        for lane in lanes
+        if b in dict(lane.blocks)
+    )
+
+
+def capture(ready: Ready, device: Any, held: Allocated) -> Ready:
     """``ready`` with each block's launch captured into a CUDA graph, replayed on its lane stream
     after the gate event with its external correlation id pushed around replay(): CUPTI
     attributes each kernel per block and iteration as in eager mode, where a graph of a whole
     iteration would give every kernel one id. Communicators and library handles exist already."""
     pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
-    launches = list(ready.launches)
+    lanes = []
     torch.cuda.synchronize(device)
-    for lane in lanes:
+    for lane in ready.lanes:
+        replays = []
         for index, block in lane.blocks:
             graph = torch.cuda.CUDAGraph()
             try:
@@ -415,6 +425,7 @@ def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -
                     block=spec.name,
                 ) from exc
             held.graphs.append(graph)
-            launches[index] = SimpleNamespace(launch=graph.replay)
+            replays.append((index, SimpleNamespace(launch=graph.replay)))
+        lanes.append(replace(lane, blocks=replays))
     torch.cuda.synchronize(device)
-    return replace(ready, launches=tuple(launches))
+    return replace(ready, lanes=tuple(lanes))
