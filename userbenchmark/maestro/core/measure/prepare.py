@@ -48,9 +48,6 @@ class Plan:
     lane_of_block: tuple[int, ...]
     after: tuple[tuple[int, ...], ...]
     """Each block's waits on other lanes (a lane runs its blocks in order anyway)."""
-    lane_starts: tuple[int, ...]
-    """The lane of each block, -1 where its lane's first block here waits for another lane:
-    left out of lane skew and gate delay."""
     is_comm: np.ndarray
     is_compute: np.ndarray
     team_sizes: tuple[int, ...]
@@ -60,15 +57,15 @@ class Plan:
     def names(self) -> tuple[str, ...]:
         return tuple(b.name for b in self.pattern.blocks)
 
-
-def _lane_starts(
-    lane_of_block: Sequence[int], after: Sequence[tuple[int, ...]], present: np.ndarray
-) -> tuple[int, ...]:
-    firsts: dict[int, int] = {}
-    for i in np.flatnonzero(present):
-        firsts.setdefault(lane_of_block[i], int(i))
-    waiting = {li for li, i in firsts.items() if present[list(after[i])].any()}
-    return tuple(-1 if li in waiting else li for li in lane_of_block)
+    @property
+    def lane_starts(self) -> tuple[int, ...]:
+        """The lane of each block, -1 where its lane's first block here waits for another lane:
+        left out of lane skew and gate delay."""
+        firsts: dict[int, int] = {}
+        for i in np.flatnonzero(self.present):
+            firsts.setdefault(self.lane_of_block[i], int(i))
+        waiting = {li for li, i in firsts.items() if self.present[list(self.after[i])].any()}
+        return tuple(-1 if li in waiting else li for li in self.lane_of_block)
 
 
 def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
@@ -93,7 +90,6 @@ def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
         idle=idle,
         lane_of_block=lane_of_block,
         after=after,
-        lane_starts=_lane_starts(lane_of_block, after, present),
         is_comm=np.array([c.category == "comm" for c in classes], dtype=bool),
         is_compute=np.array([c.category == "compute" for c in classes], dtype=bool),
         team_sizes=team_sizes,
