@@ -294,12 +294,12 @@ def _meminfo(proc: Path) -> HostMemory | None:
     return None
 
 
-def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+def _cgroup(proc: Path, cgroup_root: Path) -> list[HostMemory]:
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        return None
-    best: HostMemory | None = None
+        return []
+    found = []
     for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
         if controllers == "":  # cgroup v2 (unified)
             unified = cgroup_root / "unified"
@@ -318,13 +318,12 @@ def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
             usage = _read_int(folder / usage_name)
             if limit is not None and usage is not None and limit < UNLIMITED_BYTES:
                 left = max(0, limit - usage)
-                if best is None or left < best.available_bytes:
-                    best = HostMemory(
-                        left, f"the cgroup's {limit_name} less {usage_name} ({folder})"
-                    )
+                found.append(
+                    HostMemory(left, f"the cgroup's {limit_name} less {usage_name} ({folder})")
+                )
             if folder == root:
                 break
-    return best
+    return found
 
 
 def available_host_memory(
@@ -333,7 +332,7 @@ def available_host_memory(
     """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
     read (not Linux)."""
     proc, cgroup_root = Path(proc), Path(cgroup_root)
-    readings = [r for r in (_meminfo(proc), _cgroup(proc, cgroup_root)) if r is not None]
+    readings = [r for r in (_meminfo(proc), *_cgroup(proc, cgroup_root)) if r is not None]
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 
