@@ -83,7 +83,7 @@ def test_each_round_rotates_the_order_and_is_a_phase_of_its_own(monkeypatch):
     sides = (suite.patterns[0], *suite.patterns[0].variants)
     warms = [SimpleNamespace(plan=SimpleNamespace(pattern=p)) for p in sides]
     ran, phases = [], []
-    monkeypatch.setattr(pattern, "window_of", lambda rig, w: ran.append(warms.index(w)) or w)
+    monkeypatch.setattr(pattern, "measure_window", lambda rig, w: ran.append(warms.index(w)) or w)
 
     def step(phase, label, work):
         phases.append((phase, label))

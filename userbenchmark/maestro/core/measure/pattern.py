@@ -66,7 +66,7 @@ def measure_pattern(
 
         def alone() -> tuple[Ready, Window]:
             warmed = warm(rig, readies[0], held)
-            return warmed, window_of(rig, warmed)
+            return warmed, measure_window(rig, warmed)
 
         first, window = step("measure", name, alone)
         warms, windows = (first,), ((window,),)
@@ -87,18 +87,13 @@ def warm(rig: Rig, ready: Ready, held: Allocated) -> Ready:
     gate for them. The measured windows come after all of it: capture and warmups never reach
     the numbers."""
     plan = ready.plan
-    ready = warm_up(rig, ready, present=plan.present)
+    ready = warm_up(rig, ready)
     if plan.pattern.graph:
         if plan.pattern.warmup_iters == 0:  # communicators exist before capture
-            issue(rig, ready, 1, present=plan.present, profiler=Profiler())
+            issue(rig, ready, 1, present=ready.present, profiler=Profiler())
         ready = capture(ready, rig.place.device, held)
-        ready = warm_up(rig, ready, present=plan.present)
+        ready = warm_up(rig, ready)
     return ready
-
-
-def window_of(rig: Rig, warmed: Ready) -> Window:
-    """One measured window of every block of a warmed-up pattern."""
-    return measure_window(rig, warmed, present=warmed.plan.timed)
 
 
 def interleaved(
@@ -113,7 +108,7 @@ def interleaved(
             side = (r + k) % len(warms)
             warmed = warms[side]
             phase = f"measure, round {r + 1} of {rounds}"
-            work = functools.partial(window_of, rig, warmed)
+            work = functools.partial(measure_window, rig, warmed)
             got[side].append(step(phase, warmed.plan.pattern.label, work))
     return tuple(tuple(windows) for windows in got)
 
@@ -135,16 +130,14 @@ def baseline(rig: Rig, ready: Ready) -> Isolated:
             note(f"{plan.pattern.name}: baseline", b, num_blocks)
         if plan.idle[b] is not None:
             continue  # nothing to time (the same on every rank)
-        only = np.zeros(num_blocks, dtype=bool)
-        only[b] = plan.timed[b]
         alone = dataclasses.replace(ready, lanes=lanes_alone(ready.lanes, b))
         # On CUDA a block alone that talks to no other rank needs no cross-rank start: its
         # iterations follow each other on the device, each after its gate spin, with no
         # host barrier or alignment collective between them. On CPU its lane would then
         # run warm where the pattern's ran after a wait.
         sync = "none" if rig.place.is_cuda and not plan.is_comm[b] else None
-        alone = warm_up(rig, alone, present=only, sync=sync)
-        window = measure_window(rig, alone, present=only, sync=sync)
+        alone = warm_up(rig, alone, sync=sync)
+        window = measure_window(rig, alone, sync=sync)
         rows[b] = window.agg.latency_ns[b]
     return Isolated(latency_ns=rows)
 
@@ -156,7 +149,7 @@ def check(rig: Rig, ready: Ready) -> np.ndarray:
     for _, block in blocks:
         block.prepare_check()
     plan = ready.plan
-    issue(rig, ready, 1, present=plan.present, profiler=Profiler())
+    issue(rig, ready, 1, present=ready.present, profiler=Profiler())
     if rig.place.is_cuda:
         torch.cuda.synchronize(rig.place.device)
     wrong = np.zeros(len(plan.names))
@@ -313,7 +306,7 @@ def issue(
         )
 
 
-def warm_up(rig: Rig, ready: Ready, *, present: np.ndarray, sync: str | None = None) -> Ready:
+def warm_up(rig: Rig, ready: Ready, *, sync: str | None = None) -> Ready:
     """``ready`` after its warmup iterations (never timed), with the gate's lead they call for,
     from the default lead (no pattern inherits another's). Ranks agree on the longest: ranks
     whose gates opened apart would start their collectives apart and time each other."""
@@ -323,7 +316,7 @@ def warm_up(rig: Rig, ready: Ready, *, present: np.ndarray, sync: str | None = N
         return ready
     # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the lead is
     # sized for them; never ended: the next window's begin discards its records.
-    host = issue(rig, ready, plan.pattern.warmup_iters, present=present, sync=sync)
+    host = issue(rig, ready, plan.pattern.warmup_iters, present=ready.present, sync=sync)
     proposal = np.array([calibrated_lead_us(host, cuda=cuda)])
     lead_us = float(reducer(rig.sync_group)(proposal, "max")[0])
     log.debug(
@@ -335,13 +328,11 @@ def warm_up(rig: Rig, ready: Ready, *, present: np.ndarray, sync: str | None = N
     return dataclasses.replace(ready, lead_us=lead_us)
 
 
-def measure_window(
-    rig: Rig, ready: Ready, *, present: np.ndarray, sync: str | None = None
-) -> Window:
+def measure_window(rig: Rig, ready: Ready, *, sync: str | None = None) -> Window:
     """One measured window of the pattern's iterations: ``ready``'s lanes run behind its gate's
-    lead, the blocks ``present`` timed by the rig's profiler, the figures reduced over the
-    ranks."""
+    lead, their timed blocks timed by the rig's profiler, the figures reduced over the ranks."""
     plan = ready.plan
+    present = ready.present & plan.timed
     host = issue(rig, ready, plan.pattern.num_iters, present=present, sync=sync)
     timings = rig.profiler.end_window()
     return Window(timings=timings, host=host, agg=summarize(rig, plan, timings, host))

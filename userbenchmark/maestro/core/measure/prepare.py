@@ -113,6 +113,13 @@ class Ready:
     lanes: tuple[Lane, ...]
     lead_us: float
 
+    @property
+    def present(self) -> np.ndarray:
+        """(blocks,) bool: the blocks of its lanes (every block here, or one alone)."""
+        present = np.zeros(len(self.plan.names), dtype=bool)
+        present[[i for lane in self.lanes for i, _ in lane.blocks]] = True
+        return present
+
 
 class Allocated:
     """What a pattern and its variants allocated on this rank (blocks, registered pools, CUDA
