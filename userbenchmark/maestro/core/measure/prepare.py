@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +23,7 @@ from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..config.spec import PatternSpec
 from .lanes import Lane, default_lead_us
-from .rig import RegisteredPool, Rig
+from .rig import Rig
 
 log = logging.getLogger("maestro.pattern")
 
@@ -122,19 +122,31 @@ class Ready:
 
 
 class Allocated:
-    """What a pattern and its variants allocated on this rank (blocks, registered pools, CUDA
-    graphs), freed by :meth:`teardown` whatever happened."""
+    """What a pattern and its variants allocated on this rank (blocks, ``register_buffers``'
+    pools, CUDA graphs), freed by :meth:`teardown` whatever happened."""
 
     def __init__(self, rig: Rig, pattern: str) -> None:
         self.rig, self.pattern = rig, pattern
         self.blocks: list[Block] = []
-        self.pools: dict[str, RegisteredPool] = {}
+        # {axis: (its communicator's NCCL backend, a MemPool over the backend's mem_allocator)}
+        self.pools: dict[str, tuple[Any, Any]] = {}
+        self.registered: list[tuple[Any, Any]] = []  # only these are deregistered
         self.graphs: list[Any] = []
 
-    def pool(self, axis: str) -> RegisteredPool:  # one per communicator and pattern
+    def allocator(self, axis: str) -> Callable[[int, Any], Any]:
+        """An ``empty``-like allocator (``BlockContext.allocator``) drawing from ``axis``'s pool,
+        one per communicator and pattern."""
+        device = self.rig.place.device
         if axis not in self.pools:
-            self.pools[axis] = RegisteredPool(self.rig.comms.group(axis), self.rig.place.device)
-        return self.pools[axis]
+            backend = self.rig.comms.group(axis)._get_backend(device)
+            self.pools[axis] = (backend, torch.cuda.MemPool(backend.mem_allocator))
+        pool = self.pools[axis][1]
+
+        def empty(numel: int, dtype: Any) -> Any:
+            with torch.cuda.use_mem_pool(pool, device=device):
+                return torch.empty(numel, dtype=dtype, device=device)
+
+        return empty
 
     def teardown(self, *, failed: bool, drain_s: float) -> None:
         """Free the graphs, blocks and buffers once the device is done with them (after a
@@ -162,8 +174,9 @@ class Allocated:
         for block in self.blocks:
             block.teardown()
         self.blocks = []
-        for pool in self.pools.values():
-            pool.release()
+        for backend, pool in self.registered:
+            backend.deregister_mem_pool(pool)
+        self.registered = []
         self.pools = {}
         if cuda:
             torch.cuda.empty_cache()
@@ -197,8 +210,10 @@ def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]
     notes: dict[tuple[int, int], tuple[str, ...]] = {}
     for side, i in made:
         blocks[side, i], notes[side, i] = _set_up(rig, plans[side].pattern, i, held)
-    for pool in held.pools.values():
-        pool.register()  # after every buffer exists: registration covers the pool's segments
+    for backend, pool in held.pools.values():
+        # After every buffer exists: registration covers the pool's segments.
+        backend.register_mem_pool(pool)
+        held.registered.append((backend, pool))
     readies = []
     for plan, found in zip(plans, owners, strict=True):
         mine = tuple(blocks[found[i]] if i in found else None for i in range(len(plan.names)))
@@ -220,7 +235,7 @@ def _set_up(
     place, spec = rig.place, pattern.blocks[i]
     allocator = None
     if spec.register_buffers and place.is_cuda:
-        allocator = held.pool(spec.axis).allocator()
+        allocator = held.allocator(spec.axis)
     ctx = BlockContext(
         rank=place.rank,
         device=place.device,
