@@ -189,32 +189,27 @@ class _CpuWindow:
             self.release()
 
 
+@dataclass(frozen=True, kw_only=True)
 class CpuLanes:
     """Each lane on its own thread. ``sync: barrier``: every rank proposes ``now + margin`` on
     CLOCK_MONOTONIC, an all_reduce MAX picks the latest and every gate opens then; without a
     shared clock (several hosts) or with ``barrier-only`` a rank opens it leaving the barrier."""
 
-    def __init__(
-        self,
-        *,
-        barrier: Callable[[], None],
-        agree_start: Callable[[int], int] | None,
-        timeout_s: float,
-    ) -> None:
-        self._barrier = barrier  # cross-rank barrier between iterations (sync group)
-        self._agree_start = agree_start  # the latest proposed start (ns); None: no shared clock
-        self._timeout_s = timeout_s
+    barrier: Callable[[], None]  # cross-rank barrier between iterations (sync group)
+    # The latest proposed start (ns); None: the ranks share no clock.
+    agree_start: Callable[[int], int] | None
+    timeout_s: float
 
     def _open_gate(self, sync: str, it: int, out: HostTimings, lead_us: float) -> None:
-        if sync == "barrier" and self._agree_start is not None:
+        if sync == "barrier" and self.agree_start is not None:
             t0 = time.perf_counter_ns()
-            target = self._agree_start(t0 + round(lead_us * 1e3))
+            target = self.agree_start(t0 + round(lead_us * 1e3))
             t1 = time.perf_counter_ns()
             out.agree_ns[it] = t1 - t0  # how long agreeing took: calibrates the margin
             out.start_late[it] = t1 > target
             sleep_until_ns(target)
         elif sync in ("barrier", "barrier-only"):
-            self._barrier()
+            self.barrier()
         out.gate_open_ns[it] = time.perf_counter_ns()
 
     def run_window(
@@ -235,7 +230,7 @@ class CpuLanes:
             agree_ns=np.zeros(num_iters, dtype=np.int64),
             start_late=np.zeros(num_iters, dtype=bool),
         )
-        window = _CpuWindow(lanes, len(block_names), self._timeout_s)
+        window = _CpuWindow(lanes, len(block_names), self.timeout_s)
         threads = [
             threading.Thread(
                 target=window.lane_main,
@@ -271,7 +266,7 @@ class CpuLanes:
             raise RunError(f"{type(exc).__name__}: {exc}", block=block) from exc
         if stuck:
             raise RunError(
-                f"block did not return within timeout_s {self._timeout_s:g} s", block=stuck[0]
+                f"block did not return within timeout_s {self.timeout_s:g} s", block=stuck[0]
             )
         if isinstance(main_error, KeyboardInterrupt):
             raise main_error
