@@ -166,9 +166,10 @@ def worker(rank: int, port: int, config: str, opts: dict[str, Any]) -> None:
     margin_us = [DEFAULT_START_MARGIN_US]  # maestro's last calibrated one
     calibrated, leads = maestro_pattern.warm_up, []
 
-    def warm_up(*args: Any, **kwargs: Any) -> float:  # maestro's warmup, its lead kept
-        leads.append(calibrated(*args, **kwargs))
-        return leads[-1]
+    def warm_up(*args: Any, **kwargs: Any) -> Any:  # maestro's warmup, its lead kept
+        warmed = calibrated(*args, **kwargs)
+        leads.append(warmed.lead_us)
+        return warmed
 
     maestro_pattern.warm_up = warm_up
     for op in opts["ops"]:

@@ -160,8 +160,7 @@ def worker(
     def maestro_window() -> float:
         dist.barrier(group=timer_group)
         s = time.perf_counter()
-        plan = warmed.ready.plan
-        issue(rt, plan, warmed.lanes, num_iters, present=plan.timed, lead_us=warmed.lead_us)
+        issue(rt, warmed, num_iters, present=warmed.plan.timed)
         rt.profiler.end_window()
         return time.perf_counter() - s
 

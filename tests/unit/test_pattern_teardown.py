@@ -17,12 +17,12 @@ class _Block:
         self.torn_down += 1
 
 
-class _Pool:
+class _Backend:
     def __init__(self):
-        self.released = 0
+        self.deregistered = []
 
-    def release(self):
-        self.released += 1
+    def deregister_mem_pool(self, pool):
+        self.deregistered.append(pool)
 
 
 def _run(drains: bool, *, wedged: bool = False):
@@ -39,18 +39,20 @@ def _run(drains: bool, *, wedged: bool = False):
     )
     run = Allocated(rig, "p")
     run.blocks = [_Block()]
-    run.pools = {"x": _Pool()}
+    backend = _Backend()
+    run.pools = {"x": (backend, "pool")}
+    run.registered = [(backend, "pool")]
     run.graphs = ["graph"]
     return run, waits
 
 
 def test_device_still_busy_after_a_failure_frees_nothing_and_marks_wedged():
     run, waits = _run(drains=False)
-    block, pool = run.blocks[0], run.pools["x"]
+    block, backend = run.blocks[0], run.registered[0][0]
     run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [grace_s(40.0)]  # short: an aborted collective ends at once
     assert run.rig.wedged
-    assert block.torn_down == 0 and pool.released == 0 and run.graphs
+    assert block.torn_down == 0 and backend.deregistered == [] and run.graphs and run.pools
 
 
 def test_a_wedged_runtime_skips_the_wait_entirely():
@@ -66,10 +68,11 @@ def test_after_a_failure_a_drained_device_is_freed_without_a_synchronize(monkeyp
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
     run, waits = _run(drains=True)
-    block, pool = run.blocks[0], run.pools["x"]
+    block, backend = run.blocks[0], run.registered[0][0]
     run.teardown(failed=True, drain_s=grace_s(40.0))
     assert waits == [grace_s(40.0)] and not run.rig.wedged
-    assert block.torn_down == 1 and pool.released == 1 and run.graphs == []
+    assert block.torn_down == 1 and backend.deregistered == ["pool"] and run.graphs == []
+    assert run.pools == {} and run.registered == []
     assert calls == ["empty"]
     run, waits = _run(drains=True)
     run.teardown(

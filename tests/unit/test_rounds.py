@@ -81,9 +81,9 @@ def test_joined_windows_read_as_one_window_of_all_their_iterations():
 def test_each_round_rotates_the_order_and_is_a_phase_of_its_own(monkeypatch):
     suite = _suite(slow={"long": 480.0}, same={})
     sides = (suite.patterns[0], *suite.patterns[0].variants)
-    warms = [SimpleNamespace(ready=SimpleNamespace(plan=SimpleNamespace(pattern=p))) for p in sides]
+    warms = [SimpleNamespace(plan=SimpleNamespace(pattern=p)) for p in sides]
     ran, phases = [], []
-    monkeypatch.setattr(pattern, "window_of", lambda rig, w: ran.append(warms.index(w)) or w)
+    monkeypatch.setattr(pattern, "measure_window", lambda rig, w: ran.append(warms.index(w)) or w)
 
     def step(phase, label, work):
         phases.append((phase, label))

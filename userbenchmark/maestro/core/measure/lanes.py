@@ -189,32 +189,27 @@ class _CpuWindow:
             self.release()
 
 
+@dataclass(frozen=True, kw_only=True)
 class CpuLanes:
     """Each lane on its own thread. ``sync: barrier``: every rank proposes ``now + margin`` on
     CLOCK_MONOTONIC, an all_reduce MAX picks the latest and every gate opens then; without a
     shared clock (several hosts) or with ``barrier-only`` a rank opens it leaving the barrier."""
 
-    def __init__(
-        self,
-        *,
-        barrier: Callable[[], None],
-        agree_start: Callable[[int], int] | None,
-        timeout_s: float,
-    ) -> None:
-        self._barrier = barrier  # cross-rank barrier between iterations (sync group)
-        self._agree_start = agree_start  # the latest proposed start (ns); None: no shared clock
-        self._timeout_s = timeout_s
+    barrier: Callable[[], None]  # cross-rank barrier between iterations (sync group)
+    # The latest proposed start (ns); None: the ranks share no clock.
+    agree_start: Callable[[int], int] | None
+    timeout_s: float
 
     def _open_gate(self, sync: str, it: int, out: HostTimings, lead_us: float) -> None:
-        if sync == "barrier" and self._agree_start is not None:
+        if sync == "barrier" and self.agree_start is not None:
             t0 = time.perf_counter_ns()
-            target = self._agree_start(t0 + round(lead_us * 1e3))
+            target = self.agree_start(t0 + round(lead_us * 1e3))
             t1 = time.perf_counter_ns()
             out.agree_ns[it] = t1 - t0  # how long agreeing took: calibrates the margin
             out.start_late[it] = t1 > target
             sleep_until_ns(target)
         elif sync in ("barrier", "barrier-only"):
-            self._barrier()
+            self.barrier()
         out.gate_open_ns[it] = time.perf_counter_ns()
 
     def run_window(
@@ -235,7 +230,7 @@ class CpuLanes:
             agree_ns=np.zeros(num_iters, dtype=np.int64),
             start_late=np.zeros(num_iters, dtype=bool),
         )
-        window = _CpuWindow(lanes, len(block_names), self._timeout_s)
+        window = _CpuWindow(lanes, len(block_names), self.timeout_s)
         threads = [
             threading.Thread(
                 target=window.lane_main,
@@ -271,7 +266,7 @@ class CpuLanes:
             raise RunError(f"{type(exc).__name__}: {exc}", block=block) from exc
         if stuck:
             raise RunError(
-                f"block did not return within timeout_s {self._timeout_s:g} s", block=stuck[0]
+                f"block did not return within timeout_s {self.timeout_s:g} s", block=stuck[0]
             )
         if isinstance(main_error, KeyboardInterrupt):
             raise main_error
@@ -309,27 +304,21 @@ def wait_for_events(events: Sequence[Any], timeout_s: float) -> None:
         pause_s = min(2 * pause_s, POLL_MAX_S)
 
 
+@dataclass(kw_only=True)
 class CudaLanes:
     """Lanes on CUDA streams behind a GPU-side start gate. ``sync: barrier``: after the host
     barrier a one-element all_reduce on its own communicator precedes the spin on the gate
     stream, so every spin starts when the last rank joined (``barrier-only`` skips it)."""
 
-    def __init__(
-        self,
-        *,
-        barrier: Callable[[], None],
-        device: Any,
-        sleep_cycles_per_us: float,
-        timeout_s: float,
-        align: Callable[[], None] | None = None,
-    ) -> None:
-        self._barrier = barrier
-        self._timeout_s = timeout_s
-        self._align = align  # enqueues the cross-rank alignment; None for a single rank
-        self._device = device
-        self._cycles_per_us = sleep_cycles_per_us
-        self._gate_stream = torch.cuda.Stream(device=device, priority=0)
-        self._streams: dict[str, Any] = {}  # each lane's, made once per run
+    barrier: Callable[[], None]
+    device: Any
+    sleep_cycles_per_us: float
+    timeout_s: float
+    align: Callable[[], None] | None = None  # enqueues the cross-rank alignment; None: 1 rank
+    _streams: dict[str, Any] = field(default_factory=dict, init=False)  # each lane's, per run
+
+    def __post_init__(self) -> None:
+        self._gate_stream = torch.cuda.Stream(device=self.device, priority=0)
 
     def stream(self, lane: str, priority: str) -> Any:
         key = f"{lane}:{priority}"
@@ -337,7 +326,7 @@ class CudaLanes:
             # Stream priorities: 0 is normal, negative is higher.
             low, high = torch.cuda.Stream.priority_range()
             level = high if priority == "high" else 0
-            self._streams[key] = torch.cuda.Stream(device=self._device, priority=level)
+            self._streams[key] = torch.cuda.Stream(device=self.device, priority=level)
         return self._streams[key]
 
     def run_window(
@@ -363,14 +352,14 @@ class CudaLanes:
         marks = {j: torch.cuda.Event() for lane in lanes for w in lane.after.values() for j in w}
         fence = [gate_event, *lane_done]
         host_barrier = sync in ("barrier", "barrier-only")
-        align = self._align if sync == "barrier" else None
-        gate_cycles = max(1, round(lead_us * self._cycles_per_us))
+        align = self.align if sync == "barrier" else None
+        gate_cycles = max(1, round(lead_us * self.sleep_cycles_per_us))
         current = ""
         try:
             for it in range(num_iters):
                 if host_barrier:
-                    wait_for_events(fence, self._timeout_s)
-                    self._barrier()
+                    wait_for_events(fence, self.timeout_s)
+                    self.barrier()
                 else:
                     # Device-side fence: the next gate waits for every lane's last block.
                     for ev in lane_done:
@@ -402,8 +391,8 @@ class CudaLanes:
                 for lane, done in zip(lanes, lane_done, strict=True):
                     done.record(lane.stream)
                 enqueue[it] = time.perf_counter_ns() - t0
-            wait_for_events(fence, self._timeout_s)
-            torch.cuda.synchronize(self._device)
+            wait_for_events(fence, self.timeout_s)
+            torch.cuda.synchronize(self.device)
         except RunError:
             raise
         except Exception as exc:
@@ -413,7 +402,7 @@ class CudaLanes:
     def drained(self, timeout_s: float) -> bool:
         """Whether the gate stream, the lanes' and the current stream finished within
         ``timeout_s``: a bounded ``torch.cuda.synchronize`` (a collective may never end)."""
-        current = torch.cuda.current_stream(self._device)
+        current = torch.cuda.current_stream(self.device)
         every = (self._gate_stream, *self._streams.values(), current)
         events = [stream.record_event() for stream in every]
         try:

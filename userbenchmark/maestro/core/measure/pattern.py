@@ -27,8 +27,8 @@ from ..analysis.whatif import WhatIfResult, build_whatif
 from ..config.spec import PatternSpec
 from ..profilers.profiler import Profiler
 from ..replay.fidelity import rank_steps, with_fidelity
-from .lanes import Lane, calibrated_lead_us, default_lead_us, gc_paused
-from .prepare import Allocated, Plan, Ready, capture, lanes_of, make_plan, setup
+from .lanes import calibrated_lead_us, default_lead_us, gc_paused
+from .prepare import Allocated, Plan, Ready, capture, lanes_alone, make_plan, setup
 from .rig import Rig, reducer
 
 log = logging.getLogger("maestro.pattern")
@@ -48,16 +48,6 @@ class Measured:
     whatif: tuple[WhatIfResult, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class Warm:
-    """A pattern warmed up: its blocks' launches (their CUDA graphs' replays once captured), the
-    lanes of a window of them, and the gate's lead its warmup called for."""
-
-    ready: Ready
-    lanes: tuple[Lane, ...]
-    lead_us: float
-
-
 def measure_pattern(
     rig: Rig, pattern: PatternSpec, held: Allocated, step: Step, *, rounds: int
 ) -> Measured:
@@ -74,49 +64,40 @@ def measure_pattern(
         windows = interleaved(rig, warms, step, rounds)
     else:
 
-        def alone() -> tuple[Warm, Window]:
+        def alone() -> tuple[Ready, Window]:
             warmed = warm(rig, readies[0], held)
-            return warmed, window_of(rig, warmed)
+            return warmed, measure_window(rig, warmed)
 
         first, window = step("measure", name, alone)
         warms, windows = (first,), ((window,),)
     isolated = Isolated.unmeasured(len(pattern.blocks))
     if pattern.baseline and len(pattern.blocks) > 1:
-        isolated = step("baseline", name, lambda: baseline(rig, warms[0].ready))
+        isolated = step("baseline", name, lambda: baseline(rig, warms[0]))
     wrong: tuple[np.ndarray | None, ...] = (None,) * len(sides)
     if pattern.check:
         wrong = tuple(
-            step("check", w.ready.plan.pattern.label, functools.partial(check, rig, w))
-            for w in warms
+            step("check", w.plan.pattern.label, functools.partial(check, rig, w)) for w in warms
         )
     return step("analysis", name, lambda: analyse(rig, warms, windows, isolated, wrong))
 
 
-def warm(rig: Rig, ready: Ready, held: Allocated) -> Warm:
+def warm(rig: Rig, ready: Ready, held: Allocated) -> Ready:
     """``ready`` warmed up, its gate sized. CUDA-graph mode: an eager warmup first (communicators,
     library handles), then each block captured, then a warmup of the replays, which sizes the
     gate for them. The measured windows come after all of it: capture and warmups never reach
     the numbers."""
     plan = ready.plan
-    lanes = lanes_of(rig, ready)
-    lead_us = warm_up(rig, plan, lanes, present=plan.present)
+    ready = warm_up(rig, ready)
     if plan.pattern.graph:
         if plan.pattern.warmup_iters == 0:  # communicators exist before capture
-            issue(rig, plan, lanes, 1, present=plan.present, lead_us=lead_us, profiler=Profiler())
-        ready = capture(ready, lanes, rig.place.device, held)
-        lanes = lanes_of(rig, ready)
-        lead_us = warm_up(rig, plan, lanes, present=plan.present)
-    return Warm(ready=ready, lanes=lanes, lead_us=lead_us)
-
-
-def window_of(rig: Rig, warmed: Warm) -> Window:
-    """One measured window of every block of a warmed-up pattern."""
-    plan = warmed.ready.plan
-    return measure_window(rig, plan, warmed.lanes, present=plan.timed, lead_us=warmed.lead_us)
+            issue(rig, ready, 1, present=ready.present, profiler=Profiler())
+        ready = capture(ready, rig.place.device, held)
+        ready = warm_up(rig, ready)
+    return ready
 
 
 def interleaved(
-    rig: Rig, warms: Sequence[Warm], step: Step, rounds: int
+    rig: Rig, warms: Sequence[Ready], step: Step, rounds: int
 ) -> tuple[tuple[Window, ...], ...]:
     """``rounds`` rounds of one measured window of each of ``warms`` (each window a phase of its
     own), the order rotated from round to round: the first window after a switch can run cold,
@@ -127,8 +108,8 @@ def interleaved(
             side = (r + k) % len(warms)
             warmed = warms[side]
             phase = f"measure, round {r + 1} of {rounds}"
-            work = functools.partial(window_of, rig, warmed)
-            got[side].append(step(phase, warmed.ready.plan.pattern.label, work))
+            work = functools.partial(measure_window, rig, warmed)
+            got[side].append(step(phase, warmed.plan.pattern.label, work))
     return tuple(tuple(windows) for windows in got)
 
 
@@ -140,7 +121,7 @@ def per_round(windows: Sequence[Window]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def baseline(rig: Rig, ready: Ready) -> Isolated:
-    """Each block alone, for the pattern's iterations."""
+    """Each block of warmed-up ``ready`` alone, for the pattern's iterations."""
     plan, note = ready.plan, rig.note
     num_blocks = len(plan.names)
     rows = np.full((num_blocks, plan.pattern.num_iters), np.nan)
@@ -149,29 +130,26 @@ def baseline(rig: Rig, ready: Ready) -> Isolated:
             note(f"{plan.pattern.name}: baseline", b, num_blocks)
         if plan.idle[b] is not None:
             continue  # nothing to time (the same on every rank)
-        only = np.zeros(num_blocks, dtype=bool)
-        only[b] = plan.timed[b]
-        lanes = lanes_of(rig, ready, only=b)
+        alone = dataclasses.replace(ready, lanes=lanes_alone(ready.lanes, b))
         # On CUDA a block alone that talks to no other rank needs no cross-rank start: its
         # iterations follow each other on the device, each after its gate spin, with no
         # host barrier or alignment collective between them. On CPU its lane would then
         # run warm where the pattern's ran after a wait.
         sync = "none" if rig.place.is_cuda and not plan.is_comm[b] else None
-        lead_us = warm_up(rig, plan, lanes, present=only, sync=sync)
-        window = measure_window(rig, plan, lanes, present=only, lead_us=lead_us, sync=sync)
+        alone = warm_up(rig, alone, sync=sync)
+        window = measure_window(rig, alone, sync=sync)
         rows[b] = window.agg.latency_ns[b]
     return Isolated(latency_ns=rows)
 
 
-def check(rig: Rig, warmed: Warm) -> np.ndarray:
+def check(rig: Rig, ready: Ready) -> np.ndarray:
     """Wrong output elements of each block, summed over the ranks, after one iteration on
     deterministic inputs."""
-    ready = warmed.ready
     blocks = [(i, block) for i, block in enumerate(ready.blocks) if block is not None]
     for _, block in blocks:
         block.prepare_check()
-    plan, lead_us = ready.plan, warmed.lead_us
-    issue(rig, plan, warmed.lanes, 1, present=plan.present, lead_us=lead_us, profiler=Profiler())
+    plan = ready.plan
+    issue(rig, ready, 1, present=ready.present, profiler=Profiler())
     if rig.place.is_cuda:
         torch.cuda.synchronize(rig.place.device)
     wrong = np.zeros(len(plan.names))
@@ -193,7 +171,7 @@ BASE_ONLY_NOTE = (
 
 def analyse(
     rig: Rig,
-    warms: Sequence[Warm],
+    warms: Sequence[Ready],
     windows: Sequence[Sequence[Window]],
     isolated: Isolated,
     wrong: Sequence[np.ndarray | None],
@@ -205,8 +183,7 @@ def analyse(
         mine = np.array([float(torch.cuda.max_memory_allocated(rig.place.device))])
         peak = int(reducer(rig.sync_group)(mine, "max")[0])
     outcomes = []
-    for side, (warmed, measured, checked) in enumerate(zip(warms, windows, wrong, strict=True)):
-        ready = warmed.ready
+    for side, (ready, measured, checked) in enumerate(zip(warms, windows, wrong, strict=True)):
         alone = isolated if side == 0 else Isolated.unmeasured(len(ready.plan.names))
         outcome = _outcome(rig, ready, measured, alone, checked, peak)
         if side > 0 and isolated.latency_ns.size:  # the pattern's baseline ran
@@ -214,7 +191,7 @@ def analyse(
             notes = "; ".join(n for n in (result.notes, BASE_ONLY_NOTE) if n)
             outcome = dataclasses.replace(outcome, pattern=dataclasses.replace(result, notes=notes))
         outcomes.append((ready.plan.pattern, outcome))
-    base, *variants = (w.ready.plan.pattern for w in warms)
+    base, *variants = (w.plan.pattern for w in warms)
     base_makespan, base_blocks = per_round(windows[0])
     whatif = []
     for variant, measured in zip(variants, windows[1:], strict=True):
@@ -303,48 +280,43 @@ class Window:
 
 def issue(
     rig: Rig,
-    plan: Plan,
-    lanes: Sequence[Lane],
+    ready: Ready,
     num_iters: int,
     *,
     present: np.ndarray,
-    lead_us: float,
     sync: str | None = None,
     profiler: Profiler | None = None,
 ) -> HostTimings:
-    """Run ``lanes`` for ``num_iters`` iterations (the garbage collector paused) under
-    ``profiler`` (default: the rig's), timing the blocks ``present``; ``sync`` overrides the
-    pattern's."""
+    """Run ``ready``'s lanes for ``num_iters`` iterations behind its gate's lead (the garbage
+    collector paused) under ``profiler`` (default: the rig's), timing the blocks ``present``;
+    ``sync`` overrides the pattern's."""
+    plan = ready.plan
     profiler = rig.profiler if profiler is None else profiler
     rig.window_id += 1
     profiler.begin_window(rig.window_id, len(plan.names), num_iters, present)
     with gc_paused():
         return rig.lanes.run_window(
-            lanes,
+            ready.lanes,
             num_iters,
             profiler,
             sync=sync or plan.pattern.sync,
             block_names=plan.names,
             order=plan.pattern.issue_order,
-            lead_us=lead_us,
+            lead_us=ready.lead_us,
         )
 
 
-def warm_up(
-    rig: Rig, plan: Plan, lanes: Sequence[Lane], *, present: np.ndarray, sync: str | None = None
-) -> float:
-    """Run the warmup iterations (never timed) and return the gate's lead they call for, from the
-    default lead (no pattern inherits another's). Ranks agree on the longest: ranks whose gates
-    opened apart would start their collectives apart and time each other."""
-    cuda = rig.place.is_cuda
-    lead_us = default_lead_us(cuda=cuda)
+def warm_up(rig: Rig, ready: Ready, *, sync: str | None = None) -> Ready:
+    """``ready`` after its warmup iterations (never timed), with the gate's lead they call for,
+    from the default lead (no pattern inherits another's). Ranks agree on the longest: ranks
+    whose gates opened apart would start their collectives apart and time each other."""
+    plan, cuda = ready.plan, rig.place.is_cuda
+    ready = dataclasses.replace(ready, lead_us=default_lead_us(cuda=cuda))
     if plan.pattern.warmup_iters <= 0:
-        return lead_us
+        return ready
     # With the measured window's profiler hooks (CUPTI's push/pop cost host time), so the lead is
     # sized for them; never ended: the next window's begin discards its records.
-    host = issue(
-        rig, plan, lanes, plan.pattern.warmup_iters, present=present, lead_us=lead_us, sync=sync
-    )
+    host = issue(rig, ready, plan.pattern.warmup_iters, present=ready.present, sync=sync)
     proposal = np.array([calibrated_lead_us(host, cuda=cuda)])
     lead_us = float(reducer(rig.sync_group)(proposal, "max")[0])
     log.debug(
@@ -353,24 +325,15 @@ def warm_up(
         lead_us,
         host.enqueue_ns / 1e3,
     )
-    return lead_us
+    return dataclasses.replace(ready, lead_us=lead_us)
 
 
-def measure_window(
-    rig: Rig,
-    plan: Plan,
-    lanes: Sequence[Lane],
-    *,
-    present: np.ndarray,
-    lead_us: float,
-    sync: str | None = None,
-) -> Window:
-    """One measured window of the pattern's iterations: ``lanes`` run behind a gate of
-    ``lead_us``, the blocks ``present`` timed by the rig's profiler, the figures reduced over
-    the ranks."""
-    host = issue(
-        rig, plan, lanes, plan.pattern.num_iters, present=present, lead_us=lead_us, sync=sync
-    )
+def measure_window(rig: Rig, ready: Ready, *, sync: str | None = None) -> Window:
+    """One measured window of the pattern's iterations: ``ready``'s lanes run behind its gate's
+    lead, their timed blocks timed by the rig's profiler, the figures reduced over the ranks."""
+    plan = ready.plan
+    present = ready.present & plan.timed
+    host = issue(rig, ready, plan.pattern.num_iters, present=present, sync=sync)
     timings = rig.profiler.end_window()
     return Window(timings=timings, host=host, agg=summarize(rig, plan, timings, host))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,8 +22,8 @@ from ...blocks.dtypes import torch_dtype
 from ...blocks.registry import resolve_op
 from ...errors import RunError
 from ..config.spec import PatternSpec
-from .lanes import Lane
-from .rig import RegisteredPool, Rig
+from .lanes import Lane, default_lead_us
+from .rig import Rig
 
 log = logging.getLogger("maestro.pattern")
 
@@ -48,9 +48,6 @@ class Plan:
     lane_of_block: tuple[int, ...]
     after: tuple[tuple[int, ...], ...]
     """Each block's waits on other lanes (a lane runs its blocks in order anyway)."""
-    lane_starts: tuple[int, ...]
-    """The lane of each block, -1 where its lane's first block here waits for another lane:
-    left out of lane skew and gate delay."""
     is_comm: np.ndarray
     is_compute: np.ndarray
     team_sizes: tuple[int, ...]
@@ -60,15 +57,15 @@ class Plan:
     def names(self) -> tuple[str, ...]:
         return tuple(b.name for b in self.pattern.blocks)
 
-
-def _lane_starts(
-    lane_of_block: Sequence[int], after: Sequence[tuple[int, ...]], present: np.ndarray
-) -> tuple[int, ...]:
-    firsts: dict[int, int] = {}
-    for i in np.flatnonzero(present):
-        firsts.setdefault(lane_of_block[i], int(i))
-    waiting = {li for li, i in firsts.items() if present[list(after[i])].any()}
-    return tuple(-1 if li in waiting else li for li in lane_of_block)
+    @property
+    def lane_starts(self) -> tuple[int, ...]:
+        """The lane of each block, -1 where its lane's first block here waits for another lane:
+        left out of lane skew and gate delay."""
+        firsts: dict[int, int] = {}
+        for i in np.flatnonzero(self.present):
+            firsts.setdefault(self.lane_of_block[i], int(i))
+        waiting = {li for li, i in firsts.items() if self.present[list(self.after[i])].any()}
+        return tuple(-1 if li in waiting else li for li in self.lane_of_block)
 
 
 def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
@@ -93,7 +90,6 @@ def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
         idle=idle,
         lane_of_block=lane_of_block,
         after=after,
-        lane_starts=_lane_starts(lane_of_block, after, present),
         is_comm=np.array([c.category == "comm" for c in classes], dtype=bool),
         is_compute=np.array([c.category == "compute" for c in classes], dtype=bool),
         team_sizes=team_sizes,
@@ -107,29 +103,50 @@ def make_plan(rig: Rig, pattern: PatternSpec) -> Plan:
 
 @dataclass(frozen=True, kw_only=True)
 class Ready:
-    """A plan with its blocks set up (None where a block does not run here), what a lane calls
-    for each (the block, or its CUDA graph's replay once captured) and every block's notes."""
+    """A plan with its blocks set up (None where a block does not run here) and every block's
+    notes; the lanes of a window of them, each block's launch (its CUDA graph's replay once
+    captured); and the gate's lead (the default until a warmup sizes it)."""
 
     plan: Plan
     blocks: tuple[Block | None, ...]
-    launches: tuple[Any, ...]
     notes: tuple[tuple[str, ...], ...]
+    lanes: tuple[Lane, ...]
+    lead_us: float
+
+    @property
+    def present(self) -> np.ndarray:
+        """(blocks,) bool: the blocks of its lanes (every block here, or one alone)."""
+        present = np.zeros(len(self.plan.names), dtype=bool)
+        present[[i for lane in self.lanes for i, _ in lane.blocks]] = True
+        return present
 
 
 class Allocated:
-    """What a pattern and its variants allocated on this rank (blocks, registered pools, CUDA
-    graphs), freed by :meth:`teardown` whatever happened."""
+    """What a pattern and its variants allocated on this rank (blocks, ``register_buffers``'
+    pools, CUDA graphs), freed by :meth:`teardown` whatever happened."""
 
     def __init__(self, rig: Rig, pattern: str) -> None:
         self.rig, self.pattern = rig, pattern
         self.blocks: list[Block] = []
-        self.pools: dict[str, RegisteredPool] = {}
+        # {axis: (its communicator's NCCL backend, a MemPool over the backend's mem_allocator)}
+        self.pools: dict[str, tuple[Any, Any]] = {}
+        self.registered: list[tuple[Any, Any]] = []  # only these are deregistered
         self.graphs: list[Any] = []
 
-    def pool(self, axis: str) -> RegisteredPool:  # one per communicator and pattern
+    def allocator(self, axis: str) -> Callable[[int, Any], Any]:
+        """An ``empty``-like allocator (``BlockContext.allocator``) drawing from ``axis``'s pool,
+        one per communicator and pattern."""
+        device = self.rig.place.device
         if axis not in self.pools:
-            self.pools[axis] = RegisteredPool(self.rig.comms.group(axis), self.rig.place.device)
-        return self.pools[axis]
+            backend = self.rig.comms.group(axis)._get_backend(device)
+            self.pools[axis] = (backend, torch.cuda.MemPool(backend.mem_allocator))
+        pool = self.pools[axis][1]
+
+        def empty(numel: int, dtype: Any) -> Any:
+            with torch.cuda.use_mem_pool(pool, device=device):
+                return torch.empty(numel, dtype=dtype, device=device)
+
+        return empty
 
     def teardown(self, *, failed: bool, drain_s: float) -> None:
         """Free the graphs, blocks and buffers once the device is done with them (after a
@@ -157,8 +174,9 @@ class Allocated:
         for block in self.blocks:
             block.teardown()
         self.blocks = []
-        for pool in self.pools.values():
-            pool.release()
+        for backend, pool in self.registered:
+            backend.deregister_mem_pool(pool)
+        self.registered = []
         self.pools = {}
         if cuda:
             torch.cuda.empty_cache()
@@ -192,8 +210,10 @@ def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]
     notes: dict[tuple[int, int], tuple[str, ...]] = {}
     for side, i in made:
         blocks[side, i], notes[side, i] = _set_up(rig, plans[side].pattern, i, held)
-    for pool in held.pools.values():
-        pool.register()  # after every buffer exists: registration covers the pool's segments
+    for backend, pool in held.pools.values():
+        # After every buffer exists: registration covers the pool's segments.
+        backend.register_mem_pool(pool)
+        held.registered.append((backend, pool))
     readies = []
     for plan, found in zip(plans, owners, strict=True):
         mine = tuple(blocks[found[i]] if i in found else None for i in range(len(plan.names)))
@@ -201,8 +221,9 @@ def setup(rig: Rig, plans: Sequence[Plan], held: Allocated) -> tuple[Ready, ...]
             Ready(
                 plan=plan,
                 blocks=mine,
-                launches=mine,
                 notes=tuple(n + notes.get(found.get(i), ()) for i, n in enumerate(plan.notes)),
+                lanes=_lanes_of(rig, plan, mine),
+                lead_us=default_lead_us(cuda=rig.place.is_cuda),
             )
         )
     return tuple(readies)
@@ -214,7 +235,7 @@ def _set_up(
     place, spec = rig.place, pattern.blocks[i]
     allocator = None
     if spec.register_buffers and place.is_cuda:
-        allocator = held.pool(spec.axis).allocator()
+        allocator = held.allocator(spec.axis)
     ctx = BlockContext(
         rank=place.rank,
         device=place.device,
@@ -295,12 +316,12 @@ def _meminfo(proc: Path) -> HostMemory | None:
     return None
 
 
-def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
+def _cgroup(proc: Path, cgroup_root: Path) -> list[HostMemory]:
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        return None
-    best: HostMemory | None = None
+        return []
+    found = []
     for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
         if controllers == "":  # cgroup v2 (unified)
             unified = cgroup_root / "unified"
@@ -319,13 +340,12 @@ def _cgroup(proc: Path, cgroup_root: Path) -> HostMemory | None:
             usage = _read_int(folder / usage_name)
             if limit is not None and usage is not None and limit < UNLIMITED_BYTES:
                 left = max(0, limit - usage)
-                if best is None or left < best.available_bytes:
-                    best = HostMemory(
-                        left, f"the cgroup's {limit_name} less {usage_name} ({folder})"
-                    )
+                found.append(
+                    HostMemory(left, f"the cgroup's {limit_name} less {usage_name} ({folder})")
+                )
             if folder == root:
                 break
-    return best
+    return found
 
 
 def available_host_memory(
@@ -334,7 +354,7 @@ def available_host_memory(
     """The smaller of ``MemAvailable`` and the memory cgroup's room; None when neither can be
     read (not Linux)."""
     proc, cgroup_root = Path(proc), Path(cgroup_root)
-    readings = [r for r in (_meminfo(proc), _cgroup(proc, cgroup_root)) if r is not None]
+    readings = [r for r in (_meminfo(proc), *_cgroup(proc, cgroup_root)) if r is not None]
     return min(readings, key=lambda r: r.available_bytes, default=None)
 
 
@@ -369,38 +389,45 @@ def check_host_memory(
     )
 
 
-def lanes_of(rig: Rig, ready: Ready, only: int | None = None) -> tuple[Lane, ...]:
-    """The lanes of a window of every block here, or of block ``only``."""
-    plan, lanes = ready.plan, {}
+def _lanes_of(rig: Rig, plan: Plan, blocks: Sequence[Block | None]) -> tuple[Lane, ...]:
+    """The lanes of a window of every block here."""
+    lanes: dict[int, Lane] = {}
     names = plan.pattern.lanes
-
-    def runs(i: int) -> bool:
-        return ready.blocks[i] is not None and only in (None, i)
-
-    for i, launch in enumerate(ready.launches):
-        if not runs(i):
+    for i, block in enumerate(blocks):
+        if block is None:
             continue
         li = plan.lane_of_block[i]
         if li not in lanes:  # its stream has its axis's priority
             priority = rig.comms.axis(plan.pattern.blocks[i].axis).priority
             stream = rig.lanes.stream(names[li], priority) if rig.place.is_cuda else None
             lanes[li] = Lane(name=names[li], blocks=[], stream=stream)
-        lanes[li].blocks.append((i, launch))
-        waits = tuple(j for j in plan.after[i] if runs(j))
+        lanes[li].blocks.append((i, block))
+        waits = tuple(j for j in plan.after[i] if blocks[j] is not None)
         if waits:
             lanes[li].after[i] = waits
     return tuple(lanes[k] for k in sorted(lanes))
 
 
-def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -> Ready:
+def lanes_alone(lanes: Sequence[Lane], b: int) -> tuple[Lane, ...]:
+    """Of ``lanes``, block ``b``'s with ``b`` only (none where it does not run here): alone, it
+    waits for no other block."""
+    return tuple(
+        Lane(name=lane.name, blocks=[(i, x) for i, x in lane.blocks if i == b], stream=lane.stream)
+        for lane in lanes
+        if b in dict(lane.blocks)
+    )
+
+
+def capture(ready: Ready, device: Any, held: Allocated) -> Ready:
     """``ready`` with each block's launch captured into a CUDA graph, replayed on its lane stream
     after the gate event with its external correlation id pushed around replay(): CUPTI
     attributes each kernel per block and iteration as in eager mode, where a graph of a whole
     iteration would give every kernel one id. Communicators and library handles exist already."""
     pool = torch.cuda.graph_pool_handle()  # one private pool for the pattern's graphs
-    launches = list(ready.launches)
+    lanes = []
     torch.cuda.synchronize(device)
-    for lane in lanes:
+    for lane in ready.lanes:
+        replays = []
         for index, block in lane.blocks:
             graph = torch.cuda.CUDAGraph()
             try:
@@ -415,6 +442,7 @@ def capture(ready: Ready, lanes: Sequence[Lane], device: Any, held: Allocated) -
                     block=spec.name,
                 ) from exc
             held.graphs.append(graph)
-            launches[index] = SimpleNamespace(launch=graph.replay)
+            replays.append((index, SimpleNamespace(launch=graph.replay)))
+        lanes.append(replace(lane, blocks=replays))
     torch.cuda.synchronize(device)
-    return replace(ready, launches=tuple(launches))
+    return replace(ready, lanes=tuple(lanes))

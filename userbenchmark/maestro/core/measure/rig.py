@@ -1,6 +1,7 @@
 """What one rank measures with, made once per run: its place, communicators, profiler, lanes,
-gate and cross-rank reducer; ``register_buffers``' pools over NCCL's ``mem_allocator`` (support
-probed in a child process: touching an unsupported allocator killed a process later)."""
+gate and cross-rank reducer; whether this torch and NCCL can back ``register_buffers``' pools
+with NCCL's ``mem_allocator`` (probed in a child process: touching an unsupported allocator
+killed a process later)."""
 
 from __future__ import annotations
 
@@ -212,31 +213,3 @@ def _last_error_line(stderr: str) -> str:
     lines = [ln.split("]: ", 1)[-1].strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error:" in ln or "error:" in ln]
     return (errors or lines or [""])[-1]
-
-
-class RegisteredPool:
-    """One MemPool per communicator; blocks allocate from it, then it is registered."""
-
-    def __init__(self, group: Any, device: Any) -> None:
-        self.device = device
-        self.backend = group._get_backend(device)
-        self.pool = torch.cuda.MemPool(self.backend.mem_allocator)
-        self.registered = False
-
-    def allocator(self) -> Callable[[int, Any], Any]:
-        """An ``empty``-like allocator drawing from the pool (for BlockContext.allocator)."""
-
-        def empty(numel: int, dtype: Any) -> Any:
-            with torch.cuda.use_mem_pool(self.pool, device=self.device):
-                return torch.empty(numel, dtype=dtype, device=self.device)
-
-        return empty
-
-    def register(self) -> None:
-        self.backend.register_mem_pool(self.pool)
-        self.registered = True
-
-    def release(self) -> None:
-        if self.registered:
-            self.backend.deregister_mem_pool(self.pool)
-            self.registered = False
