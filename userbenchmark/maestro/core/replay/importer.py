@@ -170,10 +170,7 @@ def _import_step(
         apart = split_apart(roles, conflicts, apart)
     else:  # cannot happen: ranks in roles of their own have no conflict
         raise TraceError("cannot tell which ranks do the same work")
-    try:  # one block per call on sibling teams, unless that cannot be ordered
-        layout = lay_out(merge_siblings(pattern_blocks), axes, len(traces))
-    except TraceError:
-        layout = lay_out(pattern_blocks, axes, len(traces))
+    layout = lay_out(merge_siblings(pattern_blocks), axes, len(traces))
     return Imported(
         traces=list(traces),
         run=run,
