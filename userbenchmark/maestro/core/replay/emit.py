@@ -52,6 +52,8 @@ class Coverage:
     """Kernels not replayed: (name, count, µs), most time first."""
     within: tuple[tuple[str, float], ...] = ()
     """Stand-ins of GEMM kernels (by name) and of collectives without sizes: (what, µs)."""
+    unsized: int = 0
+    """NCCL kernels without a call maestro can size, among the stand-ins."""
 
     def line(self) -> str:
         parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
@@ -81,6 +83,7 @@ def coverage(imp: Imported) -> Coverage:
     running during the step that no call of the step launched (launched before it)."""
     by_kind: Counter = Counter()
     dropped: dict[str, list[float]] = {}
+    unsized = 0
     for st in imp.steps:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
@@ -88,6 +91,7 @@ def coverage(imp: Imported) -> Coverage:
                 by_kind["GEMM kernels"] += item.busy_us
             elif item.kind == "other" and item.opname.startswith("nccl"):
                 by_kind["collectives without sizes"] += item.busy_us
+                unsized += 1
         for act in st.trace.activities:
             if act.corr not in st.launch_items and act.end > st.start and act.ts < st.end:
                 during = min(act.end, st.end) - max(act.ts, st.start)
@@ -100,6 +104,7 @@ def coverage(imp: Imported) -> Coverage:
         dropped_us=sum(d[2] for d in listed),
         dropped=tuple(listed),
         within=tuple((k, by_kind[k]) for k in ("GEMM kernels", "collectives without sizes")),
+        unsized=unsized,
     )
 
 
@@ -204,7 +209,8 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
                      "a role run on an axis whose one team is the role's ranks:")  # fmt: skip
         lines += [f"  stage{r.number}: rank(s) {_ranks_text(r.ranks)}" for r in imp.roles]
-    lines += _coverage_lines(imp)
+    cover = coverage(imp)
+    lines += _coverage_lines(cover)
     if any(it.kind == "comm" for st in imp.steps for it in st.items):
         how = (
             "their process group's sequence numbers (record_param_comms' Seq)"
@@ -222,12 +228,11 @@ def _header(imp: Imported, command: str) -> list[str]:
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
         lines.append(f"  {lane}: {where}")
-    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp))]
+    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp, cover))]
     return [part for line in lines for one in line.split("\n") for part in _wrapped(one)]
 
 
-def _coverage_lines(imp: Imported) -> list[str]:
-    cover = coverage(imp)
+def _coverage_lines(cover: Coverage) -> list[str]:
     lines = [cover.line()[0].upper() + cover.line()[1:]]
     if cover.dropped:
         shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
@@ -269,7 +274,7 @@ def _deps_lines(imp: Imported) -> list[str]:
     ]
 
 
-def _approximations(imp: Imported) -> list[str]:
+def _approximations(imp: Imported, cover: Coverage) -> list[str]:
     blocks = imp.layout.blocks
     kinds = Counter(b.kind for b in blocks)
     out = []
@@ -309,8 +314,12 @@ def _approximations(imp: Imported) -> list[str]:
         else "the longest of the ranks'"
     )
     out.append(f"busy and sleep durations: {per}")
-    notes = Counter(n for st in imp.steps for n in st.notes)
-    return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
+    out += [
+        "an NCCL kernel without a call maestro can size (no collective or size in the trace, or "
+        f"a transfer with a rank outside the files) ({cover.unsized}x): replayed as a busy "
+        "stand-in"
+    ] * bool(cover.unsized)
+    return out
 
 
 def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:

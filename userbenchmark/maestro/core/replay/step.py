@@ -108,7 +108,6 @@ class RankStep:
     streams: dict[int, list[Item]]
     start: float
     end: float
-    notes: list[str] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
@@ -303,8 +302,7 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     # without its collective's record takes its op from it).
     spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
     labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
-    notes: list[str] = []
-    groups = _grouped(trace, calls, notes, nccl)
+    groups = _grouped(trace, calls, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
@@ -326,7 +324,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         streams=dict(streams),
         start=start,
         end=end,
-        notes=notes,
         launches=calls,
         launch_items=launch_items,
     )
@@ -335,7 +332,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 def _grouped(
     trace: RankTrace,
     calls: list[Launch],
-    notes: list[str],
     nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
@@ -353,11 +349,7 @@ def _grouped(
             meaning: Meaning
             if records:
                 key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
-            elif nccl:
-                notes.append(  # older torch writes record_param_comms without them
-                    "an NCCL kernel without a call maestro can size (no collective or size in "
-                    "the trace, or a transfer with a rank outside the files)"
-                )
+            elif nccl:  # older torch writes record_param_comms without a name or sizes
                 key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
                 meaning = nccl_ops.get(call.ts) or meaning  # nccl:all_reduce
             elif op is not None:
