@@ -22,11 +22,10 @@ from ..config.patterns import DEFAULT_VALUES
 from ..config.sizes import counted
 from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
-from .group_axes import slug
+from .group_axes import slug, team_size, widen
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import GEMM_KERNEL, TraceError
 from .step import MAX_MISSING_SHARE, WHOLE
-from .subset import team_size, widen
 
 PROG = "python -m userbenchmark.maestro import-trace"
 HEADER_WIDTH = 96
