@@ -4,6 +4,7 @@ kept, then the suite by maestro's dumper), written once maestro's loader accepts
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import textwrap
 from collections import Counter
@@ -91,7 +92,7 @@ def coverage(imp: Imported) -> Coverage:
             elif item.kind == "other" and item.opname.startswith("nccl"):
                 by_kind["collectives without sizes"] += item.busy_us
                 unsized += 1
-        for act in st.trace.activities:
+        for act in itertools.chain.from_iterable(st.trace.activities.values()):
             if act.corr not in st.launch_items and act.end > st.start and act.ts < st.end:
                 during = min(act.end, st.end) - max(act.ts, st.start)
                 dropped.setdefault(act.name, []).append(during)
