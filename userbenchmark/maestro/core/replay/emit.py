@@ -323,7 +323,7 @@ def _approximations(imp: Imported, cover: Coverage) -> list[str]:
 
 
 def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:
-    median, low, high = imp.spread.get(index) or (b.traced_us(),) * 3
+    median, low, high = imp.spread[index]
     params = b.params  # a stand-in or idle gap lasts its median
     if b.kind in ("busy", "idle"):
         params, _ = b.block.traced_params(TracedCall(duration_us=median))
@@ -358,8 +358,7 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     specs = [_block_spec(imp, i, b, dtype) for i, b in enumerate(blocks)]
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
     # Each rank's step: its device work's first start to last end (median over the steps).
-    spans = imp.step_spread or [st.end - st.start for st in sorted(imp.steps, key=lambda s: s.rank)]
-    by_rank = tuple(round(us, 1) for us in spans)
+    by_rank = tuple(round(us, 1) for us in imp.step_spread)
     pattern = PatternSpec(
         name=step,
         base_name=step,
