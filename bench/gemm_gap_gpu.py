@@ -164,9 +164,7 @@ def _attribute(path: Path) -> dict:
     from userbenchmark.maestro.core.replay.kineto import read_trace
 
     trace = read_trace(path)
-    acts = defaultdict(list)
-    for act in trace.activities:
-        acts[act.corr].append(act)
+    acts = trace.activities
     calls = sorted((c.ts, c.tid, c.corr) for c in trace.launches.values())
     times = [c[0] for c in calls]
     out: dict = defaultdict(lambda: ([], Counter()))
@@ -175,7 +173,7 @@ def _attribute(path: Path) -> dict:
             continue
         _, gi, ci = span.name.split("|")
         lo, hi = bisect.bisect_left(times, span.ts), bisect.bisect_right(times, span.end)
-        work = [a for _, tid, corr in calls[lo:hi] if tid == span.tid for a in acts[corr]]
+        work = [a for _, tid, corr in calls[lo:hi] if tid == span.tid for a in acts.get(corr, ())]
         if work:
             us, names = out[(int(gi), CANDIDATES[int(ci)])]
             us.append(sum(a.end - a.ts for a in work))

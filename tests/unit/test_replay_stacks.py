@@ -77,6 +77,8 @@ def test_old_record_param_comms_without_sizes_are_stand_ins_named_by_their_op(tm
         and "nccl:_all" in text
     )
     assert "collectives without sizes 55.6 %" in coverage(imp).line()  # 500 of 900 µs
+    # The two NCCL kernels, counted once: the coverage's count is the header's.
+    assert coverage(imp).unsized == 2 and "(2x): replayed as a busy stand-in" in text
 
 
 def test_old_record_param_comms_sized_by_the_c10d_op_around_them(tmp_path):

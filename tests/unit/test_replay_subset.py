@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from userbenchmark.maestro.core.replay.group_axes import team_size
 from userbenchmark.maestro.core.replay.kineto import TraceError
-from userbenchmark.maestro.core.replay.subset import team_size
 
 from .replay_scenarios import ddp_rank, mesh_rank
 from .replay_traces import TraceBuilder, write_all

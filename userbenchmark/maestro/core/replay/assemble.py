@@ -4,7 +4,6 @@ the files are not one run's step: an error says which ranks and group."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -396,7 +395,7 @@ def merge_siblings(blocks: Sequence[PatternBlock]) -> list[PatternBlock]:
                     other.teams = tuple(sorted(other.teams + block.teams))
                     other.notes = sorted(set(other.notes) | set(block.notes))
                     break
-            else:  # a copy: the blocks as they were stay for a layout without merging
-                merged.append(dataclasses.replace(block))
+            else:
+                merged.append(block)
         out.extend(merged)
     return out

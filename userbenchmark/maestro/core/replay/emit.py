@@ -4,6 +4,7 @@ kept, then the suite by maestro's dumper), written once maestro's loader accepts
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import textwrap
 from collections import Counter
@@ -22,11 +23,10 @@ from ..config.patterns import DEFAULT_VALUES
 from ..config.sizes import counted
 from ..config.spec import WORLD_AXIS, AxisSpec, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .assemble import PatternBlock
-from .group_axes import slug
+from .group_axes import slug, team_size, widen
 from .importer import Imported, ImportOptions, import_traces
 from .kineto import GEMM_KERNEL, TraceError
 from .step import MAX_MISSING_SHARE, WHOLE
-from .subset import team_size, widen
 
 PROG = "python -m userbenchmark.maestro import-trace"
 HEADER_WIDTH = 96
@@ -52,6 +52,8 @@ class Coverage:
     """Kernels not replayed: (name, count, µs), most time first."""
     within: tuple[tuple[str, float], ...] = ()
     """Stand-ins of GEMM kernels (by name) and of collectives without sizes: (what, µs)."""
+    unsized: int = 0
+    """NCCL kernels without a call maestro can size, among the stand-ins."""
 
     def line(self) -> str:
         parts = (self.gemm_us, self.comm_us, self.stand_in_us, self.dropped_us)
@@ -81,6 +83,7 @@ def coverage(imp: Imported) -> Coverage:
     running during the step that no call of the step launched (launched before it)."""
     by_kind: Counter = Counter()
     dropped: dict[str, list[float]] = {}
+    unsized = 0
     for st in imp.steps:
         for item in st.items:
             by_kind[item.kind] += item.busy_us
@@ -88,7 +91,8 @@ def coverage(imp: Imported) -> Coverage:
                 by_kind["GEMM kernels"] += item.busy_us
             elif item.kind == "other" and item.opname.startswith("nccl"):
                 by_kind["collectives without sizes"] += item.busy_us
-        for act in st.trace.activities:
+                unsized += 1
+        for act in itertools.chain.from_iterable(st.trace.activities.values()):
             if act.corr not in st.launch_items and act.end > st.start and act.ts < st.end:
                 during = min(act.end, st.end) - max(act.ts, st.start)
                 dropped.setdefault(act.name, []).append(during)
@@ -100,6 +104,7 @@ def coverage(imp: Imported) -> Coverage:
         dropped_us=sum(d[2] for d in listed),
         dropped=tuple(listed),
         within=tuple((k, by_kind[k]) for k in ("GEMM kernels", "collectives without sizes")),
+        unsized=unsized,
     )
 
 
@@ -204,7 +209,8 @@ def _header(imp: Imported, command: str) -> list[str]:
         lines.append("Ranks do different work (roles, e.g. pipeline stages); compute blocks of "
                      "a role run on an axis whose one team is the role's ranks:")  # fmt: skip
         lines += [f"  stage{r.number}: rank(s) {_ranks_text(r.ranks)}" for r in imp.roles]
-    lines += _coverage_lines(imp)
+    cover = coverage(imp)
+    lines += _coverage_lines(cover)
     if any(it.kind == "comm" for st in imp.steps for it in st.items):
         how = (
             "their process group's sequence numbers (record_param_comms' Seq)"
@@ -222,12 +228,11 @@ def _header(imp: Imported, command: str) -> list[str]:
             else ", ".join(f"rank {r}: stream {s}" for r, s in streams.items())
         )
         lines.append(f"  {lane}: {where}")
-    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp))]
+    lines += ["Approximations:", *(f"  - {text}" for text in _approximations(imp, cover))]
     return [part for line in lines for one in line.split("\n") for part in _wrapped(one)]
 
 
-def _coverage_lines(imp: Imported) -> list[str]:
-    cover = coverage(imp)
+def _coverage_lines(cover: Coverage) -> list[str]:
     lines = [cover.line()[0].upper() + cover.line()[1:]]
     if cover.dropped:
         shown = ", ".join(f"{n} x{c} ({us:.1f} µs)" for n, c, us in cover.dropped[:6])
@@ -269,7 +274,7 @@ def _deps_lines(imp: Imported) -> list[str]:
     ]
 
 
-def _approximations(imp: Imported) -> list[str]:
+def _approximations(imp: Imported, cover: Coverage) -> list[str]:
     blocks = imp.layout.blocks
     kinds = Counter(b.kind for b in blocks)
     out = []
@@ -309,12 +314,16 @@ def _approximations(imp: Imported) -> list[str]:
         else "the longest of the ranks'"
     )
     out.append(f"busy and sleep durations: {per}")
-    notes = Counter(n for st in imp.steps for n in st.notes)
-    return out + [f"{text} ({n}x): replayed as a busy stand-in" for text, n in notes.items()]
+    out += [
+        "an NCCL kernel without a call maestro can size (no collective or size in the trace, or "
+        f"a transfer with a rank outside the files) ({cover.unsized}x): replayed as a busy "
+        "stand-in"
+    ] * bool(cover.unsized)
+    return out
 
 
 def _block_spec(imp: Imported, index: int, b: PatternBlock, dtype: str) -> BlockSpec:
-    median, low, high = imp.spread.get(index) or (b.traced_us(),) * 3
+    median, low, high = imp.spread[index]
     params = b.params  # a stand-in or idle gap lasts its median
     if b.kind in ("busy", "idle"):
         params, _ = b.block.traced_params(TracedCall(duration_us=median))
@@ -349,8 +358,7 @@ def build_suite(imp: Imported, *, name: str) -> SuiteSpec:
     specs = [_block_spec(imp, i, b, dtype) for i, b in enumerate(blocks)]
     step = slug(imp.step_name.replace("ProfilerStep#", "step"), fallback="step")
     # Each rank's step: its device work's first start to last end (median over the steps).
-    spans = imp.step_spread or [st.end - st.start for st in sorted(imp.steps, key=lambda s: s.rank)]
-    by_rank = tuple(round(us, 1) for us in spans)
+    by_rank = tuple(round(us, 1) for us in imp.step_spread)
     pattern = PatternSpec(
         name=step,
         base_name=step,

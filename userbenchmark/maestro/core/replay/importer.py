@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 
 from ...errors import OptionError
 from .assemble import PatternBlock, build_pattern_blocks, merge_siblings
-from .group_axes import GroupAxes, plan_axes
+from .group_axes import GroupAxes, one_rank_view, plan_axes
 from .kineto import MAX_RANKS, RankTrace, TraceError, iter_trace_files, read_trace
 from .layout import Layout, lay_out
 from .roles import Dependencies, Role, group_roles, infer, role_blocks, split_apart
 from .step import Census, RankStep, build_step, check_missing, choose_steps, set_windows, step_span
-from .subset import one_rank_view
 
 IDLE_US = 20.0
 """Default: gaps longer than this on a lane become ``sleep`` blocks; shorter gaps between
@@ -170,10 +169,7 @@ def _import_step(
         apart = split_apart(roles, conflicts, apart)
     else:  # cannot happen: ranks in roles of their own have no conflict
         raise TraceError("cannot tell which ranks do the same work")
-    try:  # one block per call on sibling teams, unless that cannot be ordered
-        layout = lay_out(merge_siblings(pattern_blocks), axes, len(traces))
-    except TraceError:
-        layout = lay_out(pattern_blocks, axes, len(traces))
+    layout = lay_out(merge_siblings(pattern_blocks), axes, len(traces))
     return Imported(
         traces=list(traces),
         run=run,

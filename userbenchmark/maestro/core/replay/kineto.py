@@ -157,7 +157,9 @@ class RankTrace:
     annotations: list[Span] = field(default_factory=list)
     op_names: dict[int, str] = field(default_factory=dict)
     launches: dict[int, Launch] = field(default_factory=dict)
-    activities: list[Activity] = field(default_factory=list)
+    """By correlation id, in time order."""
+    activities: dict[int, list[Activity]] = field(default_factory=dict)
+    """By the correlation id of the call that launched them."""
     comms: dict[int, CommRecord] = field(default_factory=dict)
     gemms: dict[int, ShapedOp] = field(default_factory=dict)
     syncs: list[SyncEvent] = field(default_factory=list)
@@ -428,7 +430,8 @@ class _Collector:
         ts = self.time(ev, "ts")
         corr, stream = int(args["correlation"]), int(args["stream"])
         end = ts + self.time(ev, "dur")
-        self.t.activities.append(Activity(corr, stream, ts, end, sys.intern(str(ev["name"]))))
+        activity = Activity(corr, stream, ts, end, sys.intern(str(ev["name"])))
+        self.t.activities.setdefault(corr, []).append(activity)
 
     def sync(self, ev: dict[str, Any], args: dict[str, Any]) -> None:
         kind = sys.intern(str(args.get("cuda_sync_kind") or ev["name"]))
@@ -518,6 +521,8 @@ def read_trace(path: str | Path) -> RankTrace:
             f"{path}: not a torch.profiler (Kineto) trace: {what} (export one with "
             "torch.profiler.profile(activities=[CPU, CUDA]) and export_chrome_trace)"
         )
+    launches = sorted(collector.t.launches.items(), key=lambda pair: pair[1].ts)
+    collector.t.launches = dict(launches)
     return collector.t
 
 

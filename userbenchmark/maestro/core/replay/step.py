@@ -108,7 +108,6 @@ class RankStep:
     streams: dict[int, list[Item]]
     start: float
     end: float
-    notes: list[str] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
     """Host calls of the step in time order (launches, event records, waits, syncs)."""
     launch_items: dict[int, Item] = field(default_factory=dict)
@@ -147,8 +146,7 @@ def set_windows(trace: RankTrace, annotation: str | None) -> None:
             raise TraceError(f"{trace.path}: no record_function span named {annotation!r} "
                              f"(--annotation); it has {', '.join(map(repr, names))}, ...")  # fmt: skip
     elif not trace.steps:
-        work = {act.corr for act in trace.activities}
-        calls = [c for c in trace.launches.values() if c.corr in work]
+        calls = [c for c in trace.launches.values() if c.corr in trace.activities]
         if not calls:
             raise TraceError(f"{trace.path}: no device work in the trace: nothing to replay")
         first = min(calls, key=lambda c: c.ts)
@@ -160,10 +158,7 @@ class Census:
     work for in some step; kinds it recorded in no step are ignored."""
 
     def __init__(self, trace: RankTrace) -> None:
-        with_work = {act.corr for act in trace.activities}
-        calls = sorted(
-            (c for c in trace.launches.values() if _LAUNCHING.search(c.name)), key=lambda c: c.ts
-        )
+        calls = [c for c in trace.launches.values() if _LAUNCHING.search(c.name)]
         times = [c.ts for c in calls]
         self.missing: dict[str, Counter] = {}
         self.launches: dict[str, int] = {}
@@ -173,7 +168,9 @@ class Census:
                 bisect.bisect_left(times, span.ts) : bisect.bisect_right(times, span.end)
             ]
             total = Counter(c.name for c in inside)
-            self.missing[span.name] = Counter(c.name for c in inside if c.corr not in with_work)
+            self.missing[span.name] = Counter(
+                c.name for c in inside if c.corr not in trace.activities
+            )
             self.launches[span.name] = len(inside) - sum(self.missing[span.name].values())
             for kind, n in total.items():
                 share[kind][span.name] = 1 - self.missing[span.name][kind] / n
@@ -265,10 +262,10 @@ def innermost(spans: Sequence[Span], queries: Iterable[tuple[int, float]]) -> di
 class _Owner:
     """What launched a device activity: a collective/p2p call, a GEMM op, or anything else."""
 
-    def __init__(self, trace: RankTrace, calls: list[Launch], acts: dict[int, list[Activity]]):
+    def __init__(self, trace: RankTrace, calls: list[Launch]) -> None:
         self.trace = trace
         usable = {ext: r for ext, r in trace.comms.items() if r.name not in MARKER_NAMES}
-        self.direct = {c.ext for c in calls if c.ext in usable and c.corr in acts}
+        self.direct = {c.ext for c in calls if c.ext in usable and c.corr in trace.activities}
         self.pending: dict[int, list[CommRecord]] = defaultdict(list)
         others = (r for r in usable.values() if r.ext not in self.direct)
         self.records = sorted(others, key=lambda r: r.ts)
@@ -296,15 +293,12 @@ class _Owner:
 def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> RankStep:
     """The items of step ``name`` of one rank; ``group_sizes`` gives each group's size."""
     span = step_span(trace, name)
-    calls = sorted(
-        (c for c in trace.launches.values() if span.ts <= c.ts <= span.end), key=lambda c: c.ts
-    )
+    calls = [c for c in trace.launches.values() if span.ts <= c.ts <= span.end]
     # Each call's innermost annotation, and its innermost nccl:<op> span (an NCCL kernel
     # without its collective's record takes its op from it).
     spans = [[a for a in trace.annotations if a.name.startswith("nccl:") == n] for n in (0, 1)]
     labels, nccl = (innermost(group, ((c.tid, c.ts) for c in calls)) for group in spans)
-    notes: list[str] = []
-    groups = _grouped(trace, calls, notes, nccl)
+    groups = _grouped(trace, calls, nccl)
     ordered = sorted(groups.values(), key=lambda g: g[1][0][0].ts)
     items = [_item(i, *group, labels, group_sizes) for i, group in enumerate(ordered)]
     if not items:
@@ -326,7 +320,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         streams=dict(streams),
         start=start,
         end=end,
-        notes=notes,
         launches=calls,
         launch_items=launch_items,
     )
@@ -335,29 +328,21 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
 def _grouped(
     trace: RankTrace,
     calls: list[Launch],
-    notes: list[str],
     nccl_ops: dict[float, str],
 ) -> dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]]:
     """The step's device work by item (one key per GEMM, collective call or kernel run), in
     launch order: what the item is, and its (launch, activity) pairs."""
-    acts: dict[int, list[Activity]] = defaultdict(list)
-    for act in trace.activities:
-        acts[act.corr].append(act)
-    owner = _Owner(trace, calls, acts)
+    owner = _Owner(trace, calls)
     groups: dict[tuple, tuple[Meaning, list[tuple[Launch, Activity]]]] = {}
     for call in calls:
-        for act in acts.get(call.corr, ()):
+        for act in trace.activities.get(call.corr, ()):
             nccl = "nccl" in act.name[:16].lower()  # ncclDevKernel_*, ncclKernel_*
             records = owner.comm_records(call, nccl)
             op = trace.gemms.get(call.ext)
             meaning: Meaning
             if records:
                 key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
-            elif nccl:
-                notes.append(  # older torch writes record_param_comms without them
-                    "an NCCL kernel without a call maestro can size (no collective or size in "
-                    "the trace, or a transfer with a rank outside the files)"
-                )
+            elif nccl:  # older torch writes record_param_comms without a name or sizes
                 key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
                 meaning = nccl_ops.get(call.ts) or meaning  # nccl:all_reduce
             elif op is not None:
