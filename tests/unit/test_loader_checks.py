@@ -80,7 +80,7 @@ def test_a_bad_sweep_still_checks_the_blocks_without_guessing_its_values():
     found = {(path, message.split(";")[0]) for _, path, message in problems(text)}
     assert (
         "patterns[0].sweep.bad[0]",
-        "sweep values must be strings, numbers or booleans, got a list",
+        "sweep values must be strings, numbers or booleans, got [1]",
     ) in found
     # size is valid: its points are checked (3 bytes is not whole fp32 elements).
     assert any(p == "patterns[0].blocks[1].size" and "size=3" in m for p, m in found), found
