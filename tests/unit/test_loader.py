@@ -101,6 +101,8 @@ BAD = [
      "axes.a.like", "like cycle: a -> b -> a", []),
     ("axis named world", HEAD + "axes:\n  world: {teams: [[0, 1, 2, 3]]}\n" + pat(AR), None,
      "axes.world", "built-in", []),
+    ("mesh dimension named world", HEAD + "mesh: {world: 4}\n" + pat(AR), None,
+     "mesh.world", "cannot be redefined", []),
     ("mesh axis with teams", HEAD + "mesh: {dp: 4}\naxes:\n  dp: {teams: [[0, 1, 2, 3]]}\n"
      + pat(AR), None, "axes.dp.teams", "mesh dimension", []),
     ("unknown nccl key", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], nccl: {max_cta: 4}}\n"
