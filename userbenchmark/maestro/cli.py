@@ -218,17 +218,7 @@ def _run_processes(
     return status
 
 
-RUN_HELP = """Run a pattern file and report every block's numbers.
-
-Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
-WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
-
-Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid input
-(options, launcher variables, pattern file), reported before any worker starts; 130
-interrupted (patterns that finished are saved)."""
-
-
-@cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
+@cli.command("run", context_settings=CONTEXT, short_help="run a pattern file")
 @click.option("-c", "--config", default="quickstart", help="pattern file: a path or a shipped name")
 @click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
 @click.option(
@@ -281,6 +271,13 @@ interrupted (patterns that finished are saved)."""
 )
 @_interruptible
 def run_command(**params: Any) -> int:
+    """Run a pattern file and report every block's numbers.
+
+    Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
+    WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
+
+    Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid input,
+    reported before any worker starts; 130 interrupted (patterns that finished are saved)."""
     return cmd_run(params)
 
 
@@ -348,12 +345,9 @@ def compare_command(
     show_all: bool,
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
-    --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
-    beyond the noise both runs measured and past its floor; runs measured with different
-    settings are refused unless --force (docs/torchbench.md says how each is judged). Exit
-    status 0 nothing regressed, 1 a metric regressed, is NaN on one side, or B lacks patterns
-    or blocks of A or recorded failures, 2 a file cannot be used, the settings differ, or
-    --plot's file is refused or cannot be written (the table is still printed then)."""
+    --output-dir or a TorchBench metrics JSON. A metric regressed only beyond the noise both
+    runs measured and past its floor. Exit status (docs/torchbench.md): 0 nothing regressed, 1
+    a metric regressed or B lacks what A has, 2 a file or the runs' settings cannot be used."""
     from .core.output.compare import (
         compare_files,
         exit_code,
@@ -412,12 +406,10 @@ ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics
 @click.pass_context
 @_interruptible
 def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
-    """Run the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) under
-    two Python environments (two torch or NCCL builds): each round a run of A and a run of B,
-    each in fresh processes, and every metric's change of B against A paired by round, judged
-    as compare judges runs of several processes. Other options are run's (--nproc, --iters,
-    --pattern, ...), passed to each side. Exit status 0 nothing regressed, 1 a metric
-    regressed or a side's run failed, 2 invalid input (a side's included), 130 interrupted."""
+    """Run the pattern file CONFIG under two Python environments (two torch or NCCL builds), in
+    rounds of fresh runs of A and of B, each metric's change paired by round (docs/torchbench.md).
+    Other options are run's, passed to each side. Exit status 0 nothing regressed, 1 a metric
+    regressed or a side's run failed, 2 invalid input, 130 interrupted."""
     from .core.output.abtest import run_abtest
     from .core.output.locations import prepare_output_locations
     from .core.runtime.rendezvous import detect_launch
