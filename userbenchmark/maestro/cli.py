@@ -281,15 +281,9 @@ def run_command(**params: Any) -> int:
     return cmd_run(params)
 
 
-@cli.command(
-    "validate", context_settings=CONTEXT, short_help="check a pattern file and summarise it"
-)
+@cli.command("validate", context_settings=CONTEXT, short_help="check and summarise a pattern file")
 @click.argument("config")
-@click.option(
-    "--world-size",
-    type=click.IntRange(min=1),
-    help="world size to check at (default: the file's, else each its header lists)",
-)
+@click.option("--world-size", type=click.IntRange(min=1), help="the world size to check at")
 @click.option("--no-import", is_flag=True, help="check custom ops by name, without importing them")
 @_interruptible
 def validate_command(config: str, world_size: int | None, no_import: bool) -> int:
@@ -322,12 +316,7 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
 @cli.command("compare", context_settings=CONTEXT, short_help="compare two results or metrics files")
 @click.argument("a")
 @click.argument("b")
-@click.option(
-    "--threshold",
-    multiple=True,
-    metavar="METRIC=FLOOR",
-    help="another floor for a metric: the smallest change that counts (repeatable)",
-)
+@click.option("--threshold", multiple=True, metavar="METRIC=FLOOR", help="a metric's own floor")
 @click.option("--force", is_flag=True, help="compare even when the runs' settings differ")
 @click.option(
     "--plot", "plot_path", metavar="FILE.png", help="also draw each block's latency in A and B"
