@@ -39,8 +39,7 @@ PROG = "python -m userbenchmark.maestro"
 TORCHBENCH_PROG = "run_benchmark.py maestro"
 EXIT_STATUS_HELP = (
     "Exit status: 0 success; 1 a pattern failed (run) or a metric regressed (compare); "
-    "2 invalid input (options, launcher variables, files), reported before any worker "
-    "starts; 130 interrupted."
+    "2 invalid input, reported before any worker starts; 130 interrupted."
 )
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -299,7 +298,7 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
             sizes = listed_world_sizes(config) or sizes
         for size in sizes:
             suites.append(load_suite(config, world_size=size, import_ops=not no_import))
-    except (ConfigError, OptionError) as err:
+    except ConfigError as err:
         message = user_error_message(err)
         if world_size is None and sizes[0] is not None:
             where = f" at world size {sizes[len(suites)]}, which the file's header lists:\n"
@@ -318,9 +317,7 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
 @click.argument("b")
 @click.option("--threshold", multiple=True, metavar="METRIC=FLOOR", help="a metric's own floor")
 @click.option("--force", is_flag=True, help="compare even when the runs' settings differ")
-@click.option(
-    "--plot", "plot_path", metavar="FILE.png", help="also draw each block's latency in A and B"
-)
+@click.option("--plot", "plot_path", metavar="FILE.png", help="also plot each block's latency")
 @click.option("--judge-harness", is_flag=True, help="harness diagnostics decide the status too")
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @_interruptible
