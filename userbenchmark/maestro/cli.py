@@ -221,11 +221,7 @@ def _run_processes(
 @click.option("-c", "--config", default="quickstart", help="pattern file: a path or a shipped name")
 @click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
 @click.option(
-    "--repeat",
-    type=click.IntRange(min=1),
-    default=1,
-    metavar="N",
-    help="run everything N times, each in fresh processes, into one output",
+    "--repeat", type=click.IntRange(min=1), default=1, metavar="N", help="N runs in fresh processes"
 )
 @click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
 @click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
@@ -237,10 +233,7 @@ def _run_processes(
     help="auto: NCCL when CUDA is available, else gloo",
 )
 @click.option(
-    "--profiler",
-    type=click.Choice(profiler_names()),
-    default="auto",
-    help="how blocks are timed (auto: the best that can run here)",
+    "--profiler", type=click.Choice(profiler_names()), default="auto", help="how blocks are timed"
 )
 @click.option("--iters", type=int, help="override every pattern's iters")
 @click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")
@@ -260,7 +253,7 @@ def _run_processes(
     type=int,
     default=DEFAULT_ROUNDS,
     show_default=True,
-    help="rounds of a pattern with what-if variants (whatif:)",
+    help="rounds of what-if variants",
 )
 @click.option(
     "--log-level",
@@ -381,11 +374,7 @@ ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics
 @click.option("--a", "python_a", required=True, metavar="PYTHON", help="A's interpreter")
 @click.option("--b", "python_b", required=True, metavar="PYTHON", help="B's interpreter")
 @click.option(
-    "--rounds",
-    type=click.IntRange(min=2),
-    default=6,
-    show_default=True,
-    help="rounds, each a fresh run of A and of B",
+    "--rounds", type=click.IntRange(min=2), default=6, show_default=True, help="paired A/B rounds"
 )
 @click.option("--output-dir", required=True, help="abtest.json, each side's files and metrics file")
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
