@@ -227,10 +227,7 @@ def _run_processes(
 @click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
 @click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file")
 @click.option(
-    "--backend",
-    type=click.Choice(("auto", "gloo", "nccl")),
-    default="auto",
-    help="auto: NCCL when CUDA is available, else gloo",
+    "--backend", type=click.Choice(("auto", "gloo", "nccl")), default="auto", help="comm backend"
 )
 @click.option(
     "--profiler", type=click.Choice(profiler_names()), default="auto", help="how blocks are timed"
