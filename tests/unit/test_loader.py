@@ -58,6 +58,20 @@ class ExplodingBlock(Block):
         raise RuntimeError("boom")
 
 
+class ChoosyBlock(Block):
+    """A custom block whose integer parameter has choices."""
+
+    params = (Param(name="ways", kind="int", choices=(1, 2, 4), doc="ways"),)
+
+
+def test_an_integer_parameter_with_choices_takes_only_them():
+    op = "'tests.unit.test_loader:ChoosyBlock'"
+    assert load_suite_text(HEAD + pat(f"{{name: a, op: {op}, ways: 2.0}}")).patterns[0]
+    with pytest.raises(ConfigError) as info:
+        load_suite_text(HEAD + pat(f"{{name: a, op: {op}, ways: 3}}"))
+    assert "ways: unknown value 3; valid values: 1, 2, 4" in str(info.value)
+
+
 # (id, yaml text, --world-size, expected path, message fragment, choices listed in the message)
 # fmt: off
 BAD = [
@@ -101,6 +115,8 @@ BAD = [
      "axes.a.like", "like cycle: a -> b -> a", []),
     ("axis named world", HEAD + "axes:\n  world: {teams: [[0, 1, 2, 3]]}\n" + pat(AR), None,
      "axes.world", "built-in", []),
+    ("mesh dimension named world", HEAD + "mesh: {world: 4}\n" + pat(AR), None,
+     "mesh.world", "cannot be redefined", []),
     ("mesh axis with teams", HEAD + "mesh: {dp: 4}\naxes:\n  dp: {teams: [[0, 1, 2, 3]]}\n"
      + pat(AR), None, "axes.dp.teams", "mesh dimension", []),
     ("unknown nccl key", HEAD + "axes:\n  ep: {teams: [[0, 1, 2, 3]], nccl: {max_cta: 4}}\n"

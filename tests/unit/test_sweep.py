@@ -194,3 +194,14 @@ def test_sweep_variable_is_frozen():
     var = SweepVariable(name="a", values=(1,), labels=("1",))
     with pytest.raises(AttributeError):
         var.name = "b"  # type: ignore[misc]
+
+
+def test_an_unknown_key_of_a_geometric_sweep_lists_the_valid_ones():
+    p = Problems("f.yaml")
+    assert parse_sweep(p, {"size": {"from": 1, "to": 8, "fcator": 2}}, "sweep") == ()
+    messages = [(path, message) for path, message, _ in p.items]
+    assert (
+        "sweep.size.fcator",
+        "unknown key 'fcator' in a geometric sweep (did you mean 'factor'?); "
+        "valid keys: from, to, factor",
+    ) in messages

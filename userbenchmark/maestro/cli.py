@@ -39,8 +39,7 @@ PROG = "python -m userbenchmark.maestro"
 TORCHBENCH_PROG = "run_benchmark.py maestro"
 EXIT_STATUS_HELP = (
     "Exit status: 0 success; 1 a pattern failed (run) or a metric regressed (compare); "
-    "2 invalid input (options, launcher variables, files), reported before any worker "
-    "starts; 130 interrupted."
+    "2 invalid input, reported before any worker starts; 130 interrupted."
 )
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -218,47 +217,20 @@ def _run_processes(
     return status
 
 
-RUN_HELP = """Run a pattern file and report every block's numbers.
-
-Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
-WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
-
-Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid input
-(options, launcher variables, pattern file), reported before any worker starts; 130
-interrupted (patterns that finished are saved)."""
-
-
-@cli.command("run", context_settings=CONTEXT, help=RUN_HELP, short_help="run a pattern file")
-@click.option(
-    "-c",
-    "--config",
-    default="quickstart",
-    help="pattern file: a path, or a name in userbenchmark/maestro/configs (default quickstart)",
-)
+@cli.command("run", context_settings=CONTEXT, short_help="run a pattern file")
+@click.option("-c", "--config", default="quickstart", help="pattern file: a path or a shipped name")
 @click.option("--nproc", type=int, help="start N local workers (no torchrun/srun); default 1")
 @click.option(
-    "--repeat",
-    type=click.IntRange(min=1),
-    default=1,
-    metavar="N",
-    help="run everything N times, each in fresh processes, into one output: every process's "
-    "values kept, and compare judges against the spread between them (docs/torchbench.md)",
+    "--repeat", type=click.IntRange(min=1), default=1, metavar="N", help="N runs in fresh processes"
 )
 @click.option("--output-dir", help="write results, patterns and pairs (.json, .csv) here")
 @click.option("--metrics-dir", help="TorchBench metrics folder (<repo>/.userbenchmark/maestro)")
 @click.option("--no-metrics", is_flag=True, help="do not write the TorchBench metrics file")
 @click.option(
-    "--backend",
-    type=click.Choice(("auto", "gloo", "nccl")),
-    default="auto",
-    help="auto: NCCL when CUDA is available, else gloo",
+    "--backend", type=click.Choice(("auto", "gloo", "nccl")), default="auto", help="comm backend"
 )
 @click.option(
-    "--profiler",
-    type=click.Choice(profiler_names()),
-    default="auto",
-    help="how blocks are timed (auto: the first of these that times the run's lanes and "
-    "can run here)",
+    "--profiler", type=click.Choice(profiler_names()), default="auto", help="how blocks are timed"
 )
 @click.option("--iters", type=int, help="override every pattern's iters")
 @click.option("--warmup-iters", type=int, help="override every pattern's warmup_iters")
@@ -267,37 +239,18 @@ interrupted (patterns that finished are saved)."""
 @click.option("--pattern", "patterns", multiple=True, help="run only patterns matching GLOB")
 @click.option("--precision", type=int, default=2, help="decimals of printed latencies")
 @click.option("--seed", type=int, default=0, help="seed of the random inputs")
+@click.option("--trace", is_flag=True, help="write a trace per rank in --output-dir/traces/")
+@click.option("--plot", is_flag=True, help="write plot-<pattern>.png in --output-dir")
 @click.option(
-    "--trace",
-    is_flag=True,
-    help="write a trace per rank (Perfetto, HolisticTraceAnalysis) in --output-dir/traces/",
+    "--max-size", callback=_size, metavar="SIZE", help="cap message and GEMM operand sizes at SIZE"
 )
-@click.option(
-    "--plot",
-    is_flag=True,
-    help="write plot-<pattern>.png (one iteration per rank, isolated vs overlapped) "
-    "in --output-dir; needs matplotlib",
-)
-@click.option(
-    "--max-size",
-    callback=_size,
-    metavar="SIZE",
-    help="cap every message size and GEMM operand at SIZE (e.g. 64K) for small machines; "
-    "sweep points that become identical run once",
-)
-@click.option(
-    "--graph",
-    is_flag=True,
-    help="CUDA-graph mode for every pattern: each block's launch captured once and "
-    "replayed per iteration (same as graph: true in the file; needs CUDA)",
-)
+@click.option("--graph", is_flag=True, help="CUDA-graph mode for every pattern (needs CUDA)")
 @click.option(
     "--rounds",
     type=int,
     default=DEFAULT_ROUNDS,
     show_default=True,
-    help="rounds of a pattern with what-if variants (whatif:): each round one window of the "
-    "pattern and of each variant, in an order rotated from round to round",
+    help="rounds of what-if variants",
 )
 @click.option(
     "--log-level",
@@ -307,25 +260,20 @@ interrupted (patterns that finished are saved)."""
 )
 @_interruptible
 def run_command(**params: Any) -> int:
+    """Run a pattern file and report every block's numbers.
+
+    Without torchrun or srun, --nproc N starts N local workers; under a launcher its RANK and
+    WORLD_SIZE (or SLURM_PROCID and SLURM_NTASKS) decide.
+
+    Exit status: 0 every pattern finished; 1 a pattern failed on some rank; 2 invalid input,
+    reported before any worker starts; 130 interrupted (patterns that finished are saved)."""
     return cmd_run(params)
 
 
-@cli.command(
-    "validate", context_settings=CONTEXT, short_help="check a pattern file and summarise it"
-)
+@cli.command("validate", context_settings=CONTEXT, short_help="check and summarise a pattern file")
 @click.argument("config")
-@click.option(
-    "--world-size",
-    type=int,
-    help="world size to validate against (default: the file's world_size, else every size its "
-    "header lists: '# World size: 8 (also runs at: 2, 4)')",
-)
-@click.option(
-    "--no-import",
-    is_flag=True,
-    help="check the file without importing custom ops (their module is trusted code that "
-    "runs on import)",
-)
+@click.option("--world-size", type=click.IntRange(min=1), help="the world size to check at")
+@click.option("--no-import", is_flag=True, help="check custom ops by name, without importing them")
 @_interruptible
 def validate_command(config: str, world_size: int | None, no_import: bool) -> int:
     """Check the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) and
@@ -336,13 +284,11 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
     sizes: tuple[int | None, ...] = (world_size,)
     suites = []
     try:
-        if world_size is not None and world_size < 1:
-            raise OptionError(f"--world-size must be at least 1, got {world_size}")
         if world_size is None:  # the file's world_size, else each size its header lists
             sizes = listed_world_sizes(config) or sizes
         for size in sizes:
             suites.append(load_suite(config, world_size=size, import_ops=not no_import))
-    except (ConfigError, OptionError) as err:
+    except ConfigError as err:
         message = user_error_message(err)
         if world_size is None and sizes[0] is not None:
             where = f" at world size {sizes[len(suites)]}, which the file's header lists:\n"
@@ -359,31 +305,10 @@ def validate_command(config: str, world_size: int | None, no_import: bool) -> in
 @cli.command("compare", context_settings=CONTEXT, short_help="compare two results or metrics files")
 @click.argument("a")
 @click.argument("b")
-@click.option(
-    "--threshold",
-    multiple=True,
-    metavar="METRIC=FLOOR",
-    help="another floor for a metric: the smallest change that counts (repeatable; a fraction "
-    "or 10%; in the unit for skews and overlap fractions)",
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    help="compare even when the runs' measurement settings differ (the table says so)",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    metavar="FILE.png",
-    help="also draw each block's average latency in A and B with their intervals (matplotlib; "
-    "the suffix picks the format: .png, .pdf or .svg)",
-)
-@click.option(
-    "--judge-harness",
-    is_flag=True,
-    help="let harness diagnostics (start skews, gate skews, host enqueue, launch-bound "
-    "iterations) decide the exit status too; by default they are shown, not judged",
-)
+@click.option("--threshold", multiple=True, metavar="METRIC=FLOOR", help="a metric's own floor")
+@click.option("--force", is_flag=True, help="compare even when the runs' settings differ")
+@click.option("--plot", "plot_path", metavar="FILE.png", help="also plot each block's latency")
+@click.option("--judge-harness", is_flag=True, help="harness diagnostics decide the status too")
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @_interruptible
 def compare_command(
@@ -396,12 +321,9 @@ def compare_command(
     show_all: bool,
 ) -> int:
     """Compare B (treatment) against A (control): each a results.json, a patterns.json, an
-    --output-dir or a TorchBench metrics JSON. A metric regressed only when its change is
-    beyond the noise both runs measured and past its floor; runs measured with different
-    settings are refused unless --force (docs/torchbench.md says how each is judged). Exit
-    status 0 nothing regressed, 1 a metric regressed, is NaN on one side, or B lacks patterns
-    or blocks of A or recorded failures, 2 a file cannot be used, the settings differ, or
-    --plot's file is refused or cannot be written (the table is still printed then)."""
+    --output-dir or a TorchBench metrics JSON. A metric regressed only beyond the noise both
+    runs measured and past its floor. Exit status (docs/torchbench.md): 0 nothing regressed, 1
+    a metric regressed or B lacks what A has, 2 a file or the runs' settings cannot be used."""
     from .core.output.compare import (
         compare_files,
         exit_code,
@@ -449,23 +371,17 @@ ABTEST_OWNED = ("-c", "--config", "--output-dir", "--metrics-dir", "--no-metrics
 @click.option("--a", "python_a", required=True, metavar="PYTHON", help="A's interpreter")
 @click.option("--b", "python_b", required=True, metavar="PYTHON", help="B's interpreter")
 @click.option(
-    "--rounds",
-    type=click.IntRange(min=2),
-    default=6,
-    show_default=True,
-    help="rounds, each a fresh run of A and of B (A B, then B A, ...)",
+    "--rounds", type=click.IntRange(min=2), default=6, show_default=True, help="paired A/B rounds"
 )
 @click.option("--output-dir", required=True, help="abtest.json, each side's files and metrics file")
 @click.option("--all", "show_all", is_flag=True, help="list every metric, not only what changed")
 @click.pass_context
 @_interruptible
 def abtest_command(ctx: click.Context, config: str, **params: Any) -> int:
-    """Run the pattern file CONFIG (a path, or a name in userbenchmark/maestro/configs) under
-    two Python environments (two torch or NCCL builds): each round a run of A and a run of B,
-    each in fresh processes, and every metric's change of B against A paired by round, judged
-    as compare judges runs of several processes. Other options are run's (--nproc, --iters,
-    --pattern, ...), passed to each side. Exit status 0 nothing regressed, 1 a metric
-    regressed or a side's run failed, 2 invalid input (a side's included), 130 interrupted."""
+    """Run the pattern file CONFIG under two Python environments (two torch or NCCL builds), in
+    rounds of fresh runs of A and of B, each metric's change paired by round (docs/torchbench.md).
+    Other options are run's, passed to each side. Exit status 0 nothing regressed, 1 a metric
+    regressed or a side's run failed, 2 invalid input, 130 interrupted."""
     from .core.output.abtest import run_abtest
     from .core.output.locations import prepare_output_locations
     from .core.runtime.rendezvous import detect_launch
@@ -509,9 +425,7 @@ def list_blocks_command() -> int:
 @cli.command("import-trace", context_settings=CONTEXT, short_help="a traced step as a pattern")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="the pattern file to write (YAML)")
-@click.option(
-    "--step", type=click.IntRange(min=0), help="import ProfilerStep#N (default: the last)"
-)
+@click.option("--step", type=click.IntRange(min=0), help="import ProfilerStep#N (default: last)")
 @click.option(
     "--idle-us",
     type=click.FloatRange(min=0),
@@ -520,15 +434,8 @@ def list_blocks_command() -> int:
     help="lane idle gaps longer than this become sleep blocks",
 )
 @click.option("--no-idle", is_flag=True, help="drop lane idle gaps instead")
-@click.option(
-    "--world-size",
-    type=click.IntRange(min=1),
-    help="replay the files' ranks, some of a job's, at this many ranks (or give a world size "
-    "the files lack)",
-)
-@click.option(
-    "--annotation", metavar="NAME", help="a record_function span of this name is the step"
-)
+@click.option("--world-size", type=click.IntRange(min=1), help="replay the files' ranks at N ranks")
+@click.option("--annotation", metavar="NAME", help="the record_function span that is the step")
 @_interruptible
 def import_trace_command(**params: Any) -> int:
     """Turn torch.profiler traces of a training step, one file per rank (PATHS: the files, or

@@ -149,6 +149,15 @@ def _declared_axis(
     return draft
 
 
+def _new_axis_name(p: Problems, name: Any, path: str, what: str) -> bool:
+    """Whether ``name`` can name an axis of the file (a mesh dimension or an ``axes:`` entry)."""
+    if p.name(name, path, what) is None:
+        return False
+    if name == WORLD_AXIS:
+        p.add(path, "'world' is the built-in axis of all ranks and cannot be redefined; rename it")
+    return name != WORLD_AXIS
+
+
 def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dict[str, AxisDraft]:
     """Every axis of the file by name: ``world``, the mesh dimensions, then ``axes:``."""
     world = (tuple(range(world_size)),) if world_size else None
@@ -162,14 +171,7 @@ def check_axes(p: Problems, data: dict[Any, Any], world_size: int | None) -> dic
     mesh_dims = [n for n in axes if n != WORLD_AXIS]
     for name, spec in raw_axes.items():
         path = join("axes", name)
-        if p.name(name, path, "an axis name") is None:
-            continue
-        if name == WORLD_AXIS:
-            p.add(
-                path,
-                "'world' is the built-in axis of all ranks and cannot be redefined; "
-                "pick another name",
-            )
+        if not _new_axis_name(p, name, path, "an axis name"):
             continue
         if not p.mapping(spec, path, f"an axis is a mapping with keys {choices(AXIS_KEYS)}"):
             continue
@@ -202,14 +204,9 @@ def _mesh(p: Problems, raw: Any, world_size: int | None, axes: dict[str, AxisDra
     dims: dict[str, int] = {}
     for name, degree in raw.items():
         path = join("mesh", name)
-        if p.name(name, path, "a mesh dimension name") is None:
+        if not _new_axis_name(p, name, path, "a mesh dimension name"):
             continue
-        if name == WORLD_AXIS:
-            p.add(
-                path,
-                "'world' is the built-in axis of all ranks; name the mesh dimension differently",
-            )
-        elif (value := p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)) is not None:
+        if (value := p.integer(degree, path, minimum=1, maximum=MAX_WORLD_SIZE)) is not None:
             dims[name] = value
     if len(dims) != len(raw):
         return

@@ -277,12 +277,7 @@ def _param_value(p: Problems, param: Param, value: Any, path: str) -> Any:
         result = tuple(value)
     if result is None:
         return None
-    if param.choices is not None and result not in param.choices:
-        p.add(
-            path,
-            f"unknown value {p.show(path, value)}{suggest(value, param.choices)}; valid "
-            f"values: {choices(param.choices)}",
-        )
+    if param.choices is not None and p.choice(result, path, param.choices, "value") is None:
         return None
     bounded, why = kind in ("int", "float"), f"{yaml_key(param)}: {param.doc}"
     if bounded and not p.within(result, value, path, param.minimum, param.maximum, why):

@@ -349,7 +349,7 @@ def parse_sweep(p: Problems, raw: Any, path: str) -> tuple[SweepVariable, ...]:
         elif isinstance(spec, list):
             values, labels = _list_values(p, spec, sub)
         else:
-            message = f"expected a list of values or {{from, to, factor}}, got {_show(spec)}"
+            message = f"expected a list of values or {{from, to, factor}}, got {show(spec)}"
             p.add(sub, message)
         if len(p) == before:
             variables.append(SweepVariable(name=name, values=values, labels=labels))
@@ -373,7 +373,7 @@ def _list_values(
     for i, value in enumerate(spec):
         label = value_label(value)
         if label is None:
-            message = f"sweep values must be strings, numbers or booleans, got {_show(value)}"
+            message = f"sweep values must be strings, numbers or booleans, got {show(value)}"
         elif not _VALUE_TEXT.fullmatch(label):
             message = (
                 f"sweep value {label!r} becomes part of the pattern name and "
@@ -402,10 +402,7 @@ def _geometric(
     p: Problems, spec: Mapping[Any, Any], path: str
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     before = len(p)
-    for key in spec:
-        if key not in _GEOMETRIC_KEYS:
-            message = f"unknown key {key!r} in a geometric sweep; valid keys: from, to, factor"
-            p.add(join(path, key), message)
+    p.unknown_keys(spec, path, _GEOMETRIC_KEYS, "in a geometric sweep")
     for key in _GEOMETRIC_KEYS:
         if key not in spec:
             p.add(path, f"a geometric sweep needs {key!r} (keys: from, to, factor)")
@@ -424,7 +421,7 @@ def _geometric(
         or not isinstance(factor, int | float)
         or not 1 < factor < math.inf  # not math.isfinite: an int past float range is fine
     ):
-        p.add(join(path, "factor"), f"factor must be a number greater than 1, got {_show(factor)}")
+        p.add(join(path, "factor"), f"factor must be a number greater than 1, got {show(factor)}")
     if len(p) > before:
         return (), ()
     try:
@@ -441,7 +438,7 @@ def _geometric(
 
 def _positive_number(value: Any) -> int | float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < math.inf:
-        raise ValueError(f"expected a positive number or a size such as 4M, got {_show(value)}")
+        raise ValueError(f"expected a positive number or a size such as 4M, got {show(value)}")
     if value <= 0:
         raise ValueError(f"a geometric sweep needs a positive start and end, got {value}")
     return value
@@ -556,9 +553,3 @@ def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
     elif isinstance(node, list):
         for i, item in enumerate(node):
             yield from _strings(item, index(path, i))
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, Mapping | list):
-        return "a mapping" if isinstance(value, Mapping) else "a list"
-    return show(value)

@@ -221,10 +221,10 @@ class Problems:
         return None
 
     def choice(
-        self, value: Any, path: str, valid: Sequence[str], what: str, plural: str = ""
-    ) -> str | None:
+        self, value: Any, path: str, valid: Sequence[Any], what: str, plural: str = ""
+    ) -> Any:
         """One of ``valid``; the message lists them and suggests a close one."""
-        if not isinstance(value, str) or value not in valid:
+        if value not in valid:
             self.add(
                 path,
                 f"unknown {what} {self.show(path, value)}{suggest(value, valid)}; valid "
