@@ -527,10 +527,19 @@ def fake_cupti(monkeypatch):
     return fake, backend
 
 
+def _profiler(backend, parse: str, **kw):
+    """A CuptiProfiler whose parser reads as ``parse`` says from the first buffer on (what
+    ``auto`` settles on, after checking the first buffers)."""
+    prof = backend.CuptiProfiler(**kw)
+    if parse != "auto":
+        prof._parser.mode, prof._parser._to_verify = parse, 0
+    return prof
+
+
 @pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])
 def test_cupti_profiler_discards_warmup_and_attributes_a_window(fake_cupti, parse):
     fake, backend = fake_cupti
-    prof = backend.CuptiProfiler(parse=parse)
+    prof = _profiler(backend, parse)
     prof.start()
     assert len(fake.enabled) == 6
     prof.begin_window(0, 1, 4)
@@ -588,7 +597,7 @@ def test_cupti_profiler_reports_unpushed_work_and_cleans_up_after_errors(fake_cu
 
 def test_cupti_record_parser_falls_back_when_records_differ(fake_cupti, caplog):
     fake, backend = fake_cupti
-    parser = backend._RecordParser(fake, "auto", 1 << 20)
+    parser = backend._RecordParser(fake)
     for _ in range(3):
         fake.launch("CONCURRENT_KERNEL")
     batch, fake.pending = fake.pending, []
@@ -639,7 +648,7 @@ class _NameNotRead(SimpleNamespace):
 @pytest.mark.parametrize("parse", ["auto", "objects", "numpy"])
 def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, parse):
     fake, backend = fake_cupti
-    prof = backend.CuptiProfiler(parse=parse, trace=True)
+    prof = _profiler(backend, parse, trace=True)
     prof.start()
     prof.begin_window(2, num_blocks=3, num_iters=2)
     for it in range(2):
@@ -686,7 +695,7 @@ def test_cupti_profiler_keeps_named_activities_and_their_launches(fake_cupti, pa
 
 def test_cupti_profiler_without_a_trace_reads_no_names(fake_cupti):
     fake, backend = fake_cupti
-    prof = backend.CuptiProfiler(parse="objects")
+    prof = _profiler(backend, "objects")
     prof.start()
     prof.begin_window(1, num_blocks=1, num_iters=1)
     prof.push(0, 0)
