@@ -382,9 +382,9 @@ def _pattern_result(fig: _Figures, blocks: Sequence[BlockResult]) -> PatternResu
         gate_skew_p50_us=_us(agg.gate_skew_ns, "p50"),
         gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
         gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
-        gate_spin_us=agg.gate_spin_us,
+        gate_spin_us=float(agg.gate_spin[0]),
         enqueue_max_us=_us(agg.enqueue_ns, "max"),
-        host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
+        host_late_iters=int(np.count_nonzero(agg.late)) if agg.late_known[0] > 0 else None,
         intervals=fig.take(),
     )
     notes = _pattern_notes(result, pattern.num_iters)
@@ -410,14 +410,14 @@ def _warnings(
             f"pattern {pattern.name}: check failed: wrong elements summed over ranks: {bad}"
         )
     enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
-    late = int(np.count_nonzero(agg.host_late))
+    late = int(np.count_nonzero(agg.late))
     if late and enqueue.size:
         more = ", ..." if late > 5 else ""
-        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + more
+        which = ", ".join(map(str, np.flatnonzero(agg.late)[:5])) + more
         warnings.append(
-            f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+            f"pattern {pattern.name}: in {late} of {agg.late.size} iterations "
             f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
-            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
+            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin[0]:.1f} µs): lanes "
             "of those iterations could start before every block was issued, so their "
             "starts and overlap are launch-bound (one or two in many iterations are host "
             "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "
