@@ -8,15 +8,9 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import RunError
 from .base import Block, Param, TracedCall
-from .data import (
-    check_values,
-    count_wrong,
-    exact_reduction,
-    fill_random,
-    fill_zero_sum,
-    torch_reduce_op,
-)
+from .data import check_values, count_wrong, exact_reduction, fill_random, fill_zero_sum
 from .dtypes import DTYPE_SIZES_BYTES
 
 SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
@@ -137,7 +131,15 @@ class Collective(Block):
         return self.spec.params["size"] // self.spec.dtype_size_bytes
 
     def reduce_op(self) -> Any:
-        return torch_reduce_op(self.spec.params.get("reduce_op", "sum"), self.ctx.backend)
+        """torch's ReduceOp of ``reduce_op``; avg exists only on NCCL."""
+        import torch.distributed as dist
+
+        name = self.spec.params.get("reduce_op", "sum")
+        if name == "avg" and self.ctx.backend != "nccl":
+            raise RunError(
+                f"reduction 'avg' needs the NCCL backend, this run uses {self.ctx.backend}"
+            )
+        return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())
 
 
 class _InPlace(Collective):
