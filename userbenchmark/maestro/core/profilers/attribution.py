@@ -296,9 +296,6 @@ def attribute(
     present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
     if present.shape != (num_blocks,):
         raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
-    kind = records.kind
-    if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
-        raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
     d = _Decoded(records, ext_correlation, window_id, present, num_iters)
     # Everything not good goes to one extra row that is cut off at the end: cheaper than
     # extracting the good subset of every array.
