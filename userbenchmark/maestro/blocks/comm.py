@@ -4,7 +4,6 @@ buffers, data, launch, nccl-tests' bus factor (busbw = algbw x factor) and its -
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,12 +33,6 @@ IN_PLACE = Param(
     default=False,
     doc="use NCCL's in-place layout (the rank's chunk of the larger buffer)",
 )
-
-
-def _team(team_size: int) -> int:
-    if isinstance(team_size, bool) or operator.index(team_size) < 1:
-        raise ValueError(f"team_size must be an int >= 1, got {team_size!r}")
-    return operator.index(team_size)
 
 
 class Collective(Block):
@@ -90,8 +83,8 @@ class Collective(Block):
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        """1: the root's (or the ring neighbour's) S bytes cross one link."""
-        _team(team_size)
+        """1: the root's (or the ring neighbour's) S bytes cross one link (``team_size``: a team's
+        rank count; the records ask only teams of 2 or more, one rank moves nothing over a bus)."""
         return 1.0
 
     @classmethod
@@ -192,8 +185,7 @@ class AllReduce(_InPlace):
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
         """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter, gather)."""
-        n = _team(team_size)
-        return 2 * (n - 1) / n
+        return 2 * (team_size - 1) / team_size
 
     def launch(self) -> None:
         import torch.distributed as dist
@@ -209,8 +201,7 @@ class _Chunked(_OutOfPlace):
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
         """(n-1)/n: each rank receives the n-1 chunks it does not hold."""
-        n = _team(team_size)
-        return (n - 1) / n
+        return (team_size - 1) / team_size
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:
