@@ -109,7 +109,9 @@ def comm_hidden_under_compute_ns(
     comm/compute overlap. Both 0 without a comm block; hidden 0 without compute."""
     s, e, _ = _intervals(starts, ends)
     comm = _block_mask(is_comm, s.shape[0], "is_comm")
-    compute = _block_mask(is_compute, s.shape[0], "is_compute")  # disjoint: one category each
+    compute = _block_mask(is_compute, s.shape[0], "is_compute")
+    if np.any(comm & compute):
+        raise ValueError("a block cannot be both comm and compute")
     if not comm.any():
         return 0.0, 0.0
     cs, ce = s[comm].reshape(-1, 1), e[comm].reshape(-1, 1)
