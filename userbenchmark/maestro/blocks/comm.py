@@ -83,8 +83,7 @@ class Collective(Block):
 
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
-        """1: the root's (or the ring neighbour's) S bytes cross one link (``team_size``: a team's
-        rank count; the records ask only teams of 2 or more, one rank moves nothing over a bus)."""
+        """1: the root's (or the ring neighbour's) S bytes cross one link."""
         return 1.0
 
     @classmethod
