@@ -60,12 +60,6 @@ def test_blocks_without_bus_bytes_have_no_bus_factor():
     assert Block.bus_factor(4) is None
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_bus_factor_rejects_a_team_that_cannot_be(bad):
-    with pytest.raises((ValueError, TypeError)):
-        registered_ops()["all_reduce"].bus_factor(bad)
-
-
 def test_flops_are_two_m_n_k():
     gemm = registered_ops()["gemm"]
     assert gemm.flop_count({"m": 4096, "n": 1024, "k": 512}) == 2 * 4096 * 1024 * 512

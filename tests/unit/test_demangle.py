@@ -2,7 +2,7 @@
 
 import pytest
 
-from userbenchmark.maestro.core.profilers.cupti_records import demangle
+from userbenchmark.maestro.core.profilers.cupti import demangle
 
 
 def test_nccl_kernel_symbol_reads_as_nccl_kernel():

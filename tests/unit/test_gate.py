@@ -68,7 +68,7 @@ def test_host_late_compares_enqueue_with_the_spin():
         clock="t",
     )
     summary = local_summary(timings, lane_of_block=[0], is_comm=~one, is_compute=one, host=host)
-    assert summary.host_late.tolist() == [False, False, True, True]
+    assert (summary.late > 0).tolist() == [False, False, True, True]
 
 
 def _pattern(n_blocks: int, iters: int) -> tuple[SuiteSpec, PatternSpec]:
@@ -174,7 +174,7 @@ def test_host_late_on_one_rank_is_reported_with_its_numbers():
         gate_us=140.0,
     )
     agg, out = _outcome([t, t], [fast, slow])
-    assert agg.host_late.tolist() == [False, True]
+    assert (agg.late > 0).tolist() == [False, True]
     assert out.pattern.host_late_iters == 1
     # The slowest rank's mean launch time per block (max over ranks).
     assert [b.enqueue_avg_us for b in out.blocks] == pytest.approx([60.0, 20.0])

@@ -4,19 +4,12 @@ buffers, data, launch, nccl-tests' bus factor (busbw = algbw x factor) and its -
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import RunError
 from .base import Block, Param, TracedCall
-from .data import (
-    check_values,
-    count_wrong,
-    exact_reduction,
-    fill_random,
-    fill_zero_sum,
-    torch_reduce_op,
-)
+from .data import check_values, count_wrong, exact_reduction, fill_random, fill_zero_sum
 from .dtypes import DTYPE_SIZES_BYTES
 
 SIZE = Param(name="size", kind="size", doc="message size S in bytes, as nccl-tests defines it")
@@ -40,12 +33,6 @@ IN_PLACE = Param(
     default=False,
     doc="use NCCL's in-place layout (the rank's chunk of the larger buffer)",
 )
-
-
-def _team(team_size: int) -> int:
-    if isinstance(team_size, bool) or operator.index(team_size) < 1:
-        raise ValueError(f"team_size must be an int >= 1, got {team_size!r}")
-    return operator.index(team_size)
 
 
 class Collective(Block):
@@ -97,7 +84,6 @@ class Collective(Block):
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
         """1: the root's (or the ring neighbour's) S bytes cross one link."""
-        _team(team_size)
         return 1.0
 
     @classmethod
@@ -137,7 +123,15 @@ class Collective(Block):
         return self.spec.params["size"] // self.spec.dtype_size_bytes
 
     def reduce_op(self) -> Any:
-        return torch_reduce_op(self.spec.params.get("reduce_op", "sum"), self.ctx.backend)
+        """torch's ReduceOp of ``reduce_op``; avg exists only on NCCL."""
+        import torch.distributed as dist
+
+        name = self.spec.params.get("reduce_op", "sum")
+        if name == "avg" and self.ctx.backend != "nccl":
+            raise RunError(
+                f"reduction 'avg' needs the NCCL backend, this run uses {self.ctx.backend}"
+            )
+        return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())
 
 
 class _InPlace(Collective):
@@ -190,8 +184,7 @@ class AllReduce(_InPlace):
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
         """2(n-1)/n: each rank sends and receives (n-1)/n of S twice (reduce-scatter, gather)."""
-        n = _team(team_size)
-        return 2 * (n - 1) / n
+        return 2 * (team_size - 1) / team_size
 
     def launch(self) -> None:
         import torch.distributed as dist
@@ -207,8 +200,7 @@ class _Chunked(_OutOfPlace):
     @classmethod
     def bus_factor(cls, team_size: int) -> float:
         """(n-1)/n: each rank receives the n-1 chunks it does not hold."""
-        n = _team(team_size)
-        return (n - 1) / n
+        return (team_size - 1) / team_size
 
     @classmethod
     def buffer_bytes(cls, params: Mapping[str, Any], *, dtype: str, team_size: int) -> int:

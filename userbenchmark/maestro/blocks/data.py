@@ -6,8 +6,6 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RunError
-
 if TYPE_CHECKING:
     import torch
 
@@ -104,12 +102,3 @@ def count_wrong(out: torch.Tensor, expected: torch.Tensor, op: str, team_size: i
     eps = torch.finfo(out.dtype).eps
     tol = 2 * eps * team_size * want.abs().clamp_min(1.0)
     return int(((got - want).abs() > tol).sum().item())
-
-
-def torch_reduce_op(name: str, backend: str) -> Any:
-    """torch ReduceOp for ``name``; avg exists only on NCCL."""
-    import torch.distributed as dist
-
-    if name == "avg" and backend != "nccl":
-        raise RunError(f"reduction 'avg' needs the NCCL backend, this run uses {backend}")
-    return getattr(dist.ReduceOp, "PRODUCT" if name == "prod" else name.upper())

@@ -136,19 +136,6 @@ class WindowAggregate:
         num_iters = self.latency_ns.shape[1]
         return per_rank / num_iters if num_iters else per_rank
 
-    @property
-    def host_late(self) -> np.ndarray:
-        """(iters,) bool: see ``late``."""
-        return self.late > 0
-
-    @property
-    def host_late_known(self) -> bool:
-        return bool(self.late_known[0] > 0)
-
-    @property
-    def gate_spin_us(self) -> float:
-        return float(self.gate_spin[0])
-
 
 @functools.cache
 def _rounds() -> tuple[tuple[str, Any, tuple[str, ...]], ...]:

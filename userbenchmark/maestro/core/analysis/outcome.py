@@ -66,13 +66,23 @@ def _us(values_ns: np.ndarray, how: str) -> float:
     return float(getattr(finite, how)()) / 1e3
 
 
-class _Noise:
-    """The bootstraps of a pattern's windows, and the intervals made from them."""
+class _Figures:
+    """One pattern's records in the making: its windows (aggregated, and each block's alone), their
+    bootstraps and the intervals made from them, and what the pattern's figures take from its
+    blocks' (each one's isolated latency's replicates and bus bytes)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(
+        self, pattern: PatternSpec, agg: WindowAggregate, isolated: Isolated, head: dict[str, Any]
+    ) -> None:
+        self.pattern = pattern
+        self.agg = agg
+        self.isolated = isolated
+        self.head = head
         self.over = Phase(seed=0)
-        self.alone = [Phase(seed=b + 1) for b in range(num_blocks)]
+        self.alone = [Phase(seed=b + 1) for b in range(len(pattern.blocks))]
         self.intervals: dict[str, tuple[float, float, int]] = {}
+        self.iso_reps: list[np.ndarray] = []  # µs, one per block figured (empty: not measured)
+        self.bus_bytes = 0.0  # per iteration, over the blocks figured
 
     def add(
         self,
@@ -150,25 +160,16 @@ def _slowdown_notes(slowdown: float, interval: tuple[float, ...], num_iters: int
 
 
 def _block_result(
-    b: int,
-    head: dict[str, Any],
-    pattern: PatternSpec,
-    cls: type[Block],
-    agg: WindowAggregate,
-    isolated: Isolated,
-    noise: _Noise,
-    team_size: int,
-    given_notes: Sequence[str],
-    wrong_elements: int | None,
-) -> tuple[BlockResult, np.ndarray, float]:
-    """One block's record, its isolated latency's replicates (µs; empty: not measured) and its
-    bus bytes per iteration (0: none)."""
-    spec = pattern.blocks[b]
+    fig: _Figures, b: int, cls: type[Block], team_size: int, given: Sequence[str], wrong: int | None
+) -> BlockResult:
+    """Block ``b``'s record; its isolated latency's replicates and bus bytes go to ``fig``."""
+    spec = fig.pattern.blocks[b]
+    agg = fig.agg
     lat = agg.latency_ns[b]
     stats = _stats(lat)
     df = degrees_of_freedom(lat)
-    mean = noise.add_stat("latency_avg_us", stats.avg_us, lat)
-    noise.add_stat("latency_p50_us", stats.p50_us, lat, "p50")
+    mean = fig.add_stat("latency_avg_us", stats.avg_us, lat)
+    fig.add_stat("latency_p50_us", stats.p50_us, lat, "p50")
     # The op's arithmetic is its class's: S, bus factor and FLOPs (blocks/). A team of one
     # rank moves nothing over a bus: its busbw does not apply (NaN, never 0).
     size = cls.message_size_bytes(spec.params)
@@ -184,53 +185,51 @@ def _block_result(
     }
     for name, value in values.items():
         if math.isfinite(value):
-            noise.add(name, value, value * stats.avg_us / mean, df)
-    alone = isolated.latency_ns[b]  # every statistic of it reads its finite values only
+            fig.add(name, value, value * stats.avg_us / mean, df)
+    alone = fig.isolated.latency_ns[b]  # every statistic of it reads its finite values only
     iso_avg = _us(alone, "mean")
     iso_df = degrees_of_freedom(alone)
-    iso_rep = noise.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=noise.alone[b])
+    iso_rep = fig.add_stat("isolated_latency_avg_us", iso_avg, alone, phase=fig.alone[b])
+    fig.iso_reps.append(iso_rep)
+    fig.bus_bytes += size * factor if factor is not None and timed else 0.0
     slowdown = float(overlap.slowdown(stats.avg_us, iso_avg))
     if math.isfinite(slowdown) and iso_rep.size:
-        noise.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
+        fig.add("slowdown", slowdown, mean / iso_rep, min(df, iso_df))
     start_skew = _us(agg.start_skew_ns[b], "mean")
-    noise.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
-    intervals = noise.take()
-    cpu = head["profiler"] == "host"
+    fig.add_stat("start_skew_us", start_skew, agg.start_skew_ns[b])
+    intervals = fig.take()
+    cpu = fig.head["profiler"] == "host"
     notes = _over_asked_notes(cls, spec.params, stats.avg_us, iso_avg, cpu=cpu)
     notes += _slowdown_notes(
-        slowdown, intervals.get("slowdown", (math.nan,) * 3), pattern.num_iters
+        slowdown, intervals.get("slowdown", (math.nan,) * 3), fig.pattern.num_iters
     )
     last = int(agg.last_to_start_rank[b])
     ctas = agg.kernel_ctas_max[b]
-    return (
-        BlockResult(
-            **head,
-            block=spec.name,
-            op=spec.op,
-            axis=spec.axis,
-            lane=spec.lane,
-            team_size=team_size,
-            dtype=spec.dtype,
-            size_bytes=size,
-            iters=lat.size,  # every round's, for a pattern measured in rounds
-            work=spec.work,
-            **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
-            **values,
-            isolated_latency_avg_us=iso_avg,
-            isolated_latency_stdev_us=_us(alone, "std"),
-            slowdown=slowdown,
-            start_skew_us=start_skew,
-            last_to_start_rank=last if last >= 0 else None,
-            duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
-            activities_per_iter=float(agg.activities_per_iter[b]),
-            kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
-            enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
-            wrong_elements=wrong_elements,
-            notes="; ".join(n for n in (*given_notes, *notes) if n),
-            intervals=intervals,
-        ),
-        iso_rep,
-        size * factor if factor is not None and timed else 0.0,
+    return BlockResult(
+        **fig.head,
+        block=spec.name,
+        op=spec.op,
+        axis=spec.axis,
+        lane=spec.lane,
+        team_size=team_size,
+        dtype=spec.dtype,
+        size_bytes=size,
+        iters=lat.size,  # every round's, for a pattern measured in rounds
+        work=spec.work,
+        **{f"latency_{k}": v for k, v in dataclasses.asdict(stats).items() if k != "count"},
+        **values,
+        isolated_latency_avg_us=iso_avg,
+        isolated_latency_stdev_us=_us(alone, "std"),
+        slowdown=slowdown,
+        start_skew_us=start_skew,
+        last_to_start_rank=last if last >= 0 else None,
+        duration_spread_us=float(agg.duration_spread_ns[b]) / 1e3,
+        activities_per_iter=float(agg.activities_per_iter[b]),
+        kernel_ctas_max=int(ctas) if np.isfinite(ctas) else None,
+        enqueue_avg_us=float(agg.launch_avg_ns[b]) / 1e3,
+        wrong_elements=wrong,
+        notes="; ".join(n for n in (*given, *notes) if n),
+        intervals=intervals,
     )
 
 
@@ -249,21 +248,16 @@ def build_outcome(
     ranks_per_gpu: int | None = None,
 ) -> PatternOutcome:
     """Turn an aggregated window into result records (pure: unit-testable without ranks)."""
-    noise = _Noise(len(pattern.blocks))
     head = dict(
         suite=suite.name, pattern=pattern.name, profiler=profiler, ranks_per_gpu=ranks_per_gpu
     )
-    blocks, iso_reps, bus_bytes = [], [], 0.0
+    fig = _Figures(pattern, agg, isolated, head)
+    blocks = []
     for b, cls in enumerate(classes):
         given = notes[b] if notes else ()
         checked = None if wrong is None else int(wrong[b])
-        result, iso_rep, bus = _block_result(
-            b, head, pattern, cls, agg, isolated, noise, team_sizes[b], given, checked
-        )
-        blocks.append(result)
-        iso_reps.append(iso_rep)
-        bus_bytes += bus
-    pattern_result = _pattern_result(head, pattern, agg, blocks, iso_reps, bus_bytes, noise)
+        blocks.append(_block_result(fig, b, cls, team_sizes[b], given, checked))
+    pattern_result = _pattern_result(fig, blocks)
     fractions = agg.pairwise_overlap  # (0, 0) past MAX_PAIR_BLOCKS: no pairs
     pairs = tuple(
         PairResult(
@@ -284,27 +278,22 @@ def build_outcome(
 
 
 def _overlap_figures(
-    predecessors: Sequence[Sequence[int]],
-    blocks: Sequence[BlockResult],
-    iso_reps: Sequence[np.ndarray],
-    makespan_us: float,
-    makespan_rep: np.ndarray,
-    noise: _Noise,
+    fig: _Figures, blocks: Sequence[BlockResult], makespan_us: float, makespan_rep: np.ndarray
 ) -> dict[str, float]:
     """Each resample recomputes serial and ideal from the same isolated resamples, so the
     interval knows that ideal is one of serial's terms."""
     iso = np.array([b.isolated_latency_avg_us for b in blocks])
     if len(blocks) < 2 or not np.isfinite(iso).all() or not makespan_rep.size:
         return {}
-    reps = np.stack(iso_reps)  # (blocks, resamples)
+    reps = np.stack(fig.iso_reps)  # (blocks, resamples)
     df = min(b.intervals["isolated_latency_avg_us"][2] for b in blocks)
-    ideals = [overlap.critical_path(col, predecessors) for col in (iso, *reps.T)]
+    ideals = [overlap.critical_path(col, fig.pattern.predecessors) for col in (iso, *reps.T)]
     serial, ideal = float(iso.sum()), ideals[0]  # then one per resample
-    serial_rep = noise.add("serial_us", serial, reps.sum(axis=0), df)
-    ideal_rep = noise.add("ideal_us", ideal, np.array(ideals[1:]), df)
+    serial_rep = fig.add("serial_us", serial, reps.sum(axis=0), df)
+    ideal_rep = fig.add("ideal_us", ideal, np.array(ideals[1:]), df)
     efficiency = float(overlap.overlap_efficiency(serial, makespan_us, ideal))
     if math.isfinite(efficiency):
-        noise.add(
+        fig.add(
             "overlap_efficiency",
             efficiency,
             # No headroom guard per resample: a resample with little headroom is part of the
@@ -356,35 +345,27 @@ def _pattern_notes(p: PatternResult, num_iters: int) -> list[str]:
     )
 
 
-def _pattern_result(
-    head: dict[str, Any],
-    pattern: PatternSpec,
-    agg: WindowAggregate,
-    blocks: Sequence[BlockResult],
-    iso_reps: Sequence[np.ndarray],
-    bus_bytes: float,
-    noise: _Noise,
-) -> PatternResult:
+def _pattern_result(fig: _Figures, blocks: Sequence[BlockResult]) -> PatternResult:
     # One block: its makespan is its latency, and serial and ideal its isolated latency;
     # those copies are left out (one change must count once).
+    pattern = fig.pattern
+    agg = fig.agg
     several = len(blocks) > 1
     makespan = _stats(agg.makespan_ns) if several else _NAN_STATS
-    makespan_rep = noise.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
-    figures = _overlap_figures(
-        pattern.predecessors, blocks, iso_reps, makespan.avg_us, makespan_rep, noise
-    )
+    makespan_rep = fig.add_stat("makespan_avg_us", makespan.avg_us, agg.makespan_ns)
+    figures = _overlap_figures(fig, blocks, makespan.avg_us, makespan_rep)
     shared = math.nan
-    if bus_bytes and several:
-        shared = float(overlap.shared_busbw_gbps(bus_bytes, makespan.avg_us * 1e-6))
+    if fig.bus_bytes and several:
+        shared = float(overlap.shared_busbw_gbps(fig.bus_bytes, makespan.avg_us * 1e-6))
         replicates = shared * makespan.avg_us / makespan_rep
-        noise.add("shared_busbw_gbps", shared, replicates, degrees_of_freedom(agg.makespan_ns))
+        fig.add("shared_busbw_gbps", shared, replicates, degrees_of_freedom(agg.makespan_ns))
     cc = agg.comm_compute_overlap
     if math.isfinite(cc):
-        hidden, comm = (noise.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
+        hidden, comm = (fig.over.resample(r, drift=False) for r in agg.comm_compute_by_iter)
         df = degrees_of_freedom(agg.comm_compute_by_iter[1])
-        noise.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
+        fig.add("comm_compute_overlap", cc, hidden / comm, df, limits=(0.0, 1.0))
     result = PatternResult(
-        **head,
+        **fig.head,
         iters=agg.latency_ns.shape[1],
         num_blocks=len(blocks),
         warmup_iters=pattern.warmup_iters,
@@ -401,10 +382,10 @@ def _pattern_result(
         gate_skew_p50_us=_us(agg.gate_skew_ns, "p50"),
         gate_skew_max_us=_us(agg.gate_skew_ns, "max"),
         gate_delay_max_us=_us(agg.gate_delay_ns, "max"),
-        gate_spin_us=agg.gate_spin_us,
+        gate_spin_us=float(agg.gate_spin[0]),
         enqueue_max_us=_us(agg.enqueue_ns, "max"),
-        host_late_iters=int(np.count_nonzero(agg.host_late)) if agg.host_late_known else None,
-        intervals=noise.take(),
+        host_late_iters=int(np.count_nonzero(agg.late)) if agg.late_known[0] > 0 else None,
+        intervals=fig.take(),
     )
     notes = _pattern_notes(result, pattern.num_iters)
     return dataclasses.replace(result, notes="; ".join(filter(None, notes)))
@@ -429,14 +410,14 @@ def _warnings(
             f"pattern {pattern.name}: check failed: wrong elements summed over ranks: {bad}"
         )
     enqueue = agg.enqueue_ns[np.isfinite(agg.enqueue_ns)]
-    late = int(np.count_nonzero(agg.host_late))
+    late = int(np.count_nonzero(agg.late))
     if late and enqueue.size:
         more = ", ..." if late > 5 else ""
-        which = ", ".join(map(str, np.flatnonzero(agg.host_late)[:5])) + more
+        which = ", ".join(map(str, np.flatnonzero(agg.late)[:5])) + more
         warnings.append(
-            f"pattern {pattern.name}: in {late} of {agg.host_late.size} iterations "
+            f"pattern {pattern.name}: in {late} of {agg.late.size} iterations "
             f"({which}) the host was still enqueueing when the gate opened (enqueue up to "
-            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin_us:.1f} µs): lanes "
+            f"{enqueue.max() / 1e3:.1f} µs, gate spin {agg.gate_spin[0]:.1f} µs): lanes "
             "of those iterations could start before every block was issued, so their "
             "starts and overlap are launch-bound (one or two in many iterations are host "
             "hiccups; more mean the host cannot keep up: raise warmup_iters so the gate "

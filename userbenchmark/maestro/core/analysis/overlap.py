@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from graphlib import CycleError, TopologicalSorter
+from graphlib import TopologicalSorter
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -173,9 +173,7 @@ def critical_path(durations_us: ArrayLike, predecessors: Sequence[Sequence[int]]
     if not num or not np.isfinite(durations).all():
         return math.nan
     finish = np.zeros(num)
-    try:
-        for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
-            finish[i] = durations[i] + max((finish[j] for j in predecessors[i]), default=0.0)
-    except CycleError:
-        raise ValueError("the blocks wait for each other in a cycle") from None
+    # A cycle raises graphlib's CycleError, a ValueError (the config loader refuses one first).
+    for i in TopologicalSorter(dict(enumerate(predecessors))).static_order():
+        finish[i] = durations[i] + max((finish[j] for j in predecessors[i]), default=0.0)
     return float(finish.max())

@@ -49,11 +49,8 @@ _SHOWN = 8
 
 
 class AttributionError(RuntimeError):
-    """Device activity that cannot be attributed, or a (block, iteration) without activity."""
-
-    def __init__(self, message: str, counts: dict[str, int]):
-        super().__init__(message)
-        self.counts = dict(counts)
+    """Device activity that cannot be attributed, or a (block, iteration) without activity: the
+    message counts each problem."""
 
 
 def encode_external_id(window_id: int, block_index: int, iteration: int) -> int:
@@ -226,7 +223,7 @@ _PROBLEMS = {
     "the device finished?)",
     "empty_cells": "(block, iteration) got no activity: {cells}",
 }
-"""What keeps records (or cells) from being attributed, under AttributionError.counts' keys."""
+"""What keeps records (or cells) from being attributed: AttributionError's message counts each."""
 _BY_RECORDS = ("no_external_id", "foreign_external_id", "ambiguous", "incomplete")
 
 
@@ -274,7 +271,7 @@ def _raise_problems(
             text += f" ({_kind_summary(records.kind[mask])}; streams {streams})"
         messages.append(f"{num} {text}")
     raise AttributionError(
-        f"window {window_id}: cannot attribute device activity: " + "; ".join(messages), counts
+        f"window {window_id}: cannot attribute device activity: " + "; ".join(messages)
     )
 
 
@@ -299,9 +296,6 @@ def attribute(
     present = np.ones(num_blocks, dtype=bool) if present is None else np.asarray(present, bool)
     if present.shape != (num_blocks,):
         raise ValueError(f"present must have shape ({num_blocks},), got {present.shape}")
-    kind = records.kind
-    if kind.shape[0] and (int(kind.min()) < KIND_KERNEL or int(kind.max()) > KIND_MEMSET):
-        raise ValueError(f"ActivityRecords.kind must be one of {sorted(KIND_NAMES)}")
     d = _Decoded(records, ext_correlation, window_id, present, num_iters)
     # Everything not good goes to one extra row that is cut off at the end: cheaper than
     # extracting the good subset of every array.
