@@ -203,10 +203,22 @@ def maestro_ratios(suite: Any, tmp: Path, iters: int) -> dict[str, dict[str, flo
     return out
 
 
+def word_difference(traced: str, replayed: str) -> str:
+    """The words (``_``-separated: tile, layout, epilogue) each kernel's name has and the other's
+    lacks: 'same' for one kernel, 'unknown' where either name is."""
+    if not traced or not replayed:
+        return "unknown"
+    ours, theirs = replayed.split("_"), traced.split("_")
+    only = [
+        f"{who} {', '.join(w for w in words if w not in other)}"
+        for who, words, other in (("replayed", ours, theirs), ("traced", theirs, ours))
+        if any(w not in other for w in words)
+    ]
+    return "; ".join(only) or ("same" if traced == replayed else "same words, other order")
+
+
 def report(gemms: list[dict[str, Any]], measured: dict, maestro: dict) -> str:
     """Per GEMM the ratio under each candidate, then per candidate how many are within 3 %."""
-    from userbenchmark.maestro.core.replay.fidelity import kernel_mismatch
-
     ratios: dict[str, list[float]] = defaultdict(list)
     rows, kernels = [], []
     for gi, g in enumerate(gemms):
@@ -229,8 +241,8 @@ def report(gemms: list[dict[str, Any]], measured: dict, maestro: dict) -> str:
         rows.append(row)
         _, names = measured.get((gi, CANDIDATES[0]), ([], Counter()))
         replayed = names.most_common(1)[0][0] if names else ""
-        diff = kernel_mismatch(g["traced_kernel"], replayed)
-        kernels.append([g["name"], g["traced_kernel"], replayed, diff or "same"])
+        difference = word_difference(g["traced_kernel"], replayed)
+        kernels.append([g["name"], g["traced_kernel"], replayed, difference])
     summary = [
         [
             name,

@@ -79,7 +79,18 @@ def test_the_gemm_gap_report_has_every_candidate_per_gemm_and_a_summary():
     assert text.count("\n| ") >= 1 + len(gap.CANDIDATES) + 1
     assert "| uniform, L2 cold | 1 | 1 | 1 | 1.020 |" in text
     assert "| maestro, data uniform | 1 | 0 | 1 | 1.050 |" in text
-    assert "| mm | nvjet_a_TNT | nvjet_b_TNT | kernel: replayed nvjet_b_TNT" in text
+    assert "| mm | nvjet_a_TNT | nvjet_b_TNT | replayed b; traced a |" in text
+
+
+def test_the_gemm_gap_report_names_the_words_two_kernels_differ_in():
+    from bench import gemm_gap_gpu as gap
+
+    traced = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
+    replayed = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopB_TNT"
+    words = "replayed 128x256, 2x1, v, coopB; traced 256x128, 1x2, h, coopA, bias"
+    assert gap.word_difference(traced, replayed) == words
+    assert gap.word_difference(traced, traced) == "same"
+    assert gap.word_difference(traced, "") == gap.word_difference("", replayed) == "unknown"
 
 
 def test_the_gemm_gap_bench_finds_every_traced_gemm():

@@ -1,5 +1,5 @@
 """An imported pattern's replay against its trace: replayed / traced ratios with intervals, per
-rank too, whether each replay falls inside the traced range, kernel mismatches, errors by group."""
+rank too, whether each replay falls inside the traced range, errors by group."""
 
 from __future__ import annotations
 
@@ -46,21 +46,6 @@ def rank_steps(timings: WindowTimings, rank: int, world_size: int) -> np.ndarray
     return out
 
 
-def kernel_mismatch(traced: str | None, replayed: str) -> str:
-    """The words (``_``-separated: tile, layout, epilogue) the replayed kernel and the traced one
-    each have and the other lacks ('' when the same or either is unknown)."""
-    if not traced or not replayed or traced == replayed:
-        return ""
-    ours, theirs = replayed.split("_"), traced.split("_")
-    only = [
-        f"{who} {', '.join(w for w in words if w not in other)}"
-        for who, words, other in (("replayed", ours, theirs), ("traced", theirs, ours))
-        if any(w not in other for w in words)
-    ]
-    detail = f" ({'; '.join(only)})" if only and len(ours) > 1 else ""
-    return f"kernel: replayed {replayed}, traced {traced}{detail}"
-
-
 @dataclass(frozen=True, kw_only=True)
 class ErrorGroup:
     """Per-kernel replay error of a group of blocks (error = |replayed / traced - 1|)."""
@@ -102,20 +87,16 @@ def with_fidelity(
     kernels: Sequence[str] = (),
 ) -> PatternOutcome:
     """The outcome with replayed / traced ratios and intervals, every rank's step (``steps_ns``:
-    :func:`rank_steps` summed over ranks), and a note where ``kernels[b]`` is not the traced one."""
-    blocks = []
-    for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True)):
-        replayed = kernels[b] if kernels else ""
-        note = kernel_mismatch(spec.traced_kernel, replayed)
-        blocks.append(
-            dataclasses.replace(
-                _with_ratio(record, spec.traced_us, agg.latency_ns[b]),
-                kernel=replayed,
-                traced_kernel=spec.traced_kernel or "",
-                traced_overlap=math.nan if spec.traced_overlap is None else spec.traced_overlap,
-                notes="; ".join(n for n in (record.notes, note) if n),
-            )
+    :func:`rank_steps` summed over ranks), and ``kernels[b]`` (the replayed) beside the traced."""
+    blocks = [
+        dataclasses.replace(
+            _with_ratio(record, spec.traced_us, agg.latency_ns[b]),
+            kernel=kernels[b] if kernels else "",
+            traced_kernel=spec.traced_kernel or "",
+            traced_overlap=math.nan if spec.traced_overlap is None else spec.traced_overlap,
         )
+        for b, (record, spec) in enumerate(zip(outcome.blocks, pattern.blocks, strict=True))
+    ]
     traced = dict(enumerate(pattern.traced_by_rank_us))
     rows = [_rank_row(rank, traced.get(rank), row) for rank, row in enumerate(steps_ns)]
     result = _with_ratio(outcome.pattern, pattern.traced_us, agg.makespan_ns)
