@@ -470,10 +470,8 @@ _HANDLERS: dict[str, Callable[[_Collector, dict[str, Any], dict[str, Any]], None
     "cpu_op": _Collector.cpu_op,
     "cuda_runtime": _Collector.runtime,
     "cuda_driver": _Collector.runtime,
-    "kernel": _Collector.device,
-    "gpu_memcpy": _Collector.device,
-    "gpu_memset": _Collector.device,
     "cuda_sync": _Collector.sync,
+    **dict.fromkeys(DEVICE_CATS, _Collector.device),
 }
 
 
@@ -493,14 +491,12 @@ def _rank_field(trace: RankTrace, info: dict[str, Any], key: str, default: int |
 def read_trace(path: str | Path) -> RankTrace:
     """Read one trace file (``.json`` or gzip-compressed): raises TraceError naming the file."""
     path = Path(path)
-    try:  # a FIFO or a device would block the read, or never end
-        regular = stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        regular = True  # said below, by the open that fails
-    if not regular:
-        raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give trace files")
     collector = _Collector(RankTrace(path=str(path)))
-    try:
+    try:  # a FIFO or a device would block the read, or never end; stat fails as open would
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise TraceError(
+                f"{path}: not a regular file (a FIFO, socket or device): give trace files"
+            )
         with open(path, "rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
         with (gzip.open if gzipped else open)(path, "rt", encoding="utf-8") as handle:
