@@ -340,15 +340,14 @@ def _grouped(
             records = owner.comm_records(call, nccl)
             op = trace.gemms.get(call.ext)
             meaning: Meaning
+            key: tuple = ("other", act.stream, call.corr, act.ts)
             if records:
                 key, meaning = ("comm", act.stream, tuple(r.ext for r in records)), records
             elif nccl:  # older torch writes record_param_comms without a name or sizes
-                key, meaning = ("other", act.stream, call.corr, act.ts), "nccl"
-                meaning = nccl_ops.get(call.ts) or meaning  # nccl:all_reduce
+                meaning = nccl_ops.get(call.ts) or "nccl"  # nccl:all_reduce
             elif op is not None:
                 key, meaning = ("gemm", act.stream, call.ext), op
             else:
-                key = ("other", act.stream, call.corr, act.ts)
                 meaning = trace.op_names.get(call.ext) or act.name
             groups.setdefault(key, (meaning, []))[1].append((call, act))
     return groups
