@@ -57,9 +57,7 @@ class _Index:
         return self.by_stream[stream][i] if i >= 0 else None
 
     def first_after(self, stream: int, ts: float) -> Item | None:
-        launches = self.launches.get(stream)
-        if launches is None:
-            return None
+        launches = self.launches.get(stream, [])  # a stream without items: none
         i = bisect.bisect_right(launches, ts)
         return self.by_stream[stream][i] if i < len(launches) else None
 

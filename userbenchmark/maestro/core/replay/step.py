@@ -310,7 +310,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
     launch_items = {
         call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
     }
-    start, end = min(i.start for i in items), max(i.end for i in items)
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -318,8 +317,8 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         trace=trace,
         items=items,
         streams=dict(streams),
-        start=start,
-        end=end,
+        start=min(i.start for i in items),
+        end=max(i.end for i in items),
         launches=calls,
         launch_items=launch_items,
     )
