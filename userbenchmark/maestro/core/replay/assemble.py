@@ -27,6 +27,7 @@ class PatternBlock:
     kind: str
     block: type[Block]
     params: dict
+    """A ``busy`` or ``sleep`` block's are {}: emit gives it its median traced duration."""
     dtype: str | None = None
     teams: tuple[tuple[int, ...], ...] = ()
     """Who runs it, as the teams of its axis."""
@@ -225,19 +226,14 @@ def _check_one_call(calls: list[tuple[int, Item]]) -> None:
 
 
 def _compute_block(rb: RoleBlock) -> PatternBlock:
-    item = rb.first
-    if rb.kind == "gemm":
-        cls, params, dtype = Gemm, dict(item.params), item.dtype
-    else:
-        cls, dtype = Sleep if rb.kind == "idle" else Busy, None
-        params, _ = cls.traced_params(TracedCall(duration_us=rb.duration_us()))
+    item, gemm = rb.first, rb.kind == "gemm"
     noted = item.note and item.note != "gemm-shapes" and rb.kind != "idle"
     return PatternBlock(
         members=[rb],
         kind=rb.kind,
-        block=cls,
-        params=params,
-        dtype=dtype,
+        block={"gemm": Gemm, "idle": Sleep}.get(rb.kind, Busy),
+        params=dict(item.params) if gemm else {},
+        dtype=item.dtype if gemm else None,
         teams=(tuple(sorted(rb.role.ranks)),),
         notes=[item.note] if noted else [],
     )
