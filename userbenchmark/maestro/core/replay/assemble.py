@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ...blocks.base import Block, TracedCall
@@ -72,20 +72,17 @@ def _call_keys(steps: dict[int, RankStep], by_seq: bool) -> dict[tuple[int, int]
     on a group (by sequence number, or order), ('p', group, src, dst, i), transfer i src -> dst."""
     keys: dict[tuple[int, int], list[tuple]] = {}
     for rank, step in steps.items():
-        seq: dict[tuple, int] = defaultdict(int)
+        seq: dict[tuple, Iterator[int]] = defaultdict(itertools.count)  # each key: its next number
         for item in sorted(step.items, key=lambda it: it.launch):
             if item.kind == "comm":
-                number = item.seq if by_seq else seq[("c", item.group)]
+                number = item.seq if by_seq else next(seq[("c", item.group)])
                 keys[(rank, item.index)] = [("c", item.group, number)]
-                seq[("c", item.group)] += 1
             elif item.kind == "p2p":
                 own = []
                 for peer, _ in item.sends:
-                    own.append(("p", item.group, rank, peer, seq[("s", item.group, peer)]))
-                    seq[("s", item.group, peer)] += 1
+                    own.append(("p", item.group, rank, peer, next(seq[("s", item.group, peer)])))
                 for peer, _ in item.recvs:
-                    own.append(("p", item.group, peer, rank, seq[("r", item.group, peer)]))
-                    seq[("r", item.group, peer)] += 1
+                    own.append(("p", item.group, peer, rank, next(seq[("r", item.group, peer)])))
                 keys[(rank, item.index)] = own
     return keys
 
