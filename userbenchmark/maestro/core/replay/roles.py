@@ -94,9 +94,8 @@ def _from_sync_events(step: RankStep, index: _Index, after: dict[int, set[int]])
         target = index.first_after(wait.stream, call.ts)
         if target is None:
             continue
-        source = _recorded_source(index, records, call, target) or _latest_fitting(
-            index, call.ts, target
-        )
+        source = _recorded_source(index, records, call, target)
+        source = source or _latest_fitting(index, call.ts, target)
         if source is None:
             unresolved += 1
         else:

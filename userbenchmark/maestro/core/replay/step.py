@@ -307,9 +307,6 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
             f"steps: {_listed([trace], {trace.rank: Census(trace).complete})})"
         )
     _check_times([pair for _, parts in groups.values() for pair in parts], trace)
-    launch_items = {
-        call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
-    }
     streams: dict[int, list[Item]] = defaultdict(list)
     for item in sorted(items, key=lambda it: (it.start, it.index)):
         streams[item.stream].append(item)
@@ -320,7 +317,9 @@ def build_step(trace: RankTrace, name: str, group_sizes: dict[str, int]) -> Rank
         start=min(i.start for i in items),
         end=max(i.end for i in items),
         launches=calls,
-        launch_items=launch_items,
+        launch_items={
+            call.corr: items[i] for i, (_, parts) in enumerate(ordered) for call, _ in parts
+        },
     )
 
 
