@@ -23,7 +23,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ...errors import ConfigError
 from .axes import check_axes, check_env, check_world_size
 from .blocks import OpResolver, block_entry, yaml_key
-from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
+from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, PATTERN_SETTINGS, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import TRACED_KEYS, WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .summary import op_class
@@ -380,9 +380,6 @@ def _convert(p: Problems, node: Node, path: str) -> Any:
 
 # ---- the loader's inverse: ``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where
 # things were written (source, yaml_path, text_sha256); only what differs from the defaults, no sweep
-SETTINGS: Final = ("warmup_iters", "iters", "baseline", "check", "sync", "graph")
-"""Run settings a pattern spec holds (``iters`` as ``num_iters``); dtype and
-register_buffers are the blocks'."""
 _UNPRINTABLE: Final = re.compile(  # and the line breaks YAML folds, and the byte order mark
     f"{yaml.reader.Reader.NON_PRINTABLE.pattern}|[\x85\u2028\u2029\ufeff]"
 )
@@ -467,14 +464,10 @@ def _defaults(suite: SuiteSpec) -> dict[str, Any]:
         "dtype": dtypes[0][0] if dtypes else DEFAULT_VALUES["dtype"],
         "register_buffers": bool(blocks) and all(b.register_buffers for b in blocks),
     }
-    for key in SETTINGS:
-        values = {_setting(p, key) for p in suite.patterns}
+    for key, field in PATTERN_SETTINGS.items():
+        values = {getattr(p, field) for p in suite.patterns}
         defaults[key] = values.pop() if len(values) == 1 else DEFAULT_VALUES[key]
     return defaults
-
-
-def _setting(pattern: PatternSpec, key: str) -> Any:
-    return getattr(pattern, "num_iters" if key == "iters" else key)
 
 
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
@@ -495,7 +488,8 @@ def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
 def _pattern(
     pattern: PatternSpec, defaults: dict[str, Any], comments: Mapping[tuple[str, str], str]
 ) -> list[str]:
-    head = {key: value for key in SETTINGS if (value := _setting(pattern, key)) != defaults[key]}
+    settings = {key: getattr(pattern, field) for key, field in PATTERN_SETTINGS.items()}
+    head = {key: value for key, value in settings.items() if value != defaults[key]}
     head |= {"traced_us": pattern.traced_us, "traced_by_rank_us": list(pattern.traced_by_rank_us)}
     lines = [f"  - name: {scalar(pattern.name)}"]
     lines += [f"    {k}: {flow(v)}" for k, v in head.items() if v not in (None, [], {})]
