@@ -288,12 +288,9 @@ def _pattern_point(
         yaml_path=path,
     )
 
-    def validate(q: Problems, entries: list[dict[str, Any]], axes: dict[str, AxisDraft]) -> Any:
-        plain = {
-            k: v for k, v in body.items() if k not in ("whatif", "traced_us", "traced_by_rank_us")
-        }
+    def validate(q: Problems, variant: dict[Any, Any], axes: dict[str, AxisDraft]) -> Any:
         at = replace(file, axes=file.axes | axes)  # the variant's own axes too
-        return _pattern_point(q, at, plain | {"blocks": entries}, path, base, point, written)
+        return _pattern_point(q, at, variant, path, base, point, written)
 
     return check_whatif(p, body, spec, file, validate)
 

@@ -28,8 +28,8 @@ FIXED_KEYS: Final = {
 _FACTOR: Final = re.compile(r"x([0-9]{1,9}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})")  # below 1e9
 _BLOCK_PATH: Final = re.compile(r"\.blocks\[([0-9]+)\]\.?([^.\[]*)")
 
-# The pattern's own checks on a variant: (problems, its blocks' entries, its own axes) to its spec.
-Validate = Callable[[Problems, list[dict[str, Any]], dict[str, AxisDraft]], PatternSpec | None]
+# The pattern's own checks on a variant: (problems, its entry, its own axes) to its spec, or None.
+Validate = Callable[[Problems, dict[Any, Any], dict[str, AxisDraft]], PatternSpec | None]
 
 
 @dataclasses.dataclass
@@ -51,8 +51,13 @@ def check_whatif(
     expected = "whatif must map variant names to their changes, e.g. {bigger: {gemm: {m: x2}}}"
     if raw is None or not p.mapping(raw, path, expected):
         return base
+    plain = {k: v for k, v in body.items() if k not in ("whatif", "traced_us", "traced_by_rank_us")}
+
+    def check(q: Problems, entries: list[Any], own: dict[str, AxisDraft]) -> PatternSpec | None:
+        return validate(q, plain | {"blocks": entries}, own)
+
     variants = [
-        _variant(p, name, changes, join(path, name), base, file, validate)
+        _variant(p, name, changes, join(path, name), base, file, check)
         for name, changes in raw.items()
         if p.name(name, join(path, name), "a variant name") is not None
     ]
@@ -60,7 +65,7 @@ def check_whatif(
 
 
 def _variant(
-    p: Problems, name: str, raw: Any, path: str, base: PatternSpec, file: Any, check: Validate
+    p: Problems, name: str, raw: Any, path: str, base: PatternSpec, file: Any, check: Any
 ) -> PatternSpec | None:
     expected = "a variant maps block names or globs to the keys it changes (and axes: to options)"
     if raw is not None and not p.mapping(raw, path, expected):
