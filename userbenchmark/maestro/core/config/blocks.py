@@ -100,8 +100,8 @@ def check_block(
         where = join(path, "traced_kernel")
         p.add(where, f"expected a kernel name, got {p.show(where, kernel)}")
     overlap = p.get(raw, path, "traced_overlap", p.number, minimum=0.0, maximum=1.0)
-    traced_us = p.get(raw, path, "traced_us", p.number, minimum=0.0)
-    low, high = (p.get(raw, path, f"traced_{k}_us", p.number, minimum=0.0) for k in ("min", "max"))
+    durations = ("traced_us", "traced_min_us", "traced_max_us")
+    traced = {key: p.get(raw, path, key, p.number, minimum=0.0) for key in durations}
     # A custom op left unimported keeps its parameters as written; a known op's are checked,
     # and against its dtype and axis when nothing else of the block was wrong.
     ready = len(p) == start and axis is not None and dtype is not None
@@ -121,9 +121,7 @@ def check_block(
         work=describe_params(cls, params),
         register_buffers=register,
         after=after,
-        traced_us=traced_us,
-        traced_min_us=low,
-        traced_max_us=high,
+        **traced,
         traced_kernel=kernel,
         traced_overlap=overlap,
         yaml_path=path,

@@ -23,7 +23,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ...errors import ConfigError
 from .axes import check_axes, check_env, check_world_size
 from .blocks import OpResolver, block_entry, yaml_key
-from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, check_patterns, check_settings
+from .patterns import DEFAULT_KEYS, DEFAULT_VALUES, PATTERN_SETTINGS, check_patterns, check_settings
 from .problems import YAML11_BOOLEAN_WORDS, Problems, choices, index, join
 from .spec import TRACED_KEYS, WORLD_AXIS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .summary import op_class
@@ -223,7 +223,7 @@ def read_yaml(text: str, problems: Problems) -> Any:
         )
         raise ConfigError(message, file=file, line=1)
     _measure(root, file)
-    return _Converter(problems).convert(root, "")
+    return _convert(problems, root, "")
 
 
 def _yaml_error(exc: yaml.YAMLError, file: str) -> ConfigError:
@@ -317,82 +317,69 @@ def _measure(root: Node, file: str) -> None:
     visit(root, 0)
 
 
-class _Converter:
-    """Turns a composed node tree into plain data, recording the line of every path and the
+def _scalar(p: Problems, node: ScalarNode, path: str, *, record: bool = True) -> Any:
+    if node.tag == _BOOL_TAG and node.value.lower() not in ("true", "false"):
+        # YAML 1.1 reads yes/no/on/off as booleans; here they are text (as in YAML 1.2),
+        # so `sync: yes` is reported as written and `baseline: yes` is not silently true.
+        if record:
+            p.yaml11_words.add(path)
+        return node.value
+    try:
+        value = SafeConstructor().construct_object(node, deep=True)
+    except Exception as exc:  # noqa: BLE001 - any constructor failure is a config problem
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        p.add(path, f"unsupported YAML value ({problem})", line=node.start_mark.line + 1)
+        return None
+    if record and not isinstance(value, str):
+        p.written.setdefault(path, (node.value, value))
+    return value
+
+
+def _convert(p: Problems, node: Node, path: str) -> Any:
+    """Plain data of a composed node tree, recording in ``p`` the line of every path and the
     text of every scalar that did not become a string."""
-
-    def __init__(self, problems: Problems) -> None:
-        self.problems = problems
-        self._scalars = SafeConstructor()
-
-    def _issue(self, path: str, message: str, node: Node) -> None:
-        self.problems.add(path, message, line=node.start_mark.line + 1)
-
-    def _scalar(self, node: ScalarNode, path: str, *, record: bool = True) -> Any:
-        if node.tag == _BOOL_TAG and node.value.lower() not in ("true", "false"):
-            # YAML 1.1 reads yes/no/on/off as booleans; here they are text (as in YAML 1.2),
-            # so `sync: yes` is reported as written and `baseline: yes` is not silently true.
-            if record:
-                self.problems.yaml11_words.add(path)
-            return node.value
-        try:
-            value = self._scalars.construct_object(node, deep=True)
-        except Exception as exc:  # noqa: BLE001 - any constructor failure is a config problem
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            self._issue(path, f"unsupported YAML value ({problem})", node)
-            return None
-        if record and not isinstance(value, str):
-            self.problems.written.setdefault(path, (node.value, value))
-        return value
-
-    def convert(self, node: Node, path: str) -> Any:
-        self.problems.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, ScalarNode):
-            return self._scalar(node, path)
-        if (type(node), node.tag) not in ((SequenceNode, _SEQ_TAG), (MappingNode, _MAP_TAG)):
-            self._issue(path, f"unsupported YAML tag {node.tag!r}", node)
-            return None
-        if isinstance(node, SequenceNode):
-            return [self.convert(child, index(path, i)) for i, child in enumerate(node.value)]
-        result: dict[Any, Any] = {}
-        merges: list[Node] = []
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                merges.append(value_node)
+    p.lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, ScalarNode):
+        return _scalar(p, node, path)
+    if (type(node), node.tag) not in ((SequenceNode, _SEQ_TAG), (MappingNode, _MAP_TAG)):
+        p.add(path, f"unsupported YAML tag {node.tag!r}", line=node.start_mark.line + 1)
+        return None
+    if isinstance(node, SequenceNode):
+        return [_convert(p, child, index(path, i)) for i, child in enumerate(node.value)]
+    result: dict[Any, Any] = {}
+    merges: list[Node] = []
+    for key_node, value_node in node.value:
+        if key_node.tag == _MERGE_TAG:
+            merges.append(value_node)
+            continue
+        if not isinstance(key_node, ScalarNode):
+            message = "mapping keys must be plain names, not lists or mappings"
+            p.add(path, message, line=key_node.start_mark.line + 1)
+            continue
+        key = _scalar(p, key_node, path, record=False)  # safe scalars are all hashable
+        sub = join(path, key)
+        if key in result:
+            # Reported, and the first value kept, so the rest of the file is still checked.
+            p.add(sub, f"duplicate key {key!r}", line=key_node.start_mark.line + 1)
+            continue
+        p.lines.setdefault(sub, key_node.start_mark.line + 1)
+        result[key] = _convert(p, value_node, sub)
+    # YAML merge keys (<<: *anchor): explicit keys win, then earlier merged mappings.
+    for value_node in merges:
+        sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+        for source in sources:
+            merged = _convert(p, source, path) if isinstance(source, MappingNode) else None
+            if not isinstance(merged, dict):
+                message = "a merge key (<<) needs a mapping or a list of mappings"
+                p.add(path, message, line=source.start_mark.line + 1)
                 continue
-            if not isinstance(key_node, ScalarNode):
-                self._issue(
-                    path, "mapping keys must be plain names, not lists or mappings", key_node
-                )
-                continue
-            key = self._scalar(key_node, path, record=False)  # safe scalars are all hashable
-            sub = join(path, key)
-            if key in result:
-                # Reported, and the first value kept, so the rest of the file is still checked.
-                self._issue(sub, f"duplicate key {key!r}", key_node)
-                continue
-            self.problems.lines.setdefault(sub, key_node.start_mark.line + 1)
-            result[key] = self.convert(value_node, sub)
-        # YAML merge keys (<<: *anchor): explicit keys win, then earlier merged mappings.
-        for value_node in merges:
-            sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
-            for source in sources:
-                merged = self.convert(source, path) if isinstance(source, MappingNode) else None
-                if not isinstance(merged, dict):
-                    self._issue(
-                        path, "a merge key (<<) needs a mapping or a list of mappings", source
-                    )
-                    continue
-                for key, value in merged.items():
-                    result.setdefault(key, value)
-        return result
+            for key, value in merged.items():
+                result.setdefault(key, value)
+    return result
 
 
 # ---- the loader's inverse: ``load_suite_text(dump_suite(suite))`` equals ``suite`` but for where
 # things were written (source, yaml_path, text_sha256); only what differs from the defaults, no sweep
-SETTINGS: Final = ("warmup_iters", "iters", "baseline", "check", "sync", "graph")
-"""Run settings a pattern spec holds (``iters`` as ``num_iters``); dtype and
-register_buffers are the blocks'."""
 _UNPRINTABLE: Final = re.compile(  # and the line breaks YAML folds, and the byte order mark
     f"{yaml.reader.Reader.NON_PRINTABLE.pattern}|[\x85\u2028\u2029\ufeff]"
 )
@@ -477,14 +464,10 @@ def _defaults(suite: SuiteSpec) -> dict[str, Any]:
         "dtype": dtypes[0][0] if dtypes else DEFAULT_VALUES["dtype"],
         "register_buffers": bool(blocks) and all(b.register_buffers for b in blocks),
     }
-    for key in SETTINGS:
-        values = {_setting(p, key) for p in suite.patterns}
+    for key, field in PATTERN_SETTINGS.items():
+        values = {getattr(p, field) for p in suite.patterns}
         defaults[key] = values.pop() if len(values) == 1 else DEFAULT_VALUES[key]
     return defaults
-
-
-def _setting(pattern: PatternSpec, key: str) -> Any:
-    return getattr(pattern, "num_iters" if key == "iters" else key)
 
 
 def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
@@ -505,7 +488,8 @@ def _axes(suite: SuiteSpec) -> dict[str, dict[str, Any]]:
 def _pattern(
     pattern: PatternSpec, defaults: dict[str, Any], comments: Mapping[tuple[str, str], str]
 ) -> list[str]:
-    head = {key: value for key in SETTINGS if (value := _setting(pattern, key)) != defaults[key]}
+    settings = {key: getattr(pattern, field) for key, field in PATTERN_SETTINGS.items()}
+    head = {key: value for key, value in settings.items() if value != defaults[key]}
     head |= {"traced_us": pattern.traced_us, "traced_by_rank_us": list(pattern.traced_by_rank_us)}
     lines = [f"  - name: {scalar(pattern.name)}"]
     lines += [f"    {k}: {flow(v)}" for k, v in head.items() if v not in (None, [], {})]

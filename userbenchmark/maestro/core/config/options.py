@@ -11,7 +11,7 @@ from typing import Any
 
 from ...blocks.registry import resolve_op
 from ...errors import ConfigError, OptionError
-from .patterns import MAX_ITERS, window_launches_problem
+from .patterns import MAX_ITERS, PATTERN_SETTINGS, window_launches_problem
 from .spec import TRACED_KEYS, BlockSpec, PatternSpec, SuiteSpec, frozen_mapping
 from .summary import describe_params
 
@@ -81,13 +81,8 @@ class RunOptions:
 def apply_overrides(suite: SuiteSpec, options: RunOptions) -> SuiteSpec:
     """The suite with command-line overrides applied and patterns filtered (pure), within
     the launches of one window."""
-    given = {
-        "num_iters": options.iters,
-        "warmup_iters": options.warmup_iters,
-        "check": options.check,
-        "baseline": options.baseline,
-        "graph": options.graph,
-    }
+    overridable = ("iters", "warmup_iters", "check", "baseline", "graph")  # RunOptions' names
+    given = {PATTERN_SETTINGS[key]: getattr(options, key) for key in overridable}
     changes = {key: value for key, value in given.items() if value is not None}
     patterns = []
     for p in suite.patterns:

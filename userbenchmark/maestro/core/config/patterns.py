@@ -29,6 +29,11 @@ DEFAULT_VALUES: Final = {
     "register_buffers": False,
 }
 DEFAULT_KEYS: Final = tuple(DEFAULT_VALUES)
+PATTERN_SETTINGS: Final = {"warmup_iters": "warmup_iters", "iters": "num_iters",
+                           "baseline": "baseline", "check": "check", "sync": "sync",
+                           "graph": "graph"}  # fmt: skip
+"""The run settings a PatternSpec holds, each key with its field (dtype and register_buffers are
+the blocks')."""
 PATTERN_KEYS: Final = ("name", "sweep", "blocks", "traced_us", "traced_by_rank_us", "whatif",
                        *DEFAULT_KEYS)  # fmt: skip
 MAX_EXPANDED_BLOCKS: Final = 100_000
@@ -277,8 +282,7 @@ def _pattern_point(
         base_name=base,
         sweep_point=tuple((name, label) for name, _, label in point),
         blocks=tuple(blocks),
-        num_iters=settings["iters"],
-        **{key: settings[key] for key in ("warmup_iters", "baseline", "check", "sync", "graph")},
+        **{field: settings[key] for key, field in PATTERN_SETTINGS.items()},
         traced_us=traced_us,
         traced_by_rank_us=traced_by_rank,
         yaml_path=path,

@@ -130,9 +130,7 @@ class Problems:
 
     def mapping(self, value: Any, path: str, expected: str) -> bool:
         """Whether ``value`` is a mapping; if not, ``expected, got <value>`` is recorded."""
-        if not isinstance(value, dict):
-            self.add(path, f"{expected}, got {self.show(path, value)}")
-        return isinstance(value, dict)
+        return value == {} or self.non_empty(value, path, dict, expected)
 
     def non_empty(self, value: Any, path: str, kind: type, expected: str) -> bool:
         """Whether ``value`` is a non-empty ``kind`` (list or dict); if not, ``expected, got
