@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from bench.fault_table import append_row
+from userbenchmark.maestro import cli
 from userbenchmark.maestro.core.runtime.agreement import grace_s
 from userbenchmark.maestro.core.runtime.rendezvous import free_port
 from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
@@ -38,7 +39,6 @@ from .helpers import (
     child_pids,
     nap_sweep,
     read_records,
-    run_pattern,
     subprocess_env,
 )
 
@@ -284,10 +284,15 @@ def test_ranks_started_with_different_world_sizes(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
-def test_config_world_size_not_matching_the_launch(tmp_path):
-    proc, out = run_pattern(tmp_path, "world_size: 4\n" + suite("rank: 1"), nproc=2, timeout=60)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "world_size" in proc.stderr and "Traceback" not in proc.stderr
+def test_config_world_size_not_matching_the_launch(tmp_path, capsys, cli_here):
+    # Refused before any worker starts, so in this process (a refused pattern file in a process
+    # of its own: test_ranks_that_read_different_pattern_texts_stop_before_anything_runs).
+    config, out = tmp_path / "pattern.yaml", tmp_path / "out"
+    config.write_text("world_size: 4\n" + suite("rank: 1"))
+    argv = ["run", "-c", str(config), "--nproc", "2", "--output-dir", str(out)]
+    assert cli.main([*argv, "--metrics-dir", str(tmp_path / "metrics")]) == 2
+    err = capsys.readouterr().err
+    assert "world_size" in err and "Traceback" not in err, err
     assert not out.exists()
 
 
