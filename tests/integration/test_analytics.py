@@ -30,26 +30,14 @@ pytestmark = pytest.mark.integration
 
 NAP_US = 5000
 """Every sleep's duration."""
-CORRUPTED = """
-  - name: clean
-    dtype: fp32
-    warmup_iters: 1
-    iters: 2
-    baseline: false
-    check: true
-    blocks:
-      - {name: ag, op: all_gather, axis: world, size: 64K}
-  - name: scribbled
-    dtype: fp32
-    warmup_iters: 1
-    iters: 2
-    baseline: false
-    check: true
-    blocks:
-      - {name: ag, op: all_gather, axis: world, lane: shared, size: 64K}
-      - {name: rs, op: reduce_scatter, axis: other, size: 64K}
-      - {name: bad, op: "tests.integration.corrupt_blocks:Scribbler", axis: world,
-         lane: shared, target: ag}
+CHECKED = "dtype: fp32, warmup_iters: 1, iters: 2, baseline: false, check: true"
+CORRUPTED = f"""
+  - {{name: clean, {CHECKED}, blocks: [{{name: ag, op: all_gather, axis: world, size: 64K}}]}}
+  - {{name: scribbled, {CHECKED}, blocks: [
+      {{name: ag, op: all_gather, axis: world, lane: shared, size: 64K}},
+      {{name: rs, op: reduce_scatter, axis: other, size: 64K}},
+      {{name: bad, op: "tests.integration.corrupt_blocks:Scribbler", axis: world,
+        lane: shared, target: ag}}]}}
 """
 """The check's patterns: an all_gather alone, then one whose output another block overwrites."""
 SLEEPS = (
