@@ -152,9 +152,9 @@ def run_maestro_here(args: list[str]) -> subprocess.CompletedProcess[str]:
     """``maestro ARGS`` through the command line's entry point in this process, as
     ``run_maestro`` gives it: the exit status and what this process and the workers it starts
     wrote to stdout and stderr. For a run whose outputs a test reads, not its processes: the
-    workers start without a launcher process of its own (one import of torch fewer). As a
-    user's shell starts it: no launcher variables, one OpenMP thread unless set; the 'maestro'
-    logger, SIGTERM and SIGHUP are as they were afterwards."""
+    workers start without a launcher process of its own (one import of torch fewer). In the
+    environment ``subprocess_env`` gives (no launcher variables, one OpenMP thread unless set);
+    the environment, the 'maestro' logger, SIGTERM and SIGHUP are as they were afterwards."""
     import io
     import logging
     import signal
@@ -167,8 +167,8 @@ def run_maestro_here(args: list[str]) -> subprocess.CompletedProcess[str]:
     logger = logging.getLogger("maestro")
     saved_logger = (logger.handlers[:], logger.level, logger.propagate)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for key in [*LAUNCH_VARIABLES, "LOCAL_WORLD_SIZE"]:
-        os.environ.pop(key, None)
+    for key in [k for k in os.environ if k in LAUNCH_VARIABLES or k.startswith("TORCHELASTIC_")]:
+        del os.environ[key]  # as subprocess_env leaves them out
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     said = (io.StringIO(), io.StringIO())  # this process's own prints and log lines
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
