@@ -39,9 +39,10 @@ def shipped_run(tmp_path_factory):
     (``--max-size 64K``, 2 iterations after 1 warmup, no baseline), into an output folder that
     holds an earlier run's files (``results.json``, ``failures.json``, ``trace.json`` reading
     "stale") and a file of the user's (``notes.txt``). test_shipped_configs.py checks what ran,
-    test_run_outputs.py what became of the folders. A namespace: ``config``, ``nproc``,
-    ``proc`` (the finished process), ``out`` and ``metrics`` (the folders)."""
-    from tests.integration.helpers import RUN_HANG_S, run_maestro
+    test_run_outputs.py what became of the folders. Its workers start from this process (no
+    launcher process: a run's files are what these tests read). A namespace: ``config``,
+    ``nproc``, ``proc`` (the outcome, as of a process), ``out`` and ``metrics`` (the folders)."""
+    from tests.integration.helpers import run_maestro_here
 
     tmp = tmp_path_factory.mktemp("shipped_run")
     run = SimpleNamespace(config="fsdp", nproc=2, out=tmp / "out", metrics=tmp / "metrics")
@@ -52,5 +53,5 @@ def shipped_run(tmp_path_factory):
     args = ["run", "-c", run.config, "--nproc", str(run.nproc), "--max-size", "64K"]
     args += ["--iters", "2", "--warmup-iters", "1", "--no-baseline"]
     args += ["--output-dir", str(run.out), "--metrics-dir", str(run.metrics)]
-    run.proc = run_maestro(args, timeout=RUN_HANG_S)
+    run.proc = run_maestro_here(args)
     return run

@@ -120,32 +120,15 @@ def run_maestro(
 
 
 def run_pattern(
-    tmp_path: Path,
-    yaml_text: str,
-    *,
-    nproc: int,
-    extra: list[str] | None = None,
-    timeout: float = RUN_HANG_S,
+    tmp_path: Path, yaml_text: str, *, nproc: int, extra: list[str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Write ``yaml_text`` to a file, run it on ``nproc`` gloo ranks, return (process, out dir)."""
+    """Write ``yaml_text`` to a file, run it on ``nproc`` gloo ranks started from this process
+    (``run_maestro_here``), return (outcome, out dir)."""
     config = tmp_path / "pattern.yaml"
     config.write_text(yaml_text)
     out = tmp_path / "out"
-    proc = run_maestro(
-        [
-            "run",
-            "-c",
-            str(config),
-            "--nproc",
-            str(nproc),
-            "--output-dir",
-            str(out),
-            "--metrics-dir",
-            str(tmp_path / "metrics"),
-            *(extra or []),
-        ],
-        timeout=timeout,
-    )
+    args = ["run", "-c", str(config), "--nproc", str(nproc), "--output-dir", str(out)]
+    proc = run_maestro_here([*args, "--metrics-dir", str(tmp_path / "metrics"), *(extra or [])])
     return proc, out
 
 
@@ -163,3 +146,51 @@ def pair_overlaps(out: Path) -> dict[tuple[str, str, str], float | None]:
 
 def by_block(records: list[dict], pattern: str) -> dict[str, dict]:
     return {r["block"]: r for r in records if r["pattern"] == pattern}
+
+
+def run_maestro_here(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``maestro ARGS`` through the command line's entry point in this process, as
+    ``run_maestro`` gives it: the exit status and what this process and the workers it starts
+    wrote to stdout and stderr. For a run whose outputs a test reads, not its processes: the
+    workers start without a launcher process of its own (one import of torch fewer). In the
+    environment ``subprocess_env`` gives (no launcher variables, one OpenMP thread unless set);
+    the environment, the 'maestro' logger, SIGTERM and SIGHUP are as they were afterwards."""
+    import io
+    import logging
+    import signal
+    import tempfile
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from userbenchmark.maestro import cli
+
+    saved_env = dict(os.environ)
+    logger = logging.getLogger("maestro")
+    saved_logger = (logger.handlers[:], logger.level, logger.propagate)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for key in [k for k in os.environ if k in LAUNCH_VARIABLES or k.startswith("TORCHELASTIC_")]:
+        del os.environ[key]  # as subprocess_env leaves them out
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    said = (io.StringIO(), io.StringIO())  # this process's own prints and log lines
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved_fds = [os.dup(1), os.dup(2)]
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 1)  # the workers', which they write to the descriptors
+            os.dup2(err.fileno(), 2)
+            with redirect_stdout(said[0]), redirect_stderr(said[1]):
+                status = cli.main(args)
+        finally:
+            for fd, saved in zip((1, 2), saved_fds, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            logger.handlers[:], logger.level, logger.propagate = saved_logger
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        texts = []
+        for mine, written in zip(said, (out, err), strict=True):
+            written.seek(0)
+            texts.append(mine.getvalue() + written.read().decode(errors="replace"))
+    return subprocess.CompletedProcess(["maestro", *args], status, *texts)

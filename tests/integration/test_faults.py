@@ -19,12 +19,14 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from bench.fault_table import append_row
+from userbenchmark.maestro import cli
 from userbenchmark.maestro.core.runtime.agreement import grace_s
 from userbenchmark.maestro.core.runtime.rendezvous import free_port
 from userbenchmark.maestro.core.runtime.supervision import EXIT_GRACE_S
@@ -37,7 +39,6 @@ from .helpers import (
     child_pids,
     nap_sweep,
     read_records,
-    run_pattern,
     subprocess_env,
 )
 
@@ -246,7 +247,7 @@ def test_raise_in_setup_on_one_rank(tmp_path):
     _per_rank_case(tmp_path, "exception in setup on rank 1", ranks)
 
 
-def test_raise_in_launch_mid_measurement(tmp_path):
+def raise_in_launch_mid_measurement(tmp_path: Path) -> None:
     ranks = run_ranks(tmp_path, suite("rank: 1, when: launch, after_launches: 3"), [2, 2])
     assert_all_failed(ranks, phase="measure")
     assert "block 'bad'" in ranks[0].stderr and "injected failure" in ranks[0].stderr
@@ -254,7 +255,11 @@ def test_raise_in_launch_mid_measurement(tmp_path):
     _per_rank_case(tmp_path, "exception in a block on rank 1", ranks)
 
 
-def test_sigkill_mid_pattern_on_three_ranks(tmp_path):
+def test_raise_in_launch_mid_measurement(waiting_cases):
+    waiting_cases["raise_in_launch_mid_measurement"].result()
+
+
+def sigkill_mid_pattern_on_three_ranks(tmp_path: Path) -> None:
     ranks = run_ranks(
         tmp_path, suite("rank: 1, when: launch, how: kill, after_launches: 3"), [3, 3, 3]
     )
@@ -266,6 +271,10 @@ def test_sigkill_mid_pattern_on_three_ranks(tmp_path):
     _per_rank_case(tmp_path, "SIGKILL of rank 1 of 3", ranks)
 
 
+def test_sigkill_mid_pattern_on_three_ranks(waiting_cases):
+    waiting_cases["sigkill_mid_pattern_on_three_ranks"].result()
+
+
 def test_ranks_started_with_different_world_sizes(tmp_path):
     ranks = run_ranks(tmp_path, suite("rank: 1"), [2, 3])
     for r in ranks:
@@ -275,10 +284,15 @@ def test_ranks_started_with_different_world_sizes(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
-def test_config_world_size_not_matching_the_launch(tmp_path):
-    proc, out = run_pattern(tmp_path, "world_size: 4\n" + suite("rank: 1"), nproc=2, timeout=60)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "world_size" in proc.stderr and "Traceback" not in proc.stderr
+def test_config_world_size_not_matching_the_launch(tmp_path, capsys, cli_here):
+    # Refused before any worker starts, so in this process (a refused pattern file in a process
+    # of its own: test_ranks_that_read_different_pattern_texts_stop_before_anything_runs).
+    config, out = tmp_path / "pattern.yaml", tmp_path / "out"
+    config.write_text("world_size: 4\n" + suite("rank: 1"))
+    argv = ["run", "-c", str(config), "--nproc", "2", "--output-dir", str(out)]
+    assert cli.main([*argv, "--metrics-dir", str(tmp_path / "metrics")]) == 2
+    err = capsys.readouterr().err
+    assert "world_size" in err and "Traceback" not in err, err
     assert not out.exists()
 
 
@@ -515,7 +529,7 @@ def _assert_gone_in_time(
         assert gone_s <= limit_s, f"{fault}: last process gone {gone_s:.1f} s after the fault"
 
 
-def test_nproc_sigstop_of_a_worker(tmp_path):
+def nproc_sigstop_of_a_worker(tmp_path: Path) -> None:
     run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: stop, after_launches: 3"))
     fault = run.fault_at(1)
     gone = run.all_gone() - fault
@@ -528,7 +542,11 @@ def test_nproc_sigstop_of_a_worker(tmp_path):
     _assert_gone_in_time("SIGSTOP of rank 1", "--nproc 2", gone, [run.proc.returncode])
 
 
-def test_nproc_block_that_never_returns(tmp_path):
+def test_nproc_sigstop_of_a_worker(waiting_cases):
+    waiting_cases["nproc_sigstop_of_a_worker"].result()
+
+
+def nproc_block_that_never_returns(tmp_path: Path) -> None:
     """The lane's thread is stuck: the rank itself reports its block. (Stuck in setup, in the
     main thread, it is as a stopped worker: test_nproc_sigstop_of_a_worker.)"""
     run = LocalRun(tmp_path, suite("rank: 1, when: launch, how: hang, after_launches: 3"))
@@ -542,6 +560,10 @@ def test_nproc_block_that_never_returns(tmp_path):
     _assert_gone_in_time(
         "block that never returns on rank 1 (launch)", "--nproc 2", gone, [run.proc.returncode]
     )
+
+
+def test_nproc_block_that_never_returns(waiting_cases):
+    waiting_cases["nproc_block_that_never_returns"].result()
 
 
 def test_nproc_sigkill_of_a_worker_is_named(tmp_path):
@@ -686,7 +708,7 @@ def test_an_output_folder_removed_mid_run_stops_the_run(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # per-rank processes, as torchrun or srun start them
 # ---------------------------------------------------------------------------------------------
-def test_a_frozen_store_host_ends_every_other_rank(tmp_path):
+def a_frozen_store_host_ends_every_other_rank(tmp_path: Path) -> None:
     """Rank 0, which hosts the rendezvous store, stops (SIGSTOP) mid-pattern: a store call
     never returns by itself, and rank 1 must end anyway, naming rank 0."""
     procs, start = start_ranks(tmp_path, suite("rank: 0, how: stop, after_launches: 3"), [2, 2])
@@ -711,7 +733,11 @@ def test_a_frozen_store_host_ends_every_other_rank(tmp_path):
     )
 
 
-def test_block_that_never_returns_per_rank(tmp_path):
+def test_a_frozen_store_host_ends_every_other_rank(waiting_cases):
+    waiting_cases["a_frozen_store_host_ends_every_other_rank"].result()
+
+
+def block_that_never_returns_per_rank(tmp_path: Path) -> None:
     """No launcher can end the hung rank: the verdict of the others does."""
     procs, start = start_ranks(tmp_path, suite("rank: 1, when: setup, how: hang"), [2, 2])
     ranks = wait_ranks(procs, start)
@@ -723,7 +749,11 @@ def test_block_that_never_returns_per_rank(tmp_path):
     _per_rank_case(tmp_path, "block that never returns on rank 1 (setup)", ranks)
 
 
-def test_sigstop_per_rank_then_sigcont(tmp_path):
+def test_block_that_never_returns_per_rank(waiting_cases):
+    waiting_cases["block_that_never_returns_per_rank"].result()
+
+
+def sigstop_per_rank_then_sigcont(tmp_path: Path) -> None:
     """The other ranks end in time; the stopped rank, once continued, ends too."""
     procs, start = start_ranks(
         tmp_path, suite("rank: 1, when: launch, how: stop, after_launches: 3"), [2, 2]
@@ -756,6 +786,10 @@ def test_sigstop_per_rank_then_sigcont(tmp_path):
         survivors_gone,
         [rank0.returncode],
     )
+
+
+def test_sigstop_per_rank_then_sigcont(waiting_cases):
+    waiting_cases["sigstop_per_rank_then_sigcont"].result()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
@@ -836,3 +870,47 @@ def test_ranks_that_read_different_pattern_texts_stop_before_anything_runs(tmp_p
     assert f"rank 1 runs a different pattern text than rank 0: sha256 {other} on rank 1, " in err
     assert f"{mine} on rank 0" in err, err[-2000:]
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# cases that mostly wait out a deadline, started one after another
+# ---------------------------------------------------------------------------------------------
+WAITING = (
+    sigstop_per_rank_then_sigcont,
+    a_frozen_store_host_ends_every_other_rank,
+    block_that_never_returns_per_rank,
+    sigkill_mid_pattern_on_three_ranks,
+    nproc_sigstop_of_a_worker,
+    raise_in_launch_mid_measurement,
+    nproc_block_that_never_returns,
+)
+"""Cases whose ranks, once the fault happened, mostly wait (for ``timeout_s`` in a collective,
+then for the grace at the agreement), the longest wait after the fault first."""
+
+
+@pytest.fixture(scope="module")
+def waiting_cases(request, tmp_path_factory) -> dict[str, Future]:
+    """Each case of ``WAITING`` whose test runs in this session, as a future of its outcome: a
+    case's test is its result (its assertion errors, raised again).
+
+    A case starts once the one before it has failed (its fault mark written, so every rank of
+    it is past its start-up): the waits after a fault overlap the next case's start-up, and no
+    two start-ups share the CPU (ranks that reach the rendezvous far apart would time out).
+    While ``MAESTRO_FAULT_TABLE`` is set, one case at a time: each time recorded is its own."""
+    selected = {item.name for item in request.session.items}
+    one_at_a_time = bool(os.environ.get(TABLE_VARIABLE))
+    futures: dict[str, Future] = {}
+    with ThreadPoolExecutor(len(WAITING)) as pool:
+        for case in WAITING:
+            if f"test_{case.__name__}" not in selected:
+                continue
+            tmp = tmp_path_factory.mktemp(case.__name__)
+            future = pool.submit(case, tmp)
+            futures[case.__name__] = future
+            deadline = time.monotonic() + EXIT_DEADLINE_S
+            while not future.done() and time.monotonic() < deadline:
+                if not one_at_a_time and any((tmp / "marks").glob("fault-*")):
+                    break
+                time.sleep(0.05)
+        wait(futures.values())
+    return futures

@@ -159,14 +159,14 @@ def test_readme_setup_from_a_fresh_virtual_environment(scratch):
 def test_readme_test_commands_pass_in_a_virtual_environment(tmp_path):
     # The suite runs this test, so the README's `python -m pytest` runs, through
     # PYTEST_ADDOPTS, the tests that start the environment's own `python` (a symlink to it
-    # loses the environment): the check of that `python` and the doc commands that need no
-    # launcher.
+    # loses the environment): the check of that `python`, and one block of doc commands that
+    # needs no launcher (the suite itself runs every block).
     commands = readme_commands("## Tests")
     assert commands[-1] == "python -m pytest", commands
     env = fresh_venv(tmp_path / "venv", inherit=True)
     env["PYTEST_ADDOPTS"] = (
         "-p no:cacheprovider -q tests/integration/test_doc_commands.py "
-        "-k 'environments_python or run_as_written and (pattern-format or multinode)'"
+        "-k 'environments_python or run_as_written and pattern-format.md:7]'"
     )
     *_, out = run_commands(commands, ROOT, env, RUN_HANG_S)
     assert " passed" in out and "failed" not in out and "deselected" in out, out[-3000:]

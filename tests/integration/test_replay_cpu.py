@@ -1,7 +1,11 @@
 """Every multi-rank trace of tests/data/traces, imported and replayed at its world size on CPU
 with --max-size 64K (as docs/replay.md runs it): each run finishes and reports every rank's
 step; the cap changed the step, so none is set against the trace. A 4-rank TP x DP step once
-refused to start: its busy stand-ins were counted at their CUDA size by the host-memory check."""
+refused to start: its busy stand-ins were counted at their CUDA size by the host-memory check.
+
+The steps of one world size run in one launch: the patterns ``import-trace`` wrote, each
+renamed after its trace, in one file with the axes and the mesh of all of them (a launch costs
+more than a step at CPU sizes; each step still runs at its own world size, on its own axes)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from userbenchmark.maestro import cli
 
@@ -19,20 +24,46 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 MULTI_RANK = {"ddp": 2, "fsdp2_2ranks": 2, "moe": 4, "pipeline": 4, "tp_dp_4ranks": 4}
 
 
-@pytest.mark.parametrize("folder", sorted(MULTI_RANK))
-def test_a_multi_rank_trace_replays_at_its_world_size_on_cpu(tmp_path, capfd, folder):
-    step = tmp_path / "step.yaml"
-    assert cli.main(["import-trace", str(DATA / folder), "-o", str(step)]) == 0
-    world = MULTI_RANK[folder]
-    argv = ["run", "-c", str(step), "--nproc", str(world), "--max-size", "64K", "--iters", "2"]
+def merged_steps(folders: list[str], world: int, tmp_path: Path) -> dict:
+    """One pattern file holding the step ``import-trace`` writes from each folder, named after
+    it: its patterns, axes and mesh, which must not clash, at world size ``world``."""
+    merged: dict = {"name": "replays", "world_size": world, "patterns": []}
+    for folder in folders:
+        step = tmp_path / f"{folder}.yaml"
+        assert cli.main(["import-trace", str(DATA / folder), "-o", str(step)]) == 0
+        doc = yaml.safe_load(step.read_text())
+        assert doc["world_size"] == world
+        assert set(doc) <= {"name", "world_size", "defaults", "mesh", "axes", "patterns"}, doc
+        (pattern,) = doc["patterns"]
+        merged["patterns"].append({**pattern, "name": folder})
+        for key in ("defaults", "mesh"):
+            if key in doc:
+                assert merged.setdefault(key, doc[key]) == doc[key], (folder, key)
+        axes = merged.setdefault("axes", {})
+        assert not set(axes) & set(doc.get("axes", {})), (folder, axes)
+        axes.update(doc.get("axes", {}))
+    return merged
+
+
+@pytest.mark.parametrize("world", sorted(set(MULTI_RANK.values())))
+def test_the_multi_rank_traces_replay_at_their_world_size_on_cpu(tmp_path, capfd, world):
+    folders = sorted(f for f, w in MULTI_RANK.items() if w == world)
+    config = tmp_path / "steps.yaml"
+    config.write_text(yaml.safe_dump(merged_steps(folders, world, tmp_path), sort_keys=False))
+    argv = ["run", "-c", str(config), "--nproc", str(world), "--max-size", "64K", "--iters", "2"]
     argv += ["--warmup-iters", "1", "--no-baseline", "--no-metrics"]
     assert cli.main([*argv, "--output-dir", str(tmp_path / "out")]) == 0, capfd.readouterr()
     out = capfd.readouterr().out
-    assert all(f"step, rank {r} " in out for r in range(world))
-    (pattern,) = json.loads((tmp_path / "out" / "patterns.json").read_text())
-    ranks = json.loads(pattern["replay_by_rank"])
-    assert [r["rank"] for r in ranks] == list(range(world))
-    assert all(r["replayed_us"] > 0 and r["traced_us"] is None for r in ranks)
+    # Each step reports every rank's step, in a table of its own.
+    assert all(out.count(f"step, rank {r} ") == len(folders) for r in range(world)), out
+    patterns = {
+        p["pattern"]: p for p in json.loads((tmp_path / "out" / "patterns.json").read_text())
+    }
+    assert sorted(patterns) == folders
+    for folder in folders:
+        ranks = json.loads(patterns[folder]["replay_by_rank"])
+        assert [r["rank"] for r in ranks] == list(range(world)), folder
+        assert all(r["replayed_us"] > 0 and r["traced_us"] is None for r in ranks), folder
 
 
 def test_a_trace_made_elsewhere_replays_on_cpu(tmp_path, capfd):
