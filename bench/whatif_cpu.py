@@ -250,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.no_baseline:
                     run["baseline"] = baseline_run(setup, args, rounds, folder / "baseline")
                 runs[rounds].append(run)
-                print(f"run {k + 1} of {args.runs}, rounds {rounds}", file=sys.stderr)
+                verdicts = ", ".join(
+                    f"{name} {r['verdict']} {r['change_pct']:+.2f} %"
+                    for name, r in run["records"].items()
+                )
+                # Each run's verdicts as it ends: a bench stopped by a time limit still says them.
+                print(f"run {k + 1} of {args.runs}, rounds {rounds}: {verdicts}", file=sys.stderr)
     for rounds, done in runs.items():
         results["rounds"][str(rounds)] = done
         rows += summarize(setup, rounds, done)
