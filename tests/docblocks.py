@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+
+
+def user_checkout(folder: Path, *top_files: str) -> Path:
+    """``folder`` made a checkout of what a user runs, outside this repository: the package
+    (without caches or a run's metrics files) and ``top_files`` beside it."""
+    folder.mkdir()
+    for name in top_files:
+        shutil.copy2(ROOT / name, folder)
+    shutil.copytree(
+        ROOT / "userbenchmark",
+        folder / "userbenchmark",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".userbenchmark"),
+    )
+    return folder
+
 
 _MARKER = re.compile(
     r"<!--\s*doc-test:\s*(?P<kind>skip|synopsis|run with|run by)\s*:?\s*(?P<text>.*?)\s*-->"

@@ -15,7 +15,6 @@ import io
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from functools import cache
@@ -33,6 +32,7 @@ from ..docblocks import (
     bash_blocks,
     launchers_here,
     run_documented,
+    user_checkout,
     with_options,
 )
 from .helpers import QUICK_HANG_S, RUN_HANG_S
@@ -86,14 +86,7 @@ RUNNABLE = [b for b in BLOCKS if b.kind in ("run", "run with")]
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=_ids(RUNNABLE))
 def test_documented_commands_run_as_written(block, tmp_path):
-    checkout = tmp_path / "maestro"
-    checkout.mkdir()
-    shutil.copy2(ROOT / "run_benchmark.py", checkout)
-    shutil.copytree(
-        ROOT / "userbenchmark",
-        checkout / "userbenchmark",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".userbenchmark"),
-    )
+    checkout = user_checkout(tmp_path / "maestro", "run_benchmark.py")
     # `python` and `torchrun` are this interpreter, in its environment.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

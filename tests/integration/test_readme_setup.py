@@ -24,7 +24,7 @@ import pytest
 from userbenchmark.maestro import __version__ as maestro_version
 from userbenchmark.maestro.install import nvidia_driver_present
 
-from ..docblocks import ROOT, bash_blocks, run_documented
+from ..docblocks import ROOT, bash_blocks, run_documented, user_checkout
 
 pytestmark = pytest.mark.integration
 
@@ -120,14 +120,7 @@ def test_the_readme_sets_up_in_two_commands():
 def test_readme_setup_from_a_fresh_virtual_environment(scratch):
     # A checkout of the files a user runs, outside this repository: the run writes
     # .userbenchmark/ beside run_benchmark.py.
-    checkout = scratch / "maestro"
-    checkout.mkdir()
-    shutil.copy2(ROOT / "run_benchmark.py", checkout)
-    shutil.copytree(
-        ROOT / "userbenchmark",
-        checkout / "userbenchmark",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
+    checkout = user_checkout(scratch / "maestro", "run_benchmark.py")
     env = fresh_venv(scratch / "venv") | PIP_SETTINGS
     for name in NOT_A_USERS_DEFAULT:
         env.pop(name, None)
@@ -174,14 +167,7 @@ def test_readme_test_commands_pass_in_a_virtual_environment(tmp_path):
 
 def test_readme_package_install_runs_maestro_and_load_results_from_any_folder(tmp_path):
     install, run, load = readme_commands("## Installed as a package")
-    checkout = tmp_path / "maestro"
-    checkout.mkdir()
-    shutil.copy2(ROOT / "pyproject.toml", checkout)
-    shutil.copytree(
-        ROOT / "userbenchmark",
-        checkout / "userbenchmark",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
+    checkout = user_checkout(tmp_path / "maestro", "pyproject.toml")
     env = fresh_venv(tmp_path / "venv", inherit=True, pip=True) | PIP_SETTINGS
     run_commands((install,), checkout, env, SETUP_HANG_S)
     elsewhere = tmp_path / "elsewhere"  # no checkout here: the installed package runs
