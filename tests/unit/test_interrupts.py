@@ -179,3 +179,29 @@ def test_without_exited_siblings_sigterm_or_sighup_interrupts(installed, signum)
         _signal_self(signum)
         raise AssertionError("not interrupted")  # pragma: no cover
     assert not isinstance(info.value, interrupts.PeerExited)
+
+
+def test_the_launchers_signal_router_ignores_a_wake_up_that_is_no_signal(monkeypatch):
+    # A tracer (py-spy, gdb) attaching to the launcher can end its sigtimedwait with signal
+    # number 0: that is nobody's interrupt, and the router thread must live on.
+    import multiprocessing
+    import time
+    from types import SimpleNamespace
+
+    from userbenchmark.maestro.core.runtime import launcher
+
+    calls: list[float] = []
+
+    def sigtimedwait(signals, timeout_s):
+        calls.append(timeout_s)
+        return SimpleNamespace(si_signo=0) if len(calls) == 1 else None
+
+    monkeypatch.setattr(signal, "sigtimedwait", sigtimedwait)
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    board = interrupts.WorkerBoard(1, multiprocessing.get_context("spawn"))
+    with launcher._signals_to_main_thread(board):
+        hang_deadline = time.monotonic() + 30
+        while len(calls) < 2 and not died and time.monotonic() < hang_deadline:
+            time.sleep(0.01)
+    assert not died and len(calls) >= 2 and not board.interrupted.value

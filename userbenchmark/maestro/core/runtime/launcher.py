@@ -5,6 +5,7 @@ with the launcher, whose watchdog (supervision.py) ends what cannot end by itsel
 from __future__ import annotations
 
 import _thread
+import gc
 import inspect
 import logging
 import math
@@ -53,6 +54,7 @@ def _worker(
     supervision.configure_logging(options.log_level)
     status = run_worker(suite, options, sink)
     supervision.leave(status, rank)
+    gc.freeze()  # no collection of the whole heap at exit (__main__.py)
     if status != EXIT_OK:
         raise SystemExit(status)
     return EXIT_OK
@@ -86,7 +88,7 @@ def _signals_to_main_thread(board: supervision.WorkerBoard) -> Iterator[None]:
         forwarded = False
         while not stop.is_set():
             info = signal.sigtimedwait(_ROUTED, 0.1)
-            if info is None or forwarded:
+            if info is None or forwarded or info.si_signo not in _ROUTED:  # 0: a tracer woke it
                 continue
             forwarded = True
             board.interrupted.value = 1  # workers: the SIGTERM that follows is the user's
