@@ -1,5 +1,6 @@
 """Every script in ``bench/`` runs: the CPU ones for real at tiny sizes, the GPU ones as far as a
-machine without CUDA takes them (fidelity_gpu's no-CUDA exit; the others' options). A script
+machine without CUDA takes them (fidelity_gpu's no-CUDA exit; the others' options), and
+exit_tail, whose least run is two whole launches of the CLI, as far as its options. A script
 that drifted from the package fails here, not on the day someone measures with it. Tiny sizes
 measure nothing: no number is checked."""
 
