@@ -178,7 +178,7 @@ def nccl_all_gather(prof: CuptiProfiler, torch) -> None:
             check(False, "1-rank in-place all_reduce reported as an error")
         except AttributionError as exc:
             print(f"  1-rank in-place all_reduce -> AttributionError: {exc}")
-            check(exc.counts.get("empty_cells") == 1, "empty (block, iteration) is an error")
+            check("got no activity" in str(exc), "empty (block, iteration) is an error")
     finally:
         torch.cuda.synchronize()
         dist.destroy_process_group()

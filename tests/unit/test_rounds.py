@@ -230,3 +230,39 @@ def test_a_variant_that_fails_ends_the_run_as_its_pattern_would(cli_here):
     message = sink.told[-1][2]
     # Its warmup and first round's window ran (3 launches): the 4th, round 2's first, fails.
     assert "phase measure, round 2 of 3, pattern 'second[whatif=fails]', block 'bad'" in message
+
+
+def test_event_timed_windows_lie_one_after_another_on_one_time_line(monkeypatch):
+    # CUDA events time a window from its own reference event. Rounds joined as one window must
+    # follow one another: laid over each other, one round's comm would count as hidden under
+    # another round's compute.
+    import itertools
+
+    from userbenchmark.maestro.core.profilers.profiler import EventProfiler
+
+    clock_ns = itertools.count(0, 1000)  # the device reaches each event 1 µs after the last
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.at_ns = -1
+
+        def record(self) -> None:
+            self.at_ns = next(clock_ns)
+
+        def elapsed_time(self, end: Event) -> float:  # ms, as CUDA's
+            return (end.at_ns - self.at_ns) / 1e6
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    profiler = EventProfiler()
+    windows = []
+    for window_id in range(2):
+        profiler.begin_window(window_id, 1, 2, np.ones(1, dtype=bool))
+        for it in range(2):
+            profiler.before(0, it)
+            profiler.after(0, it)
+        windows.append(profiler.end_window())
+    first, second = windows
+    assert first.starts_ns.tolist() == [[1000, 3000]] and first.ends_ns.tolist() == [[2000, 4000]]
+    assert second.starts_ns.tolist() == [[6000, 8000]]  # its reference 5 µs after the first's
+    assert second.ends_ns.tolist() == [[7000, 9000]] and not second.host_clock

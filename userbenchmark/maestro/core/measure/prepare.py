@@ -139,6 +139,7 @@ class Allocated:
         device = self.rig.place.device
         if axis not in self.pools:
             backend = self.rig.comms.group(axis)._get_backend(device)
+            backend.eager_connect_single_device(device)  # registration needs the communicator
             self.pools[axis] = (backend, torch.cuda.MemPool(backend.mem_allocator))
         pool = self.pools[axis][1]
 

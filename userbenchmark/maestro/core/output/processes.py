@@ -11,14 +11,7 @@ from typing import Any, Final
 import pandas as pd
 
 from .locations import atomic_write_files
-from .results import (
-    PROCESS_COLUMN,
-    TABLE_FILES,
-    Results,
-    load_results,
-    read_json_file,
-    run_texts,
-)
+from .results import PROCESS_COLUMN, TABLE_FILES, Results, load_results, read_json_file, run_texts
 
 PROCESSES_DIR: Final = "processes"
 

@@ -87,6 +87,7 @@ class EventProfiler(HostProfiler):
     name = "events"
     times = "cuda"
     described = "CUDA events"
+    _origin = None  # the first window's reference: every window on one time line
 
     def begin_window(
         self, window_id: int, num_blocks: int, num_iters: int, present: np.ndarray
@@ -101,6 +102,8 @@ class EventProfiler(HostProfiler):
         torch.cuda.synchronize()
         self._ref = make()
         self._ref.record()
+        if self._origin is None:
+            self._origin = self._ref
         self._gate_seen = np.zeros(num_iters, dtype=bool)
 
     def before(self, block: int, iteration: int) -> None:
@@ -122,7 +125,9 @@ class EventProfiler(HostProfiler):
         import torch
 
         torch.cuda.synchronize()
-        ns = lambda event: round(self._ref.elapsed_time(event) * 1e6)  # noqa: E731
+        # Rounds joined as one window follow one another (float32 ms: enough to place a window).
+        base_ms = self._origin.elapsed_time(self._ref)
+        ns = lambda event: round((base_ms + self._ref.elapsed_time(event)) * 1e6)  # noqa: E731
         for b in np.flatnonzero(self._present):
             self._starts[b] = [ns(e) for e in self._start_ev[b]]
             self._ends[b] = [ns(e) for e in self._end_ev[b]]

@@ -196,12 +196,7 @@ def check_devices(*, backend: str, profiler: str, local_workers: int = 1) -> str
 
 
 def prepare_suite(
-    config: str,
-    options: RunOptions,
-    *,
-    world_size: int,
-    local_workers: int = 1,
-    sink: Any,
+    config: str, options: RunOptions, *, world_size: int, local_workers: int = 1, sink: Any
 ) -> SuiteSpec:
     """Everything checked before any worker starts: ``--nproc``, backend and profiler here, what
     the ``sink`` (a phases.SinkFactory) cannot write here, then the pattern file ``config``,
