@@ -39,6 +39,13 @@ def one_abtest(config: str, rounds: int, run: Sequence[str], folder: Path) -> di
     return json.loads((folder / "abtest.json").read_text())
 
 
+def _change(change: dict) -> str:
+    """B against A with its interval: relative (in %) unless the metric is a difference."""
+    scale, unit = (1.0, "") if change["absolute"] else (100.0, " %")
+    low, high = (scale * change[k] for k in ("change_ci_low", "change_ci_high"))
+    return f"{scale * change['change']:+.2f}{unit} [{low:+.2f}, {high:+.2f}]"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=10, help="abtests to run")
@@ -54,13 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.config, args.rounds, shlex.split(args.run), Path(tmp) / str(index)
             )
             changes = [c for c in doc["changes"] if c["decides"]]
-            called = [c["key"] for c in changes if c["verdict"] in FLAGGED]
+            called = [c for c in changes if c["verdict"] in FLAGGED]
             alarms += bool(called)
             judged.append(sum(c["verdict"] not in ("not judged", "unchanged") for c in changes))
-            flagged.update(called)
-            print(
-                f"abtest {index + 1}/{args.tests}: {', '.join(called) or 'clean'}", file=sys.stderr
-            )
+            flagged.update(c["key"] for c in called)
+            said = [f"{c['key']} {c['verdict']} {_change(c)}" for c in called]
+            print(f"abtest {index + 1}/{args.tests}: {', '.join(said) or 'clean'}", file=sys.stderr)
     common = ", ".join(f"{k.split('/', 1)[1]} ({n})" for k, n in flagged.most_common(2))
     row = [args.config, args.run, args.rounds, args.tests, sorted(judged)[len(judged) // 2]]
     row += [f"{alarms}/{args.tests}", common or "-"]

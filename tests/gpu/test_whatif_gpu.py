@@ -53,3 +53,20 @@ def test_every_rounds_window_is_attributed_exactly(whatif_out):
         assert r["iters"] == ROUNDS * 20, r
         assert float(r["activities_per_iter"]).is_integer(), r
         assert r["activities_per_iter"] == activities["step", r["block"]], r
+
+
+def test_under_cuda_events_the_rounds_follow_one_another(tmp_path):
+    # Events time each round's window from its own start. Joined, the rounds must follow one
+    # another: laid over each other, one round's all_gather would read as hidden under another
+    # round's GEMM. Here the all_gather waits for the GEMM: nothing is hidden in any round.
+    config = tmp_path / "chain.yaml"
+    text = Path(CONFIG).read_text().replace("size: 16M}", "size: 16M, after: [gemm]}")
+    config.write_text(text)
+    args = ["run", "-c", str(config), "--profiler", "events", "--rounds", str(ROUNDS)]
+    proc = run_maestro([*args, "--output-dir", str(tmp_path / "out"), "--no-metrics"], timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    overlap = {
+        p["pattern"]: p["comm_compute_overlap"]
+        for p in read_records(tmp_path / "out", "patterns.json")
+    }
+    assert len(overlap) == 3 and max(overlap.values()) < 0.02, overlap
