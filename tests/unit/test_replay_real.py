@@ -184,6 +184,16 @@ def test_one_rank_compute_step(folder):
     assert len(by_op(data, "gemm")) == 24
 
 
+def test_five_traced_steps_give_each_block_their_median_and_range():
+    imp, _, data = imported("onerank_attention_steps")  # made with --active 5
+    assert imp.steps_used == tuple(f"ProfilerStep#{n}" for n in (7, 6, 5, 4, 3))
+    blocks = blocks_of(data)
+    assert len(by_op(data, "gemm")) == 48
+    for b in blocks:
+        assert b["traced_min_us"] <= b["traced_us"] <= b["traced_max_us"], b
+    assert sum(b["traced_min_us"] < b["traced_max_us"] for b in blocks) > len(blocks) / 2
+
+
 def test_the_shipped_imported_pattern_is_what_import_trace_writes(monkeypatch):
     """configs/fsdp2_replay.yaml: its own preamble, then exactly the file `import-trace` writes
     today from tests/data/traces/fsdp2_2ranks with the command its header names."""
