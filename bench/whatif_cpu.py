@@ -17,7 +17,7 @@ what-ifs, as separate processes compared with ``compare`` (the library call behi
 with the change (and alone again for ``same``), each with as many iterations as a what-if run
 gives each side (rounds x iters); its verdict on the makespan.
 
-``--gpu``: one rank on the GPU (a later session; no figure is claimed here): an 8192x4096x4096
+``--gpu``: one rank on the GPU (figures in BENCHMARKS.md): an 8192x4096x4096
 bf16 GEMM step, variants ``same`` and ``gemm_2pct`` (``m: x1.02``). Targets: ``gemm_2pct``
 slower in at least 19 of 20 runs, ``same`` within noise in at least 19 of 20.
 
