@@ -10,5 +10,5 @@ except KeyboardInterrupt:  # Ctrl-C while the command line loads: no traceback
     raise SystemExit(130) from None
 
 status = main()
-gc.freeze()  # Python's last collection walks every object torch made: a second, for nothing
+gc.freeze()  # everything is written: no last collection walking every object torch made
 raise SystemExit(status)
