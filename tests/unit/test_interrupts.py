@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +16,7 @@ from userbenchmark.maestro.core.analysis.records import BlockResult, PatternOutc
 from userbenchmark.maestro.core.output import locations as outputs
 from userbenchmark.maestro.core.output.locations import atomic_write_files
 from userbenchmark.maestro.core.output.writer import OutputWriter
+from userbenchmark.maestro.core.runtime import launcher
 from userbenchmark.maestro.core.runtime import supervision as interrupts
 
 
@@ -184,12 +188,6 @@ def test_without_exited_siblings_sigterm_or_sighup_interrupts(installed, signum)
 def test_the_launchers_signal_router_ignores_a_wake_up_that_is_no_signal(monkeypatch):
     # A tracer (py-spy, gdb) attaching to the launcher can end its sigtimedwait with signal
     # number 0: that is nobody's interrupt, and the router thread must live on.
-    import multiprocessing
-    import time
-    from types import SimpleNamespace
-
-    from userbenchmark.maestro.core.runtime import launcher
-
     calls: list[float] = []
 
     def sigtimedwait(signals, timeout_s):

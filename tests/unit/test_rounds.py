@@ -5,6 +5,7 @@ with a variant in one process (one rank)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +19,7 @@ from userbenchmark.maestro.core.config.options import RunOptions
 from userbenchmark.maestro.core.measure import pattern
 from userbenchmark.maestro.core.measure.pattern import Window, joined
 from userbenchmark.maestro.core.measure.prepare import Allocated, make_plan, setup
+from userbenchmark.maestro.core.profilers.profiler import EventProfiler
 from userbenchmark.maestro.errors import OptionError
 
 TEXT = """\
@@ -236,10 +238,6 @@ def test_event_timed_windows_lie_one_after_another_on_one_time_line(monkeypatch)
     # CUDA events time a window from its own reference event. Rounds joined as one window must
     # follow one another: laid over each other, one round's comm would count as hidden under
     # another round's compute.
-    import itertools
-
-    from userbenchmark.maestro.core.profilers.profiler import EventProfiler
-
     clock_ns = itertools.count(0, 1000)  # the device reaches each event 1 µs after the last
 
     class Event:
